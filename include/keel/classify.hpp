@@ -1,0 +1,190 @@
+// Failure classification: the vocabulary every keel component uses to say what an attempt's
+// result means for trying again, and built-in classifiers for HTTP statuses, network errors and
+// PostgreSQL SQLSTATEs, plus a hook for APIs that hide an error inside a 200.
+//
+// The taxonomy, and whether a retry may help (see docs/classification.md):
+//   kSuccess    done; nothing to retry.
+//   kTransient  a timing accident (reset, 502/503/504, deadlock); a retry may well succeed.
+//   kThrottled  the server shed load (429, 503 with Retry-After); retry, after its delay.
+//   kPermanent  deterministic (400, 401, 403, 404, 422); a retry fails identically. Never retry.
+//   kAmbiguous  the request may have taken effect (timeout after sending, 500, commit in doubt);
+//               retry only when the operation is idempotent or carries an idempotency key.
+//
+// Thread-safety: values and pure functions; HttpClassifier is immutable after construction.
+//
+// Example:
+//   keel::RequestTraits post{keel::Method::kPost, /*has_idempotency_key=*/true};
+//   keel::Outcome o = keel::classify_http_status(503, post, std::chrono::seconds(2));
+//   // o.kind == kThrottled, o.server_delay == 2 s
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "keel/clock.hpp"
+
+namespace keel {
+
+enum class OutcomeKind : unsigned char { kSuccess, kTransient, kThrottled, kPermanent, kAmbiguous };
+
+/// "success", "transient", "throttled", "permanent", "ambiguous".
+[[nodiscard]] std::string_view to_string(OutcomeKind kind) noexcept;
+
+/// Whether an outcome of this kind counts against the dependency's health (breakers, budgets):
+/// transient, throttled and ambiguous do; success and permanent (the caller's fault) do not.
+[[nodiscard]] constexpr bool is_dependency_failure(OutcomeKind kind) noexcept {
+  return kind == OutcomeKind::kTransient || kind == OutcomeKind::kThrottled ||
+         kind == OutcomeKind::kAmbiguous;
+}
+
+/// Where an outcome came from (for logs and metrics).
+enum class OutcomeSource : unsigned char { kNone, kHttp, kNetwork, kSqlstate, kBody, kUser };
+
+/// The classified result of one attempt. Small and trivially copyable.
+struct Outcome {
+  static constexpr Duration kNoServerDelay = Duration(-1);
+  static constexpr std::uint8_t kNoRetryLimit = 255;
+
+  OutcomeKind kind = OutcomeKind::kSuccess;
+  OutcomeSource source = OutcomeSource::kNone;
+  /// The attempt ended because it hit its timeout (the AWS token bucket charges such retries
+  /// double).
+  bool timed_out = false;
+  /// At most this many retries in one operation may be caused by outcomes carrying this limit
+  /// (HTTP 500 carries 1 by default: retried at most once). kNoRetryLimit: no extra limit.
+  std::uint8_t retry_limit = kNoRetryLimit;
+  /// HTTP status, errno-like NetError value, or 0.
+  int code = 0;
+  /// The delay the server asked for (Retry-After), uncapped; kNoServerDelay when none.
+  Duration server_delay = kNoServerDelay;
+  /// SQLSTATE when source is kSqlstate (five characters and a NUL), else empty.
+  char sqlstate[6] = {};
+
+  [[nodiscard]] bool has_server_delay() const noexcept { return server_delay >= Duration::zero(); }
+
+  [[nodiscard]] static constexpr Outcome success() noexcept { return {}; }
+  [[nodiscard]] static constexpr Outcome transient() noexcept {
+    Outcome o;
+    o.kind = OutcomeKind::kTransient;
+    o.source = OutcomeSource::kUser;
+    return o;
+  }
+  [[nodiscard]] static constexpr Outcome throttled(Duration delay = kNoServerDelay) noexcept {
+    Outcome o;
+    o.kind = OutcomeKind::kThrottled;
+    o.source = OutcomeSource::kUser;
+    o.server_delay = delay;
+    return o;
+  }
+  [[nodiscard]] static constexpr Outcome permanent() noexcept {
+    Outcome o;
+    o.kind = OutcomeKind::kPermanent;
+    o.source = OutcomeSource::kUser;
+    return o;
+  }
+  [[nodiscard]] static constexpr Outcome ambiguous() noexcept {
+    Outcome o;
+    o.kind = OutcomeKind::kAmbiguous;
+    o.source = OutcomeSource::kUser;
+    return o;
+  }
+};
+
+/// A short human description: "HTTP 503 (throttled, Retry-After 2s)", "network: connection
+/// reset (ambiguous)", "SQLSTATE 40001 (transient)".
+[[nodiscard]] std::string describe(const Outcome& outcome);
+
+// ---------------------------------------------------------------------------------------------
+// HTTP
+
+enum class Method : unsigned char { kGet, kHead, kOptions, kPut, kDelete, kPost, kPatch, kOther };
+
+/// Case-sensitive method token ("GET", "POST", ...); anything else is kOther.
+[[nodiscard]] Method parse_method(std::string_view token) noexcept;
+[[nodiscard]] std::string_view to_string(Method method) noexcept;
+/// GET, HEAD, OPTIONS, PUT and DELETE are idempotent by definition (RFC 9110 9.2.2); POST, PATCH
+/// and unknown methods are not.
+[[nodiscard]] constexpr bool is_idempotent(Method m) noexcept {
+  return m == Method::kGet || m == Method::kHead || m == Method::kOptions || m == Method::kPut ||
+         m == Method::kDelete;
+}
+
+/// What the engine needs to know about an operation to decide whether repeating it is safe.
+struct RequestTraits {
+  Method method = Method::kGet;
+  /// The request carries an Idempotency-Key stable across attempts.
+  bool has_idempotency_key = false;
+  /// Repeating it cannot cause a second effect: an idempotent method, or a key.
+  [[nodiscard]] constexpr bool safe_to_repeat() const noexcept {
+    return is_idempotent(method) || has_idempotency_key;
+  }
+};
+
+/// Classifies an HTTP status.
+///   1xx-3xx success; 408, 425, 502, 504 transient; 429 and 503 throttled (with server_delay
+///   from `retry_after` when given); 409 throttled when the request carried an idempotency key
+///   (the receiver says "in progress, back off"), permanent otherwise; 500 and unlisted 5xx
+///   ambiguous with retry_limit = max_retries_on_500; 501, 505 and every other 4xx permanent.
+[[nodiscard]] Outcome classify_http_status(int status, const RequestTraits& request,
+                                           std::optional<Duration> retry_after = std::nullopt,
+                                           int max_retries_on_500 = 1) noexcept;
+
+/// A user hook that reads a response body, for APIs that answer 200 with an error inside.
+/// Return an Outcome to override the status classification, or nullopt to keep it.
+using BodyClassifier = std::function<std::optional<Outcome>(int status, std::string_view body)>;
+
+struct HttpClassifierOptions {
+  /// How many retries a 500 (or unlisted 5xx) may cause in one operation. Default 1.
+  int max_retries_on_500 = 1;
+  /// Consulted first for every response when set. Default none.
+  BodyClassifier body;
+};
+
+/// classify_http_status plus the body hook. Immutable; safe for concurrent use.
+class HttpClassifier {
+ public:
+  /// Throws std::invalid_argument when max_retries_on_500 is outside [0, 254].
+  explicit HttpClassifier(HttpClassifierOptions options = {});
+  [[nodiscard]] Outcome classify(int status, std::string_view body, const RequestTraits& request,
+                                 std::optional<Duration> retry_after = std::nullopt) const;
+
+ private:
+  HttpClassifierOptions options_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Network
+
+enum class NetError : unsigned char {
+  kConnectionRefused,   // ECONNREFUSED
+  kConnectionReset,     // ECONNRESET, EPIPE, ECONNABORTED
+  kTimedOut,            // ETIMEDOUT, or the attempt's own timeout
+  kHostUnreachable,     // EHOSTUNREACH
+  kNetworkUnreachable,  // ENETUNREACH
+  kDnsTemporary,        // EAI_AGAIN
+  kDnsNotFound,         // EAI_NONAME: the name does not exist
+  kOther,
+};
+
+[[nodiscard]] std::string_view to_string(NetError error) noexcept;
+/// Maps an errno value; nullopt when it is not a network error keel knows.
+[[nodiscard]] std::optional<NetError> net_error_from_errno(int errno_value) noexcept;
+
+/// Before the request was sent every listed error is transient (nothing reached the server, so
+/// even a POST is safe), except kDnsNotFound, which is permanent. After the request was sent a
+/// reset, a timeout or kOther is ambiguous: the server may have acted on it.
+[[nodiscard]] Outcome classify_network(NetError error, bool request_sent) noexcept;
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL
+
+/// 40001 serialization_failure and 40P01 deadlock_detected: transient (retry the WHOLE
+/// transaction from BEGIN). Class 08 connection exceptions: transient, but ambiguous when they
+/// happen during COMMIT ("commit in doubt": never retried blindly). 57P01 admin_shutdown and
+/// 57P03 cannot_connect_now: transient. Everything else, and a malformed SQLSTATE: permanent.
+[[nodiscard]] Outcome classify_sqlstate(std::string_view sqlstate, bool during_commit) noexcept;
+
+}  // namespace keel

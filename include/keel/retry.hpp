@@ -1,0 +1,251 @@
+// The retry engine: a state machine that decides, after each attempt, whether to try again,
+// after how long, or why to stop; and keel::retry(), a thin blocking loop over it.
+//
+// Rules (each tested in tests/unit/retry_test.cpp):
+//  - max_attempts counts the first try. An overall deadline wins over the attempt count: the
+//    engine never sleeps past it and does not start an attempt that could not get
+//    min_attempt_time before it.
+//  - Each attempt's timeout is min(per_try_timeout, time left before the deadline).
+//  - A server's delay (Retry-After) replaces the backoff, capped at retry_after_cap; a delay that
+//    does not fit before the deadline stops the operation with StopReason::kDeadline.
+//  - Ambiguous failures (the request may have taken effect) are retried only when the operation
+//    is safe to repeat (idempotent, or it carries an idempotency key).
+//  - Outcomes with a retry_limit (HTTP 500: 1) cause at most that many retries per operation.
+//
+// Thread-safety: a RetryPolicy is immutable and safe to share between threads and calls. A
+// RetryState belongs to one logical operation and is not thread-safe.
+//
+// Example:
+//   keel::RetryPolicy policy({.max_attempts = 4, .overall_timeout = 15s,
+//                             .backoff = {.base = 200ms, .cap = 5s}});
+//   auto result = keel::retry(policy, [&](const keel::AttemptInfo& a) {
+//     return call_dependency(a.timeout);            // returns a keel::Outcome
+//   });
+//   if (!result.ok()) log(keel::to_string(result.reason));
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "keel/backoff.hpp"
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+#include "keel/random.hpp"
+
+namespace keel {
+
+/// Why an operation stopped. Every brake has its own value so callers can switch on it.
+enum class StopReason : unsigned char {
+  kSuccess,            // the last attempt succeeded
+  kPermanent,          // a failure a retry cannot fix (400, 401, 403, 404, 422, ...)
+  kNotSafeToRetry,     // ambiguous failure of an operation that is not safe to repeat
+  kAttemptsExhausted,  // max_attempts used (or the outcome's retry_limit)
+  kDeadline,           // the next attempt could not start, or its delay not end, in time
+  kBudgetExhausted,    // the retry budget refused the retry
+  kCircuitOpen,        // the dependency's circuit breaker refused the attempt
+  kCancelled,          // the caller cancelled the operation
+};
+
+/// "success", "permanent", "not safe to retry", "attempts exhausted", "deadline",
+/// "budget exhausted", "circuit open", "cancelled".
+[[nodiscard]] std::string_view to_string(StopReason reason) noexcept;
+
+/// What an attempt is told before it runs.
+struct AttemptInfo {
+  int number = 1;                // 1 for the first attempt
+  Duration timeout = kInfinite;  // min(per-try timeout, time left before the deadline)
+  [[nodiscard]] bool is_retry() const noexcept { return number > 1; }
+};
+
+/// Passed to on_retry after a failed attempt that will be retried.
+struct RetryEvent {
+  int attempt = 0;  // the attempt that just failed
+  Outcome outcome;
+  Duration delay{};  // the wait chosen before the next attempt
+  bool server_delay_used = false;
+};
+
+/// Passed to on_give_up when an operation stops for any reason but success.
+struct GiveUpEvent {
+  int attempts = 0;
+  Duration elapsed{};
+  StopReason reason = StopReason::kAttemptsExhausted;
+  Outcome last;  // the last attempt's outcome (default for a stop before any attempt)
+};
+
+/// One log line: "keel: gave up after 3 attempts in 1.25s: attempts exhausted (last: HTTP 503
+/// (throttled))". `what` names the operation when non-empty.
+[[nodiscard]] std::string format_give_up(const GiveUpEvent& event, std::string_view what = {});
+
+struct RetryOptions {
+  /// Attempts in all, counting the first. Requires: >= 1. Default 3.
+  int max_attempts = 3;
+  /// Timeout of one attempt. Requires: > 0. Default none (kInfinite).
+  Duration per_try_timeout = kInfinite;
+  /// Deadline of the whole operation, from its start. Requires: > 0. Default none.
+  Duration overall_timeout = kInfinite;
+  /// Delay between attempts. Default full jitter, base 100 ms, cap 10 s.
+  BackoffOptions backoff = {};
+  /// Largest server-requested delay honoured. Requires: >= 0. Default 60 s.
+  Duration retry_after_cap = std::chrono::seconds(60);
+  /// An attempt is not started with less than this before the deadline. Requires: >= 0.
+  /// Default 1 ms.
+  Duration min_attempt_time = std::chrono::milliseconds(1);
+  /// Called before each wait. Default none.
+  std::function<void(const RetryEvent&)> on_retry;
+  /// Called once when the operation stops without success. Default none.
+  std::function<void(const GiveUpEvent&)> on_give_up;
+};
+
+/// Validated, immutable retry configuration, shared by many operations.
+class RetryPolicy {
+ public:
+  /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
+  explicit RetryPolicy(RetryOptions options = {});
+
+  [[nodiscard]] const RetryOptions& options() const noexcept { return options_; }
+  [[nodiscard]] const Backoff& backoff() const noexcept { return backoff_; }
+
+ private:
+  RetryOptions options_;
+  Backoff backoff_;
+};
+
+/// Per-call inputs that are not policy: where time and randomness come from, the caller's
+/// deadline, and whether the operation is safe to repeat.
+struct CallOptions {
+  /// Default: keel::steady_clock().
+  Clock* clock = nullptr;
+  /// Combined with the policy's overall_timeout (the earlier wins). Default infinite.
+  Deadline deadline = Deadline::infinite();
+  /// Idempotent, or carries an idempotency key. Default false: an ambiguous failure is then not
+  /// retried, which is the safe choice for an operation keel knows nothing about.
+  bool safe_to_repeat = false;
+  /// Default: keel::thread_rng().
+  Rng* rng = nullptr;
+};
+
+/// Whether to start an attempt.
+struct AttemptStart {
+  bool proceed = false;
+  AttemptInfo attempt;
+  StopReason reason = StopReason::kSuccess;  // meaningful when !proceed
+};
+
+/// What to do after an attempt.
+struct Decision {
+  bool retry = false;
+  Duration delay{};                          // when retry
+  StopReason reason = StopReason::kSuccess;  // when !retry
+};
+
+/// The engine for one logical operation. Drive it as:
+///   for (auto start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
+///     Decision d = state.next(run(start.attempt));
+///     if (!d.retry) break;
+///     clock.sleep_for(d.delay);        // or an event loop's timer
+///   }
+/// Requires: the policy outlives the state.
+class RetryState {
+ public:
+  explicit RetryState(const RetryPolicy& policy, const CallOptions& call = {});
+
+  /// Checks the deadline before an attempt. When it may proceed, returns the attempt's number and
+  /// timeout; otherwise the reason to stop (and the give-up hook has been called).
+  [[nodiscard]] AttemptStart start_attempt();
+
+  /// Classifies the end of the current attempt into retry-after-delay or stop-with-reason.
+  [[nodiscard]] Decision next(const Outcome& outcome);
+
+  [[nodiscard]] int attempts() const noexcept { return attempts_; }
+  [[nodiscard]] Duration elapsed() const noexcept { return clock_->now() - started_; }
+  [[nodiscard]] Deadline deadline() const noexcept { return deadline_; }
+  [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
+  /// The last outcome passed to next().
+  [[nodiscard]] const Outcome& last_outcome() const noexcept { return last_; }
+  /// Why the operation stopped (kSuccess until it has stopped).
+  [[nodiscard]] StopReason stop_reason() const noexcept { return reason_; }
+  [[nodiscard]] bool stopped() const noexcept { return stopped_; }
+
+ private:
+  Decision stop(StopReason reason);
+
+  const RetryPolicy* policy_;
+  Clock* clock_;
+  Rng* rng_;
+  Deadline deadline_;
+  TimePoint started_;
+  Duration previous_delay_{};
+  Outcome last_;
+  int attempts_ = 0;
+  int limited_retries_ = 0;
+  bool safe_to_repeat_;
+  bool stopped_ = false;
+  StopReason reason_ = StopReason::kSuccess;
+};
+
+/// The result of keel::retry: the last attempt's value, its outcome and why the loop stopped.
+template <class T>
+struct RetryResult {
+  std::optional<T> value;  // the last attempt's result (empty only if no attempt ran)
+  Outcome outcome;         // its classification
+  StopReason reason = StopReason::kSuccess;
+  int attempts = 0;
+  Duration elapsed{};
+  [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
+};
+
+namespace detail {
+template <class Fn>
+decltype(auto) invoke_attempt(Fn& fn, const AttemptInfo& info) {
+  if constexpr (std::is_invocable_v<Fn&, const AttemptInfo&>) {
+    return fn(info);
+  } else {
+    return fn();
+  }
+}
+template <class Fn>
+using attempt_result_t =
+    std::decay_t<decltype(invoke_attempt(std::declval<Fn&>(), std::declval<const AttemptInfo&>()))>;
+}  // namespace detail
+
+/// Runs fn until it succeeds or a rule says stop, sleeping on the call's clock between attempts.
+/// fn takes `const AttemptInfo&` (or nothing) and returns T; classify maps `const T&` to an
+/// Outcome. Exceptions from fn or classify propagate (keel does not swallow them).
+template <class Fn, class Classify>
+requires std::is_invocable_r_v < Outcome, Classify&, const detail::attempt_result_t<Fn>
+& > [[nodiscard]] RetryResult<detail::attempt_result_t<Fn>> retry(const RetryPolicy& policy,
+                                                                  Fn&& fn, Classify&& classify,
+                                                                  const CallOptions& call = {}) {
+  using T = detail::attempt_result_t<Fn>;
+  RetryResult<T> result;
+  RetryState state(policy, call);
+  for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
+    result.value.emplace(detail::invoke_attempt(fn, start.attempt));
+    result.outcome = std::invoke(classify, std::as_const(*result.value));
+    const Decision decision = state.next(result.outcome);
+    if (!decision.retry) break;
+    state.clock().sleep_for(decision.delay);
+  }
+  result.attempts = state.attempts();
+  result.elapsed = state.elapsed();
+  result.reason = state.stop_reason();
+  return result;
+}
+
+/// As above, for an fn that returns its own Outcome.
+template <class Fn>
+requires std::same_as<detail::attempt_result_t<Fn>, Outcome>
+[[nodiscard]] RetryResult<Outcome> retry(const RetryPolicy& policy, Fn&& fn,
+                                         const CallOptions& call = {}) {
+  return retry(
+      policy, std::forward<Fn>(fn), [](const Outcome& o) { return o; }, call);
+}
+
+}  // namespace keel

@@ -1,0 +1,40 @@
+// Retry-After (RFC 9110 section 10.2.3): delta-seconds or an HTTP-date, where an HTTP-date is
+// IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT") or one of the two obsolete forms recipients must
+// accept: RFC 850 ("Sunday, 06-Nov-94 08:49:37 GMT", two-digit year) and asctime
+// ("Sun Nov  6 08:49:37 1994").
+//
+// The parser is strict: garbage, a sign, an exponent, trailing junk, an impossible date or a
+// number too large to represent is rejected, and a rejected header is ignored (never trusted).
+// A date in the past means "retry now". Capping is the caller's job (RetryPolicy caps at 60 s by
+// default) so that a hostile header cannot park a caller.
+//
+// Thread-safety: pure functions.
+//
+// Example:
+//   auto d = keel::parse_retry_after("120", clock.wall_now());   // 120 s
+//   auto e = keel::parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", clock.wall_now());  // 0
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "keel/clock.hpp"
+
+namespace keel {
+
+/// Seconds since the Unix epoch for an HTTP-date in any of the three forms, or nullopt.
+/// `now` resolves RFC 850's two-digit year: a year more than 50 years in the future means the
+/// most recent past year with the same last two digits.
+[[nodiscard]] std::optional<std::int64_t> parse_http_date(std::string_view text, WallTime now);
+
+/// The delay a Retry-After value asks for, measured from `now`; zero for a date in the past;
+/// nullopt when the value is not valid (the header must then be ignored). Surrounding spaces and
+/// tabs are allowed. Not capped.
+[[nodiscard]] std::optional<Duration> parse_retry_after(std::string_view value, WallTime now);
+
+/// Formats seconds since the epoch as IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT").
+[[nodiscard]] std::string format_http_date(std::int64_t unix_seconds);
+
+}  // namespace keel

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs, on Debian 12, every Debian package keel needs that is not installed yet.
+# Idempotent: when everything is present it changes nothing and runs no apt-get at all.
+#   scripts/bootstrap.sh            packages to build keel and run the demo
+#   scripts/bootstrap.sh --test     also what the test suite needs (PostgreSQL server, wrk, ...)
+set -euo pipefail
+
+build_packages=(
+  g++ clang cmake ninja-build make pkg-config git
+  libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
+  libcurl4-openssl-dev libsqlite3-dev libpq-dev libssl-dev
+  libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
+  gnuplot-nox curl procps
+)
+test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang-tidy)
+
+wanted=("${build_packages[@]}")
+if [[ "${1:-}" == "--test" ]]; then
+  wanted+=("${test_packages[@]}")
+elif [[ -n "${1:-}" ]]; then
+  echo "bootstrap: unknown option '$1' (expected nothing or --test)" >&2
+  exit 2
+fi
+
+missing=()
+for pkg in "${wanted[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "bootstrap: all ${#wanted[@]} packages present"
+  exit 0
+fi
+
+echo "bootstrap: installing ${missing[*]}"
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null; then
+    SUDO=sudo
+  else
+    echo "bootstrap: missing packages (${missing[*]}) and not root; run as root or install them" >&2
+    exit 1
+  fi
+else
+  SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "bootstrap: done"

@@ -1,0 +1,85 @@
+#include "keel/backoff.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "keel/duration.hpp"
+
+namespace keel {
+
+std::string_view to_string(Jitter jitter) noexcept {
+  switch (jitter) {
+    case Jitter::kFull:
+      return "full";
+    case Jitter::kEqual:
+      return "equal";
+    case Jitter::kDecorrelated:
+      return "decorrelated";
+    case Jitter::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+std::optional<Jitter> parse_jitter(std::string_view text) noexcept {
+  for (Jitter j : {Jitter::kFull, Jitter::kEqual, Jitter::kDecorrelated, Jitter::kNone}) {
+    if (text == to_string(j)) return j;
+  }
+  return std::nullopt;
+}
+
+Backoff::Backoff(BackoffOptions options) : options_(options) {
+  if (options_.base <= Duration::zero()) {
+    throw std::invalid_argument("keel::Backoff: base must be > 0 (got " +
+                                format_duration(options_.base) + ")");
+  }
+  if (options_.cap < options_.base) {
+    throw std::invalid_argument("keel::Backoff: cap must be >= base (got cap " +
+                                format_duration(options_.cap) + ", base " +
+                                format_duration(options_.base) + ")");
+  }
+  if (!(options_.multiplier >= 1.0) || !std::isfinite(options_.multiplier)) {
+    throw std::invalid_argument("keel::Backoff: multiplier must be a finite number >= 1 (got " +
+                                std::to_string(options_.multiplier) + ")");
+  }
+}
+
+Duration Backoff::ceiling(int retry) const noexcept {
+  if (retry <= 0) return options_.base;
+  const double growth = std::pow(options_.multiplier, static_cast<double>(retry));
+  const Duration raw = saturating_scale(options_.base, growth);
+  return raw < options_.cap ? raw : options_.cap;
+}
+
+Duration uniform_duration(Duration lo, Duration hi, BitGenRef gen) noexcept {
+  if (hi <= lo) return lo;
+  const double span = static_cast<double>(hi.count()) - static_cast<double>(lo.count());
+  auto offset = static_cast<Duration::rep>(uniform01(gen) * span);
+  // Rounding of large spans can land exactly on hi; keep the interval half-open.
+  const Duration out = lo + Duration(offset);
+  return out < hi ? out : hi - Duration(1);
+}
+
+Duration Backoff::delay(int retry, Duration previous, BitGenRef gen) const noexcept {
+  switch (options_.jitter) {
+    case Jitter::kNone:
+      return ceiling(retry);
+    case Jitter::kFull:
+      return uniform_duration(Duration::zero(), ceiling(retry), gen);
+    case Jitter::kEqual: {
+      const Duration c = ceiling(retry);
+      const Duration half = c / 2;
+      return half + uniform_duration(Duration::zero(), c - half, gen);
+    }
+    case Jitter::kDecorrelated: {
+      const Duration prev = previous > Duration::zero() ? previous : options_.base;
+      const Duration hi = saturating_scale(prev, 3.0);
+      const Duration d = uniform_duration(options_.base, hi, gen);
+      return d < options_.cap ? d : options_.cap;
+    }
+  }
+  return ceiling(retry);
+}
+
+}  // namespace keel

@@ -1,0 +1,232 @@
+#include "keel/classify.hpp"
+
+#include <cerrno>
+#include <stdexcept>
+#include <string>
+
+#include "keel/duration.hpp"
+
+namespace keel {
+
+std::string_view to_string(OutcomeKind kind) noexcept {
+  switch (kind) {
+    case OutcomeKind::kSuccess:
+      return "success";
+    case OutcomeKind::kTransient:
+      return "transient";
+    case OutcomeKind::kThrottled:
+      return "throttled";
+    case OutcomeKind::kPermanent:
+      return "permanent";
+    case OutcomeKind::kAmbiguous:
+      return "ambiguous";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(Method method) noexcept {
+  switch (method) {
+    case Method::kGet:
+      return "GET";
+    case Method::kHead:
+      return "HEAD";
+    case Method::kOptions:
+      return "OPTIONS";
+    case Method::kPut:
+      return "PUT";
+    case Method::kDelete:
+      return "DELETE";
+    case Method::kPost:
+      return "POST";
+    case Method::kPatch:
+      return "PATCH";
+    case Method::kOther:
+      return "OTHER";
+  }
+  return "OTHER";
+}
+
+Method parse_method(std::string_view token) noexcept {
+  for (Method m : {Method::kGet, Method::kHead, Method::kOptions, Method::kPut, Method::kDelete,
+                   Method::kPost, Method::kPatch}) {
+    if (token == to_string(m)) return m;
+  }
+  return Method::kOther;
+}
+
+std::string_view to_string(NetError error) noexcept {
+  switch (error) {
+    case NetError::kConnectionRefused:
+      return "connection refused";
+    case NetError::kConnectionReset:
+      return "connection reset";
+    case NetError::kTimedOut:
+      return "timed out";
+    case NetError::kHostUnreachable:
+      return "host unreachable";
+    case NetError::kNetworkUnreachable:
+      return "network unreachable";
+    case NetError::kDnsTemporary:
+      return "temporary DNS failure";
+    case NetError::kDnsNotFound:
+      return "host not found";
+    case NetError::kOther:
+      return "network error";
+  }
+  return "network error";
+}
+
+std::string describe(const Outcome& o) {
+  std::string out;
+  switch (o.source) {
+    case OutcomeSource::kHttp:
+      out = "HTTP " + std::to_string(o.code);
+      break;
+    case OutcomeSource::kBody:
+      out = "HTTP " + std::to_string(o.code) + " body";
+      break;
+    case OutcomeSource::kNetwork:
+      out = "network: " + std::string(to_string(static_cast<NetError>(o.code)));
+      break;
+    case OutcomeSource::kSqlstate:
+      out = "SQLSTATE " + std::string(o.sqlstate);
+      break;
+    case OutcomeSource::kUser:
+    case OutcomeSource::kNone:
+      out = std::string(to_string(o.kind));
+      return o.has_server_delay() ? out + " (server delay " + format_duration(o.server_delay) + ")"
+                                  : out;
+  }
+  out += " (";
+  out += to_string(o.kind);
+  if (o.timed_out && o.source != OutcomeSource::kNetwork) out += ", timed out";
+  if (o.has_server_delay()) out += ", Retry-After " + format_duration(o.server_delay);
+  out += ")";
+  return out;
+}
+
+Outcome classify_http_status(int status, const RequestTraits& request,
+                             std::optional<Duration> retry_after, int max_retries_on_500) noexcept {
+  Outcome o;
+  o.source = OutcomeSource::kHttp;
+  o.code = status;
+  const auto throttled = [&] {
+    o.kind = OutcomeKind::kThrottled;
+    if (retry_after && *retry_after >= Duration::zero()) o.server_delay = *retry_after;
+  };
+  if (status >= 100 && status < 400) {
+    o.kind = OutcomeKind::kSuccess;
+    return o;
+  }
+  switch (status) {
+    case 408:
+    case 425:
+    case 502:
+    case 504:
+      o.kind = OutcomeKind::kTransient;
+      return o;
+    case 429:
+    case 503:
+      throttled();
+      return o;
+    case 409:
+      if (request.has_idempotency_key) {
+        throttled();
+      } else {
+        o.kind = OutcomeKind::kPermanent;
+      }
+      return o;
+    case 501:
+    case 505:
+      o.kind = OutcomeKind::kPermanent;
+      return o;
+    default:
+      break;
+  }
+  if (status >= 500 && status < 600) {
+    o.kind = OutcomeKind::kAmbiguous;
+    o.retry_limit = static_cast<std::uint8_t>(
+        max_retries_on_500 < 0 ? 0 : (max_retries_on_500 > 254 ? 254 : max_retries_on_500));
+    return o;
+  }
+  o.kind = OutcomeKind::kPermanent;  // every other 4xx, and nonsense statuses
+  return o;
+}
+
+HttpClassifier::HttpClassifier(HttpClassifierOptions options) : options_(std::move(options)) {
+  if (options_.max_retries_on_500 < 0 || options_.max_retries_on_500 > 254) {
+    throw std::invalid_argument(
+        "keel::HttpClassifier: max_retries_on_500 must be in [0, 254] (got " +
+        std::to_string(options_.max_retries_on_500) + ")");
+  }
+}
+
+Outcome HttpClassifier::classify(int status, std::string_view body, const RequestTraits& request,
+                                 std::optional<Duration> retry_after) const {
+  if (options_.body) {
+    if (auto hooked = options_.body(status, body)) {
+      hooked->source = OutcomeSource::kBody;
+      hooked->code = status;
+      if (hooked->kind == OutcomeKind::kThrottled && !hooked->has_server_delay() && retry_after) {
+        hooked->server_delay = *retry_after;
+      }
+      return *hooked;
+    }
+  }
+  return classify_http_status(status, request, retry_after, options_.max_retries_on_500);
+}
+
+std::optional<NetError> net_error_from_errno(int e) noexcept {
+  switch (e) {
+    case ECONNREFUSED:
+      return NetError::kConnectionRefused;
+    case ECONNRESET:
+    case EPIPE:
+    case ECONNABORTED:
+      return NetError::kConnectionReset;
+    case ETIMEDOUT:
+      return NetError::kTimedOut;
+    case EHOSTUNREACH:
+      return NetError::kHostUnreachable;
+    case ENETUNREACH:
+    case ENETDOWN:
+      return NetError::kNetworkUnreachable;
+    default:
+      return std::nullopt;
+  }
+}
+
+Outcome classify_network(NetError error, bool request_sent) noexcept {
+  Outcome o;
+  o.source = OutcomeSource::kNetwork;
+  o.code = static_cast<int>(error);
+  o.timed_out = error == NetError::kTimedOut;
+  if (error == NetError::kDnsNotFound) {
+    o.kind = OutcomeKind::kPermanent;
+    return o;
+  }
+  const bool could_have_acted = error == NetError::kConnectionReset ||
+                                error == NetError::kTimedOut || error == NetError::kOther;
+  o.kind = request_sent && could_have_acted ? OutcomeKind::kAmbiguous : OutcomeKind::kTransient;
+  return o;
+}
+
+Outcome classify_sqlstate(std::string_view state, bool during_commit) noexcept {
+  Outcome o;
+  o.source = OutcomeSource::kSqlstate;
+  o.kind = OutcomeKind::kPermanent;
+  bool well_formed = state.size() == 5;
+  for (char c : state) {
+    if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z'))) well_formed = false;
+  }
+  if (!well_formed) return o;
+  for (std::size_t i = 0; i < 5; ++i) o.sqlstate[i] = state[i];
+  if (state == "40001" || state == "40P01") {
+    o.kind = OutcomeKind::kTransient;  // the database rolled the transaction back: definite
+  } else if (state.substr(0, 2) == "08" || state == "57P01" || state == "57P03") {
+    o.kind = during_commit ? OutcomeKind::kAmbiguous : OutcomeKind::kTransient;
+  }
+  return o;
+}
+
+}  // namespace keel

@@ -1,0 +1,178 @@
+#include "keel/retry.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "keel/duration.hpp"
+
+namespace keel {
+
+std::string_view to_string(StopReason reason) noexcept {
+  switch (reason) {
+    case StopReason::kSuccess:
+      return "success";
+    case StopReason::kPermanent:
+      return "permanent";
+    case StopReason::kNotSafeToRetry:
+      return "not safe to retry";
+    case StopReason::kAttemptsExhausted:
+      return "attempts exhausted";
+    case StopReason::kDeadline:
+      return "deadline";
+    case StopReason::kBudgetExhausted:
+      return "budget exhausted";
+    case StopReason::kCircuitOpen:
+      return "circuit open";
+    case StopReason::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+std::string format_give_up(const GiveUpEvent& e, std::string_view what) {
+  std::string line = "keel: ";
+  if (!what.empty()) {
+    line += what;
+    line += ": ";
+  }
+  line += "gave up after " + std::to_string(e.attempts) +
+          (e.attempts == 1 ? " attempt in " : " attempts in ") + format_duration(e.elapsed) + ": " +
+          std::string(to_string(e.reason));
+  if (e.attempts > 0) line += " (last: " + describe(e.last) + ")";
+  return line;
+}
+
+namespace {
+void require(bool ok, const char* field, const std::string& requirement, Duration got) {
+  if (!ok) {
+    throw std::invalid_argument(std::string("keel::RetryPolicy: ") + field + " must be " +
+                                requirement + " (got " + format_duration(got) + ")");
+  }
+}
+}  // namespace
+
+RetryPolicy::RetryPolicy(RetryOptions options)
+    : options_(std::move(options)), backoff_(options_.backoff) {
+  if (options_.max_attempts < 1) {
+    throw std::invalid_argument("keel::RetryPolicy: max_attempts must be >= 1 (got " +
+                                std::to_string(options_.max_attempts) + ")");
+  }
+  require(options_.per_try_timeout > Duration::zero(), "per_try_timeout", "> 0",
+          options_.per_try_timeout);
+  require(options_.overall_timeout > Duration::zero(), "overall_timeout", "> 0",
+          options_.overall_timeout);
+  require(options_.retry_after_cap >= Duration::zero(), "retry_after_cap", ">= 0",
+          options_.retry_after_cap);
+  require(options_.min_attempt_time >= Duration::zero(), "min_attempt_time", ">= 0",
+          options_.min_attempt_time);
+}
+
+RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
+    : policy_(&policy),
+      clock_(call.clock != nullptr ? call.clock : &steady_clock()),
+      rng_(call.rng != nullptr ? call.rng : &thread_rng()),
+      started_(clock_->now()),
+      safe_to_repeat_(call.safe_to_repeat) {
+  deadline_ = call.deadline;
+  if (policy.options().overall_timeout < kInfinite) {
+    deadline_ =
+        deadline_.min(Deadline::at(saturating_add(started_, policy.options().overall_timeout)));
+  }
+}
+
+Decision RetryState::stop(StopReason reason) {
+  stopped_ = true;
+  reason_ = reason;
+  if (reason != StopReason::kSuccess && policy_->options().on_give_up) {
+    GiveUpEvent event;
+    event.attempts = attempts_;
+    event.elapsed = elapsed();
+    event.reason = reason;
+    event.last = last_;
+    policy_->options().on_give_up(event);
+  }
+  Decision d;
+  d.reason = reason;
+  return d;
+}
+
+AttemptStart RetryState::start_attempt() {
+  AttemptStart start;
+  if (stopped_) {
+    start.reason = reason_;
+    return start;
+  }
+  const RetryOptions& opt = policy_->options();
+  const TimePoint now = clock_->now();
+  const Duration left = deadline_.remaining(now);
+  if (left <= Duration::zero() || (attempts_ > 0 && left < opt.min_attempt_time)) {
+    start.reason = stop(StopReason::kDeadline).reason;
+    return start;
+  }
+  ++attempts_;
+  start.proceed = true;
+  start.attempt.number = attempts_;
+  start.attempt.timeout = opt.per_try_timeout < left ? opt.per_try_timeout : left;
+  return start;
+}
+
+Decision RetryState::next(const Outcome& outcome) {
+  if (stopped_) {
+    Decision d;
+    d.reason = reason_;
+    return d;
+  }
+  last_ = outcome;
+  const RetryOptions& opt = policy_->options();
+  switch (outcome.kind) {
+    case OutcomeKind::kSuccess:
+      return stop(StopReason::kSuccess);
+    case OutcomeKind::kPermanent:
+      return stop(StopReason::kPermanent);
+    case OutcomeKind::kAmbiguous:
+      if (!safe_to_repeat_) return stop(StopReason::kNotSafeToRetry);
+      break;
+    case OutcomeKind::kTransient:
+    case OutcomeKind::kThrottled:
+      break;
+  }
+  if (attempts_ >= opt.max_attempts) return stop(StopReason::kAttemptsExhausted);
+  if (outcome.retry_limit != Outcome::kNoRetryLimit) {
+    if (limited_retries_ >= outcome.retry_limit) return stop(StopReason::kAttemptsExhausted);
+  }
+
+  // The wait: the server's delay when it gave one (capped), otherwise the backoff.
+  Duration delay{};
+  bool server_delay_used = false;
+  if (outcome.has_server_delay()) {
+    delay = outcome.server_delay < opt.retry_after_cap ? outcome.server_delay : opt.retry_after_cap;
+    server_delay_used = true;
+  } else {
+    delay = policy_->backoff().delay(attempts_ - 1, previous_delay_, *rng_);
+  }
+
+  // Never sleep past the deadline, nor into a window too short for an attempt.
+  if (!deadline_.is_infinite()) {
+    const Duration left = deadline_.remaining(clock_->now());
+    if (saturating_add(delay, opt.min_attempt_time) > left || left <= Duration::zero()) {
+      return stop(StopReason::kDeadline);
+    }
+  }
+
+  if (outcome.retry_limit != Outcome::kNoRetryLimit) ++limited_retries_;
+  previous_delay_ = delay;
+  if (opt.on_retry) {
+    RetryEvent event;
+    event.attempt = attempts_;
+    event.outcome = outcome;
+    event.delay = delay;
+    event.server_delay_used = server_delay_used;
+    opt.on_retry(event);
+  }
+  Decision d;
+  d.retry = true;
+  d.delay = delay;
+  return d;
+}
+
+}  // namespace keel

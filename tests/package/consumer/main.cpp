@@ -1,0 +1,17 @@
+// A program that uses an installed keel through find_package(keel).
+#include <cstdio>
+#include <keel/retry.hpp>
+
+int main() {
+  keel::ManualClock clock;
+  keel::RetryPolicy policy(keel::RetryOptions{.max_attempts = 3});
+  int calls = 0;
+  keel::CallOptions call;
+  call.clock = &clock;
+  auto result = keel::retry(
+      policy, [&] { return ++calls < 3 ? keel::Outcome::transient() : keel::Outcome::success(); },
+      call);
+  std::printf("attempts=%d reason=%s\n", result.attempts,
+              std::string(keel::to_string(result.reason)).c_str());
+  return result.ok() && result.attempts == 3 ? 0 : 1;
+}

@@ -1,0 +1,24 @@
+# ctest -P script: install the already-built tree into WORK/prefix, then configure, build and run
+# tests/package/consumer against it with find_package(keel).
+file(REMOVE_RECURSE ${WORK})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${KEEL_BUILD} --prefix ${WORK}/prefix
+                RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "install failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${KEEL_SOURCE}/tests/package/consumer -B ${WORK}/build
+                        -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
+                        -DCMAKE_PREFIX_PATH=${WORK}/prefix
+                RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "configuring the consumer failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/build RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "building the consumer failed: ${rc}")
+endif()
+execute_process(COMMAND ${WORK}/build/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+message(STATUS "consumer said: ${out}")
+if(rc)
+  message(FATAL_ERROR "the consumer failed: ${rc}")
+endif()

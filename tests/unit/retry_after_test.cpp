@@ -1,0 +1,81 @@
+#include "keel/retry_after.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace std::chrono_literals;
+using keel::parse_http_date;
+using keel::parse_retry_after;
+using keel::WallTime;
+
+namespace {
+WallTime at(std::int64_t unix_seconds) { return WallTime(std::chrono::seconds(unix_seconds)); }
+// 2026-11-29T00:00:00Z
+const WallTime kNow = at(1795910400);
+}  // namespace
+
+TEST(HttpDate, AllThreeFormsMeanTheSameInstant) {
+  EXPECT_EQ(parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT", kNow), 784111777);
+  EXPECT_EQ(parse_http_date("Sunday, 06-Nov-94 08:49:37 GMT", kNow), 784111777);
+  EXPECT_EQ(parse_http_date("Sun Nov  6 08:49:37 1994", kNow), 784111777);
+  EXPECT_EQ(parse_http_date("Fri, 31 Dec 1999 23:59:59 GMT", kNow), 946684799);
+}
+
+TEST(HttpDate, Rfc850TwoDigitYearFollowsTheFiftyYearRule) {
+  // Seen from 2026: "30" is 2030 (4 years ahead), "94" would be 2094 (68 years ahead) so 1994.
+  EXPECT_EQ(parse_http_date("Tuesday, 01-Jan-30 00:00:00 GMT", kNow), 1893456000);
+  EXPECT_EQ(parse_http_date("Tuesday, 01-Jan-80 00:00:00 GMT", kNow), 315532800);     // 1980
+  EXPECT_EQ(parse_http_date("Wednesday, 01-Jan-76 00:00:00 GMT", kNow), 3345062400);  // 2076
+  EXPECT_EQ(parse_http_date("Monday, 01-Jan-80 00:00:00 GMT", at(3155760000)),
+            3471292800);  // 2070: 2080
+}
+
+TEST(HttpDate, RejectsImpossibleAndMalformedDates) {
+  for (const char* bad : {"Sun, 31 Feb 1994 08:49:37 GMT", "Sun, 06 Nov 1994 24:00:00 GMT",
+                          "Sun, 06 Nov 1994 08:60:00 GMT", "Sun, 06 Foo 1994 08:49:37 GMT",
+                          "Sun, 06 Nov 1994 08:49:37 UTC", "Sun, 06 Nov 1994 08:49:37 GMT ",
+                          "Sun, 6 Nov 1994 08:49:37 GMT", "sun, 06 nov 1994 08:49:37 gmt",
+                          "Sunday, 06-Nov-1994 08:49:37 GMT", "Sun Nov 6 08:49:37 1994",
+                          "Xyz, 06 Nov 1994 08:49:37 GMT", "Sun, 29 Feb 1900 00:00:00 GMT"}) {
+    EXPECT_FALSE(parse_http_date(bad, kNow)) << bad;
+  }
+  EXPECT_TRUE(parse_http_date("Tue, 29 Feb 2000 00:00:00 GMT", kNow));  // 2000 is a leap year
+}
+
+TEST(RetryAfter, DeltaSeconds) {
+  EXPECT_EQ(parse_retry_after("120", kNow), 120s);
+  EXPECT_EQ(parse_retry_after("0", kNow), 0s);
+  EXPECT_EQ(parse_retry_after(" 5\t", kNow), 5s);  // optional whitespace around the value
+  EXPECT_EQ(parse_retry_after("315360000", kNow), 315360000s);  // ten years: no overflow
+}
+
+TEST(RetryAfter, RejectsGarbage) {
+  for (const char* bad : {"IAintNoDateFool", "-5", "1e3", "120abc", "", " ", "+5", "5.0", "0x10",
+                          "99999999999999999999", "12 34"}) {
+    EXPECT_FALSE(parse_retry_after(bad, kNow)) << "'" << bad << "'";
+  }
+}
+
+TEST(RetryAfter, HttpDateIsMeasuredFromNow) {
+  const WallTime now = at(784111777) - 90s;
+  EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now), 90s);
+  // A sub-second "now" counts: the delay ends exactly at the date.
+  EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now + 250ms), 89750ms);
+}
+
+TEST(RetryAfter, DateInThePastMeansNow) {
+  EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", kNow), 0s);
+}
+
+TEST(HttpDate, FormatRoundTrips) {
+  EXPECT_EQ(keel::format_http_date(784111777), "Sun, 06 Nov 1994 08:49:37 GMT");
+  EXPECT_EQ(keel::format_http_date(946684799), "Fri, 31 Dec 1999 23:59:59 GMT");
+  for (std::int64_t t : {0LL, 951782400LL, 1795910400LL, 4102444799LL}) {
+    EXPECT_EQ(parse_http_date(keel::format_http_date(t), kNow), t) << t;
+  }
+}
+
+TEST(RetryAfter, DateBeyondWhatNanosecondsHoldIsRejectedNotOverflowed) {
+  // Found by the fuzzer: the year 2594 overflowed a nanosecond conversion.
+  EXPECT_FALSE(parse_retry_after("Sun Nov  6 08:49:37 2594", kNow));
+  EXPECT_TRUE(parse_retry_after("Sun Nov  6 08:49:37 2194", kNow));
+}

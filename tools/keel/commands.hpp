@@ -1,0 +1,19 @@
+// The keel command-line tool is one small program over the libraries: each subcommand lives in
+// its own file and registers itself here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace keel::cli {
+
+/// Exit status for invalid arguments, shared by every subcommand.
+inline constexpr int kExitUsage = 2;
+
+/// A subcommand's body, run after parsing; returns the process exit status.
+using Runner = std::function<int()>;
+
+/// Registers `keel demo-core` (the core engine at work on a simulated flaky call).
+Runner add_demo_core(CLI::App& app);
+
+}  // namespace keel::cli
