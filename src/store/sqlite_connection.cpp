@@ -1,0 +1,169 @@
+// keel::store's SQLite connection: WAL, a busy timeout, a prepared-statement cache, and
+// BEGIN IMMEDIATE transactions (the write lock is taken at BEGIN, so two writers never deadlock
+// upgrading a read lock; the loser waits up to the busy timeout and then gets SQLITE_BUSY).
+#include <sqlite3.h>
+
+#include <string>
+#include <unordered_map>
+
+#include "detail/connections.hpp"
+
+namespace keel::store::detail {
+namespace {
+
+class SqliteConnection final : public Connection {
+ public:
+  SqliteConnection(const std::string& path, const ConnectOptions& options) {
+    const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+    const int rc = sqlite3_open_v2(path.c_str(), &db_, flags, nullptr);
+    if (rc != SQLITE_OK) {
+      const std::string message = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+      sqlite3_close_v2(db_);
+      db_ = nullptr;
+      throw DatabaseError("cannot open SQLite database '" + path + "': " + message,
+                          {.backend = Backend::kSqlite, .sqlite_code = rc});
+    }
+    sqlite3_extended_result_codes(db_, 1);
+    sqlite3_busy_timeout(db_, static_cast<int>(options.busy_timeout.count()));
+    try {
+      // WAL lets readers run beside the one writer; synchronous=NORMAL keeps every committed
+      // transaction across a process crash (only a power loss can drop the last few).
+      execute("PRAGMA journal_mode=WAL");
+      execute("PRAGMA synchronous=NORMAL");
+      execute("PRAGMA foreign_keys=ON");
+    } catch (...) {
+      sqlite3_close_v2(db_);
+      db_ = nullptr;
+      throw;
+    }
+  }
+
+  ~SqliteConnection() override {
+    for (auto& [sql, stmt] : statements_) sqlite3_finalize(stmt);
+    sqlite3_close_v2(db_);
+  }
+
+  [[nodiscard]] Backend backend() const noexcept override { return Backend::kSqlite; }
+
+  void execute(std::string_view sql) override {
+    const std::string text(sql);
+    char* message = nullptr;
+    const int rc = sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &message);
+    if (rc != SQLITE_OK) {
+      const std::string reason = message != nullptr ? message : sqlite3_errstr(rc);
+      sqlite3_free(message);
+      fail(reason, sqlite3_extended_errcode(db_), false);
+    }
+  }
+
+  Rows query(std::string_view sql, std::span<const Value> params) override {
+    sqlite3_stmt* stmt = prepare(sql);
+    // Always leave the statement reset and unbound, whatever happens below.
+    struct ResetGuard {
+      sqlite3_stmt* s;
+      ~ResetGuard() {
+        sqlite3_reset(s);
+        sqlite3_clear_bindings(s);
+      }
+    } guard{stmt};
+    const int expected = sqlite3_bind_parameter_count(stmt);
+    if (expected != static_cast<int>(params.size())) {
+      fail("statement takes " + std::to_string(expected) + " parameters, " +
+               std::to_string(params.size()) + " given: " + std::string(sql),
+           SQLITE_RANGE, false);
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const std::string name = "$" + std::to_string(i + 1);
+      const int index = sqlite3_bind_parameter_index(stmt, name.c_str());
+      if (index == 0) {
+        fail("statement has no parameter " + name + ": " + std::string(sql), SQLITE_RANGE, false);
+      }
+      int rc = SQLITE_OK;
+      const Value& v = params[i];
+      if (v.is_null()) {
+        rc = sqlite3_bind_null(stmt, index);
+      } else if (const auto* n = v.as_int()) {
+        rc = sqlite3_bind_int64(stmt, index, *n);
+      } else {
+        const std::string* s = v.as_text();
+        rc = sqlite3_bind_text(stmt, index, s->data(), static_cast<int>(s->size()),
+                               SQLITE_TRANSIENT);
+      }
+      if (rc != SQLITE_OK) fail(sqlite3_errmsg(db_), rc, false);
+    }
+    Rows rows;
+    const int columns = sqlite3_column_count(stmt);
+    std::vector<std::string> names;
+    names.reserve(static_cast<std::size_t>(columns));
+    for (int c = 0; c < columns; ++c) names.emplace_back(sqlite3_column_name(stmt, c));
+    rows.set_columns(std::move(names));
+    for (;;) {
+      const int rc = sqlite3_step(stmt);
+      if (rc == SQLITE_DONE) break;
+      if (rc != SQLITE_ROW) fail(sqlite3_errmsg(db_), sqlite3_extended_errcode(db_), false);
+      std::vector<Rows::Cell> row;
+      row.reserve(static_cast<std::size_t>(columns));
+      for (int c = 0; c < columns; ++c) {
+        if (sqlite3_column_type(stmt, c) == SQLITE_NULL) {
+          row.emplace_back(std::nullopt);
+        } else {
+          const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt, c));
+          row.emplace_back(std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(stmt, c))));
+        }
+      }
+      rows.add_row(std::move(row));
+    }
+    rows.set_affected(sqlite3_changes64(db_));
+    return rows;
+  }
+
+  void begin(Isolation /*isolation*/) override { execute("BEGIN IMMEDIATE"); }
+
+  void commit() override {
+    const int rc = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) fail(sqlite3_errmsg(db_), sqlite3_extended_errcode(db_), true);
+  }
+
+  void rollback() noexcept override {
+    if (sqlite3_get_autocommit(db_) != 0) return;
+    if (sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr) != SQLITE_OK) broken_ = true;
+  }
+
+  [[nodiscard]] bool in_transaction() const noexcept override {
+    return sqlite3_get_autocommit(db_) == 0;
+  }
+
+  [[nodiscard]] bool broken() const noexcept override { return broken_; }
+
+ private:
+  sqlite3_stmt* prepare(std::string_view sql) {
+    const std::string key(sql);
+    if (auto it = statements_.find(key); it != statements_.end()) return it->second;
+    sqlite3_stmt* stmt = nullptr;
+    const int rc = sqlite3_prepare_v3(db_, key.data(), static_cast<int>(key.size()),
+                                      SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+    if (rc != SQLITE_OK) {
+      fail(std::string(sqlite3_errmsg(db_)) + " in: " + key, sqlite3_extended_errcode(db_), false);
+    }
+    statements_.emplace(key, stmt);
+    return stmt;
+  }
+
+  [[noreturn]] void fail(const std::string& reason, int code, bool during_commit) const {
+    throw DatabaseError(
+        "SQLite: " + reason + " (" + sqlite3_errstr(code) + ")",
+        {.backend = Backend::kSqlite, .sqlite_code = code, .during_commit = during_commit});
+  }
+
+  sqlite3* db_ = nullptr;
+  std::unordered_map<std::string, sqlite3_stmt*> statements_;
+  bool broken_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Connection> open_sqlite(const std::string& path, const ConnectOptions& options) {
+  return std::make_unique<SqliteConnection>(path, options);
+}
+
+}  // namespace keel::store::detail

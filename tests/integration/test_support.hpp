@@ -1,0 +1,97 @@
+// Shared pieces of the integration tests: temporary directories, and database URLs for both
+// backends (a fresh SQLite file, or a fresh schema on the test PostgreSQL server started by the
+// ctest fixture `postgres`; see tests/integration/CMakeLists.txt).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <string>
+
+#include "keel/store/database.hpp"
+
+namespace keel::test {
+
+/// A directory made with mkdtemp, removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/keel-test.XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// The test server's base URL, or nullopt when no server was provided.
+inline std::optional<std::string> postgres_base_url() {
+  if (const char* url = std::getenv("KEEL_TEST_POSTGRES_URL"); url != nullptr && *url != '\0') {
+    return std::string(url);
+  }
+  const char* file = std::getenv("KEEL_TEST_POSTGRES_URL_FILE");
+  if (file == nullptr || *file == '\0') return std::nullopt;
+  std::ifstream in(file);
+  std::string url;
+  if (!(in >> url)) return std::nullopt;
+  return url;
+}
+
+/// A URL for a schema of its own on the test server (created here), or nullopt when there is no
+/// server. Every connection opened with it sees only that schema's tables.
+inline std::optional<std::string> postgres_url() {
+  const auto base = postgres_base_url();
+  if (!base) return std::nullopt;
+  static std::atomic<int> counter{0};
+  std::random_device rd;
+  const std::string schema = "t" + std::to_string(getpid()) + "_" + std::to_string(rd() % 100000) +
+                             "_" + std::to_string(counter++);
+  auto admin = store::open_database(store::parse_database_url(*base).value());
+  admin->execute("CREATE SCHEMA " + schema);
+  const char sep = base->find('?') == std::string::npos ? '?' : '&';
+  return *base + sep + "options=-csearch_path%3D" + schema;
+}
+
+/// Backend parameter for suites that run against both databases.
+inline std::string backend_name(const ::testing::TestParamInfo<store::Backend>& info) {
+  return info.param == store::Backend::kSqlite ? "Sqlite" : "Postgres";
+}
+
+/// A fixture giving each test a fresh database of the parameter's backend: url().
+class BackendTest : public ::testing::TestWithParam<store::Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == store::Backend::kSqlite) {
+      url_ = "sqlite:" + (dir_.path() / "test.db").string();
+    } else {
+      const auto url = postgres_url();
+      if (!url) GTEST_SKIP() << "no PostgreSQL test server (run through ctest)";
+      url_ = *url;
+    }
+  }
+  [[nodiscard]] const std::string& url_text() const { return url_; }
+  [[nodiscard]] store::DatabaseUrl url() const { return store::parse_database_url(url_).value(); }
+  [[nodiscard]] const TempDir& dir() const { return dir_; }
+
+ private:
+  TempDir dir_;
+  std::string url_;
+};
+
+}  // namespace keel::test
