@@ -1,0 +1,161 @@
+// keel::http::Client: an HTTP client on libcurl that applies every rule of keel::core to real
+// requests. Per attempt it sets a connect timeout and a whole-attempt timeout separately, and
+// the attempt never runs past the operation's deadline (RetryState's AttemptInfo::timeout). It
+// classifies statuses, libcurl errors (with whether the request had been sent) and bodies with
+// keel's taxonomy, honours Retry-After on 429/503 in both forms (capped by the policy), sends
+// one Idempotency-Key per logical POST/PATCH unchanged on every attempt, and sends
+// `Keel-Attempt: N` on every request so a receiver can see its caller is already retrying.
+//
+// Connections are reused across attempts and requests: the client keeps a pool of libcurl easy
+// handles that share one connection cache and DNS cache (a CURLSH with a mutex per shared
+// kind). A request that is not safe to repeat (a POST or PATCH without an idempotency key) is
+// sent on a fresh connection: libcurl silently re-sends a request whose reused connection turns
+// out to be dead, which must never happen to a write that keel will not retry.
+//
+// Thread-safety: a Client is safe for concurrent use from many threads; send() blocks the
+// calling thread (sleeping on the configured clock between attempts).
+//
+// Example:
+//   keel::http::Client client({.retry = {.max_attempts = 4, .overall_timeout = 10s}});
+//   keel::http::Result r = client.send({.method = "POST", .url = "http://127.0.0.1:8080/pay",
+//                                       .body = R"({"amount": 5})"});
+//   if (!r.ok()) std::cerr << keel::to_string(r.reason) << '\n';
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+#include "keel/random.hpp"
+#include "keel/retry.hpp"
+
+namespace keel::http {
+
+/// Header fields in the order given. Names compare case-insensitively (see find_header).
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+/// The value of the first header named `name` (case-insensitive), or nullopt.
+[[nodiscard]] std::optional<std::string_view> find_header(const Headers& headers,
+                                                          std::string_view name) noexcept;
+
+/// A new idempotency key: a random (version 4) UUID in its 36-character text form, with 122
+/// bits from OpenSSL's CSPRNG. Throws std::runtime_error if the CSPRNG cannot supply bytes.
+[[nodiscard]] std::string make_idempotency_key();
+
+/// One logical operation (it may take several attempts).
+struct Request {
+  /// Method token, sent as given. Default "GET".
+  std::string method = "GET";
+  /// Absolute http:// or https:// URL. Requires: non-empty.
+  std::string url;
+  /// Extra header fields, sent on every attempt. Default none.
+  Headers headers;
+  /// Request body; sent when non-empty or when the method is POST, PUT or PATCH. Default empty.
+  std::string body;
+  /// Sent as Idempotency-Key on every attempt when non-empty (for example a key stored on a job
+  /// record). Default empty: the client generates one for POST and PATCH when
+  /// generate_idempotency_key is true.
+  std::string idempotency_key;
+  /// Whether to generate a key for a POST or PATCH that has none. Default true.
+  bool generate_idempotency_key = true;
+  /// The caller's deadline, combined with the policy's overall_timeout (the earlier wins).
+  /// Default infinite.
+  Deadline deadline = Deadline::infinite();
+};
+
+/// The last response received.
+struct Response {
+  int status = 0;
+  /// The status line as received, without CRLF ("HTTP/1.1 503 Service Unavailable").
+  std::string status_line;
+  Headers headers;
+  std::string body;
+};
+
+/// What send() returns: errors are values.
+struct Result {
+  /// The last attempt's response; empty when no attempt got one (network failure, or no attempt
+  /// ran).
+  std::optional<Response> response;
+  /// The last attempt's classification.
+  Outcome outcome;
+  /// Why the operation stopped (kSuccess on success).
+  StopReason reason = StopReason::kSuccess;
+  int attempts = 0;
+  Duration elapsed{};
+  /// libcurl's message for the last attempt's transport failure; empty otherwise.
+  std::string error;
+  /// The Idempotency-Key sent (generated or the caller's); empty when none.
+  std::string idempotency_key;
+
+  [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
+};
+
+/// Passed to ClientOptions::on_attempt after every attempt.
+struct AttemptEvent {
+  std::string_view method;
+  std::string_view url;
+  int attempt = 1;          // 1 for the first
+  Outcome outcome;          // its classification
+  std::string_view error;   // libcurl's message for a transport failure, else empty
+  Duration took{};          // how long the attempt ran
+  bool will_retry = false;  // another attempt follows
+  Duration delay{};         // the wait before it (when will_retry)
+  StopReason reason = StopReason::kSuccess;  // why the operation stops (when !will_retry)
+};
+
+struct ClientOptions {
+  /// Retry policy for every request. Defaults: 3 attempts, per-try timeout 10 s, overall
+  /// deadline 30 s, full jitter base 100 ms cap 10 s, Retry-After cap 60 s. Its on_retry and
+  /// on_give_up hooks are called as the engine documents.
+  RetryOptions retry = {.max_attempts = 3,
+                        .per_try_timeout = std::chrono::seconds(10),
+                        .overall_timeout = std::chrono::seconds(30)};
+  /// Time allowed to establish a connection, within an attempt's timeout. Requires: > 0.
+  /// Default 2 s.
+  Duration connect_timeout = std::chrono::seconds(2);
+  /// How statuses and bodies are classified (500 retry limit, body hook). Default: 500 retried
+  /// at most once, no body hook.
+  HttpClassifierOptions classifier = {};
+  /// Called after every attempt. Must be safe to call from any thread using the client.
+  /// Default none.
+  std::function<void(const AttemptEvent&)> on_attempt;
+  /// Receives the one line logged when an operation gives up (keel::format_give_up). Must be
+  /// safe to call from any thread. Default: the line is written to stderr.
+  std::function<void(std::string_view)> log;
+  /// Idle easy handles kept for reuse. Requires: >= 1. Default 16.
+  int max_idle_handles = 16;
+  /// Sent as User-Agent unless the request sets one. Default "keel/0.1".
+  std::string user_agent = "keel/0.1";
+  /// Time source for deadlines and the sleep between attempts. Default keel::steady_clock().
+  Clock* clock = nullptr;
+};
+
+class Client {
+ public:
+  /// Throws std::invalid_argument naming the field and value when a Requires line is broken
+  /// (including the retry options), std::runtime_error when libcurl cannot be initialised.
+  explicit Client(ClientOptions options = {});
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  /// Runs one logical operation with retries. Never throws for transport or HTTP failures (they
+  /// are in the Result); throws std::invalid_argument for a request with an empty URL or method.
+  [[nodiscard]] Result send(const Request& request);
+
+  [[nodiscard]] const ClientOptions& options() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace keel::http

@@ -1,0 +1,535 @@
+#include "keel/http/fault_server.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <condition_variable>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "keel/duration.hpp"
+#include "keel/retry_after.hpp"
+
+namespace keel::http {
+namespace {
+
+constexpr int kPollMs = 50;
+constexpr std::size_t kMaxHead = 64 * 1024;
+constexpr std::size_t kMaxBody = 16 * 1024 * 1024;
+
+std::string_view trim(std::string_view s) noexcept {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+template <class Int>
+bool parse_int(std::string_view text, Int& out) {
+  if (text.empty()) return false;
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && p == text.data() + text.size();
+}
+
+std::string_view reason_phrase(int status) noexcept {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    case 204:
+      return "No Content";
+    case 301:
+      return "Moved Permanently";
+    case 302:
+      return "Found";
+    case 304:
+      return "Not Modified";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 408:
+      return "Request Timeout";
+    case 409:
+      return "Conflict";
+    case 422:
+      return "Unprocessable Content";
+    case 429:
+      return "Too Many Requests";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "Status";
+  }
+}
+
+bool send_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::vector<FaultStep>> parse_fault_script(std::string_view script,
+                                                         std::string* error) {
+  const auto fail = [&](std::string_view step, const std::string& why) {
+    if (error != nullptr) *error = "step '" + std::string(step) + "': " + why;
+    return std::nullopt;
+  };
+  std::vector<FaultStep> steps;
+  if (trim(script).empty()) {
+    if (error != nullptr) *error = "the script is empty";
+    return std::nullopt;
+  }
+  while (true) {
+    const std::size_t comma = script.find(',');
+    const std::string_view raw = trim(script.substr(0, comma));
+    std::string_view text = raw;
+    if (text.empty()) return fail(raw, "empty step");
+    int repeat = 1;
+    if (const auto star = text.rfind('*'); star != std::string_view::npos) {
+      if (!parse_int(text.substr(star + 1), repeat) || repeat < 1 || repeat > 10000) {
+        return fail(raw, "repeat count after '*' must be an integer in [1, 10000]");
+      }
+      text = text.substr(0, star);
+    }
+    FaultStep step;
+    step.text = std::string(text);
+    const std::size_t slash = text.find('/');
+    const std::string_view action = text.substr(0, slash);
+    if (action == "hang") {
+      step.action = FaultStep::Action::kHang;
+    } else if (action == "reset") {
+      step.action = FaultStep::Action::kReset;
+    } else if (action == "drop") {
+      step.action = FaultStep::Action::kDrop;
+    } else if (!parse_int(action, step.status) || step.status <= 100 || step.status >= 600) {
+      return fail(raw, "action must be a status in (100, 600), hang, reset or drop");
+    }
+    std::string_view rest = slash == std::string_view::npos ? "" : text.substr(slash + 1);
+    while (slash != std::string_view::npos) {
+      const std::size_t next = rest.find('/');
+      const std::string_view mod = rest.substr(0, next);
+      const std::size_t eq = mod.find('=');
+      const std::string_view key = mod.substr(0, eq);
+      const std::string_view value = eq == std::string_view::npos ? "" : mod.substr(eq + 1);
+      if (eq == std::string_view::npos)
+        return fail(raw, "modifier '" + std::string(mod) + "' needs =VALUE");
+      if (key == "retry-after" || key == "retry-after-date") {
+        std::int64_t seconds = 0;
+        if (!parse_int(value, seconds) || seconds < 0 || seconds > 100000000) {
+          return fail(raw, std::string(key) + " must be a whole number of seconds >= 0");
+        }
+        step.retry_after_seconds = seconds;
+        step.retry_after_as_date = key == "retry-after-date";
+      } else if (key == "delay") {
+        std::string why;
+        auto d = parse_duration(value, &why);
+        if (!d) return fail(raw, "delay: " + why);
+        step.delay = *d;
+      } else if (key == "body") {
+        step.body = std::string(value);
+      } else {
+        return fail(raw, "unknown modifier '" + std::string(key) +
+                             "' (expected retry-after, retry-after-date, delay or body)");
+      }
+      if (next == std::string_view::npos) break;
+      rest = rest.substr(next + 1);
+    }
+    for (int i = 0; i < repeat; ++i) steps.push_back(step);
+    if (comma == std::string_view::npos) break;
+    script = script.substr(comma + 1);
+  }
+  return steps;
+}
+
+struct FaultServer::Impl {
+  std::vector<FaultStep> steps;                 // GUARDED_BY(mutex)
+  std::size_t next_step = 0;                    // GUARDED_BY(mutex)
+  std::vector<Arrival> log;                     // GUARDED_BY(mutex)
+  std::set<int> open_fds;                       // GUARDED_BY(mutex)
+  std::vector<std::thread> connection_threads;  // GUARDED_BY(mutex)
+  mutable std::mutex mutex;
+  std::condition_variable stop_cv;  // waits for stopping (delays), with mutex
+
+  int requested_port = 0;
+  std::atomic<int> port{0};
+  std::atomic<int> connection_count{0};
+  std::atomic<bool> stopping{false};
+  int listen_fd = -1;
+  bool running = false;
+  std::thread acceptor;
+  TimePoint started{};
+
+  FaultStep take_step() {
+    // Caller holds mutex.
+    const FaultStep& s = steps[std::min(next_step, steps.size() - 1)];
+    if (next_step < steps.size()) ++next_step;
+    return s;
+  }
+
+  // Waits d, or less when the server stops. Returns false when stopping.
+  bool wait_for(Duration d) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return !stop_cv.wait_for(lock, d, [&] { return stopping.load(); });
+  }
+
+  // Reads more bytes into buf. False on EOF, error or stop.
+  bool read_some(int fd, std::string& buf) {
+    char chunk[16384];
+    while (!stopping.load()) {
+      pollfd p{fd, POLLIN, 0};
+      const int r = ::poll(&p, 1, kPollMs);
+      if (r < 0 && errno != EINTR) return false;
+      if (r <= 0) continue;
+      const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      buf.append(chunk, static_cast<std::size_t>(n));
+      return true;
+    }
+    return false;
+  }
+
+  void close_fd(int fd) {
+    {
+      std::lock_guard<std::mutex> guard(mutex);
+      open_fds.erase(fd);
+    }
+    ::close(fd);
+  }
+
+  void reset_fd(int fd) {
+    linger l{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    close_fd(fd);
+  }
+
+  void respond(int fd, int status, std::string_view content_type, std::string_view body,
+               std::string_view extra_headers, bool close) {
+    std::string out =
+        "HTTP/1.1 " + std::to_string(status) + " " + std::string(reason_phrase(status)) + "\r\n";
+    out += "Content-Type: ";
+    out += content_type;
+    out += "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    out += extra_headers;
+    if (close) out += "Connection: close\r\n";
+    out += "\r\n";
+    out += body;
+    (void)send_all(fd, out);
+  }
+
+  void serve(int fd, int connection) {
+    std::string buf;
+    while (!stopping.load()) {
+      std::size_t head_end;
+      while ((head_end = buf.find("\r\n\r\n")) == std::string::npos) {
+        if (buf.size() > kMaxHead || !read_some(fd, buf)) return close_fd(fd);
+      }
+      Arrival a;
+      a.connection = connection;
+      const std::string_view head(buf.data(), head_end);
+      std::size_t line_end = head.find("\r\n");
+      const std::string_view request_line = head.substr(0, line_end);
+      const std::size_t sp1 = request_line.find(' ');
+      const std::size_t sp2 = request_line.rfind(' ');
+      if (sp1 == std::string_view::npos || sp2 == sp1) {
+        respond(fd, 400, "text/plain", "bad request line\n", "", true);
+        return close_fd(fd);
+      }
+      a.method = std::string(request_line.substr(0, sp1));
+      a.target = std::string(request_line.substr(sp1 + 1, sp2 - sp1 - 1));
+      std::size_t content_length = 0;
+      bool wants_close = false;
+      bool expect_continue = false;
+      while (line_end != std::string_view::npos && line_end < head.size()) {
+        const std::size_t start = line_end + 2;
+        line_end = head.find("\r\n", start);
+        const std::string_view line = head.substr(
+            start, line_end == std::string_view::npos ? std::string_view::npos : line_end - start);
+        const std::size_t colon = line.find(':');
+        if (colon == std::string_view::npos) continue;
+        std::string name(line.substr(0, colon));
+        std::string value(trim(line.substr(colon + 1)));
+        std::string lower = name;
+        for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (lower == "content-length" && !parse_int(std::string_view(value), content_length)) {
+          respond(fd, 400, "text/plain", "bad content-length\n", "", true);
+          return close_fd(fd);
+        }
+        if (lower == "connection" && value == "close") wants_close = true;
+        if (lower == "expect" && value == "100-continue") expect_continue = true;
+        a.headers.emplace_back(std::move(name), std::move(value));
+      }
+      if (content_length > kMaxBody) {
+        respond(fd, 413, "text/plain", "body too large\n", "", true);
+        return close_fd(fd);
+      }
+      buf.erase(0, head_end + 4);
+      if (expect_continue && buf.size() < content_length) {
+        (void)send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n");
+      }
+      while (buf.size() < content_length) {
+        if (!read_some(fd, buf)) return close_fd(fd);
+      }
+      a.body = buf.substr(0, content_length);
+      buf.erase(0, content_length);
+
+      if (a.target.starts_with("/_keel/")) {
+        if (!control(fd, a, wants_close)) return close_fd(fd);
+        continue;
+      }
+
+      FaultStep step;
+      {
+        std::lock_guard<std::mutex> guard(mutex);
+        step = take_step();
+        a.seq = static_cast<int>(log.size()) + 1;
+        a.at = steady_clock().now() - started;
+        a.step = step.text;
+        log.push_back(a);
+      }
+      if (step.delay > Duration::zero() && !wait_for(step.delay)) return close_fd(fd);
+      switch (step.action) {
+        case FaultStep::Action::kRespond: {
+          std::string extra;
+          if (step.retry_after_seconds) {
+            extra = "Retry-After: ";
+            if (step.retry_after_as_date) {
+              extra += format_http_date(static_cast<std::int64_t>(std::time(nullptr)) +
+                                        *step.retry_after_seconds);
+            } else {
+              extra += std::to_string(*step.retry_after_seconds);
+            }
+            extra += "\r\n";
+          }
+          std::string body = step.body;
+          if (body.empty()) {
+            body = step.status < 300 ? "ok" : std::string(reason_phrase(step.status));
+          }
+          body += "\n";
+          respond(fd, step.status, "text/plain", body, extra, wants_close);
+          if (wants_close) return close_fd(fd);
+          break;
+        }
+        case FaultStep::Action::kHang:
+          while (read_some(fd, buf)) {
+          }
+          return close_fd(fd);
+        case FaultStep::Action::kReset:
+          return reset_fd(fd);
+        case FaultStep::Action::kDrop:
+          return close_fd(fd);
+      }
+    }
+    close_fd(fd);
+  }
+
+  // Handles /_keel/ requests. Returns false when the connection should close.
+  bool control(int fd, const Arrival& a, bool wants_close) {
+    if (a.method == "GET" && a.target == "/_keel/log") {
+      respond(fd, 200, "application/json", log_json() + "\n", "", wants_close);
+    } else if (a.method == "POST" && a.target == "/_keel/reset") {
+      reset_log();
+      respond(fd, 200, "text/plain", "reset\n", "", wants_close);
+    } else if (a.method == "POST" && a.target == "/_keel/script") {
+      std::string why;
+      auto parsed = parse_fault_script(a.body, &why);
+      if (!parsed) {
+        respond(fd, 400, "text/plain", "invalid script: " + why + "\n", "", wants_close);
+      } else {
+        std::lock_guard<std::mutex> guard(mutex);
+        steps = std::move(*parsed);
+        next_step = 0;
+      }
+      if (parsed) respond(fd, 200, "text/plain", "script set\n", "", wants_close);
+    } else {
+      respond(fd, 404, "text/plain", "unknown control endpoint\n", "", wants_close);
+    }
+    return !wants_close;
+  }
+
+  void reset_log() {
+    std::lock_guard<std::mutex> guard(mutex);
+    log.clear();
+    next_step = 0;
+  }
+
+  std::string log_json() const {
+    nlohmann::json arrivals = nlohmann::json::array();
+    std::lock_guard<std::mutex> guard(mutex);
+    for (const Arrival& a : log) {
+      nlohmann::json headers = nlohmann::json::object();
+      for (const auto& [k, v] : a.headers) headers[k] = v;
+      nlohmann::json item = {
+          {"seq", a.seq},       {"at_ms", std::chrono::duration<double, std::milli>(a.at).count()},
+          {"method", a.method}, {"target", a.target},
+          {"step", a.step},     {"connection", a.connection},
+          {"headers", headers}, {"body_bytes", a.body.size()},
+      };
+      const auto key = find_header(a.headers, "Idempotency-Key");
+      item["idempotency_key"] = key ? nlohmann::json(std::string(*key)) : nlohmann::json();
+      int attempt = 0;
+      const auto attempt_header = find_header(a.headers, "Keel-Attempt");
+      if (attempt_header && parse_int(*attempt_header, attempt)) {
+        item["keel_attempt"] = attempt;
+      } else {
+        item["keel_attempt"] = nullptr;
+      }
+      arrivals.push_back(std::move(item));
+    }
+    return nlohmann::json{{"arrivals", arrivals}}.dump();
+  }
+
+  void accept_loop() {
+    while (!stopping.load()) {
+      pollfd p{listen_fd, POLLIN, 0};
+      const int r = ::poll(&p, 1, kPollMs);
+      if (r <= 0) continue;
+      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      const int id = connection_count.fetch_add(1) + 1;
+      std::lock_guard<std::mutex> guard(mutex);
+      if (stopping.load()) {
+        ::close(fd);
+        break;
+      }
+      open_fds.insert(fd);
+      connection_threads.emplace_back([this, fd, id] { serve(fd, id); });
+    }
+  }
+};
+
+FaultServer::FaultServer(FaultServerOptions options) : impl_(std::make_unique<Impl>()) {
+  std::string why;
+  auto steps = parse_fault_script(options.script, &why);
+  if (!steps) {
+    throw std::invalid_argument("keel::http::FaultServerOptions: script '" + options.script +
+                                "' is invalid: " + why);
+  }
+  if (options.port < 0 || options.port > 65535) {
+    throw std::invalid_argument("keel::http::FaultServerOptions: port must be in [0, 65535], got " +
+                                std::to_string(options.port));
+  }
+  impl_->steps = std::move(*steps);
+  impl_->requested_port = options.port;
+}
+
+FaultServer::~FaultServer() { stop(); }
+
+void FaultServer::start() {
+  Impl& s = *impl_;
+  if (s.running) return;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    throw std::runtime_error(std::string("keel upstream: socket: ") + std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(s.requested_port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 128) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error("keel upstream: cannot listen on 127.0.0.1:" +
+                             std::to_string(s.requested_port) + ": " + std::strerror(err));
+  }
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  s.port.store(ntohs(addr.sin_port));
+  s.listen_fd = fd;
+  s.started = steady_clock().now();
+  s.stopping.store(false);
+  s.running = true;
+  s.acceptor = std::thread([&s] { s.accept_loop(); });
+}
+
+void FaultServer::stop() {
+  Impl& s = *impl_;
+  if (!s.running) return;
+  {
+    std::lock_guard<std::mutex> guard(s.mutex);
+    s.stopping.store(true);
+    for (int fd : s.open_fds) ::shutdown(fd, SHUT_RDWR);
+  }
+  s.stop_cv.notify_all();
+  s.acceptor.join();
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> guard(s.mutex);
+    threads.swap(s.connection_threads);
+  }
+  for (auto& t : threads) t.join();
+  ::close(s.listen_fd);
+  s.listen_fd = -1;
+  s.running = false;
+}
+
+int FaultServer::port() const noexcept { return impl_->port.load(); }
+
+std::string FaultServer::url(std::string_view path) const {
+  return "http://127.0.0.1:" + std::to_string(port()) + std::string(path);
+}
+
+void FaultServer::set_script(std::string_view script) {
+  std::string why;
+  auto steps = parse_fault_script(script, &why);
+  if (!steps) {
+    throw std::invalid_argument("keel::http::FaultServer: script '" + std::string(script) +
+                                "' is invalid: " + why);
+  }
+  std::lock_guard<std::mutex> guard(impl_->mutex);
+  impl_->steps = std::move(*steps);
+  impl_->next_step = 0;
+}
+
+void FaultServer::reset() { impl_->reset_log(); }
+
+std::vector<Arrival> FaultServer::arrivals() const {
+  std::lock_guard<std::mutex> guard(impl_->mutex);
+  return impl_->log;
+}
+
+std::string FaultServer::log_json() const { return impl_->log_json(); }
+
+int FaultServer::connections() const noexcept { return impl_->connection_count.load(); }
+
+}  // namespace keel::http
