@@ -11,6 +11,13 @@
 //  - Ambiguous failures (the request may have taken effect) are retried only when the operation
 //    is safe to repeat (idempotent, or it carries an idempotency key).
 //  - Outcomes with a retry_limit (HTTP 500: 1) cause at most that many retries per operation.
+//  - With CallOptions::breaker, every attempt first asks the circuit breaker (open: stop with
+//    StopReason::kCircuitOpen) and reports its outcome to it.
+//  - With CallOptions::budget, every retry first asks the retry budget (refused: stop with
+//    StopReason::kBudgetExhausted); every attempt's outcome is reported to it.
+//  - One retrying layer: a keel retry loop started while another one runs on this thread (or in
+//    the same RetryContext) makes a single attempt, unless CallOptions::nested says kRetry. Three
+//    nested layers of 3 attempts reach the bottom 3 times, not 27.
 //
 // Thread-safety: a RetryPolicy is immutable and safe to share between threads and calls. A
 // RetryState belongs to one logical operation and is not thread-safe.
@@ -24,6 +31,7 @@
 //   if (!result.ok()) log(keel::to_string(result.reason));
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <concepts>
 #include <functional>
@@ -34,6 +42,8 @@
 #include <utility>
 
 #include "keel/backoff.hpp"
+#include "keel/breaker.hpp"
+#include "keel/budget.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
 #include "keel/random.hpp"
@@ -117,6 +127,45 @@ class RetryPolicy {
   Backoff backoff_;
 };
 
+/// What a keel retry loop does when it starts inside another keel retry loop.
+enum class NestedRetries : unsigned char {
+  kSingleAttempt,  // one attempt; the outer loop does the retrying (the default)
+  kRetry,          // retry as configured: the layers multiply (3 x 3 x 3 = 27 calls)
+};
+
+/// Marks "a keel retry loop is running" for asynchronous code, where a thread-local cannot follow
+/// the operation from thread to thread. Give the outer and the inner operations the same context
+/// (CallOptions::context); the outer one enters it (RetryScope, or keel::retry does) while it
+/// runs. Safe for concurrent use. Requires: outlives the operations that use it.
+class RetryContext {
+ public:
+  /// Retry loops currently inside this context.
+  [[nodiscard]] int depth() const noexcept { return depth_.load(std::memory_order_acquire); }
+  void enter() noexcept { depth_.fetch_add(1, std::memory_order_acq_rel); }
+  void leave() noexcept { depth_.fetch_sub(1, std::memory_order_acq_rel); }
+
+ private:
+  std::atomic<int> depth_{0};
+};
+
+/// While alive, marks a keel retry loop as running on this thread (or in `context` when given).
+/// keel::retry opens one around its loop; code that drives RetryState by hand opens one around
+/// the calls that may start inner keel operations. Not copyable; in the thread mode it must be
+/// destroyed on the thread that created it.
+class RetryScope {
+ public:
+  explicit RetryScope(RetryContext* context = nullptr) noexcept;
+  ~RetryScope();
+  RetryScope(const RetryScope&) = delete;
+  RetryScope& operator=(const RetryScope&) = delete;
+
+ private:
+  RetryContext* context_;
+};
+
+/// Keel retry loops running around the caller: in `context` when given, else on this thread.
+[[nodiscard]] int retry_depth(const RetryContext* context = nullptr) noexcept;
+
 /// Per-call inputs that are not policy: where time and randomness come from, the caller's
 /// deadline, and whether the operation is safe to repeat.
 struct CallOptions {
@@ -129,6 +178,19 @@ struct CallOptions {
   bool safe_to_repeat = false;
   /// Default: keel::thread_rng().
   Rng* rng = nullptr;
+  /// The dependency's retry budget, asked before every retry and told every outcome. Non-owning;
+  /// Requires: outlives the operation (budgets normally live as long as the client). Default
+  /// none.
+  RetryBudget* budget = nullptr;
+  /// The dependency's circuit breaker, asked before every attempt and told every outcome.
+  /// Non-owning; Requires: outlives the operation (hold the registry's shared_ptr). Default none.
+  CircuitBreaker* breaker = nullptr;
+  /// For asynchronous code: the context that says whether an outer keel retry loop is running.
+  /// Default none: this thread's retry depth is used. Requires: outlives the operation.
+  RetryContext* context = nullptr;
+  /// What this operation does when it starts inside another keel retry loop. Default
+  /// kSingleAttempt (one retrying layer).
+  NestedRetries nested = NestedRetries::kSingleAttempt;
 };
 
 /// Whether to start an attempt.
@@ -151,16 +213,18 @@ struct Decision {
 ///     if (!d.retry) break;
 ///     clock.sleep_for(d.delay);        // or an event loop's timer
 ///   }
-/// Requires: the policy outlives the state.
+/// Requires: the policy, and the call's clock, rng, budget and breaker, outlive the state.
 class RetryState {
  public:
   explicit RetryState(const RetryPolicy& policy, const CallOptions& call = {});
 
-  /// Checks the deadline before an attempt. When it may proceed, returns the attempt's number and
-  /// timeout; otherwise the reason to stop (and the give-up hook has been called).
+  /// Checks the deadline, then the circuit breaker, before an attempt. When it may proceed,
+  /// returns the attempt's number and timeout; otherwise the reason to stop (kDeadline,
+  /// kCircuitOpen; the give-up hook has been called).
   [[nodiscard]] AttemptStart start_attempt();
 
-  /// Classifies the end of the current attempt into retry-after-delay or stop-with-reason.
+  /// Classifies the end of the current attempt into retry-after-delay or stop-with-reason. Reports
+  /// the outcome to the breaker and the budget, and asks the budget before a retry.
   [[nodiscard]] Decision next(const Outcome& outcome);
 
   [[nodiscard]] int attempts() const noexcept { return attempts_; }
@@ -172,6 +236,10 @@ class RetryState {
   /// Why the operation stopped (kSuccess until it has stopped).
   [[nodiscard]] StopReason stop_reason() const noexcept { return reason_; }
   [[nodiscard]] bool stopped() const noexcept { return stopped_; }
+  /// Started inside another keel retry loop, and so limited to one attempt.
+  [[nodiscard]] bool nested() const noexcept { return nested_; }
+  /// Attempts this operation may make: the policy's max_attempts, or 1 when nested.
+  [[nodiscard]] int max_attempts() const noexcept { return max_attempts_; }
 
  private:
   Decision stop(StopReason reason);
@@ -185,7 +253,13 @@ class RetryState {
   Outcome last_;
   int attempts_ = 0;
   int limited_retries_ = 0;
+  int max_attempts_;
+  RetryBudget* budget_;
+  CircuitBreaker* breaker_;
+  RetryPermit budget_permit_;
+  BreakerPermit breaker_permit_;
   bool safe_to_repeat_;
+  bool nested_ = false;
   bool stopped_ = false;
   StopReason reason_ = StopReason::kSuccess;
 };
@@ -226,6 +300,7 @@ requires std::is_invocable_r_v < Outcome, Classify&, const detail::attempt_resul
   using T = detail::attempt_result_t<Fn>;
   RetryResult<T> result;
   RetryState state(policy, call);
+  const RetryScope scope(call.context);  // loops started inside fn are nested in this one
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
     result.value.emplace(detail::invoke_attempt(fn, start.attempt));
     result.outcome = std::invoke(classify, std::as_const(*result.value));

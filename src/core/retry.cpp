@@ -43,6 +43,30 @@ std::string format_give_up(const GiveUpEvent& e, std::string_view what) {
 }
 
 namespace {
+thread_local int t_retry_depth = 0;
+}  // namespace
+
+RetryScope::RetryScope(RetryContext* context) noexcept : context_(context) {
+  if (context_ != nullptr) {
+    context_->enter();
+  } else {
+    ++t_retry_depth;
+  }
+}
+
+RetryScope::~RetryScope() {
+  if (context_ != nullptr) {
+    context_->leave();
+  } else {
+    --t_retry_depth;
+  }
+}
+
+int retry_depth(const RetryContext* context) noexcept {
+  return context != nullptr ? context->depth() : t_retry_depth;
+}
+
+namespace {
 void require(bool ok, const char* field, const std::string& requirement, Duration got) {
   if (!ok) {
     throw std::invalid_argument(std::string("keel::RetryPolicy: ") + field + " must be " +
@@ -72,7 +96,14 @@ RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
       clock_(call.clock != nullptr ? call.clock : &steady_clock()),
       rng_(call.rng != nullptr ? call.rng : &thread_rng()),
       started_(clock_->now()),
+      max_attempts_(policy.options().max_attempts),
+      budget_(call.budget),
+      breaker_(call.breaker),
       safe_to_repeat_(call.safe_to_repeat) {
+  if (call.nested == NestedRetries::kSingleAttempt && retry_depth(call.context) > 0) {
+    nested_ = true;
+    max_attempts_ = 1;
+  }
   deadline_ = call.deadline;
   if (policy.options().overall_timeout < kInfinite) {
     deadline_ =
@@ -103,12 +134,20 @@ AttemptStart RetryState::start_attempt() {
     return start;
   }
   const RetryOptions& opt = policy_->options();
-  const TimePoint now = clock_->now();
-  const Duration left = deadline_.remaining(now);
+  // Without a deadline the time left is infinite whatever the time: no clock read.
+  const Duration left = deadline_.is_infinite() ? kInfinite : deadline_.remaining(clock_->now());
   if (left <= Duration::zero() || (attempts_ > 0 && left < opt.min_attempt_time)) {
     start.reason = stop(StopReason::kDeadline).reason;
     return start;
   }
+  if (breaker_ != nullptr) {
+    breaker_permit_ = breaker_->try_acquire();
+    if (!breaker_permit_.allowed) {
+      start.reason = stop(StopReason::kCircuitOpen).reason;
+      return start;
+    }
+  }
+  if (attempts_ == 0 && budget_ != nullptr) budget_->on_first_attempt();
   ++attempts_;
   start.proceed = true;
   start.attempt.number = attempts_;
@@ -123,6 +162,8 @@ Decision RetryState::next(const Outcome& outcome) {
     return d;
   }
   last_ = outcome;
+  if (breaker_ != nullptr) breaker_->record(breaker_permit_, outcome);
+  if (budget_ != nullptr) budget_->record(outcome, budget_permit_);
   const RetryOptions& opt = policy_->options();
   switch (outcome.kind) {
     case OutcomeKind::kSuccess:
@@ -136,7 +177,7 @@ Decision RetryState::next(const Outcome& outcome) {
     case OutcomeKind::kThrottled:
       break;
   }
-  if (attempts_ >= opt.max_attempts) return stop(StopReason::kAttemptsExhausted);
+  if (attempts_ >= max_attempts_) return stop(StopReason::kAttemptsExhausted);
   if (outcome.retry_limit != Outcome::kNoRetryLimit) {
     if (limited_retries_ >= outcome.retry_limit) return stop(StopReason::kAttemptsExhausted);
   }
@@ -157,6 +198,12 @@ Decision RetryState::next(const Outcome& outcome) {
     if (saturating_add(delay, opt.min_attempt_time) > left || left <= Duration::zero()) {
       return stop(StopReason::kDeadline);
     }
+  }
+
+  // Last: the budget is charged only for a retry that will happen.
+  if (budget_ != nullptr) {
+    budget_permit_ = budget_->try_acquire_retry(outcome);
+    if (!budget_permit_.granted) return stop(StopReason::kBudgetExhausted);
   }
 
   if (outcome.retry_limit != Outcome::kNoRetryLimit) ++limited_retries_;

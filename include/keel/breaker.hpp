@@ -1,0 +1,242 @@
+// Circuit breakers: stop calling a dependency that is failing, give it room to recover, then
+// probe it with a few trial calls. One breaker per dependency (host, or host plus endpoint
+// group), never one global breaker: one broken endpoint must not block another.
+//
+//   closed     calls run; their outcomes fill a sliding window. The breaker trips (opens) when
+//              the window holds >= minimum_calls AND (failure rate >= failure_rate_threshold OR
+//              slow-call rate >= slow_call_rate_threshold).
+//   open       calls are refused without running, for break_duration (optionally growing on
+//              repeated trips, capped at max_break_duration).
+//   half-open  exactly half_open_trials calls are admitted; when all have reported, a failure
+//              rate >= the threshold re-opens the breaker, anything else closes it. If the trials
+//              do not all report within half_open_timeout the breaker re-opens (it never sticks).
+//
+// Permanent failures (a 400: the caller's fault) count as calls that did not fail; throttling
+// (429, 503), transient and ambiguous failures count as failures (keel::is_dependency_failure).
+// See docs/breakers.md for the windows and the defaults of resilience4j and Polly.
+//
+// Thread-safety: CircuitBreaker is safe for concurrent use and lock-free. In closed state,
+// try_acquire() is one atomic load and record() of a success touches per-thread stripes of the
+// time window (or the ring of a count window), takes no lock and allocates nothing.
+// BreakerRegistry is safe for concurrent use (a shared mutex around its map; cache the returned
+// pointer on hot paths).
+//
+// Example:
+//   // "more than half of the calls in the last 30 s failed" -> fail fast
+//   keel::CircuitBreaker breaker(keel::BreakerOptions::more_than_half_failed(30s, 10));
+//   keel::CallOptions call;
+//   call.breaker = &breaker;                  // r.reason == kCircuitOpen while it is open
+//   auto r = keel::retry(policy, attempt, call);
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+
+namespace keel {
+
+enum class BreakerState : unsigned char { kClosed, kOpen, kHalfOpen };
+
+/// "closed", "open", "half-open".
+[[nodiscard]] std::string_view to_string(BreakerState state) noexcept;
+
+/// How the closed state's window is measured.
+enum class BreakerWindow : unsigned char {
+  kCount,  // the last window_calls calls
+  kTime,   // the calls of the last window_length, in window_buckets steps
+};
+
+struct BreakerOptions {
+  /// Count-based or time-based window. Default kTime.
+  BreakerWindow window = BreakerWindow::kTime;
+  /// Size of a count window. Requires: in [1, 100000]. Default 100 (resilience4j).
+  int window_calls = 100;
+  /// Length of a time window. Requires: >= 1 ms. Default 30 s (Polly's sampling duration).
+  Duration window_length = std::chrono::seconds(30);
+  /// A time window slides in this many steps. Requires: in [1, 1000]. Default 10 (Polly).
+  int window_buckets = 10;
+  /// No trip before the window holds this many calls. Requires: >= 1. Default 20.
+  int minimum_calls = 20;
+  /// Trip when failures / calls >= this. Requires: in (0, 1]. Default 0.5 (resilience4j).
+  double failure_rate_threshold = 0.5;
+  /// Trip only when the rate is strictly above the threshold ("more than half"). Default false.
+  bool trip_only_above_threshold = false;
+  /// A call at least this long is slow. Requires: > 0. Default kInfinite (slow calls not
+  /// tracked; no clock read when the call starts).
+  Duration slow_call_duration = kInfinite;
+  /// Trip when slow calls / calls >= this. Requires: in (0, 1]. Default 1.0 (resilience4j).
+  double slow_call_rate_threshold = 1.0;
+  /// How long the breaker stays open after a trip. Requires: >= 1 ms. Default 5 s (Polly).
+  Duration break_duration = std::chrono::seconds(5);
+  /// Each consecutive trip without a close multiplies the break by this. Requires: >= 1.
+  /// Default 1 (fixed break).
+  double break_growth = 1.0;
+  /// Cap on the grown break. Requires: >= break_duration. Default 60 s.
+  Duration max_break_duration = std::chrono::seconds(60);
+  /// Trial calls admitted in half-open. Requires: in [1, 10000]. Default 1 (Polly).
+  int half_open_trials = 1;
+  /// Half-open gives up waiting for its trials after this and re-opens. Requires: >= 1 ms.
+  /// Default 30 s.
+  Duration half_open_timeout = std::chrono::seconds(30);
+  /// Where time comes from. keel::coarse_clock() suffices for second-long windows and is much
+  /// cheaper to read. Default keel::steady_clock(). Requires: outlives the breaker.
+  Clock* clock = nullptr;
+  /// Called on every state change, on the thread that made it, with no lock held. Default none.
+  std::function<void(BreakerState from, BreakerState to)> on_state_change;
+
+  /// The seeds' rule: open when more than half of the calls in the last `window` failed (and at
+  /// least `minimum_calls` were made).
+  [[nodiscard]] static BreakerOptions more_than_half_failed(
+      Duration window = std::chrono::seconds(30), int minimum_calls = 10);
+};
+
+/// Whether a call may run, and what record() needs to attribute its outcome.
+struct BreakerPermit {
+  bool allowed = false;
+  bool trial = false;            // admitted as a half-open trial
+  std::uint32_t generation = 0;  // the state generation it was admitted in
+  TimePoint started{};           // when slow calls are tracked
+  [[nodiscard]] explicit operator bool() const noexcept { return allowed; }
+};
+
+/// A point-in-time view, for health checks and metrics.
+struct BreakerSnapshot {
+  BreakerState state = BreakerState::kClosed;
+  std::int64_t calls = 0;     // in the window
+  std::int64_t failures = 0;  // in the window
+  std::int64_t slow = 0;      // in the window
+  Duration open_remaining{};  // until half-open, when open
+  int consecutive_trips = 0;
+};
+
+class CircuitBreaker {
+ public:
+  /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
+  explicit CircuitBreaker(BreakerOptions options = {});
+  ~CircuitBreaker();
+  CircuitBreaker(const CircuitBreaker&) = delete;
+  CircuitBreaker& operator=(const CircuitBreaker&) = delete;
+
+  /// Asks to run one call. Refused while open, and in half-open once the trials are taken.
+  /// May move open -> half-open (break elapsed) or half-open -> open (trials timed out).
+  [[nodiscard]] BreakerPermit try_acquire() noexcept;
+
+  /// Reports the outcome of a call run under `permit` (ignored when !permit.allowed). Latency is
+  /// measured from the permit when slow calls are tracked.
+  void record(const BreakerPermit& permit, const Outcome& outcome) noexcept;
+  /// As above with a latency measured by the caller.
+  void record(const BreakerPermit& permit, const Outcome& outcome, Duration latency) noexcept;
+
+  /// The state now (an open breaker whose break has elapsed reports half-open).
+  [[nodiscard]] BreakerState state() const noexcept;
+  [[nodiscard]] BreakerSnapshot snapshot() const noexcept;
+  /// Forces the closed state with an empty window.
+  void reset() noexcept;
+
+  [[nodiscard]] const BreakerOptions& options() const noexcept { return options_; }
+
+ private:
+  struct Window;
+  void record_closed(const BreakerPermit& permit, bool failure, bool slow, TimePoint now) noexcept;
+  void record_trial(const BreakerPermit& permit, bool failure) noexcept;
+  bool transition(std::uint64_t from_word, BreakerState to, TimePoint now) noexcept;
+  [[nodiscard]] bool should_trip(std::int64_t calls, std::int64_t failures,
+                                 std::int64_t slow) const noexcept;
+  [[nodiscard]] Duration break_for(int trips) const noexcept;
+  [[nodiscard]] std::uint64_t to_ticks(TimePoint t) const noexcept;
+  [[nodiscard]] TimePoint from_ticks(std::uint64_t ticks) const noexcept;
+
+  BreakerOptions options_;
+  Clock* clock_;
+  TimePoint origin_;
+  std::int64_t failure_ppm_;
+  std::int64_t slow_ppm_;
+  bool track_slow_;
+  std::unique_ptr<Window> window_;
+  // [state:2][generation:22][ms:40]: the state, a counter of transitions, and when the state
+  // ends (open: end of the break; half-open: trial timeout), in ms since origin_ (34 years).
+  alignas(64) std::atomic<std::uint64_t> state_word_;
+  // [generation:22][admitted:14][successes:14][failures:14] of the current half-open round.
+  alignas(64) std::atomic<std::uint64_t> trials_word_{0};
+  std::atomic<int> consecutive_trips_{0};
+};
+
+// ---------------------------------------------------------------------------------------------
+
+struct BreakerRegistryOptions {
+  /// Options of every breaker the registry creates (its on_state_change is replaced by the
+  /// registry's listeners).
+  BreakerOptions breaker = {};
+  /// At most this many keys. At the bound, the least recently created closed breaker is
+  /// evicted (holders keep theirs alive); when every breaker is open or half-open, get()
+  /// returns nullptr rather than share a breaker between dependencies. Requires: >= 1.
+  /// Default 1024.
+  std::size_t max_keys = 1024;
+};
+
+/// A listener on a registry: key, old state, new state.
+using BreakerListener =
+    std::function<void(std::string_view key, BreakerState from, BreakerState to)>;
+
+/// Breakers keyed by dependency: "host" or "host/endpoint-group". Each key gets its own
+/// breaker, so one broken endpoint cannot block another.
+class BreakerRegistry {
+ public:
+  /// Throws std::invalid_argument when options are invalid (see BreakerOptions, max_keys).
+  explicit BreakerRegistry(BreakerRegistryOptions options = {});
+  ~BreakerRegistry();
+  BreakerRegistry(const BreakerRegistry&) = delete;
+  BreakerRegistry& operator=(const BreakerRegistry&) = delete;
+
+  /// The breaker of `key`, created on first use. nullptr only when the registry is full of
+  /// open or half-open breakers (see max_keys). The pointer stays valid while held.
+  [[nodiscard]] std::shared_ptr<CircuitBreaker> get(std::string_view key);
+  /// The breaker of `key` if it exists.
+  [[nodiscard]] std::shared_ptr<CircuitBreaker> find(std::string_view key) const;
+  /// The state of `key` (nullopt when unknown), for health checks.
+  [[nodiscard]] std::optional<BreakerState> state(std::string_view key) const;
+  /// Every key with its snapshot, sorted by key.
+  [[nodiscard]] std::vector<std::pair<std::string, BreakerSnapshot>> snapshot() const;
+  [[nodiscard]] std::size_t size() const;
+  /// Breakers evicted at the key bound so far.
+  [[nodiscard]] std::uint64_t evictions() const noexcept {
+    return evictions_.load(std::memory_order_relaxed);
+  }
+
+  /// Adds a listener called on every state change of every breaker, on the thread that made the
+  /// change. Requires: the listener does not call add_listener.
+  void add_listener(BreakerListener listener);
+
+ private:
+  struct Entry {
+    std::shared_ptr<CircuitBreaker> breaker;
+    std::uint64_t created = 0;
+  };
+  struct Listeners;
+  struct StringHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
+  };
+  BreakerRegistryOptions options_;
+  std::shared_ptr<Listeners> listeners_;
+  mutable std::shared_mutex mutex_;
+  // Guarded by mutex_.
+  std::unordered_map<std::string, Entry, StringHash, std::equal_to<>> entries_;
+  std::uint64_t created_ = 0;  // guarded by mutex_
+  std::atomic<std::uint64_t> evictions_{0};
+};
+
+}  // namespace keel

@@ -1,0 +1,643 @@
+#include "keel/breaker.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "keel/duration.hpp"
+
+namespace keel {
+
+std::string_view to_string(BreakerState state) noexcept {
+  switch (state) {
+    case BreakerState::kClosed:
+      return "closed";
+    case BreakerState::kOpen:
+      return "open";
+    case BreakerState::kHalfOpen:
+      return "half-open";
+  }
+  return "unknown";
+}
+
+BreakerOptions BreakerOptions::more_than_half_failed(Duration window, int minimum_calls) {
+  BreakerOptions o;
+  o.window = BreakerWindow::kTime;
+  o.window_length = window;
+  o.minimum_calls = minimum_calls;
+  o.failure_rate_threshold = 0.5;
+  o.trip_only_above_threshold = true;
+  return o;
+}
+
+namespace {
+
+constexpr std::int64_t kPpm = 1'000'000;
+
+[[noreturn]] void reject(const char* field, const std::string& requirement,
+                         const std::string& got) {
+  throw std::invalid_argument(std::string("keel::CircuitBreaker: ") + field + " must be " +
+                              requirement + " (got " + got + ")");
+}
+
+std::string number(double v) {
+  std::string s = std::to_string(v);
+  while (s.size() > 1 && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+// State word: [state:2][generation:22][ms:40].
+constexpr int kTicksBits = 40;
+constexpr int kGenBits = 22;
+constexpr std::uint64_t kTicksMask = (std::uint64_t{1} << kTicksBits) - 1;
+constexpr std::uint64_t kGenMask = (std::uint64_t{1} << kGenBits) - 1;
+
+constexpr BreakerState state_of(std::uint64_t w) noexcept {
+  return static_cast<BreakerState>(w >> (kTicksBits + kGenBits));
+}
+constexpr std::uint32_t gen_of(std::uint64_t w) noexcept {
+  return static_cast<std::uint32_t>((w >> kTicksBits) & kGenMask);
+}
+constexpr std::uint64_t ticks_of(std::uint64_t w) noexcept { return w & kTicksMask; }
+constexpr std::uint64_t make_word(BreakerState s, std::uint32_t gen, std::uint64_t ticks) {
+  return (static_cast<std::uint64_t>(s) << (kTicksBits + kGenBits)) |
+         ((static_cast<std::uint64_t>(gen) & kGenMask) << kTicksBits) | (ticks & kTicksMask);
+}
+
+// Trials word: [generation:22][admitted:14][successes:14][failures:14].
+constexpr std::uint64_t kCountMask = (std::uint64_t{1} << 14) - 1;
+struct Trials {
+  std::uint32_t gen;
+  std::uint64_t admitted, successes, failures;
+};
+constexpr Trials unpack(std::uint64_t w) noexcept {
+  return {static_cast<std::uint32_t>(w >> 42) & static_cast<std::uint32_t>(kGenMask),
+          (w >> 28) & kCountMask, (w >> 14) & kCountMask, w & kCountMask};
+}
+constexpr std::uint64_t pack(const Trials& t) noexcept {
+  return (static_cast<std::uint64_t>(t.gen & kGenMask) << 42) | ((t.admitted & kCountMask) << 28) |
+         ((t.successes & kCountMask) << 14) | (t.failures & kCountMask);
+}
+
+// Each thread writes call counts to its own stripe of a time bucket.
+std::uint32_t stripe_id() noexcept {
+  static std::atomic<std::uint32_t> next{0};
+  thread_local const std::uint32_t id = next.fetch_add(1, std::memory_order_relaxed);
+  return id;
+}
+
+int stripe_count() noexcept {
+  const unsigned hw = std::max(1U, std::min(16U, std::thread::hardware_concurrency()));
+  int n = 1;
+  while (static_cast<unsigned>(n) < hw) n *= 2;
+  return n;
+}
+
+struct alignas(64) Counter {
+  std::atomic<std::int64_t> value{0};
+};
+
+}  // namespace
+
+// The closed state's sliding window.
+//  - kTime: window_buckets buckets tagged with their time step. Calls go to per-thread stripes
+//    (no shared cache line written on the success path); failures and slow calls go to the
+//    bucket and to running totals. Whoever moves a bucket's tag forward (or sweeps it after it
+//    left the window) takes its contents out of the totals, exactly once, by exchange.
+//  - kCount: a ring of window_calls one-byte slots; each call replaces the oldest slot and the
+//    totals change by the difference.
+struct CircuitBreaker::Window {
+  static constexpr std::uint8_t kCall = 1, kFailure = 2, kSlow = 4;
+
+  struct alignas(64) Bucket {
+    std::atomic<std::int64_t> step{-1};
+    std::atomic<std::int64_t> failures{0};
+    std::atomic<std::int64_t> slow{0};
+  };
+
+  BreakerWindow kind;
+  // kTime
+  int buckets = 0;
+  Duration step{};
+  int stripes = 1;
+  std::unique_ptr<Bucket[]> time;
+  std::unique_ptr<Counter[]> calls;  // buckets * stripes
+  // kCount
+  int size = 0;
+  std::unique_ptr<std::atomic<std::uint8_t>[]> ring;
+  alignas(64) std::atomic<std::uint64_t> head{0};
+  alignas(64) std::atomic<std::int64_t> ring_calls{0};
+  // both
+  alignas(64) std::atomic<std::int64_t> failures{0};
+  std::atomic<std::int64_t> slow{0};
+  alignas(64) std::atomic<std::int64_t> expired_through{0};
+
+  Counter& calls_of(std::size_t bucket, std::uint32_t stripe) const noexcept {
+    return calls[bucket * static_cast<std::size_t>(stripes) +
+                 (stripe & static_cast<std::uint32_t>(stripes - 1))];
+  }
+
+  // Empties one time bucket, taking its failures out of the totals.
+  void drain(std::size_t i) noexcept {
+    for (int s = 0; s < stripes; ++s) {
+      calls_of(i, static_cast<std::uint32_t>(s)).value.store(0, std::memory_order_relaxed);
+    }
+    const std::int64_t f = time[i].failures.exchange(0, std::memory_order_acq_rel);
+    if (f != 0) failures.fetch_sub(f, std::memory_order_acq_rel);
+    const std::int64_t sl = time[i].slow.exchange(0, std::memory_order_acq_rel);
+    if (sl != 0) slow.fetch_sub(sl, std::memory_order_acq_rel);
+  }
+
+  void expire(std::int64_t now_step) noexcept {
+    const std::int64_t first_live = now_step - buckets + 1;
+    std::int64_t through = expired_through.load(std::memory_order_acquire);
+    if (through >= first_live) return;
+    for (int i = 0; i < buckets; ++i) {
+      if (time[static_cast<std::size_t>(i)].step.load(std::memory_order_acquire) < first_live) {
+        drain(static_cast<std::size_t>(i));
+      }
+    }
+    while (through < first_live &&
+           !expired_through.compare_exchange_weak(through, first_live, std::memory_order_acq_rel)) {
+    }
+  }
+
+  // Records one call into the time window at `now_step`.
+  void add_time(std::int64_t now_step, bool failure, bool is_slow) noexcept {
+    expire(now_step);
+    const auto i = static_cast<std::size_t>(now_step % buckets);
+    Bucket& b = time[i];
+    std::int64_t tag = b.step.load(std::memory_order_acquire);
+    while (tag < now_step) {
+      if (b.step.compare_exchange_weak(tag, now_step, std::memory_order_acq_rel)) {
+        drain(i);
+        break;
+      }
+    }
+    calls_of(i, stripe_id()).value.fetch_add(1, std::memory_order_relaxed);
+    if (failure) {
+      b.failures.fetch_add(1, std::memory_order_acq_rel);
+      failures.fetch_add(1, std::memory_order_acq_rel);
+    }
+    if (is_slow) {
+      b.slow.fetch_add(1, std::memory_order_acq_rel);
+      slow.fetch_add(1, std::memory_order_acq_rel);
+    }
+  }
+
+  void add_count(bool failure, bool is_slow) noexcept {
+    const std::uint8_t code =
+        static_cast<std::uint8_t>(kCall | (failure ? kFailure : 0) | (is_slow ? kSlow : 0));
+    const auto i = static_cast<std::size_t>(head.fetch_add(1, std::memory_order_relaxed) %
+                                            static_cast<std::uint64_t>(size));
+    const std::uint8_t old = ring[i].exchange(code, std::memory_order_acq_rel);
+    if (old == code) return;  // the totals do not change (the common all-success case)
+    apply(old, -1);
+    apply(code, +1);
+  }
+
+  void apply(std::uint8_t code, std::int64_t sign) noexcept {
+    if ((code & kCall) != 0) ring_calls.fetch_add(sign, std::memory_order_acq_rel);
+    if ((code & kFailure) != 0) failures.fetch_add(sign, std::memory_order_acq_rel);
+    if ((code & kSlow) != 0) slow.fetch_add(sign, std::memory_order_acq_rel);
+  }
+
+  // Calls in the window (time: the live buckets' stripes).
+  std::int64_t live_calls(std::int64_t now_step) const noexcept {
+    if (kind == BreakerWindow::kCount) return ring_calls.load(std::memory_order_acquire);
+    const std::int64_t first_live = now_step - buckets + 1;
+    std::int64_t n = 0;
+    for (int i = 0; i < buckets; ++i) {
+      if (time[static_cast<std::size_t>(i)].step.load(std::memory_order_acquire) < first_live) {
+        continue;
+      }
+      for (int s = 0; s < stripes; ++s) {
+        n += calls_of(static_cast<std::size_t>(i), static_cast<std::uint32_t>(s))
+                 .value.load(std::memory_order_relaxed);
+      }
+    }
+    return n;
+  }
+
+  // Failures and slow calls of the live buckets only (for snapshots, which do not sweep).
+  std::pair<std::int64_t, std::int64_t> live_failures(std::int64_t now_step) const noexcept {
+    if (kind == BreakerWindow::kCount) {
+      return {failures.load(std::memory_order_acquire), slow.load(std::memory_order_acquire)};
+    }
+    const std::int64_t first_live = now_step - buckets + 1;
+    std::int64_t f = 0;
+    std::int64_t sl = 0;
+    for (int i = 0; i < buckets; ++i) {
+      const Bucket& b = time[static_cast<std::size_t>(i)];
+      if (b.step.load(std::memory_order_acquire) < first_live) continue;
+      f += b.failures.load(std::memory_order_acquire);
+      sl += b.slow.load(std::memory_order_acquire);
+    }
+    return {f, sl};
+  }
+
+  void clear() noexcept {
+    if (kind == BreakerWindow::kTime) {
+      for (int i = 0; i < buckets; ++i) drain(static_cast<std::size_t>(i));
+    } else {
+      for (int i = 0; i < size; ++i) {
+        apply(ring[static_cast<std::size_t>(i)].exchange(0, std::memory_order_acq_rel), -1);
+      }
+    }
+  }
+};
+
+CircuitBreaker::CircuitBreaker(BreakerOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &steady_clock()) {
+  const BreakerOptions& o = options_;
+  if (o.window_calls < 1 || o.window_calls > 100000) {
+    reject("window_calls", "in [1, 100000]", std::to_string(o.window_calls));
+  }
+  if (o.window_length < std::chrono::milliseconds(1)) {
+    reject("window_length", ">= 1ms", format_duration(o.window_length));
+  }
+  if (o.window_buckets < 1 || o.window_buckets > 1000) {
+    reject("window_buckets", "in [1, 1000]", std::to_string(o.window_buckets));
+  }
+  if (o.minimum_calls < 1) reject("minimum_calls", ">= 1", std::to_string(o.minimum_calls));
+  if (!(o.failure_rate_threshold > 0.0 && o.failure_rate_threshold <= 1.0)) {
+    reject("failure_rate_threshold", "in (0, 1]", number(o.failure_rate_threshold));
+  }
+  if (o.slow_call_duration <= Duration::zero()) {
+    reject("slow_call_duration", "> 0", format_duration(o.slow_call_duration));
+  }
+  if (!(o.slow_call_rate_threshold > 0.0 && o.slow_call_rate_threshold <= 1.0)) {
+    reject("slow_call_rate_threshold", "in (0, 1]", number(o.slow_call_rate_threshold));
+  }
+  if (o.break_duration < std::chrono::milliseconds(1)) {
+    reject("break_duration", ">= 1ms", format_duration(o.break_duration));
+  }
+  if (!(o.break_growth >= 1.0 && o.break_growth <= 1000.0)) {
+    reject("break_growth", "in [1, 1000]", number(o.break_growth));
+  }
+  if (o.max_break_duration < o.break_duration) {
+    reject("max_break_duration", ">= break_duration (" + format_duration(o.break_duration) + ")",
+           format_duration(o.max_break_duration));
+  }
+  if (o.half_open_trials < 1 || o.half_open_trials > 10000) {
+    reject("half_open_trials", "in [1, 10000]", std::to_string(o.half_open_trials));
+  }
+  if (o.half_open_timeout < std::chrono::milliseconds(1)) {
+    reject("half_open_timeout", ">= 1ms", format_duration(o.half_open_timeout));
+  }
+  failure_ppm_ = std::llround(o.failure_rate_threshold * kPpm);
+  slow_ppm_ = std::llround(o.slow_call_rate_threshold * kPpm);
+  track_slow_ = o.slow_call_duration < kInfinite;
+
+  window_ = std::make_unique<Window>();
+  Window& w = *window_;
+  w.kind = o.window;
+  if (o.window == BreakerWindow::kTime) {
+    w.buckets = o.window_buckets;
+    w.step = o.window_length / o.window_buckets;
+    if (w.step < std::chrono::microseconds(1)) {
+      reject("window_buckets", "at most window_length / 1us", std::to_string(o.window_buckets));
+    }
+    w.stripes = stripe_count();
+    w.time = std::make_unique<Window::Bucket[]>(static_cast<std::size_t>(w.buckets));
+    w.calls = std::make_unique<Counter[]>(static_cast<std::size_t>(w.buckets * w.stripes));
+  } else {
+    w.size = o.window_calls;
+    w.ring = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(w.size));
+    for (int i = 0; i < w.size; ++i) w.ring[static_cast<std::size_t>(i)].store(0);
+  }
+  origin_ = clock_->now();
+  state_word_.store(make_word(BreakerState::kClosed, 0, 0), std::memory_order_release);
+}
+
+CircuitBreaker::~CircuitBreaker() = default;
+
+std::uint64_t CircuitBreaker::to_ticks(TimePoint t) const noexcept {
+  const Duration since = t - origin_;
+  if (since <= Duration::zero()) return 0;
+  // Rounded up: a state never ends early.
+  const auto ms = (since.count() + 999'999) / 1'000'000;
+  return static_cast<std::uint64_t>(ms) > kTicksMask ? kTicksMask : static_cast<std::uint64_t>(ms);
+}
+
+TimePoint CircuitBreaker::from_ticks(std::uint64_t ticks) const noexcept {
+  return saturating_add(origin_, std::chrono::milliseconds(static_cast<std::int64_t>(ticks)));
+}
+
+Duration CircuitBreaker::break_for(int trips) const noexcept {
+  if (trips <= 1 || options_.break_growth == 1.0) return options_.break_duration;
+  const double factor = std::pow(options_.break_growth, trips - 1);
+  const Duration d = saturating_scale(options_.break_duration, factor);
+  return d < options_.max_break_duration ? d : options_.max_break_duration;
+}
+
+bool CircuitBreaker::should_trip(std::int64_t calls, std::int64_t failures,
+                                 std::int64_t slow) const noexcept {
+  if (calls < options_.minimum_calls || calls <= 0) return false;
+  const bool strict = options_.trip_only_above_threshold;
+  const auto hit = [&](std::int64_t n, std::int64_t ppm) {
+    const auto lhs = static_cast<long double>(n) * kPpm;
+    const auto rhs = static_cast<long double>(ppm) * static_cast<long double>(calls);
+    return strict ? lhs > rhs : lhs >= rhs;
+  };
+  return hit(failures, failure_ppm_) || (track_slow_ && hit(slow, slow_ppm_));
+}
+
+bool CircuitBreaker::transition(std::uint64_t from_word, BreakerState to, TimePoint now) noexcept {
+  const BreakerState from = state_of(from_word);
+  std::uint64_t ticks = 0;
+  if (to == BreakerState::kOpen) {
+    const int trips = consecutive_trips_.load(std::memory_order_acquire) + 1;
+    ticks = to_ticks(saturating_add(now, break_for(trips)));
+  } else if (to == BreakerState::kHalfOpen) {
+    ticks = to_ticks(saturating_add(now, options_.half_open_timeout));
+  } else {
+    window_->clear();  // harmless if the CAS below loses: the window is unused outside closed
+  }
+  const std::uint64_t next = make_word(to, gen_of(from_word) + 1, ticks);
+  std::uint64_t expected = from_word;
+  if (!state_word_.compare_exchange_strong(expected, next, std::memory_order_acq_rel)) {
+    return false;
+  }
+  if (to == BreakerState::kOpen) {
+    consecutive_trips_.fetch_add(1, std::memory_order_acq_rel);
+  } else if (to == BreakerState::kClosed) {
+    consecutive_trips_.store(0, std::memory_order_release);
+  }
+  if (options_.on_state_change) options_.on_state_change(from, to);
+  return true;
+}
+
+BreakerPermit CircuitBreaker::try_acquire() noexcept {
+  BreakerPermit permit;
+  std::uint64_t w = state_word_.load(std::memory_order_acquire);
+  if (state_of(w) == BreakerState::kClosed) {
+    permit.allowed = true;
+    if (track_slow_) permit.started = clock_->now();
+    return permit;
+  }
+  const TimePoint now = clock_->now();
+  for (int round = 0; round < 8; ++round) {
+    switch (state_of(w)) {
+      case BreakerState::kClosed:
+        permit.allowed = true;
+        permit.started = now;
+        return permit;
+      case BreakerState::kOpen:
+        if (now < from_ticks(ticks_of(w))) return permit;
+        transition(w, BreakerState::kHalfOpen, now);
+        break;
+      case BreakerState::kHalfOpen: {
+        const std::uint32_t gen = gen_of(w);
+        std::uint64_t tw = trials_word_.load(std::memory_order_acquire);
+        for (;;) {
+          Trials t = unpack(tw);
+          if (t.gen != gen) t = Trials{gen, 0, 0, 0};  // a new half-open round
+          if (t.admitted >= static_cast<std::uint64_t>(options_.half_open_trials)) break;
+          ++t.admitted;
+          if (trials_word_.compare_exchange_weak(tw, pack(t), std::memory_order_acq_rel)) {
+            permit.allowed = true;
+            permit.trial = true;
+            permit.generation = gen;
+            permit.started = now;
+            return permit;
+          }
+        }
+        // Every trial is out. If they have not reported in time, re-open.
+        if (now >= from_ticks(ticks_of(w))) {
+          transition(w, BreakerState::kOpen, now);
+        }
+        return permit;
+      }
+    }
+    w = state_word_.load(std::memory_order_acquire);
+  }
+  return permit;
+}
+
+void CircuitBreaker::record(const BreakerPermit& permit, const Outcome& outcome) noexcept {
+  if (!permit.allowed) return;
+  const bool failure = is_dependency_failure(outcome.kind);
+  if (track_slow_) {
+    const TimePoint now = clock_->now();
+    const bool slow = now - permit.started >= options_.slow_call_duration;
+    if (permit.trial) {
+      record_trial(permit, failure);
+    } else {
+      record_closed(permit, failure, slow, now);
+    }
+    return;
+  }
+  if (permit.trial) {
+    record_trial(permit, failure);
+    return;
+  }
+  record_closed(permit, failure, false, TimePoint::min());
+}
+
+void CircuitBreaker::record(const BreakerPermit& permit, const Outcome& outcome,
+                            Duration latency) noexcept {
+  if (!permit.allowed) return;
+  const bool failure = is_dependency_failure(outcome.kind);
+  if (permit.trial) {
+    record_trial(permit, failure);
+    return;
+  }
+  const bool slow = track_slow_ && latency >= options_.slow_call_duration;
+  record_closed(permit, failure, slow, TimePoint::min());
+}
+
+void CircuitBreaker::record_closed(const BreakerPermit& /*permit*/, bool failure, bool slow,
+                                   TimePoint now) noexcept {
+  const std::uint64_t w = state_word_.load(std::memory_order_acquire);
+  if (state_of(w) != BreakerState::kClosed) return;  // a late report from before a trip
+  Window& win = *window_;
+  std::int64_t now_step = 0;
+  if (win.kind == BreakerWindow::kTime) {
+    if (now == TimePoint::min()) now = clock_->now();
+    const Duration since = now - origin_;
+    now_step = since <= Duration::zero() ? 0 : since / win.step;
+    win.add_time(now_step, failure, slow);
+  } else {
+    win.add_count(failure, slow);
+  }
+  // A trip needs failures (or slow calls) >= threshold * minimum_calls: below that no call, not
+  // even a success that brings the window to minimum_calls, can trip it. This keeps the success
+  // path of a healthy dependency from summing the window.
+  const std::int64_t failures = win.failures.load(std::memory_order_acquire);
+  const std::int64_t slow_calls = win.slow.load(std::memory_order_acquire);
+  const auto floor_hit = [&](std::int64_t n, std::int64_t ppm) {
+    return static_cast<long double>(n) * kPpm >=
+           static_cast<long double>(ppm) * options_.minimum_calls;
+  };
+  if (!floor_hit(failures, failure_ppm_) && !(track_slow_ && floor_hit(slow_calls, slow_ppm_))) {
+    return;
+  }
+  const std::int64_t calls = win.live_calls(now_step);
+  if (!should_trip(calls, failures, slow_calls)) return;
+  if (now == TimePoint::min()) now = clock_->now();
+  transition(w, BreakerState::kOpen, now);
+}
+
+void CircuitBreaker::record_trial(const BreakerPermit& permit, bool failure) noexcept {
+  const std::uint64_t w = state_word_.load(std::memory_order_acquire);
+  if (state_of(w) != BreakerState::kHalfOpen || gen_of(w) != permit.generation) return;
+  std::uint64_t tw = trials_word_.load(std::memory_order_acquire);
+  Trials t{};
+  for (;;) {
+    t = unpack(tw);
+    if (t.gen != permit.generation) return;
+    if (failure) {
+      ++t.failures;
+    } else {
+      ++t.successes;
+    }
+    if (trials_word_.compare_exchange_weak(tw, pack(t), std::memory_order_acq_rel)) break;
+  }
+  const auto trials = static_cast<std::uint64_t>(options_.half_open_trials);
+  if (t.successes + t.failures < trials) return;
+  const auto lhs = static_cast<long double>(t.failures) * kPpm;
+  const auto rhs = static_cast<long double>(failure_ppm_) * static_cast<long double>(trials);
+  const bool reopen = options_.trip_only_above_threshold ? lhs > rhs : lhs >= rhs;
+  transition(w, reopen ? BreakerState::kOpen : BreakerState::kClosed, clock_->now());
+}
+
+BreakerState CircuitBreaker::state() const noexcept {
+  const std::uint64_t w = state_word_.load(std::memory_order_acquire);
+  const BreakerState s = state_of(w);
+  if (s == BreakerState::kOpen && clock_->now() >= from_ticks(ticks_of(w))) {
+    return BreakerState::kHalfOpen;
+  }
+  return s;
+}
+
+BreakerSnapshot CircuitBreaker::snapshot() const noexcept {
+  BreakerSnapshot snap;
+  const std::uint64_t w = state_word_.load(std::memory_order_acquire);
+  const TimePoint now = clock_->now();
+  snap.state = state_of(w);
+  if (snap.state == BreakerState::kOpen) {
+    const TimePoint until = from_ticks(ticks_of(w));
+    if (now >= until) {
+      snap.state = BreakerState::kHalfOpen;
+    } else {
+      snap.open_remaining = until - now;
+    }
+  }
+  std::int64_t step = 0;
+  if (window_->kind == BreakerWindow::kTime) {
+    const Duration since = now - origin_;
+    step = since <= Duration::zero() ? 0 : since / window_->step;
+  }
+  snap.calls = window_->live_calls(step);
+  const auto [f, sl] = window_->live_failures(step);
+  snap.failures = f;
+  snap.slow = sl;
+  snap.consecutive_trips = consecutive_trips_.load(std::memory_order_acquire);
+  return snap;
+}
+
+void CircuitBreaker::reset() noexcept {
+  std::uint64_t w = state_word_.load(std::memory_order_acquire);
+  while (state_of(w) != BreakerState::kClosed) {
+    if (transition(w, BreakerState::kClosed, clock_->now())) return;
+    w = state_word_.load(std::memory_order_acquire);
+  }
+  window_->clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// BreakerRegistry
+
+struct BreakerRegistry::Listeners {
+  mutable std::shared_mutex mutex;
+  std::vector<BreakerListener> list;  // guarded by mutex
+
+  void notify(std::string_view key, BreakerState from, BreakerState to) const {
+    std::shared_lock lock(mutex);
+    for (const auto& l : list) l(key, from, to);
+  }
+};
+
+BreakerRegistry::BreakerRegistry(BreakerRegistryOptions options)
+    : options_(std::move(options)), listeners_(std::make_shared<Listeners>()) {
+  if (options_.max_keys < 1) {
+    throw std::invalid_argument("keel::BreakerRegistry: max_keys must be >= 1 (got 0)");
+  }
+  BreakerOptions probe = options_.breaker;
+  probe.on_state_change = nullptr;
+  CircuitBreaker validate(probe);  // throws on invalid breaker options
+}
+
+BreakerRegistry::~BreakerRegistry() = default;
+
+std::shared_ptr<CircuitBreaker> BreakerRegistry::find(std::string_view key) const {
+  std::shared_lock lock(mutex_);
+  const auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : it->second.breaker;
+}
+
+std::shared_ptr<CircuitBreaker> BreakerRegistry::get(std::string_view key) {
+  {
+    std::shared_lock lock(mutex_);
+    const auto it = entries_.find(key);
+    if (it != entries_.end()) return it->second.breaker;
+  }
+  std::unique_lock lock(mutex_);
+  const auto it = entries_.find(key);
+  if (it != entries_.end()) return it->second.breaker;
+  if (entries_.size() >= options_.max_keys) {
+    // Evict the oldest closed breaker; never share one breaker between two dependencies.
+    auto victim = entries_.end();
+    for (auto e = entries_.begin(); e != entries_.end(); ++e) {
+      if (e->second.breaker->state() != BreakerState::kClosed) continue;
+      if (victim == entries_.end() || e->second.created < victim->second.created) victim = e;
+    }
+    if (victim == entries_.end()) return nullptr;
+    entries_.erase(victim);
+    evictions_.fetch_add(1, std::memory_order_relaxed);
+  }
+  BreakerOptions o = options_.breaker;
+  o.on_state_change = [listeners = listeners_, name = std::string(key)](BreakerState from,
+                                                                        BreakerState to) {
+    listeners->notify(name, from, to);
+  };
+  auto breaker = std::make_shared<CircuitBreaker>(std::move(o));
+  entries_.emplace(std::string(key), Entry{breaker, ++created_});
+  return breaker;
+}
+
+std::optional<BreakerState> BreakerRegistry::state(std::string_view key) const {
+  auto b = find(key);
+  if (!b) return std::nullopt;
+  return b->state();
+}
+
+std::vector<std::pair<std::string, BreakerSnapshot>> BreakerRegistry::snapshot() const {
+  std::vector<std::pair<std::string, BreakerSnapshot>> out;
+  {
+    std::shared_lock lock(mutex_);
+    out.reserve(entries_.size());
+    for (const auto& [key, entry] : entries_) out.emplace_back(key, entry.breaker->snapshot());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+std::size_t BreakerRegistry::size() const {
+  std::shared_lock lock(mutex_);
+  return entries_.size();
+}
+
+void BreakerRegistry::add_listener(BreakerListener listener) {
+  std::unique_lock lock(listeners_->mutex);
+  listeners_->list.push_back(std::move(listener));
+}
+
+}  // namespace keel
