@@ -1,0 +1,75 @@
+// with_transaction_retry: BEGIN ... COMMIT driven by keel::RetryState (full jitter, capped
+// attempts), re-running the whole transaction on a serialization failure, deadlock or busy
+// database, and refusing to re-run a commit in doubt.
+#include "keel/store/transaction.hpp"
+
+namespace keel::store {
+
+std::string_view to_string(TransactionStatus status) noexcept {
+  switch (status) {
+    case TransactionStatus::kCommitted:
+      return "committed";
+    case TransactionStatus::kRolledBack:
+      return "rolled back";
+    case TransactionStatus::kFailed:
+      return "failed";
+    case TransactionStatus::kCommitInDoubt:
+      return "commit in doubt";
+  }
+  return "unknown";
+}
+
+const RetryPolicy& default_transaction_retry_policy() {
+  static const RetryPolicy policy(
+      {.max_attempts = 5,
+       .backoff = {.base = std::chrono::milliseconds(5), .cap = std::chrono::milliseconds(250)}});
+  return policy;
+}
+
+TransactionResult with_transaction_retry(Connection& connection,
+                                         const std::function<bool(Connection&)>& fn,
+                                         const RetryPolicy& policy, Isolation isolation,
+                                         const CallOptions& call) {
+  TransactionResult result;
+  CallOptions options = call;
+  options.safe_to_repeat = false;  // an ambiguous outcome (commit in doubt) is never re-run
+  RetryState state(policy, options);
+  for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
+    result.attempts = start.attempt.number;
+    try {
+      connection.begin(isolation);
+      if (!fn(connection)) {
+        connection.rollback();
+        result.status = TransactionStatus::kRolledBack;
+        result.outcome = Outcome::success();
+        return result;
+      }
+      connection.commit();
+      result.status = TransactionStatus::kCommitted;
+      result.outcome = Outcome::success();
+      result.error.clear();
+      result.sqlstate.clear();
+      return result;
+    } catch (const DatabaseError& e) {
+      connection.rollback();
+      result.outcome = e.outcome();
+      result.error = e.what();
+      result.sqlstate = e.details().sqlstate;
+      if (e.details().during_commit && result.outcome.kind == OutcomeKind::kAmbiguous) {
+        result.status = TransactionStatus::kCommitInDoubt;
+        return result;
+      }
+      result.status = TransactionStatus::kFailed;
+      if (e.details().connection_lost || connection.broken()) return result;  // needs a new one
+      const Decision decision = state.next(result.outcome);
+      if (!decision.retry) return result;
+      state.clock().sleep_for(decision.delay);
+    } catch (...) {
+      connection.rollback();
+      throw;
+    }
+  }
+  return result;  // the deadline stopped it before an attempt; status holds the last failure
+}
+
+}  // namespace keel::store
