@@ -9,7 +9,7 @@ build_packages=(
   g++ clang cmake ninja-build make pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
   libcurl4-openssl-dev libsqlite3-dev libpq-dev libssl-dev
-  libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
+  libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libasio-dev
   gnuplot-nox curl procps
 )
 test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang-tidy)

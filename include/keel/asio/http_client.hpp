@@ -1,0 +1,174 @@
+// keel::asio::HttpClient: a non-blocking HTTP client on libcurl's multi interface, driven by the
+// same Asio event loop as the code that awaits it. A request in flight is a socket registered
+// with the reactor and a request waiting to be retried is a steady_timer: thousands of
+// operations share one thread.
+//
+// It behaves as the blocking keel::http::Client: per attempt a connect timeout and a
+// whole-attempt timeout, set separately (the attempt never runs past the operation's deadline);
+// statuses, libcurl errors (with whether the request had been sent) and bodies classified with
+// keel's taxonomy; Retry-After honoured on 429/503 in both forms (capped by the policy); one
+// Idempotency-Key (a random UUID from OpenSSL's CSPRNG) per logical POST or PATCH, unchanged on
+// every attempt; `Keel-Attempt: N` on every request. The retry loop is keel::asio::retry's, so
+// the engine's rules, the overall deadline and cancellation are the same as there: cancelling
+// the awaiting operation removes the transfer from libcurl at once and reports kCancelled.
+//
+// Connections are reused across attempts and requests (one libcurl multi handle per client); a
+// request that is not safe to repeat is sent on a fresh connection, so that libcurl never
+// silently re-sends it on a reused connection that turned out to be dead.
+//
+// Thread-safety: not thread-safe. A client belongs to one executor (one thread, or a strand);
+// call send() and destroy the client there. Any number of send() may be in flight at once.
+//
+// Example:
+//   ::asio::io_context io;
+//   keel::asio::HttpClient client(io.get_executor(), {.retry = {.max_attempts = 4}});
+//   ::asio::co_spawn(io, [&]() -> ::asio::awaitable<void> {
+//     keel::asio::HttpResult r = co_await client.send({.method = "POST",
+//         .url = "http://127.0.0.1:8080/pay", .body = R"({"amount": 5})"});
+//     if (!r.ok()) std::cerr << keel::to_string(r.reason) << '\n';
+//   }, ::asio::detached);
+//   io.run();
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+#include "keel/retry.hpp"
+
+namespace keel::asio {
+
+/// Header fields in the order given. Names compare case-insensitively (see find_header).
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+/// The value of the first header named `name` (case-insensitive), or nullopt.
+[[nodiscard]] std::optional<std::string_view> find_header(const Headers& headers,
+                                                          std::string_view name) noexcept;
+
+/// A new idempotency key: a random (version 4) UUID in its 36-character text form, with 122
+/// bits from OpenSSL's CSPRNG (RAND_bytes). Throws std::runtime_error if the CSPRNG fails.
+[[nodiscard]] std::string make_idempotency_key();
+
+/// One logical operation (it may take several attempts).
+struct HttpRequest {
+  /// Method token, sent as given. Default "GET".
+  std::string method = "GET";
+  /// Absolute http:// or https:// URL. Requires: non-empty.
+  std::string url;
+  /// Extra header fields, sent on every attempt. Default none.
+  Headers headers;
+  /// Request body; sent when non-empty or when the method is POST, PUT or PATCH. Default empty.
+  std::string body;
+  /// Sent as Idempotency-Key on every attempt when non-empty. Default empty: a key is generated
+  /// for POST and PATCH when generate_idempotency_key is true.
+  std::string idempotency_key;
+  /// Whether to generate a key for a POST or PATCH that has none. Default true.
+  bool generate_idempotency_key = true;
+  /// The caller's deadline, combined with the policy's overall_timeout (the earlier wins).
+  /// Default infinite.
+  Deadline deadline = Deadline::infinite();
+};
+
+/// The last response received.
+struct HttpResponse {
+  int status = 0;
+  /// The status line as received, without CRLF ("HTTP/1.1 503 Service Unavailable").
+  std::string status_line;
+  Headers headers;
+  std::string body;
+};
+
+/// What send() returns: errors are values.
+struct HttpResult {
+  /// The last attempt's response; empty when no attempt got one.
+  std::optional<HttpResponse> response;
+  /// The last attempt's classification.
+  Outcome outcome;
+  /// Why the operation stopped (kSuccess on success, kCancelled when the caller cancelled it).
+  StopReason reason = StopReason::kSuccess;
+  int attempts = 0;
+  Duration elapsed{};
+  /// libcurl's message for the last attempt's transport failure; empty otherwise.
+  std::string error;
+  /// The Idempotency-Key sent (generated or the caller's); empty when none.
+  std::string idempotency_key;
+
+  [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
+};
+
+/// Passed to HttpClientOptions::on_attempt after every attempt.
+struct HttpAttemptEvent {
+  std::string_view method;
+  std::string_view url;
+  int attempt = 1;          // 1 for the first
+  Outcome outcome;          // its classification
+  std::string_view error;   // libcurl's message for a transport failure, else empty
+  Duration took{};          // how long the attempt ran
+  bool will_retry = false;  // another attempt follows
+  Duration delay{};         // the wait before it (when will_retry)
+  StopReason reason = StopReason::kSuccess;  // why the operation stops (when !will_retry)
+};
+
+struct HttpClientOptions {
+  /// Retry policy for every request. Defaults: 3 attempts, per-try timeout 10 s, overall
+  /// deadline 30 s, full jitter base 100 ms cap 10 s, Retry-After cap 60 s.
+  RetryOptions retry = {.max_attempts = 3,
+                        .per_try_timeout = std::chrono::seconds(10),
+                        .overall_timeout = std::chrono::seconds(30)};
+  /// Time allowed to establish a connection, within an attempt's timeout. Requires: > 0.
+  /// Default 2 s.
+  Duration connect_timeout = std::chrono::seconds(2);
+  /// How statuses and bodies are classified. Default: 500 retried at most once, no body hook.
+  HttpClassifierOptions classifier = {};
+  /// Called after every attempt, on the client's executor. Default none.
+  std::function<void(const HttpAttemptEvent&)> on_attempt;
+  /// Receives the line logged when an operation gives up (keel::format_give_up). Default: the
+  /// line is written to stderr.
+  std::function<void(std::string_view)> log;
+  /// Connections open at once to one host; further transfers queue inside libcurl.
+  /// Requires: >= 0. Default 0 (no limit).
+  long max_host_connections = 0;
+  /// Sent as User-Agent unless the request sets one. Default "keel/0.1".
+  std::string user_agent = "keel/0.1";
+  /// Time source for deadlines. A keel::ManualClock makes the waits between attempts virtual
+  /// (see keel/asio/retry.hpp). Default keel::steady_clock().
+  Clock* clock = nullptr;
+  /// Randomness for the backoff jitter. Default keel::thread_rng().
+  Rng* rng = nullptr;
+};
+
+class HttpClient {
+ public:
+  /// Throws std::invalid_argument naming the field and value when a Requires line is broken
+  /// (including the retry options), std::runtime_error when libcurl cannot be initialised.
+  HttpClient(::asio::any_io_executor executor, HttpClientOptions options = {});
+  /// Requires: no send() in flight.
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  /// Runs one logical operation with retries. Transport and HTTP failures are in the result,
+  /// never thrown; throws std::invalid_argument for an empty URL or method. Cancel it by
+  /// cancelling the awaiting operation (cancellation slot): the transfer in flight or the wait
+  /// stops at once and the result says kCancelled.
+  [[nodiscard]] ::asio::awaitable<HttpResult> send(HttpRequest request);
+
+  [[nodiscard]] const HttpClientOptions& options() const noexcept;
+  /// Transfers in flight in libcurl right now (for tests and metrics).
+  [[nodiscard]] std::size_t transfers_in_flight() const noexcept;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace keel::asio

@@ -1,0 +1,184 @@
+#include "curl_multi.hpp"
+
+#include <poll.h>
+
+#include <asio/posix/stream_descriptor.hpp>
+#include <chrono>
+#include <stdexcept>
+#include <system_error>
+
+namespace keel::asio::detail {
+
+// One socket libcurl asked us to watch. The descriptor borrows libcurl's socket: it is released
+// (never closed) when libcurl stops watching it, and libcurl closes it.
+struct CurlMulti::Watch {
+  Watch(const ::asio::any_io_executor& ex, curl_socket_t s) : fd(s), descriptor(ex, s) {}
+  ~Watch() {
+    if (!released) descriptor.release();
+  }
+  void release() {
+    released = true;
+    descriptor.release();  // cancels the pending waits (operation_aborted)
+  }
+  curl_socket_t fd;
+  ::asio::posix::stream_descriptor descriptor;
+  int what = 0;  // CURL_POLL_IN / OUT / INOUT
+  bool reading = false;
+  bool writing = false;
+  bool released = false;
+};
+
+CurlMulti::CurlMulti(::asio::any_io_executor executor)
+    : executor_(std::move(executor)), timer_(executor_) {}
+
+std::shared_ptr<CurlMulti> CurlMulti::create(::asio::any_io_executor executor,
+                                             long max_host_connections) {
+  static const CURLcode global = curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (global != CURLE_OK) throw std::runtime_error("keel::asio: curl_global_init failed");
+  std::shared_ptr<CurlMulti> self(new CurlMulti(std::move(executor)));
+  self->multi_ = curl_multi_init();
+  if (self->multi_ == nullptr) throw std::runtime_error("keel::asio: curl_multi_init failed");
+  curl_multi_setopt(self->multi_, CURLMOPT_SOCKETFUNCTION, &CurlMulti::on_socket);
+  curl_multi_setopt(self->multi_, CURLMOPT_SOCKETDATA, self.get());
+  curl_multi_setopt(self->multi_, CURLMOPT_TIMERFUNCTION, &CurlMulti::on_timer);
+  curl_multi_setopt(self->multi_, CURLMOPT_TIMERDATA, self.get());
+  if (max_host_connections > 0) {
+    curl_multi_setopt(self->multi_, CURLMOPT_MAX_HOST_CONNECTIONS, max_host_connections);
+  }
+  return self;
+}
+
+CurlMulti::~CurlMulti() {
+  // Requires (documented on the client): nothing in flight. Handles still here are detached
+  // without completing their handlers.
+  for (auto& [easy, pending] : pending_) curl_multi_remove_handle(multi_, easy);
+  pending_.clear();
+  // Closes the cached connections; the socket callback releases their watches.
+  curl_multi_cleanup(multi_);
+  for (auto& [fd, w] : watches_) w->release();
+  watches_.clear();
+}
+
+void CurlMulti::start(CURL* easy, std::unique_ptr<PendingTransfer> pending) {
+  pending_[easy] = std::move(pending);
+  const CURLMcode rc = curl_multi_add_handle(multi_, easy);
+  if (rc != CURLM_OK) {
+    auto node = pending_.extract(easy);
+    node.mapped()->complete(CURLE_FAILED_INIT, false);
+  }
+  // libcurl arms its timer (timeout 0) from add_handle; the transfer starts from on_timer.
+}
+
+void CurlMulti::abort(CURL* easy, bool from_cancellation) {
+  auto it = pending_.find(easy);
+  if (it == pending_.end()) return;
+  auto pending = std::move(it->second);
+  pending_.erase(it);
+  curl_multi_remove_handle(multi_, easy);
+  pending->complete(CURLE_ABORTED_BY_CALLBACK, from_cancellation);
+}
+
+int CurlMulti::on_socket(CURL* /*easy*/, curl_socket_t s, int what, void* self, void* /*socketp*/) {
+  static_cast<CurlMulti*>(self)->watch(s, what);
+  return 0;
+}
+
+int CurlMulti::on_timer(CURLM* /*multi*/, long timeout_ms, void* self_ptr) {
+  auto* self = static_cast<CurlMulti*>(self_ptr);
+  if (timeout_ms < 0) {
+    self->timer_.cancel();
+    return 0;
+  }
+  // Never call socket_action from inside this callback: wake up from the event loop instead.
+  self->timer_.expires_after(std::chrono::milliseconds(timeout_ms));
+  self->timer_.async_wait([weak = self->weak_from_this()](const std::error_code& ec) {
+    if (ec) return;
+    if (auto alive = weak.lock()) alive->act(CURL_SOCKET_TIMEOUT, 0);
+  });
+  return 0;
+}
+
+void CurlMulti::watch(curl_socket_t s, int what) {
+  if (what == CURL_POLL_REMOVE) {
+    auto it = watches_.find(s);
+    if (it != watches_.end()) {
+      it->second->release();
+      watches_.erase(it);
+    }
+    return;
+  }
+  auto& slot = watches_[s];
+  if (!slot) slot = std::make_shared<Watch>(executor_, s);
+  slot->what = what;
+  arm(slot, /*fresh=*/true);
+}
+
+void CurlMulti::arm(const std::shared_ptr<Watch>& w, bool fresh) {
+  if (w->released) return;
+  short missed = 0;
+  if ((w->what & CURL_POLL_IN) != 0 && !w->reading) {
+    w->reading = true;
+    w->descriptor.async_wait(::asio::posix::stream_descriptor::wait_read,
+                             [weak = weak_from_this(), w](const std::error_code& ec) {
+                               w->reading = false;
+                               if (ec || w->released) return;
+                               auto self = weak.lock();
+                               if (!self) return;
+                               if ((w->what & CURL_POLL_IN) != 0) {
+                                 self->act(w->fd, CURL_CSELECT_IN);
+                               }
+                               self->arm(w, false);
+                             });
+    missed |= POLLIN;
+  }
+  if ((w->what & CURL_POLL_OUT) != 0 && !w->writing) {
+    w->writing = true;
+    w->descriptor.async_wait(::asio::posix::stream_descriptor::wait_write,
+                             [weak = weak_from_this(), w](const std::error_code& ec) {
+                               w->writing = false;
+                               if (ec || w->released) return;
+                               auto self = weak.lock();
+                               if (!self) return;
+                               if ((w->what & CURL_POLL_OUT) != 0) {
+                                 self->act(w->fd, CURL_CSELECT_OUT);
+                               }
+                               self->arm(w, false);
+                             });
+  }
+  // The reactor watches edges: readiness that arrived while nobody waited for it (a response
+  // that came in while libcurl was still writing) would never be reported. When libcurl starts
+  // reading a socket, look once whether it is already readable.
+  if (fresh && missed != 0) {
+    pollfd p{w->fd, missed, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
+      ::asio::post(executor_, [weak = weak_from_this(), w] {
+        auto self = weak.lock();
+        if (!self || w->released || (w->what & CURL_POLL_IN) == 0) return;
+        self->act(w->fd, CURL_CSELECT_IN);
+      });
+    }
+  }
+}
+
+void CurlMulti::act(curl_socket_t s, int events) {
+  int running = 0;
+  curl_multi_socket_action(multi_, s, events, &running);
+  drain();
+}
+
+void CurlMulti::drain() {
+  int left = 0;
+  while (CURLMsg* msg = curl_multi_info_read(multi_, &left)) {
+    if (msg->msg != CURLMSG_DONE) continue;
+    CURL* easy = msg->easy_handle;
+    const CURLcode code = msg->data.result;
+    auto it = pending_.find(easy);
+    curl_multi_remove_handle(multi_, easy);
+    if (it == pending_.end()) continue;
+    auto pending = std::move(it->second);
+    pending_.erase(it);
+    pending->complete(code, false);
+  }
+}
+
+}  // namespace keel::asio::detail

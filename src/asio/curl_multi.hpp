@@ -1,0 +1,112 @@
+// Private to keel::asio: libcurl's multi interface driven by an Asio executor. libcurl tells us
+// which sockets to watch (CURLMOPT_SOCKETFUNCTION) and when to wake it (CURLMOPT_TIMERFUNCTION);
+// the watches are async_wait()s on posix::stream_descriptors that borrow libcurl's sockets, the
+// wake-up is one steady_timer, and readiness is reported back with curl_multi_socket_action. No
+// thread is ever blocked: a transfer in flight is a registration in the reactor.
+//
+// Thread-safety: not thread-safe. Every member, and every async_perform, runs on the executor
+// given at creation (one thread, or a strand).
+#pragma once
+
+#include <curl/curl.h>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <memory>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+
+namespace keel::asio::detail {
+
+/// A completion waiting for a transfer, type-erased (completion handlers are move-only).
+class PendingTransfer {
+ public:
+  virtual ~PendingTransfer() = default;
+  /// Posts the completion with `code`. `from_cancellation`: called from inside the cancellation
+  /// slot's handler (which must then not be cleared).
+  virtual void complete(CURLcode code, bool from_cancellation) = 0;
+};
+
+class CurlMulti : public std::enable_shared_from_this<CurlMulti> {
+ public:
+  /// Throws std::runtime_error when libcurl cannot create a multi handle.
+  static std::shared_ptr<CurlMulti> create(::asio::any_io_executor executor,
+                                           long max_host_connections);
+  ~CurlMulti();
+  CurlMulti(const CurlMulti&) = delete;
+  CurlMulti& operator=(const CurlMulti&) = delete;
+
+  [[nodiscard]] const ::asio::any_io_executor& executor() const noexcept { return executor_; }
+  /// Adds the easy handle; `pending` is completed once when the transfer ends or is aborted.
+  void start(CURL* easy, std::unique_ptr<PendingTransfer> pending);
+  /// Removes a transfer in flight and completes it with CURLE_ABORTED_BY_CALLBACK. No-op for a
+  /// handle that is not in flight.
+  void abort(CURL* easy, bool from_cancellation);
+  /// Transfers in flight.
+  [[nodiscard]] std::size_t in_flight() const noexcept { return pending_.size(); }
+
+ private:
+  struct Watch;
+  explicit CurlMulti(::asio::any_io_executor executor);
+  static int on_socket(CURL* easy, curl_socket_t s, int what, void* self, void* socketp);
+  static int on_timer(CURLM* multi, long timeout_ms, void* self);
+  void watch(curl_socket_t s, int what);
+  void arm(const std::shared_ptr<Watch>& w, bool fresh);
+  void act(curl_socket_t s, int events);
+  void drain();
+
+  ::asio::any_io_executor executor_;
+  CURLM* multi_ = nullptr;
+  ::asio::steady_timer timer_;
+  std::unordered_map<curl_socket_t, std::shared_ptr<Watch>> watches_;
+  std::unordered_map<CURL*, std::unique_ptr<PendingTransfer>> pending_;
+};
+
+/// The PendingTransfer of one async_perform: its handler and the work that keeps its executor
+/// alive until the completion is posted.
+template <class Handler, class Work>
+class PendingHandler final : public PendingTransfer {
+ public:
+  PendingHandler(Handler h, Work w, ::asio::cancellation_slot s)
+      : handler_(std::move(h)), work_(std::move(w)), slot_(s) {}
+  void complete(CURLcode code, bool from_cancellation) override {
+    if (!from_cancellation && slot_.is_connected()) slot_.clear();
+    auto ex = work_.get_executor();
+    ::asio::post(ex, [h = std::move(handler_), code]() mutable { std::move(h)(code); });
+    work_.reset();
+  }
+
+ private:
+  Handler handler_;
+  Work work_;
+  ::asio::cancellation_slot slot_;
+};
+
+/// Runs `easy` to completion on `multi`; completes with the transfer's CURLcode
+/// (CURLE_ABORTED_BY_CALLBACK when cancelled through the token's cancellation slot).
+template <class Token>
+auto async_perform(const std::shared_ptr<CurlMulti>& multi, CURL* easy, Token&& token) {
+  return ::asio::async_initiate<Token, void(CURLcode)>(
+      [](auto handler, std::shared_ptr<CurlMulti> m, CURL* e) {
+        using Handler = std::decay_t<decltype(handler)>;
+        auto slot = ::asio::get_associated_cancellation_slot(handler);
+        auto work =
+            ::asio::make_work_guard(::asio::get_associated_executor(handler, m->executor()));
+        if (slot.is_connected()) {
+          slot.assign([weak = std::weak_ptr<CurlMulti>(m), e](::asio::cancellation_type) {
+            if (auto alive = weak.lock()) alive->abort(e, /*from_cancellation=*/true);
+          });
+        }
+        m->start(e, std::make_unique<PendingHandler<Handler, decltype(work)>>(
+                        std::move(handler), std::move(work), slot));
+      },
+      token, multi, easy);
+}
+
+}  // namespace keel::asio::detail

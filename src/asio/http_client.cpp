@@ -1,0 +1,340 @@
+#include "keel/asio/http_client.hpp"
+
+#include <curl/curl.h>
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <array>
+#include <asio/use_awaitable.hpp>
+#include <cstdio>
+#include <new>
+#include <stdexcept>
+
+#include "curl_multi.hpp"
+#include "keel/asio/retry.hpp"
+#include "keel/duration.hpp"
+#include "keel/retry_after.hpp"
+
+namespace keel::asio {
+namespace {
+
+bool iequals(std::string_view a, std::string_view b) noexcept {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    auto lower = [](char c) {
+      return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+    };
+    return lower(x) == lower(y);
+  });
+}
+
+std::string_view trim(std::string_view s) noexcept {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() &&
+         (s.back() == ' ' || s.back() == '\t' || s.back() == '\r' || s.back() == '\n')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+long to_curl_ms(Duration d) noexcept {
+  if (d >= kInfinite) return 0;  // libcurl: 0 means no timeout
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d).count();
+  return static_cast<long>(std::clamp<std::int64_t>(ms, 1, 0x7fffffff));
+}
+
+NetError net_error_of(CURLcode rc, long os_errno) noexcept {
+  if (os_errno != 0 && rc != CURLE_OPERATION_TIMEDOUT) {
+    if (auto e = net_error_from_errno(static_cast<int>(os_errno))) return *e;
+  }
+  switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+      return NetError::kConnectionRefused;
+    case CURLE_OPERATION_TIMEDOUT:
+      return NetError::kTimedOut;
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+      return NetError::kDnsNotFound;
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+      return NetError::kConnectionReset;
+    default:
+      return NetError::kOther;
+  }
+}
+
+struct EasyDeleter {
+  void operator()(CURL* h) const noexcept { curl_easy_cleanup(h); }
+};
+using Easy = std::unique_ptr<CURL, EasyDeleter>;
+
+struct SlistDeleter {
+  void operator()(curl_slist* l) const noexcept { curl_slist_free_all(l); }
+};
+using Slist = std::unique_ptr<curl_slist, SlistDeleter>;
+
+void append(Slist& list, const std::string& line) {
+  curl_slist* next = curl_slist_append(list.get(), line.c_str());
+  if (next == nullptr) throw std::bad_alloc();
+  (void)list.release();
+  list.reset(next);
+}
+
+// What libcurl writes into during one attempt.
+struct Sink {
+  HttpResponse response;
+};
+
+size_t on_body(char* data, size_t size, size_t count, void* user) {
+  static_cast<Sink*>(user)->response.body.append(data, size * count);
+  return size * count;
+}
+
+size_t on_header(char* data, size_t size, size_t count, void* user) {
+  auto* sink = static_cast<Sink*>(user);
+  const std::string_view line(data, size * count);
+  if (line.starts_with("HTTP/")) {
+    // A new status line (after a 1xx, for instance): the final response starts over.
+    sink->response.status_line = std::string(trim(line));
+    sink->response.headers.clear();
+    return size * count;
+  }
+  const auto colon = line.find(':');
+  if (colon != std::string_view::npos && colon > 0) {
+    sink->response.headers.emplace_back(std::string(line.substr(0, colon)),
+                                        std::string(trim(line.substr(colon + 1))));
+  }
+  return size * count;
+}
+
+struct AttemptResult {
+  Outcome outcome;
+  std::optional<HttpResponse> response;
+  std::string error;
+};
+
+// libcurl's transfer timeout fires first; the race in keel::asio::retry is only a backstop.
+constexpr Duration kTimeoutGrace = std::chrono::milliseconds(250);
+
+}  // namespace
+
+std::optional<std::string_view> find_header(const Headers& headers,
+                                            std::string_view name) noexcept {
+  for (const auto& [key, value] : headers) {
+    if (iequals(key, name)) return std::string_view(value);
+  }
+  return std::nullopt;
+}
+
+std::string make_idempotency_key() {
+  std::array<unsigned char, 16> b{};
+  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
+    throw std::runtime_error("keel::asio: the CSPRNG (RAND_bytes) could not supply bytes");
+  }
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(36);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
+    out.push_back(kHex[b[i] >> 4]);
+    out.push_back(kHex[b[i] & 0x0f]);
+  }
+  return out;
+}
+
+struct HttpClient::Impl {
+  Impl(::asio::any_io_executor ex, HttpClientOptions opts)
+      : executor(std::move(ex)),
+        options(std::move(opts)),
+        policy(options.retry),
+        classifier(options.classifier) {
+    if (options.connect_timeout <= Duration::zero()) {
+      throw std::invalid_argument(
+          "keel::asio::HttpClientOptions: connect_timeout must be > 0 (got " +
+          format_duration(options.connect_timeout) + ")");
+    }
+    if (options.max_host_connections < 0) {
+      throw std::invalid_argument(
+          "keel::asio::HttpClientOptions: max_host_connections must be >= 0 (got " +
+          std::to_string(options.max_host_connections) + ")");
+    }
+    multi = detail::CurlMulti::create(executor, options.max_host_connections);
+  }
+
+  ::asio::awaitable<AttemptResult> attempt(const HttpRequest& request, const RequestTraits& traits,
+                                           const std::string& key, const AttemptInfo& info,
+                                           Clock& clock) {
+    Easy easy(curl_easy_init());
+    if (!easy) throw std::runtime_error("keel::asio: curl_easy_init failed");
+    CURL* h = easy.get();
+    Sink sink;
+    char error_buffer[CURL_ERROR_SIZE] = {};
+    Slist headers;
+    bool has_user_agent = false;
+    for (const auto& [name, value] : request.headers) {
+      if (iequals(name, "User-Agent")) has_user_agent = true;
+      if (iequals(name, "Idempotency-Key") || iequals(name, "Keel-Attempt")) continue;
+      append(headers, value.empty() ? name + ";" : name + ": " + value);
+    }
+    append(headers, "Keel-Attempt: " + std::to_string(info.number));
+    if (!key.empty()) append(headers, "Idempotency-Key: " + key);
+    append(headers, "Expect:");  // no 100-continue round trip
+
+    curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error_buffer);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
+    if (!has_user_agent) curl_easy_setopt(h, CURLOPT_USERAGENT, options.user_agent.c_str());
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &sink);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &sink);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    const Duration connect = std::min(options.connect_timeout, info.timeout);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, to_curl_ms(connect));
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, to_curl_ms(info.timeout));
+    if (!traits.safe_to_repeat()) curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
+
+    const std::string& m = request.method;
+    const bool send_body = !request.body.empty() || m == "POST" || m == "PUT" || m == "PATCH";
+    if (m == "HEAD") {
+      curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    } else if (m == "GET" && !send_body) {
+      curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+    } else {
+      if (send_body) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, request.body.data());
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
+                         static_cast<curl_off_t>(request.body.size()));
+      }
+      if (m != "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, m.c_str());
+    }
+
+    const CURLcode rc = co_await detail::async_perform(multi, h, ::asio::use_awaitable);
+    AttemptResult out;
+    if (rc == CURLE_ABORTED_BY_CALLBACK) {
+      // Cancelled by keel (the backstop timeout) or by the caller; the retry loop knows which.
+      out.outcome = attempt_timeout_outcome();
+      out.error = "cancelled";
+      co_return out;
+    }
+    if (rc == CURLE_OK) {
+      long status = 0;
+      curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+      sink.response.status = static_cast<int>(status);
+      std::optional<Duration> retry_after;
+      if (auto value = find_header(sink.response.headers, "Retry-After")) {
+        retry_after = parse_retry_after(*value, clock.wall_now());
+      }
+      out.outcome =
+          classifier.classify(sink.response.status, sink.response.body, traits, retry_after);
+      out.response = std::move(sink.response);
+      co_return out;
+    }
+    long request_size = 0;
+    curl_easy_getinfo(h, CURLINFO_REQUEST_SIZE, &request_size);
+    long os_errno = 0;
+    curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &os_errno);
+    out.outcome = classify_network(net_error_of(rc, os_errno), request_size > 0);
+    if (rc == CURLE_OPERATION_TIMEDOUT) out.outcome.timed_out = true;
+    out.error = error_buffer[0] != '\0' ? std::string(error_buffer) : curl_easy_strerror(rc);
+    co_return out;
+  }
+
+  ::asio::any_io_executor executor;
+  HttpClientOptions options;
+  RetryPolicy policy;
+  HttpClassifier classifier;
+  std::shared_ptr<detail::CurlMulti> multi;
+};
+
+HttpClient::HttpClient(::asio::any_io_executor executor, HttpClientOptions options)
+    : impl_(std::make_shared<Impl>(std::move(executor), std::move(options))) {}
+
+HttpClient::~HttpClient() = default;
+
+const HttpClientOptions& HttpClient::options() const noexcept { return impl_->options; }
+
+std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->multi->in_flight(); }
+
+::asio::awaitable<HttpResult> HttpClient::send(HttpRequest request) {
+  if (request.url.empty()) throw std::invalid_argument("keel::asio::HttpRequest: url is empty");
+  if (request.method.empty()) {
+    throw std::invalid_argument("keel::asio::HttpRequest: method is empty");
+  }
+  std::shared_ptr<Impl> impl = impl_;
+  Clock& clock = impl->options.clock != nullptr ? *impl->options.clock : steady_clock();
+
+  HttpResult result;
+  const Method method = parse_method(request.method);
+  if (!request.idempotency_key.empty()) {
+    result.idempotency_key = request.idempotency_key;
+  } else if (request.generate_idempotency_key &&
+             (method == Method::kPost || method == Method::kPatch)) {
+    result.idempotency_key = make_idempotency_key();  // once, before the first attempt
+  }
+  const RequestTraits traits{method, !result.idempotency_key.empty()};
+
+  CallOptions call;
+  call.clock = &clock;
+  call.deadline = request.deadline;
+  call.safe_to_repeat = traits.safe_to_repeat();
+  call.rng = impl->options.rng;
+
+  // The last attempt's details, kept by the op for the result and the on_attempt hook.
+  std::string last_error;
+  auto op = [&](const AttemptInfo& info) -> ::asio::awaitable<AttemptResult> {
+    last_error.clear();
+    AttemptResult a = co_await impl->attempt(request, traits, result.idempotency_key, info, clock);
+    last_error = a.error;
+    co_return a;
+  };
+  auto classify = [](const AttemptResult& a) { return a.outcome; };
+  auto observer = [&](const AttemptInfo& info, const Outcome& outcome, const Decision& decision,
+                      Duration took) {
+    if (!impl->options.on_attempt) return;
+    HttpAttemptEvent event;
+    event.method = request.method;
+    event.url = request.url;
+    event.attempt = info.number;
+    event.outcome = outcome;
+    event.error = last_error;
+    event.took = took;
+    event.will_retry = decision.retry;
+    event.delay = decision.retry ? decision.delay : Duration::zero();
+    event.reason = decision.reason;
+    impl->options.on_attempt(event);
+  };
+
+  RetryResult<AttemptResult> r = co_await detail::retry_loop<AttemptResult>(
+      impl->executor, impl->policy, op, classify, call, observer, kTimeoutGrace);
+
+  if (r.value) {
+    result.response = std::move(r.value->response);
+    result.error = std::move(r.value->error);
+  }
+  result.outcome = r.outcome;
+  result.reason = r.reason;
+  result.attempts = r.attempts;
+  result.elapsed = r.elapsed;
+  if (result.reason == StopReason::kCancelled) result.error = "cancelled";
+  if (result.reason != StopReason::kSuccess) {
+    GiveUpEvent event;
+    event.attempts = result.attempts;
+    event.elapsed = result.elapsed;
+    event.reason = result.reason;
+    event.last = result.outcome;
+    const std::string line = format_give_up(event, request.method + " " + request.url);
+    if (impl->options.log) {
+      impl->options.log(line);
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  }
+  co_return result;
+}
+
+}  // namespace keel::asio
