@@ -1,0 +1,510 @@
+// Circuit breakers: the published scenario replayed in virtual time for both window kinds, the
+// seeds' "more than half in 30 s" rule, slow calls, growing breaks, the half-open timeout, the
+// registry, and concurrent recording with real threads.
+#include "keel/breaker.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "keel/clock.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using keel::BreakerState;
+using keel::Outcome;
+
+const Outcome kF = Outcome::transient();
+const Outcome kS = Outcome::success();
+
+// Runs one call through the breaker; returns false when it was refused (the call did not run).
+bool call(keel::CircuitBreaker& b, const Outcome& o) {
+  const auto permit = b.try_acquire();
+  if (!permit) return false;
+  b.record(permit, o);
+  return true;
+}
+
+class BreakerScenario : public ::testing::TestWithParam<keel::BreakerWindow> {};
+
+// Threshold 50%, minimum 5 calls, open 5 s, 4 half-open trials.
+TEST_P(BreakerScenario, ReplaysThePublishedSequence) {
+  keel::ManualClock clock;
+  std::vector<std::pair<BreakerState, BreakerState>> changes;
+  keel::CircuitBreaker b({.window = GetParam(),
+                          .window_calls = 10,
+                          .window_length = 60s,
+                          .minimum_calls = 5,
+                          .failure_rate_threshold = 0.5,
+                          .break_duration = 5s,
+                          .half_open_trials = 4,
+                          .clock = &clock,
+                          .on_state_change = [&](BreakerState from, BreakerState to) {
+                            changes.emplace_back(from, to);
+                          }});
+  // F,F,F,S,S: opens at the 5th call (3 of 5 = 60%).
+  for (const Outcome& o : {kF, kF, kF, kS}) {
+    ASSERT_TRUE(call(b, o));
+    EXPECT_EQ(b.state(), BreakerState::kClosed);
+  }
+  ASSERT_TRUE(call(b, kS));
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+
+  // The next call is refused without running.
+  int ran = 0;
+  const auto permit = b.try_acquire();
+  if (permit) ++ran;
+  EXPECT_EQ(ran, 0);
+
+  clock.advance(3s);
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_FALSE(b.try_acquire());
+  clock.advance(3s);  // 6 s after the trip
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+
+  // Half-open admits exactly 4 calls.
+  std::vector<keel::BreakerPermit> trials;
+  for (int i = 0; i < 4; ++i) {
+    trials.push_back(b.try_acquire());
+    ASSERT_TRUE(trials.back()) << i;
+    EXPECT_TRUE(trials.back().trial);
+  }
+  EXPECT_FALSE(b.try_acquire());
+  // F,F,S,F re-opens.
+  b.record(trials[0], kF);
+  b.record(trials[1], kF);
+  b.record(trials[2], kS);
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  b.record(trials[3], kF);
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+
+  clock.advance(6s);
+  trials.clear();
+  for (int i = 0; i < 4; ++i) trials.push_back(b.try_acquire());
+  for (const auto& p : trials) ASSERT_TRUE(p);
+  // F,S,S,S closes.
+  b.record(trials[0], kF);
+  b.record(trials[1], kS);
+  b.record(trials[2], kS);
+  b.record(trials[3], kS);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(b.snapshot().calls, 0);  // a fresh window
+  EXPECT_TRUE(call(b, kS));
+
+  const std::vector<std::pair<BreakerState, BreakerState>> expected = {
+      {BreakerState::kClosed, BreakerState::kOpen},
+      {BreakerState::kOpen, BreakerState::kHalfOpen},
+      {BreakerState::kHalfOpen, BreakerState::kOpen},
+      {BreakerState::kOpen, BreakerState::kHalfOpen},
+      {BreakerState::kHalfOpen, BreakerState::kClosed},
+  };
+  EXPECT_EQ(changes, expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothWindows, BreakerScenario,
+                         ::testing::Values(keel::BreakerWindow::kCount, keel::BreakerWindow::kTime),
+                         [](const auto& param_info) {
+                           return param_info.param == keel::BreakerWindow::kCount ? "Count"
+                                                                                  : "Time";
+                         });
+
+TEST(Breaker, TheSeedsRuleMoreThanHalfInThirtySeconds) {
+  keel::ManualClock clock;
+  auto options = keel::BreakerOptions::more_than_half_failed(30s, 4);
+  options.clock = &clock;
+  EXPECT_EQ(options.window, keel::BreakerWindow::kTime);
+  EXPECT_EQ(options.window_length, 30s);
+  keel::CircuitBreaker b(options);
+  // Exactly half failed: not "more than half".
+  for (const Outcome& o : {kF, kS, kF, kS}) ASSERT_TRUE(call(b, o));
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  // 3 of 5 failed within 30 s: open.
+  ASSERT_TRUE(call(b, kF));
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+}
+
+TEST(Breaker, FailuresOlderThanTheWindowDoNotCount) {
+  keel::ManualClock clock;
+  auto options = keel::BreakerOptions::more_than_half_failed(30s, 4);
+  options.clock = &clock;
+  keel::CircuitBreaker b(options);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(call(b, kF));
+  clock.advance(31s);  // those three have left the 30 s window
+  for (const Outcome& o : {kS, kF, kS, kF}) ASSERT_TRUE(call(b, o));
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(b.snapshot().calls, 4);
+  EXPECT_EQ(b.snapshot().failures, 2);
+}
+
+TEST(Breaker, TheTimeWindowSlidesBucketByBucket) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b(
+      {.window_length = 10s, .window_buckets = 10, .minimum_calls = 100, .clock = &clock});
+  for (int s = 0; s < 10; ++s) {
+    ASSERT_TRUE(call(b, kF));
+    clock.advance(1s);
+  }
+  EXPECT_EQ(b.snapshot().failures, 9);  // the one from second 0 has left
+  clock.advance(5s);
+  EXPECT_EQ(b.snapshot().failures, 4);
+  EXPECT_EQ(b.snapshot().calls, 4);
+}
+
+TEST(Breaker, TheCountWindowKeepsTheLastNCalls) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 4,
+                          .minimum_calls = 4,
+                          .clock = &clock});
+  for (const Outcome& o : {kF, kS, kS, kS, kS, kS}) ASSERT_TRUE(call(b, o));
+  EXPECT_EQ(b.snapshot().calls, 4);
+  EXPECT_EQ(b.snapshot().failures, 0);  // the failure was pushed out
+  ASSERT_TRUE(call(b, kF));
+  EXPECT_EQ(b.state(), BreakerState::kClosed);  // 1 of 4
+  ASSERT_TRUE(call(b, kF));
+  EXPECT_EQ(b.state(), BreakerState::kOpen);  // 2 of 4 = 50%
+}
+
+TEST(Breaker, PermanentFailuresDoNotCountThrottlingDoes) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 10,
+                          .minimum_calls = 4,
+                          .clock = &clock});
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(call(b, Outcome::permanent()));  // 400s
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(b.snapshot().failures, 0);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(call(b, Outcome::throttled(1s)));  // 429s
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+}
+
+TEST(Breaker, SlowCallsTripItWithoutFailures) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 10,
+                          .minimum_calls = 4,
+                          .slow_call_duration = 2s,
+                          .slow_call_rate_threshold = 0.5,
+                          .clock = &clock});
+  // Measured by the breaker from the permit.
+  auto p = b.try_acquire();
+  clock.advance(3s);
+  b.record(p, kS);
+  p = b.try_acquire();
+  clock.advance(1s);
+  b.record(p, kS);
+  EXPECT_EQ(b.snapshot().slow, 1);
+  // Measured by the caller.
+  b.record(b.try_acquire(), kS, 500ms);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  b.record(b.try_acquire(), kS, 2s);  // 2 of 4 slow
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+}
+
+TEST(Breaker, TheBreakGrowsOnRepeatedTripsUpToTheCap) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 1,
+                          .minimum_calls = 1,
+                          .break_duration = 5s,
+                          .break_growth = 2,
+                          .max_break_duration = 15s,
+                          .half_open_trials = 1,
+                          .clock = &clock});
+  ASSERT_TRUE(call(b, kF));
+  for (const auto expected : {5s, 10s, 15s, 15s}) {
+    ASSERT_EQ(b.state(), BreakerState::kOpen);
+    EXPECT_EQ(b.snapshot().open_remaining, expected);
+    clock.advance(expected - 1ms);
+    EXPECT_FALSE(b.try_acquire());
+    clock.advance(1ms);
+    ASSERT_TRUE(call(b, kF));  // the trial fails: open again, for longer
+  }
+  clock.advance(15s);
+  ASSERT_TRUE(call(b, kS));  // the trial succeeds: closed, and the growth starts over
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  ASSERT_TRUE(call(b, kF));
+  EXPECT_EQ(b.snapshot().open_remaining, 5s);
+}
+
+TEST(Breaker, HalfOpenTimesOutWhenTrialsNeverReport) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 1,
+                          .minimum_calls = 1,
+                          .break_duration = 5s,
+                          .half_open_trials = 2,
+                          .half_open_timeout = 10s,
+                          .clock = &clock});
+  ASSERT_TRUE(call(b, kF));
+  clock.advance(5s);
+  const auto lost1 = b.try_acquire();
+  const auto lost2 = b.try_acquire();
+  ASSERT_TRUE(lost1);
+  ASSERT_TRUE(lost2);
+  EXPECT_FALSE(b.try_acquire());
+  clock.advance(9s);
+  EXPECT_FALSE(b.try_acquire());
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  clock.advance(1s);
+  EXPECT_FALSE(b.try_acquire());  // the timeout re-opens it...
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  clock.advance(5s);  // ...and a new half-open round starts after the break
+  const auto fresh = b.try_acquire();
+  ASSERT_TRUE(fresh);
+  // A report from the lost round does not count in the new one.
+  b.record(lost1, kS);
+  b.record(lost2, kS);
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  b.record(fresh, kS);
+  b.record(b.try_acquire(), kS);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+}
+
+TEST(Breaker, LateReportsFromBeforeATripAreIgnored) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 2,
+                          .minimum_calls = 2,
+                          .clock = &clock});
+  const auto slow_call = b.try_acquire();
+  ASSERT_TRUE(call(b, kF));
+  ASSERT_TRUE(call(b, kF));
+  ASSERT_EQ(b.state(), BreakerState::kOpen);
+  b.record(slow_call, kS);  // reported after the trip
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+}
+
+TEST(Breaker, ResetClosesItWithAnEmptyWindow) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.minimum_calls = 1, .clock = &clock});
+  ASSERT_TRUE(call(b, kF));
+  ASSERT_EQ(b.state(), BreakerState::kOpen);
+  b.reset();
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(b.snapshot().calls, 0);
+  EXPECT_TRUE(call(b, kS));
+}
+
+TEST(Breaker, RejectsInvalidOptionsNamingTheField) {
+  const auto message = [](keel::BreakerOptions o) -> std::string {
+    try {
+      keel::CircuitBreaker b(std::move(o));
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(message({.window_calls = 0}).find("window_calls"), std::string::npos);
+  EXPECT_NE(message({.minimum_calls = 0}).find("minimum_calls"), std::string::npos);
+  EXPECT_NE(message({.failure_rate_threshold = 0}).find("failure_rate_threshold"),
+            std::string::npos);
+  EXPECT_NE(message({.failure_rate_threshold = 1.5}).find("1.5"), std::string::npos);
+  EXPECT_NE(message({.break_duration = 0s}).find("break_duration"), std::string::npos);
+  EXPECT_NE(message({.break_growth = 0.5}).find("break_growth"), std::string::npos);
+  EXPECT_NE(message({.break_duration = 10s, .max_break_duration = 5s}).find("max_break"),
+            std::string::npos);
+  EXPECT_NE(message({.half_open_trials = 0}).find("half_open_trials"), std::string::npos);
+  EXPECT_NE(message({.slow_call_duration = 0s}).find("slow_call_duration"), std::string::npos);
+}
+
+TEST(Breaker, ConcurrentRecordingIsCountedExactly) {
+  keel::ManualClock clock;  // time stands still: no bucket rotates
+  keel::CircuitBreaker b({.minimum_calls = 1000000, .clock = &clock});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 5000; ++i) {
+        const auto p = b.try_acquire();
+        b.record(p, (i % 5 == 0 && t % 2 == 0) ? kF : kS);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const auto snap = b.snapshot();
+  EXPECT_EQ(snap.calls, 20000);
+  EXPECT_EQ(snap.failures, 2000);
+  EXPECT_EQ(snap.state, BreakerState::kClosed);
+}
+
+TEST(Breaker, ConcurrentRecordingWhileTimeMovesAndTheBreakerTrips) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window_length = 1s,
+                          .minimum_calls = 50,
+                          .failure_rate_threshold = 0.5,
+                          .break_duration = 10ms,
+                          .half_open_trials = 3,
+                          .clock = &clock});
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  std::atomic<long> admitted_trials{0};
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20000; ++i) {
+        const auto p = b.try_acquire();
+        if (!p) continue;
+        if (p.trial) admitted_trials.fetch_add(1);
+        b.record(p, (i + t) % 2 == 0 ? kF : kS);
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    while (!stop.load()) {
+      clock.advance(7ms);
+      std::this_thread::yield();
+    }
+  });
+  for (int t = 0; t < 3; ++t) threads[static_cast<std::size_t>(t)].join();
+  stop.store(true);
+  threads.back().join();
+  const auto snap = b.snapshot();
+  EXPECT_GE(snap.calls, 0);
+  EXPECT_GE(snap.failures, 0);
+  EXPECT_LE(snap.failures, 60000);
+}
+
+TEST(Breaker, HalfOpenAdmitsExactlyTheTrialsAcrossThreads) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 1,
+                          .minimum_calls = 1,
+                          .break_duration = 1s,
+                          .half_open_trials = 5,
+                          .clock = &clock});
+  for (int round = 0; round < 50; ++round) {
+    b.reset();
+    ASSERT_TRUE(call(b, kF));
+    clock.advance(1s);
+    std::atomic<int> admitted{0};
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        ready.fetch_add(1);
+        while (ready.load() < 4) {
+        }
+        for (int i = 0; i < 5; ++i) {
+          if (b.try_acquire()) admitted.fetch_add(1);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    ASSERT_EQ(admitted.load(), 5) << "round " << round;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registry
+
+keel::BreakerRegistryOptions registry_options(keel::Clock& clock, std::size_t max_keys = 1024) {
+  keel::BreakerRegistryOptions o;
+  o.breaker.window = keel::BreakerWindow::kCount;
+  o.breaker.window_calls = 2;
+  o.breaker.minimum_calls = 2;
+  o.breaker.clock = &clock;
+  o.max_keys = max_keys;
+  return o;
+}
+
+TEST(BreakerRegistry, OneBrokenEndpointDoesNotBlockAnother) {
+  keel::ManualClock clock;
+  keel::BreakerRegistry registry(registry_options(clock));
+  auto payments = registry.get("api.example/payments");
+  auto search = registry.get("api.example/search");
+  ASSERT_NE(payments, nullptr);
+  ASSERT_NE(search, nullptr);
+  EXPECT_NE(payments.get(), search.get());
+  EXPECT_EQ(registry.get("api.example/payments").get(), payments.get());
+  ASSERT_TRUE(call(*payments, kF));
+  ASSERT_TRUE(call(*payments, kF));
+  EXPECT_EQ(registry.state("api.example/payments"), BreakerState::kOpen);
+  EXPECT_EQ(registry.state("api.example/search"), BreakerState::kClosed);
+  EXPECT_EQ(registry.state("unknown"), std::nullopt);
+  EXPECT_TRUE(call(*search, kS));
+}
+
+TEST(BreakerRegistry, ListenersHearEveryChangeWithTheKey) {
+  keel::ManualClock clock;
+  keel::BreakerRegistry registry(registry_options(clock));
+  std::vector<std::string> heard;
+  registry.add_listener([&](std::string_view key, BreakerState from, BreakerState to) {
+    heard.push_back(std::string(key) + ": " + std::string(keel::to_string(from)) + " -> " +
+                    std::string(keel::to_string(to)));
+  });
+  auto b = registry.get("db");
+  ASSERT_TRUE(call(*b, kF));
+  ASSERT_TRUE(call(*b, kF));
+  clock.advance(5s);
+  ASSERT_TRUE(call(*b, kS));
+  const std::vector<std::string> expected = {"db: closed -> open", "db: open -> half-open",
+                                             "db: half-open -> closed"};
+  EXPECT_EQ(heard, expected);
+}
+
+TEST(BreakerRegistry, TheNumberOfKeysIsBounded) {
+  keel::ManualClock clock;
+  keel::BreakerRegistry registry(registry_options(clock, 2));
+  auto a = registry.get("a");
+  auto b = registry.get("b");
+  ASSERT_TRUE(call(*a, kF));
+  ASSERT_TRUE(call(*a, kF));   // a is open, b closed
+  auto c = registry.get("c");  // evicts b, the oldest closed breaker
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(registry.size(), 2U);
+  EXPECT_EQ(registry.evictions(), 1U);
+  EXPECT_EQ(registry.find("b"), nullptr);
+  EXPECT_TRUE(call(*b, kS));  // the holder's breaker is still alive
+  EXPECT_EQ(registry.state("a"), BreakerState::kOpen);
+  ASSERT_TRUE(call(*c, kF));
+  ASSERT_TRUE(call(*c, kF));              // every breaker is open now
+  EXPECT_EQ(registry.get("d"), nullptr);  // never shares a breaker between dependencies
+  const auto snap = registry.snapshot();
+  ASSERT_EQ(snap.size(), 2U);
+  EXPECT_EQ(snap[0].first, "a");
+  EXPECT_EQ(snap[1].first, "c");
+  EXPECT_EQ(snap[1].second.state, BreakerState::kOpen);
+}
+
+TEST(BreakerRegistry, RejectsInvalidOptions) {
+  keel::BreakerRegistryOptions o;
+  o.max_keys = 0;
+  EXPECT_THROW(keel::BreakerRegistry{o}, std::invalid_argument);
+  keel::BreakerRegistryOptions bad;
+  bad.breaker.minimum_calls = 0;
+  EXPECT_THROW(keel::BreakerRegistry{bad}, std::invalid_argument);
+}
+
+TEST(BreakerRegistry, ConcurrentGetAndRecord) {
+  keel::ManualClock clock;
+  keel::BreakerRegistry registry(registry_options(clock, 8));
+  std::mutex heard_mutex;
+  int heard = 0;
+  registry.add_listener([&](std::string_view, BreakerState, BreakerState) {
+    const std::lock_guard lock(heard_mutex);
+    ++heard;
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        auto b = registry.get("host-" + std::to_string((i + t) % 6));
+        if (b) (void)call(*b, i % 3 == 0 ? kF : kS);
+        (void)registry.state("host-1");
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(registry.size(), 6U);
+  const std::lock_guard lock(heard_mutex);
+  EXPECT_GE(heard, 0);
+}
+
+}  // namespace
