@@ -16,4 +16,7 @@ using Runner = std::function<int()>;
 /// Registers `keel demo-core` (the core engine at work on a simulated flaky call).
 Runner add_demo_core(CLI::App& app);
 
+/// Registers `keel serve` (a payments API with idempotency keys; needs keel::store).
+Runner add_serve(CLI::App& app);
+
 }  // namespace keel::cli

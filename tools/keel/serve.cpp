@@ -1,0 +1,573 @@
+// `keel serve`: a small payments API that shows the receiver's half of safe retries.
+// POST /v1/charges goes through the idempotency middleware (keel/store/idempotency_middleware.hpp)
+// on SQLite or PostgreSQL; GET /v1/charges/{id}, GET /v1/charges?customer=ID, /healthz, /metrics.
+// --rate-limit answers 429 + Retry-After per principal; the --chaos-* flags inject the failures
+// that make clients retry (503s, delays, hangs, and "commit then drop the response").
+// Stops cleanly on SIGTERM/SIGINT: the listener closes, in-flight requests finish.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "commands.hpp"
+#include "keel/duration.hpp"
+#include "keel/store/idempotency_middleware.hpp"
+
+namespace keel::cli {
+namespace {
+
+using store::Connection;
+using store::StoredResponse;
+
+struct ServeOptions {
+  std::string listen = "127.0.0.1:8080";
+  std::string db = std::string(store::kDefaultDatabaseUrl);
+  std::string ttl = "24h";
+  std::string lock_timeout = "30s";
+  std::string rate_limit;
+  std::string sweep_interval = "1m";
+  int threads = 16;
+  bool no_idempotency = false;
+  double chaos_503 = 0;
+  std::string chaos_503_retry_after;
+  double chaos_delay_fraction = 0;
+  std::string chaos_delay = "1s";
+  double chaos_hang_fraction = 0;
+  std::string chaos_hang = "1m";
+  double chaos_drop = 0;
+  std::uint64_t chaos_seed = 1;
+};
+
+int usage_error(const std::string& flag, const std::string& message) {
+  std::fprintf(stderr, "keel serve: %s: %s\n", flag.c_str(), message.c_str());
+  return kExitUsage;
+}
+
+std::string random_hex(std::size_t bytes) {
+  std::vector<unsigned char> buf(bytes);
+  if (RAND_bytes(buf.data(), static_cast<int>(bytes)) != 1) throw std::runtime_error("RAND_bytes");
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (const unsigned char b : buf) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 0xf];
+  }
+  return out;
+}
+
+/// Per-principal token bucket: `rate` tokens a second, bursts of up to `rate` (at least 1).
+class RateLimiter {
+ public:
+  explicit RateLimiter(double rate) : rate_(rate), burst_(std::max(1.0, rate)) {}
+  /// Zero when admitted; otherwise how long until a token is available.
+  Duration admit(const std::string& principal) {
+    const TimePoint now = steady_clock().now();
+    std::lock_guard lock(mu_);
+    auto [it, fresh] = buckets_.try_emplace(principal, Bucket{burst_, now});
+    Bucket& b = it->second;
+    if (!fresh) {
+      const double elapsed = std::chrono::duration<double>(now - b.last).count();
+      b.tokens = std::min(burst_, b.tokens + elapsed * rate_);
+      b.last = now;
+    }
+    if (b.tokens >= 1.0) {
+      b.tokens -= 1.0;
+      return Duration::zero();
+    }
+    return std::chrono::duration_cast<Duration>(
+        std::chrono::duration<double>((1.0 - b.tokens) / rate_));
+  }
+
+ private:
+  struct Bucket {
+    double tokens;
+    TimePoint last;
+  };
+  double rate_;
+  double burst_;
+  std::mutex mu_;
+  std::map<std::string, Bucket> buckets_;  // guarded by mu_
+};
+
+struct Metrics {
+  std::atomic<std::uint64_t> outcomes[7] = {};
+  std::atomic<std::uint64_t> charges_created{0};
+  std::atomic<std::uint64_t> rate_limited{0};
+  std::atomic<std::uint64_t> chaos_503{0};
+  std::atomic<std::uint64_t> chaos_delay{0};
+  std::atomic<std::uint64_t> chaos_hang{0};
+  std::atomic<std::uint64_t> chaos_drop{0};
+
+  std::string render() const {
+    std::string out =
+        "# HELP keel_idempotency_requests_total Requests through the idempotency layer by "
+        "outcome.\n# TYPE keel_idempotency_requests_total counter\n";
+    for (int i = 0; i < 7; ++i) {
+      out += "keel_idempotency_requests_total{outcome=\"" +
+             std::string(to_string(static_cast<store::IdempotencyOutcome>(i))) + "\"} " +
+             std::to_string(outcomes[i].load()) + "\n";
+    }
+    out +=
+        "# HELP keel_charges_created_total Charges committed.\n"
+        "# TYPE keel_charges_created_total counter\n"
+        "keel_charges_created_total " +
+        std::to_string(charges_created.load()) + "\n";
+    out +=
+        "# HELP keel_rate_limited_total Requests answered 429.\n"
+        "# TYPE keel_rate_limited_total counter\n"
+        "keel_rate_limited_total " +
+        std::to_string(rate_limited.load()) + "\n";
+    out +=
+        "# HELP keel_chaos_injected_total Faults injected by --chaos flags.\n"
+        "# TYPE keel_chaos_injected_total counter\n";
+    out += "keel_chaos_injected_total{fault=\"503\"} " + std::to_string(chaos_503.load()) + "\n";
+    out +=
+        "keel_chaos_injected_total{fault=\"delay\"} " + std::to_string(chaos_delay.load()) + "\n";
+    out += "keel_chaos_injected_total{fault=\"hang\"} " + std::to_string(chaos_hang.load()) + "\n";
+    out += "keel_chaos_injected_total{fault=\"drop\"} " + std::to_string(chaos_drop.load()) + "\n";
+    return out;
+  }
+};
+
+/// Closes the client's connection of `request` without answering: finds the accepted socket by
+/// its port pair and shuts it down (cpp-httplib does not expose it).
+bool drop_connection(const httplib::Request& request) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return false;
+  bool dropped = false;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    sockaddr_storage local{};
+    sockaddr_storage peer{};
+    socklen_t len = sizeof local;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    len = sizeof peer;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    const auto port_of = [](const sockaddr_storage& a) -> int {
+      if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+      if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+      return -1;
+    };
+    if (port_of(local) == request.local_port && port_of(peer) == request.remote_port) {
+      ::shutdown(static_cast<int>(fd), SHUT_RDWR);
+      dropped = true;
+      break;
+    }
+  }
+  closedir(dir);
+  return dropped;
+}
+
+struct ChargeInput {
+  std::int64_t amount = 0;
+  std::string currency;
+  std::string customer;
+};
+
+std::optional<ChargeInput> parse_charge(const std::string& body, std::string* error) {
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    *error = "the body is not a JSON object";
+    return std::nullopt;
+  }
+  ChargeInput in;
+  const auto amount = j.find("amount");
+  if (amount == j.end() || !amount->is_number_integer() || amount->get<std::int64_t>() <= 0) {
+    *error = "\"amount\" must be a positive integer";
+    return std::nullopt;
+  }
+  in.amount = amount->get<std::int64_t>();
+  const auto currency = j.find("currency");
+  if (currency == j.end() || !currency->is_string() ||
+      currency->get_ref<const std::string&>().size() != 3 ||
+      !std::all_of(currency->get_ref<const std::string&>().begin(),
+                   currency->get_ref<const std::string&>().end(),
+                   [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); })) {
+    *error = "\"currency\" must be 3 letters";
+    return std::nullopt;
+  }
+  in.currency = currency->get<std::string>();
+  for (char& c : in.currency) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const auto customer = j.find("customer");
+  if (customer == j.end() || !customer->is_string() ||
+      customer->get_ref<const std::string&>().empty() ||
+      customer->get_ref<const std::string&>().size() > 255) {
+    *error = "\"customer\" must be a non-empty string of at most 255 characters";
+    return std::nullopt;
+  }
+  in.customer = customer->get<std::string>();
+  return in;
+}
+
+nlohmann::json charge_json(const store::Rows& rows, std::size_t i) {
+  return {{"id", rows.text(i, 0)},
+          {"amount", rows.integer(i, 1)},
+          {"currency", rows.text(i, 2)},
+          {"customer", rows.text(i, 3)},
+          {"created", rows.integer(i, 4)}};
+}
+
+constexpr store::Migration kPaymentsSchema[] = {
+    {"CREATE TABLE charges ("
+     " id TEXT PRIMARY KEY,"
+     " principal TEXT NOT NULL,"
+     " amount BIGINT NOT NULL,"
+     " currency TEXT NOT NULL,"
+     " customer TEXT NOT NULL,"
+     " created BIGINT NOT NULL);"
+     "CREATE INDEX charges_customer ON charges (principal, customer);"},
+};
+
+int run_serve(const ServeOptions& o) {
+  // ---- validate flags
+  std::string error;
+  const auto ttl = parse_duration(o.ttl, &error);
+  if (!ttl || *ttl <= Duration::zero()) {
+    return usage_error("--idempotency-ttl", ttl ? "must be > 0" : error);
+  }
+  const auto lock_timeout = parse_duration(o.lock_timeout, &error);
+  if (!lock_timeout || *lock_timeout <= Duration::zero()) {
+    return usage_error("--lock-timeout", lock_timeout ? "must be > 0" : error);
+  }
+  const auto sweep = parse_duration(o.sweep_interval, &error);
+  if (!sweep || *sweep <= Duration::zero()) {
+    return usage_error("--sweep-interval", sweep ? "must be > 0" : error);
+  }
+  const auto delay = parse_duration(o.chaos_delay, &error);
+  if (!delay) return usage_error("--chaos-delay", error);
+  const auto hang = parse_duration(o.chaos_hang, &error);
+  if (!hang) return usage_error("--chaos-hang", error);
+  std::optional<Duration> chaos_retry_after;
+  if (!o.chaos_503_retry_after.empty()) {
+    chaos_retry_after = parse_duration(o.chaos_503_retry_after, &error);
+    if (!chaos_retry_after) return usage_error("--chaos-503-retry-after", error);
+  }
+  std::optional<double> rate;
+  if (!o.rate_limit.empty()) {
+    const std::size_t slash = o.rate_limit.find("/s");
+    char* end = nullptr;
+    const std::string number = o.rate_limit.substr(0, slash);
+    const double r = std::strtod(number.c_str(), &end);
+    if (slash == std::string::npos || slash + 2 != o.rate_limit.size() || number.empty() ||
+        end != number.c_str() + number.size() || !(r > 0) || r > 1e9) {
+      return usage_error("--rate-limit",
+                         "'" + o.rate_limit + "' is not a positive rate like 100/s");
+    }
+    rate = r;
+  }
+  const std::size_t colon = o.listen.rfind(':');
+  int port = -1;
+  std::string host;
+  if (colon != std::string::npos && colon > 0) {
+    host = o.listen.substr(0, colon);
+    const std::string p = o.listen.substr(colon + 1);
+    char* end = nullptr;
+    const long v = std::strtol(p.c_str(), &end, 10);
+    if (!p.empty() && end == p.c_str() + p.size() && v >= 0 && v <= 65535)
+      port = static_cast<int>(v);
+  }
+  if (port < 0) {
+    return usage_error("--listen", "'" + o.listen + "' is not HOST:PORT (e.g. 127.0.0.1:8080)");
+  }
+  const auto url = store::parse_database_url(o.db, &error);
+  if (!url) return usage_error("--db", error);
+
+  // ---- database
+  store::ConnectionPool pool(*url, {.max_connections = o.threads + 2});
+  {
+    auto conn = pool.acquire();
+    store::IdempotencyStore::migrate(*conn);
+    store::migrate(*conn, "payments", kPaymentsSchema);
+  }
+  const store::IdempotencyStore idempotency({.ttl = *ttl, .lock_timeout = *lock_timeout});
+
+  // ---- server
+  Metrics metrics;
+  std::atomic<bool> stopping{false};
+  std::mutex chaos_mu;
+  std::mt19937_64 chaos_rng(o.chaos_seed);  // guarded by chaos_mu
+  const auto chance = [&](double p) {
+    if (p <= 0) return false;
+    std::lock_guard lock(chaos_mu);
+    return std::uniform_real_distribution<double>(0, 1)(chaos_rng) < p;
+  };
+  std::optional<RateLimiter> limiter;
+  if (rate) limiter.emplace(*rate);
+
+  httplib::Server server;
+  const int threads = o.threads;
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server.set_keep_alive_timeout(2);
+
+  server.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (limiter) {
+      const Duration wait = limiter->admit(store::bearer_principal(req));
+      if (wait > Duration::zero()) {
+        ++metrics.rate_limited;
+        res.set_header("Retry-After",
+                       std::to_string(std::max<std::int64_t>(
+                           1, std::chrono::ceil<std::chrono::seconds>(wait).count())));
+        store::write_problem(res, 429, "Too many requests",
+                             "the rate limit for this principal is " + o.rate_limit);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if (chance(o.chaos_503)) {
+      ++metrics.chaos_503;
+      if (chaos_retry_after) {
+        res.set_header(
+            "Retry-After",
+            std::to_string(std::chrono::ceil<std::chrono::seconds>(*chaos_retry_after).count()));
+      }
+      store::write_problem(res, 503, "Service unavailable", "injected by --chaos-503");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (chance(o.chaos_hang_fraction)) {
+      ++metrics.chaos_hang;
+      const TimePoint until = saturating_add(steady_clock().now(), *hang);
+      while (!stopping.load() && steady_clock().now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } else if (chance(o.chaos_delay_fraction)) {
+      ++metrics.chaos_delay;
+      std::this_thread::sleep_for(*delay);
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  const store::TransactionalHandler create_charge = [&](const httplib::Request& req,
+                                                        Connection& tx) -> StoredResponse {
+    std::string why;
+    const auto input = parse_charge(req.body, &why);
+    if (!input) {
+      const nlohmann::json problem = {
+          {"type", "about:blank"}, {"title", "Invalid charge"}, {"status", 400}, {"detail", why}};
+      return {400, {{"Content-Type", "application/problem+json"}}, problem.dump()};
+    }
+    const std::string id = "ch_" + random_hex(12);
+    const std::int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
+                                     steady_clock().wall_now().time_since_epoch())
+                                     .count();
+    tx.query(
+        "INSERT INTO charges (id, principal, amount, currency, customer, created)"
+        " VALUES ($1, $2, $3, $4, $5, $6)",
+        {id, store::bearer_principal(req), input->amount, input->currency, input->customer,
+         created});
+    const nlohmann::json body = {{"id", id},
+                                 {"amount", input->amount},
+                                 {"currency", input->currency},
+                                 {"customer", input->customer},
+                                 {"created", created}};
+    return {201,
+            {{"Content-Type", "application/json"}, {"Location", "/v1/charges/" + id}},
+            body.dump()};
+  };
+
+  const auto after_commit = [&](const httplib::Request& req, httplib::Response& /*res*/) {
+    ++metrics.charges_created;
+    if (chance(o.chaos_drop) && drop_connection(req)) ++metrics.chaos_drop;
+  };
+
+  store::IdempotencyMiddleware middleware({.store = &idempotency,
+                                           .pool = &pool,
+                                           .on_outcome =
+                                               [&](store::IdempotencyOutcome outcome) {
+                                                 ++metrics.outcomes[static_cast<int>(outcome)];
+                                               },
+                                           .after_commit = after_commit});
+
+  if (o.no_idempotency) {
+    server.Post("/v1/charges", [&](const httplib::Request& req, httplib::Response& res) {
+      auto conn = pool.acquire();
+      StoredResponse out;
+      const auto tx = store::with_transaction_retry(*conn, [&](Connection& t) {
+        out = create_charge(req, t);
+        return out.status < 400;
+      });
+      if (!tx.committed() && tx.status != store::TransactionStatus::kRolledBack) {
+        store::write_problem(res, 503, "Database unavailable", tx.error);
+        return;
+      }
+      res.status = out.status;
+      for (const auto& [name, value] : out.headers) {
+        if (name != "Content-Type") res.set_header(name, value);
+      }
+      res.set_content(out.body, out.status < 400 ? "application/json" : "application/problem+json");
+      if (tx.committed()) after_commit(req, res);
+    });
+  } else {
+    server.Post("/v1/charges", middleware.wrap(create_charge));
+  }
+
+  server.Get(R"(/v1/charges/([A-Za-z0-9_]+))",
+             [&](const httplib::Request& req, httplib::Response& res) {
+               auto conn = pool.acquire();
+               const store::Rows rows = conn->query(
+                   "SELECT id, amount, currency, customer, created FROM charges"
+                   " WHERE id = $1 AND principal = $2",
+                   {req.matches[1].str(), store::bearer_principal(req)});
+               if (rows.empty()) {
+                 store::write_problem(res, 404, "Not found", "no such charge");
+                 return;
+               }
+               res.set_content(charge_json(rows, 0).dump(), "application/json");
+             });
+  server.Get("/v1/charges", [&](const httplib::Request& req, httplib::Response& res) {
+    if (!req.has_param("customer")) {
+      store::write_problem(res, 400, "Missing parameter", "GET /v1/charges needs ?customer=ID");
+      return;
+    }
+    auto conn = pool.acquire();
+    const store::Rows rows = conn->query(
+        "SELECT id, amount, currency, customer, created FROM charges"
+        " WHERE principal = $1 AND customer = $2 ORDER BY created, id LIMIT 1000",
+        {store::bearer_principal(req), req.get_param_value("customer")});
+    nlohmann::json list = nlohmann::json::array();
+    for (std::size_t i = 0; i < rows.size(); ++i) list.push_back(charge_json(rows, i));
+    res.set_content(nlohmann::json{{"data", list}}.dump(), "application/json");
+  });
+  server.Get("/healthz", [&](const httplib::Request&, httplib::Response& res) {
+    try {
+      auto conn = pool.acquire();
+      (void)conn->query("SELECT 1");
+      res.set_content("ok\n", "text/plain");
+    } catch (const std::exception& e) {
+      store::write_problem(res, 503, "Database unavailable", e.what());
+    }
+  });
+  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        res.set_header("Retry-After", "1");
+        store::write_problem(res, 503, "Internal error", what);
+      });
+
+  // ---- signals: handled by one thread with sigwait; every other thread has them blocked.
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  int bound = port;
+  if (port == 0) {
+    bound = server.bind_to_any_port(host);
+  } else if (!server.bind_to_port(host, port)) {
+    bound = -1;
+  }
+  if (bound < 0) {
+    std::fprintf(stderr, "keel serve: --listen: cannot listen on %s\n", o.listen.c_str());
+    return 1;
+  }
+  std::printf("keel serve: listening on http://%s:%d (db %s, idempotency %s)\n", host.c_str(),
+              bound, url->redacted.c_str(), o.no_idempotency ? "off" : "on");
+  std::fflush(stdout);
+
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    stopping = true;
+    if (!done.load()) {
+      std::fprintf(stderr, "keel serve: %s received, finishing in-flight requests\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+    }
+    server.stop();
+  });
+  std::mutex sweep_mu;
+  std::condition_variable sweep_cv;
+  std::thread sweeper([&] {
+    std::unique_lock lock(sweep_mu);
+    while (!sweep_cv.wait_for(lock, *sweep, [&] { return stopping.load(); })) {
+      try {
+        auto conn = pool.acquire();
+        while (idempotency.purge_expired(*conn) >= idempotency.options().purge_batch) {
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "keel serve: idempotency sweep failed: %s\n", e.what());
+      }
+    }
+  });
+
+  server.listen_after_bind();
+  done = true;
+  stopping = true;
+  if (!signal_thread.joinable()) return 0;
+  pthread_kill(signal_thread.native_handle(), SIGTERM);  // wakes sigwait if no signal came
+  signal_thread.join();
+  { std::lock_guard lock(sweep_mu); }
+  sweep_cv.notify_all();
+  sweeper.join();
+  std::printf("keel serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+Runner add_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "serve", "Run a small payments API with idempotency keys (POST /v1/charges)");
+  sub->add_option("--listen", o->listen, "HOST:PORT to listen on (port 0: any free port)")
+      ->capture_default_str();
+  sub->add_option("--db", o->db, "Database URL: sqlite:PATH or postgres://...")
+      ->capture_default_str();
+  sub->add_option("--idempotency-ttl", o->ttl, "How long idempotency records are kept")
+      ->capture_default_str();
+  sub->add_option("--lock-timeout", o->lock_timeout,
+                  "How long a claim holds a key before another request may take it over")
+      ->capture_default_str();
+  sub->add_option("--rate-limit", o->rate_limit, "Per-principal limit, e.g. 100/s (429 beyond)");
+  sub->add_option("--sweep-interval", o->sweep_interval, "How often expired records are purged")
+      ->capture_default_str();
+  sub->add_option("--threads", o->threads, "Worker threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  sub->add_flag("--no-idempotency", o->no_idempotency,
+                "Serve POST /v1/charges without the idempotency layer (for comparison)");
+  sub->add_option("--chaos-503", o->chaos_503, "Fraction of /v1 requests answered 503")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--chaos-503-retry-after", o->chaos_503_retry_after,
+                  "Retry-After sent with injected 503s (default none)");
+  sub->add_option("--chaos-delay-fraction", o->chaos_delay_fraction,
+                  "Fraction of /v1 requests delayed by --chaos-delay")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--chaos-delay", o->chaos_delay, "Injected delay")->capture_default_str();
+  sub->add_option("--chaos-hang-fraction", o->chaos_hang_fraction,
+                  "Fraction of /v1 requests that hang for --chaos-hang (or until shutdown)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--chaos-hang", o->chaos_hang, "How long a hang lasts")->capture_default_str();
+  sub->add_option("--chaos-drop-after-commit", o->chaos_drop,
+                  "Fraction of committed charges whose response is dropped (connection closed)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--chaos-seed", o->chaos_seed, "Seed for the fault injection");
+  return [o] { return run_serve(*o); };
+}
+
+}  // namespace keel::cli
