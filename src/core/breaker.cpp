@@ -37,6 +37,18 @@ BreakerOptions BreakerOptions::more_than_half_failed(Duration window, int minimu
 namespace {
 
 constexpr std::int64_t kPpm = 1'000'000;
+// Counts are clamped here before multiplying by parts per million (no overflow in int64).
+constexpr std::int64_t kMaxCount = 1'000'000'000'000;
+
+// n / calls >= ppm / 1e6 (or >, when strict), in integers.
+constexpr bool rate_reached(std::int64_t n, std::int64_t calls, std::int64_t ppm,
+                            bool strict) noexcept {
+  n = std::min(n, kMaxCount);
+  calls = std::min(calls, kMaxCount);
+  const std::int64_t lhs = n * kPpm;
+  const std::int64_t rhs = ppm * calls;
+  return strict ? lhs > rhs : lhs >= rhs;
+}
 
 [[noreturn]] void reject(const char* field, const std::string& requirement,
                          const std::string& got) {
@@ -91,10 +103,12 @@ std::uint32_t stripe_id() noexcept {
   return id;
 }
 
+// Twice the cores, at least 8 and at most 64, a power of two: threads get consecutive ids, so
+// the threads running at one time rarely share a stripe.
 int stripe_count() noexcept {
-  const unsigned hw = std::max(1U, std::min(16U, std::thread::hardware_concurrency()));
+  const unsigned want = std::max(8U, std::min(64U, 2 * std::thread::hardware_concurrency()));
   int n = 1;
-  while (static_cast<unsigned>(n) < hw) n *= 2;
+  while (static_cast<unsigned>(n) < want) n *= 2;
   return n;
 }
 
@@ -341,12 +355,8 @@ bool CircuitBreaker::should_trip(std::int64_t calls, std::int64_t failures,
                                  std::int64_t slow) const noexcept {
   if (calls < options_.minimum_calls || calls <= 0) return false;
   const bool strict = options_.trip_only_above_threshold;
-  const auto hit = [&](std::int64_t n, std::int64_t ppm) {
-    const auto lhs = static_cast<long double>(n) * kPpm;
-    const auto rhs = static_cast<long double>(ppm) * static_cast<long double>(calls);
-    return strict ? lhs > rhs : lhs >= rhs;
-  };
-  return hit(failures, failure_ppm_) || (track_slow_ && hit(slow, slow_ppm_));
+  return rate_reached(failures, calls, failure_ppm_, strict) ||
+         (track_slow_ && rate_reached(slow, calls, slow_ppm_, strict));
 }
 
 bool CircuitBreaker::transition(std::uint64_t from_word, BreakerState to, TimePoint now) noexcept {
@@ -472,11 +482,8 @@ void CircuitBreaker::record_closed(const BreakerPermit& /*permit*/, bool failure
   // path of a healthy dependency from summing the window.
   const std::int64_t failures = win.failures.load(std::memory_order_acquire);
   const std::int64_t slow_calls = win.slow.load(std::memory_order_acquire);
-  const auto floor_hit = [&](std::int64_t n, std::int64_t ppm) {
-    return static_cast<long double>(n) * kPpm >=
-           static_cast<long double>(ppm) * options_.minimum_calls;
-  };
-  if (!floor_hit(failures, failure_ppm_) && !(track_slow_ && floor_hit(slow_calls, slow_ppm_))) {
+  if (!rate_reached(failures, options_.minimum_calls, failure_ppm_, false) &&
+      !(track_slow_ && rate_reached(slow_calls, options_.minimum_calls, slow_ppm_, false))) {
     return;
   }
   const std::int64_t calls = win.live_calls(now_step);
@@ -502,9 +509,9 @@ void CircuitBreaker::record_trial(const BreakerPermit& permit, bool failure) noe
   }
   const auto trials = static_cast<std::uint64_t>(options_.half_open_trials);
   if (t.successes + t.failures < trials) return;
-  const auto lhs = static_cast<long double>(t.failures) * kPpm;
-  const auto rhs = static_cast<long double>(failure_ppm_) * static_cast<long double>(trials);
-  const bool reopen = options_.trip_only_above_threshold ? lhs > rhs : lhs >= rhs;
+  const bool reopen =
+      rate_reached(static_cast<std::int64_t>(t.failures), static_cast<std::int64_t>(trials),
+                   failure_ppm_, options_.trip_only_above_threshold);
   transition(w, reopen ? BreakerState::kOpen : BreakerState::kClosed, clock_->now());
 }
 
