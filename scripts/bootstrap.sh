@@ -3,6 +3,8 @@
 # Idempotent: when everything is present it changes nothing and runs no apt-get at all.
 #   scripts/bootstrap.sh            packages to build keel and run the demo
 #   scripts/bootstrap.sh --test     also what the test suite needs (PostgreSQL server, wrk, ...)
+#   scripts/bootstrap.sh --bench    also the peers `make bench` compares keel with (Go, Python,
+#                                   Node.js and their libraries); never needed by `make test`
 set -euo pipefail
 
 build_packages=(
@@ -13,12 +15,18 @@ build_packages=(
   gnuplot-nox curl procps
 )
 test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang-tidy)
+bench_packages=(golang-go golang-github-cenkalti-backoff-dev python3 python3-tenacity nodejs)
+# Debian's npm conflicts with NodeSource's nodejs, which ships its own npm: only ask for it when
+# there is no npm at all.
+command -v npm >/dev/null || bench_packages+=(npm)
 
 wanted=("${build_packages[@]}")
 if [[ "${1:-}" == "--test" ]]; then
   wanted+=("${test_packages[@]}")
+elif [[ "${1:-}" == "--bench" ]]; then
+  wanted+=("${test_packages[@]}" "${bench_packages[@]}")
 elif [[ -n "${1:-}" ]]; then
-  echo "bootstrap: unknown option '$1' (expected nothing or --test)" >&2
+  echo "bootstrap: unknown option '$1' (expected nothing, --test or --bench)" >&2
   exit 2
 fi
 

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# keel next to the libraries users would otherwise pick, on this machine, in one run.
+# What `make bench` runs. Writes bench/results/latest.md (the table) and bench/results/raw/*.json.
+#
+#   scripts/bench.sh                      full run: installs what is missing (Debian packages via
+#                                         scripts/bootstrap.sh --bench, npm packages into
+#                                         bench/peers/node_modules), 5 runs of everything
+#   scripts/bench.sh --smoke              one short iteration of each program, installs nothing,
+#                                         skips (with a message) peers that are not installed;
+#                                         the ctest test bench.harness.smoke runs this
+#   --build-dir DIR   where keel's benchmark binaries were built (default build/, the release preset)
+#   --out DIR         where latest.md and raw/ go (default bench/results)
+#   --runs N          measured runs per workload (default 5; medians and spread over them)
+#
+# Rows 4 and 5 (idempotency layer under wrk, job queue against pgbench) come from
+# scripts/bench-serve.sh and scripts/bench-queue.sh when those exist; row 6 from the simulator's
+# benchmark (keel_bench_sim) when it was built. Missing ones are reported as "not available".
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+smoke=0
+build_dir="$root/build"
+out="$root/bench/results"
+runs=5
+
+usage() {
+  echo "bench: $1" >&2
+  echo "usage: scripts/bench.sh [--smoke] [--build-dir DIR] [--out DIR] [--runs N>=1]" >&2
+  exit 2
+}
+
+while (($#)); do
+  case "$1" in
+    --smoke) smoke=1 ;;
+    --build-dir | --out | --runs)
+      (($# >= 2)) || usage "missing value for $1"
+      case "$1" in
+        --build-dir) build_dir=$2 ;;
+        --out) out=$2 ;;
+        --runs)
+          [[ "$2" =~ ^[1-9][0-9]*$ ]] || usage "--runs needs an integer >= 1, got '$2'"
+          runs=$2
+          ;;
+      esac
+      shift
+      ;;
+    *) usage "unknown option '$1'" ;;
+  esac
+  shift
+done
+
+log() { echo "bench: $*" >&2; }
+
+command -v python3 >/dev/null || usage "python3 is needed to write the report (Debian python3)"
+
+bin="$build_dir/bin"
+[[ -x "$bin/keel_bench_peer_compare" && -x "$bin/keel_bench_fleet" ]] ||
+  usage "keel_bench_peer_compare or keel_bench_fleet not found in $bin (build first: make build)"
+
+if ((smoke)); then
+  runs=1
+  node_iterations=200
+  py_iterations=100
+  go_iterations=1000
+  fleet_clients=200
+  min_time=0.001
+else
+  node_iterations=200000
+  py_iterations=50000
+  go_iterations=1000000
+  fleet_clients=10000
+  min_time=0.5
+fi
+
+raw="$out/raw"
+mkdir -p "$raw"
+rm -f "$raw"/*.json "$raw"/*.txt "$raw"/*.skip
+
+# --- install what is missing (full run only) ---------------------------------------------------
+peers="$root/bench/peers"
+if ((!smoke)); then
+  "$root/scripts/bootstrap.sh" --bench
+  if command -v npm >/dev/null &&
+    { [[ ! -d "$peers/node_modules/cockatiel" || ! -d "$peers/node_modules/opossum" ]] ||
+      [[ "$peers/package-lock.json" -nt "$peers/node_modules" ]]; }; then
+    log "installing the npm peers into bench/peers/node_modules"
+    (cd "$peers" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+fi
+
+# --- the machine ---------------------------------------------------------------------------------
+cpu_model=$(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | sed 's/^model name[[:space:]]*:[[:space:]]*//')
+cat >"$raw/machine.json" <<EOF
+{"nproc": $(nproc), "cpu_model": "${cpu_model:-unknown}",
+ "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "kernel": "$(uname -r)",
+ "load_average_at_start": "$(cut -d' ' -f1-3 /proc/loadavg)",
+ "mode": "$( ((smoke)) && echo smoke || echo full)", "runs": $runs,
+ "commit": "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"}
+EOF
+
+skip() {  # skip NAME REASON
+  log "skipping $1: $2"
+  printf '%s\n' "$2" >"$raw/$1.skip"
+}
+
+# --- keel ----------------------------------------------------------------------------------------
+log "keel: decision overhead and breaker contention ($runs runs)"
+"$bin/keel_bench_peer_compare" --benchmark_repetitions="$runs" --benchmark_min_time="$min_time" \
+  --benchmark_out="$raw/keel_compare.json" --benchmark_out_format=json \
+  >"$raw/keel_compare.log.txt" 2>&1
+
+# --- peers ---------------------------------------------------------------------------------------
+if ! command -v node >/dev/null; then
+  skip peer_cockatiel "node is not installed (scripts/bootstrap.sh --bench installs nodejs)"
+  skip peer_opossum "node is not installed (scripts/bootstrap.sh --bench installs nodejs)"
+else
+  for peer in cockatiel opossum; do
+    if [[ -d "$peers/node_modules/$peer" ]]; then
+      log "$peer ($runs runs)"
+      node "$peers/$peer.js" --iterations "$node_iterations" --runs "$runs" >"$raw/peer_$peer.json"
+    else
+      skip "peer_$peer" "npm package $peer is not installed in bench/peers/node_modules (make bench installs it)"
+    fi
+  done
+fi
+
+python_peer=${KEEL_BENCH_PYTHON:-/usr/bin/python3}
+[[ -x "$python_peer" ]] || python_peer=$(command -v python3 || true)
+if [[ -n "$python_peer" ]] && "$python_peer" -c 'import tenacity' 2>/dev/null; then
+  log "tenacity ($runs runs)"
+  "$python_peer" "$peers/tenacity_peer.py" --iterations "$py_iterations" --runs "$runs" \
+    >"$raw/peer_tenacity.json"
+else
+  skip peer_tenacity "python3 module tenacity is not installed (Debian python3-tenacity)"
+fi
+
+gocode=/usr/share/gocode
+if command -v go >/dev/null && [[ -d "$gocode/src/github.com/cenkalti/backoff" ]]; then
+  log "cenkalti/backoff: building offline against $gocode"
+  go_version=$(dpkg-query -W -f='${Version}' golang-github-cenkalti-backoff-dev 2>/dev/null || echo v4)
+  (cd "$peers/cenkalti" &&
+    GOPATH=$gocode GO111MODULE=off GOFLAGS= GOCACHE="$out/.gocache" \
+      go build -ldflags "-X main.version=$go_version" -o "$out/.cenkalti-peer" main.go)
+  log "cenkalti/backoff ($runs runs)"
+  "$out/.cenkalti-peer" -iterations "$go_iterations" -runs "$runs" >"$raw/peer_cenkalti.json"
+else
+  skip peer_cenkalti "go or the cenkalti/backoff sources are not installed (Debian golang-go, golang-github-cenkalti-backoff-dev)"
+fi
+
+# --- backoff at fleet scale ----------------------------------------------------------------------
+log "fleet backoff: $fleet_clients clients, $runs seeds"
+for ((seed = 1; seed <= runs; seed++)); do
+  "$bin/keel_bench_fleet" --clients "$fleet_clients" --seed "$seed" >"$raw/fleet_$seed.json"
+done
+
+# --- idempotency layer and queue (scripts owned by the store and queue work) ---------------------
+for item in serve queue; do
+  script="$root/scripts/bench-$item.sh"
+  if ((smoke)); then
+    skip "$item" "not run in smoke mode (needs wrk/PostgreSQL and minutes)"
+  elif [[ -x "$script" ]]; then
+    log "$item: running scripts/bench-$item.sh"
+    if ! timeout 1200 "$script" >"$raw/$item.txt" 2>"$raw/$item.stderr.txt"; then
+      skip "$item" "scripts/bench-$item.sh failed (see raw/$item.stderr.txt)"
+    fi
+  else
+    skip "$item" "not available: scripts/bench-$item.sh does not exist yet"
+  fi
+done
+
+# --- simulator -----------------------------------------------------------------------------------
+if [[ -x "$bin/keel_bench_sim" ]]; then
+  log "simulator ($runs runs)"
+  "$bin/keel_bench_sim" --benchmark_repetitions="$runs" --benchmark_min_time="$min_time" \
+    --benchmark_out="$raw/sim.json" --benchmark_out_format=json >"$raw/sim.log.txt" 2>&1
+else
+  skip sim "not available: keel_bench_sim was not built (bench/sim_bench.cpp)"
+fi
+
+# --- report --------------------------------------------------------------------------------------
+python3 "$root/scripts/bench_report.py" --raw "$raw" --out "$out/latest.md"
+log "wrote $out/latest.md"

@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Turns the raw results of scripts/bench.sh into bench/results/latest.md.
+
+Reads RAW/machine.json, RAW/keel_compare.json (Google Benchmark), RAW/peer_*.json (the programs
+in bench/peers/), RAW/fleet_*.json (keel_bench_fleet, one per seed), RAW/sim.json, RAW/serve.txt,
+RAW/queue.txt and RAW/*.skip (why something was not measured). Every figure is the median of the
+runs, with [min-max] as the spread. Ratios are keel / peer: below 1 keel is faster (or, for the
+fleet, hits the dependency less hard).
+
+Usage: scripts/bench_report.py --raw DIR --out FILE
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def skipped(raw, name):
+    path = os.path.join(raw, name + ".skip")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    return None
+
+
+def fmt_ns(ns):
+    if ns is None:
+        return "n/a"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    if ns >= 1e4:
+        return f"{ns / 1e3:.1f} us"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.2f} us"
+    return f"{ns:.1f} ns" if ns < 100 else f"{ns:.0f} ns"
+
+
+class Sample:
+    """Per-run values of one workload: wall ns, cpu ns, allocations per call."""
+
+    def __init__(self, wall, cpu, allocs):
+        self.wall = wall
+        self.cpu = cpu
+        self.allocs = allocs
+
+    def median(self, which="wall"):
+        values = self.wall if which == "wall" else self.cpu
+        return statistics.median(values) if values else None
+
+    def cell(self):
+        wall = self.median("wall")
+        spread = f" [{fmt_ns(min(self.wall))}-{fmt_ns(max(self.wall))}]" if len(self.wall) > 1 else ""
+        parts = [f"{fmt_ns(wall)}{spread}"]
+        if self.cpu:
+            parts.append(f"cpu {fmt_ns(self.median('cpu'))}")
+        parts.append("allocs n/a" if self.allocs is None else f"{self.allocs:g} allocs")
+        return "; ".join(parts)
+
+
+def ratio(keel, peer):
+    def one(which):
+        k, p = keel.median(which), peer.median(which)
+        if k is None or p is None or p == 0:
+            return None
+        return k / p
+
+    wall, cpu = one("wall"), one("cpu")
+    if wall is None:
+        return "n/a", None
+    text = f"{wall:.3g}"
+    if cpu is not None:
+        text += f" (cpu {cpu:.3g})"
+    return text, wall
+
+
+def keel_samples(path):
+    """Google Benchmark JSON -> {name: Sample} over the per-repetition entries."""
+    doc = load(path)
+    runs = {}
+    errors = {}
+    for b in doc.get("benchmarks", []):
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        name = b.get("run_name", b["name"])
+        if b.get("error_occurred"):
+            errors[name] = b.get("error_message", "error")
+            continue
+        scale = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}[b.get("time_unit", "ns")]
+        entry = runs.setdefault(name, {"wall": [], "cpu": [], "allocs": [], "items": []})
+        entry["wall"].append(b["real_time"] * scale)
+        entry["cpu"].append(b["cpu_time"] * scale)
+        if "allocs/op" in b:
+            entry["allocs"].append(b["allocs/op"])
+        if "items_per_second" in b:
+            entry["items"].append(b["items_per_second"])
+    samples = {
+        name: Sample(e["wall"], e["cpu"], statistics.median(e["allocs"]) if e["allocs"] else None)
+        for name, e in runs.items()
+    }
+    items = {name: e["items"] for name, e in runs.items() if e["items"]}
+    return samples, items, errors
+
+
+def peer_samples(doc):
+    out = {}
+    for name, w in doc.get("workloads", {}).items():
+        out[name] = Sample(w.get("ns_per_call", []), w.get("cpu_ns_per_call", []),
+                           w.get("allocs_per_call"))
+    return out
+
+
+def spread(values, digits=0):
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.{digits}f}"
+    return f"{med:.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--raw", required=True, help="directory written by scripts/bench.sh")
+    parser.add_argument("--out", required=True, help="the markdown file to write")
+    args = parser.parse_args()
+    raw = args.raw
+    machine_path = os.path.join(raw, "machine.json")
+    keel_path = os.path.join(raw, "keel_compare.json")
+    for path in (machine_path, keel_path):
+        if not os.path.exists(path):
+            sys.exit(f"bench_report: {path} is missing (run scripts/bench.sh)")
+    machine = load(machine_path)
+    mach = f"{machine['nproc']} x {machine['cpu_model']}"
+    date = machine["date"][:10]
+    keel, keel_items, keel_errors = keel_samples(keel_path)
+
+    lines = []
+    emit = lines.append
+    emit("# keel next to its peers")
+    emit("")
+    emit(f"Produced by `make bench` (scripts/bench.sh, {machine['mode']} mode) at {machine['date']}"
+         f" on commit {machine['commit']}.")
+    emit(f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), kernel {machine['kernel']},"
+         f" load average at start {machine['load_average_at_start']}.")
+    emit(f"Every figure is the median of {machine['runs']} runs, [min-max] the spread. Ratio ="
+         " keel / peer: below 1 keel is faster. Wall time is the headline; cpu is process CPU"
+         " time per call (all threads), less disturbed by other load on a shared machine.")
+    emit("")
+    emit("## 1. Decision overhead (ns per call)")
+    emit("")
+    emit("Same workloads everywhere: `floor` = a bare call that does one uncontended atomic"
+         " increment; `success` = that call wrapped, succeeding first time; `fail_once` = it fails"
+         " once and then succeeds, the retry delay computed but not waited (keel: ManualClock;"
+         " tenacity: no-op sleep; cenkalti: instant timer; cockatiel cannot skip its timer).")
+    emit("")
+    emit("| workload | keel | peer | ratio | machine | date |")
+    emit("| --- | --- | --- | --- | --- | --- |")
+
+    peers = {}
+    for path in sorted(glob.glob(os.path.join(raw, "peer_*.json"))):
+        doc = load(path)
+        peers[os.path.basename(path)[5:-5]] = doc
+    peer_wins = []
+
+    def row(workload, keel_name, keel_label, peer_key, peer_workload):
+        k = keel.get(keel_name)
+        if k is None:
+            why = keel_errors.get(keel_name, "not measured")
+            emit(f"| {workload} | {keel_label}: {why} | | | {mach} | {date} |")
+            return
+        doc = peers.get(peer_key)
+        if doc is None:
+            reason = skipped(raw, "peer_" + peer_key) or "not measured"
+            emit(f"| {workload} | {keel_label}: {k.cell()} | {peer_key}: skipped ({reason}) | n/a"
+                 f" | {mach} | {date} |")
+            return
+        p = peer_samples(doc).get(peer_workload)
+        if p is None:
+            emit(f"| {workload} | {keel_label}: {k.cell()} | {doc['peer']}: no such workload | n/a"
+                 f" | {mach} | {date} |")
+            return
+        text, value = ratio(k, p)
+        label = f"{doc['peer']} {doc.get('version', '')} ({doc.get('runtime', '')})"
+        emit(f"| {workload} | {keel_label}: {k.cell()} | {label}: {p.cell()} | {text} | {mach}"
+             f" | {date} |")
+        if value is not None and value > 1:
+            peer_wins.append(f"{workload}: {doc['peer']} ({text})")
+
+    for peer_key, runtime in (("cockatiel", "Node.js"), ("tenacity", "Python"),
+                              ("cenkalti", "Go")):
+        row(f"floor, {runtime} vs C++", "BM_Floor", "keel (C++)", peer_key, "floor")
+    compositions = (
+        ("RetryBreaker", "retry + breaker", "cockatiel"),
+        ("Breaker", "breaker only", "opossum"),
+        ("Retry", "retry only", "tenacity"),
+        ("Retry", "retry only", "cenkalti"),
+    )
+    for keel_prefix, what, peer_key in compositions:
+        for workload, suffix in (("success", "Success"), ("fail_once", "FailOnce")):
+            row(f"{workload}, {what}", f"BM_{keel_prefix}_{suffix}", "keel", peer_key, workload)
+    row("success, retry only, keel on coarse clock", "BM_Retry_Success_CoarseClock", "keel",
+        "cenkalti", "success")
+    for workload, suffix in (("success", "Success"), ("fail_once", "FailOnce")):
+        k = keel.get(f"BM_RetryBreakerBudget_{suffix}")
+        if k is not None:
+            emit(f"| {workload}, retry + breaker + budget | keel: {k.cell()} | no peer has a"
+                 f" budget | - | {mach} | {date} |")
+    emit("")
+
+    emit("## 2. Circuit breaker under contention")
+    emit("")
+    one = keel_items.get("BM_BreakerRecord/real_time/threads:1")
+    two = keel_items.get("BM_BreakerRecord/real_time/threads:2")
+    if one and two:
+        r = statistics.median(two) / statistics.median(one)
+        emit("try_acquire + record(success) into one shared CircuitBreaker (default time window,"
+             " steady clock). No peer: opossum and cockatiel run on one JavaScript thread.")
+        emit("")
+        emit("| workload | keel | peer | ratio | machine | date |")
+        emit("| --- | --- | --- | --- | --- | --- |")
+        emit(f"| breaker record, 1 thread | {spread([v / 1e6 for v in one], 2)} M calls/s | - | -"
+             f" | {mach} | {date} |")
+        emit(f"| breaker record, 2 threads | {spread([v / 1e6 for v in two], 2)} M calls/s | - |"
+             f" 2 threads / 1 thread = {r:.2f} | {mach} | {date} |")
+        if machine["nproc"] <= 2:
+            emit("")
+            emit(f"With {machine['nproc']} CPUs shared with everything else on the machine, two"
+                 " threads rarely run at the same time; the scaling figure is a lower bound.")
+    else:
+        emit("not available: keel_bench_peer_compare did not report BM_BreakerRecord.")
+    emit("")
+
+    emit("## 3. Backoff at fleet scale")
+    emit("")
+    fleet_paths = sorted(glob.glob(os.path.join(raw, "fleet_*.json")))
+    if fleet_paths:
+        docs = [load(p) for p in fleet_paths]
+        clients, retries = docs[0]["clients"], docs[0]["retries"]
+        emit(f"{clients} clients fail at the same instant; the dependency stays down; each retries"
+             f" {retries} times with the formula. Peak = most retries arriving in one 100 ms slice"
+             f" (median over {len(docs)} seeds [min-max]). keel uses keel::Backoff; the peers"
+             " their documented defaults (bench/fleet_backoff.cpp). Ratio = keel default / peer.")
+        emit("")
+        by_name = {}
+        for d in docs:
+            for r in d["rows"]:
+                by_name.setdefault(r["name"], {"row": r, "peak": [], "last": []})
+                by_name[r["name"]]["peak"].append(r["peak_per_100ms"])
+                by_name[r["name"]]["last"].append(r["median_last_retry_s"])
+        keel_default = statistics.median(by_name["keel (default)"]["peak"])
+        emit("| workload | keel | peer | ratio | machine | date |")
+        emit("| --- | --- | --- | --- | --- | --- |")
+        for name, e in by_name.items():
+            if e["row"]["keel"]:
+                continue
+            peak = statistics.median(e["peak"])
+            r = keel_default / peak if peak else float("nan")
+            emit(f"| peak arrivals / 100 ms vs {name} ({e['row']['formula']}) | keel default:"
+                 f" {spread(by_name['keel (default)']['peak'])} | {spread(e['peak'])} | {r:.2f}"
+                 f" | {mach} | {date} |")
+            if r > 1:
+                peer_wins.append(f"fleet peak: {name} ({r:.2f})")
+        emit("")
+        emit("All formulas, absolute:")
+        emit("")
+        emit("| formula | peak / 100 ms | median client's last retry at |")
+        emit("| --- | --- | --- |")
+        for name, e in by_name.items():
+            emit(f"| {name}: {e['row']['formula']} | {spread(e['peak'])} |"
+                 f" {spread(e['last'], 2)} s |")
+    else:
+        emit("not available: no fleet results.")
+    emit("")
+
+    for number, item, title in ((4, "serve", "Idempotency layer (wrk over loopback)"),
+                                (5, "queue", "Queue (jobs/s vs pgbench)")):
+        emit(f"## {number}. {title}")
+        emit("")
+        path = os.path.join(raw, item + ".txt")
+        reason = skipped(raw, item)
+        if reason is None and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                text = f.read().strip()
+            emit(f"Output of scripts/bench-{item}.sh:")
+            emit("")
+            emit("```")
+            emit(text or "(no output)")
+            emit("```")
+        else:
+            emit(f"| workload | keel | peer | ratio | machine | date |")
+            emit("| --- | --- | --- | --- | --- | --- |")
+            emit(f"| {title} | not available | not available | n/a | {mach} | {date} |")
+            emit("")
+            emit(reason or "not measured")
+        emit("")
+
+    emit("## 6. Simulator")
+    emit("")
+    sim_path = os.path.join(raw, "sim.json")
+    if os.path.exists(sim_path):
+        samples, items, errors = keel_samples(sim_path)
+        emit("| benchmark | events (items) per second | time per iteration |")
+        emit("| --- | --- | --- |")
+        for name, s in samples.items():
+            rate = items.get(name)
+            rate_text = f"{spread([v / 1e6 for v in rate], 2)} M/s" if rate else "n/a"
+            emit(f"| {name} | {rate_text} | {fmt_ns(s.median('wall'))} |")
+        for name, why in errors.items():
+            emit(f"| {name} | error: {why} | |")
+    else:
+        emit(skipped(raw, "sim") or "not available")
+    emit("")
+
+    emit("## Where a peer wins in this run")
+    emit("")
+    if peer_wins:
+        for w in peer_wins:
+            emit(f"- {w}")
+        emit("")
+        emit("The reasons, and what would change them, are in bench/README.md.")
+    else:
+        emit("Nowhere.")
+    emit("")
+    if keel_errors:
+        emit("Errors reported by keel's benchmarks: " +
+             "; ".join(f"{k}: {v}" for k, v in keel_errors.items()))
+        emit("")
+
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
