@@ -1,7 +1,6 @@
 #include "keel/asio/http_client.hpp"
 
 #include <curl/curl.h>
-#include <openssl/rand.h>
 
 #include <algorithm>
 #include <array>
@@ -114,36 +113,30 @@ struct AttemptResult {
   std::string error;
 };
 
+// "host:port" of an absolute URL (the port defaulted from the scheme), the key of the host's
+// breaker; the URL itself when libcurl cannot parse it (the attempt will then fail anyway).
+std::string breaker_key(const std::string& url) {
+  CURLU* u = curl_url();
+  if (u == nullptr) return url;
+  std::string key = url;
+  if (curl_url_set(u, CURLUPART_URL, url.c_str(), 0) == CURLUE_OK) {
+    char* host = nullptr;
+    char* port = nullptr;
+    if (curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK) {
+      key = std::string(host) + ":" + port;
+    }
+    curl_free(host);
+    curl_free(port);
+  }
+  curl_url_cleanup(u);
+  return key;
+}
+
 // libcurl's transfer timeout fires first; the race in keel::asio::retry is only a backstop.
 constexpr Duration kTimeoutGrace = std::chrono::milliseconds(250);
 
 }  // namespace
-
-std::optional<std::string_view> find_header(const Headers& headers,
-                                            std::string_view name) noexcept {
-  for (const auto& [key, value] : headers) {
-    if (iequals(key, name)) return std::string_view(value);
-  }
-  return std::nullopt;
-}
-
-std::string make_idempotency_key() {
-  std::array<unsigned char, 16> b{};
-  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
-    throw std::runtime_error("keel::asio: the CSPRNG (RAND_bytes) could not supply bytes");
-  }
-  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
-  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(36);
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
-    out.push_back(kHex[b[i] >> 4]);
-    out.push_back(kHex[b[i] & 0x0f]);
-  }
-  return out;
-}
 
 struct HttpClient::Impl {
   Impl(::asio::any_io_executor ex, HttpClientOptions opts)
@@ -260,7 +253,7 @@ const HttpClientOptions& HttpClient::options() const noexcept { return impl_->op
 
 std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->multi->in_flight(); }
 
-::asio::awaitable<HttpResult> HttpClient::send(HttpRequest request) {
+::asio::awaitable<HttpResult> HttpClient::send(HttpRequest request, RetryContext* context) {
   if (request.url.empty()) throw std::invalid_argument("keel::asio::HttpRequest: url is empty");
   if (request.method.empty()) {
     throw std::invalid_argument("keel::asio::HttpRequest: method is empty");
@@ -283,6 +276,13 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
   call.deadline = request.deadline;
   call.safe_to_repeat = traits.safe_to_repeat();
   call.rng = impl->options.rng;
+  call.budget = impl->options.budget;
+  call.context = context;
+  std::shared_ptr<CircuitBreaker> breaker;  // held for the whole operation
+  if (impl->options.breakers != nullptr) {
+    breaker = impl->options.breakers->get(breaker_key(request.url));
+    call.breaker = breaker.get();
+  }
 
   // The last attempt's details, kept by the op for the result and the on_attempt hook.
   std::string last_error;

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "keel/asio/retry.hpp"
+#include "keel/breaker.hpp"
+#include "keel/budget.hpp"
 #include "keel/random.hpp"
 
 namespace {
@@ -322,6 +324,123 @@ TEST(AsioRetry, CancellationDuringAnAttemptWithoutTimeoutStopsIt) {
   EXPECT_EQ(got.value->reason, StopReason::kCancelled);
   ASSERT_EQ(endings.size(), 1U);
   EXPECT_EQ(endings[0], ::asio::error::operation_aborted);
+}
+
+// Ten operations in a row against a dependency that always fails, sharing one token bucket:
+// the async path spends and refuses retries exactly as the blocking one.
+TEST(AsioRetry, BudgetRefusesRetriesAsTheBlockingHelperDoes) {
+  const keel::RetryPolicy policy({.max_attempts = 3});
+  auto reasons_of = [&](bool async) {
+    keel::ManualClock clock;
+    keel::Rng rng(7);
+    keel::TokenBucketBudget budget({.capacity = 20, .retry_cost = 5, .success_refund = 1});
+    keel::CallOptions call{.clock = &clock, .rng = &rng, .budget = &budget};
+    std::vector<std::pair<StopReason, int>> out;
+    for (int i = 0; i < 10; ++i) {
+      if (async) {
+        ::asio::io_context io;
+        auto op = [](const AttemptInfo&) -> ::asio::awaitable<Outcome> {
+          co_return Outcome::transient();
+        };
+        auto got = run(io, keel::asio::retry(io.get_executor(), policy, op, call));
+        out.emplace_back(got.value->reason, got.value->attempts);
+      } else {
+        auto r = keel::retry(
+            policy, [](const AttemptInfo&) { return Outcome::transient(); }, call);
+        out.emplace_back(r.reason, r.attempts);
+      }
+    }
+    return out;
+  };
+  const auto blocking = reasons_of(false);
+  const auto async = reasons_of(true);
+  EXPECT_EQ(async, blocking);
+  ASSERT_EQ(async.back().first, StopReason::kBudgetExhausted);
+  EXPECT_EQ(async.back().second, 1);
+}
+
+// A breaker that trips after 4 failed calls: later operations stop before running anything.
+TEST(AsioRetry, OpenBreakerStopsBeforeTheAttempt) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker breaker({.window = keel::BreakerWindow::kCount,
+                                .window_calls = 4,
+                                .minimum_calls = 4,
+                                .break_duration = std::chrono::seconds(30),
+                                .clock = &clock});
+  const keel::RetryPolicy policy({.max_attempts = 2});
+  int ran = 0;
+  auto op = [&](const AttemptInfo&) -> ::asio::awaitable<Outcome> {
+    ++ran;
+    co_return Outcome::transient();
+  };
+  std::vector<StopReason> reasons;
+  for (int i = 0; i < 3; ++i) {
+    ::asio::io_context io;
+    auto got = run(io, keel::asio::retry(io.get_executor(), policy, op,
+                                         {.clock = &clock, .breaker = &breaker}));
+    reasons.push_back(got.value->reason);
+  }
+  EXPECT_EQ(ran, 4);
+  EXPECT_EQ(reasons,
+            (std::vector<StopReason>{StopReason::kAttemptsExhausted, StopReason::kAttemptsExhausted,
+                                     StopReason::kCircuitOpen}));
+  EXPECT_EQ(breaker.state(), keel::BreakerState::kOpen);
+}
+
+// Three layers of async retries, 3 attempts each, sharing one RetryContext: the bottom is
+// reached 3 times, not 27; with NestedRetries::kRetry the layers multiply.
+::asio::awaitable<Outcome> layer(const keel::RetryPolicy& policy, keel::RetryContext* context,
+                                 keel::NestedRetries nested, int depth, int& bottom_calls) {
+  if (depth == 0) {
+    ++bottom_calls;
+    co_return Outcome::transient();
+  }
+  auto ex = co_await ::asio::this_coro::executor;
+  auto op = [&, depth](const AttemptInfo&) {
+    return layer(policy, context, nested, depth - 1, bottom_calls);
+  };
+  auto r = co_await keel::asio::retry(
+      ex, policy, op, {.safe_to_repeat = true, .context = context, .nested = nested});
+  co_return r.outcome;
+}
+
+TEST(AsioRetry, OneRetryingLayerThroughAnExplicitContext) {
+  const keel::RetryPolicy policy({.max_attempts = 3, .backoff = {.base = 1ms, .cap = 1ms}});
+  keel::RetryContext context;
+  int bottom = 0;
+  {
+    ::asio::io_context io;
+    auto got = run(io, layer(policy, &context, keel::NestedRetries::kSingleAttempt, 3, bottom));
+    ASSERT_TRUE(got.done);
+  }
+  EXPECT_EQ(bottom, 3);
+  EXPECT_EQ(context.depth(), 0);
+  bottom = 0;
+  {
+    ::asio::io_context io;
+    auto got = run(io, layer(policy, &context, keel::NestedRetries::kRetry, 3, bottom));
+    ASSERT_TRUE(got.done);
+  }
+  EXPECT_EQ(bottom, 27);
+}
+
+// Without a context, operations interleaved on one thread do not count as nested in each other.
+TEST(AsioRetry, ConcurrentOperationsWithoutContextAreIndependent) {
+  const keel::RetryPolicy policy({.max_attempts = 3, .backoff = {.base = 1ms, .cap = 2ms}});
+  ::asio::io_context io;
+  std::vector<int> attempts;
+  for (int i = 0; i < 20; ++i) {
+    auto op = [](const AttemptInfo&) -> ::asio::awaitable<Outcome> {
+      ::asio::steady_timer t(co_await ::asio::this_coro::executor, 1ms);
+      co_await t.async_wait(::asio::use_awaitable);
+      co_return Outcome::transient();
+    };
+    ::asio::co_spawn(
+        io, keel::asio::retry(io.get_executor(), policy, op),
+        [&](std::exception_ptr, keel::RetryResult<Outcome> r) { attempts.push_back(r.attempts); });
+  }
+  io.run_for(20s);
+  EXPECT_EQ(attempts, std::vector<int>(20, 3));
 }
 
 // 1,000 operations on one thread, against a dependency that fails each operation's first

@@ -23,7 +23,7 @@
 //   ::asio::io_context io;
 //   keel::asio::HttpClient client(io.get_executor(), {.retry = {.max_attempts = 4}});
 //   ::asio::co_spawn(io, [&]() -> ::asio::awaitable<void> {
-//     keel::asio::HttpResult r = co_await client.send({.method = "POST",
+//     keel::http::Result r = co_await client.send({.method = "POST",
 //         .url = "http://127.0.0.1:8080/pay", .body = R"({"amount": 5})"});
 //     if (!r.ok()) std::cerr << keel::to_string(r.reason) << '\n';
 //   }, ::asio::detached);
@@ -41,82 +41,24 @@
 #include <utility>
 #include <vector>
 
+#include "keel/breaker.hpp"
+#include "keel/budget.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
+#include "keel/http/client.hpp"
 #include "keel/retry.hpp"
 
 namespace keel::asio {
 
-/// Header fields in the order given. Names compare case-insensitively (see find_header).
-using Headers = std::vector<std::pair<std::string, std::string>>;
-
-/// The value of the first header named `name` (case-insensitive), or nullopt.
-[[nodiscard]] std::optional<std::string_view> find_header(const Headers& headers,
-                                                          std::string_view name) noexcept;
-
-/// A new idempotency key: a random (version 4) UUID in its 36-character text form, with 122
-/// bits from OpenSSL's CSPRNG (RAND_bytes). Throws std::runtime_error if the CSPRNG fails.
-[[nodiscard]] std::string make_idempotency_key();
-
-/// One logical operation (it may take several attempts).
-struct HttpRequest {
-  /// Method token, sent as given. Default "GET".
-  std::string method = "GET";
-  /// Absolute http:// or https:// URL. Requires: non-empty.
-  std::string url;
-  /// Extra header fields, sent on every attempt. Default none.
-  Headers headers;
-  /// Request body; sent when non-empty or when the method is POST, PUT or PATCH. Default empty.
-  std::string body;
-  /// Sent as Idempotency-Key on every attempt when non-empty. Default empty: a key is generated
-  /// for POST and PATCH when generate_idempotency_key is true.
-  std::string idempotency_key;
-  /// Whether to generate a key for a POST or PATCH that has none. Default true.
-  bool generate_idempotency_key = true;
-  /// The caller's deadline, combined with the policy's overall_timeout (the earlier wins).
-  /// Default infinite.
-  Deadline deadline = Deadline::infinite();
-};
-
-/// The last response received.
-struct HttpResponse {
-  int status = 0;
-  /// The status line as received, without CRLF ("HTTP/1.1 503 Service Unavailable").
-  std::string status_line;
-  Headers headers;
-  std::string body;
-};
-
-/// What send() returns: errors are values.
-struct HttpResult {
-  /// The last attempt's response; empty when no attempt got one.
-  std::optional<HttpResponse> response;
-  /// The last attempt's classification.
-  Outcome outcome;
-  /// Why the operation stopped (kSuccess on success, kCancelled when the caller cancelled it).
-  StopReason reason = StopReason::kSuccess;
-  int attempts = 0;
-  Duration elapsed{};
-  /// libcurl's message for the last attempt's transport failure; empty otherwise.
-  std::string error;
-  /// The Idempotency-Key sent (generated or the caller's); empty when none.
-  std::string idempotency_key;
-
-  [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
-};
-
-/// Passed to HttpClientOptions::on_attempt after every attempt.
-struct HttpAttemptEvent {
-  std::string_view method;
-  std::string_view url;
-  int attempt = 1;          // 1 for the first
-  Outcome outcome;          // its classification
-  std::string_view error;   // libcurl's message for a transport failure, else empty
-  Duration took{};          // how long the attempt ran
-  bool will_retry = false;  // another attempt follows
-  Duration delay{};         // the wait before it (when will_retry)
-  StopReason reason = StopReason::kSuccess;  // why the operation stops (when !will_retry)
-};
+/// The request, response and result types are keel::http's, so that code written against the
+/// blocking client moves to this one by changing the call, and the two are tested by one suite.
+using Headers = http::Headers;
+using HttpRequest = http::Request;
+using HttpResponse = http::Response;
+using HttpResult = http::Result;
+using HttpAttemptEvent = http::AttemptEvent;
+using http::find_header;
+using http::make_idempotency_key;
 
 struct HttpClientOptions {
   /// Retry policy for every request. Defaults: 3 attempts, per-try timeout 10 s, overall
@@ -134,6 +76,13 @@ struct HttpClientOptions {
   /// Receives the line logged when an operation gives up (keel::format_give_up). Default: the
   /// line is written to stderr.
   std::function<void(std::string_view)> log;
+  /// Circuit breakers keyed by "host:port" of each request's URL: an open breaker stops an
+  /// operation before its attempt (kCircuitOpen), and every outcome is reported to the host's
+  /// breaker. Non-owning; Requires: outlives the client. Default none.
+  BreakerRegistry* breakers = nullptr;
+  /// The retry budget shared by every request of this client: asked before every retry
+  /// (kBudgetExhausted). Non-owning; Requires: outlives the client. Default none.
+  RetryBudget* budget = nullptr;
   /// Connections open at once to one host; further transfers queue inside libcurl.
   /// Requires: >= 0. Default 0 (no limit).
   long max_host_connections = 0;
@@ -159,8 +108,11 @@ class HttpClient {
   /// Runs one logical operation with retries. Transport and HTTP failures are in the result,
   /// never thrown; throws std::invalid_argument for an empty URL or method. Cancel it by
   /// cancelling the awaiting operation (cancellation slot): the transfer in flight or the wait
-  /// stops at once and the result says kCancelled.
-  [[nodiscard]] ::asio::awaitable<HttpResult> send(HttpRequest request);
+  /// stops at once and the result says kCancelled. `context`: the keel::RetryContext of an
+  /// enclosing asynchronous retry loop, if any (one retrying layer, see keel/asio/retry.hpp):
+  /// inside a running loop this request makes a single attempt. Default none.
+  [[nodiscard]] ::asio::awaitable<HttpResult> send(HttpRequest request,
+                                                   RetryContext* context = nullptr);
 
   [[nodiscard]] const HttpClientOptions& options() const noexcept;
   /// Transfers in flight in libcurl right now (for tests and metrics).

@@ -24,6 +24,17 @@
 //    RetryOptions::on_give_up is called with that reason. An attempt that had already
 //    succeeded when the cancellation arrived keeps its success.
 //
+// Budgets, breakers and the one-retrying-layer rule come with the CallOptions, exactly as for
+// the blocking helper (RetryState applies them): CallOptions::budget is asked before every
+// retry (kBudgetExhausted), CallOptions::breaker before every attempt (kCircuitOpen), and both
+// are told every outcome. There is no thread to hang "a retry loop is running" on, so the
+// one-layer rule needs CallOptions::context: give the outer and the inner operations the same
+// keel::RetryContext; the outer loop marks it while it runs, and an inner loop in it makes a
+// single attempt (unless CallOptions::nested is kRetry). Without a context, concurrent
+// operations on one thread are independent (none of them is "inside" another). An attempt
+// cancelled by the caller is not reported to the breaker (RetryState has no outcome for it);
+// a half-open trial lost that way is recovered by the breaker's half_open_timeout.
+//
 // Exceptions thrown by `op` or the classifier propagate to the awaiting coroutine, as in the
 // blocking helper (except the operation_aborted of an attempt keel itself cancelled).
 //
@@ -170,6 +181,10 @@ template <class T, class Op, class Classify, class Observer = NoObserver>
 
   RetryResult<T> result;
   RetryState state(policy, call);
+  // One retrying layer: loops started inside `op` with the same context see this one. Only an
+  // explicit context: a thread-local mark would leak to every coroutine on the thread.
+  std::optional<RetryScope> scope;
+  if (call.context != nullptr) scope.emplace(call.context);
   ::asio::steady_timer timer(ex);
   auto* manual = dynamic_cast<ManualClock*>(&state.clock());
   bool cancelled = false;
@@ -240,6 +255,7 @@ template <class T, class Op, class Classify, class Observer = NoObserver>
   } else {
     result.reason = state.stop_reason();
   }
+  scope.reset();
   co_await ::asio::this_coro::throw_if_cancelled(caller_throws);
   co_return result;
 }

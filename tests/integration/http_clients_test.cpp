@@ -1,0 +1,520 @@
+// One suite, two drivers: the behaviour of keel's HTTP clients, checked against the same
+// keel::http::FaultServer over loopback, for the blocking keel::http::Client and for the
+// non-blocking keel::asio::HttpClient (libcurl multi on an Asio loop). What the server saw
+// (arrivals, Idempotency-Key, Keel-Attempt, times) proves what the client did. Timing assertions
+// are lower bounds only.
+//
+// Tests that only the asynchronous client can have (cancellation, a thousand calls on one
+// thread, per-host breakers) follow the typed suite.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/asio/http_client.hpp"
+#include "keel/breaker.hpp"
+#include "keel/http/client.hpp"
+#include "keel/http/fault_server.hpp"
+
+namespace {
+
+using keel::OutcomeKind;
+using keel::OutcomeSource;
+using keel::StopReason;
+using keel::http::Arrival;
+using keel::http::FaultServer;
+using keel::http::Request;
+using keel::http::Result;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// What both clients are configured with in this suite.
+struct Config {
+  keel::RetryOptions retry;
+  keel::HttpClassifierOptions classifier;
+  std::function<void(const keel::http::AttemptEvent&)> on_attempt;
+  std::function<void(std::string_view)> log = [](std::string_view) {};
+};
+
+// Fast backoff so tests spend their time on the network, not on waiting.
+Config fast(int attempts = 3) {
+  Config c;
+  c.retry.max_attempts = attempts;
+  c.retry.per_try_timeout = seconds(5);
+  c.retry.overall_timeout = seconds(20);
+  c.retry.backoff = {.base = milliseconds(1), .cap = milliseconds(5)};
+  return c;
+}
+
+class BlockingDriver {
+ public:
+  static constexpr const char* kName = "blocking";
+  explicit BlockingDriver(const Config& c)
+      : client_({.retry = c.retry,
+                 .classifier = c.classifier,
+                 .on_attempt = c.on_attempt,
+                 .log = c.log}) {}
+  Result send(const Request& r) { return client_.send(r); }
+
+ private:
+  keel::http::Client client_;
+};
+
+class AsyncDriver {
+ public:
+  static constexpr const char* kName = "async";
+  explicit AsyncDriver(const Config& c)
+      : client_(io_.get_executor(), {.retry = c.retry,
+                                     .classifier = c.classifier,
+                                     .on_attempt = c.on_attempt,
+                                     .log = c.log}) {}
+  Result send(const Request& r) {
+    std::optional<Result> out;
+    std::exception_ptr error;
+    ::asio::co_spawn(io_, client_.send(r), [&](std::exception_ptr e, Result v) {
+      error = e;
+      if (!e) out = std::move(v);
+    });
+    io_.restart();
+    io_.run_for(seconds(30));
+    if (error) std::rethrow_exception(error);
+    EXPECT_TRUE(out.has_value()) << "the operation did not complete";
+    return out.value_or(Result{});
+  }
+
+ private:
+  ::asio::io_context io_;
+  keel::asio::HttpClient client_;
+};
+
+std::string header(const Arrival& a, std::string_view name) {
+  auto v = keel::http::find_header(a.headers, name);
+  return v ? std::string(*v) : std::string();
+}
+
+// A port on 127.0.0.1 with nothing listening: bound, read back, then closed.
+int closed_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+template <class Driver>
+class HttpClients : public ::testing::Test {};
+
+struct DriverNames {
+  template <class T>
+  static std::string GetName(int) {
+    return T::kName;
+  }
+};
+using Drivers = ::testing::Types<BlockingDriver, AsyncDriver>;
+TYPED_TEST_SUITE(HttpClients, Drivers, DriverNames);
+
+TYPED_TEST(HttpClients, TransientStatusesAreRetriedAndEachAttemptIsNumbered) {
+  FaultServer server({.script = "503,502,200"});
+  server.start();
+  TypeParam client(fast(5));
+  const Result r = client.send({.url = server.url("/thing")});
+  EXPECT_TRUE(r.ok()) << keel::to_string(r.reason);
+  EXPECT_EQ(r.attempts, 3);
+  ASSERT_TRUE(r.response.has_value());
+  EXPECT_EQ(r.response->status, 200);
+  EXPECT_EQ(r.response->body, "ok\n");
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 3u);
+  for (std::size_t i = 0; i < arrivals.size(); ++i) {
+    EXPECT_EQ(header(arrivals[i], "Keel-Attempt"), std::to_string(i + 1));
+    EXPECT_EQ(header(arrivals[i], "Idempotency-Key"), "") << "a GET carries no key";
+  }
+}
+
+TYPED_TEST(HttpClients, APostCarriesOneGeneratedUuidKeyOnEveryAttempt) {
+  FaultServer server({.script = "503*2,201"});
+  server.start();
+  TypeParam client(fast(3));
+  const Result r = client.send({.method = "POST", .url = server.url("/pay"), .body = "{}"});
+  EXPECT_TRUE(r.ok());
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 3u);
+  const std::string key = header(arrivals[0], "Idempotency-Key");
+  EXPECT_TRUE(std::regex_match(
+      key, std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")))
+      << key;
+  EXPECT_EQ(r.idempotency_key, key);
+  for (const Arrival& a : arrivals) {
+    EXPECT_EQ(header(a, "Idempotency-Key"), key);
+    EXPECT_EQ(a.method, "POST");
+    EXPECT_EQ(a.body, "{}");
+  }
+  // The next logical operation gets a key of its own.
+  const Result next = client.send({.method = "PATCH", .url = server.url("/pay")});
+  EXPECT_FALSE(next.idempotency_key.empty());
+  EXPECT_NE(next.idempotency_key, key);
+}
+
+TYPED_TEST(HttpClients, ACallerKeyIsSentUnchangedAndA500IsRetriedOnce) {
+  FaultServer server({.script = "500"});
+  server.start();
+  TypeParam client(fast(5));
+  const Result r =
+      client.send({.method = "POST", .url = server.url("/job"), .idempotency_key = "job-42"});
+  EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted);
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 2u) << "a 500 causes at most one retry";
+  for (const Arrival& a : arrivals) EXPECT_EQ(header(a, "Idempotency-Key"), "job-42");
+}
+
+TYPED_TEST(HttpClients, APermanentStatusIsNotRetriedAndItsBodyIsKept) {
+  FaultServer server({.script = "400/body=missing-field,200"});
+  server.start();
+  TypeParam client(fast(5));
+  const Result r = client.send({.method = "POST", .url = server.url("/x")});
+  EXPECT_EQ(r.reason, StopReason::kPermanent);
+  EXPECT_EQ(r.attempts, 1);
+  ASSERT_TRUE(r.response.has_value());
+  EXPECT_EQ(r.response->status, 400);
+  EXPECT_EQ(r.response->body, "missing-field\n");
+  EXPECT_EQ(server.arrivals().size(), 1u);
+}
+
+TYPED_TEST(HttpClients, RetryAfterSecondsIsWaitedAtLeast) {
+  FaultServer server({.script = "503/retry-after=1,200"});
+  server.start();
+  TypeParam client(fast());
+  const Result r = client.send({.url = server.url("/slow")});
+  EXPECT_TRUE(r.ok());
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 2u);
+  EXPECT_GE(arrivals[1].at - arrivals[0].at, seconds(1));
+}
+
+TYPED_TEST(HttpClients, RetryAfterAsAnHttpDateIsHonoured) {
+  FaultServer server({.script = "429/retry-after-date=2,200"});
+  server.start();
+  TypeParam client(fast());
+  const Result r = client.send({.url = server.url("/")});
+  EXPECT_TRUE(r.ok());
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 2u);
+  // The date has a one-second resolution: at least one second has passed.
+  EXPECT_GE(arrivals[1].at - arrivals[0].at, milliseconds(900));
+}
+
+TYPED_TEST(HttpClients, RetryAfterBeyondTheDeadlineStopsWithDeadline) {
+  FaultServer server({.script = "503/retry-after=30,200"});
+  server.start();
+  Config c = fast();
+  c.retry.overall_timeout = seconds(2);
+  TypeParam client(c);
+  const Result r = client.send({.url = server.url("/")});
+  EXPECT_EQ(r.reason, StopReason::kDeadline);
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_EQ(server.arrivals().size(), 1u);
+}
+
+TYPED_TEST(HttpClients, TheDeadlineCutsAHungAttemptAndNoOtherStarts) {
+  FaultServer server({.script = "hang"});
+  server.start();
+  Config c = fast(5);
+  c.retry.per_try_timeout = seconds(10);
+  TypeParam client(c);
+  const Result r =
+      client.send({.url = server.url("/hang"),
+                   .deadline = keel::Deadline::after(keel::steady_clock(), milliseconds(400))});
+  EXPECT_EQ(r.reason, StopReason::kDeadline);
+  EXPECT_TRUE(r.outcome.timed_out);
+  EXPECT_LT(r.elapsed, seconds(5));
+  EXPECT_EQ(server.arrivals().size(), 1u);
+}
+
+TYPED_TEST(HttpClients, PerTryTimeoutEndsAHungAttemptAndTheRetrySucceeds) {
+  FaultServer server({.script = "hang,200"});
+  server.start();
+  Config c = fast(3);
+  c.retry.per_try_timeout = milliseconds(300);
+  std::vector<keel::Outcome> outcomes;
+  c.on_attempt = [&](const keel::http::AttemptEvent& e) { outcomes.push_back(e.outcome); };
+  TypeParam client(c);
+  const Result r = client.send({.url = server.url("/")});
+  EXPECT_TRUE(r.ok());
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_TRUE(outcomes[0].timed_out);
+  EXPECT_EQ(outcomes[0].source, OutcomeSource::kNetwork);
+  EXPECT_EQ(server.arrivals().size(), 2u);
+}
+
+TYPED_TEST(HttpClients, ARefusedConnectionIsRetriedEvenForAPostWithoutKey) {
+  const int port = closed_port();
+  TypeParam client(fast(3));
+  const Result r = client.send({.method = "POST",
+                                .url = "http://127.0.0.1:" + std::to_string(port) + "/pay",
+                                .generate_idempotency_key = false});
+  EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted);
+  EXPECT_EQ(r.attempts, 3);
+  EXPECT_EQ(r.outcome.kind, OutcomeKind::kTransient);
+  EXPECT_EQ(r.outcome.source, OutcomeSource::kNetwork);
+  EXPECT_FALSE(r.response.has_value());
+  EXPECT_FALSE(r.error.empty());
+}
+
+TYPED_TEST(HttpClients, AnAmbiguousPostWithoutKeyIsNotRetried) {
+  FaultServer server({.script = "drop,200"});
+  server.start();
+  TypeParam client(fast(5));
+  const Result r =
+      client.send({.method = "POST", .url = server.url("/pay"), .generate_idempotency_key = false});
+  EXPECT_EQ(r.reason, StopReason::kNotSafeToRetry);
+  EXPECT_EQ(r.outcome.kind, OutcomeKind::kAmbiguous);
+  EXPECT_EQ(server.arrivals().size(), 1u);
+}
+
+TYPED_TEST(HttpClients, AnAmbiguousPostWithKeyIsRetriedWithTheSameKey) {
+  FaultServer server({.script = "drop,reset,200"});
+  server.start();
+  TypeParam client(fast(5));
+  const Result r = client.send({.method = "POST", .url = server.url("/pay"), .body = "x"});
+  EXPECT_TRUE(r.ok());
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 3u);
+  EXPECT_EQ(header(arrivals[0], "Idempotency-Key"), header(arrivals[2], "Idempotency-Key"));
+  EXPECT_EQ(header(arrivals[1], "Idempotency-Key"), header(arrivals[2], "Idempotency-Key"));
+}
+
+TYPED_TEST(HttpClients, TheBodyHookTurnsAnErrorInsideA200IntoARetry) {
+  FaultServer server({.script = "200/body=error:busy,200/body=done"});
+  server.start();
+  Config c = fast();
+  c.classifier.body = [](int status, std::string_view body) -> std::optional<keel::Outcome> {
+    if (status == 200 && body.starts_with("error")) return keel::Outcome::transient();
+    return std::nullopt;
+  };
+  TypeParam client(c);
+  const Result r = client.send({.url = server.url("/")});
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.response->body, "done\n");
+  EXPECT_EQ(server.arrivals().size(), 2u);
+}
+
+TYPED_TEST(HttpClients, EveryAttemptIsObservedAndGivingUpLogsOneLine) {
+  FaultServer server({.script = "503"});
+  server.start();
+  Config c = fast(3);
+  std::vector<int> numbers;
+  std::vector<bool> will_retry;
+  std::vector<std::string> lines;
+  c.on_attempt = [&](const keel::http::AttemptEvent& e) {
+    numbers.push_back(e.attempt);
+    will_retry.push_back(e.will_retry);
+    EXPECT_EQ(e.outcome.code, 503);
+    EXPECT_EQ(e.method, "DELETE");
+  };
+  c.log = [&](std::string_view line) { lines.emplace_back(line); };
+  TypeParam client(c);
+  const std::string url = server.url("/down");
+  const Result r = client.send({.method = "DELETE", .url = url});
+  EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted);
+  EXPECT_EQ(numbers, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(will_retry, (std::vector<bool>{true, true, false}));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("gave up after 3 attempts"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("DELETE " + url), std::string::npos) << lines[0];
+}
+
+TYPED_TEST(HttpClients, OneConnectionServesTheAttemptsAndTheNextRequest) {
+  FaultServer server({.script = "503,200"});
+  server.start();
+  TypeParam client(fast());
+  EXPECT_TRUE(client.send({.url = server.url("/a")}).ok());
+  EXPECT_TRUE(client.send({.url = server.url("/b")}).ok());
+  EXPECT_EQ(server.arrivals().size(), 3u);
+  EXPECT_EQ(server.connections(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The asynchronous client only.
+
+using keel::asio::HttpClient;
+
+// Sends `request` on `client`, cancels it after `after`, and returns the result.
+Result send_and_cancel(::asio::io_context& io, HttpClient& client, Request request,
+                       milliseconds after) {
+  ::asio::cancellation_signal signal;
+  std::optional<Result> out;
+  ::asio::co_spawn(
+      io, client.send(std::move(request)),
+      ::asio::bind_cancellation_slot(signal.slot(), [&](std::exception_ptr e, Result r) {
+        EXPECT_FALSE(e);
+        out = std::move(r);
+      }));
+  ::asio::steady_timer trigger(io, after);
+  trigger.async_wait([&](std::error_code) { signal.emit(::asio::cancellation_type::terminal); });
+  io.run_for(seconds(20));
+  EXPECT_TRUE(out.has_value()) << "the operation did not complete";
+  return out.value_or(Result{});
+}
+
+TEST(AsioHttpClient, CancellingDuringAnAttemptRemovesTheTransferAndReportsCancelled) {
+  FaultServer server({.script = "hang"});
+  server.start();
+  ::asio::io_context io;
+  Config c = fast(3);
+  HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log});
+  const Result r = send_and_cancel(io, client, {.url = server.url("/hang")}, milliseconds(100));
+  EXPECT_EQ(r.reason, StopReason::kCancelled);
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_LT(r.elapsed, seconds(5)) << "not cut by the 5 s per-try timeout";
+  EXPECT_EQ(client.transfers_in_flight(), 0u);
+  EXPECT_EQ(server.arrivals().size(), 1u);
+}
+
+TEST(AsioHttpClient, CancellingDuringTheWaitStopsBeforeTheNextAttempt) {
+  FaultServer server({.script = "503/retry-after=30,200"});
+  server.start();
+  ::asio::io_context io;
+  Config c = fast(3);
+  c.retry.overall_timeout = seconds(120);
+  HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log});
+  const Result r = send_and_cancel(io, client, {.url = server.url("/")}, milliseconds(200));
+  EXPECT_EQ(r.reason, StopReason::kCancelled);
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_LT(r.elapsed, seconds(30));
+  ASSERT_TRUE(r.response.has_value());
+  EXPECT_EQ(r.response->status, 503);
+  EXPECT_EQ(server.arrivals().size(), 1u);
+}
+
+// Per-host breakers: one host failing opens its own breaker only.
+TEST(AsioHttpClient, APerHostBreakerStopsCallsToTheFailingHostOnly) {
+  FaultServer down({.script = "503"});
+  FaultServer up({.script = "200"});
+  down.start();
+  up.start();
+  keel::BreakerRegistry breakers({.breaker = {.window = keel::BreakerWindow::kCount,
+                                              .window_calls = 4,
+                                              .minimum_calls = 4,
+                                              .break_duration = seconds(60)}});
+  ::asio::io_context io;
+  Config c = fast(2);
+  HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log, .breakers = &breakers});
+  std::vector<StopReason> reasons;
+  ::asio::co_spawn(
+      io,
+      [&]() -> ::asio::awaitable<void> {
+        // Named requests: GCC 12 mishandles temporaries built inside a co_await expression.
+        const Request to_down{.url = down.url("/")};
+        const Request to_up{.url = up.url("/")};
+        for (int i = 0; i < 3; ++i) {
+          const Result r = co_await client.send(to_down);
+          reasons.push_back(r.reason);
+        }
+        const Result r = co_await client.send(to_up);
+        reasons.push_back(r.reason);
+      },
+      [](std::exception_ptr e) { EXPECT_FALSE(e); });
+  io.run_for(seconds(20));
+  EXPECT_EQ(reasons,
+            (std::vector<StopReason>{StopReason::kAttemptsExhausted, StopReason::kAttemptsExhausted,
+                                     StopReason::kCircuitOpen, StopReason::kSuccess}));
+  EXPECT_EQ(down.arrivals().size(), 4u) << "no request reaches an open breaker's host";
+  EXPECT_EQ(breakers.state("127.0.0.1:" + std::to_string(down.port())), keel::BreakerState::kOpen);
+  EXPECT_EQ(breakers.state("127.0.0.1:" + std::to_string(up.port())), keel::BreakerState::kClosed);
+}
+
+// A flaky upstream that fails request i's first i % 3 attempts (it reads Keel-Attempt), so each
+// operation's outcome is known in advance however the requests interleave.
+class FlakyUpstream {
+ public:
+  FlakyUpstream() {
+    server_.new_task_queue = [] { return new httplib::ThreadPool(16); };
+    server_.set_keep_alive_max_count(1000);
+    server_.Get(R"(/op/(\d+))", [this](const httplib::Request& req, httplib::Response& res) {
+      ++requests_;
+      const int i = std::stoi(req.matches[1]);
+      const int attempt = std::stoi(req.get_header_value("Keel-Attempt"));
+      if (attempt <= i % 3) {
+        res.status = 503;
+      } else {
+        res.status = 200;
+        res.set_content(std::to_string(i), "text/plain");
+      }
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    // bind_to_any_port also listens: connections queue until the accept loop starts.
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~FlakyUpstream() {
+    server_.stop();
+    thread_.join();
+  }
+  [[nodiscard]] std::string url(int i) const {
+    return "http://127.0.0.1:" + std::to_string(port_) + "/op/" + std::to_string(i);
+  }
+  [[nodiscard]] int requests() const { return requests_.load(); }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  std::atomic<int> requests_{0};
+};
+
+TEST(AsioHttpClient, AThousandConcurrentRetryingCallsOnOneThread) {
+  FlakyUpstream upstream;
+  ::asio::io_context io(1);
+  Config c = fast(3);
+  c.retry.per_try_timeout = seconds(10);
+  c.retry.overall_timeout = seconds(60);
+  HttpClient client(io.get_executor(),
+                    {.retry = c.retry, .log = c.log, .max_host_connections = 16});
+  constexpr int kCalls = 1000;
+  std::vector<int> attempts(kCalls, 0);
+  std::vector<std::string> bodies(kCalls);
+  int done = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    ::asio::co_spawn(
+        io, client.send({.url = upstream.url(i)}), [&, i](std::exception_ptr e, Result r) {
+          EXPECT_FALSE(e);
+          EXPECT_TRUE(r.ok()) << i << ": " << keel::to_string(r.reason) << " " << r.error;
+          attempts[static_cast<std::size_t>(i)] = r.attempts;
+          if (r.response) bodies[static_cast<std::size_t>(i)] = r.response->body;
+          ++done;
+        });
+  }
+  io.run_for(seconds(50));
+  ASSERT_EQ(done, kCalls);
+  int expected_requests = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    EXPECT_EQ(attempts[k], i % 3 + 1) << i;
+    EXPECT_EQ(bodies[k], std::to_string(i)) << i;
+    expected_requests += i % 3 + 1;
+  }
+  EXPECT_EQ(upstream.requests(), expected_requests);
+  EXPECT_EQ(client.transfers_in_flight(), 0u);
+}
+
+}  // namespace
