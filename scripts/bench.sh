@@ -103,21 +103,16 @@ skip() {  # skip NAME REASON
   printf '%s\n' "$2" >"$raw/$1.skip"
 }
 
-# --- keel ----------------------------------------------------------------------------------------
-log "keel: decision overhead and breaker contention ($runs runs)"
-"$bin/keel_bench_peer_compare" --benchmark_repetitions="$runs" --benchmark_min_time="$min_time" \
-  --benchmark_out="$raw/keel_compare.json" --benchmark_out_format=json \
-  >"$raw/keel_compare.log.txt" 2>&1
-
-# --- peers ---------------------------------------------------------------------------------------
+# --- which peers can run --------------------------------------------------------------------------
+declare -a peer_names=() peer_cmds=()
 if ! command -v node >/dev/null; then
   skip peer_cockatiel "node is not installed (scripts/bootstrap.sh --bench installs nodejs)"
   skip peer_opossum "node is not installed (scripts/bootstrap.sh --bench installs nodejs)"
 else
   for peer in cockatiel opossum; do
     if [[ -d "$peers/node_modules/$peer" ]]; then
-      log "$peer ($runs runs)"
-      node "$peers/$peer.js" --iterations "$node_iterations" --runs "$runs" >"$raw/peer_$peer.json"
+      peer_names+=("$peer")
+      peer_cmds+=("node $peers/$peer.js --iterations $node_iterations --runs 1")
     else
       skip "peer_$peer" "npm package $peer is not installed in bench/peers/node_modules (make bench installs it)"
     fi
@@ -127,9 +122,8 @@ fi
 python_peer=${KEEL_BENCH_PYTHON:-/usr/bin/python3}
 [[ -x "$python_peer" ]] || python_peer=$(command -v python3 || true)
 if [[ -n "$python_peer" ]] && "$python_peer" -c 'import tenacity' 2>/dev/null; then
-  log "tenacity ($runs runs)"
-  "$python_peer" "$peers/tenacity_peer.py" --iterations "$py_iterations" --runs "$runs" \
-    >"$raw/peer_tenacity.json"
+  peer_names+=(tenacity)
+  peer_cmds+=("$python_peer $peers/tenacity_peer.py --iterations $py_iterations --runs 1")
 else
   skip peer_tenacity "python3 module tenacity is not installed (Debian python3-tenacity)"
 fi
@@ -141,11 +135,25 @@ if command -v go >/dev/null && [[ -d "$gocode/src/github.com/cenkalti/backoff" ]
   (cd "$peers/cenkalti" &&
     GOPATH=$gocode GO111MODULE=off GOFLAGS= GOCACHE="$out/.gocache" \
       go build -ldflags "-X main.version=$go_version" -o "$out/.cenkalti-peer" main.go)
-  log "cenkalti/backoff ($runs runs)"
-  "$out/.cenkalti-peer" -iterations "$go_iterations" -runs "$runs" >"$raw/peer_cenkalti.json"
+  peer_names+=(cenkalti)
+  peer_cmds+=("$out/.cenkalti-peer -iterations $go_iterations -runs 1")
 else
   skip peer_cenkalti "go or the cenkalti/backoff sources are not installed (Debian golang-go, golang-github-cenkalti-backoff-dev)"
 fi
+
+# --- decision overhead: keel and the peers in interleaved rounds -------------------------------
+# The programs run one after another; on a shared machine the load changes between them. Each
+# round runs every program once, so every median mixes the same moments for keel and the peers.
+for ((round = 1; round <= runs; round++)); do
+  log "round $round/$runs: keel ${peer_names[*]}"
+  "$bin/keel_bench_peer_compare" --benchmark_min_time="$min_time" \
+    --benchmark_out="$raw/keel_compare_$round.json" --benchmark_out_format=json \
+    >"$raw/keel_compare_$round.log.txt" 2>&1
+  for i in "${!peer_names[@]}"; do
+    # shellcheck disable=SC2086 # the command line is split on purpose
+    ${peer_cmds[$i]} >"$raw/peer_${peer_names[$i]}_$round.json"
+  done
+done
 
 # --- backoff at fleet scale ----------------------------------------------------------------------
 log "fleet backoff: $fleet_clients clients, $runs seeds"
@@ -169,12 +177,16 @@ for item in serve queue; do
 done
 
 # --- simulator -----------------------------------------------------------------------------------
-if [[ -x "$bin/keel_bench_sim" ]]; then
-  log "simulator ($runs runs)"
-  "$bin/keel_bench_sim" --benchmark_repetitions="$runs" --benchmark_min_time="$min_time" \
+sim_bench=""
+for candidate in "$bin"/keel_bench_sim*; do
+  [[ -x "$candidate" ]] && sim_bench=$candidate && break
+done
+if [[ -n "$sim_bench" ]]; then
+  log "simulator: $(basename "$sim_bench") ($runs runs)"
+  "$sim_bench" --benchmark_repetitions="$runs" --benchmark_min_time="$min_time" \
     --benchmark_out="$raw/sim.json" --benchmark_out_format=json >"$raw/sim.log.txt" 2>&1
 else
-  skip sim "not available: keel_bench_sim was not built (bench/sim_bench.cpp)"
+  skip sim "not available: no keel_bench_sim* program was built (bench/sim_bench.cpp)"
 fi
 
 # --- report --------------------------------------------------------------------------------------

@@ -74,18 +74,20 @@ def ratio(keel, peer):
     wall, cpu = one("wall"), one("cpu")
     if wall is None:
         return "n/a", None
-    text = f"{wall:.3g}"
+    text = f"wall {wall:.3g}"
     if cpu is not None:
-        text += f" (cpu {cpu:.3g})"
-    return text, wall
+        text += f", cpu {cpu:.3g}"
+    return text, max(wall, cpu if cpu is not None else wall)
 
 
-def keel_samples(path):
-    """Google Benchmark JSON -> {name: Sample} over the per-repetition entries."""
-    doc = load(path)
+def keel_samples(paths):
+    """Google Benchmark JSON files -> {name: Sample} over their per-repetition entries."""
+    entries = []
+    for path in paths:
+        entries.extend(load(path).get("benchmarks", []))
     runs = {}
     errors = {}
-    for b in doc.get("benchmarks", []):
+    for b in entries:
         if b.get("run_type", "iteration") != "iteration":
             continue
         name = b.get("run_name", b["name"])
@@ -106,6 +108,23 @@ def keel_samples(path):
     }
     items = {name: e["items"] for name, e in runs.items() if e["items"]}
     return samples, items, errors
+
+
+def merge_peer_runs(docs):
+    """One document per round -> the first document with the rounds' samples concatenated."""
+    merged = dict(docs[0])
+    merged["workloads"] = {}
+    for doc in docs:
+        for name, w in doc.get("workloads", {}).items():
+            m = merged["workloads"].setdefault(
+                name, {"ns_per_call": [], "cpu_ns_per_call": [], "allocs": []})
+            m["ns_per_call"] += w.get("ns_per_call", [])
+            m["cpu_ns_per_call"] += w.get("cpu_ns_per_call", [])
+            if w.get("allocs_per_call") is not None:
+                m["allocs"].append(w["allocs_per_call"])
+    for m in merged["workloads"].values():
+        m["allocs_per_call"] = statistics.median(m["allocs"]) if m["allocs"] else None
+    return merged
 
 
 def peer_samples(doc):
@@ -130,14 +149,15 @@ def main():
     args = parser.parse_args()
     raw = args.raw
     machine_path = os.path.join(raw, "machine.json")
-    keel_path = os.path.join(raw, "keel_compare.json")
-    for path in (machine_path, keel_path):
-        if not os.path.exists(path):
-            sys.exit(f"bench_report: {path} is missing (run scripts/bench.sh)")
+    if not os.path.exists(machine_path):
+        sys.exit(f"bench_report: {machine_path} is missing (run scripts/bench.sh)")
+    keel_paths = sorted(glob.glob(os.path.join(raw, "keel_compare_*.json")))
+    if not keel_paths:
+        sys.exit(f"bench_report: no keel_compare_*.json in {raw} (run scripts/bench.sh)")
     machine = load(machine_path)
     mach = f"{machine['nproc']} x {machine['cpu_model']}"
     date = machine["date"][:10]
-    keel, keel_items, keel_errors = keel_samples(keel_path)
+    keel, keel_items, keel_errors = keel_samples(keel_paths)
 
     lines = []
     emit = lines.append
@@ -147,9 +167,12 @@ def main():
          f" on commit {machine['commit']}.")
     emit(f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), kernel {machine['kernel']},"
          f" load average at start {machine['load_average_at_start']}.")
-    emit(f"Every figure is the median of {machine['runs']} runs, [min-max] the spread. Ratio ="
-         " keel / peer: below 1 keel is faster. Wall time is the headline; cpu is process CPU"
-         " time per call (all threads), less disturbed by other load on a shared machine.")
+    emit(f"Every figure is the median of {machine['runs']} runs, [min-max] the spread; keel and"
+         " the peers run in interleaved rounds (keel, then each peer, per round) so that load from"
+         " other work on the machine falls on all of them alike. Ratio = keel / peer: below 1"
+         " keel is faster. Cells give wall time per call; cpu is the process's CPU time per call"
+         " (all threads, so a runtime's GC and helper threads count against it), which is less"
+         " disturbed by other load.")
     emit("")
     emit("## 1. Decision overhead (ns per call)")
     emit("")
@@ -162,9 +185,12 @@ def main():
     emit("| --- | --- | --- | --- | --- | --- |")
 
     peers = {}
-    for path in sorted(glob.glob(os.path.join(raw, "peer_*.json"))):
-        doc = load(path)
-        peers[os.path.basename(path)[5:-5]] = doc
+    by_peer = {}
+    for path in sorted(glob.glob(os.path.join(raw, "peer_*_*.json"))):
+        key = os.path.basename(path)[len("peer_"):].rsplit("_", 1)[0]
+        by_peer.setdefault(key, []).append(load(path))
+    for key, docs in by_peer.items():
+        peers[key] = merge_peer_runs(docs)
     peer_wins = []
 
     def row(workload, keel_name, keel_label, peer_key, peer_workload):
@@ -303,7 +329,7 @@ def main():
     emit("")
     sim_path = os.path.join(raw, "sim.json")
     if os.path.exists(sim_path):
-        samples, items, errors = keel_samples(sim_path)
+        samples, items, errors = keel_samples([sim_path])
         emit("| benchmark | events (items) per second | time per iteration |")
         emit("| --- | --- | --- |")
         for name, s in samples.items():
