@@ -163,10 +163,10 @@ bool parse_int(std::string_view text, long long min, long long& out) {
   return ec == std::errc() && ptr == end && out >= min;
 }
 
-int usage(const char* message, std::string_view value) {
-  std::fprintf(stderr, "keel_bench_fleet: %s: '%.*s'\n", message, static_cast<int>(value.size()),
-               value.data());
-  std::fprintf(stderr, "usage: keel_bench_fleet [--clients N>=1] [--retries N>=1] [--seed N]\n");
+int usage(const std::string& message) {
+  std::fprintf(stderr, "keel_bench_fleet: %s\n", message.c_str());
+  std::fprintf(stderr,
+               "usage: keel_bench_fleet [--clients 1..10000000] [--retries 1..30] [--seed N>=0]\n");
   return 2;
 }
 
@@ -177,22 +177,20 @@ int main(int argc, char** argv) {
   long long retries = 5;
   long long seed = 1;
   for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
+    const std::string flag = argv[i];
     long long* target = flag == "--clients"   ? &clients
                         : flag == "--retries" ? &retries
                         : flag == "--seed"    ? &seed
                                               : nullptr;
-    if (target == nullptr) return usage("unknown flag", flag);
-    if (i + 1 >= argc) return usage("missing value for", flag);
-    const std::string_view value = argv[++i];
+    if (target == nullptr) return usage("unknown flag '" + flag + "'");
+    if (i + 1 >= argc) return usage("missing value for " + flag);
+    const std::string value = argv[++i];
     const long long min = target == &seed ? 0 : 1;
-    if (!parse_int(value, min, *target)) {
-      return usage(target == &seed ? "--seed must be an integer >= 0"
-                                   : "expected an integer >= 1 for this flag",
-                   value);
+    const long long max = target == &clients ? 10'000'000 : target == &retries ? 30 : (1LL << 62);
+    if (!parse_int(value, min, *target) || *target > max) {
+      return usage(flag + " needs an integer in [" + std::to_string(min) + ", " +
+                   std::to_string(max) + "], got '" + value + "'");
     }
-    if (target == &clients && clients > 10'000'000) return usage("--clients too large", value);
-    if (target == &retries && retries > 30) return usage("--retries must be <= 30", value);
   }
 
   const std::vector<Row> rows = {
