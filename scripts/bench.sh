@@ -134,7 +134,7 @@ if command -v go >/dev/null && [[ -d "$gocode/src/github.com/cenkalti/backoff" ]
   log "cenkalti/backoff: building offline against $gocode"
   go_version=$(dpkg-query -W -f='${Version}' golang-github-cenkalti-backoff-dev 2>/dev/null || echo v4)
   (cd "$peers/cenkalti" &&
-    GOPATH=$gocode GO111MODULE=off GOFLAGS= GOCACHE="$out/.gocache" \
+    GOPATH=$gocode GO111MODULE=off GOFLAGS='' GOCACHE="$out/.gocache" \
       go build -ldflags "-X main.version=$go_version" -o "$out/.cenkalti-peer" main.go)
   peer_names+=(cenkalti)
   peer_cmds+=("$out/.cenkalti-peer -iterations $go_iterations -runs 1")

@@ -19,4 +19,10 @@ Runner add_demo_core(CLI::App& app);
 /// Registers `keel serve` (a payments API with idempotency keys; needs keel::store).
 Runner add_serve(CLI::App& app);
 
+/// Registers `keel call` (one HTTP request with retries done right; needs keel::http).
+Runner add_call(CLI::App& app);
+
+/// Registers `keel upstream` (a fault-injecting HTTP server on 127.0.0.1; needs keel::http).
+Runner add_upstream(CLI::App& app);
+
 }  // namespace keel::cli

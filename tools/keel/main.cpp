@@ -24,6 +24,10 @@ int main(int argc, char** argv) {
 #ifdef KEEL_CLI_SERVE
   add(keel::cli::add_serve);
 #endif
+#ifdef KEEL_CLI_HTTP
+  add(keel::cli::add_call);
+  add(keel::cli::add_upstream);
+#endif
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,311 @@
+// `keel call` and `keel upstream` as processes: exit statuses, what they print, and what the
+// upstream saw. The upstream is a keel::http::FaultServer in this process unless the test is
+// about `keel upstream` itself.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "keel/http/fault_server.hpp"
+
+#ifndef KEEL_BINARY
+#error "KEEL_BINARY must name the keel executable"
+#endif
+
+namespace {
+
+using keel::http::Arrival;
+using keel::http::FaultServer;
+
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/keel-e2e.XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  [[nodiscard]] std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct ProcessRun {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs keel with args (no shell), stdout and stderr captured through files.
+ProcessRun keel(const std::vector<std::string>& args) {
+  TempDir dir;
+  const std::string out = dir.file("out");
+  const std::string err = dir.file("err");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(KEEL_BINARY));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(KEEL_BINARY, argv.data());
+    ::_exit(127);
+  }
+  int wstatus = 0;
+  ::waitpid(pid, &wstatus, 0);
+  ProcessRun r;
+  r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+std::string header(const Arrival& a, std::string_view name) {
+  auto v = keel::http::find_header(a.headers, name);
+  return v ? std::string(*v) : std::string();
+}
+
+// Fast retries for the tests.
+std::vector<std::string> call(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"call", "--backoff-base", "1ms", "--backoff-cap", "5ms"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(KeelCall, SuccessPrintsTheBodyAndExitsZero) {
+  FaultServer server({.script = "200/body=hello"});
+  server.start();
+  const ProcessRun r = keel(call({server.url("/x")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "hello\n");
+  ASSERT_EQ(server.arrivals().size(), 1u);
+  EXPECT_EQ(server.arrivals()[0].method, "GET");
+  EXPECT_EQ(header(server.arrivals()[0], "Keel-Attempt"), "1");
+}
+
+TEST(KeelCall, IncludePrintsStatusLineAndHeaders) {
+  FaultServer server({.script = "201"});
+  server.start();
+  const ProcessRun r = keel(call({"-i", server.url("/")}));
+  EXPECT_EQ(r.status, 0);
+  EXPECT_TRUE(r.out.starts_with("HTTP/1.1 201 Created\r\n")) << r.out;
+  EXPECT_NE(r.out.find("Content-Length: 3\r\n"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.out.ends_with("\r\n\r\nok\n")) << r.out;
+}
+
+TEST(KeelCall, PermanentFailureExitsThreeWithTheBodyAndNoRetry) {
+  FaultServer server({.script = "400/body=bad-field,200"});
+  server.start();
+  const ProcessRun r = keel(call({"-X", "POST", "-d", "x", server.url("/")}));
+  EXPECT_EQ(r.status, 3);
+  EXPECT_EQ(r.out, "bad-field\n");
+  EXPECT_EQ(server.arrivals().size(), 1u);
+}
+
+TEST(KeelCall, GivesUpAfterTheLastAttemptWithExitFour) {
+  FaultServer server({.script = "503"});
+  server.start();
+  const ProcessRun r = keel(call({"--max-attempts", "2", server.url("/")}));
+  EXPECT_EQ(r.status, 4);
+  EXPECT_EQ(server.arrivals().size(), 2u);
+  EXPECT_NE(r.err.find("gave up after 2 attempts"), std::string::npos) << r.err;
+}
+
+TEST(KeelCall, RetryAfterPastTheDeadlineExitsFiveWithoutASecondAttempt) {
+  FaultServer server({.script = "503/retry-after=30,200"});
+  server.start();
+  const ProcessRun r = keel(call({"--deadline", "2s", server.url("/")}));
+  EXPECT_EQ(r.status, 5) << r.err;
+  EXPECT_EQ(server.arrivals().size(), 1u);
+  EXPECT_NE(r.err.find("deadline"), std::string::npos) << r.err;
+}
+
+TEST(KeelCall, AmbiguousPostWithoutKeyExitsSixWithoutRetry) {
+  FaultServer server({.script = "drop,200"});
+  server.start();
+  const ProcessRun r = keel(call({"-d", "pay", "--idempotency-key", "off", server.url("/pay")}));
+  EXPECT_EQ(r.status, 6) << r.err;
+  ASSERT_EQ(server.arrivals().size(), 1u);
+  EXPECT_EQ(header(server.arrivals()[0], "Idempotency-Key"), "");
+}
+
+TEST(KeelCall, PostWithAutoKeySendsOneKeyOnEveryAttempt) {
+  FaultServer server({.script = "drop,503,200"});
+  server.start();
+  const ProcessRun r = keel(call({"-d", "pay", server.url("/pay")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 3u);
+  const std::string key = header(arrivals[0], "Idempotency-Key");
+  EXPECT_EQ(key.size(), 36u);
+  for (std::size_t i = 0; i < arrivals.size(); ++i) {
+    EXPECT_EQ(header(arrivals[i], "Idempotency-Key"), key);
+    EXPECT_EQ(header(arrivals[i], "Keel-Attempt"), std::to_string(i + 1));
+  }
+}
+
+TEST(KeelCall, CallerKeyAndHeadersAndDataFromAFile) {
+  TempDir dir;
+  const std::string body_file = dir.file("body.json");
+  std::ofstream(body_file) << R"({"amount": 5})";
+  FaultServer server({.script = "200"});
+  server.start();
+  const ProcessRun r = keel(
+      call({"-X", "PATCH", "-d", "@" + body_file, "-H", "X-Trace: t1", "-H",
+            "Content-Type: application/json", "--idempotency-key", "job-7", server.url("/acct")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 1u);
+  const Arrival& a = arrivals[0];
+  EXPECT_EQ(a.method, "PATCH");
+  EXPECT_EQ(a.body, R"({"amount": 5})");
+  EXPECT_EQ(header(a, "X-Trace"), "t1");
+  EXPECT_EQ(header(a, "Content-Type"), "application/json");
+  EXPECT_EQ(header(a, "Idempotency-Key"), "job-7");
+}
+
+TEST(KeelCall, VerbosePrintsOneLinePerAttempt) {
+  FaultServer server({.script = "503,429/retry-after=0,200"});
+  server.start();
+  const ProcessRun r = keel(call({"-v", server.url("/")}));
+  EXPECT_EQ(r.status, 0);
+  for (int n = 1; n <= 3; ++n) {
+    EXPECT_NE(r.err.find("attempt " + std::to_string(n) + ": GET"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(r.err.find("attempt 4"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stop: success"), std::string::npos) << r.err;
+}
+
+TEST(KeelCall, OutputWritesTheBodyToAFile) {
+  TempDir dir;
+  FaultServer server({.script = "200/body=saved"});
+  server.start();
+  const std::string file = dir.file("resp.txt");
+  const ProcessRun r = keel(call({"-o", file, server.url("/")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(slurp(file), "saved\n");
+}
+
+TEST(KeelCall, ConnectionRefusedIsRetriedAndExitsFour) {
+  FaultServer server;
+  server.start();
+  const std::string url = server.url("/");
+  server.stop();  // nothing listens on the port any more
+  const ProcessRun r = keel(call({"-d", "x", "--idempotency-key", "off", url}));
+  EXPECT_EQ(r.status, 4) << r.err;
+  EXPECT_NE(r.err.find("gave up after 3 attempts"), std::string::npos) << r.err;
+}
+
+TEST(KeelCall, BadArgumentsExitTwoNamingTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string flag;
+  };
+  const std::string url = "http://127.0.0.1:9/";
+  const std::vector<Case> cases = {
+      {{"call", "--deadline", "5x", url}, "--deadline"},
+      {{"call", "--per-try-timeout", "fast", url}, "--per-try-timeout"},
+      {{"call", "--connect-timeout", "-1s", url}, "--connect-timeout"},
+      {{"call", "--backoff-base", "0s", url}, "--backoff-base"},
+      {{"call", "--backoff-base", "1s", "--backoff-cap", "10ms", url}, "--backoff-cap"},
+      {{"call", "--retry-after-cap", "1y", url}, "--retry-after-cap"},
+      {{"call", "--jitter", "wild", url}, "--jitter"},
+      {{"call", "--max-attempts", "0", url}, "--max-attempts"},
+      {{"call", "--max-attempts", "many", url}, "--max-attempts"},
+      {{"call", "-H", "no-colon-here", url}, "--header"},
+      {{"call", "-d", "@/nonexistent/keel-e2e-body", url}, "--data"},
+      {{"call", "--idempotency-key", "", url}, "--idempotency-key"},
+      {{"call", "-X", "GE T", url}, "--request"},
+      {{"call", "ftp://127.0.0.1/"}, "URL"},
+      {{"call"}, "URL"},
+      {{"call", "--no-such-flag", url}, "--no-such-flag"},
+  };
+  for (const Case& c : cases) {
+    const ProcessRun r = keel(c.args);
+    EXPECT_EQ(r.status, 2) << c.flag << ": " << r.err;
+    EXPECT_NE(r.err.find(c.flag), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "") << c.flag;
+  }
+}
+
+TEST(KeelCall, HelpDocumentsTheExitStatuses) {
+  const ProcessRun r = keel({"call", "--help"});
+  EXPECT_EQ(r.status, 0);
+  for (const char* text : {"Exit status", "--max-attempts", "--idempotency-key", "--jitter",
+                           "  5  gave up because", "  6  not retried"}) {
+    EXPECT_NE(r.out.find(text), std::string::npos) << text;
+  }
+}
+
+// `keel upstream` as a process: read its port from stdout, call it, read its log, stop it.
+TEST(KeelUpstream, ServesTheScriptAndReportsWhatItSaw) {
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    ::dup2(pipe_fds[1], 1);
+    ::close(pipe_fds[0]);
+    ::execl(KEEL_BINARY, KEEL_BINARY, "upstream", "--script", "503*2,200/body=up", "--for", "50s",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(pipe_fds[1]);
+  std::string line;
+  char c;
+  while (::read(pipe_fds[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  ::close(pipe_fds[0]);
+  const std::string marker = "http://127.0.0.1:";
+  const auto at = line.find(marker);
+  ASSERT_NE(at, std::string::npos) << line;
+  const std::string port = line.substr(at + marker.size(), line.find(' ', at) - at - marker.size());
+  const std::string base = "http://127.0.0.1:" + port;
+
+  const ProcessRun r = keel(call({"-d", "x", base + "/pay"}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "up\n");
+  const ProcessRun log = keel({"call", base + "/_keel/log"});
+  EXPECT_EQ(log.status, 0);
+  EXPECT_NE(log.out.find("\"keel_attempt\":3"), std::string::npos) << log.out;
+  EXPECT_EQ(log.out.find("\"keel_attempt\":4"), std::string::npos) << log.out;
+
+  ::kill(pid, SIGTERM);
+  int wstatus = 0;
+  ::waitpid(pid, &wstatus, 0);
+  EXPECT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+}
+
+TEST(KeelUpstream, InvalidScriptExitsTwoNamingTheFlag) {
+  const ProcessRun r = keel({"upstream", "--script", "503/retry-after=soon"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--script"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("retry-after"), std::string::npos) << r.err;
+}
+
+}  // namespace
