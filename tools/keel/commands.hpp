@@ -25,4 +25,9 @@ Runner add_call(CLI::App& app);
 /// Registers `keel upstream` (a fault-injecting HTTP server on 127.0.0.1; needs keel::http).
 Runner add_upstream(CLI::App& app);
 
+/// Registers `keel sim` (the retry-storm simulator: scenarios, run, serve; needs keel::sim).
+Runner add_sim(CLI::App& app);
+/// Registers `keel sim serve` under the `sim` subcommand (the storm explorer page).
+Runner add_sim_serve(CLI::App& sim);
+
 }  // namespace keel::cli

@@ -21,6 +21,9 @@ int main(int argc, char** argv) {
     runners.emplace_back(app.get_subcommands({})[before], std::move(runner));
   };
   add(keel::cli::add_demo_core);
+#ifdef KEEL_CLI_SIM
+  add(keel::cli::add_sim);
+#endif
 #ifdef KEEL_CLI_SERVE
   add(keel::cli::add_serve);
 #endif

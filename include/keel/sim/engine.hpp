@@ -1,0 +1,196 @@
+// keel::sim: a discrete-event simulator of clients retrying against a dependency, in virtual time.
+//
+// The clients are driven by keel::core's own policy objects: every logical operation owns a
+// keel::RetryState built from a keel::RetryPolicy (attempts, per-attempt timeout, keel::Backoff
+// with its jitter kind), with a keel::ManualClock as its clock and a seeded keel::Rng for jitter.
+// The simulator never computes a delay or a retry decision itself: what it shows is what the
+// production retry engine does.
+//
+// Model: clients (open-loop arrivals at a rate, or a fixed population that all start at t=0) call
+// a dependency made of `capacity * service_time` servers and a bounded FIFO queue. An attempt
+// that finds the queue full is shed at once; one that waits past the client's per-attempt timeout
+// is abandoned by the client but still served (the wasted work behind metastable failures). The
+// dependency's failure model varies over time: a failure fraction, a capacity drop for a window,
+// a full outage for a window. Calls may go through several layers, each retrying with the same
+// policy (retry amplification multiplies across layers).
+//
+// Output: one Slice of counters per `slice` of virtual time, and a Summary.
+//
+// Thread-safety: run() is a pure function of its inputs (and the seed); concurrent calls with
+// different inputs are safe. A Scenario or ClientPolicy may be shared between concurrent runs.
+//
+// Example:
+//   keel::sim::Scenario s;
+//   s.clients.arrivals_per_s = 10'000;
+//   s.dependency.capacity_per_s = 12'000;
+//   s.dependency.failure_fraction = 0.5;
+//   keel::sim::ClientPolicy naive{.name = "naive", .retry = {.max_attempts = 4}};
+//   auto result = keel::sim::run(s, naive, /*seed=*/1);
+//   result.summary.offered_per_s;   // about 18,750
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keel/clock.hpp"
+#include "keel/retry.hpp"
+
+namespace keel::sim {
+
+/// [start, end) in virtual time from the start of the run. Empty (start == end) by default.
+struct Window {
+  Duration start{};
+  Duration end{};
+  [[nodiscard]] constexpr bool empty() const noexcept { return end <= start; }
+  [[nodiscard]] constexpr bool contains(Duration t) const noexcept { return t >= start && t < end; }
+};
+
+/// The called service.
+struct DependencyConfig {
+  /// Requests per second it can serve. Requires: > 0. Default 1,000.
+  double capacity_per_s = 1000;
+  /// Time one request occupies a server. Requires: > 0. Default 10 ms.
+  Duration service_time = std::chrono::milliseconds(10);
+  /// Requests that may wait for a server; beyond it they are shed at once. Requires: >= 0.
+  /// Default 1,000.
+  std::int64_t queue_limit = 1000;
+  /// Fraction of requests that fail. Requires: in [0, 1]. Default 0.
+  double failure_fraction = 0;
+  /// When the failure fraction applies. Default: empty, meaning the whole run.
+  Window failure_window{};
+  /// Failing requests are refused at once without using capacity (true), or cost a full service
+  /// time like any other request (false: retries then eat capacity). Default false.
+  bool failures_are_free = false;
+  /// The failure fraction grows with overload: a request that arrives while the dependency is
+  /// saturated (every server busy) fails with probability failure_fraction + overload_failure.
+  /// Requires: in [0, 1]. Default 0.
+  double overload_failure = 0;
+  /// A window during which capacity is multiplied by capacity_drop_factor. Default none.
+  Window capacity_drop{};
+  /// Requires: in [0, 1]. Default 1.
+  double capacity_drop_factor = 1.0;
+  /// A window during which every request is refused at once. Default none.
+  Window outage{};
+  /// When >= 0, requests shed because the queue is full carry this Retry-After. Default none.
+  Duration shed_retry_after = Outcome::kNoServerDelay;
+};
+
+/// Who calls.
+struct ClientConfig {
+  /// Open loop: new operations per second (Poisson arrivals), used when population == 0.
+  /// Requires: > 0 when population == 0. Default 1,000.
+  double arrivals_per_s = 1000;
+  /// Fixed population: this many clients each start one operation at t = 0. Requires: >= 0.
+  /// Default 0 (open loop).
+  std::int64_t population = 0;
+  /// Independent client processes; operations are spread over them round-robin, and each has
+  /// its own budget and breaker. Requires: >= 1. Default 1.
+  int processes = 1;
+  /// Layers of services between the client and the dependency, each retrying with the same
+  /// policy (1: the client calls the dependency directly). Requires: in [1, 8]. Default 1.
+  int layers = 1;
+};
+
+/// Per-process state a policy may attach to each call (budget, breaker): built once per client
+/// process by ClientPolicy::make_call_context, and asked to fill the CallOptions of each
+/// operation. Not thread-safe: one per process of one run.
+class CallContext {
+ public:
+  virtual ~CallContext() = default;
+  /// Adds this process's shared objects (a budget, a breaker) to an operation's options.
+  virtual void apply(CallOptions& call, int layer) = 0;
+  /// 0 closed, 1 open, 2 half-open; -1 when the context has no breaker.
+  [[nodiscard]] virtual int breaker_state() const { return -1; }
+};
+
+/// How each client retries: a name and core's RetryOptions (its on_retry and on_give_up hooks are
+/// called as in production, in virtual time), plus optional per-process state (budgets and
+/// breakers from keel::core).
+struct ClientPolicy {
+  std::string name;
+  RetryOptions retry{};
+  /// Builds the per-process context; empty for none. Called with the run's clock.
+  std::function<std::unique_ptr<CallContext>(Clock& clock)> make_call_context;
+  /// keel's one-retrying-layer rule: operations of lower layers start inside their top-level
+  /// operation's keel::RetryContext and so make a single attempt (CallOptions::nested
+  /// kSingleAttempt). When false, every layer retries as configured (NestedRetries::kRetry) and
+  /// the layers multiply. Default false.
+  bool one_retrying_layer = false;
+};
+
+struct Scenario {
+  std::string name = "custom";
+  DependencyConfig dependency{};
+  ClientConfig clients{};
+  /// Virtual time simulated. Requires: > 0. Default 60 s.
+  Duration duration = std::chrono::seconds(60);
+  /// Width of one time-series slice. Requires: > 0 and <= duration. Default 1 s.
+  Duration slice = std::chrono::seconds(1);
+  /// The part of the run averaged for offered_per_s. Default empty: the whole run.
+  Window steady{};
+  /// When the trigger (outage, capacity drop) ends; recovery is measured from here. Default 0.
+  Duration trigger_end{};
+  /// A slice is healthy when at least this fraction of the attempts that ended in it succeeded
+  /// (a slice where none ended is healthy). Requires: in (0, 1]. Default 0.9.
+  double healthy_ratio = 0.9;
+};
+
+/// Counters for one slice of virtual time. "Attempts" are calls that reach the dependency.
+struct Slice {
+  std::int64_t offered = 0;          // attempts sent to the dependency
+  std::int64_t first_attempts = 0;   // operations started by the top-level clients
+  std::int64_t retries = 0;          // attempts at the dependency that were not a first attempt
+  std::int64_t successes = 0;        // attempts that succeeded (as the client saw them)
+  std::int64_t failures = 0;         // attempts that failed (refused, failed, shed, timed out)
+  std::int64_t timeouts = 0;         // of the failures, attempts abandoned at their timeout
+  std::int64_t shed = 0;             // of the failures, attempts refused because the queue was full
+  std::int64_t wasted = 0;           // requests served after their client had given up on them
+  std::int64_t ops_succeeded = 0;    // top-level operations that ended in success
+  std::int64_t ops_failed = 0;       // top-level operations that gave up
+  std::int64_t queue_max = 0;        // longest queue seen in the slice
+  std::int64_t breakers_closed = 0;  // client processes whose breaker was closed at slice end
+  std::int64_t breakers_open = 0;
+  std::int64_t breakers_half_open = 0;
+};
+
+struct Summary {
+  std::int64_t first_attempts = 0;  // top-level operations started
+  std::int64_t total_calls = 0;     // attempts that reached the dependency (the bottom layer)
+  std::int64_t layer_calls = 0;     // attempts at every layer, bottom included
+  double amplification = 0;         // total_calls / first_attempts
+  double offered_per_s = 0;         // mean attempts per second over the steady window
+  std::int64_t peak_per_slice = 0;
+  std::int64_t peak_retries_per_slice = 0;
+  Duration peak_slice_start{};  // start of the slice with the most attempts
+  std::int64_t ops_succeeded = 0;
+  std::int64_t ops_failed = 0;
+  std::int64_t wasted = 0;
+  bool recovered = false;               // every slice from some point after trigger_end was healthy
+  std::optional<Duration> recovery;     // from trigger_end to the first slice of that healthy run
+  std::optional<Duration> p50_latency;  // of successful top-level operations
+  std::optional<Duration> p99_latency;
+  std::int64_t events = 0;  // events processed (for benchmarks)
+};
+
+struct Result {
+  std::vector<Slice> slices;
+  Summary summary;
+};
+
+/// The seed of a run's jitter generator (the keel::Rng handed to every RetryState through
+/// CallOptions::rng) for run seed `seed`: replaying it through keel::retry gives the same delays.
+[[nodiscard]] std::uint64_t jitter_seed(std::uint64_t seed) noexcept;
+
+/// Throws std::invalid_argument naming the field and value when a Requires line is broken.
+void validate(const Scenario& scenario);
+
+/// Runs the scenario with every client following `policy`. Deterministic for a given seed.
+/// Throws std::invalid_argument for an invalid scenario or policy (see validate()).
+[[nodiscard]] Result run(const Scenario& scenario, const ClientPolicy& policy, std::uint64_t seed);
+
+}  // namespace keel::sim

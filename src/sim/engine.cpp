@@ -1,0 +1,530 @@
+#include "keel/sim/engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <optional>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "keel/duration.hpp"
+#include "keel/random.hpp"
+
+namespace keel::sim {
+
+namespace {
+
+[[noreturn]] void reject(const std::string& field, const std::string& requirement,
+                         const std::string& got) {
+  throw std::invalid_argument("keel::sim: " + field + " must be " + requirement + " (got " + got +
+                              ")");
+}
+
+std::string num(double v) {
+  std::string s = std::to_string(v);
+  while (s.size() > 1 && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+enum class EventType : std::uint8_t {
+  kArrival,       // a new top-level operation (open loop)
+  kAttempt,       // an operation starts its next attempt
+  kServiceDone,   // a server finishes a request
+  kTimeout,       // an attempt reaches its per-attempt timeout
+  kCapacityEdge,  // capacity changes (drop window start or end): serve the queue
+};
+
+struct Event {
+  std::int64_t at;      // ns since the start of the run
+  std::uint64_t order;  // ties broken by scheduling order: the run is deterministic
+  std::uint32_t op;
+  std::uint32_t attempt_id;
+  EventType type;
+  bool fails;  // kServiceDone: the request fails
+};
+
+struct Later {
+  bool operator()(const Event& a, const Event& b) const noexcept {
+    return a.at != b.at ? a.at > b.at : a.order > b.order;
+  }
+};
+
+struct Request {
+  std::uint32_t op;
+  std::uint32_t attempt_id;
+};
+
+constexpr std::uint32_t kNone = 0xffffffffu;
+
+struct Op {
+  std::optional<RetryState> state;
+  RetryContext context;  // entered while a top-level operation runs (one retrying layer)
+  std::int64_t started = 0;
+  std::uint32_t parent = kNone;
+  std::uint32_t root = kNone;        // the top-level operation of the chain
+  std::uint32_t parent_attempt = 0;  // the parent's attempt this operation serves
+  std::uint32_t attempt_id = 0;      // current attempt (unique over the run)
+  std::int32_t process = 0;
+  std::uint8_t layer = 0;
+  bool waiting = false;     // an attempt is outstanding
+  bool first_chain = true;  // this operation and its ancestors are on their first attempt
+};
+
+class Engine {
+ public:
+  Engine(const Scenario& s, const ClientPolicy& p, std::uint64_t seed)
+      : s_(s),
+        policy_(p.retry),
+        arrival_rng_(seed * 0x9e3779b97f4a7c15ULL + 1),
+        dependency_rng_(seed * 0xbf58476d1ce4e5b9ULL + 2),
+        jitter_rng_(jitter_seed(seed)),
+        base_(clock_.now()),
+        duration_ns_(s.duration.count()),
+        slice_ns_(s.slice.count()),
+        bottom_(static_cast<std::uint8_t>(s.clients.layers - 1)) {
+    const auto slices = static_cast<std::size_t>((duration_ns_ + slice_ns_ - 1) / slice_ns_);
+    slices_.resize(slices);
+    servers_ = std::max<std::int64_t>(
+        1, std::llround(s.dependency.capacity_per_s *
+                        std::chrono::duration<double>(s.dependency.service_time).count()));
+    processes_.resize(static_cast<std::size_t>(s.clients.processes));
+    if (p.make_call_context) {
+      for (auto& ctx : processes_) ctx = p.make_call_context(clock_);
+    }
+    one_retrying_layer_ = p.one_retrying_layer;
+  }
+
+  Result run() {
+    if (s_.clients.population > 0) {
+      for (std::int64_t i = 0; i < s_.clients.population; ++i) start_top_level(0);
+    } else {
+      schedule(next_interarrival(), EventType::kArrival, kNone, 0);
+    }
+    const auto& dep = s_.dependency;
+    if (!dep.capacity_drop.empty()) {
+      schedule(dep.capacity_drop.start.count(), EventType::kCapacityEdge, kNone, 0);
+      schedule(dep.capacity_drop.end.count(), EventType::kCapacityEdge, kNone, 0);
+    }
+    std::int64_t events = 0;
+    std::size_t sampled_slice = 0;
+    while (!queue_.empty()) {
+      const Event ev = queue_.top();
+      if (ev.at >= duration_ns_) break;
+      queue_.pop();
+      ++events;
+      advance_to(ev.at);
+      const auto slice = static_cast<std::size_t>(ev.at / slice_ns_);
+      while (sampled_slice < slice) sample_breakers(sampled_slice++);
+      switch (ev.type) {
+        case EventType::kArrival:
+          start_top_level(ev.at);
+          schedule(ev.at + next_interarrival(), EventType::kArrival, kNone, 0);
+          break;
+        case EventType::kAttempt:
+          if (ops_[ev.op].attempt_id == ev.attempt_id) begin_attempt(ev.op);
+          break;
+        case EventType::kServiceDone:
+          service_done(ev);
+          break;
+        case EventType::kTimeout: {
+          Op& op = ops_[ev.op];
+          if (op.waiting && op.attempt_id == ev.attempt_id) {
+            Outcome o = Outcome::transient();
+            o.timed_out = true;
+            ++slice_at(ev.at).timeouts;
+            deliver(ev.op, o);
+          }
+          break;
+        }
+        case EventType::kCapacityEdge:
+          serve_queue(ev.at);
+          break;
+      }
+    }
+    while (sampled_slice < slices_.size()) sample_breakers(sampled_slice++);
+    return summarize(events);
+  }
+
+ private:
+  // --- time and events -------------------------------------------------------------------
+
+  void advance_to(std::int64_t at) {
+    const std::int64_t now = (clock_.now() - base_).count();
+    if (at > now) clock_.advance(Duration(at - now));
+  }
+  [[nodiscard]] std::int64_t now() const { return (clock_.now() - base_).count(); }
+
+  void schedule(std::int64_t at, EventType type, std::uint32_t op, std::uint32_t attempt_id,
+                bool fails = false) {
+    queue_.push(Event{at, order_++, op, attempt_id, type, fails});
+  }
+
+  std::int64_t next_interarrival() {
+    const double u = uniform01(arrival_rng_);
+    const double seconds = -std::log1p(-u) / s_.clients.arrivals_per_s;
+    return std::max<std::int64_t>(1, std::llround(seconds * 1e9));
+  }
+
+  Slice& slice_at(std::int64_t at) {
+    auto i = static_cast<std::size_t>(at / slice_ns_);
+    if (i >= slices_.size()) i = slices_.size() - 1;
+    return slices_[i];
+  }
+
+  void sample_breakers(std::size_t index) {
+    if (index >= slices_.size()) return;
+    Slice& sl = slices_[index];
+    for (const auto& ctx : processes_) {
+      const int state = ctx ? ctx->breaker_state() : -1;
+      if (state == 0) ++sl.breakers_closed;
+      if (state == 1) ++sl.breakers_open;
+      if (state == 2) ++sl.breakers_half_open;
+    }
+  }
+
+  // --- operations ------------------------------------------------------------------------
+
+  std::uint32_t new_op(std::uint8_t layer, std::int32_t process, std::uint32_t parent) {
+    std::uint32_t index = 0;
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else {
+      index = static_cast<std::uint32_t>(ops_.size());
+      ops_.emplace_back();
+    }
+    Op& op = ops_[index];
+    op.started = now();
+    op.layer = layer;
+    op.process = process;
+    op.parent = parent;
+    op.root = parent == kNone ? index : ops_[parent].root;
+    op.first_chain = parent == kNone || (ops_[parent].first_chain && ops_[parent].state &&
+                                         ops_[parent].state->attempts() <= 1);
+    op.waiting = false;
+    op.attempt_id = ++attempt_counter_;  // also invalidates events of the slot's previous user
+    CallOptions call;
+    call.clock = &clock_;
+    call.rng = &jitter_rng_;
+    call.safe_to_repeat = true;
+    if (one_retrying_layer_) {
+      call.nested = NestedRetries::kSingleAttempt;
+      call.context = &ops_[op.root].context;
+    } else {
+      call.nested = NestedRetries::kRetry;
+    }
+    if (auto& ctx = processes_[static_cast<std::size_t>(process)]) ctx->apply(call, layer);
+    op.state.emplace(policy_, call);
+    if (one_retrying_layer_ && parent == kNone) op.context.enter();
+    return index;
+  }
+
+  void start_top_level(std::int64_t at) {
+    const auto process = static_cast<std::int32_t>(next_process_++ % processes_.size());
+    const std::uint32_t index = new_op(0, process, kNone);
+    ++slice_at(at).first_attempts;
+    ++first_attempts_;
+    begin_attempt(index);
+  }
+
+  void begin_attempt(std::uint32_t index) {
+    Op* op = &ops_[index];
+    const AttemptStart start = op->state->start_attempt();
+    if (!start.proceed) {
+      finish(index);
+      return;
+    }
+    const std::uint32_t attempt_id = ++attempt_counter_;
+    op->attempt_id = attempt_id;
+    op->waiting = true;
+    ++layer_calls_;
+    const std::int64_t t = now();
+    if (start.attempt.timeout < kInfinite) {
+      schedule(t + start.attempt.timeout.count(), EventType::kTimeout, index, attempt_id);
+    }
+    if (op->layer < bottom_) {
+      const std::uint8_t child_layer = static_cast<std::uint8_t>(op->layer + 1);
+      const std::int32_t process = op->process;
+      const std::uint32_t child = new_op(child_layer, process, index);
+      ops_[child].parent_attempt = attempt_id;
+      begin_attempt(child);
+      return;
+    }
+    Slice& sl = slice_at(t);
+    ++sl.offered;
+    ++total_calls_;
+    // At a lower layer, a first attempt caused by an upper layer's retry is a retry too.
+    if (start.attempt.is_retry() || !op->first_chain) ++sl.retries;
+    arrive(index, attempt_id, t);
+  }
+
+  void deliver(std::uint32_t index, const Outcome& outcome) {
+    Op& op = ops_[index];
+    op.waiting = false;
+    if (op.layer == bottom_) {
+      Slice& sl = slice_at(now());
+      if (outcome.kind == OutcomeKind::kSuccess) {
+        ++sl.successes;
+      } else {
+        ++sl.failures;
+      }
+    }
+    const Decision d = op.state->next(outcome);
+    if (d.retry) {
+      op.attempt_id = ++attempt_counter_;
+      schedule(now() + d.delay.count(), EventType::kAttempt, index, op.attempt_id);
+      return;
+    }
+    finish(index);
+  }
+
+  void finish(std::uint32_t index) {
+    Op& op = ops_[index];
+    const bool ok = op.state->stop_reason() == StopReason::kSuccess;
+    const std::uint32_t parent = op.parent;
+    const std::uint32_t parent_attempt = op.parent_attempt;
+    if (op.layer == 0) {
+      Slice& sl = slice_at(now());
+      if (ok) {
+        ++sl.ops_succeeded;
+        latencies_.push_back(now() - op.started);
+      } else {
+        ++sl.ops_failed;
+      }
+    }
+    if (one_retrying_layer_ && parent == kNone) op.context.leave();
+    op.state.reset();
+    op.attempt_id = ++attempt_counter_;
+    free_.push_back(index);
+    if (parent != kNone) {
+      Op& p = ops_[parent];
+      if (p.waiting && p.attempt_id == parent_attempt) {
+        deliver(parent, ok ? Outcome::success() : Outcome::transient());
+      }
+    }
+  }
+
+  // --- the dependency --------------------------------------------------------------------
+
+  std::int64_t server_limit(std::int64_t t) const {
+    const auto& dep = s_.dependency;
+    if (dep.capacity_drop.contains(Duration(t))) {
+      return std::llround(static_cast<double>(servers_) * dep.capacity_drop_factor);
+    }
+    return servers_;
+  }
+
+  bool draw_failure(std::int64_t t) {
+    const auto& dep = s_.dependency;
+    double p = 0;
+    if (dep.failure_window.empty() || dep.failure_window.contains(Duration(t))) {
+      p = dep.failure_fraction;
+    }
+    if (dep.overload_failure > 0 && busy_ >= server_limit(t)) p += dep.overload_failure;
+    if (p <= 0) return false;
+    return uniform01(dependency_rng_) < p;
+  }
+
+  void arrive(std::uint32_t index, std::uint32_t attempt_id, std::int64_t t) {
+    const auto& dep = s_.dependency;
+    if (dep.outage.contains(Duration(t))) {
+      deliver(index, Outcome::transient());
+      return;
+    }
+    const bool fails = draw_failure(t);
+    if (fails && dep.failures_are_free) {
+      deliver(index, Outcome::transient());
+      return;
+    }
+    if (busy_ < server_limit(t)) {
+      ++busy_;
+      schedule(t + dep.service_time.count(), EventType::kServiceDone, index, attempt_id, fails);
+      return;
+    }
+    if (static_cast<std::int64_t>(waiting_.size()) < dep.queue_limit) {
+      waiting_.push_back(Pending{Request{index, attempt_id}, fails});
+      Slice& sl = slice_at(t);
+      sl.queue_max = std::max(sl.queue_max, static_cast<std::int64_t>(waiting_.size()));
+      return;
+    }
+    ++slice_at(t).shed;
+    deliver(index, dep.shed_retry_after >= Duration::zero()
+                       ? Outcome::throttled(dep.shed_retry_after)
+                       : Outcome::throttled());
+  }
+
+  void service_done(const Event& ev) {
+    --busy_;
+    Op& op = ops_[ev.op];
+    if (op.waiting && op.attempt_id == ev.attempt_id) {
+      deliver(ev.op, ev.fails ? Outcome::transient() : Outcome::success());
+    } else {
+      ++slice_at(ev.at).wasted;
+      ++wasted_;
+    }
+    serve_queue(ev.at);
+  }
+
+  void serve_queue(std::int64_t t) {
+    const std::int64_t limit = server_limit(t);
+    while (busy_ < limit && !waiting_.empty()) {
+      const Pending p = waiting_.front();
+      waiting_.pop_front();
+      ++busy_;
+      schedule(t + s_.dependency.service_time.count(), EventType::kServiceDone, p.request.op,
+               p.request.attempt_id, p.fails);
+    }
+  }
+
+  // --- summary ---------------------------------------------------------------------------
+
+  bool healthy(const Slice& sl) const {
+    const std::int64_t ended = sl.successes + sl.failures;
+    if (ended == 0) return true;
+    return static_cast<double>(sl.successes) >= s_.healthy_ratio * static_cast<double>(ended);
+  }
+
+  Result summarize(std::int64_t events) {
+    Result r;
+    Summary& m = r.summary;
+    m.events = events;
+    m.first_attempts = first_attempts_;
+    m.total_calls = total_calls_;
+    m.layer_calls = layer_calls_;
+    m.amplification = first_attempts_ > 0
+                          ? static_cast<double>(total_calls_) / static_cast<double>(first_attempts_)
+                          : 0.0;
+    m.wasted = wasted_;
+    const Window steady = s_.steady.empty() ? Window{Duration::zero(), s_.duration} : s_.steady;
+    std::int64_t steady_calls = 0;
+    for (std::size_t i = 0; i < slices_.size(); ++i) {
+      const Slice& sl = slices_[i];
+      const Duration start(static_cast<std::int64_t>(i) * slice_ns_);
+      if (steady.contains(start)) steady_calls += sl.offered;
+      if (sl.offered > m.peak_per_slice) {
+        m.peak_per_slice = sl.offered;
+        m.peak_slice_start = start;
+      }
+      m.peak_retries_per_slice = std::max(m.peak_retries_per_slice, sl.retries);
+      m.ops_succeeded += sl.ops_succeeded;
+      m.ops_failed += sl.ops_failed;
+    }
+    const double steady_s = std::chrono::duration<double>(steady.end - steady.start).count();
+    m.offered_per_s = steady_s > 0 ? static_cast<double>(steady_calls) / steady_s : 0.0;
+
+    // Recovery: the first slice at or after trigger_end from which every slice is healthy.
+    const auto first = static_cast<std::size_t>(s_.trigger_end.count() / slice_ns_);
+    std::optional<std::size_t> healthy_from;
+    for (std::size_t i = slices_.size(); i-- > first;) {
+      if (!healthy(slices_[i])) break;
+      healthy_from = i;
+    }
+    if (healthy_from) {
+      m.recovered = true;
+      const Duration at(static_cast<std::int64_t>(*healthy_from) * slice_ns_);
+      m.recovery = at > s_.trigger_end ? at - s_.trigger_end : Duration::zero();
+    }
+    if (!latencies_.empty()) {
+      auto pick = [&](double q) {
+        const auto k = static_cast<std::size_t>(q * static_cast<double>(latencies_.size() - 1));
+        std::nth_element(latencies_.begin(), latencies_.begin() + static_cast<std::ptrdiff_t>(k),
+                         latencies_.end());
+        return Duration(latencies_[k]);
+      };
+      m.p50_latency = pick(0.50);
+      m.p99_latency = pick(0.99);
+    }
+    r.slices = std::move(slices_);
+    return r;
+  }
+
+  struct Pending {
+    Request request;
+    bool fails;
+  };
+
+  const Scenario& s_;
+  RetryPolicy policy_;
+  bool one_retrying_layer_ = false;
+  ManualClock clock_;
+  Rng arrival_rng_;
+  Rng dependency_rng_;
+  Rng jitter_rng_;
+  TimePoint base_;
+  std::int64_t duration_ns_;
+  std::int64_t slice_ns_;
+  std::uint8_t bottom_;
+  std::int64_t servers_ = 1;
+  std::int64_t busy_ = 0;
+  std::deque<Pending> waiting_;
+  std::priority_queue<Event, std::vector<Event>, Later> queue_;
+  std::uint64_t order_ = 0;
+  std::deque<Op> ops_;  // a deque: references stay valid while operations are added
+  std::vector<std::uint32_t> free_;
+  std::vector<std::unique_ptr<CallContext>> processes_;
+  std::size_t next_process_ = 0;
+  std::uint32_t attempt_counter_ = 0;
+  std::vector<Slice> slices_;
+  std::vector<std::int64_t> latencies_;
+  std::int64_t first_attempts_ = 0;
+  std::int64_t total_calls_ = 0;
+  std::int64_t layer_calls_ = 0;
+  std::int64_t wasted_ = 0;
+};
+
+}  // namespace
+
+std::uint64_t jitter_seed(std::uint64_t seed) noexcept { return seed * 0x94d049bb133111ebULL + 3; }
+
+void validate(const Scenario& s) {
+  const auto& d = s.dependency;
+  const auto& c = s.clients;
+  if (!(d.capacity_per_s > 0) || !std::isfinite(d.capacity_per_s)) {
+    reject("dependency.capacity_per_s", "> 0", num(d.capacity_per_s));
+  }
+  if (d.service_time <= Duration::zero()) {
+    reject("dependency.service_time", "> 0", format_duration(d.service_time));
+  }
+  if (d.queue_limit < 0) reject("dependency.queue_limit", ">= 0", std::to_string(d.queue_limit));
+  if (!(d.failure_fraction >= 0 && d.failure_fraction <= 1)) {
+    reject("dependency.failure_fraction", "in [0, 1]", num(d.failure_fraction));
+  }
+  if (!(d.overload_failure >= 0 && d.overload_failure <= 1)) {
+    reject("dependency.overload_failure", "in [0, 1]", num(d.overload_failure));
+  }
+  if (!(d.capacity_drop_factor >= 0 && d.capacity_drop_factor <= 1)) {
+    reject("dependency.capacity_drop_factor", "in [0, 1]", num(d.capacity_drop_factor));
+  }
+  if (c.population < 0) reject("clients.population", ">= 0", std::to_string(c.population));
+  if (c.population == 0 && (!(c.arrivals_per_s > 0) || !std::isfinite(c.arrivals_per_s))) {
+    reject("clients.arrivals_per_s", "> 0 for open-loop clients", num(c.arrivals_per_s));
+  }
+  if (c.processes < 1) reject("clients.processes", ">= 1", std::to_string(c.processes));
+  if (c.layers < 1 || c.layers > 8) reject("clients.layers", "in [1, 8]", std::to_string(c.layers));
+  if (s.duration <= Duration::zero()) reject("duration", "> 0", format_duration(s.duration));
+  if (s.slice <= Duration::zero() || s.slice > s.duration) {
+    reject("slice", "> 0 and <= duration", format_duration(s.slice));
+  }
+  if (!(s.healthy_ratio > 0 && s.healthy_ratio <= 1)) {
+    reject("healthy_ratio", "in (0, 1]", num(s.healthy_ratio));
+  }
+  // A run's event count grows with arrivals x duration; keep a bound so a typo cannot hang.
+  const double seconds = std::chrono::duration<double>(s.duration).count();
+  const double operations =
+      c.population > 0 ? static_cast<double>(c.population) : c.arrivals_per_s * seconds;
+  if (operations > 50e6) {
+    reject("clients", "at most 50,000,000 operations per run",
+           num(operations) + " (arrivals_per_s x duration or population)");
+  }
+}
+
+Result run(const Scenario& scenario, const ClientPolicy& policy, std::uint64_t seed) {
+  validate(scenario);
+  Engine engine(scenario, policy, seed);
+  return engine.run();
+}
+
+}  // namespace keel::sim

@@ -1,0 +1,141 @@
+#include "policies.hpp"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "keel/breaker.hpp"
+#include "keel/budget.hpp"
+#include "keel/sim/scenarios.hpp"
+
+namespace keel::sim {
+
+namespace {
+
+using std::chrono::seconds;
+
+// "Immediate": the smallest delay core's Backoff accepts (it requires base > 0).
+constexpr Duration kImmediate{1};
+
+// One client process's budget and breaker: keel::core's own objects on the run's virtual clock.
+// They guard the process's calls to the layer below it (the top layer's calls).
+class CoreCallContext final : public CallContext {
+ public:
+  CoreCallContext(Clock& clock, bool budget, bool breaker, double ratio) {
+    if (budget) {
+      RatioBudgetOptions b;
+      b.ratio = ratio;
+      b.reserve_per_second = 10;  // Finagle's floor, so a quiet client may still retry
+      b.window = seconds(10);
+      b.clock = &clock;
+      budget_ = std::make_unique<RatioBudget>(b);
+    }
+    if (breaker) {
+      BreakerOptions b = BreakerOptions::more_than_half_failed(seconds(10), 20);
+      b.break_duration = seconds(2);
+      b.clock = &clock;
+      breaker_ = std::make_unique<CircuitBreaker>(b);
+    }
+  }
+  void apply(CallOptions& call, int layer) override {
+    if (layer != 0) return;
+    call.budget = budget_.get();
+    call.breaker = breaker_.get();
+  }
+  [[nodiscard]] int breaker_state() const override {
+    if (!breaker_) return -1;
+    switch (breaker_->state()) {
+      case BreakerState::kClosed:
+        return 0;
+      case BreakerState::kOpen:
+        return 1;
+      case BreakerState::kHalfOpen:
+        return 2;
+    }
+    return -1;
+  }
+
+ private:
+  std::unique_ptr<RatioBudget> budget_;
+  std::unique_ptr<CircuitBreaker> breaker_;
+};
+
+void add_guards(ClientPolicy& p, bool budget, bool breaker, double ratio) {
+  if (!budget && !breaker) return;
+  p.make_call_context = [budget, breaker, ratio](Clock& clock) -> std::unique_ptr<CallContext> {
+    return std::make_unique<CoreCallContext>(clock, budget, breaker, ratio);
+  };
+}
+
+RetryOptions backoff_options(const PolicySettings& s, Jitter jitter) {
+  RetryOptions o;
+  o.max_attempts = s.max_attempts;
+  o.per_try_timeout = s.per_try_timeout;
+  o.backoff = {.base = s.base, .cap = s.cap, .multiplier = 2.0, .jitter = jitter};
+  return o;
+}
+
+}  // namespace
+
+const std::vector<std::string>& policy_names() {
+  static const std::vector<std::string> names = {"naive",
+                                                 "fixed",
+                                                 "exponential",
+                                                 "full-jitter",
+                                                 "equal-jitter",
+                                                 "decorrelated-jitter",
+                                                 "full-jitter+budget",
+                                                 "full-jitter+budget+breaker",
+                                                 "one-layer"};
+  return names;
+}
+
+ClientPolicy make_policy(std::string_view name, const PolicySettings& s) {
+  if (!(s.budget_ratio > 0 && s.budget_ratio <= 1)) {
+    throw std::invalid_argument("budget_ratio must be in (0, 1] (got " +
+                                std::to_string(s.budget_ratio) + ")");
+  }
+  ClientPolicy p;
+  p.name = std::string(name);
+  if (name == "naive") {
+    p.retry = backoff_options(s, Jitter::kNone);
+    p.retry.max_attempts = 4;
+    p.retry.backoff = {
+        .base = kImmediate, .cap = kImmediate, .multiplier = 1.0, .jitter = Jitter::kNone};
+  } else if (name == "fixed") {
+    p.retry = backoff_options(s, Jitter::kNone);
+    p.retry.backoff = {.base = s.base, .cap = s.base, .multiplier = 1.0, .jitter = Jitter::kNone};
+  } else if (name == "exponential") {
+    p.retry = backoff_options(s, Jitter::kNone);
+  } else if (name == "full-jitter") {
+    p.retry = backoff_options(s, Jitter::kFull);
+  } else if (name == "equal-jitter") {
+    p.retry = backoff_options(s, Jitter::kEqual);
+  } else if (name == "decorrelated-jitter") {
+    p.retry = backoff_options(s, Jitter::kDecorrelated);
+  } else if (name == "full-jitter+budget") {
+    p.retry = backoff_options(s, Jitter::kFull);
+    add_guards(p, true, false, s.budget_ratio);
+  } else if (name == "full-jitter+budget+breaker") {
+    p.retry = backoff_options(s, Jitter::kFull);
+    add_guards(p, true, true, s.budget_ratio);
+  } else if (name == "one-layer") {
+    p.retry = backoff_options(s, Jitter::kFull);
+    p.one_retrying_layer = true;
+  } else {
+    std::string known;
+    for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown policy '" + std::string(name) + "' (known: " + known +
+                                ")");
+  }
+  return p;
+}
+
+ClientPolicy make_explorer_policy(bool jitter, bool budget, bool breaker,
+                                  const PolicySettings& settings) {
+  ClientPolicy p = make_policy(jitter ? "full-jitter" : "exponential", settings);
+  add_guards(p, budget, breaker, settings.budget_ratio);
+  return p;
+}
+
+}  // namespace keel::sim

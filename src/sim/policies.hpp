@@ -1,0 +1,18 @@
+// Private to keel::sim: policy construction shared by the scenarios and the explorer.
+#pragma once
+
+#include "keel/sim/engine.hpp"
+#include "keel/sim/scenarios.hpp"
+
+namespace keel::sim {
+
+/// The explorer's policy: full jitter or none (exponential), optionally with the core's budget
+/// and breaker. Throws std::invalid_argument when budget or breaker is asked for and this build
+/// of keel::core lacks it.
+[[nodiscard]] ClientPolicy make_explorer_policy(bool jitter, bool budget, bool breaker,
+                                                const PolicySettings& settings);
+
+/// The blip scenario with a capacity drop lasting `trigger`.
+[[nodiscard]] Scenario blip_scenario(Duration trigger);
+
+}  // namespace keel::sim

@@ -1,0 +1,261 @@
+#include "keel/sim/scenarios.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "keel/duration.hpp"
+#include "policies.hpp"
+
+namespace keel::sim {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+namespace {
+
+struct Definition {
+  ScenarioInfo info;
+  Scenario scenario;
+  PolicySettings settings;
+};
+
+Scenario worked_example(bool feedback) {
+  Scenario s;
+  s.name = feedback ? "worked-example-feedback" : "worked-example";
+  s.clients.arrivals_per_s = 10'000;
+  s.dependency.capacity_per_s = 12'000;
+  s.dependency.service_time = milliseconds(10);
+  s.dependency.failure_fraction = 0.5;
+  if (feedback) {
+    // Failed attempts cost a full service time, the queue holds 100 ms of work, and a request
+    // that arrives while every server is busy fails more often: overload feeds failures.
+    s.dependency.failures_are_free = false;
+    s.dependency.queue_limit = 1200;
+    s.dependency.overload_failure = 0.25;
+  } else {
+    // The article's arithmetic: failures are independent of load and cost nothing.
+    s.dependency.failures_are_free = true;
+    s.dependency.queue_limit = 12'000;
+  }
+  s.duration = seconds(20);
+  s.slice = seconds(1);
+  s.steady = {seconds(5), seconds(20)};
+  return s;
+}
+
+Scenario herd() {
+  Scenario s;
+  s.name = "herd";
+  s.clients.population = 1000;
+  s.dependency.capacity_per_s = 100'000;
+  s.dependency.service_time = milliseconds(10);
+  s.dependency.queue_limit = 100'000;
+  s.dependency.outage = {Duration::zero(), seconds(10)};
+  s.duration = seconds(20);
+  s.slice = milliseconds(100);
+  s.trigger_end = seconds(10);
+  return s;
+}
+
+Scenario layers() {
+  Scenario s;
+  s.name = "layers";
+  s.clients.population = 1;
+  s.clients.layers = 3;
+  s.dependency.capacity_per_s = 1000;
+  s.dependency.failure_fraction = 1.0;
+  s.dependency.failures_are_free = true;
+  s.duration = seconds(10);
+  s.slice = milliseconds(100);
+  return s;
+}
+
+}  // namespace
+
+Scenario blip_scenario(Duration trigger) {
+  Scenario s;
+  s.name = "blip";
+  s.clients.arrivals_per_s = 900;
+  s.dependency.capacity_per_s = 1000;
+  s.dependency.service_time = milliseconds(20);
+  s.dependency.queue_limit = 1000;
+  s.dependency.capacity_drop = {seconds(10), seconds(10) + trigger};
+  s.dependency.capacity_drop_factor = 0.5;
+  s.duration = seconds(60);
+  s.slice = milliseconds(500);
+  s.trigger_end = seconds(10) + trigger;
+  return s;
+}
+
+namespace {
+
+const std::vector<Definition>& definitions() {
+  static const std::vector<Definition> defs = [] {
+    std::vector<Definition> d;
+    const std::vector<std::string> common = {"naive",
+                                             "fixed",
+                                             "exponential",
+                                             "full-jitter",
+                                             "full-jitter+budget",
+                                             "full-jitter+budget+breaker"};
+    d.push_back({{"worked-example",
+                  "10,000 req/s against capacity 12,000 with 50% of requests failing "
+                  "independently: naive retries offer about 18,750 req/s, a 10% budget about "
+                  "11,000",
+                  common},
+                 worked_example(false),
+                 {.max_attempts = 4, .base = milliseconds(100), .cap = seconds(1)}});
+    d.push_back({{"worked-example-feedback",
+                  "the same, but failures cost capacity and overload raises the failure rate: "
+                  "naive retries feed the overload, a budget stays under capacity",
+                  common},
+                 worked_example(true),
+                 {.max_attempts = 4,
+                  .base = milliseconds(100),
+                  .cap = seconds(1),
+                  .per_try_timeout = seconds(1)}});
+    d.push_back({{"herd",
+                  "1,000 clients fail together at t=0 (a 10 s outage): fixed delays retry in "
+                  "spikes of 1,000 every second, exponential at 1, 3, 7 s, full jitter flat",
+                  {"naive", "fixed", "exponential", "full-jitter", "full-jitter+budget",
+                   "full-jitter+budget+breaker"}},
+                 herd(),
+                 {.max_attempts = 5, .base = seconds(1), .cap = seconds(60)}});
+    d.push_back({{"layers",
+                  "three layers each retrying an always-failing call: 3 attempts per layer send "
+                  "27 calls to the bottom, 4 attempts (naive) 64, one retrying layer 3",
+                  {"naive", "exponential", "full-jitter", "one-layer"}},
+                 layers(),
+                 {.max_attempts = 3, .base = milliseconds(10), .cap = milliseconds(100)}});
+    d.push_back({{"blip",
+                  "arrivals at 90% of capacity, 300 ms per-attempt timeout; capacity halves for "
+                  "5 s at t=10 s: naive retries keep the dependency overloaded after capacity "
+                  "returns (metastable), full jitter with a budget recovers",
+                  {"naive", "exponential", "full-jitter", "full-jitter+budget",
+                   "full-jitter+budget+breaker"}},
+                 blip_scenario(seconds(5)),
+                 {.max_attempts = 4,
+                  .base = milliseconds(100),
+                  .cap = seconds(2),
+                  .per_try_timeout = milliseconds(300)}});
+    d.push_back({{"brooker",
+                  "AWS 2015 contention experiment: 100 clients race to update one row with "
+                  "optimistic concurrency (network normal(10 ms, 2 ms) per hop, base 5 ms, cap "
+                  "2 s), calls and completion time averaged over 100 runs",
+                  brooker_policies()},
+                 Scenario{},
+                 {}});
+    return d;
+  }();
+  return defs;
+}
+
+}  // namespace
+
+const std::vector<ScenarioInfo>& scenarios() {
+  static const std::vector<ScenarioInfo> infos = [] {
+    std::vector<ScenarioInfo> out;
+    for (const auto& d : definitions()) out.push_back(d.info);
+    return out;
+  }();
+  return infos;
+}
+
+const ScenarioInfo* find_scenario(std::string_view name) {
+  for (const auto& info : scenarios()) {
+    if (info.name == name) return &info;
+  }
+  return nullptr;
+}
+
+namespace {
+
+const Definition& definition(std::string_view name) {
+  for (const auto& d : definitions()) {
+    if (d.info.name == name) return d;
+  }
+  std::string known;
+  for (const auto& d : definitions()) known += (known.empty() ? "" : ", ") + d.info.name;
+  throw std::invalid_argument("unknown scenario '" + std::string(name) + "' (known: " + known +
+                              ")");
+}
+
+Report report_of(const Scenario& s, std::string_view policy, std::uint64_t seed, Result r) {
+  Report out;
+  out.scenario = s.name;
+  out.policy = std::string(policy);
+  out.seed = seed;
+  out.summary = r.summary;
+  out.slices = std::move(r.slices);
+  out.slice = s.slice;
+  out.duration = s.duration;
+  out.trigger_end = s.trigger_end;
+  return out;
+}
+
+}  // namespace
+
+Report run_scenario(std::string_view scenario, std::string_view policy, std::uint64_t seed) {
+  const Definition& d = definition(scenario);
+  if (d.info.name == "brooker") return run_brooker(policy, BrookerConfig{}, seed);
+  const ClientPolicy p = make_policy(policy, d.settings);
+  return report_of(d.scenario, policy, seed, run(d.scenario, p, seed));
+}
+
+Report run_blip(std::string_view policy, Duration trigger, std::uint64_t seed) {
+  const Definition& d = definition("blip");
+  const Scenario s = blip_scenario(trigger);
+  const ClientPolicy p = make_policy(policy, d.settings);
+  return report_of(s, policy, seed, run(s, p, seed));
+}
+
+std::optional<Duration> blip_threshold(std::string_view policy, Duration step, Duration limit,
+                                       std::uint64_t seed) {
+  if (step <= Duration::zero()) {
+    throw std::invalid_argument("blip_threshold: step must be > 0 (got " + format_duration(step) +
+                                ")");
+  }
+  for (Duration t = step; t <= limit; t += step) {
+    if (!run_blip(policy, t, seed).summary.recovered) return t;
+  }
+  return std::nullopt;
+}
+
+Report run_explorer(const ExplorerParams& p, std::uint64_t seed) {
+  auto bad = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (p.fleet < 1 || p.fleet > 100'000) {
+    bad("fleet must be in [1, 100000] (got " + std::to_string(p.fleet) + ")");
+  }
+  if (!(p.capacity_per_s >= 1 && p.capacity_per_s <= 1e6)) {
+    bad("capacity must be in [1, 1000000] req/s (got " + std::to_string(p.capacity_per_s) + ")");
+  }
+  if (p.outage < Duration::zero() || p.outage > seconds(60)) {
+    bad("outage must be in [0s, 60s] (got " + format_duration(p.outage) + ")");
+  }
+  if (p.attempts < 1 || p.attempts > 20) {
+    bad("attempts must be in [1, 20] (got " + std::to_string(p.attempts) + ")");
+  }
+  if (p.base < milliseconds(1) || p.base > seconds(10)) {
+    bad("base must be in [1ms, 10s] (got " + format_duration(p.base) + ")");
+  }
+  Scenario s;
+  s.name = "explorer";
+  s.clients.population = p.fleet;
+  s.dependency.capacity_per_s = p.capacity_per_s;
+  s.dependency.service_time = milliseconds(10);
+  s.dependency.queue_limit = std::max<std::int64_t>(1, static_cast<std::int64_t>(p.capacity_per_s));
+  s.dependency.outage = {Duration::zero(), p.outage};
+  s.duration = seconds(30);
+  s.slice = milliseconds(100);
+  s.trigger_end = p.outage;
+  PolicySettings settings{.max_attempts = p.attempts, .base = p.base, .cap = seconds(60)};
+  std::string name = p.jitter ? "full-jitter" : "exponential";
+  if (p.budget) name += "+budget";
+  if (p.breaker) name += "+breaker";
+  const ClientPolicy policy = make_explorer_policy(p.jitter, p.budget, p.breaker, settings);
+  return report_of(s, name, seed, run(s, policy, seed));
+}
+
+}  // namespace keel::sim

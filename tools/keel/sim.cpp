@@ -1,0 +1,177 @@
+// `keel sim`: the retry-storm simulator from the shell.
+//   keel sim scenarios
+//   keel sim run --scenario NAME [--policy P]... [--seed S] [--json] [--csv FILE] [--plot FILE]
+//   keel sim serve [--listen 127.0.0.1:8090] [--web DIR]   (sim_serve.cpp)
+// Runs are in virtual time (keel::sim over keel::core's policy objects): instant and, for a
+// given --seed, repeatable.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "keel/duration.hpp"
+#include "keel/sim/scenarios.hpp"
+#include "sim_plot.hpp"
+
+namespace keel::cli {
+
+namespace {
+
+struct RunOptions {
+  std::string scenario;
+  std::vector<std::string> policies;
+  std::uint64_t seed = 1;
+  bool json = false;
+  std::string csv;
+  std::string plot;
+  std::string trigger;
+};
+
+int usage(const std::string& message) {
+  std::fprintf(stderr, "keel sim run: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+bool write_file_atomically(const std::string& path, const std::string& content,
+                           std::string& error) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) {
+    error = "cannot write '" + path + "'";
+    return false;
+  }
+  const bool ok = std::fwrite(content.data(), 1, content.size(), f) == content.size();
+  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    error = "cannot write '" + path + "'";
+    return false;
+  }
+  return true;
+}
+
+void print_table(const std::vector<sim::Report>& reports) {
+  std::printf("%-28s %10s %10s %7s %12s %9s %9s %10s %12s\n", "policy", "first", "calls", "ampl",
+              "offered/s", "peak", "peak-retry", "recovered", "completion");
+  for (const auto& r : reports) {
+    const auto& m = r.summary;
+    std::string recovered = m.recovered ? "yes" : "no";
+    if (m.recovered && m.recovery) {
+      recovered += " +" + format_duration(std::chrono::duration_cast<Duration>(*m.recovery));
+    }
+    std::string completion = "-";
+    if (r.completion_ms) {
+      completion = std::to_string(static_cast<long long>(*r.completion_ms)) + "ms";
+    }
+    std::printf("%-28s %10lld %10lld %7.2f %12.1f %9lld %9lld %10s %12s\n", r.policy.c_str(),
+                static_cast<long long>(m.first_attempts), static_cast<long long>(m.total_calls),
+                m.amplification, m.offered_per_s, static_cast<long long>(m.peak_per_slice),
+                static_cast<long long>(m.peak_retries_per_slice), recovered.c_str(),
+                completion.c_str());
+  }
+  if (!reports.empty()) {
+    std::printf("(peak = most calls in one %s slice)\n", format_duration(reports[0].slice).c_str());
+  }
+}
+
+int run_command(const RunOptions& o) {
+  const sim::ScenarioInfo* info = sim::find_scenario(o.scenario);
+  if (info == nullptr) {
+    std::string known;
+    for (const auto& s : sim::scenarios()) known += (known.empty() ? "" : ", ") + s.name;
+    return usage("--scenario: unknown scenario '" + o.scenario + "' (known: " + known + ")");
+  }
+  const std::vector<std::string> policies = o.policies.empty() ? info->policies : o.policies;
+  const bool brooker = info->name == "brooker";
+  for (const auto& p : policies) {
+    const auto& known = brooker ? sim::brooker_policies() : sim::policy_names();
+    if (std::find(known.begin(), known.end(), p) == known.end()) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      return usage("--policy: unknown policy '" + p + "' for scenario " + info->name +
+                   " (known: " + list + ")");
+    }
+  }
+  std::optional<Duration> trigger;
+  if (!o.trigger.empty()) {
+    if (info->name != "blip") return usage("--trigger applies to the blip scenario only");
+    std::string error;
+    trigger = parse_duration(o.trigger, &error);
+    if (!trigger || *trigger <= Duration::zero() || *trigger > std::chrono::seconds(40)) {
+      return usage("--trigger: '" + o.trigger + "' is not a duration in (0s, 40s]" +
+                   (error.empty() ? "" : ": " + error));
+    }
+  }
+  if (!o.plot.empty() && !plot_format_supported(o.plot)) {
+    return usage("--plot: '" + o.plot + "' must end in .svg or .png");
+  }
+
+  std::vector<sim::Report> reports;
+  for (const auto& p : policies) {
+    try {
+      reports.push_back(trigger ? sim::run_blip(p, *trigger, o.seed)
+                                : sim::run_scenario(info->name, p, o.seed));
+    } catch (const std::invalid_argument& e) {
+      return usage(std::string("--policy: ") + e.what());
+    }
+  }
+  if (o.json) {
+    for (const auto& r : reports) std::printf("%s\n", sim::to_json_line(r).c_str());
+  } else {
+    std::printf("scenario %s (seed %llu): %s\n\n", info->name.c_str(),
+                static_cast<unsigned long long>(o.seed), info->description.c_str());
+    print_table(reports);
+  }
+  std::string error;
+  if (!o.csv.empty() && !write_file_atomically(o.csv, sim::to_csv(reports), error)) {
+    std::fprintf(stderr, "keel sim run: --csv: %s\n", error.c_str());
+    return 1;
+  }
+  if (!o.plot.empty() && !render_plot(reports, o.plot, error)) {
+    std::fprintf(stderr, "keel sim run: --plot: %s\n", error.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_sim(CLI::App& app) {
+  CLI::App* sim = app.add_subcommand(
+      "sim", "Simulate retry storms in virtual time with keel's own retry policies");
+  sim->require_subcommand(1);
+  CLI::App* list = sim->add_subcommand("scenarios", "List the scenarios and their policies");
+  auto run_opts = std::make_shared<RunOptions>();
+  CLI::App* run = sim->add_subcommand("run", "Run a scenario under one or more policies");
+  run->add_option("--scenario", run_opts->scenario, "Scenario name (see `keel sim scenarios`)")
+      ->required();
+  run->add_option("--policy", run_opts->policies,
+                  "Policy to run (repeatable; default: the scenario's own list)");
+  run->add_option("--seed", run_opts->seed, "Seed for arrivals, failures and jitter");
+  run->add_flag("--json", run_opts->json, "One JSON object per line, one per policy");
+  run->add_option("--csv", run_opts->csv, "Write the time series as CSV to FILE");
+  run->add_option("--plot", run_opts->plot,
+                  "Render the time series with gnuplot to FILE.svg or FILE.png (one panel per "
+                  "policy, same axes)");
+  run->add_option("--trigger", run_opts->trigger,
+                  "blip only: how long capacity stays halved (default 5s)");
+  Runner serve = add_sim_serve(*sim);
+
+  return [sim, list, run, run_opts, serve]() -> int {
+    if (list->parsed()) {
+      for (const auto& s : sim::scenarios()) {
+        std::printf("%-24s %s\n", s.name.c_str(), s.description.c_str());
+        std::string policies;
+        for (const auto& p : s.policies) policies += (policies.empty() ? "" : ", ") + p;
+        std::printf("%-24s policies: %s\n", "", policies.c_str());
+      }
+      return 0;
+    }
+    if (run->parsed()) return run_command(*run_opts);
+    return serve();
+  };
+}
+
+}  // namespace keel::cli

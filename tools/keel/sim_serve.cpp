@@ -1,0 +1,189 @@
+// `keel sim serve`: the storm explorer. Serves web/ (the page, and uPlot from web/node_modules,
+// installed by scripts/web_setup.sh: nothing from a CDN) and one JSON endpoint backed by the C++
+// engine:
+//   GET /api/sim?fleet=1000&capacity=5000&outage_s=5&attempts=5&base_ms=1000&jitter=1&budget=0
+//               &breaker=0[&seed=1]
+// answers the run's summary and time series, or 400 {"error": "..."} naming the bad parameter.
+#include <httplib.h>
+#include <signal.h>
+
+#include <atomic>
+#include <charconv>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "commands.hpp"
+#include "keel/sim/scenarios.hpp"
+
+#ifndef KEEL_WEB_DIR
+#define KEEL_WEB_DIR "web"
+#endif
+
+namespace keel::cli {
+
+namespace {
+
+struct ServeOptions {
+  std::string listen = "127.0.0.1:8090";
+  std::string web = KEEL_WEB_DIR;
+};
+
+class BadParam : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+template <class T>
+T number_param(const httplib::Request& req, const char* name, T fallback, T lo, T hi) {
+  if (!req.has_param(name)) return fallback;
+  const std::string text = req.get_param_value(name);
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    throw BadParam(std::string(name) + ": '" + text + "' is not a number");
+  }
+  if (!(value >= lo && value <= hi)) {
+    std::ostringstream msg;
+    msg << name << ": " << text << " is out of range [" << lo << ", " << hi << "]";
+    throw BadParam(msg.str());
+  }
+  return value;
+}
+
+bool bool_param(const httplib::Request& req, const char* name, bool fallback) {
+  if (!req.has_param(name)) return fallback;
+  const std::string v = req.get_param_value(name);
+  if (v == "1" || v == "true") return true;
+  if (v == "0" || v == "false") return false;
+  throw BadParam(std::string(name) + ": '" + v + "' must be 0, 1, true or false");
+}
+
+std::string json_error(const std::string& message) {
+  std::string out = "{\"error\":\"";
+  for (char c : message) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out + "\"}";
+}
+
+std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void serve_file(httplib::Server& server, const std::string& route, const std::string& path,
+                const char* type) {
+  server.Get(route, [path, type](const httplib::Request&, httplib::Response& res) {
+    const auto body = read_file(path);
+    if (!body) {
+      res.status = 404;
+      res.set_content("not found: " + path + " (run scripts/web_setup.sh)", "text/plain");
+      return;
+    }
+    res.set_content(*body, type);
+  });
+}
+
+int serve(const ServeOptions& o) {
+  const auto colon = o.listen.rfind(':');
+  int port = -1;
+  const std::string host = colon == std::string::npos ? "" : o.listen.substr(0, colon);
+  if (colon != std::string::npos) {
+    const std::string p = o.listen.substr(colon + 1);
+    const auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+    if (p.empty() || ec != std::errc() || ptr != p.data() + p.size()) port = -1;
+  }
+  if (host.empty() || port < 0 || port > 65535) {
+    std::fprintf(stderr, "keel sim serve: --listen: '%s' is not HOST:PORT (port 0-65535)\n",
+                 o.listen.c_str());
+    return kExitUsage;
+  }
+  if (!read_file(o.web + "/index.html")) {
+    std::fprintf(stderr, "keel sim serve: --web: no index.html in '%s'\n", o.web.c_str());
+    return kExitUsage;
+  }
+
+  httplib::Server server;
+  serve_file(server, "/", o.web + "/index.html", "text/html; charset=utf-8");
+  serve_file(server, "/app.js", o.web + "/app.js", "text/javascript; charset=utf-8");
+  serve_file(server, "/style.css", o.web + "/style.css", "text/css; charset=utf-8");
+  serve_file(server, "/vendor/uPlot.iife.min.js",
+             o.web + "/node_modules/uplot/dist/uPlot.iife.min.js",
+             "text/javascript; charset=utf-8");
+  serve_file(server, "/vendor/uPlot.min.css", o.web + "/node_modules/uplot/dist/uPlot.min.css",
+             "text/css; charset=utf-8");
+  server.Get("/api/sim", [](const httplib::Request& req, httplib::Response& res) {
+    try {
+      sim::ExplorerParams p;
+      p.fleet = number_param<std::int64_t>(req, "fleet", p.fleet, 1, 100'000);
+      p.capacity_per_s = number_param<double>(req, "capacity", p.capacity_per_s, 1, 1e6);
+      p.outage = std::chrono::duration_cast<Duration>(
+          std::chrono::duration<double>(number_param<double>(req, "outage_s", 5.0, 0.0, 60.0)));
+      p.attempts = number_param<int>(req, "attempts", p.attempts, 1, 20);
+      p.base = std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(
+          number_param<double>(req, "base_ms", 1000.0, 1.0, 10'000.0)));
+      p.jitter = bool_param(req, "jitter", p.jitter);
+      p.budget = bool_param(req, "budget", p.budget);
+      p.breaker = bool_param(req, "breaker", p.breaker);
+      const auto seed = number_param<std::uint64_t>(req, "seed", 1, 0, ~std::uint64_t{0});
+      res.set_content(sim::to_json_with_series(sim::run_explorer(p, seed)), "application/json");
+    } catch (const std::exception& e) {  // BadParam, or the engine's std::invalid_argument
+      res.status = 400;
+      res.set_content(json_error(e.what()), "application/json");
+    }
+  });
+
+  int bound = port;
+  if (port == 0) {
+    bound = server.bind_to_any_port(host);
+    if (bound < 0) bound = -1;
+  } else if (!server.bind_to_port(host, port)) {
+    bound = -1;
+  }
+  if (bound < 0) {
+    std::fprintf(stderr, "keel sim serve: --listen: cannot listen on %s\n", o.listen.c_str());
+    return 1;
+  }
+  std::printf("keel sim serve: listening on http://%s:%d/\n", host.c_str(), bound);
+  std::fflush(stdout);
+
+  // SIGINT/SIGTERM stop the server from a thread of their own (not from a signal handler).
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::atomic<bool> signalled{false};
+  std::thread stopper([&server, &signalled, set] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    signalled = true;
+    server.stop();
+  });
+  const bool clean = server.listen_after_bind();
+  if (!signalled) pthread_kill(stopper.native_handle(), SIGTERM);  // still waiting: wake it
+  stopper.join();
+  return clean || signalled ? 0 : 1;
+}
+
+}  // namespace
+
+Runner add_sim_serve(CLI::App& sim) {
+  auto opts = std::make_shared<ServeOptions>();
+  CLI::App* sub = sim.add_subcommand("serve", "Serve the storm explorer page and its JSON API");
+  sub->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any free port)");
+  sub->add_option("--web", opts->web, "Directory of the page (default: the source tree's web/)");
+  return [opts] { return serve(*opts); };
+}
+
+}  // namespace keel::cli
