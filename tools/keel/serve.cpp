@@ -173,6 +173,32 @@ bool drop_connection(const httplib::Request& request) {
   return dropped;
 }
 
+/// cpp-httplib 0.11 listens with a backlog of 5: a burst of concurrent connections overflows it
+/// and clients see resets. listen() again on the bound socket raises the backlog (Linux).
+void widen_backlog(int port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        listening == 0) {
+      continue;
+    }
+    sockaddr_storage local{};
+    len = sizeof local;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    const int p = local.ss_family == AF_INET
+                      ? ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port)
+                      : ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
+    if (p == port) ::listen(static_cast<int>(fd), SOMAXCONN);
+  }
+  closedir(dir);
+}
+
 struct ChargeInput {
   std::int64_t amount = 0;
   std::string currency;
@@ -485,6 +511,7 @@ int run_serve(const ServeOptions& o) {
     std::fprintf(stderr, "keel serve: --listen: cannot listen on %s\n", o.listen.c_str());
     return 1;
   }
+  widen_backlog(bound);
   std::printf("keel serve: listening on http://%s:%d (db %s, idempotency %s)\n", host.c_str(),
               bound, url->redacted.c_str(), o.no_idempotency ? "off" : "on");
   std::fflush(stdout);

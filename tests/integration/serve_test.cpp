@@ -1,0 +1,425 @@
+// `keel serve` end to end: real processes, real HTTP over 127.0.0.1, a real SQLite file or the
+// test PostgreSQL server. Each test starts its own server(s) on a free port (--listen :0).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "keel/store/database.hpp"
+#include "test_support.hpp"
+
+extern char** environ;
+
+namespace keel::store {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// A `keel serve` child process. Destroying it kills it (SIGKILL) if still running.
+class ServeProcess {
+ public:
+  explicit ServeProcess(std::vector<std::string> args) {
+    int out[2];
+    if (pipe(out) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    std::vector<std::string> argv_s = {KEEL_BINARY, "serve"};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, KEEL_BINARY, &actions, nullptr, argv.data(), environ) != 0) {
+      throw std::runtime_error("posix_spawn failed");
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    out_ = out[0];
+    // Wait (bounded) for "listening on http://127.0.0.1:PORT".
+    std::string text;
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (std::chrono::steady_clock::now() < until) {
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[512];
+      const ssize_t n = read(out_, buf, sizeof buf);
+      if (n <= 0) break;
+      text.append(buf, static_cast<std::size_t>(n));
+      const auto at = text.find("127.0.0.1:");
+      const auto nl = text.find('\n', at == std::string::npos ? 0 : at);
+      if (at != std::string::npos && nl != std::string::npos) {
+        port_ = std::stoi(text.substr(at + 10));
+        return;
+      }
+    }
+    throw std::runtime_error("keel serve did not start: " + text);
+  }
+  ~ServeProcess() {
+    if (pid_ > 0) kill9();
+    if (out_ >= 0) close(out_);
+  }
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  [[nodiscard]] int port() const { return port_; }
+  [[nodiscard]] httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_connection_timeout(5);
+    c.set_read_timeout(20);
+    return c;
+  }
+  void kill9() {
+    ::kill(pid_, SIGKILL);
+    (void)wait();
+  }
+  /// Sends a signal and waits for the exit status.
+  int terminate(int sig = SIGTERM) {
+    ::kill(pid_, sig);
+    return wait();
+  }
+
+ private:
+  int wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+
+  pid_t pid_ = -1;
+  int out_ = -1;
+  int port_ = 0;
+};
+
+/// Runs `keel serve` with arguments that must be refused; returns {exit status, stderr}.
+std::pair<int, std::string> run_refused(const std::string& args) {
+  const std::string cmd = std::string(KEEL_BINARY) + " serve " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+httplib::Headers headers(const std::string& key, const std::string& principal = "alice") {
+  httplib::Headers h = {{"Authorization", "Bearer " + principal}};
+  if (!key.empty()) h.emplace("Idempotency-Key", key);
+  return h;
+}
+
+const std::string kCharge = R"({"amount": 1250, "currency": "eur", "customer": "cus_1"})";
+
+std::string charge_id(const httplib::Result& r) {
+  return nlohmann::json::parse(r->body).at("id").get<std::string>();
+}
+
+class Serve : public test::BackendTest {
+ protected:
+  std::vector<std::string> args(std::vector<std::string> extra = {}) const {
+    std::vector<std::string> a = {"--listen", "127.0.0.1:0", "--db", url_text(), "--threads", "8"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  std::int64_t charges() const {
+    return open_database(url())->query("SELECT COUNT(*) FROM charges").integer(0, 0);
+  }
+};
+
+TEST_P(Serve, FiftyConcurrentRequestsWithOneKeyMakeOneCharge) {
+  ServeProcess server(args());
+  constexpr int kRequests = 50;
+  std::mutex mu;
+  std::map<int, int> statuses;
+  std::set<std::string> ids;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&] {
+      auto c = server.client();
+      auto r = c.Post("/v1/charges", headers("one-key"), kCharge, "application/json");
+      std::lock_guard lock(mu);
+      if (!r) {
+        ++statuses[-100 - static_cast<int>(r.error())];
+        return;
+      }
+      ++statuses[r->status];
+      if (r->status == 201) ids.insert(charge_id(r));
+      if (r->status == 409) {
+        EXPECT_TRUE(r->has_header("Retry-After"));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::string seen;
+  for (const auto& [status, n] : statuses)
+    seen += std::to_string(status) + "x" + std::to_string(n) + " ";
+  EXPECT_EQ(statuses[201] + statuses[409], kRequests) << "answers (-1: no response): " << seen;
+  EXPECT_GE(statuses[201], 1);
+  EXPECT_EQ(ids.size(), 1u);  // every 201 is the same charge (the original or its replay)
+  EXPECT_EQ(charges(), 1);
+  auto c = server.client();
+  for (int i = 0; i < 3; ++i) {
+    auto r = c.Post("/v1/charges", headers("one-key"), kCharge, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 201);
+    EXPECT_EQ(r->get_header_value("Idempotent-Replayed"), "true");
+    EXPECT_EQ(charge_id(r), *ids.begin());
+  }
+  EXPECT_EQ(charges(), 1);
+}
+
+TEST_P(Serve, CommitThenDropThenRetryGivesOneChargeAndTheRetryReceivesIt) {
+  ServeProcess server(args({"--chaos-drop-after-commit", "1"}));
+  auto c = server.client();
+  auto lost = c.Post("/v1/charges", headers("drop-1"), kCharge, "application/json");
+  EXPECT_FALSE(lost) << "the response should have been dropped, got " << lost->status;
+  EXPECT_EQ(charges(), 1);  // ... but the charge was committed
+  auto retry = server.client().Post("/v1/charges", headers("drop-1"), kCharge, "application/json");
+  ASSERT_TRUE(retry);
+  EXPECT_EQ(retry->status, 201);
+  EXPECT_EQ(retry->get_header_value("Idempotent-Replayed"), "true");
+  EXPECT_EQ(charges(), 1);
+  auto get = server.client().Get("/v1/charges/" + charge_id(retry), headers(""));
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 200);
+}
+
+TEST_P(Serve, MismatchIs422AndAnotherPrincipalGetsItsOwnCharge) {
+  ServeProcess server(args());
+  auto c = server.client();
+  auto first = c.Post("/v1/charges", headers("k"), kCharge, "application/json");
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 201);
+  auto other_body =
+      c.Post("/v1/charges", headers("k"),
+             R"({"amount": 9999, "currency": "eur", "customer": "cus_1"})", "application/json");
+  ASSERT_TRUE(other_body);
+  EXPECT_EQ(other_body->status, 422);
+  EXPECT_EQ(other_body->get_header_value("Content-Type"), "application/problem+json");
+  // Same JSON, other key order and spacing: the same request.
+  auto reordered =
+      c.Post("/v1/charges", headers("k"), R"({"customer":"cus_1","currency":"eur","amount":1250})",
+             "application/json");
+  ASSERT_TRUE(reordered);
+  EXPECT_EQ(reordered->status, 201);
+  EXPECT_EQ(charge_id(reordered), charge_id(first));
+  auto bob = c.Post("/v1/charges", headers("k", "bob"), kCharge, "application/json");
+  ASSERT_TRUE(bob);
+  EXPECT_EQ(bob->status, 201);
+  EXPECT_FALSE(bob->has_header("Idempotent-Replayed"));
+  EXPECT_NE(charge_id(bob), charge_id(first));
+  EXPECT_EQ(charges(), 2);
+  // Bob cannot read Alice's charge.
+  auto peek = c.Get("/v1/charges/" + charge_id(first), headers("", "bob"));
+  ASSERT_TRUE(peek);
+  EXPECT_EQ(peek->status, 404);
+}
+
+TEST_P(Serve, BadKeysAndBadChargesAre400AndNotStored) {
+  ServeProcess server(args());
+  auto c = server.client();
+  for (const std::string& key : {std::string(), std::string(256, 'x'), std::string("\"open")}) {
+    httplib::Headers h = {{"Authorization", "Bearer alice"}};
+    if (!key.empty()) h.emplace("Idempotency-Key", key);
+    auto r = c.Post("/v1/charges", h, kCharge, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << key;
+    EXPECT_EQ(r->get_header_value("Content-Type"), "application/problem+json");
+  }
+  auto quoted = c.Post("/v1/charges", headers("\"sf-key\""), kCharge, "application/json");
+  ASSERT_TRUE(quoted);
+  EXPECT_EQ(quoted->status, 201);
+  auto bad = c.Post("/v1/charges", headers("bad-body"), R"({"amount": -5, "currency": "eur"})",
+                    "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  // Not stored: the same key with a valid body runs (no 422).
+  auto fixed = c.Post("/v1/charges", headers("bad-body"), kCharge, "application/json");
+  ASSERT_TRUE(fixed);
+  EXPECT_EQ(fixed->status, 201);
+  EXPECT_FALSE(fixed->has_header("Idempotent-Replayed"));
+  EXPECT_EQ(charges(), 2);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("keel_idempotency_requests_total{outcome=\"invalid_key\"} 3"),
+            std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find("keel_charges_created_total 2"), std::string::npos);
+}
+
+TEST_P(Serve, KillNineMidFlightThenRetryEverythingLosesAndDuplicatesNothing) {
+  constexpr int kKeys = 40;
+  std::map<std::string, std::string> answered;  // key -> charge id seen before the kill
+  std::mutex mu;
+  {
+    // Some requests are slowed down so that the kill always finds requests in flight.
+    ServeProcess server(
+        args({"--lock-timeout", "1s", "--chaos-delay-fraction", "0.3", "--chaos-delay", "300ms"}));
+    std::atomic<int> next{0};
+    std::atomic<int> ok{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&] {
+        auto c = server.client();
+        for (int i = next++; i < kKeys; i = next++) {
+          const std::string key = "kill-" + std::to_string(i);
+          auto r = c.Post("/v1/charges", headers(key), kCharge, "application/json");
+          if (r && r->status == 201) {
+            std::lock_guard lock(mu);
+            answered[key] = charge_id(r);
+            ++ok;
+          }
+        }
+      });
+    }
+    while (ok.load() < kKeys / 4) std::this_thread::sleep_for(1ms);
+    server.kill9();  // mid-flight: the other requests are being sent or processed
+    for (auto& t : threads) t.join();
+  }
+  EXPECT_LT(answered.size(), static_cast<std::size_t>(kKeys)) << "the kill came too late";
+  ServeProcess restarted(args({"--lock-timeout", "1s"}));
+  auto c = restarted.client();
+  std::set<std::string> final_ids;
+  for (int i = 0; i < kKeys; ++i) {
+    const std::string key = "kill-" + std::to_string(i);
+    std::string id;
+    for (int attempt = 0; attempt < 50 && id.empty(); ++attempt) {
+      auto r = c.Post("/v1/charges", headers(key), kCharge, "application/json");
+      ASSERT_TRUE(r);
+      if (r->status == 409) {
+        // A claim of the killed server: honour Retry-After (its lock is 1 s).
+        std::this_thread::sleep_for(
+            std::chrono::seconds(std::stoi(r->get_header_value("Retry-After"))));
+        continue;
+      }
+      ASSERT_EQ(r->status, 201) << key;
+      id = charge_id(r);
+    }
+    ASSERT_FALSE(id.empty()) << key;
+    final_ids.insert(id);
+    if (auto it = answered.find(key); it != answered.end()) {
+      EXPECT_EQ(id, it->second) << "a committed charge was lost or redone for " << key;
+    }
+  }
+  EXPECT_EQ(final_ids.size(), static_cast<std::size_t>(kKeys));
+  EXPECT_EQ(charges(), kKeys);  // no duplicates
+}
+
+TEST_P(Serve, RateLimitAnswers429WithRetryAfter) {
+  ServeProcess server(args({"--rate-limit", "2/s"}));
+  auto c = server.client();
+  int limited = 0;
+  for (int i = 0; i < 6; ++i) {
+    auto r = c.Post("/v1/charges", headers("rl-" + std::to_string(i)), kCharge, "application/json");
+    ASSERT_TRUE(r);
+    if (r->status == 429) {
+      ++limited;
+      EXPECT_GE(std::stoi(r->get_header_value("Retry-After")), 1);
+    }
+  }
+  EXPECT_GE(limited, 1);
+  // Another principal has its own bucket.
+  auto bob = c.Post("/v1/charges", headers("rl-bob", "bob"), kCharge, "application/json");
+  ASSERT_TRUE(bob);
+  EXPECT_EQ(bob->status, 201);
+}
+
+TEST_P(Serve, Chaos503CarriesRetryAfterWhenAsked) {
+  ServeProcess server(args({"--chaos-503", "1", "--chaos-503-retry-after", "3s"}));
+  auto r = server.client().Post("/v1/charges", headers("c"), kCharge, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(r->get_header_value("Retry-After"), "3");
+  EXPECT_EQ(charges(), 0);
+  auto health = server.client().Get("/healthz");  // outside /v1: never injected
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST_P(Serve, SigtermStopsCleanly) {
+  ServeProcess server(args());
+  auto r = server.client().Post("/v1/charges", headers("t"), kCharge, "application/json");
+  ASSERT_TRUE(r);
+  const int status = server.terminate(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Serve, ::testing::Values(Backend::kSqlite, Backend::kPostgres),
+                         test::backend_name);
+
+TEST(ServeFleet, TwoServersOnOnePostgresMakeOneChargePerKey) {
+  const auto url = test::postgres_url();
+  if (!url) GTEST_SKIP() << "no PostgreSQL test server (run through ctest)";
+  const std::vector<std::string> a = {"--listen", "127.0.0.1:0", "--db", *url, "--threads", "8"};
+  ServeProcess one(a);
+  ServeProcess two(a);
+  constexpr int kKeys = 20;
+  std::mutex mu;
+  std::map<std::string, std::set<std::string>> ids;
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (const ServeProcess* s : {&one, &two}) {
+    threads.emplace_back([&, s] {
+      auto c = s->client();
+      for (int i = 0; i < kKeys; ++i) {
+        const std::string key = "fleet-" + std::to_string(i);
+        auto r = c.Post("/v1/charges", headers(key), kCharge, "application/json");
+        if (!r || (r->status != 201 && r->status != 409)) {
+          ++bad;
+          continue;
+        }
+        if (r->status == 201) {
+          std::lock_guard lock(mu);
+          ids[key].insert(charge_id(r));
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  for (const auto& [key, set] : ids) EXPECT_EQ(set.size(), 1u) << key;
+  auto db = open_database(parse_database_url(*url).value());
+  EXPECT_EQ(db->query("SELECT COUNT(*) FROM charges").integer(0, 0), kKeys);
+  // Each server replays the other's charge.
+  for (int i = 0; i < kKeys; ++i) {
+    const std::string key = "fleet-" + std::to_string(i);
+    auto r =
+        (i % 2 ? one : two).client().Post("/v1/charges", headers(key), kCharge, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 201);
+    EXPECT_EQ(r->get_header_value("Idempotent-Replayed"), "true");
+  }
+}
+
+TEST(ServeFlags, BadValuesExit2NamingTheFlag) {
+  for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"--idempotency-ttl soon", "--idempotency-ttl"},
+           {"--lock-timeout 0s", "--lock-timeout"},
+           {"--rate-limit 10", "--rate-limit"},
+           {"--rate-limit 0/s", "--rate-limit"},
+           {"--db nosuch://x", "--db"},
+           {"--db sqlite:", "--db"},
+           {"--listen 127.0.0.1", "--listen"},
+           {"--listen 127.0.0.1:70000", "--listen"},
+           {"--chaos-503 1.5", "--chaos-503"},
+           {"--chaos-delay 3parsecs", "--chaos-delay"}}) {
+    const auto [code, out] = run_refused(args);
+    EXPECT_EQ(code, 2) << args << ": " << out;
+    EXPECT_NE(out.find(flag), std::string::npos) << args << ": " << out;
+  }
+}
+
+}  // namespace
+}  // namespace keel::store
