@@ -9,7 +9,8 @@
 # a fresh data directory made with mktemp under $TMPDIR (default /tmp), listening on a Unix socket
 # in that directory and on a free TCP port on 127.0.0.1 only, with trust authentication, and has
 # one database, keel_test. As root it runs as the `postgres` user (initdb refuses root), and the
-# data directory is handed to that user; as any other user it runs as that user. STATE_DIR (any
+# data directory is handed to that user; as any other user it runs as that user. The server skips
+# fsync for speed unless KEEL_PG_DURABLE=1 (benchmarks set it). STATE_DIR (any
 # path you own, e.g. under the build directory) only holds the files `url`, `datadir` and `log`.
 #
 # ctest uses it as the fixture `postgres` (tests/integration/CMakeLists.txt registers
@@ -67,12 +68,14 @@ case "$action" in
       cat "$base/initdb.log" >&2
       exit 1
     }
+    fast="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    [[ "${KEEL_PG_DURABLE:-0}" == 1 ]] && fast=""
     # Try random ports until one is free (postgres cannot be told to pick one itself).
     started=0
     for _ in $(seq 1 20); do
       port=$((20000 + RANDOM % 40000))
       if as_pg "$PG_BIN/pg_ctl" -D "$base/data" -w -t 30 -l "$base/server.log" \
-        -o "-p $port -k $base -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+        -o "-p $port -k $base -c listen_addresses=127.0.0.1 -c max_connections=300 $fast" \
         start >/dev/null 2>&1; then
         started=1
         break

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Throughput of POST /v1/charges with and without the idempotency layer, on SQLite and on
+# PostgreSQL, measured with wrk over loopback. Every request carries a fresh Idempotency-Key, so
+# the layer does its full work (claim, transactional completion) on every request.
+#
+#   scripts/bench-serve.sh [BUILD_DIR]        (default: build; needs BUILD_DIR/bin/keel)
+#
+# Environment: DURATION (default 10s), CONNECTIONS (16), WRK_THREADS (2), SERVER_THREADS (16),
+# BACKENDS ("sqlite postgres"). PostgreSQL is a throwaway server from scripts/pg-test-server.sh
+# with durable settings (fsync on); SQLite is a WAL file with synchronous=NORMAL in a temp dir.
+# Prints requests/s and p99 latency for each run, and the with/without ratio per backend.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+keel=$build/bin/keel
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-16}
+WRK_THREADS=${WRK_THREADS:-2}
+SERVER_THREADS=${SERVER_THREADS:-16}
+BACKENDS=${BACKENDS:-sqlite postgres}
+
+[[ -x "$keel" ]] || { echo "bench-serve: $keel not found (build first)" >&2; exit 1; }
+command -v wrk >/dev/null || { echo "bench-serve: wrk not installed (apt-get install wrk)" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/keel-bench.XXXXXX")
+server_pid=
+cleanup() {
+  [[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null || true
+  "$root/scripts/pg-test-server.sh" stop "$work/pg" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cat >"$work/charges.lua" <<'LUA'
+-- Each wrk thread numbers its requests; keys never repeat across threads or runs.
+local counter = 0
+local prefix = ""
+function setup(thread)
+  thread:set("prefix", string.format("%d-%d-", os.time(), math.random(1, 1e9)))
+end
+function init(args)
+  prefix = prefix .. tostring(math.random(1, 1e9)) .. "-"
+end
+function request()
+  counter = counter + 1
+  local headers = {
+    ["Content-Type"] = "application/json",
+    ["Authorization"] = "Bearer bench",
+    ["Idempotency-Key"] = prefix .. counter,
+  }
+  return wrk.format("POST", "/v1/charges", headers,
+                    '{"amount": 1250, "currency": "EUR", "customer": "cus_bench"}')
+end
+LUA
+
+# run_one LABEL DB_URL [--no-idempotency]: prints "rps p99"
+run_one() {
+  local db=$1
+  shift
+  "$keel" serve --listen 127.0.0.1:0 --db "$db" --threads "$SERVER_THREADS" "$@" \
+    >"$work/serve.log" 2>&1 &
+  server_pid=$!
+  local port=
+  for _ in $(seq 1 100); do
+    port=$(grep -o '127\.0\.0\.1:[0-9]*' "$work/serve.log" 2>/dev/null | head -1 | cut -d: -f2 || true)
+    [[ -n "$port" ]] && break
+    sleep 0.1
+  done
+  [[ -n "$port" ]] || { cat "$work/serve.log" >&2; exit 1; }
+  wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "$work/charges.lua" \
+    "http://127.0.0.1:$port" >"$work/wrk.out" 2>&1
+  curl -s "http://127.0.0.1:$port/metrics" >"$work/metrics.txt" || true
+  kill "$server_pid"
+  wait "$server_pid" 2>/dev/null || true
+  server_pid=
+  local rps p99 non2xx
+  rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/wrk.out")
+  p99=$(awk '$1 == "99%" {print $2}' "$work/wrk.out")
+  non2xx=$(awk '/Non-2xx/ {print $NF}' "$work/wrk.out")
+  echo "$rps $p99 ${non2xx:-0}"
+  # What the non-2xx answers were, from the server's own counters.
+  grep -E 'outcome="(in_progress|mismatch|error|not_stored)"|rate_limited_total' "$work/metrics.txt" \
+    | grep -v ' 0$' | sed 's/^/    # /' >&2 || true
+}
+
+printf '%-9s %-16s %12s %10s %8s\n' backend mode requests/s p99 non-2xx
+for backend in $BACKENDS; do
+  case $backend in
+    sqlite) url_with="sqlite:$work/with.db" url_without="sqlite:$work/without.db" ;;
+    postgres)
+      KEEL_PG_DURABLE=1 "$root/scripts/pg-test-server.sh" start "$work/pg" >/dev/null
+      base=$(cat "$work/pg/url")
+      psql "$base" -q -c "CREATE SCHEMA bench_with" -c "CREATE SCHEMA bench_without"
+      url_with="$base?options=-csearch_path%3Dbench_with"
+      url_without="$base?options=-csearch_path%3Dbench_without"
+      ;;
+    *) echo "bench-serve: unknown backend $backend" >&2; exit 2 ;;
+  esac
+  read -r rps_without p99_without bad_without < <(run_one "$url_without" --no-idempotency)
+  read -r rps_with p99_with bad_with < <(run_one "$url_with")
+  printf '%-9s %-16s %12s %10s %8s\n' "$backend" "no idempotency" "$rps_without" "$p99_without" "$bad_without"
+  printf '%-9s %-16s %12s %10s %8s\n' "$backend" "idempotency" "$rps_with" "$p99_with" "$bad_with"
+  awk -v a="$rps_with" -v b="$rps_without" -v n="$backend" \
+    'BEGIN { printf "%-9s ratio with/without: %.2f\n", n, a / b }'
+  if [[ $backend == postgres ]]; then
+    "$root/scripts/pg-test-server.sh" stop "$work/pg" >/dev/null
+  fi
+done
+echo "(wrk -t$WRK_THREADS -c$CONNECTIONS -d$DURATION, keel serve --threads $SERVER_THREADS, $(nproc) CPUs shared)"
