@@ -125,21 +125,26 @@ TEST(TransactionRetrySqlite, BusyDatabaseIsRetriedUntilTheWriterLetsGo) {
   holder->execute("CREATE TABLE t (id INTEGER)");
   holder->begin();
   holder->query("INSERT INTO t (id) VALUES ($1)", {1});
-  std::atomic<bool> release{false};
+  // The holder lets go only after the writer has met SQLITE_BUSY and decided to retry.
+  std::atomic<int> retries{0};
+  RetryOptions options{.max_attempts = 1000, .backoff = {.base = 1ms, .cap = 5ms}};
+  options.on_retry = [&](const RetryEvent& e) {
+    EXPECT_EQ(e.outcome.kind, OutcomeKind::kTransient);
+    ++retries;
+  };
+  const RetryPolicy policy(options);
   std::thread releaser([&] {
-    while (!release.load()) std::this_thread::yield();
-    std::this_thread::sleep_for(30ms);  // the other writer meets a busy database meanwhile
+    while (retries.load() == 0) std::this_thread::yield();
     holder->commit();
   });
   auto writer = open_database(url, {.busy_timeout = 1ms});
-  release = true;
   const TransactionResult r = with_transaction_retry(
       *writer,
       [](Connection& tx) {
         tx.query("INSERT INTO t (id) VALUES ($1)", {2});
         return true;
       },
-      patient_policy());
+      policy);
   releaser.join();
   EXPECT_TRUE(r.committed()) << r.error;
   EXPECT_GT(r.attempts, 1);
