@@ -13,6 +13,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -140,6 +141,30 @@ def spread(values, digits=0):
     if len(values) == 1:
         return f"{med:.{digits}f}"
     return f"{med:.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+
+
+def serve_rows(text, emit, mach, date):
+    """Table rows from scripts/bench-serve.sh: '<backend> <mode> <requests/s> <p99> <non-2xx>'."""
+    found = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w+)\s+(no idempotency|idempotency)\s+([\d.]+)\s+(\S+)\s+(\S+)", line)
+        if m:
+            found.setdefault(m.group(1), {})[m.group(2)] = (float(m.group(3)), m.group(4), m.group(5))
+    if not found:
+        return
+    emit("keel = with the idempotency layer, peer = the same server without it (one wrk run each).")
+    emit("")
+    emit("| workload | keel | peer | ratio | machine | date |")
+    emit("| --- | --- | --- | --- | --- | --- |")
+    for backend, modes in found.items():
+        if "idempotency" not in modes or "no idempotency" not in modes:
+            continue
+        w, wo = modes["idempotency"], modes["no idempotency"]
+        r = w[0] / wo[0] if wo[0] else float("nan")
+        emit(f"| POST /v1/charges, {backend} | {w[0]:.0f} req/s, p99 {w[1]}, non-2xx {w[2]} |"
+             f" without the layer: {wo[0]:.0f} req/s, p99 {wo[1]}, non-2xx {wo[2]} |"
+             f" {r:.2f} | {mach} | {date} |")
+    emit("")
 
 
 def main():
@@ -312,6 +337,8 @@ def main():
         if reason is None and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 text = f.read().strip()
+            if item == "serve":
+                serve_rows(text, emit, mach, date)
             emit(f"Output of scripts/bench-{item}.sh:")
             emit("")
             emit("```")
