@@ -32,14 +32,14 @@ cleanup() {
 trap cleanup EXIT
 
 cat >"$work/charges.lua" <<'LUA'
--- Each wrk thread numbers its requests; keys never repeat across threads or runs.
-local counter = 0
-local prefix = ""
+-- Each wrk thread numbers its requests under a prefix of its own (set from the main state, where
+-- every thread gets a different number); keys never repeat across threads or runs.
+counter = 0
+prefix = "unset-"
+local next_thread = 0
 function setup(thread)
-  thread:set("prefix", string.format("%d-%d-", os.time(), math.random(1, 1e9)))
-end
-function init(args)
-  prefix = prefix .. tostring(math.random(1, 1e9)) .. "-"
+  next_thread = next_thread + 1
+  thread:set("prefix", string.format("%d-%d-t%d-", os.time(), math.random(1, 1e9), next_thread))
 end
 function request()
   counter = counter + 1
@@ -79,8 +79,8 @@ run_one() {
   non2xx=$(awk '/Non-2xx/ {print $NF}' "$work/wrk.out")
   echo "$rps $p99 ${non2xx:-0}"
   # What the non-2xx answers were, from the server's own counters.
-  grep -E 'outcome="(in_progress|mismatch|error|not_stored)"|rate_limited_total' "$work/metrics.txt" \
-    | grep -v ' 0$' | sed 's/^/    # /' >&2 || true
+  grep -E '^keel_(idempotency_requests_total\{outcome="(in_progress|mismatch|error|not_stored|replayed)"|rate_limited_total)' \
+    "$work/metrics.txt" | grep -v ' 0$' | sed 's/^/    # /' >&2 || true
 }
 
 printf '%-9s %-16s %12s %10s %8s\n' backend mode requests/s p99 non-2xx
