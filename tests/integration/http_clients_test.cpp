@@ -451,6 +451,7 @@ class FlakyUpstream {
   FlakyUpstream() {
     server_.new_task_queue = [] { return new httplib::ThreadPool(16); };
     server_.set_keep_alive_max_count(1000);
+    server_.set_tcp_nodelay(true);  // else Nagle and delayed ACKs add 40 ms per response
     server_.Get(R"(/op/(\d+))", [this](const httplib::Request& req, httplib::Response& res) {
       ++requests_;
       const int i = std::stoi(req.matches[1]);
