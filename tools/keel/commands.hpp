@@ -30,4 +30,10 @@ Runner add_sim(CLI::App& app);
 /// Registers `keel sim serve` under the `sim` subcommand (the storm explorer page).
 Runner add_sim_serve(CLI::App& sim);
 
+/// Registers `keel jobs` (the durable job queue: enqueue, work, stats; needs keel::store and
+/// keel::http).
+Runner add_jobs(CLI::App& app);
+/// Registers `keel dlq` (the dead-letter queue: list, show, replay, discard, depth).
+Runner add_dlq(CLI::App& app);
+
 }  // namespace keel::cli

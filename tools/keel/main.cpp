@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
   add(keel::cli::add_call);
   add(keel::cli::add_upstream);
 #endif
+#ifdef KEEL_CLI_JOBS
+  add(keel::cli::add_jobs);
+  add(keel::cli::add_dlq);
+#endif
 
   try {
     app.parse(argc, argv);

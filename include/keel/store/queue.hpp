@@ -1,0 +1,322 @@
+// A durable job queue with retries and a dead-letter queue, on SQLite (the embedded default) or
+// PostgreSQL (for fleets of workers), through the same database URLs as the idempotency store.
+//
+// A job carries its idempotency key from the moment it is enqueued (the caller's, or a random
+// UUID generated once at enqueue and stored with the job), so every attempt, and every replay
+// from the dead-letter queue, presents the same key to the receiver. A job moves through:
+//
+//   ready ──lease──> running ──success──────────────────────────> done
+//     ^                 │ ──transient, attempts left──> retry_scheduled ──(due)──> leased again
+//     │                 │ ──permanent, or attempts exhausted──> dead (the dead-letter queue)
+//     └──replay─────────┴── lease expired (worker died) / released on shutdown ──> ready
+//
+// Leases: lease() takes due jobs (PostgreSQL: UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
+// LOCKED), so concurrent workers never wait on or share a row; SQLite: one short write
+// transaction) and stamps each with a lease expiry and a new fencing token. heartbeat() extends a
+// lease. A worker that dies stops heartbeating; once its lease expires the next lease() call
+// records the lost attempt in the job's history ("lease_expired") and makes the job ready again
+// (or dead, when that was its last attempt). complete() and heartbeat() are fenced: a worker
+// whose lease was taken over gets kStale and its late outcome is not recorded.
+//
+// Outcomes are keel::Outcome values classified by keel::core: success → done; transient,
+// throttled or ambiguous (jobs always carry a key, so repeating is safe) → retry_scheduled at
+// now + a full-jitter keel::Backoff delay (at least the server's Retry-After, capped by the
+// backoff cap) while attempts remain, else dead ("attempts exhausted"); permanent → dead at once.
+// Nothing is deleted silently: dead jobs stay until replayed or discarded, and done jobs are
+// deleted only by prune_done() with an explicit retention.
+//
+// Times are calendar milliseconds from the injected Clock's wall_now(), so several processes
+// (and hosts with synchronised clocks) agree on lease expiry; tests inject keel::ManualClock and
+// run lease expiry and backoff in virtual time.
+//
+// Thread-safety: JobQueue is immutable after construction except for its random generator, which
+// a mutex guards; it is safe for concurrent use. Each call uses the Connection it is given (one
+// thread per connection). Every call that writes runs in its own transaction: requires no
+// transaction open on the connection.
+//
+// Example:
+//   keel::store::JobQueue queue({.backoff = {.base = 1s, .cap = 1h}});
+//   auto conn =
+//   keel::store::open_database(keel::store::parse_database_url("sqlite:jobs.db").value());
+//   keel::store::JobQueue::migrate(*conn);
+//   auto job = queue.enqueue(*conn, {.queue = "email", .payload = R"({"to":"a@b"})"});
+//   for (auto& leased : queue.lease(*conn, "email", "worker-1", 10)) {
+//     auto outcome = send(leased.payload, leased.idempotency_key);        // keel::Outcome
+//     (void)queue.complete(*conn, leased.id, leased.fence, {.outcome = outcome});
+//   }
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/backoff.hpp"
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+#include "keel/random.hpp"
+#include "keel/store/database.hpp"
+
+namespace keel::store {
+
+enum class JobState : unsigned char { kReady, kRunning, kRetryScheduled, kDone, kDead };
+
+/// "ready", "running", "retry_scheduled", "done", "dead" (as stored).
+[[nodiscard]] std::string_view to_string(JobState state) noexcept;
+/// Inverse of to_string; nullopt for anything else.
+[[nodiscard]] std::optional<JobState> parse_job_state(std::string_view text) noexcept;
+
+/// A queue name is 1-64 characters of [A-Za-z0-9_.-]. Returns an empty string when valid, else
+/// a sentence naming the problem.
+[[nodiscard]] std::string check_queue_name(std::string_view name);
+
+/// A new idempotency key: a random (version 4) UUID in its 36-character text form, from OpenSSL's
+/// CSPRNG. Throws std::runtime_error when the CSPRNG cannot supply bytes.
+[[nodiscard]] std::string new_job_key();
+
+/// One attempt in a job's history.
+struct JobAttempt {
+  /// How many replays preceded the attempt (0 before the first replay).
+  int round = 0;
+  /// 1 for the first attempt (counted again from 1 after a replay).
+  int attempt = 0;
+  /// Calendar milliseconds when the attempt's lease was taken, and when it ended.
+  std::int64_t started_ms = 0;
+  std::int64_t finished_ms = 0;
+  /// "success", "transient", "throttled", "ambiguous", "permanent", "lease_expired", "released".
+  std::string outcome;
+  /// What went wrong (the handler's text); empty on success.
+  std::string error;
+  /// The backoff delay chosen before the next attempt; nullopt when none was scheduled.
+  std::optional<std::int64_t> delay_ms;
+  /// The worker that held the lease.
+  std::string worker;
+};
+
+/// A job as stored.
+struct Job {
+  std::int64_t id = 0;
+  std::string queue;
+  std::string payload;
+  std::string idempotency_key;
+  JobState state = JobState::kReady;
+  int attempts = 0;
+  int max_attempts = 0;
+  /// Calendar ms: when it is due (ready, retry_scheduled) or its lease expires (running).
+  std::int64_t run_at_ms = 0;
+  std::string lease_owner;
+  std::optional<std::int64_t> lease_expires_ms;
+  /// The fencing token of the current (or last) lease.
+  std::int64_t fence = 0;
+  /// Why the job is dead ("permanent: ...", "attempts exhausted: ..."); empty otherwise.
+  std::string dead_reason;
+  /// The last attempt's error text; empty when none.
+  std::string last_error;
+  /// How many times it was replayed from the dead-letter queue.
+  int replays = 0;
+  std::int64_t created_ms = 0;
+  std::int64_t updated_ms = 0;
+  /// Oldest first; filled by get() only.
+  std::vector<JobAttempt> history;
+};
+
+/// A job handed to a worker by lease().
+struct LeasedJob {
+  std::int64_t id = 0;
+  std::string queue;
+  std::string payload;
+  std::string idempotency_key;
+  /// This attempt's number (1 for the first).
+  int attempt = 0;
+  int max_attempts = 0;
+  /// The fencing token to pass to heartbeat(), complete() and release().
+  std::int64_t fence = 0;
+  std::int64_t lease_expires_ms = 0;
+};
+
+struct EnqueueRequest {
+  /// Requires: a valid queue name (check_queue_name).
+  std::string queue;
+  /// Requires: a JSON document.
+  std::string payload;
+  /// The job's idempotency key; empty: a new UUID (new_job_key). Requires: at most 255
+  /// characters, no control characters.
+  std::string key;
+  /// Attempts before the job is dead. 0: QueueOptions::max_attempts. Requires: >= 0.
+  int max_attempts = 0;
+  /// Not before now + delay. Requires: >= 0. Default 0.
+  Duration delay{};
+};
+
+struct EnqueueResult {
+  /// The new job, or the existing one with the same key on the same queue.
+  std::int64_t id = 0;
+  std::string idempotency_key;
+  /// false: a job with this key already existed on this queue and nothing was written.
+  bool created = true;
+  /// When the request was refused (invalid queue, payload, key or attempts): a sentence naming
+  /// the problem, and nothing was written. Empty on success.
+  std::string error;
+  [[nodiscard]] bool ok() const noexcept { return error.empty(); }
+};
+
+/// What a worker reports for an attempt.
+struct AttemptReport {
+  /// The classified result (keel::core's taxonomy). Default success.
+  Outcome outcome = Outcome::success();
+  /// What went wrong, recorded in the history and, for a dead job, its reason.
+  std::string error;
+};
+
+enum class CompleteStatus : unsigned char {
+  kDone,            // success recorded
+  kRetryScheduled,  // transient failure recorded; due again at retry_at_ms
+  kDead,            // permanent failure, or attempts exhausted: now in the dead-letter queue
+  kStale,           // the fencing token is no longer current: nothing recorded
+};
+
+/// "done", "retry_scheduled", "dead", "stale".
+[[nodiscard]] std::string_view to_string(CompleteStatus status) noexcept;
+
+struct CompleteResult {
+  CompleteStatus status = CompleteStatus::kDone;
+  /// kRetryScheduled: the delay chosen and the time it is due.
+  Duration delay{};
+  std::int64_t retry_at_ms = 0;
+  /// kDead: the reason recorded.
+  std::string dead_reason;
+};
+
+/// Counts for one queue.
+struct QueueStats {
+  std::string queue;
+  std::int64_t ready = 0;
+  std::int64_t running = 0;
+  std::int64_t retry_scheduled = 0;
+  std::int64_t done = 0;
+  std::int64_t dead = 0;
+  /// Age of the oldest job that is due and waiting for a worker (ready or retry_scheduled with
+  /// its time reached); zero when none.
+  Duration oldest_ready_age{};
+};
+
+struct QueueOptions {
+  /// Default attempts per job (when an enqueue gives none). Requires: >= 1. Default 25.
+  int max_attempts = 25;
+  /// Delay between attempts: full jitter, base 1 s, cap 1 h by default. Requires: a valid
+  /// keel::BackoffOptions.
+  BackoffOptions backoff = {.base = std::chrono::seconds(1), .cap = std::chrono::hours(1)};
+  /// Lease duration: how long a leased job stays with its worker without a heartbeat.
+  /// Requires: > 0. Default 30 s.
+  Duration lease = std::chrono::seconds(30);
+  /// Time source (wall_now) for run times, leases and history. Default keel::steady_clock().
+  Clock* clock = nullptr;
+  /// Seed for the backoff jitter; 0 seeds from std::random_device. Default 0.
+  std::uint64_t seed = 0;
+};
+
+class JobQueue {
+ public:
+  /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
+  explicit JobQueue(QueueOptions options = {});
+
+  /// Creates or upgrades the tables (component "queue" in keel_schema). Throws DatabaseError.
+  static void migrate(Connection& connection);
+
+  /// Adds a job, or returns the existing job with the same key on the same queue (a unique index
+  /// on (queue, key) decides, never a read-then-insert). Invalid requests are refused with
+  /// EnqueueResult::error and write nothing. Throws DatabaseError.
+  [[nodiscard]] EnqueueResult enqueue(Connection& connection, const EnqueueRequest& request) const;
+
+  /// Several enqueues in one transaction (batching for throughput): all requests are checked
+  /// first, and when one is invalid nothing is written and every result carries that error.
+  /// Throws DatabaseError.
+  [[nodiscard]] std::vector<EnqueueResult> enqueue_many(
+      Connection& connection, const std::vector<EnqueueRequest>& requests) const;
+
+  /// Leases up to `limit` due jobs of `queue` for options().lease, oldest due first, each with a
+  /// new fencing token and its attempt count incremented. First moves jobs whose lease expired
+  /// back to ready (or to dead on their last attempt), recording the lost attempt. Requires:
+  /// limit >= 1. Throws DatabaseError.
+  [[nodiscard]] std::vector<LeasedJob> lease(Connection& connection, std::string_view queue,
+                                             std::string_view worker, int limit = 1) const;
+
+  /// Extends the lease to now + options().lease. Returns false when the token is stale (the
+  /// lease was taken over, or the job released): the worker no longer owns the job. Throws
+  /// DatabaseError.
+  [[nodiscard]] bool heartbeat(Connection& connection, std::int64_t job_id,
+                               std::int64_t fence) const;
+
+  /// Records an attempt's outcome, fenced by the lease's token. Throws DatabaseError.
+  [[nodiscard]] CompleteResult complete(Connection& connection, std::int64_t job_id,
+                                        std::int64_t fence, const AttemptReport& report) const;
+
+  /// Records successes for several leased jobs in one transaction (batching for throughput);
+  /// returns how many were current (the stale ones are skipped). Throws DatabaseError.
+  [[nodiscard]] int complete_done(
+      Connection& connection,
+      const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const;
+
+  /// Gives a leased job back (shutdown): ready again at once, the attempt recorded as "released"
+  /// with `why`. Returns false when the token was stale. Throws DatabaseError.
+  bool release(Connection& connection, std::int64_t job_id, std::int64_t fence,
+               std::string_view why) const;
+
+  /// The job with its full attempt history, or nullopt. Throws DatabaseError.
+  [[nodiscard]] std::optional<Job> get(Connection& connection, std::int64_t job_id) const;
+
+  /// Dead jobs (no history), oldest first; all queues when `queue` is empty. Throws DatabaseError.
+  [[nodiscard]] std::vector<Job> list_dead(Connection& connection, std::string_view queue = {},
+                                           int limit = 1000) const;
+
+  /// Moves dead jobs back to ready with attempts reset and the SAME key; the history is kept.
+  /// Returns the ids replayed (ids that are not dead are skipped). Throws DatabaseError.
+  std::vector<std::int64_t> replay(Connection& connection,
+                                   const std::vector<std::int64_t>& ids) const;
+  /// Replays every dead job (of `queue`, or of all queues when empty); returns how many.
+  std::int64_t replay_all(Connection& connection, std::string_view queue = {}) const;
+
+  /// Deletes dead jobs (an operator's explicit decision) with their history. Returns the ids
+  /// deleted (ids that are not dead are skipped). Throws DatabaseError.
+  std::vector<std::int64_t> discard(Connection& connection,
+                                    const std::vector<std::int64_t>& ids) const;
+  /// Discards every dead job (of `queue`, or of all queues when empty); returns how many.
+  std::int64_t discard_all(Connection& connection, std::string_view queue = {}) const;
+
+  /// Dead jobs (of `queue`, or all when empty). Throws DatabaseError.
+  [[nodiscard]] std::int64_t dead_depth(Connection& connection, std::string_view queue = {}) const;
+
+  /// Counts per known queue (every queue ever enqueued to), sorted by name. Throws DatabaseError.
+  [[nodiscard]] std::vector<QueueStats> stats(Connection& connection) const;
+
+  /// Whether any job was ever enqueued on `queue` (queues are created by their first enqueue).
+  [[nodiscard]] bool queue_exists(Connection& connection, std::string_view queue) const;
+
+  /// Nothing ready, running or scheduled for retry on `queue` (delayed jobs count as ready).
+  [[nodiscard]] bool idle(Connection& connection, std::string_view queue) const;
+
+  /// Deletes at most `batch` done jobs of `queue` that finished more than `retention` ago, with
+  /// their history; returns how many. The only way a done job is ever deleted. Requires:
+  /// retention >= 0, batch >= 1. Throws DatabaseError.
+  std::int64_t prune_done(Connection& connection, std::string_view queue, Duration retention,
+                          int batch = 1000) const;
+
+  [[nodiscard]] const QueueOptions& options() const noexcept { return options_; }
+  [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
+  /// Calendar milliseconds now, from the clock.
+  [[nodiscard]] std::int64_t now_ms() const noexcept;
+
+ private:
+  [[nodiscard]] Duration next_delay(int retry) const;
+
+  QueueOptions options_;
+  Backoff backoff_;
+  Clock* clock_;
+  mutable std::mutex rng_mu_;
+  mutable Rng rng_;  // guarded by rng_mu_
+};
+
+}  // namespace keel::store

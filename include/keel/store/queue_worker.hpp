@@ -1,0 +1,127 @@
+// A job-queue worker: N threads that lease jobs of one queue from a keel::store::JobQueue, run a
+// handler on each, heartbeat the leases while handlers run, and record each outcome (fenced by
+// the lease's token). This is what `keel jobs work` runs.
+//
+// Shutdown (stop(), e.g. on SIGTERM): no new job is leased; running handlers get `grace` to
+// finish and record their outcome; after that the remaining leases are released (the job is
+// ready again for another worker, the attempt recorded as "released"), the handlers' cancel
+// flag is raised, and run() returns once the handlers have returned. A handler that outlives the
+// grace period cannot record its outcome: its lease's token is stale.
+//
+// Thread-safety: run() is called once, from one thread; stop() may be called from any thread
+// (not from a signal handler: block the signals and call it from a thread that waits for them).
+//
+// Example:
+//   keel::store::ConnectionPool pool(url, {.max_connections = 6});
+//   keel::store::JobQueue queue({.lease = 30s});
+//   keel::store::Worker worker(pool, queue, {.queue = "email", .concurrency = 4},
+//       [](const keel::store::LeasedJob& job, const std::atomic<bool>& cancel) {
+//         return keel::store::AttemptReport{.outcome = send_email(job.payload)};
+//       });
+//   worker.run();   // until worker.stop()
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "keel/store/database.hpp"
+#include "keel/store/queue.hpp"
+
+namespace keel::store {
+
+/// Runs one attempt of a job. `cancel` is raised when the worker gives up waiting for it (after
+/// the grace period): stop as soon as possible. Must be safe to call from several threads.
+using JobHandler =
+    std::function<AttemptReport(const LeasedJob& job, const std::atomic<bool>& cancel)>;
+
+/// Reported after each attempt (and for each lease lost or released).
+struct WorkerEvent {
+  LeasedJob job;
+  AttemptReport report;
+  /// What complete() recorded (kStale when the lease had been lost or released).
+  CompleteResult result;
+  Duration took{};
+};
+
+struct WorkerOptions {
+  /// The queue to work. Requires: a valid queue name.
+  std::string queue;
+  /// Recorded as lease owner. Default empty: "HOST:PID:RANDOM".
+  std::string worker_id;
+  /// Jobs run at once (threads). Requires: >= 1. Default 1.
+  int concurrency = 1;
+  /// Jobs leased per lease() call by each thread (batching; 1 = one at a time). Requires: >= 1.
+  /// Default 1.
+  int batch = 1;
+  /// Wait between lease() calls that found nothing due. Requires: > 0. Default 100 ms.
+  Duration poll_interval = std::chrono::milliseconds(100);
+  /// Time between heartbeats. Requires: >= 0; 0 means a third of the queue's lease. Default 0.
+  Duration heartbeat_interval{};
+  /// After stop(): how long running handlers may take before their leases are released.
+  /// Requires: >= 0. Default 10 s.
+  Duration grace = std::chrono::seconds(10);
+  /// Return from run() once nothing is ready, running or scheduled for retry on the queue.
+  /// Default false.
+  bool exit_when_idle = false;
+  /// Delete done jobs of the queue older than this (prune_done), checked every heartbeat;
+  /// nullopt keeps them forever. Default nullopt.
+  std::optional<Duration> done_retention;
+  /// Called after every attempt, from the thread that ran it. Default none.
+  std::function<void(const WorkerEvent&)> on_event;
+  /// Called with a line when the database fails (the worker keeps going). Default: stderr.
+  std::function<void(std::string_view)> log;
+};
+
+class Worker {
+ public:
+  /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
+  /// Requires: pool, queue and handler outlive the worker; the pool allows at least
+  /// concurrency + 1 connections.
+  Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options, JobHandler handler);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  /// Works until stop() (then shuts down as described above) or, with exit_when_idle, until the
+  /// queue is idle. Returns the number of attempts whose outcome was recorded.
+  std::int64_t run();
+
+  /// Asks run() to shut down. Safe from any thread; idempotent.
+  void stop() noexcept;
+
+  /// Leases released at shutdown because their handlers outlived the grace period.
+  [[nodiscard]] std::int64_t released() const noexcept { return released_.load(); }
+  [[nodiscard]] const std::string& worker_id() const noexcept { return options_.worker_id; }
+
+ private:
+  void slot_loop();
+  void heartbeat_loop();
+  void log(const std::string& line) const;
+  void process(Connection& conn, const LeasedJob& job);
+
+  ConnectionPool& pool_;
+  const JobQueue& queue_;
+  WorkerOptions options_;
+  JobHandler handler_;
+
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> cancel_{false};
+  std::atomic<bool> finished_{false};  // slots and run() are done; the heartbeat thread exits
+  std::atomic<std::int64_t> recorded_{0};
+  std::atomic<std::int64_t> released_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  /// Leases held by running handlers: job id -> fence. Guarded by mu_.
+  std::map<std::int64_t, std::int64_t> active_;
+  /// Slot threads still running. Guarded by mu_.
+  int slots_running_ = 0;
+};
+
+}  // namespace keel::store

@@ -1,0 +1,753 @@
+// The durable job queue: enqueue, lease, heartbeat, complete, dead letters and statistics written
+// once for SQLite and PostgreSQL (see include/keel/store/queue.hpp for the life of a job).
+#include "keel/store/queue.hpp"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
+
+#include "keel/store/transaction.hpp"
+
+namespace keel::store {
+namespace {
+
+constexpr Migration kMigrations[] = {
+    {"CREATE TABLE keel_queues ("
+     " name TEXT PRIMARY KEY,"
+     " created_ms BIGINT NOT NULL);"
+     "CREATE TABLE keel_jobs ("
+     " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+     " queue TEXT NOT NULL REFERENCES keel_queues (name),"
+     " payload TEXT NOT NULL,"
+     " idem_key TEXT NOT NULL,"
+     " state TEXT NOT NULL CHECK (state IN"
+     "  ('ready', 'running', 'retry_scheduled', 'done', 'dead')),"
+     " attempts INTEGER NOT NULL,"
+     " max_attempts INTEGER NOT NULL,"
+     " run_at_ms BIGINT NOT NULL,"
+     " lease_owner TEXT,"
+     " leased_ms BIGINT,"
+     " lease_expires_ms BIGINT,"
+     " fence BIGINT NOT NULL,"
+     " dead_reason TEXT,"
+     " last_error TEXT,"
+     " replays INTEGER NOT NULL,"
+     " created_ms BIGINT NOT NULL,"
+     " updated_ms BIGINT NOT NULL,"
+     " finished_ms BIGINT);"
+     "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);"
+     "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);"
+     "CREATE TABLE keel_job_attempts ("
+     " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+     " job_id BIGINT NOT NULL REFERENCES keel_jobs (id) ON DELETE CASCADE,"
+     " round INTEGER NOT NULL,"
+     " attempt INTEGER NOT NULL,"
+     " started_ms BIGINT NOT NULL,"
+     " finished_ms BIGINT NOT NULL,"
+     " outcome TEXT NOT NULL,"
+     " error TEXT,"
+     " delay_ms BIGINT,"
+     " worker TEXT);"
+     "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);",
+     // PostgreSQL: identity columns instead of AUTOINCREMENT.
+     "CREATE TABLE keel_queues ("
+     " name TEXT PRIMARY KEY,"
+     " created_ms BIGINT NOT NULL);"
+     "CREATE TABLE keel_jobs ("
+     " id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+     " queue TEXT NOT NULL REFERENCES keel_queues (name),"
+     " payload TEXT NOT NULL,"
+     " idem_key TEXT NOT NULL,"
+     " state TEXT NOT NULL CHECK (state IN"
+     "  ('ready', 'running', 'retry_scheduled', 'done', 'dead')),"
+     " attempts INTEGER NOT NULL,"
+     " max_attempts INTEGER NOT NULL,"
+     " run_at_ms BIGINT NOT NULL,"
+     " lease_owner TEXT,"
+     " leased_ms BIGINT,"
+     " lease_expires_ms BIGINT,"
+     " fence BIGINT NOT NULL,"
+     " dead_reason TEXT,"
+     " last_error TEXT,"
+     " replays INTEGER NOT NULL,"
+     " created_ms BIGINT NOT NULL,"
+     " updated_ms BIGINT NOT NULL,"
+     " finished_ms BIGINT);"
+     "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);"
+     "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);"
+     "CREATE TABLE keel_job_attempts ("
+     " id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+     " job_id BIGINT NOT NULL REFERENCES keel_jobs (id) ON DELETE CASCADE,"
+     " round INTEGER NOT NULL,"
+     " attempt INTEGER NOT NULL,"
+     " started_ms BIGINT NOT NULL,"
+     " finished_ms BIGINT NOT NULL,"
+     " outcome TEXT NOT NULL,"
+     " error TEXT,"
+     " delay_ms BIGINT,"
+     " worker TEXT);"
+     "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);"},
+};
+
+constexpr int kReapBatch = 100;
+constexpr std::size_t kMaxErrorText = 2000;
+
+std::int64_t to_ms(Duration d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
+
+std::string clip(std::string_view s) {
+  return std::string(s.substr(0, std::min(s.size(), kMaxErrorText)));
+}
+
+// Runs fn in one transaction, retrying lost races (SQLITE_BUSY, 40001, 40P01); throws
+// DatabaseError when it cannot commit.
+void in_transaction(Connection& conn, const std::function<bool(Connection&)>& fn) {
+  const TransactionResult r = with_transaction_retry(conn, fn);
+  if (r.status == TransactionStatus::kCommitted || r.status == TransactionStatus::kRolledBack) {
+    return;
+  }
+  DatabaseError::Details details;
+  details.backend = conn.backend();
+  details.sqlstate = r.sqlstate;
+  details.during_commit = r.status == TransactionStatus::kCommitInDoubt;
+  throw DatabaseError("job queue transaction " + std::string(to_string(r.status)) + ": " + r.error,
+                      details);
+}
+
+std::string optional_text(const Rows& rows, std::size_t row, std::size_t col) {
+  const auto& cell = rows.cell(row, col);
+  return cell ? *cell : std::string();
+}
+
+std::string_view outcome_name(OutcomeKind kind) { return to_string(kind); }
+
+void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t round, std::int64_t attempt,
+                    std::int64_t started_ms, std::int64_t finished_ms, std::string_view outcome,
+                    std::string_view error, std::optional<std::int64_t> delay_ms,
+                    std::string_view worker) {
+  tx.query(
+      "INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms, finished_ms, outcome, "
+      "error, delay_ms, worker) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+      {job_id, round, attempt, started_ms, finished_ms, outcome,
+       error.empty() ? Value() : Value(clip(error)), delay_ms ? Value(*delay_ms) : Value(),
+       worker.empty() ? Value() : Value(worker)});
+}
+
+// " AND queue = $N" or nothing, for the commands that take an optional queue.
+std::string queue_filter(std::string_view queue, int param) {
+  return queue.empty() ? std::string() : " AND queue = $" + std::to_string(param);
+}
+
+}  // namespace
+
+std::string_view to_string(JobState state) noexcept {
+  switch (state) {
+    case JobState::kReady:
+      return "ready";
+    case JobState::kRunning:
+      return "running";
+    case JobState::kRetryScheduled:
+      return "retry_scheduled";
+    case JobState::kDone:
+      return "done";
+    case JobState::kDead:
+      return "dead";
+  }
+  return "ready";
+}
+
+std::optional<JobState> parse_job_state(std::string_view text) noexcept {
+  for (JobState s : {JobState::kReady, JobState::kRunning, JobState::kRetryScheduled,
+                     JobState::kDone, JobState::kDead}) {
+    if (to_string(s) == text) return s;
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(CompleteStatus status) noexcept {
+  switch (status) {
+    case CompleteStatus::kDone:
+      return "done";
+    case CompleteStatus::kRetryScheduled:
+      return "retry_scheduled";
+    case CompleteStatus::kDead:
+      return "dead";
+    case CompleteStatus::kStale:
+      return "stale";
+  }
+  return "stale";
+}
+
+std::string check_queue_name(std::string_view name) {
+  if (name.empty()) return "queue name is empty";
+  if (name.size() > 64) return "queue name is longer than 64 characters";
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '-';
+    if (!ok) {
+      return "queue name '" + std::string(name) +
+             "' may only contain letters, digits, '_', '.' and '-'";
+    }
+  }
+  return {};
+}
+
+std::string new_job_key() {
+  unsigned char b[16];
+  if (RAND_bytes(b, sizeof b) != 1) throw std::runtime_error("RAND_bytes failed");
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(36);
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kDigits[b[i] >> 4];
+    out += kDigits[b[i] & 0xf];
+  }
+  return out;
+}
+
+JobQueue::JobQueue(QueueOptions options)
+    : options_(options),
+      backoff_(options.backoff),
+      clock_(options.clock != nullptr ? options.clock : &steady_clock()),
+      rng_(options.seed != 0
+               ? options.seed
+               : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
+  if (options_.max_attempts < 1) {
+    throw std::invalid_argument("QueueOptions.max_attempts must be >= 1 (got " +
+                                std::to_string(options_.max_attempts) + ")");
+  }
+  if (options_.lease <= Duration::zero()) {
+    throw std::invalid_argument("QueueOptions.lease must be > 0 (got " +
+                                std::to_string(to_ms(options_.lease)) + "ms)");
+  }
+}
+
+void JobQueue::migrate(Connection& connection) {
+  (void)store::migrate(connection, "queue",
+                       std::span<const Migration>(std::begin(kMigrations), std::end(kMigrations)));
+}
+
+std::int64_t JobQueue::now_ms() const noexcept {
+  return to_ms(clock_->wall_now().time_since_epoch());
+}
+
+Duration JobQueue::next_delay(int retry) const {
+  std::lock_guard lock(rng_mu_);
+  return backoff_.delay(retry, Duration::zero(), rng_);
+}
+
+namespace {
+
+// A sentence naming what is wrong with the request, or empty.
+std::string check_request(const EnqueueRequest& request) {
+  if (std::string why = check_queue_name(request.queue); !why.empty()) return why;
+  if (nlohmann::json::parse(request.payload, nullptr, false).is_discarded()) {
+    return "payload is not valid JSON";
+  }
+  if (request.key.size() > 255) return "idempotency key is longer than 255 characters";
+  for (char c : request.key) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return "idempotency key contains a control character";
+    }
+  }
+  if (request.max_attempts < 0) {
+    return "max attempts must be >= 1 (got " + std::to_string(request.max_attempts) + ")";
+  }
+  if (request.delay < Duration::zero()) return "delay must be >= 0";
+  return {};
+}
+
+// Inserts one checked request inside an open transaction.
+void insert_job(Connection& tx, const EnqueueRequest& request, const std::string& key,
+                int max_attempts, std::int64_t now, EnqueueResult& out) {
+  const std::int64_t run_at = now + to_ms(request.delay);
+  tx.query(
+      "INSERT INTO keel_queues (name, created_ms) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+      {request.queue, now});
+  const Rows inserted = tx.query(
+      "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
+      " fence, replays, created_ms, updated_ms)"
+      " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)"
+      " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id",
+      {request.queue, request.payload, key, max_attempts, run_at, now});
+  if (!inserted.empty()) {
+    out.id = inserted.integer(0, 0);
+    out.created = true;
+    return;
+  }
+  const Rows existing =
+      tx.query("SELECT id FROM keel_jobs WHERE queue = $1 AND idem_key = $2", {request.queue, key});
+  if (existing.empty()) {
+    throw DatabaseError("enqueue: the job with key '" + key + "' vanished",
+                        {.backend = tx.backend()});
+  }
+  out.id = existing.integer(0, 0);
+  out.created = false;
+}
+
+}  // namespace
+
+EnqueueResult JobQueue::enqueue(Connection& connection, const EnqueueRequest& request) const {
+  std::vector<EnqueueResult> r = enqueue_many(connection, {request});
+  return std::move(r.front());
+}
+
+std::vector<EnqueueResult> JobQueue::enqueue_many(
+    Connection& connection, const std::vector<EnqueueRequest>& requests) const {
+  std::vector<EnqueueResult> out(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (std::string why = check_request(requests[i]); !why.empty()) {
+      for (EnqueueResult& r : out) r.error = why;
+      return out;
+    }
+  }
+  std::vector<std::string> keys;
+  keys.reserve(requests.size());
+  for (const EnqueueRequest& r : requests) keys.push_back(r.key.empty() ? new_job_key() : r.key);
+  const std::int64_t now = now_ms();
+  in_transaction(connection, [&](Connection& tx) {
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      const int max_attempts =
+          requests[i].max_attempts > 0 ? requests[i].max_attempts : options_.max_attempts;
+      insert_job(tx, requests[i], keys[i], max_attempts, now, out[i]);
+      out[i].idempotency_key = keys[i];
+    }
+    return true;
+  });
+  return out;
+}
+
+std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view queue,
+                                       std::string_view worker, int limit) const {
+  if (limit < 1) throw std::invalid_argument("lease: limit must be >= 1");
+  const bool pg = connection.backend() == Backend::kPostgres;
+  std::vector<LeasedJob> out;
+  in_transaction(connection, [&](Connection& tx) {
+    out.clear();
+    const std::int64_t now = now_ms();
+    // 1. Leases that expired: the worker died or stalled. Record the lost attempt; the job is
+    //    ready again, or dead when that was its last attempt. The new fence locks the old
+    //    worker out.
+    const Rows expired = tx.query(
+        std::string("SELECT id, attempts, max_attempts, leased_ms, lease_owner, replays"
+                    " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2"
+                    " ORDER BY run_at_ms LIMIT $3") +
+            (pg ? " FOR UPDATE SKIP LOCKED" : ""),
+        {queue, now, kReapBatch});
+    for (std::size_t i = 0; i < expired.size(); ++i) {
+      const std::int64_t id = expired.integer(i, 0);
+      const std::int64_t attempts = expired.integer(i, 1);
+      const std::int64_t max_attempts = expired.integer(i, 2);
+      const std::string owner = optional_text(expired, i, 4);
+      const std::string error = "lease held by " + owner + " expired (no heartbeat)";
+      const bool exhausted = attempts >= max_attempts;
+      tx.query(
+          "UPDATE keel_jobs SET state = $2, fence = fence + 1, lease_owner = NULL,"
+          " lease_expires_ms = NULL, run_at_ms = $3, last_error = $4, dead_reason = $5,"
+          " updated_ms = $3, finished_ms = $6 WHERE id = $1",
+          {id, exhausted ? "dead" : "ready", now, error,
+           exhausted ? Value("attempts exhausted: " + error) : Value(),
+           exhausted ? Value(now) : Value()});
+      insert_attempt(tx, id, expired.integer(i, 5), attempts,
+                     expired.cell(i, 3) ? expired.integer(i, 3) : now, now, "lease_expired", error,
+                     std::nullopt, owner);
+    }
+    // 2. Lease due jobs, oldest due first.
+    const std::int64_t expires = now + to_ms(options_.lease);
+    const std::string pick =
+        "SELECT id FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
+        " AND run_at_ms <= $2 ORDER BY run_at_ms, id LIMIT $4";
+    const std::string sql =
+        pg ? "WITH picked AS (" + pick +
+                 " FOR UPDATE SKIP LOCKED)"
+                 " UPDATE keel_jobs j SET state = 'running', attempts = j.attempts + 1,"
+                 " fence = j.fence + 1, lease_owner = $3, leased_ms = $2,"
+                 " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
+                 " FROM picked WHERE j.id = picked.id"
+                 " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence"
+           : "UPDATE keel_jobs SET state = 'running', attempts = attempts + 1,"
+             " fence = fence + 1, lease_owner = $3, leased_ms = $2,"
+             " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
+             " WHERE id IN (" +
+                 pick + ") RETURNING id, payload, idem_key, attempts, max_attempts, fence";
+    const Rows leased = tx.query(sql, {queue, now, worker, limit, expires});
+    out.reserve(leased.size());
+    for (std::size_t i = 0; i < leased.size(); ++i) {
+      LeasedJob job;
+      job.id = leased.integer(i, 0);
+      job.queue = std::string(queue);
+      job.payload = leased.text(i, 1);
+      job.idempotency_key = leased.text(i, 2);
+      job.attempt = static_cast<int>(leased.integer(i, 3));
+      job.max_attempts = static_cast<int>(leased.integer(i, 4));
+      job.fence = leased.integer(i, 5);
+      job.lease_expires_ms = expires;
+      out.push_back(std::move(job));
+    }
+    std::sort(out.begin(), out.end(),
+              [](const LeasedJob& a, const LeasedJob& b) { return a.id < b.id; });
+    return true;
+  });
+  return out;
+}
+
+bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
+  const std::int64_t now = now_ms();
+  const std::int64_t expires = now + to_ms(options_.lease);
+  const Rows r = connection.query(
+      "UPDATE keel_jobs SET lease_expires_ms = $3, run_at_ms = $3, updated_ms = $4"
+      " WHERE id = $1 AND fence = $2 AND state = 'running'",
+      {job_id, fence, expires, now});
+  return r.affected() == 1;
+}
+
+CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, std::int64_t fence,
+                                  const AttemptReport& report) const {
+  const bool pg = connection.backend() == Backend::kPostgres;
+  CompleteResult out;
+  in_transaction(connection, [&](Connection& tx) {
+    out = CompleteResult{};
+    const std::int64_t now = now_ms();
+    const Rows row = tx.query(
+        std::string("SELECT attempts, max_attempts, leased_ms, lease_owner, replays FROM keel_jobs"
+                    " WHERE id = $1 AND fence = $2 AND state = 'running'") +
+            (pg ? " FOR UPDATE" : ""),
+        {job_id, fence});
+    if (row.empty()) {
+      out.status = CompleteStatus::kStale;
+      return false;
+    }
+    const std::int64_t attempts = row.integer(0, 0);
+    const std::int64_t max_attempts = row.integer(0, 1);
+    const std::int64_t started = row.cell(0, 2) ? row.integer(0, 2) : now;
+    const std::string owner = optional_text(row, 0, 3);
+    const std::int64_t round = row.integer(0, 4);
+    const OutcomeKind kind = report.outcome.kind;
+    std::string error = report.error;
+    if (error.empty() && kind != OutcomeKind::kSuccess) error = describe(report.outcome);
+    std::optional<std::int64_t> delay_ms;
+    if (kind == OutcomeKind::kSuccess) {
+      out.status = CompleteStatus::kDone;
+      tx.query(
+          "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
+          " run_at_ms = $2, last_error = NULL, updated_ms = $2, finished_ms = $2 WHERE id = $1",
+          {job_id, now});
+    } else if (kind == OutcomeKind::kPermanent || attempts >= max_attempts) {
+      out.status = CompleteStatus::kDead;
+      out.dead_reason = kind == OutcomeKind::kPermanent
+                            ? "permanent: " + error
+                            : "attempts exhausted (" + std::to_string(attempts) + " of " +
+                                  std::to_string(max_attempts) + "): " + error;
+      out.dead_reason = clip(out.dead_reason);
+      tx.query(
+          "UPDATE keel_jobs SET state = 'dead', lease_owner = NULL, lease_expires_ms = NULL,"
+          " run_at_ms = $2, last_error = $3, dead_reason = $4, updated_ms = $2, finished_ms = $2"
+          " WHERE id = $1",
+          {job_id, now, clip(error), out.dead_reason});
+    } else {
+      // Transient, throttled or ambiguous: jobs always carry their key, so a repeat is safe.
+      Duration delay = next_delay(static_cast<int>(attempts) - 1);
+      if (report.outcome.has_server_delay()) {
+        delay = std::max(delay, std::min(report.outcome.server_delay, backoff_.options().cap));
+      }
+      out.status = CompleteStatus::kRetryScheduled;
+      out.delay = delay;
+      out.retry_at_ms = now + to_ms(delay);
+      delay_ms = to_ms(delay);
+      tx.query(
+          "UPDATE keel_jobs SET state = 'retry_scheduled', lease_owner = NULL,"
+          " lease_expires_ms = NULL, run_at_ms = $3, last_error = $4, updated_ms = $2"
+          " WHERE id = $1",
+          {job_id, now, out.retry_at_ms, clip(error)});
+    }
+    insert_attempt(tx, job_id, round, attempts, started, now, outcome_name(kind),
+                   kind == OutcomeKind::kSuccess ? std::string_view() : std::string_view(error),
+                   delay_ms, owner);
+    return true;
+  });
+  return out;
+}
+
+int JobQueue::complete_done(
+    Connection& connection,
+    const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const {
+  int current = 0;
+  in_transaction(connection, [&](Connection& tx) {
+    current = 0;
+    const std::int64_t now = now_ms();
+    for (const auto& [id, fence] : id_and_fence) {
+      const Rows r = tx.query(
+          "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
+          " run_at_ms = $3, last_error = NULL, updated_ms = $3, finished_ms = $3"
+          " WHERE id = $1 AND fence = $2 AND state = 'running'"
+          " RETURNING attempts, leased_ms, replays",
+          {id, fence, now});
+      if (r.empty()) continue;
+      ++current;
+      insert_attempt(tx, id, r.integer(0, 2), r.integer(0, 0), r.cell(0, 1) ? r.integer(0, 1) : now,
+                     now, "success", {}, std::nullopt, {});
+    }
+    return true;
+  });
+  return current;
+}
+
+bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t fence,
+                       std::string_view why) const {
+  bool released = false;
+  in_transaction(connection, [&](Connection& tx) {
+    const std::int64_t now = now_ms();
+    const Rows r = tx.query(
+        "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
+        " lease_expires_ms = NULL, run_at_ms = $3, last_error = $4, updated_ms = $3"
+        " WHERE id = $1 AND fence = $2 AND state = 'running'"
+        " RETURNING attempts, leased_ms, replays",
+        {job_id, fence, now, clip(why)});
+    released = !r.empty();
+    if (released) {
+      insert_attempt(tx, job_id, r.integer(0, 2), r.integer(0, 0),
+                     r.cell(0, 1) ? r.integer(0, 1) : now, now, "released", why, std::nullopt, {});
+    }
+    return true;
+  });
+  return released;
+}
+
+namespace {
+
+constexpr std::string_view kJobColumns =
+    "id, queue, payload, idem_key, state, attempts, max_attempts, run_at_ms, lease_owner,"
+    " lease_expires_ms, fence, dead_reason, last_error, replays, created_ms, updated_ms";
+
+Job read_job(const Rows& r, std::size_t i) {
+  Job j;
+  j.id = r.integer(i, 0);
+  j.queue = r.text(i, 1);
+  j.payload = r.text(i, 2);
+  j.idempotency_key = r.text(i, 3);
+  j.state = parse_job_state(r.text(i, 4)).value_or(JobState::kReady);
+  j.attempts = static_cast<int>(r.integer(i, 5));
+  j.max_attempts = static_cast<int>(r.integer(i, 6));
+  j.run_at_ms = r.integer(i, 7);
+  j.lease_owner = optional_text(r, i, 8);
+  if (r.cell(i, 9)) j.lease_expires_ms = r.integer(i, 9);
+  j.fence = r.integer(i, 10);
+  j.dead_reason = optional_text(r, i, 11);
+  j.last_error = optional_text(r, i, 12);
+  j.replays = static_cast<int>(r.integer(i, 13));
+  j.created_ms = r.integer(i, 14);
+  j.updated_ms = r.integer(i, 15);
+  return j;
+}
+
+}  // namespace
+
+std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) const {
+  const Rows r = connection.query(
+      "SELECT " + std::string(kJobColumns) + " FROM keel_jobs WHERE id = $1", {job_id});
+  if (r.empty()) return std::nullopt;
+  Job job = read_job(r, 0);
+  const Rows h = connection.query(
+      "SELECT round, attempt, started_ms, finished_ms, outcome, error, delay_ms, worker"
+      " FROM keel_job_attempts WHERE job_id = $1 ORDER BY id",
+      {job_id});
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    JobAttempt a;
+    a.round = static_cast<int>(h.integer(i, 0));
+    a.attempt = static_cast<int>(h.integer(i, 1));
+    a.started_ms = h.integer(i, 2);
+    a.finished_ms = h.integer(i, 3);
+    a.outcome = h.text(i, 4);
+    a.error = optional_text(h, i, 5);
+    if (h.cell(i, 6)) a.delay_ms = h.integer(i, 6);
+    a.worker = optional_text(h, i, 7);
+    job.history.push_back(std::move(a));
+  }
+  return job;
+}
+
+std::vector<Job> JobQueue::list_dead(Connection& connection, std::string_view queue,
+                                     int limit) const {
+  const std::string sql = "SELECT " + std::string(kJobColumns) +
+                          " FROM keel_jobs WHERE state = 'dead'" + queue_filter(queue, 2) +
+                          " ORDER BY updated_ms, id LIMIT $1";
+  const Rows r =
+      queue.empty() ? connection.query(sql, {limit}) : connection.query(sql, {limit, queue});
+  std::vector<Job> out;
+  out.reserve(r.size());
+  for (std::size_t i = 0; i < r.size(); ++i) out.push_back(read_job(r, i));
+  return out;
+}
+
+std::vector<std::int64_t> JobQueue::replay(Connection& connection,
+                                           const std::vector<std::int64_t>& ids) const {
+  std::vector<std::int64_t> out;
+  in_transaction(connection, [&](Connection& tx) {
+    out.clear();
+    const std::int64_t now = now_ms();
+    for (std::int64_t id : ids) {
+      const Rows r = tx.query(
+          "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
+          " replays = replays + 1, run_at_ms = $2, dead_reason = NULL, updated_ms = $2,"
+          " finished_ms = NULL WHERE id = $1 AND state = 'dead'",
+          {id, now});
+      if (r.affected() == 1) out.push_back(id);
+    }
+    return true;
+  });
+  return out;
+}
+
+std::int64_t JobQueue::replay_all(Connection& connection, std::string_view queue) const {
+  std::int64_t n = 0;
+  in_transaction(connection, [&](Connection& tx) {
+    const std::int64_t now = now_ms();
+    const std::string sql =
+        "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
+        " replays = replays + 1, run_at_ms = $1, dead_reason = NULL, updated_ms = $1,"
+        " finished_ms = NULL WHERE state = 'dead'" +
+        queue_filter(queue, 2);
+    const Rows r = queue.empty() ? tx.query(sql, {now}) : tx.query(sql, {now, queue});
+    n = r.affected();
+    return true;
+  });
+  return n;
+}
+
+std::vector<std::int64_t> JobQueue::discard(Connection& connection,
+                                            const std::vector<std::int64_t>& ids) const {
+  std::vector<std::int64_t> out;
+  in_transaction(connection, [&](Connection& tx) {
+    out.clear();
+    for (std::int64_t id : ids) {
+      const Rows dead = tx.query("SELECT 1 FROM keel_jobs WHERE id = $1 AND state = 'dead'", {id});
+      if (dead.empty()) continue;
+      tx.query("DELETE FROM keel_job_attempts WHERE job_id = $1", {id});
+      tx.query("DELETE FROM keel_jobs WHERE id = $1 AND state = 'dead'", {id});
+      out.push_back(id);
+    }
+    return true;
+  });
+  return out;
+}
+
+std::int64_t JobQueue::discard_all(Connection& connection, std::string_view queue) const {
+  std::int64_t n = 0;
+  in_transaction(connection, [&](Connection& tx) {
+    const std::string filter = queue_filter(queue, 1);
+    const std::string attempts_sql =
+        "DELETE FROM keel_job_attempts WHERE job_id IN (SELECT id FROM keel_jobs"
+        " WHERE state = 'dead'" +
+        filter + ")";
+    const std::string jobs_sql = "DELETE FROM keel_jobs WHERE state = 'dead'" + filter;
+    if (queue.empty()) {
+      tx.query(attempts_sql);
+      n = tx.query(jobs_sql).affected();
+    } else {
+      tx.query(attempts_sql, {queue});
+      n = tx.query(jobs_sql, {queue}).affected();
+    }
+    return true;
+  });
+  return n;
+}
+
+std::int64_t JobQueue::dead_depth(Connection& connection, std::string_view queue) const {
+  const std::string sql =
+      "SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead'" + queue_filter(queue, 1);
+  const Rows r = queue.empty() ? connection.query(sql) : connection.query(sql, {queue});
+  return r.integer(0, 0);
+}
+
+std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
+  const std::int64_t now = now_ms();
+  std::vector<QueueStats> out;
+  const Rows queues = connection.query("SELECT name FROM keel_queues ORDER BY name");
+  for (std::size_t i = 0; i < queues.size(); ++i) {
+    QueueStats s;
+    s.queue = queues.text(i, 0);
+    out.push_back(std::move(s));
+  }
+  const auto find = [&](const std::string& name) -> QueueStats* {
+    for (QueueStats& s : out) {
+      if (s.queue == name) return &s;
+    }
+    return nullptr;
+  };
+  const Rows counts =
+      connection.query("SELECT queue, state, COUNT(*) FROM keel_jobs GROUP BY queue, state");
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    QueueStats* s = find(counts.text(i, 0));
+    if (s == nullptr) continue;
+    const std::int64_t n = counts.integer(i, 2);
+    switch (parse_job_state(counts.text(i, 1)).value_or(JobState::kReady)) {
+      case JobState::kReady:
+        s->ready = n;
+        break;
+      case JobState::kRunning:
+        s->running = n;
+        break;
+      case JobState::kRetryScheduled:
+        s->retry_scheduled = n;
+        break;
+      case JobState::kDone:
+        s->done = n;
+        break;
+      case JobState::kDead:
+        s->dead = n;
+        break;
+    }
+  }
+  const Rows oldest = connection.query(
+      "SELECT queue, MIN(run_at_ms) FROM keel_jobs WHERE state IN ('ready', 'retry_scheduled')"
+      " AND run_at_ms <= $1 GROUP BY queue",
+      {now});
+  for (std::size_t i = 0; i < oldest.size(); ++i) {
+    QueueStats* s = find(oldest.text(i, 0));
+    if (s == nullptr || !oldest.cell(i, 1)) continue;
+    s->oldest_ready_age =
+        std::chrono::milliseconds(std::max<std::int64_t>(0, now - oldest.integer(i, 1)));
+  }
+  return out;
+}
+
+bool JobQueue::queue_exists(Connection& connection, std::string_view queue) const {
+  return !connection.query("SELECT 1 FROM keel_queues WHERE name = $1", {queue}).empty();
+}
+
+bool JobQueue::idle(Connection& connection, std::string_view queue) const {
+  return connection
+      .query(
+          "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'running',"
+          " 'retry_scheduled') LIMIT 1",
+          {queue})
+      .empty();
+}
+
+std::int64_t JobQueue::prune_done(Connection& connection, std::string_view queue,
+                                  Duration retention, int batch) const {
+  if (retention < Duration::zero()) throw std::invalid_argument("prune_done: retention < 0");
+  if (batch < 1) throw std::invalid_argument("prune_done: batch must be >= 1");
+  std::int64_t n = 0;
+  in_transaction(connection, [&](Connection& tx) {
+    const std::int64_t cutoff = now_ms() - to_ms(retention);
+    const std::string pick =
+        "SELECT id FROM keel_jobs WHERE queue = $1 AND state = 'done' AND finished_ms <= $2"
+        " ORDER BY finished_ms LIMIT $3";
+    tx.query("DELETE FROM keel_job_attempts WHERE job_id IN (" + pick + ")",
+             {queue, cutoff, batch});
+    n = tx.query("DELETE FROM keel_jobs WHERE id IN (" + pick + ")", {queue, cutoff, batch})
+            .affected();
+    return true;
+  });
+  return n;
+}
+
+}  // namespace keel::store

@@ -1,0 +1,238 @@
+// The job-queue worker: slot threads that lease and run jobs, one heartbeat thread, and the
+// graceful shutdown described in include/keel/store/queue_worker.hpp.
+#include "keel/store/queue_worker.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace keel::store {
+namespace {
+
+std::string default_worker_id() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return std::string(host[0] != '\0' ? host : "localhost") + ":" + std::to_string(getpid()) + ":" +
+         new_job_key().substr(0, 8);
+}
+
+}  // namespace
+
+Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,
+               JobHandler handler)
+    : pool_(pool), queue_(queue), options_(std::move(options)), handler_(std::move(handler)) {
+  if (std::string why = check_queue_name(options_.queue); !why.empty()) {
+    throw std::invalid_argument("WorkerOptions.queue: " + why);
+  }
+  if (options_.concurrency < 1) {
+    throw std::invalid_argument("WorkerOptions.concurrency must be >= 1 (got " +
+                                std::to_string(options_.concurrency) + ")");
+  }
+  if (options_.batch < 1) {
+    throw std::invalid_argument("WorkerOptions.batch must be >= 1 (got " +
+                                std::to_string(options_.batch) + ")");
+  }
+  if (options_.poll_interval <= Duration::zero()) {
+    throw std::invalid_argument("WorkerOptions.poll_interval must be > 0");
+  }
+  if (options_.heartbeat_interval < Duration::zero()) {
+    throw std::invalid_argument("WorkerOptions.heartbeat_interval must be >= 0");
+  }
+  if (options_.grace < Duration::zero()) {
+    throw std::invalid_argument("WorkerOptions.grace must be >= 0");
+  }
+  if (options_.done_retention && *options_.done_retention < Duration::zero()) {
+    throw std::invalid_argument("WorkerOptions.done_retention must be >= 0");
+  }
+  if (!handler_) throw std::invalid_argument("Worker: handler is empty");
+  if (options_.heartbeat_interval == Duration::zero()) {
+    options_.heartbeat_interval =
+        std::max(Duration(std::chrono::milliseconds(1)), queue_.options().lease / 3);
+  }
+  if (options_.worker_id.empty()) options_.worker_id = default_worker_id();
+}
+
+Worker::~Worker() = default;
+
+void Worker::log(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    std::fprintf(stderr, "keel worker %s: %s\n", options_.worker_id.c_str(), line.c_str());
+  }
+}
+
+void Worker::stop() noexcept {
+  {
+    std::lock_guard lock(mu_);
+    stopping_.store(true);
+  }
+  cv_.notify_all();
+}
+
+void Worker::process(Connection& conn, const LeasedJob& job) {
+  const TimePoint start = queue_.clock().now();
+  AttemptReport report;
+  try {
+    report = handler_(job, cancel_);
+  } catch (const std::exception& e) {
+    report.outcome = Outcome::permanent();
+    report.error = std::string("handler threw: ") + e.what();
+  }
+  {
+    std::lock_guard lock(mu_);
+    active_.erase(job.id);
+  }
+  WorkerEvent event;
+  event.job = job;
+  event.report = report;
+  event.took = queue_.clock().now() - start;
+  event.result = queue_.complete(conn, job.id, job.fence, report);
+  if (event.result.status != CompleteStatus::kStale) recorded_.fetch_add(1);
+  if (options_.on_event) options_.on_event(event);
+}
+
+void Worker::slot_loop() {
+  std::optional<ConnectionPool::Lease> conn;
+  while (!stopping_.load()) {
+    std::vector<LeasedJob> jobs;
+    try {
+      if (!conn || (*conn)->broken()) {
+        conn.reset();
+        conn.emplace(pool_.acquire());
+      }
+      jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch);
+      if (jobs.empty() && options_.exit_when_idle && queue_.idle(**conn, options_.queue)) {
+        stop();
+        break;
+      }
+    } catch (const std::exception& e) {
+      log(std::string("lease failed: ") + e.what());
+      if (conn && (*conn)->broken()) conn.reset();
+    }
+    if (jobs.empty()) {
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, options_.poll_interval, [&] { return stopping_.load(); });
+      continue;
+    }
+    {
+      std::lock_guard lock(mu_);
+      for (const LeasedJob& job : jobs) active_[job.id] = job.fence;
+    }
+    for (const LeasedJob& job : jobs) {
+      try {
+        if (stopping_.load()) {
+          // Leased in this batch but not started: give it back at once.
+          {
+            std::lock_guard lock(mu_);
+            active_.erase(job.id);
+          }
+          if (queue_.release(**conn, job.id, job.fence, "worker stopping; not started")) {
+            released_.fetch_add(1);
+          }
+          continue;
+        }
+        process(**conn, job);
+      } catch (const std::exception& e) {
+        log("job " + std::to_string(job.id) + ": recording the outcome failed: " + e.what() +
+            " (the lease expires and the job runs again)");
+        std::lock_guard lock(mu_);
+        active_.erase(job.id);
+        if ((*conn)->broken()) conn.reset();
+        if (!conn) break;
+      }
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    --slots_running_;
+  }
+  cv_.notify_all();
+}
+
+void Worker::heartbeat_loop() {
+  std::optional<ConnectionPool::Lease> conn;
+  TimePoint last_prune{};
+  while (!finished_.load()) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, options_.heartbeat_interval, [&] { return finished_.load(); });
+    }
+    if (finished_.load()) break;
+    std::map<std::int64_t, std::int64_t> leases;
+    {
+      std::lock_guard lock(mu_);
+      leases = active_;
+    }
+    try {
+      if (!conn || (*conn)->broken()) {
+        conn.reset();
+        conn.emplace(pool_.acquire());
+      }
+      for (const auto& [id, fence] : leases) {
+        if (!queue_.heartbeat(**conn, id, fence)) {
+          log("job " + std::to_string(id) + ": lease lost (taken over or released)");
+        }
+      }
+      const TimePoint now = queue_.clock().now();
+      if (options_.done_retention && !stopping_.load() &&
+          now - last_prune >= std::chrono::seconds(10)) {
+        last_prune = now;
+        (void)queue_.prune_done(**conn, options_.queue, *options_.done_retention);
+      }
+    } catch (const std::exception& e) {
+      log(std::string("heartbeat failed: ") + e.what());
+      if (conn && (*conn)->broken()) conn.reset();
+    }
+  }
+}
+
+std::int64_t Worker::run() {
+  {
+    std::lock_guard lock(mu_);
+    slots_running_ = options_.concurrency;
+  }
+  std::vector<std::thread> slots;
+  slots.reserve(static_cast<std::size_t>(options_.concurrency));
+  for (int i = 0; i < options_.concurrency; ++i) slots.emplace_back([this] { slot_loop(); });
+  std::thread heartbeats([this] { heartbeat_loop(); });
+
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return stopping_.load() || slots_running_ == 0; });
+    // Stopping: running handlers have the grace period to finish.
+    cv_.wait_for(lock, options_.grace, [&] { return slots_running_ == 0; });
+  }
+  std::map<std::int64_t, std::int64_t> remaining;
+  {
+    std::lock_guard lock(mu_);
+    remaining = active_;
+  }
+  if (!remaining.empty()) {
+    try {
+      auto conn = pool_.acquire();
+      for (const auto& [id, fence] : remaining) {
+        if (queue_.release(*conn, id, fence, "worker stopped; grace period over")) {
+          released_.fetch_add(1);
+        }
+      }
+    } catch (const std::exception& e) {
+      log(std::string("releasing leases failed: ") + e.what() +
+          " (they expire and the jobs run again)");
+    }
+  }
+  cancel_.store(true);
+  for (std::thread& t : slots) t.join();
+  {
+    std::lock_guard lock(mu_);
+    finished_.store(true);
+  }
+  cv_.notify_all();
+  heartbeats.join();
+  return recorded_.load();
+}
+
+}  // namespace keel::store

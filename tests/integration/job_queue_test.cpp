@@ -1,0 +1,362 @@
+// keel::store::JobQueue and Worker on real SQLite files and a real PostgreSQL server: keys and
+// the unique index, leases, heartbeats and fencing, backoff and dead letters, all in virtual time
+// (ManualClock); concurrent leasing with real threads; graceful shutdown of a Worker.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "keel/store/queue.hpp"
+#include "keel/store/queue_worker.hpp"
+#include "test_support.hpp"
+
+namespace keel::store {
+namespace {
+
+using namespace std::chrono_literals;
+
+class JobQueueTest : public test::BackendTest {
+ protected:
+  void SetUp() override {
+    test::BackendTest::SetUp();
+    if (IsSkipped()) return;
+    conn_ = open_database(url());
+    JobQueue::migrate(*conn_);
+  }
+
+  [[nodiscard]] JobQueue make_queue(QueueOptions o = {}) {
+    o.clock = &clock_;
+    if (o.seed == 0) o.seed = 42;
+    return JobQueue(o);
+  }
+
+  [[nodiscard]] std::int64_t count(const std::string& sql) {
+    return conn_->query(sql).integer(0, 0);
+  }
+
+  ManualClock clock_;
+  std::unique_ptr<Connection> conn_;
+};
+
+TEST_P(JobQueueTest, SameKeyOnSameQueueReturnsTheExistingJob) {
+  JobQueue q = make_queue();
+  const auto a = q.enqueue(*conn_, {.queue = "mail", .payload = R"({"n":1})", .key = "k-1"});
+  const auto b = q.enqueue(*conn_, {.queue = "mail", .payload = R"({"n":2})", .key = "k-1"});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a.created);
+  EXPECT_FALSE(b.created);
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 1);
+  EXPECT_EQ(q.get(*conn_, a.id)->payload, R"({"n":1})");
+  // The same key on another queue is another job.
+  const auto c = q.enqueue(*conn_, {.queue = "sms", .payload = "{}", .key = "k-1"});
+  EXPECT_TRUE(c.created);
+  EXPECT_NE(c.id, a.id);
+  // The unique index itself refuses a second row, whatever the code path.
+  EXPECT_THROW(conn_->query("INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts,"
+                            " max_attempts, run_at_ms, fence, replays, created_ms, updated_ms)"
+                            " VALUES ('mail', '{}', 'k-1', 'ready', 0, 1, 0, 0, 0, 0, 0)"),
+               DatabaseError);
+}
+
+TEST_P(JobQueueTest, GeneratedKeyIsAUuidStoredOnceAndKeptAcrossAttempts) {
+  JobQueue q = make_queue({.backoff = {.base = 1s, .cap = 1s}});
+  const auto a = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  const auto b = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  ASSERT_EQ(a.idempotency_key.size(), 36u);
+  EXPECT_EQ(a.idempotency_key[14], '4');
+  EXPECT_NE(a.idempotency_key, b.idempotency_key);
+  auto first = q.lease(*conn_, "q", "w", 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].idempotency_key, a.idempotency_key);
+  ASSERT_EQ(
+      q.complete(*conn_, first[0].id, first[0].fence, {.outcome = Outcome::transient()}).status,
+      CompleteStatus::kRetryScheduled);
+  clock_.advance(2s);
+  auto leased = q.lease(*conn_, "q", "w", 2);
+  ASSERT_EQ(leased.size(), 2u);
+  EXPECT_EQ(leased[0].idempotency_key, a.idempotency_key);
+  EXPECT_EQ(leased[0].attempt, 2);
+}
+
+TEST_P(JobQueueTest, InvalidRequestsAreRefusedAndWriteNothing) {
+  JobQueue q = make_queue();
+  EXPECT_NE(q.enqueue(*conn_, {.queue = "q", .payload = "{not json"}).error.find("JSON"),
+            std::string::npos);
+  EXPECT_FALSE(q.enqueue(*conn_, {.queue = "bad name!", .payload = "{}"}).ok());
+  EXPECT_FALSE(q.enqueue(*conn_, {.queue = "", .payload = "{}"}).ok());
+  EXPECT_FALSE(q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "a\nb"}).ok());
+  EXPECT_FALSE(q.enqueue(*conn_, {.queue = "q", .payload = "{}", .max_attempts = -1}).ok());
+  const auto batch =
+      q.enqueue_many(*conn_, {{.queue = "q", .payload = "{}"}, {.queue = "q", .payload = "nope"}});
+  EXPECT_FALSE(batch[0].ok());
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 0);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_queues"), 0);
+  EXPECT_THROW(JobQueue({.max_attempts = 0}), std::invalid_argument);
+  EXPECT_THROW(JobQueue({.lease = 0s}), std::invalid_argument);
+}
+
+TEST_P(JobQueueTest, ExpiredLeaseIsTakenOverAndTheStaleWorkerIsFencedOut) {
+  JobQueue q = make_queue({.lease = 30s});
+  const auto job = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  auto a = q.lease(*conn_, "q", "worker-a", 1);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_TRUE(q.lease(*conn_, "q", "worker-b", 1).empty()) << "leased twice";
+  clock_.advance(29s);
+  EXPECT_TRUE(q.lease(*conn_, "q", "worker-b", 1).empty()) << "lease ended early";
+  clock_.advance(2s);  // worker-a died: no heartbeat
+  auto b = q.lease(*conn_, "q", "worker-b", 1);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].id, job.id);
+  EXPECT_GT(b[0].fence, a[0].fence);
+  EXPECT_EQ(b[0].attempt, 2);
+  // worker-a comes back late: its outcome and heartbeat are refused.
+  EXPECT_EQ(q.complete(*conn_, a[0].id, a[0].fence, {}).status, CompleteStatus::kStale);
+  EXPECT_FALSE(q.heartbeat(*conn_, a[0].id, a[0].fence));
+  EXPECT_EQ(q.complete(*conn_, b[0].id, b[0].fence, {}).status, CompleteStatus::kDone);
+  const auto stored = q.get(*conn_, job.id);
+  ASSERT_EQ(stored->history.size(), 2u);
+  EXPECT_EQ(stored->history[0].outcome, "lease_expired");
+  EXPECT_EQ(stored->history[0].worker, "worker-a");
+  EXPECT_EQ(stored->history[1].outcome, "success");
+  EXPECT_EQ(stored->state, JobState::kDone);
+}
+
+TEST_P(JobQueueTest, HeartbeatsKeepTheLease) {
+  JobQueue q = make_queue({.lease = 30s});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  auto a = q.lease(*conn_, "q", "a", 1);
+  ASSERT_EQ(a.size(), 1u);
+  for (int i = 0; i < 5; ++i) {
+    clock_.advance(20s);
+    ASSERT_TRUE(q.heartbeat(*conn_, a[0].id, a[0].fence));
+    EXPECT_TRUE(q.lease(*conn_, "q", "b", 1).empty()) << "after " << (i + 1) * 20 << "s";
+  }
+  EXPECT_EQ(q.complete(*conn_, a[0].id, a[0].fence, {}).status, CompleteStatus::kDone);
+}
+
+TEST_P(JobQueueTest, TransientFailuresBackOffWithFullJitterThenDieWhenExhausted) {
+  JobQueue q = make_queue({.backoff = {.base = 1s, .cap = 8s}});
+  const auto job = q.enqueue(*conn_, {.queue = "q", .payload = "{}", .max_attempts = 5});
+  for (int attempt = 1; attempt <= 5; ++attempt) {
+    auto leased = q.lease(*conn_, "q", "w", 1);
+    ASSERT_EQ(leased.size(), 1u) << "attempt " << attempt;
+    EXPECT_EQ(leased[0].attempt, attempt);
+    const auto r = q.complete(*conn_, leased[0].id, leased[0].fence,
+                              {.outcome = Outcome::transient(), .error = "HTTP 503"});
+    if (attempt < 5) {
+      ASSERT_EQ(r.status, CompleteStatus::kRetryScheduled);
+      const Duration ceiling = std::min<Duration>(8s, Duration(1s) * (1 << (attempt - 1)));
+      EXPECT_GE(r.delay, Duration::zero());
+      EXPECT_LT(r.delay, ceiling);
+      // Not due before its time (the clock moves in whole milliseconds here).
+      const std::int64_t wait_ms = r.retry_at_ms - q.now_ms();
+      if (wait_ms >= 1) {
+        clock_.advance(std::chrono::milliseconds(wait_ms - 1));
+        EXPECT_TRUE(q.lease(*conn_, "q", "w", 1).empty());
+      }
+      clock_.advance(1ms);
+    } else {
+      EXPECT_EQ(r.status, CompleteStatus::kDead);
+      EXPECT_NE(r.dead_reason.find("attempts exhausted (5 of 5): HTTP 503"), std::string::npos);
+    }
+  }
+  const auto stored = q.get(*conn_, job.id);
+  EXPECT_EQ(stored->state, JobState::kDead);
+  ASSERT_EQ(stored->history.size(), 5u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(stored->history[i].outcome, "transient");
+    EXPECT_EQ(stored->history[i].error, "HTTP 503");
+    EXPECT_TRUE(stored->history[i].delay_ms.has_value());
+  }
+  EXPECT_FALSE(stored->history[4].delay_ms.has_value());
+  EXPECT_EQ(q.dead_depth(*conn_, "q"), 1);
+}
+
+TEST_P(JobQueueTest, DefaultsAreBase1sCap1hAnd25Attempts) {
+  JobQueue q(QueueOptions{});
+  EXPECT_EQ(q.options().max_attempts, 25);
+  EXPECT_EQ(q.options().backoff.base, Duration(1s));
+  EXPECT_EQ(q.options().backoff.cap, Duration(1h));
+  EXPECT_EQ(q.options().backoff.jitter, Jitter::kFull);
+}
+
+TEST_P(JobQueueTest, RetryAfterIsHonouredUpToTheCap) {
+  JobQueue q = make_queue({.backoff = {.base = 10ms, .cap = 1min}});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  auto l = q.lease(*conn_, "q", "w", 1);
+  const auto r = q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::throttled(30s)});
+  EXPECT_EQ(r.status, CompleteStatus::kRetryScheduled);
+  EXPECT_GE(r.delay, Duration(30s));
+  clock_.advance(29s);
+  EXPECT_TRUE(q.lease(*conn_, "q", "w", 1).empty());
+}
+
+TEST_P(JobQueueTest, PermanentFailureIsDeadAtOnceWithTheReason) {
+  JobQueue q = make_queue();
+  const auto job = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  auto l = q.lease(*conn_, "q", "w", 1);
+  const auto r = q.complete(*conn_, l[0].id, l[0].fence,
+                            {.outcome = Outcome::permanent(), .error = "HTTP 400: bad field"});
+  EXPECT_EQ(r.status, CompleteStatus::kDead);
+  const auto dead = q.list_dead(*conn_);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].id, job.id);
+  EXPECT_EQ(dead[0].attempts, 1);
+  EXPECT_EQ(dead[0].dead_reason, "permanent: HTTP 400: bad field");
+}
+
+TEST_P(JobQueueTest, ReplayKeepsTheKeyAndResetsAttemptsDiscardRemoves) {
+  JobQueue q = make_queue();
+  const auto a = q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "same"});
+  const auto b = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  for (int i = 0; i < 2; ++i) {
+    auto l = q.lease(*conn_, "q", "w", 1);
+    ASSERT_EQ(l.size(), 1u);
+    (void)q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::permanent()});
+  }
+  EXPECT_EQ(q.dead_depth(*conn_), 2);
+  EXPECT_EQ(q.replay(*conn_, {a.id, 999999}), std::vector<std::int64_t>{a.id});
+  auto again = q.lease(*conn_, "q", "w", 1);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].idempotency_key, "same");
+  EXPECT_EQ(again[0].attempt, 1);
+  EXPECT_EQ(q.complete(*conn_, again[0].id, again[0].fence, {}).status, CompleteStatus::kDone);
+  const auto replayed = q.get(*conn_, a.id);
+  EXPECT_EQ(replayed->replays, 1);
+  ASSERT_EQ(replayed->history.size(), 2u);
+  EXPECT_EQ(replayed->history[1].round, 1);
+  EXPECT_EQ(q.discard(*conn_, {a.id}), std::vector<std::int64_t>{}) << "done is not dead";
+  EXPECT_EQ(q.discard(*conn_, {b.id}), std::vector<std::int64_t>{b.id});
+  EXPECT_FALSE(q.get(*conn_, b.id).has_value());
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_job_attempts WHERE job_id = " + std::to_string(b.id)),
+            0);
+  EXPECT_EQ(q.dead_depth(*conn_), 0);
+}
+
+TEST_P(JobQueueTest, DoneJobsArePrunedOnlyPastAnExplicitRetention) {
+  JobQueue q = make_queue();
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  auto l = q.lease(*conn_, "q", "w", 1);
+  (void)q.complete(*conn_, l[0].id, l[0].fence, {});
+  clock_.advance(30min);
+  EXPECT_EQ(q.prune_done(*conn_, "q", 1h), 0);
+  clock_.advance(31min);
+  EXPECT_EQ(q.prune_done(*conn_, "q", 1h), 1);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 0);
+}
+
+TEST_P(JobQueueTest, StatsCountStatesAndTheOldestReadyAge) {
+  JobQueue q = make_queue();
+  (void)q.enqueue(*conn_, {.queue = "a", .payload = "{}"});
+  clock_.advance(5s);
+  (void)q.enqueue(*conn_, {.queue = "a", .payload = "{}"});
+  (void)q.enqueue(*conn_, {.queue = "a", .payload = "{}", .delay = 1h});
+  (void)q.enqueue(*conn_, {.queue = "b", .payload = "{}"});
+  auto l = q.lease(*conn_, "b", "w", 1);
+  (void)q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::permanent()});
+  clock_.advance(5s);
+  const auto stats = q.stats(*conn_);
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[0].queue, "a");
+  EXPECT_EQ(stats[0].ready, 3);
+  EXPECT_EQ(stats[0].oldest_ready_age, Duration(10s));
+  EXPECT_EQ(stats[1].dead, 1);
+  EXPECT_EQ(stats[1].oldest_ready_age, Duration::zero());
+  EXPECT_FALSE(q.idle(*conn_, "a"));
+  EXPECT_TRUE(q.idle(*conn_, "b"));
+  EXPECT_TRUE(q.queue_exists(*conn_, "b"));
+  EXPECT_FALSE(q.queue_exists(*conn_, "c"));
+}
+
+TEST_P(JobQueueTest, ConcurrentWorkersNeverLeaseOneJobTwice) {
+  JobQueue q = make_queue({.lease = 1h});
+  std::vector<EnqueueRequest> batch(300, EnqueueRequest{.queue = "q", .payload = "{}"});
+  for (const auto& r : q.enqueue_many(*conn_, batch)) ASSERT_TRUE(r.ok());
+  std::mutex mu;
+  std::multiset<std::int64_t> seen;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto conn = open_database(url());
+      for (;;) {
+        auto jobs = q.lease(*conn, "q", "w" + std::to_string(t), 1 + t % 3);
+        if (jobs.empty()) break;
+        std::vector<std::pair<std::int64_t, std::int64_t>> done;
+        for (const auto& j : jobs) done.emplace_back(j.id, j.fence);
+        {
+          std::lock_guard lock(mu);
+          for (const auto& j : jobs) seen.insert(j.id);
+        }
+        EXPECT_EQ(q.complete_done(*conn, done), static_cast<int>(done.size()));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(seen.size(), 300u);
+  EXPECT_EQ(std::set<std::int64_t>(seen.begin(), seen.end()).size(), 300u);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 300);
+}
+
+TEST_P(JobQueueTest, WorkerReleasesJobsStillRunningAfterTheGracePeriod) {
+  ConnectionPool pool(url(), {.max_connections = 4});
+  JobQueue q({.lease = 30s, .seed = 1});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "fast"});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "slow"});
+  std::atomic<int> started{0};
+  std::atomic<bool> slow_cancelled{false};
+  Worker* self = nullptr;
+  Worker worker(pool, q, {.queue = "q", .concurrency = 1, .poll_interval = 5ms, .grace = 50ms},
+                [&](const LeasedJob& job, const std::atomic<bool>& cancel) {
+                  started.fetch_add(1);
+                  if (job.idempotency_key == "fast") return AttemptReport{};
+                  self->stop();  // SIGTERM arrives while the slow job runs
+                  while (!cancel.load()) std::this_thread::yield();
+                  slow_cancelled = true;
+                  return AttemptReport{};
+                });
+  self = &worker;
+  (void)worker.run();
+  EXPECT_TRUE(slow_cancelled.load());
+  EXPECT_EQ(worker.released(), 1);
+  const auto rows = conn_->query("SELECT idem_key, state FROM keel_jobs ORDER BY idem_key");
+  // The slow job is ready for another worker; its late success was refused (fenced).
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows.text(1, 0), "slow");
+  EXPECT_EQ(rows.text(1, 1), "ready");
+  // The fast one (leased first: due at the same time, ids in order) finished before the stop.
+  EXPECT_EQ(rows.text(0, 1), "done");
+  EXPECT_EQ(started.load(), 2);
+}
+
+TEST_P(JobQueueTest, WorkerDrainsTheQueueAndExitsWhenIdle) {
+  ConnectionPool pool(url(), {.max_connections = 6});
+  JobQueue q({.backoff = {.base = 1ms, .cap = 2ms}, .seed = 3});
+  std::vector<EnqueueRequest> batch(60, EnqueueRequest{.queue = "q", .payload = "{}"});
+  (void)q.enqueue_many(*conn_, batch);
+  std::mutex mu;
+  std::map<std::string, int> calls;
+  Worker worker(
+      pool, q,
+      {.queue = "q", .concurrency = 3, .batch = 2, .poll_interval = 1ms, .exit_when_idle = true},
+      [&](const LeasedJob& job, const std::atomic<bool>&) {
+        std::lock_guard lock(mu);
+        // Every job fails transiently once, then succeeds.
+        return ++calls[job.idempotency_key] == 1
+                   ? AttemptReport{.outcome = Outcome::transient(), .error = "flaky"}
+                   : AttemptReport{};
+      });
+  EXPECT_EQ(worker.run(), 120);
+  EXPECT_EQ(calls.size(), 60u);
+  for (const auto& [key, n] : calls) EXPECT_EQ(n, 2) << key;
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 60);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, JobQueueTest,
+                         ::testing::Values(Backend::kSqlite, Backend::kPostgres),
+                         test::backend_name);
+
+}  // namespace
+}  // namespace keel::store

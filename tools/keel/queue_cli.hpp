@@ -1,0 +1,76 @@
+// Pieces shared by `keel jobs` and `keel dlq`: opening the queue's database from --db, and
+// messages in one format.
+#pragma once
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "commands.hpp"
+#include "keel/store/database.hpp"
+#include "keel/store/queue.hpp"
+
+namespace keel::cli::queue_cli {
+
+/// Exit status of an operational failure (the database could not be opened or written).
+inline constexpr int kExitFailure = 1;
+
+inline int usage_error(const char* command, const std::string& message) {
+  std::fprintf(stderr, "keel %s: %s\n", command, message.c_str());
+  return kExitUsage;
+}
+
+inline int failure(const char* command, const std::string& message) {
+  std::fprintf(stderr, "keel %s: %s\n", command, message.c_str());
+  return kExitFailure;
+}
+
+/// Parses --db; prints an error naming the flag and returns nullopt when malformed.
+inline std::optional<store::DatabaseUrl> parse_db_flag(const char* command,
+                                                       const std::string& text) {
+  std::string why;
+  auto url = store::parse_database_url(text, &why);
+  if (!url) usage_error(command, "--db: invalid database URL '" + text + "': " + why);
+  return url;
+}
+
+/// Whether the database may be opened without creating it: a SQLite file must exist (read and
+/// dead-letter commands never create a database); PostgreSQL always may.
+inline bool database_exists(const store::DatabaseUrl& url) {
+  if (url.backend != store::Backend::kSqlite) return true;
+  if (url.target == ":memory:") return true;
+  std::error_code ec;
+  return std::filesystem::exists(url.target, ec);
+}
+
+/// Opens the database; with `create`, migrates the queue's schema. Without it, a database that
+/// has no queue schema yet is left untouched and `has_schema` is false. Throws DatabaseError.
+inline std::unique_ptr<store::Connection> open_queue_db(const store::DatabaseUrl& url, bool create,
+                                                        bool* has_schema) {
+  auto conn = store::open_database(url);
+  if (create) {
+    store::JobQueue::migrate(*conn);
+    if (has_schema != nullptr) *has_schema = true;
+  } else {
+    const bool present = store::schema_version(*conn, "queue") > 0;
+    if (present) store::JobQueue::migrate(*conn);  // upgrades an older schema; no-op otherwise
+    if (has_schema != nullptr) *has_schema = present;
+  }
+  return conn;
+}
+
+/// "2026-01-02T03:04:05.678Z" for calendar milliseconds.
+inline std::string format_ms(std::int64_t ms) {
+  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(ms % 1000));
+  return buf;
+}
+
+}  // namespace keel::cli::queue_cli
