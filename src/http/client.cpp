@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <mutex>
@@ -120,6 +121,25 @@ void append(Slist& list, const std::string& line) {
 
 }  // namespace
 
+std::optional<std::string> breaker_key(const std::string& url) {
+  CURLU* u = curl_url();
+  if (u == nullptr) return std::nullopt;
+  std::optional<std::string> key;
+  char* host = nullptr;
+  char* port = nullptr;
+  if (curl_url_set(u, CURLUPART_URL, url.c_str(), 0) == CURLUE_OK &&
+      curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+      curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK) {
+    std::string k = host;
+    for (char& c : k) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    key = k + ":" + port;
+  }
+  curl_free(host);
+  curl_free(port);
+  curl_url_cleanup(u);
+  return key;
+}
+
 std::optional<std::string_view> find_header(const Headers& headers,
                                             std::string_view name) noexcept {
   for (const auto& [key, value] : headers) {
@@ -157,6 +177,17 @@ struct Client::Impl {
                                   std::to_string(options.max_idle_handles));
     }
     classifier.emplace(options.classifier);
+    if (options.circuit_breakers && options.breakers == nullptr) {
+      own_registry = std::make_unique<BreakerRegistry>(options.own_breakers);
+    }
+    registry = options.circuit_breakers
+                   ? (options.breakers != nullptr ? options.breakers : own_registry.get())
+                   : nullptr;
+    if (options.retry_budget && options.budget == nullptr) {
+      own_budget = std::make_unique<TokenBucketBudget>(options.own_budget);
+    }
+    budget = options.retry_budget ? (options.budget != nullptr ? options.budget : own_budget.get())
+                                  : nullptr;
     global_init();
     share = curl_share_init();
     if (share == nullptr) throw std::runtime_error("keel::http: curl_share_init failed");
@@ -296,6 +327,10 @@ struct Client::Impl {
 
   ClientOptions options;
   RetryPolicy policy;
+  std::unique_ptr<BreakerRegistry> own_registry;
+  BreakerRegistry* registry = nullptr;  // none when breakers are off
+  std::unique_ptr<TokenBucketBudget> own_budget;
+  RetryBudget* budget = nullptr;  // none when the budget is off
   std::optional<HttpClassifier> classifier;
   CURLSH* share = nullptr;
   std::array<std::mutex, CURL_LOCK_DATA_LAST> share_locks;  // one per shared kind
@@ -328,7 +363,16 @@ Result Client::send(const Request& request) {
   call.clock = &clock;
   call.deadline = request.deadline;
   call.safe_to_repeat = traits.safe_to_repeat();
+  call.budget = impl.budget;
+  std::shared_ptr<CircuitBreaker> breaker;  // held for the whole operation
+  if (impl.registry != nullptr) {
+    if (auto key = breaker_key(request.url)) {
+      breaker = impl.registry->get(*key);
+      call.breaker = breaker.get();
+    }
+  }
   RetryState state(impl.policy, call);
+  RetryScope scope;  // a keel operation started from a hook is one layer down
 
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
     const TimePoint began = clock.now();

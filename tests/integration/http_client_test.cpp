@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "keel/breaker.hpp"
+#include "keel/budget.hpp"
 #include "keel/http/client.hpp"
 #include "keel/http/fault_server.hpp"
 
@@ -306,7 +308,8 @@ TEST(HttpClient, ReusesOneConnectionAcrossAttemptsAndRequests) {
 }
 
 TEST(HttpClient, ConcurrentRequestsFromManyThreads) {
-  FaultServer server({.script = "503*12,200"});
+  // Six failures stay under the default per-host breaker's trip rule (20 calls, 50%).
+  FaultServer server({.script = "503*6,200"});
   server.start();
   Client client(fast_options(10));
   constexpr int kThreads = 4;
@@ -332,8 +335,74 @@ TEST(HttpClient, ConcurrentRequestsFromManyThreads) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(ok.load(), kThreads * kPerThread);
   EXPECT_EQ(keys.size(), static_cast<std::size_t>(kThreads * kPerThread / 2));
-  EXPECT_EQ(server.arrivals().size(), static_cast<std::size_t>(kThreads * kPerThread + 12));
+  EXPECT_EQ(server.arrivals().size(), static_cast<std::size_t>(kThreads * kPerThread + 6));
   EXPECT_LE(server.connections(), kThreads * kPerThread) << "connections are reused";
+}
+
+TEST(HttpClient, PerHostBreakerOpensAndStopsCallsWithoutReachingTheHost) {
+  FaultServer down({.script = "503"});
+  FaultServer up({.script = "200"});
+  down.start();
+  up.start();
+  ClientOptions o = fast_options(1);
+  o.own_breakers.breaker = BreakerOptions::more_than_half_failed(seconds(30), 4);
+  o.own_breakers.breaker.break_duration = seconds(60);
+  Client client(o);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(client.send({.url = down.url("/")}).reason, StopReason::kAttemptsExhausted);
+  }
+  const Result refused = client.send({.url = down.url("/")});
+  EXPECT_EQ(refused.reason, StopReason::kCircuitOpen);
+  EXPECT_EQ(refused.attempts, 0);
+  EXPECT_EQ(down.arrivals().size(), 4u) << "an open breaker sends nothing";
+  // Another host (another port) has its own breaker.
+  EXPECT_TRUE(client.send({.url = up.url("/")}).ok());
+  EXPECT_EQ(up.arrivals().size(), 1u);
+}
+
+TEST(HttpClient, BreakersCanBeSharedAndTurnedOff) {
+  FaultServer down({.script = "503"});
+  down.start();
+  BreakerRegistry shared({.breaker = BreakerOptions::more_than_half_failed(seconds(30), 2)});
+  ClientOptions o = fast_options(1);
+  o.breakers = &shared;
+  Client a(o);
+  Client b(o);
+  (void)a.send({.url = down.url("/")});
+  (void)b.send({.url = down.url("/")});
+  ASSERT_TRUE(shared.state(*breaker_key(down.url("/"))).has_value());
+  EXPECT_EQ(*shared.state(*breaker_key(down.url("/"))), BreakerState::kOpen);
+  EXPECT_EQ(a.send({.url = down.url("/")}).reason, StopReason::kCircuitOpen);
+  ClientOptions off = fast_options(1);
+  off.circuit_breakers = false;
+  off.breakers = &shared;
+  Client c(off);
+  EXPECT_EQ(c.send({.url = down.url("/")}).reason, StopReason::kAttemptsExhausted);
+  EXPECT_EQ(down.arrivals().size(), 3u);
+}
+
+TEST(HttpClient, RetryBudgetSharedByTheClientStopsRetries) {
+  FaultServer server({.script = "503"});
+  server.start();
+  TokenBucketBudget budget({.capacity = 10, .retry_cost = 5});
+  ClientOptions o = fast_options(5);
+  o.budget = &budget;
+  o.circuit_breakers = false;
+  Client client(o);
+  const Result first = client.send({.url = server.url("/")});
+  EXPECT_EQ(first.reason, StopReason::kBudgetExhausted);
+  EXPECT_EQ(first.attempts, 3) << "two retries of 5 tokens each fit in 10";
+  const Result second = client.send({.url = server.url("/")});
+  EXPECT_EQ(second.reason, StopReason::kBudgetExhausted);
+  EXPECT_EQ(second.attempts, 1) << "the budget is shared by every request of the client";
+  EXPECT_EQ(server.arrivals().size(), 4u);
+}
+
+TEST(HttpClient, BreakerKeyIsHostAndPort) {
+  EXPECT_EQ(breaker_key("http://Example.COM/x"), "example.com:80");
+  EXPECT_EQ(breaker_key("https://example.com/x"), "example.com:443");
+  EXPECT_EQ(breaker_key("http://127.0.0.1:8080/"), "127.0.0.1:8080");
+  EXPECT_FALSE(breaker_key("not a url").has_value());
 }
 
 TEST(HttpClient, RejectsInvalidConfigurationNamingTheField) {

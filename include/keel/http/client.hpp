@@ -12,6 +12,11 @@
 // sent on a fresh connection: libcurl silently re-sends a request whose reused connection turns
 // out to be dead, which must never happen to a write that keel will not retry.
 //
+// Each request's host ("host:port") has its own circuit breaker from a keel::BreakerRegistry,
+// and every retry of the client draws on one keel::RetryBudget, so a failing dependency is not
+// hit by every request's retries at once. Both are on by default, owned by the client unless
+// the caller shares its own.
+//
 // Thread-safety: a Client is safe for concurrent use from many threads; send() blocks the
 // calling thread (sleeping on the configured clock between attempts).
 //
@@ -31,6 +36,8 @@
 #include <utility>
 #include <vector>
 
+#include "keel/breaker.hpp"
+#include "keel/budget.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
 #include "keel/random.hpp"
@@ -48,6 +55,10 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 /// A new idempotency key: a random (version 4) UUID in its 36-character text form, with 122
 /// bits from OpenSSL's CSPRNG. Throws std::runtime_error if the CSPRNG cannot supply bytes.
 [[nodiscard]] std::string make_idempotency_key();
+
+/// The circuit-breaker key of a URL: its lower-case host and its port ("example.com:443"), or
+/// nullopt when the URL cannot be parsed.
+[[nodiscard]] std::optional<std::string> breaker_key(const std::string& url);
 
 /// One logical operation (it may take several attempts).
 struct Request {
@@ -136,6 +147,27 @@ struct ClientOptions {
   std::string user_agent = "keel/0.1";
   /// Time source for deadlines and the sleep between attempts. Default keel::steady_clock().
   Clock* clock = nullptr;
+  /// Whether requests go through a circuit breaker per "host:port" of their URL: an open breaker
+  /// stops an operation before an attempt (StopReason::kCircuitOpen) and every outcome is
+  /// reported to the host's breaker. Default true.
+  bool circuit_breakers = true;
+  /// The registry the per-host breakers come from; share one between clients to share their
+  /// view of each host. Non-owning; Requires: outlives the client. Default none: the client
+  /// keeps a registry of its own built from own_breakers.
+  BreakerRegistry* breakers = nullptr;
+  /// Options of the client's own registry (when breakers is none). Default: keel's
+  /// BreakerRegistryOptions (time window 30 s, at least 20 calls, trip at 50% failures, open 5 s).
+  BreakerRegistryOptions own_breakers = {};
+  /// Whether retries draw on a retry budget shared by every request of the client (refused:
+  /// StopReason::kBudgetExhausted). Default true.
+  bool retry_budget = true;
+  /// The budget to draw on; share one between clients that call the same dependencies.
+  /// Non-owning; Requires: outlives the client. Default none: the client keeps its own
+  /// TokenBucketBudget built from own_budget.
+  RetryBudget* budget = nullptr;
+  /// Options of the client's own budget (when budget is none). Default: 500 tokens, a retry
+  /// costs 5 (10 after a timeout), a successful first attempt refunds 1 (the AWS SDKs' quota).
+  TokenBucketBudgetOptions own_budget = {};
 };
 
 class Client {
