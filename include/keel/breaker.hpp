@@ -159,10 +159,10 @@ class CircuitBreaker {
 
   BreakerOptions options_;
   Clock* clock_;
-  TimePoint origin_;
-  std::int64_t failure_ppm_;
-  std::int64_t slow_ppm_;
-  bool track_slow_;
+  TimePoint origin_{};
+  std::int64_t failure_ppm_ = 0;
+  std::int64_t slow_ppm_ = 0;
+  bool track_slow_ = false;
   std::unique_ptr<Window> window_;
   // [state:2][generation:22][ms:40]: the state, a counter of transitions, and when the state
   // ends (open: end of the break; half-open: trial timeout), in ms since origin_ (34 years).

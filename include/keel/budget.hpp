@@ -88,8 +88,10 @@ struct RatioBudgetOptions {
 
 /// Retries may not exceed `ratio` of the first attempts seen in the last `window`, plus a reserve.
 /// Each first attempt deposits `ratio` of a retry, each retry withdraws one; both leave the
-/// balance when they fall out of the window. Lock-free: per-bucket atomics tagged with their time
-/// step, and one atomic balance changed by compare-and-swap for withdrawals.
+/// balance when they fall out of the window. Lock-free: time buckets tagged with their step;
+/// deposits go to per-thread stripes of the current bucket (no shared cache line written on a
+/// first attempt); withdrawals are a compare-and-swap on one atomic total, checked against the
+/// deposits in the window. Memory: about buckets x (stripes + 1) x 64 bytes (5-6 KB by default).
 class RatioBudget final : public RetryBudget {
  public:
   /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
@@ -112,20 +114,16 @@ class RatioBudget final : public RetryBudget {
   [[nodiscard]] const RatioBudgetOptions& options() const noexcept { return options_; }
 
  private:
-  struct Bucket;
+  struct Window;
   [[nodiscard]] std::int64_t step_at(TimePoint now) const noexcept;
-  void expire(std::int64_t step) noexcept;
-  void add(std::int64_t step, std::int64_t milli) noexcept;
 
   RatioBudgetOptions options_;
   Clock* clock_;
-  TimePoint origin_;
-  Duration step_;
-  std::int64_t deposit_milli_;
-  std::int64_t reserve_milli_;
-  std::unique_ptr<Bucket[]> buckets_;
-  alignas(64) std::atomic<std::int64_t> balance_milli_{0};    // sum of live buckets
-  alignas(64) std::atomic<std::int64_t> expired_through_{0};  // steps below this are swept
+  TimePoint origin_{};
+  Duration step_{};
+  std::int64_t deposit_milli_ = 0;
+  std::int64_t reserve_milli_ = 0;
+  std::unique_ptr<Window> window_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -199,8 +197,8 @@ class ThrottleBudget final : public RetryBudget {
  private:
   void add(std::int64_t delta_milli) noexcept;
   ThrottleBudgetOptions options_;
-  std::int64_t max_milli_;
-  std::int64_t ratio_milli_;
+  std::int64_t max_milli_ = 0;
+  std::int64_t ratio_milli_ = 0;
   alignas(64) std::atomic<std::int64_t> milli_;
 };
 

@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "detail/stripe.hpp"
 #include "keel/duration.hpp"
 
 namespace keel {
@@ -96,26 +97,6 @@ constexpr std::uint64_t pack(const Trials& t) noexcept {
          ((t.successes & kCountMask) << 14) | (t.failures & kCountMask);
 }
 
-// Each thread writes call counts to its own stripe of a time bucket.
-std::uint32_t stripe_id() noexcept {
-  static std::atomic<std::uint32_t> next{0};
-  thread_local const std::uint32_t id = next.fetch_add(1, std::memory_order_relaxed);
-  return id;
-}
-
-// Twice the cores, at least 8 and at most 64, a power of two: threads get consecutive ids, so
-// the threads running at one time rarely share a stripe.
-int stripe_count() noexcept {
-  const unsigned want = std::max(8U, std::min(64U, 2 * std::thread::hardware_concurrency()));
-  int n = 1;
-  while (static_cast<unsigned>(n) < want) n *= 2;
-  return n;
-}
-
-struct alignas(64) Counter {
-  std::atomic<std::int64_t> value{0};
-};
-
 }  // namespace
 
 // The closed state's sliding window.
@@ -134,13 +115,13 @@ struct CircuitBreaker::Window {
     std::atomic<std::int64_t> slow{0};
   };
 
-  BreakerWindow kind;
+  BreakerWindow kind = BreakerWindow::kTime;
   // kTime
   int buckets = 0;
   Duration step{};
   int stripes = 1;
   std::unique_ptr<Bucket[]> time;
-  std::unique_ptr<Counter[]> calls;  // buckets * stripes
+  std::unique_ptr<detail::StripedCounter[]> calls;  // buckets * stripes
   // kCount
   int size = 0;
   std::unique_ptr<std::atomic<std::uint8_t>[]> ring;
@@ -151,7 +132,7 @@ struct CircuitBreaker::Window {
   std::atomic<std::int64_t> slow{0};
   alignas(64) std::atomic<std::int64_t> expired_through{0};
 
-  Counter& calls_of(std::size_t bucket, std::uint32_t stripe) const noexcept {
+  detail::StripedCounter& calls_of(std::size_t bucket, std::uint32_t stripe) const noexcept {
     return calls[bucket * static_cast<std::size_t>(stripes) +
                  (stripe & static_cast<std::uint32_t>(stripes - 1))];
   }
@@ -193,7 +174,7 @@ struct CircuitBreaker::Window {
         break;
       }
     }
-    calls_of(i, stripe_id()).value.fetch_add(1, std::memory_order_relaxed);
+    calls_of(i, detail::stripe_id()).value.fetch_add(1, std::memory_order_relaxed);
     if (failure) {
       b.failures.fetch_add(1, std::memory_order_acq_rel);
       failures.fetch_add(1, std::memory_order_acq_rel);
@@ -318,9 +299,10 @@ CircuitBreaker::CircuitBreaker(BreakerOptions options)
     if (w.step < std::chrono::microseconds(1)) {
       reject("window_buckets", "at most window_length / 1us", std::to_string(o.window_buckets));
     }
-    w.stripes = stripe_count();
+    w.stripes = detail::stripe_count();
     w.time = std::make_unique<Window::Bucket[]>(static_cast<std::size_t>(w.buckets));
-    w.calls = std::make_unique<Counter[]>(static_cast<std::size_t>(w.buckets * w.stripes));
+    w.calls = std::make_unique<detail::StripedCounter[]>(static_cast<std::size_t>(w.buckets) *
+                                                         static_cast<std::size_t>(w.stripes));
   } else {
     w.size = o.window_calls;
     w.ring = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(w.size));

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "detail/stripe.hpp"
 #include "keel/duration.hpp"
 
 namespace keel {
@@ -31,11 +32,91 @@ std::string number(double v) {
 // ---------------------------------------------------------------------------------------------
 // RatioBudget
 
-// One time step of the window. `step` tags which step the milli-retries belong to; whoever moves
-// the tag forward takes the old contents out of the balance (exactly once, by exchange).
-struct RatioBudget::Bucket {
-  alignas(64) std::atomic<std::int64_t> step{-1};
-  std::atomic<std::int64_t> milli{0};
+// The window: `buckets` time steps, each tagged with the step it holds. Deposits go to the
+// calling thread's stripe of the bucket; withdrawals to the bucket's count and to one running
+// total. Whoever moves a bucket's tag forward (or sweeps it once it has left the window) empties
+// it and takes its withdrawals out of the total, exactly once, by exchange.
+struct RatioBudget::Window {
+  struct alignas(64) Bucket {
+    std::atomic<std::int64_t> step{-1};
+    std::atomic<std::int64_t> withdrawn{0};  // milli-retries
+  };
+
+  int buckets = 0;
+  int stripes = 1;
+  std::unique_ptr<Bucket[]> slots;
+  std::unique_ptr<detail::StripedCounter[]> deposits;  // buckets * stripes, milli-retries
+  alignas(64) std::atomic<std::int64_t> withdrawn_total{0};
+  alignas(64) std::atomic<std::int64_t> expired_through{0};  // steps below this are swept
+
+  detail::StripedCounter& deposit_of(std::size_t bucket, std::uint32_t stripe) const noexcept {
+    return deposits[bucket * static_cast<std::size_t>(stripes) +
+                    (stripe & static_cast<std::uint32_t>(stripes - 1))];
+  }
+
+  void drain(std::size_t i) noexcept {
+    for (int s = 0; s < stripes; ++s) {
+      deposit_of(i, static_cast<std::uint32_t>(s)).value.store(0, std::memory_order_relaxed);
+    }
+    const std::int64_t w = slots[i].withdrawn.exchange(0, std::memory_order_acq_rel);
+    if (w != 0) withdrawn_total.fetch_sub(w, std::memory_order_acq_rel);
+  }
+
+  void expire(std::int64_t step) noexcept {
+    const std::int64_t first_live = step - buckets + 1;
+    std::int64_t through = expired_through.load(std::memory_order_acquire);
+    if (through >= first_live) return;
+    for (int i = 0; i < buckets; ++i) {
+      if (slots[static_cast<std::size_t>(i)].step.load(std::memory_order_acquire) < first_live) {
+        drain(static_cast<std::size_t>(i));
+      }
+    }
+    while (through < first_live &&
+           !expired_through.compare_exchange_weak(through, first_live, std::memory_order_acq_rel)) {
+    }
+  }
+
+  // The bucket of `step`, moved to that step if it still holds an older one. A late caller
+  // (the bucket already holds a newer step) uses it as it is: its entry expires a little later.
+  std::size_t bucket_at(std::int64_t step) noexcept {
+    const auto i = static_cast<std::size_t>(step % buckets);
+    Bucket& b = slots[i];
+    std::int64_t tag = b.step.load(std::memory_order_acquire);
+    while (tag < step) {
+      if (b.step.compare_exchange_weak(tag, step, std::memory_order_acq_rel)) {
+        drain(i);
+        break;
+      }
+    }
+    return i;
+  }
+
+  std::int64_t live_deposits(std::int64_t step) const noexcept {
+    const std::int64_t first_live = step - buckets + 1;
+    std::int64_t sum = 0;
+    for (int i = 0; i < buckets; ++i) {
+      if (slots[static_cast<std::size_t>(i)].step.load(std::memory_order_acquire) < first_live) {
+        continue;
+      }
+      for (int s = 0; s < stripes; ++s) {
+        sum += deposit_of(static_cast<std::size_t>(i), static_cast<std::uint32_t>(s))
+                   .value.load(std::memory_order_acquire);
+      }
+    }
+    return sum;
+  }
+
+  std::int64_t live_withdrawals(std::int64_t step) const noexcept {
+    const std::int64_t first_live = step - buckets + 1;
+    std::int64_t sum = 0;
+    for (int i = 0; i < buckets; ++i) {
+      const Bucket& b = slots[static_cast<std::size_t>(i)];
+      if (b.step.load(std::memory_order_acquire) >= first_live) {
+        sum += b.withdrawn.load(std::memory_order_acquire);
+      }
+    }
+    return sum;
+  }
 };
 
 RatioBudget::RatioBudget(RatioBudgetOptions options)
@@ -60,7 +141,12 @@ RatioBudget::RatioBudget(RatioBudgetOptions options)
   deposit_milli_ = std::llround(options_.ratio * kMilli);
   const double window_s = std::chrono::duration<double>(options_.window).count();
   reserve_milli_ = std::llround(options_.reserve_per_second * window_s * kMilli);
-  buckets_ = std::make_unique<Bucket[]>(static_cast<std::size_t>(options_.buckets));
+  window_ = std::make_unique<Window>();
+  window_->buckets = options_.buckets;
+  window_->stripes = detail::stripe_count();
+  window_->slots = std::make_unique<Window::Bucket[]>(static_cast<std::size_t>(options_.buckets));
+  window_->deposits = std::make_unique<detail::StripedCounter[]>(
+      static_cast<std::size_t>(options_.buckets) * static_cast<std::size_t>(window_->stripes));
   origin_ = clock_->now();
 }
 
@@ -71,56 +157,29 @@ std::int64_t RatioBudget::step_at(TimePoint now) const noexcept {
   return since <= Duration::zero() ? 0 : since / step_;
 }
 
-void RatioBudget::expire(std::int64_t step) noexcept {
-  // Steps <= step - buckets have left the window.
-  const std::int64_t first_live = step - options_.buckets + 1;
-  std::int64_t through = expired_through_.load(std::memory_order_acquire);
-  if (through >= first_live) return;
-  for (int i = 0; i < options_.buckets; ++i) {
-    Bucket& b = buckets_[static_cast<std::size_t>(i)];
-    if (b.step.load(std::memory_order_acquire) < first_live) {
-      const std::int64_t gone = b.milli.exchange(0, std::memory_order_acq_rel);
-      if (gone != 0) balance_milli_.fetch_sub(gone, std::memory_order_acq_rel);
-    }
-  }
-  while (through < first_live &&
-         !expired_through_.compare_exchange_weak(through, first_live, std::memory_order_acq_rel)) {
-  }
-}
-
-void RatioBudget::add(std::int64_t step, std::int64_t milli) noexcept {
-  Bucket& b = buckets_[static_cast<std::size_t>(step % options_.buckets)];
-  std::int64_t tag = b.step.load(std::memory_order_acquire);
-  while (tag < step) {
-    if (b.step.compare_exchange_weak(tag, step, std::memory_order_acq_rel)) {
-      // This thread moved the bucket to a new step: what it held has left the window.
-      const std::int64_t gone = b.milli.exchange(0, std::memory_order_acq_rel);
-      if (gone != 0) balance_milli_.fetch_sub(gone, std::memory_order_acq_rel);
-      break;
-    }
-  }
-  // A late writer (tag > step) adds to the newer step: it then expires slightly later.
-  b.milli.fetch_add(milli, std::memory_order_acq_rel);
-}
-
 void RatioBudget::on_first_attempt() noexcept {
   if (deposit_milli_ == 0) return;
   const std::int64_t step = step_at(clock_->now());
-  expire(step);
-  add(step, deposit_milli_);
-  balance_milli_.fetch_add(deposit_milli_, std::memory_order_acq_rel);
+  Window& w = *window_;
+  w.expire(step);
+  const std::size_t i = w.bucket_at(step);
+  w.deposit_of(i, detail::stripe_id()).value.fetch_add(deposit_milli_, std::memory_order_acq_rel);
 }
 
 bool RatioBudget::try_withdraw() noexcept {
   const std::int64_t step = step_at(clock_->now());
-  expire(step);
-  std::int64_t balance = balance_milli_.load(std::memory_order_acquire);
+  Window& w = *window_;
+  w.expire(step);
+  // The compare-and-swap on the withdrawal total orders every withdrawal: of two threads that saw
+  // the same last retry, the second one's swap fails and it checks again against the new total.
+  std::int64_t withdrawn = w.withdrawn_total.load(std::memory_order_acquire);
   do {
-    if (balance + reserve_milli_ < kMilli) return false;
-  } while (
-      !balance_milli_.compare_exchange_weak(balance, balance - kMilli, std::memory_order_acq_rel));
-  // The balance already paid; record the withdrawal in its step so that it expires too.
-  add(step, -kMilli);
+    const std::int64_t balance = w.live_deposits(step) + reserve_milli_ - withdrawn;
+    if (balance < kMilli) return false;
+  } while (!w.withdrawn_total.compare_exchange_weak(withdrawn, withdrawn + kMilli,
+                                                    std::memory_order_acq_rel));
+  // Recorded in its step so that it leaves the window too.
+  w.slots[w.bucket_at(step)].withdrawn.fetch_add(kMilli, std::memory_order_acq_rel);
   return true;
 }
 
@@ -133,16 +192,10 @@ RetryPermit RatioBudget::try_acquire_retry(const Outcome& /*failure*/) noexcept 
 void RatioBudget::record(const Outcome& /*outcome*/, const RetryPermit& /*permit*/) noexcept {}
 
 double RatioBudget::available() const noexcept {
-  const std::int64_t first_live = step_at(clock_->now()) - options_.buckets + 1;
-  std::int64_t live = 0;
-  for (int i = 0; i < options_.buckets; ++i) {
-    const Bucket& b = buckets_[static_cast<std::size_t>(i)];
-    if (b.step.load(std::memory_order_acquire) >= first_live) {
-      live += b.milli.load(std::memory_order_acquire);
-    }
-  }
-  const std::int64_t total = live + reserve_milli_;
-  return total <= 0 ? 0.0 : static_cast<double>(total / kMilli);
+  const std::int64_t step = step_at(clock_->now());
+  const std::int64_t total =
+      window_->live_deposits(step) + reserve_milli_ - window_->live_withdrawals(step);
+  return total <= 0 ? 0.0 : std::floor(static_cast<double>(total) / kMilli);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -195,7 +248,7 @@ double TokenBucketBudget::available() const noexcept {
   const int cost = options_.retry_cost;
   const int tokens = tokens_.load(std::memory_order_relaxed);
   if (cost == 0) return tokens > 0 ? static_cast<double>(tokens) : 0.0;
-  return static_cast<double>(tokens / cost);
+  return std::floor(static_cast<double>(tokens) / cost);
 }
 
 // ---------------------------------------------------------------------------------------------
