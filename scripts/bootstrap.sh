@@ -14,7 +14,8 @@ build_packages=(
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libasio-dev
   gnuplot-nox curl procps
 )
-test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang-tidy)
+test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang-tidy
+               prometheus)  # promtool checks deploy/prometheus/keel-alerts.yml
 bench_packages=(golang-go golang-github-cenkalti-backoff-dev python3 python3-tenacity nodejs)
 # Debian's npm conflicts with NodeSource's nodejs, which ships its own npm: only ask for it when
 # there is no npm at all.
