@@ -1,0 +1,122 @@
+// Job-queue throughput: jobs per second through enqueue + lease + done with a no-op handler,
+// W worker threads each on its own connection, on SQLite or PostgreSQL. With --batch B each
+// thread enqueues B jobs in one transaction, leases up to B in one statement and records their
+// success in one transaction; --batch 1 is one transaction per step per job.
+//
+//   keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B]
+//
+// Prints one line: backend=... batch=... workers=... jobs=... seconds=... jobs_per_s=...
+// scripts/bench-queue.sh runs it next to pgbench on the same server.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/store/database.hpp"
+#include "keel/store/queue.hpp"
+
+namespace {
+
+int usage() {
+  std::fprintf(stderr, "usage: keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string db;
+  int jobs = 2000;
+  int workers = 2;
+  int batch = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const char* v = argv[i + 1];
+    if (flag == "--db") {
+      db = v;
+    } else if (flag == "--jobs") {
+      jobs = std::atoi(v);
+    } else if (flag == "--workers") {
+      workers = std::atoi(v);
+    } else if (flag == "--batch") {
+      batch = std::atoi(v);
+    } else {
+      return usage();
+    }
+  }
+  if (db.empty() || jobs < 1 || workers < 1 || batch < 1 || argc % 2 == 0) return usage();
+  std::string why;
+  const auto url = keel::store::parse_database_url(db, &why);
+  if (!url) {
+    std::fprintf(stderr, "keel_bench_queue: --db: %s\n", why.c_str());
+    return 2;
+  }
+  {
+    auto conn = keel::store::open_database(*url);
+    keel::store::JobQueue::migrate(*conn);
+  }
+  const std::string queue =
+      "bench-" + std::to_string(getpid()) + "-" + std::to_string(batch) + "-" +
+      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
+  keel::store::JobQueue q({.lease = std::chrono::minutes(5), .seed = 1});
+  std::atomic<int> remaining_to_enqueue{jobs};
+  std::atomic<int> completed{0};
+  std::atomic<bool> failed{false};
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      try {
+        auto conn = keel::store::open_database(*url);
+        const std::string name = "bench-worker-" + std::to_string(w);
+        while (completed.load() < jobs) {
+          // Enqueue this thread's next share.
+          const int take = std::min(batch, std::max(0, remaining_to_enqueue.fetch_sub(batch)));
+          if (take > 0) {
+            std::vector<keel::store::EnqueueRequest> reqs(
+                static_cast<std::size_t>(take),
+                keel::store::EnqueueRequest{.queue = queue, .payload = "{}"});
+            if (take == 1) {
+              (void)q.enqueue(*conn, reqs.front());
+            } else {
+              (void)q.enqueue_many(*conn, reqs);
+            }
+          }
+          const auto leased = q.lease(*conn, queue, name, batch);
+          if (leased.empty()) {
+            if (take <= 0) std::this_thread::yield();
+            continue;
+          }
+          if (leased.size() == 1) {
+            (void)q.complete(*conn, leased[0].id, leased[0].fence, {});
+          } else {
+            std::vector<std::pair<std::int64_t, std::int64_t>> done;
+            done.reserve(leased.size());
+            for (const auto& j : leased) done.emplace_back(j.id, j.fence);
+            (void)q.complete_done(*conn, done);
+          }
+          completed.fetch_add(static_cast<int>(leased.size()));
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "keel_bench_queue: %s\n", e.what());
+        failed = true;
+        completed.store(jobs);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (failed.load()) return 1;
+  std::printf("backend=%s batch=%d workers=%d jobs=%d seconds=%.3f jobs_per_s=%.1f\n",
+              std::string(keel::store::to_string(url->backend)).c_str(), batch, workers, jobs,
+              seconds, jobs / seconds);
+  return 0;
+}
