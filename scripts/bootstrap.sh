@@ -15,11 +15,13 @@ build_packages=(
   gnuplot-nox curl procps
 )
 test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang-tidy
+               chromium nodejs  # the storm explorer's browser test (tests/e2e)
                prometheus)  # promtool checks deploy/prometheus/keel-alerts.yml
 bench_packages=(golang-go golang-github-cenkalti-backoff-dev python3 python3-tenacity nodejs)
 # Debian's npm conflicts with NodeSource's nodejs, which ships its own npm: only ask for it when
 # there is no npm at all.
 command -v npm >/dev/null || bench_packages+=(npm)
+command -v npm >/dev/null || test_packages+=(npm)
 
 wanted=("${build_packages[@]}")
 if [[ "${1:-}" == "--test" ]]; then

@@ -1,0 +1,122 @@
+// The storm explorer in a real browser: Debian's headless Chromium driven by playwright-core.
+// Starts `keel sim serve` on a free loopback port, moves the fleet slider, toggles jitter off and
+// on, types a bad value, and saves a screenshot.
+//   node tests/e2e/sim_explorer.mjs KEEL_BINARY SCREENSHOT.png
+// Exits 0 when every check passed; prints "N passed, M failed".
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const [keelBinary, screenshot] = process.argv.slice(2);
+if (!keelBinary || !screenshot) {
+  console.error('usage: node sim_explorer.mjs KEEL_BINARY SCREENSHOT.png');
+  process.exit(2);
+}
+const web = resolve(dirname(fileURLToPath(import.meta.url)), '../../web');
+const { chromium } = createRequire(join(web, 'package.json'))('playwright-core');
+
+let passed = 0;
+let failed = 0;
+function check(ok, what) {
+  if (ok) {
+    passed += 1;
+    console.log(`ok   ${what}`);
+  } else {
+    failed += 1;
+    console.log(`FAIL ${what}`);
+  }
+}
+
+function startServer() {
+  return new Promise((resolvePort, reject) => {
+    const child = spawn(keelBinary, ['sim', 'serve', '--listen', '127.0.0.1:0'],
+                        { stdio: ['ignore', 'pipe', 'inherit'] });
+    let out = '';
+    const timer = setTimeout(() => reject(new Error('keel sim serve did not start')), 10000);
+    child.stdout.on('data', (chunk) => {
+      out += chunk;
+      const m = out.match(/http:\/\/127\.0\.0\.1:(\d+)\//);
+      if (m) {
+        clearTimeout(timer);
+        resolvePort({ child, port: Number(m[1]) });
+      }
+    });
+    child.on('exit', (code) => reject(new Error(`keel sim serve exited with ${code}`)));
+  });
+}
+
+const { child, port } = await startServer();
+const profile = mkdtempSync(join(tmpdir(), 'keel-chromium-'));
+let context;
+try {
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: '/usr/bin/chromium',
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+           '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1280, height: 760 },
+  });
+  const page = context.pages()[0] ?? await context.newPage();
+  const base = `http://127.0.0.1:${port}/`;
+
+  const renders = async () => Number(await page.evaluate(() => document.body.dataset.renders || 0));
+  const state = () => page.evaluate(() => ({
+    peak: Number(document.body.dataset.peak),
+    peakRetries: Number(document.body.dataset.peakRetries),
+    state: document.body.dataset.state,
+  }));
+  // Performs `action`, then waits for the page to draw a new answer from the engine.
+  async function afterRedraw(action, what) {
+    const before = await renders();
+    const started = Date.now();
+    await action();
+    await page.waitForFunction((n) => Number(document.body.dataset.renders || 0) > n &&
+                                      document.body.dataset.state === 'ready', before,
+                               { timeout: 10000 });
+    console.log(`     ${what}: redrawn ${Date.now() - started} ms after the change`);
+    return state();
+  }
+
+  await page.goto(base);
+  await page.waitForFunction(() => document.body.dataset.state === 'ready', null,
+                             { timeout: 10000 });
+  const first = await state();
+  check(first.peak > 0, `first draw shows a peak (${first.peak})`);
+  check(await page.locator('#chart canvas').count() > 0, 'uPlot drew a canvas');
+
+  const bigger = await afterRedraw(() => page.locator('#fleet').fill('3000'), 'fleet 1000 -> 3000');
+  check(bigger.peak > first.peak, `a bigger fleet raises the peak (${first.peak} -> ${bigger.peak})`);
+
+  const spiky = await afterRedraw(() => page.locator('#jitter').uncheck(), 'jitter off');
+  check(spiky.peakRetries > 2 * bigger.peakRetries,
+        `jitter off: retries spike (${bigger.peakRetries} -> ${spiky.peakRetries} per 100 ms)`);
+  const flat = await afterRedraw(() => page.locator('#jitter').check(), 'jitter on');
+  check(flat.peakRetries < spiky.peakRetries,
+        `jitter on again: the spike flattens (${spiky.peakRetries} -> ${flat.peakRetries})`);
+  check(flat.peakRetries === bigger.peakRetries, 'same settings, same seed: same peak');
+
+  await page.locator('#fleet-value').fill('500000');
+  await page.waitForFunction(() => document.body.dataset.state === 'error', null,
+                             { timeout: 10000 });
+  const message = await page.locator('#error').innerText();
+  check(/fleet/.test(message) && await page.locator('#error').isVisible(),
+        `an out-of-range fleet shows the endpoint's 400 message: "${message}"`);
+  await afterRedraw(() => page.locator('#fleet-value').fill('3000'), 'fleet back to 3000');
+  check(!(await page.locator('#error').isVisible()), 'a valid value clears the message');
+
+  await afterRedraw(() => page.locator('#jitter').uncheck(), 'jitter off for the screenshot');
+  await page.screenshot({ path: screenshot, fullPage: true });
+  console.log(`     screenshot: ${screenshot}`);
+} catch (e) {
+  failed += 1;
+  console.log(`FAIL ${e.stack || e}`);
+} finally {
+  if (context) await context.close();
+  child.kill('SIGTERM');
+  rmSync(profile, { recursive: true, force: true });
+}
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed === 0 && passed > 0 ? 0 : 1);
