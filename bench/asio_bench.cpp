@@ -116,9 +116,10 @@ int simulated_blocking(const Config& c) {
 
 int http_async(const Config& c, int port) {
   ::asio::io_context io(1);
-  keel::asio::HttpClient client(
-      io.get_executor(),
-      {.retry = retry_once(c), .log = [](std::string_view) {}, .max_host_connections = c.threads});
+  keel::asio::HttpClient client(io.get_executor(), {.retry = retry_once(c),
+                                                    .log = [](std::string_view) {},
+                                                    .max_host_connections = c.threads,
+                                                    .max_transfers = c.threads});
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/op";
   int ok = 0;
   for (int i = 0; i < c.calls; ++i) {
@@ -132,10 +133,19 @@ int http_async(const Config& c, int port) {
 }
 
 int http_blocking(const Config& c, int port) {
-  keel::http::Client client({.retry = retry_once(c), .log = [](std::string_view) {}});
+  // Every first attempt fails by design: no breaker, no budget, for either client.
+  keel::http::Client client({.retry = retry_once(c),
+                             .log = [](std::string_view) {},
+                             .circuit_breakers = false,
+                             .retry_budget = false});
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/op";
+  std::atomic<bool> told{false};
   return run_pool(c.threads, c.calls, [&](int) {
     const keel::http::Result r = client.send({.url = url});
+    if ((!r.ok() || r.attempts != 2) && !told.exchange(true)) {
+      std::fprintf(stderr, "asio_bench: blocking http: %s after %d attempts (%s)\n",
+                   std::string(keel::to_string(r.reason)).c_str(), r.attempts, r.error.c_str());
+    }
     return r.ok() && r.attempts == 2;
   });
 }

@@ -54,7 +54,7 @@ int main() {
   io.run();
 
   // 2. Many HTTP operations on one thread.
-  keel::http::FaultServer server({.script = "503*20,200"});
+  keel::http::FaultServer server({.script = "503*5,200"});
   server.start();
   keel::asio::HttpClient client(
       io.get_executor(),

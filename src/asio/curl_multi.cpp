@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <asio/posix/stream_descriptor.hpp>
 #include <chrono>
 #include <stdexcept>
@@ -32,10 +33,11 @@ CurlMulti::CurlMulti(::asio::any_io_executor executor)
     : executor_(std::move(executor)), timer_(executor_) {}
 
 std::shared_ptr<CurlMulti> CurlMulti::create(::asio::any_io_executor executor,
-                                             long max_host_connections) {
+                                             long max_host_connections, std::size_t max_transfers) {
   static const CURLcode global = curl_global_init(CURL_GLOBAL_DEFAULT);
   if (global != CURLE_OK) throw std::runtime_error("keel::asio: curl_global_init failed");
   std::shared_ptr<CurlMulti> self(new CurlMulti(std::move(executor)));
+  self->max_transfers_ = max_transfers;
   self->multi_ = curl_multi_init();
   if (self->multi_ == nullptr) throw std::runtime_error("keel::asio: curl_multi_init failed");
   curl_multi_setopt(self->multi_, CURLMOPT_SOCKETFUNCTION, &CurlMulti::on_socket);
@@ -51,8 +53,11 @@ std::shared_ptr<CurlMulti> CurlMulti::create(::asio::any_io_executor executor,
 CurlMulti::~CurlMulti() {
   // Requires (documented on the client): nothing in flight. Handles still here are detached
   // without completing their handlers.
-  for (auto& [easy, pending] : pending_) curl_multi_remove_handle(multi_, easy);
+  for (auto& [easy, entry] : pending_) {
+    if (entry.added) curl_multi_remove_handle(multi_, easy);
+  }
   pending_.clear();
+  waiting_.clear();
   // Closes the cached connections; the socket callback releases their watches.
   curl_multi_cleanup(multi_);
   for (auto& [fd, w] : watches_) w->release();
@@ -60,22 +65,53 @@ CurlMulti::~CurlMulti() {
 }
 
 void CurlMulti::start(CURL* easy, std::unique_ptr<PendingTransfer> pending) {
-  pending_[easy] = std::move(pending);
-  const CURLMcode rc = curl_multi_add_handle(multi_, easy);
-  if (rc != CURLM_OK) {
-    auto node = pending_.extract(easy);
-    node.mapped()->complete(CURLE_FAILED_INIT, false);
+  pending_[easy] = Entry{std::move(pending), false};
+  if (max_transfers_ == 0 || added_ < max_transfers_) {
+    add(easy);
+  } else {
+    waiting_.push_back(easy);
   }
   // libcurl arms its timer (timeout 0) from add_handle; the transfer starts from on_timer.
 }
 
-void CurlMulti::abort(CURL* easy, bool from_cancellation) {
+void CurlMulti::add(CURL* easy) {
   auto it = pending_.find(easy);
   if (it == pending_.end()) return;
-  auto pending = std::move(it->second);
+  if (curl_multi_add_handle(multi_, easy) != CURLM_OK) {
+    auto pending = std::move(it->second.pending);
+    pending_.erase(it);
+    pending->complete(CURLE_FAILED_INIT, false);
+    return;
+  }
+  it->second.added = true;
+  ++added_;
+}
+
+void CurlMulti::finished(CURL* easy, CURLcode code, bool from_cancellation) {
+  auto it = pending_.find(easy);
+  if (it == pending_.end()) return;
+  if (it->second.added) {
+    curl_multi_remove_handle(multi_, easy);
+    --added_;
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), easy));
+  }
+  auto pending = std::move(it->second.pending);
   pending_.erase(it);
-  curl_multi_remove_handle(multi_, easy);
-  pending->complete(CURLE_ABORTED_BY_CALLBACK, from_cancellation);
+  pending->complete(code, from_cancellation);
+}
+
+void CurlMulti::promote() {
+  while (!waiting_.empty() && (max_transfers_ == 0 || added_ < max_transfers_)) {
+    CURL* next = waiting_.front();
+    waiting_.pop_front();
+    add(next);
+  }
+}
+
+void CurlMulti::abort(CURL* easy, bool from_cancellation) {
+  finished(easy, CURLE_ABORTED_BY_CALLBACK, from_cancellation);
+  promote();
 }
 
 int CurlMulti::on_socket(CURL* /*easy*/, curl_socket_t s, int what, void* self, void* /*socketp*/) {
@@ -172,13 +208,13 @@ void CurlMulti::drain() {
     if (msg->msg != CURLMSG_DONE) continue;
     CURL* easy = msg->easy_handle;
     const CURLcode code = msg->data.result;
-    auto it = pending_.find(easy);
-    curl_multi_remove_handle(multi_, easy);
-    if (it == pending_.end()) continue;
-    auto pending = std::move(it->second);
-    pending_.erase(it);
-    pending->complete(code, false);
+    if (pending_.count(easy) == 0) {
+      curl_multi_remove_handle(multi_, easy);
+      continue;
+    }
+    finished(easy, code, false);
   }
+  promote();
 }
 
 }  // namespace keel::asio::detail

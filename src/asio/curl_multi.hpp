@@ -17,6 +17,7 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
+#include <deque>
 #include <memory>
 #include <type_traits>
 #include <unordered_map>
@@ -36,8 +37,11 @@ class PendingTransfer {
 class CurlMulti : public std::enable_shared_from_this<CurlMulti> {
  public:
   /// Throws std::runtime_error when libcurl cannot create a multi handle.
+  /// `max_transfers` > 0: at most that many transfers in libcurl at once, the others wait in
+  /// a FIFO here (libcurl's own queue re-examines every waiting transfer whenever a connection
+  /// frees, which is quadratic in its length).
   static std::shared_ptr<CurlMulti> create(::asio::any_io_executor executor,
-                                           long max_host_connections);
+                                           long max_host_connections, std::size_t max_transfers);
   ~CurlMulti();
   CurlMulti(const CurlMulti&) = delete;
   CurlMulti& operator=(const CurlMulti&) = delete;
@@ -48,7 +52,7 @@ class CurlMulti : public std::enable_shared_from_this<CurlMulti> {
   /// Removes a transfer in flight and completes it with CURLE_ABORTED_BY_CALLBACK. No-op for a
   /// handle that is not in flight.
   void abort(CURL* easy, bool from_cancellation);
-  /// Transfers in flight.
+  /// Transfers started and not completed (in libcurl or waiting for a slot).
   [[nodiscard]] std::size_t in_flight() const noexcept { return pending_.size(); }
 
  private:
@@ -60,12 +64,23 @@ class CurlMulti : public std::enable_shared_from_this<CurlMulti> {
   void arm(const std::shared_ptr<Watch>& w, bool fresh);
   void act(curl_socket_t s, int events);
   void drain();
+  void add(CURL* easy);
+  void finished(CURL* easy, CURLcode code, bool from_cancellation);
+  void promote();
+
+  struct Entry {
+    std::unique_ptr<PendingTransfer> pending;
+    bool added = false;  // in libcurl (else waiting in waiting_)
+  };
 
   ::asio::any_io_executor executor_;
   CURLM* multi_ = nullptr;
   ::asio::steady_timer timer_;
   std::unordered_map<curl_socket_t, std::shared_ptr<Watch>> watches_;
-  std::unordered_map<CURL*, std::unique_ptr<PendingTransfer>> pending_;
+  std::unordered_map<CURL*, Entry> pending_;
+  std::deque<CURL*> waiting_;
+  std::size_t max_transfers_ = 0;
+  std::size_t added_ = 0;
 };
 
 /// The PendingTransfer of one async_perform: its handler and the work that keeps its executor

@@ -113,26 +113,6 @@ struct AttemptResult {
   std::string error;
 };
 
-// "host:port" of an absolute URL (the port defaulted from the scheme), the key of the host's
-// breaker; the URL itself when libcurl cannot parse it (the attempt will then fail anyway).
-std::string breaker_key(const std::string& url) {
-  CURLU* u = curl_url();
-  if (u == nullptr) return url;
-  std::string key = url;
-  if (curl_url_set(u, CURLUPART_URL, url.c_str(), 0) == CURLUE_OK) {
-    char* host = nullptr;
-    char* port = nullptr;
-    if (curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
-        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK) {
-      key = std::string(host) + ":" + port;
-    }
-    curl_free(host);
-    curl_free(port);
-  }
-  curl_url_cleanup(u);
-  return key;
-}
-
 // libcurl's transfer timeout fires first; the race in keel::asio::retry is only a backstop.
 constexpr Duration kTimeoutGrace = std::chrono::milliseconds(250);
 
@@ -154,7 +134,19 @@ struct HttpClient::Impl {
           "keel::asio::HttpClientOptions: max_host_connections must be >= 0 (got " +
           std::to_string(options.max_host_connections) + ")");
     }
-    multi = detail::CurlMulti::create(executor, options.max_host_connections);
+    if (options.max_transfers < 0) {
+      throw std::invalid_argument(
+          "keel::asio::HttpClientOptions: max_transfers must be >= 0 (got " +
+          std::to_string(options.max_transfers) + ")");
+    }
+    if (options.circuit_breakers && options.breakers == nullptr) {
+      own_breakers = std::make_unique<BreakerRegistry>(options.own_breakers);
+    }
+    if (options.retry_budget && options.budget == nullptr) {
+      own_budget = std::make_unique<TokenBucketBudget>(options.own_budget);
+    }
+    multi = detail::CurlMulti::create(executor, options.max_host_connections,
+                                      static_cast<std::size_t>(options.max_transfers));
   }
 
   ::asio::awaitable<AttemptResult> attempt(const HttpRequest& request, const RequestTraits& traits,
@@ -241,7 +233,18 @@ struct HttpClient::Impl {
   HttpClientOptions options;
   RetryPolicy policy;
   HttpClassifier classifier;
+  std::unique_ptr<BreakerRegistry> own_breakers;
+  std::unique_ptr<TokenBucketBudget> own_budget;
   std::shared_ptr<detail::CurlMulti> multi;
+
+  [[nodiscard]] BreakerRegistry* breakers() const noexcept {
+    if (!options.circuit_breakers) return nullptr;
+    return options.breakers != nullptr ? options.breakers : own_breakers.get();
+  }
+  [[nodiscard]] RetryBudget* budget() const noexcept {
+    if (!options.retry_budget) return nullptr;
+    return options.budget != nullptr ? options.budget : own_budget.get();
+  }
 };
 
 HttpClient::HttpClient(::asio::any_io_executor executor, HttpClientOptions options)
@@ -276,12 +279,14 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
   call.deadline = request.deadline;
   call.safe_to_repeat = traits.safe_to_repeat();
   call.rng = impl->options.rng;
-  call.budget = impl->options.budget;
+  call.budget = impl->budget();
   call.context = context;
   std::shared_ptr<CircuitBreaker> breaker;  // held for the whole operation
-  if (impl->options.breakers != nullptr) {
-    breaker = impl->options.breakers->get(breaker_key(request.url));
-    call.breaker = breaker.get();
+  if (BreakerRegistry* registry = impl->breakers()) {
+    if (auto key = breaker_key(request.url)) {
+      breaker = registry->get(*key);
+      call.breaker = breaker.get();
+    }
   }
 
   // The last attempt's details, kept by the op for the result and the on_attempt hook.

@@ -420,6 +420,7 @@ TEST(AsioHttpClient, APerHostBreakerStopsCallsToTheFailingHostOnly) {
   ::asio::io_context io;
   Config c = fast(2);
   HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log, .breakers = &breakers});
+  ASSERT_TRUE(client.options().circuit_breakers);
   std::vector<StopReason> reasons;
   ::asio::co_spawn(
       io,
@@ -442,6 +443,36 @@ TEST(AsioHttpClient, APerHostBreakerStopsCallsToTheFailingHostOnly) {
   EXPECT_EQ(down.arrivals().size(), 4u) << "no request reaches an open breaker's host";
   EXPECT_EQ(breakers.state("127.0.0.1:" + std::to_string(down.port())), keel::BreakerState::kOpen);
   EXPECT_EQ(breakers.state("127.0.0.1:" + std::to_string(up.port())), keel::BreakerState::kClosed);
+}
+
+// The client's own retry budget (on by default, as in keel::http::Client): a dependency that
+// always fails gets at most capacity / retry_cost retries from all operations together.
+TEST(AsioHttpClient, TheOwnRetryBudgetLimitsRetriesAcrossOperations) {
+  FaultServer server({.script = "503"});
+  server.start();
+  ::asio::io_context io;
+  Config c = fast(3);
+  HttpClient client(io.get_executor(), {.retry = c.retry,
+                                        .log = c.log,
+                                        .circuit_breakers = false,
+                                        .own_budget = {.capacity = 10, .retry_cost = 5}});
+  std::vector<StopReason> reasons;
+  ::asio::co_spawn(
+      io,
+      [&]() -> ::asio::awaitable<void> {
+        const Request request{.url = server.url("/")};
+        for (int i = 0; i < 3; ++i) {
+          const Result r = co_await client.send(request);
+          reasons.push_back(r.reason);
+        }
+      },
+      [](std::exception_ptr e) { EXPECT_FALSE(e); });
+  io.run_for(seconds(20));
+  // 10 tokens: two retries in all; the first operation spends them.
+  EXPECT_EQ(reasons,
+            (std::vector<StopReason>{StopReason::kAttemptsExhausted, StopReason::kBudgetExhausted,
+                                     StopReason::kBudgetExhausted}));
+  EXPECT_EQ(server.arrivals().size(), 5u);
 }
 
 // A flaky upstream that fails request i's first i % 3 attempts (it reads Keel-Attempt), so each
@@ -490,7 +521,13 @@ TEST(AsioHttpClient, AThousandConcurrentRetryingCallsOnOneThread) {
   c.retry.per_try_timeout = seconds(10);
   c.retry.overall_timeout = seconds(60);
   HttpClient client(io.get_executor(),
-                    {.retry = c.retry, .log = c.log, .max_host_connections = 16});
+                    {.retry = c.retry,
+                     .log = c.log,
+                     // A third of the first attempts fail by design: no breaker, no budget.
+                     .circuit_breakers = false,
+                     .retry_budget = false,
+                     .max_host_connections = 16,
+                     .max_transfers = 32});
   constexpr int kCalls = 1000;
   std::vector<int> attempts(kCalls, 0);
   std::vector<std::string> bodies(kCalls);

@@ -57,6 +57,7 @@ using HttpRequest = http::Request;
 using HttpResponse = http::Response;
 using HttpResult = http::Result;
 using HttpAttemptEvent = http::AttemptEvent;
+using http::breaker_key;
 using http::find_header;
 using http::make_idempotency_key;
 
@@ -76,16 +77,36 @@ struct HttpClientOptions {
   /// Receives the line logged when an operation gives up (keel::format_give_up). Default: the
   /// line is written to stderr.
   std::function<void(std::string_view)> log;
-  /// Circuit breakers keyed by "host:port" of each request's URL: an open breaker stops an
-  /// operation before its attempt (kCircuitOpen), and every outcome is reported to the host's
-  /// breaker. Non-owning; Requires: outlives the client. Default none.
+  /// Whether requests go through a circuit breaker per "host:port" of their URL
+  /// (keel::http::breaker_key): an open breaker stops an operation before an attempt
+  /// (StopReason::kCircuitOpen) and every outcome is reported to the host's breaker. Default
+  /// true, as keel::http::Client.
+  bool circuit_breakers = true;
+  /// The registry the per-host breakers come from; share one between clients (blocking or not)
+  /// to share their view of each host. Non-owning; Requires: outlives the client. Default none:
+  /// the client keeps a registry of its own built from own_breakers.
   BreakerRegistry* breakers = nullptr;
-  /// The retry budget shared by every request of this client: asked before every retry
-  /// (kBudgetExhausted). Non-owning; Requires: outlives the client. Default none.
+  /// Options of the client's own registry (when breakers is none). Default: keel's
+  /// BreakerRegistryOptions.
+  BreakerRegistryOptions own_breakers = {};
+  /// Whether retries draw on a retry budget shared by every request of the client (refused:
+  /// StopReason::kBudgetExhausted). Default true, as keel::http::Client.
+  bool retry_budget = true;
+  /// The budget to draw on. Non-owning; Requires: outlives the client. Default none: the client
+  /// keeps its own TokenBucketBudget built from own_budget.
   RetryBudget* budget = nullptr;
+  /// Options of the client's own budget (when budget is none). Default: 500 tokens, a retry
+  /// costs 5 (10 after a timeout), a successful first attempt refunds 1.
+  TokenBucketBudgetOptions own_budget = {};
   /// Connections open at once to one host; further transfers queue inside libcurl.
   /// Requires: >= 0. Default 0 (no limit).
   long max_host_connections = 0;
+  /// Transfers handed to libcurl at once; the others wait, in order, inside the client, and the
+  /// wait counts against the attempt's timeout. Set it for large fan-outs: libcurl's own queue
+  /// (behind max_host_connections) re-examines every waiting transfer each time a connection
+  /// frees, which is quadratic in the number waiting.
+  /// Requires: >= 0. Default 0 (no limit).
+  long max_transfers = 0;
   /// Sent as User-Agent unless the request sets one. Default "keel/0.1".
   std::string user_agent = "keel/0.1";
   /// Time source for deadlines. A keel::ManualClock makes the waits between attempts virtual
