@@ -14,7 +14,7 @@
 #
 # Rows 4 and 5 (idempotency layer under wrk, job queue against pgbench) come from
 # scripts/bench-serve.sh and scripts/bench-queue.sh when those exist (run with the build directory as
-# argument and in KEEL_BUILD_DIR, 15 minutes at most, output quoted in the report); row 6 from the simulator's
+# their argument and in KEEL_BUILD_DIR, 15 minutes at most, output quoted in the report); row 6 from the simulator's
 # benchmark (keel_bench_sim) when it was built. Missing ones are reported as "not available".
 set -euo pipefail
 
@@ -169,7 +169,10 @@ for item in serve queue; do
     skip "$item" "not run in smoke mode (needs wrk/PostgreSQL and minutes)"
   elif [[ -x "$script" ]]; then
     log "$item: running scripts/bench-$item.sh"
-    if ! KEEL_BUILD_DIR="$build_dir" timeout 900 "$script" "$build_dir" >"$raw/$item.txt" \
+    # bench-serve.sh takes the build directory as its argument, bench-queue.sh as --build-dir.
+    args=("$build_dir")
+    [[ $item == queue ]] && args=(--build-dir "$build_dir")
+    if ! KEEL_BUILD_DIR="$build_dir" timeout 900 "$script" "${args[@]}" >"$raw/$item.txt" \
       2>"$raw/$item.stderr.txt"; then
       skip "$item" "scripts/bench-$item.sh failed (see raw/$item.stderr.txt)"
     fi

@@ -101,8 +101,9 @@ def keel_samples(paths):
         entry["cpu"].append(b["cpu_time"] * scale)
         if "allocs/op" in b:
             entry["allocs"].append(b["allocs/op"])
-        if "items_per_second" in b:
-            entry["items"].append(b["items_per_second"])
+        rate = b.get("events/s", b.get("items_per_second"))
+        if rate is not None:
+            entry["items"].append(rate)
     samples = {
         name: Sample(e["wall"], e["cpu"], statistics.median(e["allocs"]) if e["allocs"] else None)
         for name, e in runs.items()
@@ -164,6 +165,37 @@ def serve_rows(text, emit, mach, date):
         emit(f"| POST /v1/charges, {backend} | {w[0]:.0f} req/s, p99 {w[1]}, non-2xx {w[2]} |"
              f" without the layer: {wo[0]:.0f} req/s, p99 {wo[1]}, non-2xx {wo[2]} |"
              f" {r:.2f} | {mach} | {date} |")
+    emit("")
+
+
+def queue_rows(text, emit, mach, date):
+    """Table rows from scripts/bench-queue.sh: the pgbench rate, then PostgreSQL and SQLite
+    '  batch N  <rate> jobs/s ...' lines."""
+    pgbench = re.search(r"pgbench single-row UPDATE[^:]*:\s*([\d.]+)\s*tps", text)
+    rows = []
+    section = None
+    for line in text.splitlines():
+        if line.startswith("PostgreSQL"):
+            section = "PostgreSQL"
+        elif line.startswith("SQLite"):
+            section = "SQLite"
+        m = re.match(r"^\s+batch\s+(\d+)\s+([\d.]+)\s+jobs/s", line)
+        if m and section:
+            rows.append((section, m.group(1), float(m.group(2))))
+    if not rows:
+        return
+    emit("keel = jobs/s through enqueue + lease + done; peer = pgbench's single-row UPDATE rate on"
+         " the same PostgreSQL server in the same run.")
+    emit("")
+    emit("| workload | keel | peer | ratio | machine | date |")
+    emit("| --- | --- | --- | --- | --- | --- |")
+    tps = float(pgbench.group(1)) if pgbench else None
+    for section, batch, rate in rows:
+        if section == "PostgreSQL" and tps:
+            emit(f"| queue, PostgreSQL, batch {batch} | {rate:.0f} jobs/s | pgbench {tps:.0f} tps |"
+                 f" {rate / tps:.2f} | {mach} | {date} |")
+        else:
+            emit(f"| queue, {section}, batch {batch} | {rate:.0f} jobs/s | - | - | {mach} | {date} |")
     emit("")
 
 
@@ -339,6 +371,8 @@ def main():
                 text = f.read().strip()
             if item == "serve":
                 serve_rows(text, emit, mach, date)
+            else:
+                queue_rows(text, emit, mach, date)
             emit(f"Output of scripts/bench-{item}.sh:")
             emit("")
             emit("```")
@@ -357,7 +391,9 @@ def main():
     sim_path = os.path.join(raw, "sim.json")
     if os.path.exists(sim_path):
         samples, items, errors = keel_samples([sim_path])
-        emit("| benchmark | events (items) per second | time per iteration |")
+        emit("Simulated events per second of CPU time (Google Benchmark's rate counter).")
+        emit("")
+        emit("| benchmark | events per second | wall time per iteration |")
         emit("| --- | --- | --- |")
         for name, s in samples.items():
             rate = items.get(name)
