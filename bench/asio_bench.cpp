@@ -118,14 +118,24 @@ int http_async(const Config& c, int port) {
   ::asio::io_context io(1);
   keel::asio::HttpClient client(io.get_executor(), {.retry = retry_once(c),
                                                     .log = [](std::string_view) {},
+                                                    .circuit_breakers = false,
+                                                    .retry_budget = false,
                                                     .max_host_connections = c.threads,
                                                     .max_transfers = c.threads});
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/op";
   int ok = 0;
+  bool told = false;
   for (int i = 0; i < c.calls; ++i) {
     ::asio::co_spawn(io, client.send({.url = url}),
-                     [&ok](std::exception_ptr e, keel::http::Result r) {
-                       if (!e && r.ok() && r.attempts == 2) ++ok;
+                     [&ok, &told](std::exception_ptr e, keel::http::Result r) {
+                       if (!e && r.ok() && r.attempts == 2) {
+                         ++ok;
+                       } else if (!told) {
+                         told = true;
+                         std::fprintf(stderr, "asio_bench: async http: %s after %d attempts (%s)\n",
+                                      std::string(keel::to_string(r.reason)).c_str(), r.attempts,
+                                      r.error.c_str());
+                       }
                      });
   }
   io.run();
