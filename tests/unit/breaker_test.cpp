@@ -22,8 +22,8 @@ using namespace std::chrono_literals;
 using keel::BreakerState;
 using keel::Outcome;
 
-const Outcome kF = Outcome::transient();
-const Outcome kS = Outcome::success();
+constexpr Outcome kF = Outcome::transient();
+constexpr Outcome kS = Outcome::success();
 
 // Runs one call through the breaker; returns false when it was refused (the call did not run).
 bool call(keel::CircuitBreaker& b, const Outcome& o) {
@@ -320,6 +320,7 @@ TEST(Breaker, ConcurrentRecordingIsCountedExactly) {
   keel::ManualClock clock;  // time stands still: no bucket rotates
   keel::CircuitBreaker b({.minimum_calls = 1000000, .clock = &clock});
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 5000; ++i) {
@@ -345,6 +346,7 @@ TEST(Breaker, ConcurrentRecordingWhileTimeMovesAndTheBreakerTrips) {
                           .clock = &clock});
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
+  threads.reserve(8);
   std::atomic<long> admitted_trials{0};
   for (int t = 0; t < 3; ++t) {
     threads.emplace_back([&, t] {
@@ -386,6 +388,7 @@ TEST(Breaker, HalfOpenAdmitsExactlyTheTrialsAcrossThreads) {
     std::atomic<int> admitted{0};
     std::atomic<int> ready{0};
     std::vector<std::thread> threads;
+    threads.reserve(8);
     for (int t = 0; t < 4; ++t) {
       threads.emplace_back([&] {
         ready.fetch_add(1);
@@ -492,6 +495,7 @@ TEST(BreakerRegistry, ConcurrentGetAndRecord) {
     ++heard;
   });
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 2000; ++i) {

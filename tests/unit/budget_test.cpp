@@ -75,6 +75,7 @@ TEST(ThrottleBudget, RejectsInvalidOptionsNamingTheField) {
 TEST(ThrottleBudget, ConcurrentUpdatesStayClamped) {
   keel::ThrottleBudget b({.max_tokens = 10, .token_ratio = 0.5});
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 20000; ++i) {
@@ -273,6 +274,7 @@ template <class Budget>
 void many_threads_spend_exactly_the_balance(Budget& budget, int expected) {
   std::atomic<int> granted{0};
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 2000; ++i) {
@@ -312,6 +314,7 @@ TEST(BudgetConcurrency, ManyThreadsSpendExactlyTheRatioBalanceWhileDepositing) {
   keel::RatioBudget b({.ratio = 0.1, .reserve_per_second = 0, .clock = &clock});
   std::atomic<bool> go{false};
   std::vector<std::thread> depositors;
+  depositors.reserve(8);
   for (int t = 0; t < 2; ++t) {
     depositors.emplace_back([&] {
       while (!go.load()) {
@@ -321,6 +324,7 @@ TEST(BudgetConcurrency, ManyThreadsSpendExactlyTheRatioBalanceWhileDepositing) {
   }
   std::atomic<int> granted{0};
   std::vector<std::thread> spenders;
+  spenders.reserve(8);
   for (int t = 0; t < 2; ++t) {
     spenders.emplace_back([&] {
       while (!go.load()) {

@@ -372,6 +372,7 @@ TEST(EngineBrakes, ConcurrentGuardedCallsShareOneBreakerAndBudget) {
   const keel::RetryPolicy policy({.max_attempts = 3, .backoff = {.base = 1ns, .cap = 1ns}});
   std::atomic<int> ok{0};
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       keel::ManualClock clock;
