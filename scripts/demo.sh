@@ -1,8 +1,199 @@
 #!/usr/bin/env bash
-# make demo: the story keel tells, on what exists so far.
+# make demo: keel's whole story on real parts, on loopback, with SQLite files in a temporary
+# folder.
+#
+#  1. `keel serve` runs a flaky payments API: 503s (some with Retry-After), slow requests, and
+#     "commit then drop the response" (the charge is written, the answer never arrives).
+#  2. The same 500 charge jobs are drained twice: by a naive retry loop (immediate retries, a
+#     fresh Idempotency-Key per attempt: the bug the seeds warn about), then by keel (a durable
+#     queue whose jobs carry one key from enqueue, full-jitter backoff, keel's HTTP client with a
+#     per-host circuit breaker).
+#  3. A side-by-side report from what the server committed, then a short retry-storm simulation
+#     with a picture.
+#
+# Exits non-zero if keel's run shows a duplicate or a lost charge.
+#   scripts/demo.sh [--jobs N]        (KEEL=path/to/keel to use another binary)
 set -euo pipefail
+
 root=$(cd "$(dirname "$0")/.." && pwd)
-keel="$root/build/bin/keel"
+keel=${KEEL:-$root/build/bin/keel}
+jobs=500
+while (($#)); do
+  case "$1" in
+    --jobs)
+      jobs=${2:-}
+      [[ "$jobs" =~ ^[1-9][0-9]{0,4}$ ]] || { echo "demo: --jobs needs a number from 1 to 99999" >&2; exit 2; }
+      shift 2 ;;
+    *) echo "demo: unknown option '$1' (expected --jobs N)" >&2; exit 2 ;;
+  esac
+done
 [[ -x "$keel" ]] || { echo "demo: $keel is missing; run 'make build' first" >&2; exit 1; }
-echo "== keel demo: the core engine on a simulated flaky dependency (virtual time) =="
-"$keel" demo-core --operations 5 --failure-rate 0.6 --seed 7
+command -v curl >/dev/null || { echo "demo: curl is needed (scripts/bootstrap.sh installs it)" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/keel-demo.XXXXXX")
+out_dir="$root/build/demo"
+mkdir -p "$out_dir"
+pids=()
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'echo; echo "demo: interrupted, cleaning up" >&2; exit 130' INT TERM
+
+step() { printf '\n== %s\n' "$*"; }
+now_ms() { date +%s%3N; }
+
+# The same faults, from the same seed, for both runs.
+chaos=(--chaos-503 0.2 --chaos-503-retry-after 200ms --chaos-delay-fraction 0.05 --chaos-delay 300ms
+       --chaos-drop-after-commit 0.1 --chaos-seed 42)
+
+# start_server NAME [FLAGS...]: starts `keel serve` on a free port with the run's own SQLite file;
+# sets $url.
+start_server() {
+  local name=$1 log="$work/$1-serve.log"
+  shift
+  "$keel" serve --listen 127.0.0.1:0 --db "sqlite:$work/$name-payments.db" --threads 16 \
+    "$@" >"$log" 2>&1 &
+  pids+=($!)
+  local i
+  for i in $(seq 1 100); do
+    url=$(sed -n 's/^keel serve: listening on \(http:\/\/[0-9.]*:[0-9]*\).*/\1/p' "$log")
+    [[ -n "$url" ]] && return 0
+    kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; echo "demo: keel serve exited" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "demo: keel serve did not start" >&2
+  exit 1
+}
+
+stop_server() {
+  kill "${pids[-1]}" 2>/dev/null || true
+  wait "${pids[-1]}" 2>/dev/null || true
+  unset 'pids[-1]'
+}
+
+payload() { printf '{"amount":%d,"currency":"usd","customer":"cus_%05d"}' $((1000 + $1)) "$1"; }
+
+# audit NAME: restarts the run's server without faults on the same database and counts, for
+# every job's customer, the charges it committed. Sets $duplicates (extra charges), $lost
+# (customers with none) and $charged.
+audit() {
+  stop_server
+  start_server "$1"
+  local i
+  for i in $(seq 1 "$jobs"); do printf 'url = "%s/v1/charges?customer=cus_%05d"\n' "$url" "$i"; done \
+    >"$work/audit.curl"
+  # One curl process, one kept-alive connection: every charge in the answers names its customer.
+  curl -sS --config "$work/audit.curl" | { grep -o '"customer":"cus_[0-9]*"' || true; } | sort \
+    | uniq -c >"$work/audit.counts"
+  charged=$(awk '{ s += $1 } END { print s + 0 }' "$work/audit.counts")
+  duplicates=$(awk '$1 > 1 { s += $1 - 1 } END { print s + 0 }' "$work/audit.counts")
+  lost=$((jobs - $(wc -l <"$work/audit.counts")))
+  stop_server
+}
+
+metric() { curl -sS "$url/metrics" | awk -v m="$1" '$1 == m { s += $2 } END { print s + 0 }'; }
+requests_seen() {
+  # Every POST the server answered or dropped: idempotency outcomes plus injected 503s.
+  curl -sS "$url/metrics" | awk '/^keel_idempotency_requests_total|^keel_chaos_injected_total\{fault="503"\}/ { s += $2 } END { print s + 0 }'
+}
+
+echo "keel demo: $jobs charge jobs against a flaky payments API, naive retries vs keel"
+echo "faults: 20% 503 (Retry-After 200ms), 5% slow (300ms), 10% commit-then-drop-the-response"
+
+# ---------------------------------------------------------------------------------------------
+step "1/3 naive: immediate retries, 4 attempts, a fresh Idempotency-Key per attempt"
+start_server naive "${chaos[@]}"
+export url
+naive_job() {
+  local i=$1 attempt key code sent=0
+  local body
+  body=$(payload "$i")
+  for attempt in 1 2 3 4; do
+    key=$(cat /proc/sys/kernel/random/uuid)  # the bug: a new key inside the loop
+    sent=$((sent + 1))
+    code=$(curl -s -o /dev/null -w '%{http_code}' -m 2 -X POST "$url/v1/charges" \
+      -H 'Content-Type: application/json' -H "Idempotency-Key: $key" -d "$body" || true)
+    [[ "$code" == 2* ]] && { echo "$sent ok"; return 0; }
+  done
+  echo "$sent failed"
+}
+export -f naive_job payload
+t0=$(now_ms)
+seq 1 "$jobs" | xargs -P 8 -I{} bash -c 'naive_job {}' >"$work/naive.out"
+naive_ms=$(($(now_ms) - t0))
+naive_sent=$(awk '{ s += $1 } END { print s + 0 }' "$work/naive.out")
+naive_gave_up=$(grep -c failed "$work/naive.out" || true)
+naive_seen=$(requests_seen)
+audit naive
+naive_dups=$duplicates naive_lost=$lost naive_charged=$charged
+echo "naive: $naive_sent requests, $naive_charged charges committed for $jobs jobs in $((naive_ms / 1000)).$(((naive_ms % 1000) / 100))s"
+
+# ---------------------------------------------------------------------------------------------
+step "2/3 keel: a durable queue (one key per job from enqueue), full-jitter backoff, per-host breaker"
+start_server keel "${chaos[@]}"
+queue_db="sqlite:$work/queue.db"
+t0=$(now_ms)
+enqueue_job() {
+  "$keel" jobs --db "$queue_db" enqueue --queue charges --payload "$(payload "$1")" --max-attempts 8
+}
+export -f enqueue_job
+export keel queue_db
+seq 1 "$jobs" | xargs -P 4 -I{} bash -c 'enqueue_job {}' >/dev/null
+echo "enqueued $jobs jobs, each with its own Idempotency-Key, in $(($(now_ms) - t0)) ms"
+"$keel" jobs --db "$queue_db" work --queue charges --deliver "$url/v1/charges" --concurrency 8 \
+  --backoff-base 50ms --backoff-cap 2s --timeout 1s --poll 20ms --exit-when-idle \
+  >"$work/worker.log" 2>&1 || { cat "$work/worker.log" >&2; echo "demo: the keel worker failed" >&2; exit 1; }
+keel_ms=$(($(now_ms) - t0))
+keel_seen=$(requests_seen)
+audit keel
+keel_dups=$duplicates keel_lost=$lost keel_charged=$charged
+dead=$("$keel" dlq --db "$queue_db" depth)
+echo "keel: $keel_seen requests, $keel_charged charges committed for $jobs jobs in $((keel_ms / 1000)).$(((keel_ms % 1000) / 100))s"
+if [[ "$dead" != "0" ]]; then
+  echo "dead-letter queue ($dead jobs; replay with: keel dlq --db URL replay --all):"
+  "$keel" dlq --db "$queue_db" list | head -n 10
+fi
+# A customer without a charge is lost only if its job is not waiting in the dead-letter queue.
+keel_unexplained=$keel_lost
+if ((keel_lost > 0)) && [[ "$dead" != "0" ]]; then
+  keel_unexplained=$((keel_lost > dead ? keel_lost - dead : 0))
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "report"
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", (b > 0 ? a / b : 0) }'; }
+printf '%-34s %12s %12s\n' "" "naive" "keel"
+printf '%-34s %12s %12s\n' "jobs" "$jobs" "$jobs"
+printf '%-34s %12s %12s\n' "requests the server saw" "$naive_seen" "$keel_seen"
+printf '%-34s %12s %12s\n' "amplification (requests / jobs)" "$(ratio "$naive_seen" "$jobs")" "$(ratio "$keel_seen" "$jobs")"
+printf '%-34s %12s %12s\n' "duplicate charges" "$naive_dups" "$keel_dups"
+printf '%-34s %12s %12s\n' "customers never charged" "$naive_lost" "$keel_lost"
+printf '%-34s %12s %12s\n' "  of which gave up / dead-lettered" "$naive_gave_up" "$dead"
+printf '%-34s %12s %12s\n' "time taken" "$((naive_ms / 1000)).$(((naive_ms % 1000) / 100))s" "$((keel_ms / 1000)).$(((keel_ms % 1000) / 100))s"
+echo
+echo "naive: a dropped response after a commit was retried under a new key, so the server charged again;"
+echo "       a job that ran out of its 4 immediate attempts was simply given up (nothing remembers it)."
+echo "keel:  every retry carried the job's key, so a repeat was replayed, not re-charged; a job out of"
+echo "       attempts would wait in the dead-letter queue, counted and replayable."
+
+# ---------------------------------------------------------------------------------------------
+step "3/3 the same situation as a retry storm (keel sim, worked-example)"
+plot="$out_dir/retry-storm.svg"
+"$keel" sim run --scenario worked-example --policy naive --policy full-jitter \
+  --policy full-jitter+budget --plot "$plot"
+echo "picture: $plot"
+
+status=0
+if ((keel_dups > 0)); then
+  echo "demo: FAILED: keel's run committed $keel_dups duplicate charges" >&2
+  status=1
+fi
+if ((keel_unexplained > 0)); then
+  echo "demo: FAILED: keel's run lost $keel_unexplained charges (not charged, not dead-lettered)" >&2
+  status=1
+fi
+exit $status
