@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <new>
 #include <stdexcept>
+#include <vector>
 
 #include "curl_multi.hpp"
 #include "keel/asio/retry.hpp"
@@ -152,9 +153,15 @@ struct HttpClient::Impl {
   ::asio::awaitable<AttemptResult> attempt(const HttpRequest& request, const RequestTraits& traits,
                                            const std::string& key, const AttemptInfo& info,
                                            Clock& clock) {
-    Easy easy(curl_easy_init());
-    if (!easy) throw std::runtime_error("keel::asio: curl_easy_init failed");
-    CURL* h = easy.get();
+    // An easy handle from the idle list (reset), returned to it when the attempt ends.
+    struct Lease {
+      Impl* impl;
+      Easy easy;
+      ~Lease() {
+        if (easy && impl->idle.size() < kMaxIdleHandles) impl->idle.push_back(std::move(easy));
+      }
+    } lease{this, acquire()};
+    CURL* h = lease.easy.get();
     Sink sink;
     char error_buffer[CURL_ERROR_SIZE] = {};
     Slist headers;
@@ -233,6 +240,41 @@ struct HttpClient::Impl {
   HttpClientOptions options;
   RetryPolicy policy;
   HttpClassifier classifier;
+  // The engine's per-call inputs for one operation; `breaker` receives the host's breaker
+  // (kept alive by the caller for the operation).
+  [[nodiscard]] CallOptions call_options(const HttpRequest& request, const RequestTraits& traits,
+                                         Clock& clock, RetryContext* context,
+                                         std::shared_ptr<CircuitBreaker>& breaker) const {
+    CallOptions call;
+    call.clock = &clock;
+    call.deadline = request.deadline;
+    call.safe_to_repeat = traits.safe_to_repeat();
+    call.rng = options.rng;
+    call.budget = budget();
+    call.context = context;
+    BreakerRegistry* registry = breakers();
+    if (registry != nullptr) {
+      const std::optional<std::string> key = breaker_key(request.url);
+      if (key.has_value()) breaker = registry->get(*key);
+    }
+    call.breaker = breaker.get();
+    return call;
+  }
+
+  Easy acquire() {
+    if (!idle.empty()) {
+      Easy easy = std::move(idle.back());
+      idle.pop_back();
+      curl_easy_reset(easy.get());
+      return easy;
+    }
+    Easy easy(curl_easy_init());
+    if (!easy) throw std::runtime_error("keel::asio: curl_easy_init failed");
+    return easy;
+  }
+
+  static constexpr std::size_t kMaxIdleHandles = 64;
+  std::vector<Easy> idle;  // handles of finished attempts, kept for reuse (executor-only)
   std::unique_ptr<BreakerRegistry> own_breakers;
   std::unique_ptr<TokenBucketBudget> own_budget;
   std::shared_ptr<detail::CurlMulti> multi;
@@ -274,20 +316,9 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
   }
   const RequestTraits traits{method, !result.idempotency_key.empty()};
 
-  CallOptions call;
-  call.clock = &clock;
-  call.deadline = request.deadline;
-  call.safe_to_repeat = traits.safe_to_repeat();
-  call.rng = impl->options.rng;
-  call.budget = impl->budget();
-  call.context = context;
+  // Set up outside the coroutine body proper: plain code, no declarations in conditions.
   std::shared_ptr<CircuitBreaker> breaker;  // held for the whole operation
-  if (BreakerRegistry* registry = impl->breakers()) {
-    if (auto key = breaker_key(request.url)) {
-      breaker = registry->get(*key);
-      call.breaker = breaker.get();
-    }
-  }
+  const CallOptions call = impl->call_options(request, traits, clock, context, breaker);
 
   // The last attempt's details, kept by the op for the result and the on_attempt hook.
   std::string last_error;
