@@ -324,17 +324,14 @@ std::vector<EnqueueResult> JobQueue::enqueue_many(
   return out;
 }
 
-std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view queue,
-                                       std::string_view worker, int limit) const {
-  if (limit < 1) throw std::invalid_argument("lease: limit must be >= 1");
+std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
   const bool pg = connection.backend() == Backend::kPostgres;
-  std::vector<LeasedJob> out;
+  std::int64_t reaped = 0;
   in_transaction(connection, [&](Connection& tx) {
-    out.clear();
+    reaped = 0;
     const std::int64_t now = now_ms();
-    // 1. Leases that expired: the worker died or stalled. Record the lost attempt; the job is
-    //    ready again, or dead when that was its last attempt. The new fence locks the old
-    //    worker out.
+    // Leases that expired: the worker died or stalled. Record the lost attempt; the job is ready
+    // again, or dead when that was its last attempt. The new fence locks the old worker out.
     const Rows expired = tx.query(
         std::string("SELECT id, attempts, max_attempts, leased_ms, lease_owner, replays"
                     " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2"
@@ -358,43 +355,70 @@ std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view 
       insert_attempt(tx, id, expired.integer(i, 5), attempts,
                      expired.cell(i, 3) ? expired.integer(i, 3) : now, now, "lease_expired", error,
                      std::nullopt, owner);
+      ++reaped;
     }
-    // 2. Lease due jobs, oldest due first.
-    const std::int64_t expires = now + to_ms(options_.lease);
-    const std::string pick =
-        "SELECT id FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
-        " AND run_at_ms <= $2 ORDER BY run_at_ms, id LIMIT $4";
-    const std::string sql =
-        pg ? "WITH picked AS (" + pick +
-                 " FOR UPDATE SKIP LOCKED)"
-                 " UPDATE keel_jobs j SET state = 'running', attempts = j.attempts + 1,"
-                 " fence = j.fence + 1, lease_owner = $3, leased_ms = $2,"
-                 " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
-                 " FROM picked WHERE j.id = picked.id"
-                 " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence"
-           : "UPDATE keel_jobs SET state = 'running', attempts = attempts + 1,"
-             " fence = fence + 1, lease_owner = $3, leased_ms = $2,"
-             " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
-             " WHERE id IN (" +
-                 pick + ") RETURNING id, payload, idem_key, attempts, max_attempts, fence";
-    const Rows leased = tx.query(sql, {queue, now, worker, limit, expires});
-    out.reserve(leased.size());
-    for (std::size_t i = 0; i < leased.size(); ++i) {
-      LeasedJob job;
-      job.id = leased.integer(i, 0);
-      job.queue = std::string(queue);
-      job.payload = leased.text(i, 1);
-      job.idempotency_key = leased.text(i, 2);
-      job.attempt = static_cast<int>(leased.integer(i, 3));
-      job.max_attempts = static_cast<int>(leased.integer(i, 4));
-      job.fence = leased.integer(i, 5);
-      job.lease_expires_ms = expires;
-      out.push_back(std::move(job));
-    }
-    std::sort(out.begin(), out.end(),
-              [](const LeasedJob& a, const LeasedJob& b) { return a.id < b.id; });
     return true;
   });
+  return reaped;
+}
+
+std::vector<LeasedJob> JobQueue::lease_due(Connection& connection, std::string_view queue,
+                                           std::string_view worker, int limit) const {
+  const bool pg = connection.backend() == Backend::kPostgres;
+  const std::int64_t now = now_ms();
+  const std::int64_t expires = now + to_ms(options_.lease);
+  // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path.
+  const std::string pick =
+      "SELECT id FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
+      " AND run_at_ms <= $2 ORDER BY run_at_ms, id LIMIT $4";
+  const std::string sql =
+      pg ? "WITH picked AS (" + pick +
+               " FOR UPDATE SKIP LOCKED)"
+               " UPDATE keel_jobs j SET state = 'running', attempts = j.attempts + 1,"
+               " fence = j.fence + 1, lease_owner = $3, leased_ms = $2,"
+               " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
+               " FROM picked WHERE j.id = picked.id"
+               " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence"
+         : "UPDATE keel_jobs SET state = 'running', attempts = attempts + 1,"
+           " fence = fence + 1, lease_owner = $3, leased_ms = $2,"
+           " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
+           " WHERE id IN (" +
+               pick + ") RETURNING id, payload, idem_key, attempts, max_attempts, fence";
+  const Rows leased = connection.query(sql, {queue, now, worker, limit, expires});
+  std::vector<LeasedJob> out;
+  out.reserve(leased.size());
+  for (std::size_t i = 0; i < leased.size(); ++i) {
+    LeasedJob job;
+    job.id = leased.integer(i, 0);
+    job.queue = std::string(queue);
+    job.payload = leased.text(i, 1);
+    job.idempotency_key = leased.text(i, 2);
+    job.attempt = static_cast<int>(leased.integer(i, 3));
+    job.max_attempts = static_cast<int>(leased.integer(i, 4));
+    job.fence = leased.integer(i, 5);
+    job.lease_expires_ms = expires;
+    out.push_back(std::move(job));
+  }
+  return out;
+}
+
+std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view queue,
+                                       std::string_view worker, int limit) const {
+  if (limit < 1) throw std::invalid_argument("lease: limit must be >= 1");
+  std::vector<LeasedJob> out = lease_due(connection, queue, worker, limit);
+  // Expired leases are looked for when the due jobs did not fill the request, and at least every
+  // quarter lease while they do (so a busy queue still reclaims them promptly).
+  const std::int64_t now = now_ms();
+  const bool short_of_work = static_cast<int>(out.size()) < limit;
+  if (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4) {
+    last_reap_ms_.store(now);
+    if (reap_expired(connection, queue) > 0 && short_of_work) {
+      auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.size()));
+      for (auto& job : more) out.push_back(std::move(job));
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const LeasedJob& x, const LeasedJob& y) { return x.id < y.id; });
   return out;
 }
 
@@ -408,10 +432,35 @@ bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64
   return r.affected() == 1;
 }
 
+namespace {
+
+// PostgreSQL: a success recorded in one statement (the job's update and its history row), atomic
+// on its own. Returns false when the fence is stale.
+bool record_success_pg(Connection& conn, std::int64_t job_id, std::int64_t fence,
+                       std::int64_t now) {
+  const Rows r = conn.query(
+      "WITH done AS (UPDATE keel_jobs SET state = 'done', lease_owner = NULL,"
+      " lease_expires_ms = NULL, run_at_ms = $3, last_error = NULL, updated_ms = $3,"
+      " finished_ms = $3 WHERE id = $1 AND fence = $2 AND state = 'running'"
+      " RETURNING id, replays, attempts, leased_ms, lease_owner)"
+      " INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms, finished_ms, outcome,"
+      " worker) SELECT id, replays, attempts, COALESCE(leased_ms, $3), $3, 'success', lease_owner"
+      " FROM done RETURNING job_id",
+      {job_id, fence, now});
+  return !r.empty();
+}
+
+}  // namespace
+
 CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, std::int64_t fence,
                                   const AttemptReport& report) const {
   const bool pg = connection.backend() == Backend::kPostgres;
   CompleteResult out;
+  if (pg && report.outcome.kind == OutcomeKind::kSuccess) {
+    out.status = record_success_pg(connection, job_id, fence, now_ms()) ? CompleteStatus::kDone
+                                                                        : CompleteStatus::kStale;
+    return out;
+  }
   in_transaction(connection, [&](Connection& tx) {
     out = CompleteResult{};
     const std::int64_t now = now_ms();
@@ -483,6 +532,10 @@ int JobQueue::complete_done(
     current = 0;
     const std::int64_t now = now_ms();
     for (const auto& [id, fence] : id_and_fence) {
+      if (tx.backend() == Backend::kPostgres) {
+        if (record_success_pg(tx, id, fence, now)) ++current;
+        continue;
+      }
       const Rows r = tx.query(
           "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
           " run_at_ms = $3, last_error = NULL, updated_ms = $3, finished_ms = $3"

@@ -122,7 +122,8 @@ void Worker::slot_loop() {
       std::lock_guard lock(mu_);
       for (const LeasedJob& job : jobs) active_[job.id] = job.fence;
     }
-    for (const LeasedJob& job : jobs) {
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      const LeasedJob& job = jobs[i];
       try {
         if (stopping_.load()) {
           // Leased in this batch but not started: give it back at once.
@@ -141,8 +142,13 @@ void Worker::slot_loop() {
             " (the lease expires and the job runs again)");
         std::lock_guard lock(mu_);
         active_.erase(job.id);
-        if ((*conn)->broken()) conn.reset();
-        if (!conn) break;
+        if ((*conn)->broken()) {
+          // The rest of the batch cannot be recorded on this connection: stop heartbeating
+          // those leases so that they expire and another attempt picks the jobs up.
+          for (std::size_t j = i + 1; j < jobs.size(); ++j) active_.erase(jobs[j].id);
+          conn.reset();
+          break;
+        }
       }
     }
   }

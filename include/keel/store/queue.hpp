@@ -29,10 +29,11 @@
 // (and hosts with synchronised clocks) agree on lease expiry; tests inject keel::ManualClock and
 // run lease expiry and backoff in virtual time.
 //
-// Thread-safety: JobQueue is immutable after construction except for its random generator, which
-// a mutex guards; it is safe for concurrent use. Each call uses the Connection it is given (one
-// thread per connection). Every call that writes runs in its own transaction: requires no
-// transaction open on the connection.
+// Thread-safety: JobQueue is immutable after construction except for its random generator (which
+// a mutex guards) and the time of its last expired-lease sweep (an atomic); it is safe for
+// concurrent use. Each call uses the Connection it is given (one thread per connection). Every
+// call that writes runs in its own transaction or single statement: requires no transaction open
+// on the connection.
 //
 // Example:
 //   keel::store::JobQueue queue({.backoff = {.base = 1s, .cap = 1h}});
@@ -46,6 +47,7 @@
 //   }
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -238,9 +240,10 @@ class JobQueue {
       Connection& connection, const std::vector<EnqueueRequest>& requests) const;
 
   /// Leases up to `limit` due jobs of `queue` for options().lease, oldest due first, each with a
-  /// new fencing token and its attempt count incremented. First moves jobs whose lease expired
-  /// back to ready (or to dead on their last attempt), recording the lost attempt. Requires:
-  /// limit >= 1. Throws DatabaseError.
+  /// new fencing token and its attempt count incremented, in one statement. When that does not
+  /// fill `limit` (and at least every quarter lease), jobs whose lease expired are moved back to
+  /// ready (or to dead on their last attempt) with the lost attempt recorded, and leased too.
+  /// Requires: limit >= 1. Throws DatabaseError.
   [[nodiscard]] std::vector<LeasedJob> lease(Connection& connection, std::string_view queue,
                                              std::string_view worker, int limit = 1) const;
 
@@ -311,12 +314,18 @@ class JobQueue {
 
  private:
   [[nodiscard]] Duration next_delay(int retry) const;
+  // Moves expired leases of `queue` back to ready (or dead); returns how many.
+  std::int64_t reap_expired(Connection& connection, std::string_view queue) const;
+  // Leases up to `limit` due jobs in one statement.
+  [[nodiscard]] std::vector<LeasedJob> lease_due(Connection& connection, std::string_view queue,
+                                                 std::string_view worker, int limit) const;
 
   QueueOptions options_;
   Backoff backoff_;
   Clock* clock_;
   mutable std::mutex rng_mu_;
   mutable Rng rng_;  // guarded by rng_mu_
+  mutable std::atomic<std::int64_t> last_reap_ms_{0};
 };
 
 }  // namespace keel::store
