@@ -41,6 +41,11 @@ nlohmann::ordered_json summary_json(const Report& r) {
                               : nlohmann::ordered_json(nullptr);
   j["p99_ms"] = m.p99_latency ? nlohmann::ordered_json(round3(millis(*m.p99_latency)))
                               : nlohmann::ordered_json(nullptr);
+  if (r.stops_recovering_at) {
+    j["stops_recovering_at_s"] =
+        *r.stops_recovering_at ? nlohmann::ordered_json(round3(seconds(**r.stops_recovering_at)))
+                               : nlohmann::ordered_json(nullptr);
+  }
   j["runs"] = r.runs;
   j["events"] = m.events;
   return j;

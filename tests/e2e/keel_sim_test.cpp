@@ -96,6 +96,17 @@ TEST_F(KeelSim, RunJsonPrintsOneObjectPerPolicy) {
   EXPECT_NE(ls[2].find("\"seed\":3"), std::string::npos);
 }
 
+TEST_F(KeelSim, BlipThresholdFindsTheTriggerNaiveDoesNotRecoverFrom) {
+  const ProcessResult r = keel(
+      {"sim", "run", "--scenario", "blip", "--policy", "naive", "--threshold", "--json"}, dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\"recovered\":false"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"stops_recovering_at_s\":0.75"), std::string::npos) << r.out;
+  const ProcessResult bad = keel({"sim", "run", "--scenario", "herd", "--threshold"}, dir_);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--threshold"), std::string::npos) << bad.err;
+}
+
 TEST_F(KeelSim, RunWritesCsvAndSvgAndPngPlots) {
   const fs::path csv = dir_ / "herd.csv";
   const fs::path svg = dir_ / "herd.svg";

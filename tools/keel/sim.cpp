@@ -28,7 +28,12 @@ struct RunOptions {
   std::string csv;
   std::string plot;
   std::string trigger;
+  bool threshold = false;
 };
+
+// blip --threshold sweeps triggers of 250 ms, 500 ms, ... up to 20 s.
+constexpr Duration kThresholdStep = std::chrono::milliseconds(250);
+constexpr Duration kThresholdLimit = std::chrono::seconds(20);
 
 int usage(const std::string& message) {
   std::fprintf(stderr, "keel sim run: %s\n", message.c_str());
@@ -104,6 +109,9 @@ int run_command(const RunOptions& o) {
                    (error.empty() ? "" : ": " + error));
     }
   }
+  if (o.threshold && info->name != "blip") {
+    return usage("--threshold applies to the blip scenario only");
+  }
   if (!o.plot.empty() && !plot_format_supported(o.plot)) {
     return usage("--plot: '" + o.plot + "' must end in .svg or .png");
   }
@@ -113,6 +121,10 @@ int run_command(const RunOptions& o) {
     try {
       reports.push_back(trigger ? sim::run_blip(p, *trigger, o.seed)
                                 : sim::run_scenario(info->name, p, o.seed));
+      if (o.threshold) {
+        reports.back().stops_recovering_at =
+            sim::blip_threshold(p, kThresholdStep, kThresholdLimit, o.seed);
+      }
     } catch (const std::invalid_argument& e) {
       return usage(std::string("--policy: ") + e.what());
     }
@@ -123,6 +135,16 @@ int run_command(const RunOptions& o) {
     std::printf("scenario %s (seed %llu): %s\n\n", info->name.c_str(),
                 static_cast<unsigned long long>(o.seed), info->description.c_str());
     print_table(reports);
+    for (const auto& r : reports) {
+      if (!r.stops_recovering_at) continue;
+      if (*r.stops_recovering_at) {
+        std::printf("%s stops recovering once capacity stays halved for %s\n", r.policy.c_str(),
+                    format_duration(**r.stops_recovering_at).c_str());
+      } else {
+        std::printf("%s recovers from every capacity drop up to %s\n", r.policy.c_str(),
+                    format_duration(kThresholdLimit).c_str());
+      }
+    }
   }
   std::string error;
   if (!o.csv.empty() && !write_file_atomically(o.csv, sim::to_csv(reports), error)) {
@@ -157,6 +179,9 @@ Runner add_sim(CLI::App& app) {
                   "policy, same axes)");
   run->add_option("--trigger", run_opts->trigger,
                   "blip only: how long capacity stays halved (default 5s)");
+  run->add_flag("--threshold", run_opts->threshold,
+                "blip only: also find, per policy, the shortest capacity drop it does not "
+                "recover from (a sweep in 250 ms steps up to 20s)");
   Runner serve = add_sim_serve(*sim);
 
   return [sim, list, run, run_opts, serve]() -> int {

@@ -74,6 +74,9 @@ struct Report {
   std::optional<double> completion_ms;
   std::optional<double> mean_calls;
   int runs = 1;
+  /// Blip with a threshold sweep only: the shortest trigger this policy does not recover from
+  /// (nullopt: recovered from every trigger swept). Printed as stops_recovering_at_s.
+  std::optional<std::optional<Duration>> stops_recovering_at;
 };
 
 /// Runs a named scenario with a named policy. Throws std::invalid_argument for an unknown
