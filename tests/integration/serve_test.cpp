@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -354,6 +355,31 @@ TEST_P(Serve, SigtermStopsCleanly) {
   const int status = server.terminate(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST_P(Serve, SigtermLetsInFlightRequestsFinish) {
+  ServeProcess server(args({"--chaos-delay-fraction", "1", "--chaos-delay", "700ms"}));
+  std::optional<int> status;
+  std::thread request([&] {
+    auto r = server.client().Post("/v1/charges", headers("inflight"), kCharge, "application/json");
+    if (r) status = r->status;
+  });
+  // Wait until the request is inside the server (its injected delay has started).
+  auto c = server.client();
+  for (int i = 0; i < 1000; ++i) {
+    auto m = c.Get("/metrics");
+    if (m && m->body.find("keel_chaos_injected_total{fault=\"delay\"} 1") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  const int exit_status = server.terminate(SIGTERM);
+  request.join();
+  ASSERT_TRUE(status.has_value()) << "the in-flight request was cut off";
+  EXPECT_EQ(*status, 201);
+  EXPECT_TRUE(WIFEXITED(exit_status));
+  EXPECT_EQ(WEXITSTATUS(exit_status), 0);
+  EXPECT_EQ(charges(), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Serve, ::testing::Values(Backend::kSqlite, Backend::kPostgres),
