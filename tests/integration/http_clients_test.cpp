@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <regex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -473,6 +474,66 @@ TEST(AsioHttpClient, TheOwnRetryBudgetLimitsRetriesAcrossOperations) {
             (std::vector<StopReason>{StopReason::kAttemptsExhausted, StopReason::kBudgetExhausted,
                                      StopReason::kBudgetExhausted}));
   EXPECT_EQ(server.arrivals().size(), 5u);
+}
+
+// With max_transfers = 1 a second operation waits in the client's queue while the first hangs;
+// cancelling the waiting one takes it out of the queue, and the hung one is then cancelled too.
+TEST(AsioHttpClient, CancellingAQueuedTransferTakesItOutOfTheQueue) {
+  FaultServer server({.script = "hang"});
+  server.start();
+  ::asio::io_context io;
+  Config c = fast(1);
+  HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log, .max_transfers = 1});
+  ::asio::cancellation_signal first_cancel;
+  ::asio::cancellation_signal second_cancel;
+  std::vector<std::pair<int, StopReason>> done;
+  const Request request{.url = server.url("/hang")};
+  ::asio::co_spawn(
+      io, client.send(request),
+      ::asio::bind_cancellation_slot(first_cancel.slot(), [&](std::exception_ptr, Result r) {
+        done.emplace_back(1, r.reason);
+      }));
+  ::asio::co_spawn(
+      io, client.send(request),
+      ::asio::bind_cancellation_slot(second_cancel.slot(), [&](std::exception_ptr, Result r) {
+        done.emplace_back(2, r.reason);
+      }));
+  std::size_t in_flight_before = 0;
+  ::asio::steady_timer t1(io, milliseconds(100));
+  t1.async_wait([&](std::error_code) {
+    in_flight_before = client.transfers_in_flight();
+    second_cancel.emit(::asio::cancellation_type::terminal);
+  });
+  ::asio::steady_timer t2(io, milliseconds(200));
+  t2.async_wait([&](std::error_code) { first_cancel.emit(::asio::cancellation_type::terminal); });
+  io.run_for(seconds(20));
+  EXPECT_EQ(in_flight_before, 2u);
+  EXPECT_EQ(done, (std::vector<std::pair<int, StopReason>>{{2, StopReason::kCancelled},
+                                                           {1, StopReason::kCancelled}}));
+  EXPECT_EQ(client.transfers_in_flight(), 0u);
+  EXPECT_EQ(server.arrivals().size(), 1u) << "the queued request never started";
+}
+
+TEST(AsioHttpClient, RejectsInvalidConfigurationNamingTheField) {
+  ::asio::io_context io;
+  try {
+    HttpClient client(io.get_executor(), {.connect_timeout = keel::Duration::zero()});
+    FAIL() << "accepted connect_timeout = 0";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("connect_timeout"), std::string::npos) << e.what();
+  }
+  try {
+    HttpClient client(io.get_executor(), {.max_transfers = -1});
+    FAIL() << "accepted max_transfers = -1";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("max_transfers"), std::string::npos) << e.what();
+  }
+  try {
+    HttpClient client(io.get_executor(), {.retry = {.max_attempts = 0}});
+    FAIL() << "accepted max_attempts = 0";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("max_attempts"), std::string::npos) << e.what();
+  }
 }
 
 // A flaky upstream that fails request i's first i % 3 attempts (it reads Keel-Attempt), so each
