@@ -1,0 +1,25 @@
+# Runs doc_commands.py on PAGE (a page with one failing command, at line 14) and checks that it
+# fails, names PAGE:14, runs nothing after the failure and nothing from skipped or text blocks,
+# and reports the ```cpp block that is not the same as the program it names.
+execute_process(COMMAND ${PYTHON} ${SCRIPT} --keel /bin/true --no-netns --root ${ROOT} ${PAGE}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(all "${out}${err}")
+message("${all}")
+if(NOT rc EQUAL 1)
+  message(FATAL_ERROR "expected exit status 1, got ${rc}")
+endif()
+if(NOT all MATCHES "broken\\.md:14: command failed \\(exit 3\\)")
+  message(FATAL_ERROR "the failing command's file and line were not named")
+endif()
+if(NOT all MATCHES "skipped \\(it would fail, and is skipped\\)")
+  message(FATAL_ERROR "the skipped block was not reported as skipped")
+endif()
+if(all MATCHES "echo never reached")
+  message(FATAL_ERROR "a command after the failure ran")
+endif()
+if(NOT all MATCHES "differs from examples/http_retry\\.cpp at snippet line 1")
+  message(FATAL_ERROR "the out-of-date snippet was not reported")
+endif()
+if(NOT all MATCHES "3 commands in 2 blocks run, 1 blocks skipped, 1 failed")
+  message(FATAL_ERROR "unexpected counts")
+endif()
