@@ -422,6 +422,10 @@ class Engine {
       if (!healthy(slices_[i])) break;
       healthy_from = i;
     }
+    // Without a trigger there is nothing to recover from: recovered means healthy throughout.
+    if (s_.trigger_end <= Duration::zero() && healthy_from && *healthy_from != 0) {
+      healthy_from.reset();
+    }
     if (healthy_from) {
       m.recovered = true;
       const Duration at(static_cast<std::int64_t>(*healthy_from) * slice_ns_);

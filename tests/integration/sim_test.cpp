@@ -248,6 +248,7 @@ TEST(SimScenarios, LayersMultiply27Or64AndOneRetryingLayerSends3) {
   const auto one = run_scenario("layers", "one-layer", kSeed);
   EXPECT_EQ(one.summary.total_calls, 3);
   EXPECT_EQ(one.summary.layer_calls, 9);  // each of 3 top attempts goes once through 3 layers
+  EXPECT_FALSE(one.summary.recovered);    // no trigger, and every call failed
 }
 
 TEST(SimScenarios, BlipNaiveStaysOverloadedFullJitterWithBudgetRecovers) {

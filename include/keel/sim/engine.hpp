@@ -133,7 +133,8 @@ struct Scenario {
   Duration slice = std::chrono::seconds(1);
   /// The part of the run averaged for offered_per_s. Default empty: the whole run.
   Window steady{};
-  /// When the trigger (outage, capacity drop) ends; recovery is measured from here. Default 0.
+  /// When the trigger (outage, capacity drop) ends; recovery is measured from here. Default 0:
+  /// no trigger, and Summary::recovered then means every slice was healthy.
   Duration trigger_end{};
   /// A slice is healthy when at least this fraction of the attempts that ended in it succeeded
   /// (a slice where none ended is healthy). Requires: in (0, 1]. Default 0.9.
