@@ -122,21 +122,51 @@ void append(Slist& list, const std::string& line) {
 }  // namespace
 
 std::optional<std::string> breaker_key(const std::string& url) {
-  CURLU* u = curl_url();
-  if (u == nullptr) return std::nullopt;
-  std::optional<std::string> key;
-  char* host = nullptr;
-  char* port = nullptr;
-  if (curl_url_set(u, CURLUPART_URL, url.c_str(), 0) == CURLUE_OK &&
-      curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
-      curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK) {
-    std::string k = host;
-    for (char& c : k) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    key = k + ":" + port;
+  // scheme "://" [userinfo "@"] host [":" port] then "/", "?", "#" or the end. Parsed by hand:
+  // this runs once per request, and libcurl's URL API costs more than the rest of the key.
+  const std::size_t scheme_end = url.find("://");
+  if (scheme_end == std::string::npos || scheme_end == 0) return std::nullopt;
+  std::string scheme = url.substr(0, scheme_end);
+  for (char& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string_view authority(url);
+  authority.remove_prefix(scheme_end + 3);
+  authority = authority.substr(0, authority.find_first_of("/?#"));
+  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
+    authority.remove_prefix(at + 1);
   }
-  curl_free(host);
-  curl_free(port);
-  curl_url_cleanup(u);
+  std::string_view host = authority;
+  std::string_view port;
+  if (authority.starts_with('[')) {  // IPv6 literal
+    const auto close = authority.find(']');
+    if (close == std::string_view::npos) return std::nullopt;
+    host = authority.substr(0, close + 1);
+    if (close + 1 < authority.size()) {
+      if (authority[close + 1] != ':') return std::nullopt;
+      port = authority.substr(close + 2);
+    }
+  } else if (const auto colon = authority.rfind(':'); colon != std::string_view::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+  }
+  if (host.empty() || host.find_first_of(" \t\r\n") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  if (port.empty()) {
+    if (scheme == "http") {
+      port = "80";
+    } else if (scheme == "https") {
+      port = "443";
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  std::string key(host);
+  for (char& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  key += ':';
+  key += port;
   return key;
 }
 

@@ -402,7 +402,13 @@ TEST(HttpClient, BreakerKeyIsHostAndPort) {
   EXPECT_EQ(breaker_key("http://Example.COM/x"), "example.com:80");
   EXPECT_EQ(breaker_key("https://example.com/x"), "example.com:443");
   EXPECT_EQ(breaker_key("http://127.0.0.1:8080/"), "127.0.0.1:8080");
+  EXPECT_EQ(breaker_key("http://user:pw@Host:81?q=1"), "host:81");
+  EXPECT_EQ(breaker_key("http://[::1]:8080/x"), "[::1]:8080");
+  EXPECT_EQ(breaker_key("HTTPS://[::1]/x"), "[::1]:443");
   EXPECT_FALSE(breaker_key("not a url").has_value());
+  EXPECT_FALSE(breaker_key("http://host:port/").has_value());
+  EXPECT_FALSE(breaker_key("http:///path").has_value());
+  EXPECT_FALSE(breaker_key("ftp://host/").has_value());
 }
 
 TEST(HttpClient, RejectsInvalidConfigurationNamingTheField) {
