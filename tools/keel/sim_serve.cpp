@@ -6,8 +6,10 @@
 // answers the run's summary and time series, or 400 {"error": "..."} naming the bad parameter.
 #include <httplib.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <fstream>
@@ -26,6 +28,13 @@
 namespace keel::cli {
 
 namespace {
+
+int g_stop_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int /*signal*/) {
+  const char stop = 's';
+  (void)!write(g_stop_pipe[1], &stop, 1);
+}
 
 struct ServeOptions {
   std::string listen = "127.0.0.1:8090";
@@ -157,22 +166,35 @@ int serve(const ServeOptions& o) {
   std::printf("keel sim serve: listening on http://%s:%d/\n", host.c_str(), bound);
   std::fflush(stdout);
 
-  // SIGINT/SIGTERM stop the server from a thread of their own (not from a signal handler).
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // SIGINT/SIGTERM stop the server. The handler only writes a byte to a pipe (whichever thread
+  // the signal lands on); a thread of ours reads it and stops the server outside the handler.
+  if (pipe(g_stop_pipe) != 0) {
+    std::fprintf(stderr, "keel sim serve: cannot create a pipe\n");
+    return 1;
+  }
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   std::atomic<bool> signalled{false};
-  std::thread stopper([&server, &signalled, set] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    signalled = true;
-    server.stop();
+  std::thread stopper([&server, &signalled] {
+    char byte = 0;
+    while (read(g_stop_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    if (byte == 's') {
+      signalled = true;
+      server.stop();
+    }
   });
   const bool clean = server.listen_after_bind();
-  if (!signalled) pthread_kill(stopper.native_handle(), SIGTERM);  // still waiting: wake it
+  if (!signalled) {
+    const char quit = 'q';  // listen ended by itself: release the stopper
+    (void)!write(g_stop_pipe[1], &quit, 1);
+  }
   stopper.join();
+  close(g_stop_pipe[0]);
+  close(g_stop_pipe[1]);
   return clean || signalled ? 0 : 1;
 }
 
