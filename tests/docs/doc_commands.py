@@ -26,7 +26,8 @@ are there for the next), with the keel under test on PATH and linked as build/bi
 possible the whole run happens in a private network namespace (unshare -n), so the fixed ports
 the docs show (8080, 9000, ...) never collide with other tests running at the same time.
 
-A command that exits non-zero (or runs longer than 60 s) fails the test with FILE:LINE, the
+curl runs with --fail-with-body (from $HOME/.curlrc), so an HTTP error answer fails the command
+too. A command that exits non-zero (or runs longer than 60 s) fails the test with FILE:LINE, the
 command and the end of its output. Exit status: 0 all passed, 1 a command failed, 2 bad usage.
 """
 
@@ -335,6 +336,8 @@ def main():
             env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
             env["HOME"] = work
             env["TMPDIR"] = work
+            with open(os.path.join(work, ".curlrc"), "w", encoding="utf-8") as rc:
+                rc.write("fail-with-body\n")  # an HTTP error fails the command
             for block in runnable:
                 if block.skip_reason:
                     blocks_skipped += 1
