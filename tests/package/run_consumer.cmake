@@ -1,12 +1,15 @@
 # ctest -P script: install the already-built tree into WORK/prefix, then configure, build and run
-# tests/package/consumer against it with find_package(keel).
+# tests/package/CONSUMER (default: consumer) against it with find_package(keel).
+if(NOT CONSUMER)
+  set(CONSUMER consumer)
+endif()
 file(REMOVE_RECURSE ${WORK})
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${KEEL_BUILD} --prefix ${WORK}/prefix
                 RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "install failed: ${rc}")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${KEEL_SOURCE}/tests/package/consumer -B ${WORK}/build
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${KEEL_SOURCE}/tests/package/${CONSUMER} -B ${WORK}/build
                         -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
                         -DCMAKE_PREFIX_PATH=${WORK}/prefix
                 RESULT_VARIABLE rc)
