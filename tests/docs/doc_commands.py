@@ -16,6 +16,7 @@ The convention (docs/README.md repeats it for writers):
     connections. Background commands are stopped (SIGTERM, then SIGKILL) at the end of the block.
   * `<!-- doc-test: skip REASON -->` on the line before the fence leaves the block out (for
     `make test`, which CI runs, or commands that need another machine). The reason is printed.
+  * Relative links ([text](docs/x.md), [text](x.md#part)) must name files that exist.
   * `<!-- doc-test: same-as PATH -->` before a code block (```cpp) checks that the block is,
     line for line after removing common indentation, the part of PATH (relative to --root)
     between the lines `// --- README.md example ---` and `// --- end of the README.md example
@@ -137,6 +138,29 @@ def parse(path, display):
         blocks.append(block)
         i += 1
     return blocks, errors
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def check_links(path, display):
+    """Errors for relative links to files that do not exist (fenced blocks excluded)."""
+    errors = []
+    inside = False
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if FENCE.match(line):
+                inside = not inside
+                continue
+            if inside:
+                continue
+            for m in LINK.finditer(line):
+                target = m.group(1).split("#", 1)[0]
+                if not target or re.match(r"^[a-z]+:", target):
+                    continue
+                if not os.path.exists(os.path.join(os.path.dirname(path), target)):
+                    errors.append(f"{display}:{number}: the link to {m.group(1)} names no file")
+    return errors
 
 
 def dedent(lines):
@@ -317,6 +341,7 @@ def main():
         display = os.path.relpath(path, root) if path.startswith(root + os.sep) else path
         blocks, parse_errors = parse(path, display)
         errors += parse_errors
+        errors += check_links(path, display)
         for block in blocks:
             if block.same_as:
                 message = check_same_as(block, root)
@@ -349,7 +374,7 @@ def main():
     for message in errors + failures:
         print(message, file=sys.stderr)
     print(f"doc test: {commands} commands in {blocks_run} blocks run, {blocks_skipped} blocks "
-          f"skipped, {len(failures)} failed, {len(errors)} malformed or out-of-date blocks")
+          f"skipped, {len(failures)} failed, {len(errors)} malformed blocks, out-of-date snippets or broken links")
     return 1 if failures or errors else 0
 
 

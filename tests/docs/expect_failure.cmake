@@ -1,6 +1,6 @@
 # Runs doc_commands.py on PAGE (a page with one failing command, at line 14) and checks that it
 # fails, names PAGE:14, runs nothing after the failure and nothing from skipped or text blocks,
-# and reports the ```cpp block that is not the same as the program it names.
+# and reports the ```cpp block that is not the same as the program it names and the broken link.
 execute_process(COMMAND ${PYTHON} ${SCRIPT} --keel /bin/true --no-netns --root ${ROOT} ${PAGE}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(all "${out}${err}")
@@ -19,6 +19,9 @@ if(all MATCHES "echo never reached")
 endif()
 if(NOT all MATCHES "differs from examples/http_retry\\.cpp at snippet line 1")
   message(FATAL_ERROR "the out-of-date snippet was not reported")
+endif()
+if(NOT all MATCHES "broken\\.md:[0-9]+: the link to docs/missing\\.md names no file")
+  message(FATAL_ERROR "the broken link was not reported")
 endif()
 if(NOT all MATCHES "3 commands in 2 blocks run, 1 blocks skipped, 1 failed")
   message(FATAL_ERROR "unexpected counts")
