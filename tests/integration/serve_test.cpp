@@ -21,6 +21,13 @@
 
 extern char** environ;
 
+#if defined(__SANITIZE_THREAD__)
+// This test program's own httplib::Client runs in Debian's uninstrumented cpp-httplib too.
+extern "C" const char* __tsan_default_suppressions() {
+  return "called_from_lib:libcpp-httplib.so.0.11\nrace:libcpp-httplib.so.0.11\n";
+}
+#endif
+
 namespace keel::store {
 namespace {
 
@@ -41,7 +48,23 @@ class ServeProcess {
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (posix_spawn(&pid_, KEEL_BINARY, &actions, nullptr, argv.data(), environ) != 0) {
+    // Under ThreadSanitizer, the child also reads tsan-httplib.supp (uninstrumented cpp-httplib).
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::string_view(*e).substr(0, 13) != "TSAN_OPTIONS=") env_s.emplace_back(*e);
+    }
+#if defined(__SANITIZE_THREAD__)
+    const char* tsan = std::getenv("TSAN_OPTIONS");
+    env_s.push_back(std::string("TSAN_OPTIONS=") + (tsan != nullptr ? tsan : "") +
+                    ":suppressions=" + KEEL_TSAN_SUPPRESSIONS);
+#else
+    if (const char* tsan = std::getenv("TSAN_OPTIONS"))
+      env_s.push_back(std::string("TSAN_OPTIONS=") + tsan);
+#endif
+    std::vector<char*> envp;
+    for (auto& e : env_s) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    if (posix_spawn(&pid_, KEEL_BINARY, &actions, nullptr, argv.data(), envp.data()) != 0) {
       throw std::runtime_error("posix_spawn failed");
     }
     posix_spawn_file_actions_destroy(&actions);
