@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -397,6 +398,48 @@ TEST_P(JobsProcessTest, BadInputIsRefusedWithAClearMessageAndWritesNothing) {
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 1);
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_job_attempts"), 0);
+}
+
+TEST_P(JobsProcessTest, PayloadsFromAFileAreEnqueuedAllOrNothingEachWithItsOwnKey) {
+  const std::string db = url_text();
+  const auto lines = dir().path() / "payloads.jsonl";
+  {
+    std::ofstream out(lines);
+    out << R"({"amount":1})"
+        << "\n\n"
+        << R"({"amount":2})"
+        << "\n"
+        << R"({"amount":3})"
+        << "\n";
+  }
+  CmdResult r = keel(
+      {"jobs", "--db", db, "enqueue", "--queue", "charges", "--payloads-from", lines.string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 3) << r.out;  // one id per job
+  EXPECT_EQ(keys("charges").size(), 3u);  // a distinct key per job, made at enqueue
+
+  // One bad line: nothing at all is written, and the message names the line.
+  const auto bad = dir().path() / "bad.jsonl";
+  {
+    std::ofstream out(bad);
+    out << R"({"amount":4})"
+        << "\n"
+        << "{oops"
+        << "\n";
+  }
+  r = keel({"jobs", "--db", db, "enqueue", "--queue", "charges", "--payloads-from", bad.string()});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("line 2 is not valid JSON"), std::string::npos) << r.err;
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 3);
+
+  r = keel({"jobs", "--db", db, "enqueue", "--queue", "charges"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("exactly one of --payload"), std::string::npos) << r.err;
+  r = keel({"jobs", "--db", db, "enqueue", "--queue", "charges", "--payloads-from", lines.string(),
+            "--key", "k1"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--key"), std::string::npos) << r.err;
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 3);
 }
 
 TEST_P(JobsProcessTest, ExecHandlerSeesKeyAndAttemptAndSigtermLetsTheJobFinish) {

@@ -46,6 +46,9 @@ inline std::optional<std::string> postgres_base_url() {
     return std::string(url);
   }
   const char* file = std::getenv("KEEL_TEST_POSTGRES_URL_FILE");
+#ifdef KEEL_TEST_POSTGRES_URL_FILE_DEFAULT
+  if (file == nullptr || *file == '\0') file = KEEL_TEST_POSTGRES_URL_FILE_DEFAULT;
+#endif
   if (file == nullptr || *file == '\0') return std::nullopt;
   std::ifstream in(file);
   std::string url;
