@@ -137,12 +137,9 @@ step "2/3 keel: a durable queue (one key per job from enqueue), full-jitter back
 start_server keel "${chaos[@]}"
 queue_db="sqlite:$work/queue.db"
 t0=$(now_ms)
-enqueue_job() {
-  "$keel" jobs --db "$queue_db" enqueue --queue charges --payload "$(payload "$1")" --max-attempts 8
-}
-export -f enqueue_job
-export keel queue_db
-seq 1 "$jobs" | xargs -P 4 -I{} bash -c 'enqueue_job {}' >/dev/null
+for i in $(seq 1 "$jobs"); do payload "$i"; echo; done >"$work/payloads.jsonl"
+"$keel" jobs --db "$queue_db" enqueue --queue charges --payloads-from "$work/payloads.jsonl" \
+  --max-attempts 8 >/dev/null
 echo "enqueued $jobs jobs, each with its own Idempotency-Key, in $(($(now_ms) - t0)) ms"
 "$keel" jobs --db "$queue_db" work --queue charges --deliver "$url/v1/charges" --concurrency 8 \
   --backoff-base 50ms --backoff-cap 2s --timeout 1s --poll 20ms --exit-when-idle \

@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -73,6 +75,7 @@ struct JobsArgs {
   // enqueue
   std::string queue;
   std::string payload;
+  std::string payloads_from;
   std::string key;
   int max_attempts = 25;
   std::string delay = "0s";
@@ -103,8 +106,36 @@ int run_enqueue(const JobsArgs& a) {
   if (std::string why = store::check_queue_name(a.queue); !why.empty()) {
     return usage("--queue: " + why);
   }
-  if (nlohmann::json::parse(a.payload, nullptr, false).is_discarded()) {
-    return usage("--payload: not valid JSON: " + a.payload.substr(0, 80));
+  if (a.payload.empty() == a.payloads_from.empty()) {
+    return usage("enqueue needs exactly one of --payload JSON and --payloads-from FILE");
+  }
+  if (!a.payloads_from.empty() && !a.key.empty()) {
+    return usage("--key: cannot be used with --payloads-from (each job gets its own UUID key)");
+  }
+  // Every payload is read and checked before anything is written.
+  std::vector<std::string> payloads;
+  if (!a.payloads_from.empty()) {
+    std::ifstream file;
+    if (a.payloads_from != "-") {
+      file.open(a.payloads_from);
+      if (!file) return usage("--payloads-from: cannot read '" + a.payloads_from + "'");
+    }
+    std::istream& in = a.payloads_from == "-" ? std::cin : file;
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      if (nlohmann::json::parse(line, nullptr, false).is_discarded()) {
+        return usage("--payloads-from: line " + std::to_string(number) +
+                     " is not valid JSON: " + line.substr(0, 80));
+      }
+      payloads.push_back(std::move(line));
+    }
+    if (payloads.empty()) return usage("--payloads-from: no payloads in '" + a.payloads_from + "'");
+  } else {
+    if (nlohmann::json::parse(a.payload, nullptr, false).is_discarded()) {
+      return usage("--payload: not valid JSON: " + a.payload.substr(0, 80));
+    }
+    payloads.push_back(a.payload);
   }
   if (a.max_attempts < 1) {
     return usage("--max-attempts: must be at least 1, got " + std::to_string(a.max_attempts));
@@ -113,15 +144,24 @@ int run_enqueue(const JobsArgs& a) {
   if (!delay) return kExitUsage;
   auto conn = queue_cli::open_queue_db(*url, /*create=*/true, nullptr);
   store::JobQueue queue({.max_attempts = a.max_attempts});
-  const store::EnqueueResult r =
-      queue.enqueue(*conn, {.queue = a.queue, .payload = a.payload, .key = a.key, .delay = *delay});
-  if (!r.ok()) return usage(r.error);
-  std::printf("%lld\n", static_cast<long long>(r.id));
-  if (!r.created) {
-    std::fprintf(stderr,
-                 "keel jobs: a job with key '%s' already exists on queue '%s' (job %lld); "
-                 "nothing was added\n",
-                 r.idempotency_key.c_str(), a.queue.c_str(), static_cast<long long>(r.id));
+  std::vector<store::EnqueueRequest> requests;
+  requests.reserve(payloads.size());
+  for (const std::string& payload : payloads) {
+    requests.push_back({.queue = a.queue, .payload = payload, .key = a.key, .delay = *delay});
+  }
+  // One transaction: all the jobs are added, or none.
+  const std::vector<store::EnqueueResult> results = queue.enqueue_many(*conn, requests);
+  for (const store::EnqueueResult& r : results) {
+    if (!r.ok()) return usage(r.error);
+  }
+  for (const store::EnqueueResult& r : results) {
+    std::printf("%lld\n", static_cast<long long>(r.id));
+    if (!r.created) {
+      std::fprintf(stderr,
+                   "keel jobs: a job with key '%s' already exists on queue '%s' (job %lld); "
+                   "nothing was added\n",
+                   r.idempotency_key.c_str(), a.queue.c_str(), static_cast<long long>(r.id));
+    }
   }
   return 0;
 }
@@ -606,7 +646,10 @@ Runner add_jobs(CLI::App& app) {
 
   CLI::App* enqueue = jobs->add_subcommand("enqueue", "Add a job; prints its id");
   enqueue->add_option("--queue", args->queue, "Queue name")->required();
-  enqueue->add_option("--payload", args->payload, "The job's payload (JSON)")->required();
+  enqueue->add_option("--payload", args->payload, "The job's payload (JSON)");
+  enqueue->add_option("--payloads-from", args->payloads_from,
+                      "Enqueue one job per line of FILE (- for stdin), each line a JSON payload, "
+                      "in one transaction; prints one id per line");
   enqueue->add_option("--key", args->key,
                       "Idempotency key (default: a new UUID, stored with the job)");
   enqueue->add_option("--max-attempts", args->max_attempts, "Attempts before the job is dead")
