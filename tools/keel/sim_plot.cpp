@@ -133,6 +133,8 @@ bool render_plot(const std::vector<sim::Report>& reports, const std::string& pat
     std::fwrite(script.data(), 1, script.size(), f);
     std::fclose(f);
   }
+  // The child inherits stdio buffers: flush them, or what the parent printed is printed twice.
+  std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid < 0) {
     error = "cannot start gnuplot";
