@@ -1,11 +1,12 @@
 // A program that uses every installed keel target through find_package(keel): an HTTP client,
-// an SQLite database, the simulator's scenario list and the Asio retry.
+// an SQLite database, the idempotency middleware, the simulator's scenario list and the Asio retry.
 #include <asio/io_context.hpp>
 #include <cstdio>
 #include <keel/asio/retry.hpp>
 #include <keel/http/client.hpp>
 #include <keel/sim/scenarios.hpp>
 #include <keel/store/database.hpp>
+#include <keel/store/idempotency_middleware.hpp>
 
 int main() {
   keel::http::Client client;  // libcurl initialised, a breaker registry and a budget of its own
@@ -14,9 +15,11 @@ int main() {
   conn->execute("CREATE TABLE t (v INTEGER)");
   const auto rows = conn->query("SELECT 40 + $1", {keel::store::Value(2)});
   ::asio::io_context io;
+  httplib::Request anonymous;  // keel::store_http: the principal of a request without a token
+  const bool store_http_ok = keel::store::bearer_principal(anonymous) == "anonymous";
   const std::size_t scenarios = keel::sim::scenarios().size();
   std::printf("sqlite says %lld, %zu scenarios, max attempts %d\n",
               static_cast<long long>(rows.integer(0, 0)), scenarios,
               client.options().retry.max_attempts);
-  return rows.integer(0, 0) == 42 && scenarios > 0 ? 0 : 1;
+  return rows.integer(0, 0) == 42 && scenarios > 0 && store_http_ok ? 0 : 1;
 }
