@@ -268,7 +268,9 @@ class RetryState {
 template <class T>
 struct RetryResult {
   std::optional<T> value;  // the last attempt's result (empty only if no attempt ran)
-  Outcome outcome;         // its classification
+  /// Its classification. When no attempt ran (the deadline had passed, the circuit was open),
+  /// kTransient: nothing was tried, so nothing succeeded, and trying later may work.
+  Outcome outcome;
   StopReason reason = StopReason::kSuccess;
   int attempts = 0;
   Duration elapsed{};
@@ -309,6 +311,7 @@ requires std::is_invocable_r_v < Outcome, Classify&, const detail::attempt_resul
     state.clock().sleep_for(decision.delay);
   }
   result.attempts = state.attempts();
+  if (result.attempts == 0) result.outcome = Outcome::transient();  // nothing was tried
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();
   return result;

@@ -430,6 +430,9 @@ Result Client::send(const Request& request) {
     clock.sleep_for(decision.delay);
   }
   result.attempts = state.attempts();
+  // No attempt ran (open circuit, deadline already passed): nothing was sent, so the outcome is
+  // a transient failure, never the default success. A job queue relies on this.
+  if (result.attempts == 0) result.outcome = Outcome::transient();
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();
   if (result.reason != StopReason::kSuccess) {

@@ -354,6 +354,10 @@ TEST(HttpClient, PerHostBreakerOpensAndStopsCallsWithoutReachingTheHost) {
   const Result refused = client.send({.url = down.url("/")});
   EXPECT_EQ(refused.reason, StopReason::kCircuitOpen);
   EXPECT_EQ(refused.attempts, 0);
+  // Nothing was sent, so the outcome must not read as success (a job queue would mark the job
+  // done): it is a transient failure.
+  EXPECT_EQ(refused.outcome.kind, keel::OutcomeKind::kTransient);
+  EXPECT_FALSE(refused.response.has_value());
   EXPECT_EQ(down.arrivals().size(), 4u) << "an open breaker sends nothing";
   // Another host (another port) has its own breaker.
   EXPECT_TRUE(client.send({.url = up.url("/")}).ok());

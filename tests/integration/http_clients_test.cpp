@@ -432,6 +432,9 @@ TEST(AsioHttpClient, APerHostBreakerStopsCallsToTheFailingHostOnly) {
         for (int i = 0; i < 3; ++i) {
           const Result r = co_await client.send(to_down);
           reasons.push_back(r.reason);
+          if (r.attempts == 0) {
+            EXPECT_EQ(r.outcome.kind, keel::OutcomeKind::kTransient) << "nothing was sent";
+          }
         }
         const Result r = co_await client.send(to_up);
         reasons.push_back(r.reason);

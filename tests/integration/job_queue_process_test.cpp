@@ -245,6 +245,39 @@ TEST_P(JobsProcessTest, ThousandJobsThroughThirtyPercent503sAreAppliedExactlyOnc
             total_requests - 1000);
 }
 
+TEST_P(JobsProcessTest, JobsRefusedByAnOpenCircuitBreakerAreNeverMarkedDone) {
+  // The receiver fails every request until it has seen 20, which opens the worker's per-host
+  // breaker; jobs refused by the open breaker were sent nowhere and must be retried (or, out of
+  // attempts, dead-lettered), never recorded as done.
+  Receiver receiver;
+  receiver.fail_rate = 1.0;
+  enqueue_many("hooks", 40);
+  auto args = work_args("hooks", receiver.url("/hook"));
+  args.insert(args.end(), {"--concurrency", "4"});
+  // A longer backoff cap so the breaker's 5 s break can pass within the 25 default attempts.
+  *(std::find(args.begin(), args.end(), "--backoff-cap") + 1) = "300ms";
+  auto worker = spawn(args);
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard lock(receiver.mu);
+      int seen = 0;
+      for (const auto& [k, n] : receiver.requests) seen += n;
+      if (seen >= 20) break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  receiver.fail_rate = 0.0;
+  ASSERT_EQ(worker->wait(), 0);
+  auto conn = open_database(url());
+  const Rows done = conn->query("SELECT idem_key FROM keel_jobs WHERE state = 'done'");
+  std::lock_guard lock(receiver.mu);
+  for (std::size_t i = 0; i < done.size(); ++i) {
+    EXPECT_EQ(receiver.applied.count(done.text(i, 0)), 1u)
+        << "job with key " << done.text(i, 0) << " is done but was never delivered";
+  }
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state IN ('done', 'dead')"), 40);
+}
+
 TEST_P(JobsProcessTest, WorkersKilledAtRandomAndRestartedLoseNothingAndDuplicateNothing) {
   Receiver receiver;
   receiver.fail_rate = 0.1;

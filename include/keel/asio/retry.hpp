@@ -241,6 +241,7 @@ template <class T, class Op, class Classify, class Observer = NoObserver>
   }
 
   result.attempts = state.attempts();
+  if (result.attempts == 0) result.outcome = Outcome::transient();  // nothing was tried
   result.elapsed = state.elapsed();
   if (cancelled) {
     result.reason = StopReason::kCancelled;

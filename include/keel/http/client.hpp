@@ -95,7 +95,8 @@ struct Result {
   /// The last attempt's response; empty when no attempt got one (network failure, or no attempt
   /// ran).
   std::optional<Response> response;
-  /// The last attempt's classification.
+  /// The last attempt's classification; kTransient when no attempt ran (open circuit, deadline
+  /// already passed): nothing was sent.
   Outcome outcome;
   /// Why the operation stopped (kSuccess on success).
   StopReason reason = StopReason::kSuccess;
