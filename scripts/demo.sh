@@ -12,7 +12,8 @@
 #     with a picture.
 #
 # Exits non-zero if keel's run shows a duplicate or a lost charge.
-#   scripts/demo.sh [--jobs N]        (KEEL=path/to/keel to use another binary)
+#   scripts/demo.sh [--jobs N]   (KEEL=path/to/keel: another binary; KEEL_DEMO_OUT=DIR: where the
+#                                 picture goes, default build/demo)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,7 +32,7 @@ done
 command -v curl >/dev/null || { echo "demo: curl is needed (scripts/bootstrap.sh installs it)" >&2; exit 1; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/keel-demo.XXXXXX")
-out_dir="$root/build/demo"
+out_dir=${KEEL_DEMO_OUT:-$root/build/demo}
 mkdir -p "$out_dir"
 pids=()
 cleanup() {
