@@ -138,6 +138,16 @@ class CircuitBreaker {
   /// As above with a latency measured by the caller.
   void record(const BreakerPermit& permit, const Outcome& outcome, Duration latency) noexcept;
 
+  /// Gives a permit back for a call that did not run or was cancelled before it ended: nothing
+  /// is counted, and a half-open trial's slot is free for another call. record() of an outcome
+  /// that is not attempted does the same. Ignored when !permit.allowed.
+  void release(const BreakerPermit& permit) noexcept;
+
+  /// How long until the breaker may admit a call: zero when closed or when a half-open trial is
+  /// free; the rest of the break when open; while every half-open trial is out, a tenth of the
+  /// break (the trials' answers decide soon), at most what is left of half_open_timeout.
+  [[nodiscard]] Duration retry_in() const noexcept;
+
   /// The state now (an open breaker whose break has elapsed reports half-open).
   [[nodiscard]] BreakerState state() const noexcept;
   [[nodiscard]] BreakerSnapshot snapshot() const noexcept;

@@ -38,6 +38,8 @@ struct RetryPermit {
   bool granted = false;
   /// What the retry cost, in the budget's own units (token-bucket tokens); 0 for other models.
   std::int32_t cost = 0;
+  /// The ratio budget's window step the retry was withdrawn in (so cancel() can return it).
+  std::int64_t step = -1;
   [[nodiscard]] explicit operator bool() const noexcept { return granted; }
 };
 
@@ -58,6 +60,11 @@ class RetryBudget {
   /// Reports an attempt's outcome. `permit` is the permit the attempt ran under (default for a
   /// first attempt).
   virtual void record(const Outcome& outcome, const RetryPermit& permit) noexcept = 0;
+
+  /// Gives back a granted permit whose retry never ran (the circuit breaker refused it, or the
+  /// operation was cancelled during the wait). Ignored when !permit.granted. The default does
+  /// nothing (right for a budget that charges nothing on a grant, as the throttle).
+  virtual void cancel(const RetryPermit& permit) noexcept { (void)permit; }
 
   /// Retries that could be granted now, for metrics and health checks (a snapshot; other
   /// threads may change it at once). The throttle reports its token count.
@@ -103,18 +110,21 @@ class RatioBudget final : public RetryBudget {
   void on_first_attempt() noexcept override;
   [[nodiscard]] RetryPermit try_acquire_retry(const Outcome& failure) noexcept override;
   void record(const Outcome& outcome, const RetryPermit& permit) noexcept override;
+  /// Returns the withdrawal while its window step is still live (an expired one already left).
+  void cancel(const RetryPermit& permit) noexcept override;
   [[nodiscard]] double available() const noexcept override;
   [[nodiscard]] std::string_view model() const noexcept override { return "ratio"; }
 
   /// Deposits one first attempt without an operation (for callers that drive budgets by hand).
   void deposit() noexcept { on_first_attempt(); }
   /// Tries to withdraw one retry; true when granted.
-  [[nodiscard]] bool try_withdraw() noexcept;
+  [[nodiscard]] bool try_withdraw() noexcept { return try_withdraw_at(step_at(clock_->now())); }
 
   [[nodiscard]] const RatioBudgetOptions& options() const noexcept { return options_; }
 
  private:
   struct Window;
+  [[nodiscard]] bool try_withdraw_at(std::int64_t step) noexcept;
   [[nodiscard]] std::int64_t step_at(TimePoint now) const noexcept;
 
   RatioBudgetOptions options_;
@@ -151,6 +161,8 @@ class TokenBucketBudget final : public RetryBudget {
   void on_first_attempt() noexcept override {}
   [[nodiscard]] RetryPermit try_acquire_retry(const Outcome& failure) noexcept override;
   void record(const Outcome& outcome, const RetryPermit& permit) noexcept override;
+  /// Refunds exactly what the permit cost.
+  void cancel(const RetryPermit& permit) noexcept override;
   [[nodiscard]] double available() const noexcept override;
   [[nodiscard]] std::string_view model() const noexcept override { return "token bucket"; }
 

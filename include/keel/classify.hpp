@@ -9,6 +9,10 @@
 //   kPermanent  deterministic (400, 401, 403, 404, 422); a retry fails identically. Never retry.
 //   kAmbiguous  the request may have taken effect (timeout after sending, 500, commit in doubt);
 //               retry only when the operation is idempotent or carries an idempotency key.
+//   kNotAttempted  nothing was sent: a circuit breaker or a retry budget refused the attempt,
+//               or the deadline had passed. Not a failure of the dependency, and not a success.
+//               It is what a default-constructed Outcome says, so forgetting to classify an
+//               attempt can never read as success.
 //
 // Thread-safety: values and pure functions; HttpClassifier is immutable after construction.
 //
@@ -28,13 +32,21 @@
 
 namespace keel {
 
-enum class OutcomeKind : unsigned char { kSuccess, kTransient, kThrottled, kPermanent, kAmbiguous };
+enum class OutcomeKind : unsigned char {
+  kNotAttempted,  // first, so that a default Outcome is "nothing ran", never success
+  kSuccess,
+  kTransient,
+  kThrottled,
+  kPermanent,
+  kAmbiguous,
+};
 
-/// "success", "transient", "throttled", "permanent", "ambiguous".
+/// "not attempted", "success", "transient", "throttled", "permanent", "ambiguous".
 [[nodiscard]] std::string_view to_string(OutcomeKind kind) noexcept;
 
 /// Whether an outcome of this kind counts against the dependency's health (breakers, budgets):
-/// transient, throttled and ambiguous do; success and permanent (the caller's fault) do not.
+/// transient, throttled and ambiguous do; success, permanent (the caller's fault) and not
+/// attempted (nothing reached it) do not.
 [[nodiscard]] constexpr bool is_dependency_failure(OutcomeKind kind) noexcept {
   return kind == OutcomeKind::kTransient || kind == OutcomeKind::kThrottled ||
          kind == OutcomeKind::kAmbiguous;
@@ -43,12 +55,13 @@ enum class OutcomeKind : unsigned char { kSuccess, kTransient, kThrottled, kPerm
 /// Where an outcome came from (for logs and metrics).
 enum class OutcomeSource : unsigned char { kNone, kHttp, kNetwork, kSqlstate, kBody, kUser };
 
-/// The classified result of one attempt. Small and trivially copyable.
+/// The classified result of one attempt. Small and trivially copyable. A default-constructed
+/// Outcome is kNotAttempted: build results with the named constructors or the classifiers.
 struct Outcome {
   static constexpr Duration kNoServerDelay = Duration(-1);
   static constexpr std::uint8_t kNoRetryLimit = 255;
 
-  OutcomeKind kind = OutcomeKind::kSuccess;
+  OutcomeKind kind = OutcomeKind::kNotAttempted;
   OutcomeSource source = OutcomeSource::kNone;
   /// The attempt ended because it hit its timeout (the AWS token bucket charges such retries
   /// double).
@@ -58,14 +71,29 @@ struct Outcome {
   std::uint8_t retry_limit = kNoRetryLimit;
   /// HTTP status, errno-like NetError value, or 0.
   int code = 0;
-  /// The delay the server asked for (Retry-After), uncapped; kNoServerDelay when none.
+  /// The delay the server asked for (Retry-After), uncapped; kNoServerDelay when none. For
+  /// kNotAttempted: when the refusing brake expects to admit an attempt again (an open
+  /// breaker's remaining break), or kNoServerDelay when it cannot say.
   Duration server_delay = kNoServerDelay;
   /// SQLSTATE when source is kSqlstate (five characters and a NUL), else empty.
   char sqlstate[6] = {};
 
   [[nodiscard]] bool has_server_delay() const noexcept { return server_delay >= Duration::zero(); }
 
-  [[nodiscard]] static constexpr Outcome success() noexcept { return {}; }
+  [[nodiscard]] bool attempted() const noexcept { return kind != OutcomeKind::kNotAttempted; }
+
+  [[nodiscard]] static constexpr Outcome success() noexcept {
+    Outcome o;
+    o.kind = OutcomeKind::kSuccess;
+    return o;
+  }
+  /// Nothing was sent; `retry_in` is when the refusing brake expects to admit an attempt.
+  [[nodiscard]] static constexpr Outcome not_attempted(
+      Duration retry_in = kNoServerDelay) noexcept {
+    Outcome o;
+    o.server_delay = retry_in;
+    return o;
+  }
   [[nodiscard]] static constexpr Outcome transient() noexcept {
     Outcome o;
     o.kind = OutcomeKind::kTransient;

@@ -18,6 +18,12 @@
 //  - One retrying layer: a keel retry loop started while another one runs on this thread (or in
 //    the same RetryContext) makes a single attempt, unless CallOptions::nested says kRetry. Three
 //    nested layers of 3 attempts reach the bottom 3 times, not 27.
+////  - Nothing sent is not an attempt's failure: a breaker refusal before any attempt stops with
+//    kCircuitOpen and RetryResult::outcome is kNotAttempted (with the breaker's retry_in), a
+//    budget grant whose retry the breaker then refuses is given back (RetryBudget::cancel), and a
+//    cancelled attempt is released from the breaker uncounted (cancel()).
+//  - The same rules decide durable retries: decide_retry() is the pure function RetryState::next
+//    applies, and the job queue calls it with the progress it stores per job.
 //
 // Thread-safety: a RetryPolicy is immutable and safe to share between threads and calls. A
 // RetryState belongs to one logical operation and is not thread-safe.
@@ -191,7 +197,63 @@ struct CallOptions {
   /// What this operation does when it starts inside another keel retry loop. Default
   /// kSingleAttempt (one retrying layer).
   NestedRetries nested = NestedRetries::kSingleAttempt;
+  /// Attempts of this logical operation that a durable layer (a job queue) already made. When
+  /// > 0, the first attempt here is a retry: the budget is asked before it (refused: stop with
+  /// kBudgetExhausted, nothing sent) instead of counting a first attempt. Requires: >= 0.
+  /// Default 0.
+  int prior_attempts = 0;
 };
+
+/// Where an operation stands between two attempts: what RetryState keeps in memory, and what a
+/// durable driver (the job queue) stores with each operation and passes back to decide_retry.
+struct RetryProgress {
+  /// Attempts made, counting the one that just ended. Requires: >= 1.
+  int attempts = 1;
+  /// Retries already caused by outcomes that carry a retry_limit (HTTP 500).
+  int limited_retries = 0;
+  /// The delay chosen before the previous retry (decorrelated jitter grows from it).
+  Duration previous_delay{};
+};
+
+/// What decide_retry needs to know about the operation besides its progress.
+struct RetryLimits {
+  /// The operation's attempt limit: the policy's max_attempts, 1 when nested, or a job's own.
+  /// Requires: >= 1.
+  int max_attempts = 1;
+  /// Idempotent, or carries an idempotency key (ambiguous failures may then be retried).
+  bool safe_to_repeat = false;
+  /// Time left before the operation's deadline, now. Default none (kInfinite).
+  Duration time_left = kInfinite;
+};
+
+/// The verdict on one attempt's outcome.
+struct RetryVerdict {
+  bool retry = false;
+  /// The wait before the next attempt (when retry).
+  Duration delay{};
+  /// The delay is the server's (Retry-After, or the refusing brake's retry_in), capped.
+  bool server_delay_used = false;
+  /// False for a deferral: the outcome was kNotAttempted (a breaker or budget refused before
+  /// anything was sent), so a durable driver does not charge an attempt. Drivers that run in
+  /// memory count every attempt they started anyway.
+  bool counts_attempt = true;
+  /// Why the operation stops (when !retry).
+  StopReason reason = StopReason::kSuccess;
+  /// The progress to keep for the next decision (limited_retries and previous_delay updated).
+  RetryProgress progress;
+};
+
+/// The retry decision, as a pure function of the policy, the operation and its progress: what
+/// RetryState::next applies before it consults the budget, and what a durable driver calls
+/// after each attempt. In order: success and permanent stop; an ambiguous outcome stops unless
+/// safe to repeat; a kNotAttempted outcome is deferred (not charged) until the brake's retry_in
+/// (capped by retry_after_cap), or a backoff draw when it gave none; the attempt limit and the
+/// outcome's retry_limit stop; the wait is the server's delay capped by retry_after_cap when it
+/// gave one, else a backoff draw; a wait that does not leave min_attempt_time before the deadline
+/// stops with kDeadline. Requires: progress.attempts >= 1, limits.max_attempts >= 1.
+[[nodiscard]] RetryVerdict decide_retry(const RetryPolicy& policy, const RetryLimits& limits,
+                                        const RetryProgress& progress, const Outcome& outcome,
+                                        Rng& rng);
 
 /// Whether to start an attempt.
 struct AttemptStart {
@@ -223,15 +285,23 @@ class RetryState {
   /// kCircuitOpen; the give-up hook has been called).
   [[nodiscard]] AttemptStart start_attempt();
 
-  /// Classifies the end of the current attempt into retry-after-delay or stop-with-reason. Reports
-  /// the outcome to the breaker and the budget, and asks the budget before a retry.
+  /// Classifies the end of the current attempt into retry-after-delay or stop-with-reason
+  /// (decide_retry). Reports the outcome to the breaker and the budget, and asks the budget
+  /// before a retry.
   [[nodiscard]] Decision next(const Outcome& outcome);
+
+  /// The caller cancelled the operation: it stops with kCancelled (the give-up hook is called).
+  /// An attempt in flight is released from the breaker uncounted (a half-open trial is free
+  /// again) and its budget permit is kept (the request may have been sent); a budget grant for
+  /// a retry that has not started is given back. No-op once stopped.
+  void cancel();
 
   [[nodiscard]] int attempts() const noexcept { return attempts_; }
   [[nodiscard]] Duration elapsed() const noexcept { return clock_->now() - started_; }
   [[nodiscard]] Deadline deadline() const noexcept { return deadline_; }
   [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
-  /// The last outcome passed to next().
+  /// The last outcome passed to next(); kNotAttempted before any (with the breaker's retry_in
+  /// when the breaker refused the first attempt).
   [[nodiscard]] const Outcome& last_outcome() const noexcept { return last_; }
   /// Why the operation stopped (kSuccess until it has stopped).
   [[nodiscard]] StopReason stop_reason() const noexcept { return reason_; }
@@ -254,6 +324,7 @@ class RetryState {
   int attempts_ = 0;
   int limited_retries_ = 0;
   int max_attempts_;
+  int prior_attempts_;
   RetryBudget* budget_;
   CircuitBreaker* breaker_;
   RetryPermit budget_permit_;
@@ -261,6 +332,7 @@ class RetryState {
   bool safe_to_repeat_;
   bool nested_ = false;
   bool stopped_ = false;
+  bool in_attempt_ = false;
   StopReason reason_ = StopReason::kSuccess;
 };
 
@@ -268,8 +340,8 @@ class RetryState {
 template <class T>
 struct RetryResult {
   std::optional<T> value;  // the last attempt's result (empty only if no attempt ran)
-  /// Its classification. When no attempt ran (the deadline had passed, the circuit was open),
-  /// kTransient: nothing was tried, so nothing succeeded, and trying later may work.
+  /// Its classification. When no attempt ran (the deadline had passed, the circuit was open, the
+  /// budget refused): kNotAttempted, with the breaker's retry_in when it refused.
   Outcome outcome;
   StopReason reason = StopReason::kSuccess;
   int attempts = 0;
@@ -311,7 +383,7 @@ requires std::is_invocable_r_v < Outcome, Classify&, const detail::attempt_resul
     state.clock().sleep_for(decision.delay);
   }
   result.attempts = state.attempts();
-  if (result.attempts == 0) result.outcome = Outcome::transient();  // nothing was tried
+  result.outcome = state.last_outcome();
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();
   return result;

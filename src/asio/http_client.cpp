@@ -171,7 +171,7 @@ struct HttpClient::Impl {
       if (iequals(name, "Idempotency-Key") || iequals(name, "Keel-Attempt")) continue;
       append(headers, value.empty() ? name + ";" : name + ": " + value);
     }
-    append(headers, "Keel-Attempt: " + std::to_string(info.number));
+    append(headers, "Keel-Attempt: " + std::to_string(request.prior_attempts + info.number));
     if (!key.empty()) append(headers, "Idempotency-Key: " + key);
     append(headers, "Expect:");  // no 100-continue round trip
 
@@ -251,6 +251,7 @@ struct HttpClient::Impl {
     call.safe_to_repeat = traits.safe_to_repeat();
     call.rng = options.rng;
     call.budget = budget();
+    call.prior_attempts = request.prior_attempts;
     call.context = context;
     BreakerRegistry* registry = breakers();
     if (registry != nullptr) {

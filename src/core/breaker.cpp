@@ -415,6 +415,10 @@ BreakerPermit CircuitBreaker::try_acquire() noexcept {
 
 void CircuitBreaker::record(const BreakerPermit& permit, const Outcome& outcome) noexcept {
   if (!permit.allowed) return;
+  if (!outcome.attempted()) {
+    release(permit);
+    return;
+  }
   const bool failure = is_dependency_failure(outcome.kind);
   if (track_slow_) {
     const TimePoint now = clock_->now();
@@ -436,6 +440,10 @@ void CircuitBreaker::record(const BreakerPermit& permit, const Outcome& outcome)
 void CircuitBreaker::record(const BreakerPermit& permit, const Outcome& outcome,
                             Duration latency) noexcept {
   if (!permit.allowed) return;
+  if (!outcome.attempted()) {
+    release(permit);
+    return;
+  }
   const bool failure = is_dependency_failure(outcome.kind);
   if (permit.trial) {
     record_trial(permit, failure);
@@ -495,6 +503,45 @@ void CircuitBreaker::record_trial(const BreakerPermit& permit, bool failure) noe
       rate_reached(static_cast<std::int64_t>(t.failures), static_cast<std::int64_t>(trials),
                    failure_ppm_, options_.trip_only_above_threshold);
   transition(w, reopen ? BreakerState::kOpen : BreakerState::kClosed, clock_->now());
+}
+
+void CircuitBreaker::release(const BreakerPermit& permit) noexcept {
+  if (!permit.allowed || !permit.trial) return;  // a closed-state call counts only when recorded
+  std::uint64_t tw = trials_word_.load(std::memory_order_acquire);
+  for (;;) {
+    Trials t = unpack(tw);
+    if (t.gen != permit.generation || t.admitted == 0) return;
+    --t.admitted;
+    if (trials_word_.compare_exchange_weak(tw, pack(t), std::memory_order_acq_rel)) return;
+  }
+}
+
+Duration CircuitBreaker::retry_in() const noexcept {
+  const std::uint64_t w = state_word_.load(std::memory_order_acquire);
+  switch (state_of(w)) {
+    case BreakerState::kClosed:
+      return Duration::zero();
+    case BreakerState::kOpen: {
+      const TimePoint now = clock_->now();
+      const TimePoint until = from_ticks(ticks_of(w));
+      return now >= until ? Duration::zero() : until - now;
+    }
+    case BreakerState::kHalfOpen: {
+      const Trials t = unpack(trials_word_.load(std::memory_order_acquire));
+      if (t.gen != gen_of(w) ||
+          t.admitted < static_cast<std::uint64_t>(options_.half_open_trials)) {
+        return Duration::zero();
+      }
+      // The trials' answers decide soon: look again after a tenth of the break (at most until
+      // the trials time out).
+      const TimePoint now = clock_->now();
+      const TimePoint until = from_ticks(ticks_of(w));
+      const Duration left = now >= until ? Duration::zero() : until - now;
+      const Duration tenth = options_.break_duration / 10;
+      return left < tenth ? left : tenth;
+    }
+  }
+  return Duration::zero();
 }
 
 BreakerState CircuitBreaker::state() const noexcept {

@@ -166,8 +166,7 @@ void RatioBudget::on_first_attempt() noexcept {
   w.deposit_of(i, detail::stripe_id()).value.fetch_add(deposit_milli_, std::memory_order_acq_rel);
 }
 
-bool RatioBudget::try_withdraw() noexcept {
-  const std::int64_t step = step_at(clock_->now());
+bool RatioBudget::try_withdraw_at(std::int64_t step) noexcept {
   Window& w = *window_;
   w.expire(step);
   // The compare-and-swap on the withdrawal total orders every withdrawal: of two threads that saw
@@ -185,8 +184,23 @@ bool RatioBudget::try_withdraw() noexcept {
 
 RetryPermit RatioBudget::try_acquire_retry(const Outcome& /*failure*/) noexcept {
   RetryPermit permit;
-  permit.granted = try_withdraw();
+  const std::int64_t step = step_at(clock_->now());
+  permit.granted = try_withdraw_at(step);
+  if (permit.granted) permit.step = step;
   return permit;
+}
+
+void RatioBudget::cancel(const RetryPermit& permit) noexcept {
+  if (!permit.granted || permit.step < 0) return;
+  Window& w = *window_;
+  Window::Bucket& b = w.slots[static_cast<std::size_t>(permit.step % w.buckets)];
+  if (b.step.load(std::memory_order_acquire) != permit.step) return;  // already left the window
+  // Bucket first, then the total, so that a drain of this bucket between the two still takes
+  // out exactly the bucket's net withdrawals. Only a drain between the step check above and the
+  // bucket's update (the bucket moving to a newer step) can over-credit, by this one retry,
+  // until that newer step leaves the window.
+  b.withdrawn.fetch_sub(kMilli, std::memory_order_acq_rel);
+  w.withdrawn_total.fetch_sub(kMilli, std::memory_order_acq_rel);
 }
 
 void RatioBudget::record(const Outcome& /*outcome*/, const RetryPermit& /*permit*/) noexcept {}
@@ -237,6 +251,10 @@ void TokenBucketBudget::refund(int amount) noexcept {
     const int next = options_.capacity - tokens < amount ? options_.capacity : tokens + amount;
     if (tokens_.compare_exchange_weak(tokens, next, std::memory_order_acq_rel)) return;
   }
+}
+
+void TokenBucketBudget::cancel(const RetryPermit& permit) noexcept {
+  if (permit.granted) refund(permit.cost);
 }
 
 void TokenBucketBudget::record(const Outcome& outcome, const RetryPermit& permit) noexcept {

@@ -10,6 +10,8 @@ namespace keel {
 
 std::string_view to_string(OutcomeKind kind) noexcept {
   switch (kind) {
+    case OutcomeKind::kNotAttempted:
+      return "not attempted";
     case OutcomeKind::kSuccess:
       return "success";
     case OutcomeKind::kTransient:
@@ -94,6 +96,10 @@ std::string describe(const Outcome& o) {
     case OutcomeSource::kUser:
     case OutcomeSource::kNone:
       out = std::string(to_string(o.kind));
+      if (o.kind == OutcomeKind::kNotAttempted) {
+        return o.has_server_delay() ? out + " (retry in " + format_duration(o.server_delay) + ")"
+                                    : out;
+      }
       return o.has_server_delay() ? out + " (server delay " + format_duration(o.server_delay) + ")"
                                   : out;
   }

@@ -91,12 +91,73 @@ RetryPolicy::RetryPolicy(RetryOptions options)
           options_.min_attempt_time);
 }
 
+RetryVerdict decide_retry(const RetryPolicy& policy, const RetryLimits& limits,
+                          const RetryProgress& progress, const Outcome& outcome, Rng& rng) {
+  const RetryOptions& opt = policy.options();
+  RetryVerdict v;
+  v.progress = progress;
+  const auto stop = [&](StopReason reason) {
+    v.retry = false;
+    v.reason = reason;
+    return v;
+  };
+  bool deferral = false;
+  switch (outcome.kind) {
+    case OutcomeKind::kSuccess:
+      return stop(StopReason::kSuccess);
+    case OutcomeKind::kPermanent:
+      return stop(StopReason::kPermanent);
+    case OutcomeKind::kAmbiguous:
+      if (!limits.safe_to_repeat) return stop(StopReason::kNotSafeToRetry);
+      break;
+    case OutcomeKind::kNotAttempted:
+      deferral = true;
+      break;
+    case OutcomeKind::kTransient:
+    case OutcomeKind::kThrottled:
+      break;
+  }
+  const bool limited = outcome.retry_limit != Outcome::kNoRetryLimit;
+  if (!deferral) {
+    if (progress.attempts >= limits.max_attempts) return stop(StopReason::kAttemptsExhausted);
+    if (limited && progress.limited_retries >= outcome.retry_limit) {
+      return stop(StopReason::kAttemptsExhausted);
+    }
+  }
+
+  // The wait: the server's (or the refusing brake's) delay when given, capped; else the backoff.
+  if (outcome.has_server_delay()) {
+    v.delay =
+        outcome.server_delay < opt.retry_after_cap ? outcome.server_delay : opt.retry_after_cap;
+    v.server_delay_used = true;
+  } else {
+    v.delay = policy.backoff().delay(progress.attempts > 0 ? progress.attempts - 1 : 0,
+                                     progress.previous_delay, rng);
+  }
+
+  // Never wait past the deadline, nor into a window too short for an attempt.
+  if (limits.time_left < kInfinite &&
+      (limits.time_left <= Duration::zero() ||
+       saturating_add(v.delay, opt.min_attempt_time) > limits.time_left)) {
+    return stop(StopReason::kDeadline);
+  }
+
+  v.retry = true;
+  v.counts_attempt = !deferral;
+  if (!deferral) {
+    if (limited) ++v.progress.limited_retries;
+    v.progress.previous_delay = v.delay;
+  }
+  return v;
+}
+
 RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
     : policy_(&policy),
       clock_(call.clock != nullptr ? call.clock : &steady_clock()),
       rng_(call.rng != nullptr ? call.rng : &thread_rng()),
       started_(clock_->now()),
       max_attempts_(policy.options().max_attempts),
+      prior_attempts_(call.prior_attempts > 0 ? call.prior_attempts : 0),
       budget_(call.budget),
       breaker_(call.breaker),
       safe_to_repeat_(call.safe_to_repeat) {
@@ -113,6 +174,7 @@ RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
 
 Decision RetryState::stop(StopReason reason) {
   stopped_ = true;
+  in_attempt_ = false;
   reason_ = reason;
   if (reason != StopReason::kSuccess && policy_->options().on_give_up) {
     GiveUpEvent event;
@@ -137,22 +199,48 @@ AttemptStart RetryState::start_attempt() {
   // Without a deadline the time left is infinite whatever the time: no clock read.
   const Duration left = deadline_.is_infinite() ? kInfinite : deadline_.remaining(clock_->now());
   if (left <= Duration::zero() || (attempts_ > 0 && left < opt.min_attempt_time)) {
+    if (budget_ != nullptr) budget_->cancel(budget_permit_);
+    budget_permit_ = {};
     start.reason = stop(StopReason::kDeadline).reason;
     return start;
+  }
+  // A durable layer's retry: the budget is asked before anything is sent.
+  if (attempts_ == 0 && prior_attempts_ > 0 && budget_ != nullptr) {
+    budget_permit_ = budget_->try_acquire_retry(Outcome::transient());
+    if (!budget_permit_.granted) {
+      start.reason = stop(StopReason::kBudgetExhausted).reason;
+      return start;
+    }
   }
   if (breaker_ != nullptr) {
     breaker_permit_ = breaker_->try_acquire();
     if (!breaker_permit_.allowed) {
+      // The retry the budget granted never runs: give the grant back.
+      if (budget_ != nullptr) budget_->cancel(budget_permit_);
+      budget_permit_ = {};
+      if (attempts_ == 0) last_ = Outcome::not_attempted(breaker_->retry_in());
       start.reason = stop(StopReason::kCircuitOpen).reason;
       return start;
     }
   }
-  if (attempts_ == 0 && budget_ != nullptr) budget_->on_first_attempt();
+  if (attempts_ == 0 && prior_attempts_ == 0 && budget_ != nullptr) budget_->on_first_attempt();
   ++attempts_;
+  in_attempt_ = true;
   start.proceed = true;
   start.attempt.number = attempts_;
   start.attempt.timeout = opt.per_try_timeout < left ? opt.per_try_timeout : left;
   return start;
+}
+
+void RetryState::cancel() {
+  if (stopped_) return;
+  if (in_attempt_) {
+    if (breaker_ != nullptr) breaker_->release(breaker_permit_);
+  } else if (budget_ != nullptr) {
+    budget_->cancel(budget_permit_);  // granted for a retry that will not start
+  }
+  budget_permit_ = {};
+  (void)stop(StopReason::kCancelled);
 }
 
 Decision RetryState::next(const Outcome& outcome) {
@@ -161,44 +249,26 @@ Decision RetryState::next(const Outcome& outcome) {
     d.reason = reason_;
     return d;
   }
+  in_attempt_ = false;
   last_ = outcome;
   if (breaker_ != nullptr) breaker_->record(breaker_permit_, outcome);
   if (budget_ != nullptr) budget_->record(outcome, budget_permit_);
-  const RetryOptions& opt = policy_->options();
-  switch (outcome.kind) {
-    case OutcomeKind::kSuccess:
-      return stop(StopReason::kSuccess);
-    case OutcomeKind::kPermanent:
-      return stop(StopReason::kPermanent);
-    case OutcomeKind::kAmbiguous:
-      if (!safe_to_repeat_) return stop(StopReason::kNotSafeToRetry);
-      break;
-    case OutcomeKind::kTransient:
-    case OutcomeKind::kThrottled:
-      break;
-  }
-  if (attempts_ >= max_attempts_) return stop(StopReason::kAttemptsExhausted);
-  if (outcome.retry_limit != Outcome::kNoRetryLimit) {
-    if (limited_retries_ >= outcome.retry_limit) return stop(StopReason::kAttemptsExhausted);
-  }
+  budget_permit_ = {};
 
-  // The wait: the server's delay when it gave one (capped), otherwise the backoff.
-  Duration delay{};
-  bool server_delay_used = false;
-  if (outcome.has_server_delay()) {
-    delay = outcome.server_delay < opt.retry_after_cap ? outcome.server_delay : opt.retry_after_cap;
-    server_delay_used = true;
-  } else {
-    delay = policy_->backoff().delay(attempts_ - 1, previous_delay_, *rng_);
-  }
-
-  // Never sleep past the deadline, nor into a window too short for an attempt.
-  if (!deadline_.is_infinite()) {
-    const Duration left = deadline_.remaining(clock_->now());
-    if (saturating_add(delay, opt.min_attempt_time) > left || left <= Duration::zero()) {
-      return stop(StopReason::kDeadline);
-    }
-  }
+  RetryLimits limits;
+  limits.max_attempts = max_attempts_;
+  limits.safe_to_repeat = safe_to_repeat_;
+  // In memory every attempt started counts, so an attempt that reports kNotAttempted is held to
+  // the attempt limit too.
+  if (!outcome.attempted() && attempts_ >= max_attempts_)
+    return stop(StopReason::kAttemptsExhausted);
+  if (!deadline_.is_infinite()) limits.time_left = deadline_.remaining(clock_->now());
+  RetryProgress progress;
+  progress.attempts = attempts_;
+  progress.limited_retries = limited_retries_;
+  progress.previous_delay = previous_delay_;
+  const RetryVerdict verdict = decide_retry(*policy_, limits, progress, outcome, *rng_);
+  if (!verdict.retry) return stop(verdict.reason);
 
   // Last: the budget is charged only for a retry that will happen.
   if (budget_ != nullptr) {
@@ -206,19 +276,20 @@ Decision RetryState::next(const Outcome& outcome) {
     if (!budget_permit_.granted) return stop(StopReason::kBudgetExhausted);
   }
 
-  if (outcome.retry_limit != Outcome::kNoRetryLimit) ++limited_retries_;
-  previous_delay_ = delay;
+  limited_retries_ = verdict.progress.limited_retries;
+  previous_delay_ = verdict.delay;
+  const RetryOptions& opt = policy_->options();
   if (opt.on_retry) {
     RetryEvent event;
     event.attempt = attempts_;
     event.outcome = outcome;
-    event.delay = delay;
-    event.server_delay_used = server_delay_used;
+    event.delay = verdict.delay;
+    event.server_delay_used = verdict.server_delay_used;
     opt.on_retry(event);
   }
   Decision d;
   d.retry = true;
-  d.delay = delay;
+  d.delay = verdict.delay;
   return d;
 }
 

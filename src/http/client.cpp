@@ -294,7 +294,7 @@ struct Client::Impl {
       if (iequals(name, "Idempotency-Key") || iequals(name, "Keel-Attempt")) continue;
       append(headers, value.empty() ? name + ";" : name + ": " + value);
     }
-    append(headers, "Keel-Attempt: " + std::to_string(attempt.number));
+    append(headers, "Keel-Attempt: " + std::to_string(request.prior_attempts + attempt.number));
     if (!key.empty()) append(headers, "Idempotency-Key: " + key);
     append(headers, "Expect:");  // no 100-continue round trip
 
@@ -394,6 +394,7 @@ Result Client::send(const Request& request) {
   call.deadline = request.deadline;
   call.safe_to_repeat = traits.safe_to_repeat();
   call.budget = impl.budget;
+  call.prior_attempts = request.prior_attempts;
   std::shared_ptr<CircuitBreaker> breaker;  // held for the whole operation
   if (impl.registry != nullptr) {
     if (auto key = breaker_key(request.url)) {
@@ -430,9 +431,7 @@ Result Client::send(const Request& request) {
     clock.sleep_for(decision.delay);
   }
   result.attempts = state.attempts();
-  // No attempt ran (open circuit, deadline already passed): nothing was sent, so the outcome is
-  // a transient failure, never the default success. A job queue relies on this.
-  if (result.attempts == 0) result.outcome = Outcome::transient();
+  if (result.attempts == 0) result.outcome = state.last_outcome();  // kNotAttempted
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();
   if (result.reason != StopReason::kSuccess) {

@@ -355,8 +355,9 @@ TEST(HttpClient, PerHostBreakerOpensAndStopsCallsWithoutReachingTheHost) {
   EXPECT_EQ(refused.reason, StopReason::kCircuitOpen);
   EXPECT_EQ(refused.attempts, 0);
   // Nothing was sent, so the outcome must not read as success (a job queue would mark the job
-  // done): it is a transient failure.
-  EXPECT_EQ(refused.outcome.kind, keel::OutcomeKind::kTransient);
+  // done): it is kNotAttempted, with the breaker's estimate of its next probe.
+  EXPECT_EQ(refused.outcome.kind, keel::OutcomeKind::kNotAttempted);
+  EXPECT_TRUE(refused.outcome.has_server_delay());
   EXPECT_FALSE(refused.response.has_value());
   EXPECT_EQ(down.arrivals().size(), 4u) << "an open breaker sends nothing";
   // Another host (another port) has its own breaker.

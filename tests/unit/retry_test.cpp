@@ -259,7 +259,7 @@ TEST(Retry, ExpiredDeadlineStopsBeforeTheFirstAttempt) {
   EXPECT_EQ(r.reason, StopReason::kDeadline);
   EXPECT_EQ(calls, 0);
   EXPECT_FALSE(r.value.has_value());
-  EXPECT_EQ(r.outcome.kind, keel::OutcomeKind::kTransient);  // nothing tried: not a success
+  EXPECT_EQ(r.outcome.kind, keel::OutcomeKind::kNotAttempted);  // nothing tried: not a success
 }
 
 TEST(Retry, GiveUpHookGetsOneEventWithTheReason) {

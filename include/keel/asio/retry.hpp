@@ -240,22 +240,11 @@ template <class T, class Op, class Classify, class Observer = NoObserver>
     }
   }
 
+  if (cancelled) state.cancel();  // kCancelled, the give-up hook, and what the brakes see
   result.attempts = state.attempts();
-  if (result.attempts == 0) result.outcome = Outcome::transient();  // nothing was tried
+  if (result.attempts == 0) result.outcome = state.last_outcome();
   result.elapsed = state.elapsed();
-  if (cancelled) {
-    result.reason = StopReason::kCancelled;
-    if (policy.options().on_give_up) {
-      GiveUpEvent event;
-      event.attempts = state.attempts();
-      event.elapsed = result.elapsed;
-      event.reason = StopReason::kCancelled;
-      event.last = state.last_outcome();
-      policy.options().on_give_up(event);
-    }
-  } else {
-    result.reason = state.stop_reason();
-  }
+  result.reason = state.stop_reason();
   scope.reset();
   co_await ::asio::this_coro::throw_if_cancelled(caller_throws);
   co_return result;

@@ -79,6 +79,11 @@ struct Request {
   /// The caller's deadline, combined with the policy's overall_timeout (the earlier wins).
   /// Default infinite.
   Deadline deadline = Deadline::infinite();
+  /// Attempts of this logical operation already made by a durable layer (a job queue's earlier
+  /// attempts): the first attempt here is then a retry, asked of the retry budget before it is
+  /// sent (CallOptions::prior_attempts), and Keel-Attempt counts on from them. Requires: >= 0.
+  /// Default 0.
+  int prior_attempts = 0;
 };
 
 /// The last response received.
@@ -95,8 +100,8 @@ struct Result {
   /// The last attempt's response; empty when no attempt got one (network failure, or no attempt
   /// ran).
   std::optional<Response> response;
-  /// The last attempt's classification; kTransient when no attempt ran (open circuit, deadline
-  /// already passed): nothing was sent.
+  /// The last attempt's classification; kNotAttempted when no attempt ran (open circuit, with
+  /// the breaker's retry_in; budget refused; deadline already passed): nothing was sent.
   Outcome outcome;
   /// Why the operation stopped (kSuccess on success).
   StopReason reason = StopReason::kSuccess;
