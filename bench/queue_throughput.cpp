@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
             continue;
           }
           if (leased.size() == 1) {
-            (void)q.complete(*conn, leased[0].id, leased[0].fence, {});
+            (void)q.complete(*conn, leased[0].id, leased[0].fence,
+                             keel::store::AttemptReport::success());
           } else {
             std::vector<std::pair<std::int64_t, std::int64_t>> done;
             done.reserve(leased.size());

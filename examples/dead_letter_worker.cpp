@@ -75,7 +75,7 @@ int main() {
         return store::AttemptReport{.outcome = keel::Outcome::transient(),
                                     .error = "receiver answered 503"};
       }
-      return store::AttemptReport{};  // success
+      return store::AttemptReport::success();
     };
     const store::WorkerOptions options{
         .queue = "hooks",

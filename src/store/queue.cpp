@@ -9,6 +9,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "keel/duration.hpp"
 #include "keel/store/transaction.hpp"
 
 namespace keel::store {
@@ -90,6 +91,12 @@ constexpr Migration kMigrations[] = {
      " delay_ms BIGINT,"
      " worker TEXT);"
      "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);"},
+    // 2: what core's decide_retry needs between attempts, and deferrals (a refusal is not an
+    // attempt).
+    {"ALTER TABLE keel_jobs ADD COLUMN limited_retries INTEGER NOT NULL DEFAULT 0;"
+     "ALTER TABLE keel_jobs ADD COLUMN prev_delay_ms BIGINT NOT NULL DEFAULT 0;"
+     "ALTER TABLE keel_jobs ADD COLUMN deferred_reason TEXT;"
+     "ALTER TABLE keel_jobs ADD COLUMN deferrals INTEGER NOT NULL DEFAULT 0;"},
 };
 
 constexpr int kReapBatch = 100;
@@ -174,6 +181,8 @@ std::string_view to_string(CompleteStatus status) noexcept {
       return "done";
     case CompleteStatus::kRetryScheduled:
       return "retry_scheduled";
+    case CompleteStatus::kDeferred:
+      return "deferred";
     case CompleteStatus::kDead:
       return "dead";
     case CompleteStatus::kStale:
@@ -212,17 +221,38 @@ std::string new_job_key() {
   return out;
 }
 
-JobQueue::JobQueue(QueueOptions options)
-    : options_(options),
-      backoff_(options.backoff),
-      clock_(options.clock != nullptr ? options.clock : &steady_clock()),
-      rng_(options.seed != 0
-               ? options.seed
-               : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
-  if (options_.max_attempts < 1) {
+namespace {
+
+RetryPolicy queue_policy(const QueueOptions& o) {
+  if (o.max_attempts < 1) {
     throw std::invalid_argument("QueueOptions.max_attempts must be >= 1 (got " +
-                                std::to_string(options_.max_attempts) + ")");
+                                std::to_string(o.max_attempts) + ")");
   }
+  if (o.retry_after_cap < Duration::zero()) {
+    throw std::invalid_argument("QueueOptions.retry_after_cap must be >= 0 (got " +
+                                std::to_string(to_ms(o.retry_after_cap)) + "ms)");
+  }
+  if (o.max_age <= Duration::zero()) {
+    throw std::invalid_argument("QueueOptions.max_age must be > 0 (got " +
+                                std::to_string(to_ms(o.max_age)) + "ms)");
+  }
+  RetryOptions r;
+  r.max_attempts = o.max_attempts;
+  r.backoff = o.backoff;
+  r.retry_after_cap = o.retry_after_cap;
+  r.min_attempt_time = Duration::zero();
+  return RetryPolicy(std::move(r));
+}
+
+}  // namespace
+
+JobQueue::JobQueue(QueueOptions options)
+    : options_(std::move(options)),
+      policy_(queue_policy(options_)),
+      clock_(options_.clock != nullptr ? options_.clock : &steady_clock()),
+      rng_(options_.seed != 0
+               ? options_.seed
+               : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
   if (options_.lease <= Duration::zero()) {
     throw std::invalid_argument("QueueOptions.lease must be > 0 (got " +
                                 std::to_string(to_ms(options_.lease)) + "ms)");
@@ -236,11 +266,6 @@ void JobQueue::migrate(Connection& connection) {
 
 std::int64_t JobQueue::now_ms() const noexcept {
   return to_ms(clock_->wall_now().time_since_epoch());
-}
-
-Duration JobQueue::next_delay(int retry) const {
-  std::lock_guard lock(rng_mu_);
-  return backoff_.delay(retry, Duration::zero(), rng_);
 }
 
 namespace {
@@ -327,8 +352,10 @@ std::vector<EnqueueResult> JobQueue::enqueue_many(
 std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
   const bool pg = connection.backend() == Backend::kPostgres;
   std::int64_t reaped = 0;
+  std::vector<std::pair<std::int64_t, std::string>> dead;
   in_transaction(connection, [&](Connection& tx) {
     reaped = 0;
+    dead.clear();
     const std::int64_t now = now_ms();
     // Leases that expired: the worker died or stalled. Record the lost attempt; the job is ready
     // again, or dead when that was its last attempt. The new fence locks the old worker out.
@@ -355,10 +382,14 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
       insert_attempt(tx, id, expired.integer(i, 5), attempts,
                      expired.cell(i, 3) ? expired.integer(i, 3) : now, now, "lease_expired", error,
                      std::nullopt, owner);
+      if (exhausted) dead.emplace_back(id, "attempts exhausted: " + error);
       ++reaped;
     }
     return true;
   });
+  if (options_.on_dead_letter) {
+    for (const auto& [id, reason] : dead) options_.on_dead_letter(id, reason);
+  }
   return reaped;
 }
 
@@ -464,11 +495,12 @@ CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, s
   in_transaction(connection, [&](Connection& tx) {
     out = CompleteResult{};
     const std::int64_t now = now_ms();
-    const Rows row = tx.query(
-        std::string("SELECT attempts, max_attempts, leased_ms, lease_owner, replays FROM keel_jobs"
-                    " WHERE id = $1 AND fence = $2 AND state = 'running'") +
-            (pg ? " FOR UPDATE" : ""),
-        {job_id, fence});
+    const Rows row =
+        tx.query(std::string("SELECT attempts, max_attempts, leased_ms, lease_owner, replays,"
+                             " limited_retries, prev_delay_ms, created_ms FROM keel_jobs"
+                             " WHERE id = $1 AND fence = $2 AND state = 'running'") +
+                     (pg ? " FOR UPDATE" : ""),
+                 {job_id, fence});
     if (row.empty()) {
       out.status = CompleteStatus::kStale;
       return false;
@@ -481,46 +513,99 @@ CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, s
     const OutcomeKind kind = report.outcome.kind;
     std::string error = report.error;
     if (error.empty() && kind != OutcomeKind::kSuccess) error = describe(report.outcome);
-    std::optional<std::int64_t> delay_ms;
+
     if (kind == OutcomeKind::kSuccess) {
       out.status = CompleteStatus::kDone;
       tx.query(
           "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
-          " run_at_ms = $2, last_error = NULL, updated_ms = $2, finished_ms = $2 WHERE id = $1",
+          " run_at_ms = $2, last_error = NULL, deferred_reason = NULL, updated_ms = $2,"
+          " finished_ms = $2 WHERE id = $1",
           {job_id, now});
-    } else if (kind == OutcomeKind::kPermanent || attempts >= max_attempts) {
-      out.status = CompleteStatus::kDead;
-      out.dead_reason = kind == OutcomeKind::kPermanent
-                            ? "permanent: " + error
-                            : "attempts exhausted (" + std::to_string(attempts) + " of " +
-                                  std::to_string(max_attempts) + "): " + error;
-      out.dead_reason = clip(out.dead_reason);
+      insert_attempt(tx, job_id, round, attempts, started, now, outcome_name(kind), {},
+                     std::nullopt, owner);
+      return true;
+    }
+
+    // Every retry rule is keel::core's: the queue stores the progress and applies the verdict.
+    RetryLimits limits;
+    limits.max_attempts = static_cast<int>(std::max<std::int64_t>(1, max_attempts));
+    limits.safe_to_repeat = true;  // a job carries its idempotency key on every attempt
+    if (options_.max_age < kInfinite) {
+      const Duration age = std::chrono::milliseconds(now - row.integer(0, 7));
+      limits.time_left = options_.max_age - age;
+    }
+    RetryProgress progress;
+    progress.attempts = static_cast<int>(std::max<std::int64_t>(1, attempts));
+    progress.limited_retries = static_cast<int>(row.integer(0, 5));
+    progress.previous_delay = std::chrono::milliseconds(row.integer(0, 6));
+    RetryVerdict verdict;
+    {
+      std::lock_guard lock(rng_mu_);
+      verdict = decide_retry(policy_, limits, progress, report.outcome, rng_);
+    }
+
+    if (verdict.retry && !verdict.counts_attempt) {
+      // Nothing was sent: the lease's attempt is given back and the job waits for its brake.
+      out.status = CompleteStatus::kDeferred;
+      out.delay = verdict.delay;
+      out.retry_at_ms = now + to_ms(verdict.delay);
       tx.query(
-          "UPDATE keel_jobs SET state = 'dead', lease_owner = NULL, lease_expires_ms = NULL,"
-          " run_at_ms = $2, last_error = $3, dead_reason = $4, updated_ms = $2, finished_ms = $2"
-          " WHERE id = $1",
-          {job_id, now, clip(error), out.dead_reason});
-    } else {
-      // Transient, throttled or ambiguous: jobs always carry their key, so a repeat is safe.
-      Duration delay = next_delay(static_cast<int>(attempts) - 1);
-      if (report.outcome.has_server_delay()) {
-        delay = std::max(delay, std::min(report.outcome.server_delay, backoff_.options().cap));
-      }
+          "UPDATE keel_jobs SET state = 'retry_scheduled', attempts = attempts - 1,"
+          " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = $3, deferred_reason = $4,"
+          " deferrals = deferrals + 1, updated_ms = $2 WHERE id = $1",
+          {job_id, now, out.retry_at_ms, clip(error)});
+      insert_attempt(tx, job_id, round, attempts, started, now, "deferred", error,
+                     to_ms(verdict.delay), owner);
+      return true;
+    }
+    if (verdict.retry) {
       out.status = CompleteStatus::kRetryScheduled;
-      out.delay = delay;
-      out.retry_at_ms = now + to_ms(delay);
-      delay_ms = to_ms(delay);
+      out.delay = verdict.delay;
+      out.retry_at_ms = now + to_ms(verdict.delay);
       tx.query(
           "UPDATE keel_jobs SET state = 'retry_scheduled', lease_owner = NULL,"
-          " lease_expires_ms = NULL, run_at_ms = $3, last_error = $4, updated_ms = $2"
-          " WHERE id = $1",
-          {job_id, now, out.retry_at_ms, clip(error)});
+          " lease_expires_ms = NULL, run_at_ms = $3, last_error = $4, deferred_reason = NULL,"
+          " limited_retries = $5, prev_delay_ms = $6, updated_ms = $2 WHERE id = $1",
+          {job_id, now, out.retry_at_ms, clip(error), verdict.progress.limited_retries,
+           to_ms(verdict.progress.previous_delay)});
+      insert_attempt(tx, job_id, round, attempts, started, now, outcome_name(kind), error,
+                     to_ms(verdict.delay), owner);
+      return true;
     }
-    insert_attempt(tx, job_id, round, attempts, started, now, outcome_name(kind),
-                   kind == OutcomeKind::kSuccess ? std::string_view() : std::string_view(error),
-                   delay_ms, owner);
+    out.status = CompleteStatus::kDead;
+    switch (verdict.reason) {
+      case StopReason::kPermanent:
+        out.dead_reason = "permanent: " + error;
+        break;
+      case StopReason::kDeadline:
+        out.dead_reason = "max age " + format_duration(options_.max_age) + " reached: " + error;
+        break;
+      default:
+        out.dead_reason = "attempts exhausted (" + std::to_string(attempts) + " of " +
+                          std::to_string(max_attempts) +
+                          (report.outcome.retry_limit != Outcome::kNoRetryLimit
+                               ? ", at most " + std::to_string(report.outcome.retry_limit) +
+                                     " retries after this outcome"
+                               : std::string()) +
+                          "): " + error;
+        break;
+    }
+    out.dead_reason = clip(out.dead_reason);
+    // A deferral's attempt was not counted: record the history row under its own name.
+    const bool attempted = report.outcome.attempted();
+    tx.query(std::string("UPDATE keel_jobs SET state = 'dead', lease_owner = NULL,") +
+                 (attempted ? "" : " attempts = attempts - 1,") +
+                 " lease_expires_ms = NULL, run_at_ms = $2, last_error = $3, dead_reason = $4,"
+                 " updated_ms = $2, finished_ms = $2 WHERE id = $1",
+             {job_id, now, clip(error), out.dead_reason});
+    insert_attempt(tx, job_id, round, attempts, started, now,
+                   attempted ? outcome_name(kind) : std::string_view("deferred"), error,
+                   std::nullopt, owner);
     return true;
   });
+  if (out.status == CompleteStatus::kDead && options_.on_dead_letter) {
+    options_.on_dead_letter(job_id, out.dead_reason);
+  }
   return out;
 }
 
@@ -577,7 +662,8 @@ namespace {
 
 constexpr std::string_view kJobColumns =
     "id, queue, payload, idem_key, state, attempts, max_attempts, run_at_ms, lease_owner,"
-    " lease_expires_ms, fence, dead_reason, last_error, replays, created_ms, updated_ms";
+    " lease_expires_ms, fence, dead_reason, last_error, replays, created_ms, updated_ms,"
+    " deferred_reason, deferrals";
 
 Job read_job(const Rows& r, std::size_t i) {
   Job j;
@@ -597,6 +683,8 @@ Job read_job(const Rows& r, std::size_t i) {
   j.replays = static_cast<int>(r.integer(i, 13));
   j.created_ms = r.integer(i, 14);
   j.updated_ms = r.integer(i, 15);
+  j.deferred_reason = optional_text(r, i, 16);
+  j.deferrals = static_cast<int>(r.integer(i, 17));
   return j;
 }
 
@@ -649,6 +737,7 @@ std::vector<std::int64_t> JobQueue::replay(Connection& connection,
       const Rows r = tx.query(
           "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
           " replays = replays + 1, run_at_ms = $2, dead_reason = NULL, updated_ms = $2,"
+          " limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
           " finished_ms = NULL WHERE id = $1 AND state = 'dead'",
           {id, now});
       if (r.affected() == 1) out.push_back(id);
@@ -665,6 +754,7 @@ std::int64_t JobQueue::replay_all(Connection& connection, std::string_view queue
     const std::string sql =
         "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
         " replays = replays + 1, run_at_ms = $1, dead_reason = NULL, updated_ms = $1,"
+        " limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
         " finished_ms = NULL WHERE state = 'dead'" +
         queue_filter(queue, 2);
     const Rows r = queue.empty() ? tx.query(sql, {now}) : tx.query(sql, {now, queue});
@@ -757,6 +847,12 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
         s->dead = n;
         break;
     }
+  }
+  const Rows deferred = connection.query(
+      "SELECT queue, COUNT(*) FROM keel_jobs WHERE state = 'retry_scheduled'"
+      " AND deferred_reason IS NOT NULL GROUP BY queue");
+  for (std::size_t i = 0; i < deferred.size(); ++i) {
+    if (QueueStats* s = find(deferred.text(i, 0))) s->deferred = deferred.integer(i, 1);
   }
   const Rows oldest = connection.query(
       "SELECT queue, MIN(run_at_ms) FROM keel_jobs WHERE state IN ('ready', 'retry_scheduled')"

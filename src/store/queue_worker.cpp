@@ -73,14 +73,36 @@ void Worker::stop() noexcept {
   cv_.notify_all();
 }
 
+Duration Worker::paused_for() const noexcept {
+  const std::int64_t until = paused_until_ns_.load();
+  const std::int64_t now = queue_.clock().now().time_since_epoch().count();
+  return until > now ? Duration(until - now) : Duration::zero();
+}
+
+void Worker::pause(Duration delay, const AttemptReport& report) {
+  const std::int64_t until = saturating_add(queue_.clock().now(), delay).time_since_epoch().count();
+  std::lock_guard lock(mu_);
+  std::int64_t cur = paused_until_ns_.load();
+  if (until > cur) {
+    paused_until_ns_.store(until);
+    pause_report_ = report;
+  }
+}
+
 void Worker::process(Connection& conn, const LeasedJob& job) {
   const TimePoint start = queue_.clock().now();
   AttemptReport report;
-  try {
-    report = handler_(job, cancel_);
-  } catch (const std::exception& e) {
-    report.outcome = Outcome::permanent();
-    report.error = std::string("handler threw: ") + e.what();
+  if (paused_for() > Duration::zero()) {
+    // Leased before a refusal paused the worker: defer it the same way, sending nothing.
+    std::lock_guard lock(mu_);
+    report = pause_report_;
+  } else {
+    try {
+      report = handler_(job, cancel_);
+    } catch (const std::exception& e) {
+      report.outcome = Outcome::permanent();
+      report.error = std::string("handler threw: ") + e.what();
+    }
   }
   {
     std::lock_guard lock(mu_);
@@ -92,12 +114,24 @@ void Worker::process(Connection& conn, const LeasedJob& job) {
   event.took = queue_.clock().now() - start;
   event.result = queue_.complete(conn, job.id, job.fence, report);
   if (event.result.status != CompleteStatus::kStale) recorded_.fetch_add(1);
+  // A brake that says when it will admit a call again (an open breaker's retry_in) pauses
+  // leasing until then; one that cannot say (an empty retry budget) defers just this job.
+  if (event.result.status == CompleteStatus::kDeferred && report.outcome.has_server_delay()) {
+    pause(event.result.delay, report);
+  }
   if (options_.on_event) options_.on_event(event);
 }
 
 void Worker::slot_loop() {
   std::optional<ConnectionPool::Lease> conn;
   while (!stopping_.load()) {
+    if (const Duration paused = paused_for(); paused > Duration::zero()) {
+      // A brake refused: lease nothing until it expects to admit a call again.
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::min(paused, options_.poll_interval),
+                   [&] { return stopping_.load(); });
+      continue;
+    }
     std::vector<LeasedJob> jobs;
     try {
       if (!conn || (*conn)->broken()) {

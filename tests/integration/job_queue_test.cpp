@@ -113,9 +113,11 @@ TEST_P(JobQueueTest, ExpiredLeaseIsTakenOverAndTheStaleWorkerIsFencedOut) {
   EXPECT_GT(b[0].fence, a[0].fence);
   EXPECT_EQ(b[0].attempt, 2);
   // worker-a comes back late: its outcome and heartbeat are refused.
-  EXPECT_EQ(q.complete(*conn_, a[0].id, a[0].fence, {}).status, CompleteStatus::kStale);
+  EXPECT_EQ(q.complete(*conn_, a[0].id, a[0].fence, AttemptReport::success()).status,
+            CompleteStatus::kStale);
   EXPECT_FALSE(q.heartbeat(*conn_, a[0].id, a[0].fence));
-  EXPECT_EQ(q.complete(*conn_, b[0].id, b[0].fence, {}).status, CompleteStatus::kDone);
+  EXPECT_EQ(q.complete(*conn_, b[0].id, b[0].fence, AttemptReport::success()).status,
+            CompleteStatus::kDone);
   const auto stored = q.get(*conn_, job.id);
   ASSERT_EQ(stored->history.size(), 2u);
   EXPECT_EQ(stored->history[0].outcome, "lease_expired");
@@ -134,7 +136,8 @@ TEST_P(JobQueueTest, HeartbeatsKeepTheLease) {
     ASSERT_TRUE(q.heartbeat(*conn_, a[0].id, a[0].fence));
     EXPECT_TRUE(q.lease(*conn_, "q", "b", 1).empty()) << "after " << (i + 1) * 20 << "s";
   }
-  EXPECT_EQ(q.complete(*conn_, a[0].id, a[0].fence, {}).status, CompleteStatus::kDone);
+  EXPECT_EQ(q.complete(*conn_, a[0].id, a[0].fence, AttemptReport::success()).status,
+            CompleteStatus::kDone);
 }
 
 TEST_P(JobQueueTest, TransientFailuresBackOffWithFullJitterThenDieWhenExhausted) {
@@ -223,7 +226,8 @@ TEST_P(JobQueueTest, ReplayKeepsTheKeyAndResetsAttemptsDiscardRemoves) {
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0].idempotency_key, "same");
   EXPECT_EQ(again[0].attempt, 1);
-  EXPECT_EQ(q.complete(*conn_, again[0].id, again[0].fence, {}).status, CompleteStatus::kDone);
+  EXPECT_EQ(q.complete(*conn_, again[0].id, again[0].fence, AttemptReport::success()).status,
+            CompleteStatus::kDone);
   const auto replayed = q.get(*conn_, a.id);
   EXPECT_EQ(replayed->replays, 1);
   ASSERT_EQ(replayed->history.size(), 2u);
@@ -240,7 +244,7 @@ TEST_P(JobQueueTest, DoneJobsArePrunedOnlyPastAnExplicitRetention) {
   JobQueue q = make_queue();
   (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
   auto l = q.lease(*conn_, "q", "w", 1);
-  (void)q.complete(*conn_, l[0].id, l[0].fence, {});
+  (void)q.complete(*conn_, l[0].id, l[0].fence, AttemptReport::success());
   clock_.advance(30min);
   EXPECT_EQ(q.prune_done(*conn_, "q", 1h), 0);
   clock_.advance(31min);
@@ -311,11 +315,11 @@ TEST_P(JobQueueTest, WorkerReleasesJobsStillRunningAfterTheGracePeriod) {
   Worker worker(pool, q, {.queue = "q", .concurrency = 1, .poll_interval = 5ms, .grace = 50ms},
                 [&](const LeasedJob& job, const std::atomic<bool>& cancel) {
                   started.fetch_add(1);
-                  if (job.idempotency_key == "fast") return AttemptReport{};
+                  if (job.idempotency_key == "fast") return AttemptReport::success();
                   self->stop();  // SIGTERM arrives while the slow job runs
                   while (!cancel.load()) std::this_thread::yield();
                   slow_cancelled = true;
-                  return AttemptReport{};
+                  return AttemptReport::success();
                 });
   self = &worker;
   (void)worker.run();
@@ -346,7 +350,7 @@ TEST_P(JobQueueTest, WorkerDrainsTheQueueAndExitsWhenIdle) {
         // Every job fails transiently once, then succeeds.
         return ++calls[job.idempotency_key] == 1
                    ? AttemptReport{.outcome = Outcome::transient(), .error = "flaky"}
-                   : AttemptReport{};
+                   : AttemptReport::success();
       });
   EXPECT_EQ(worker.run(), 120);
   EXPECT_EQ(calls.size(), 60u);

@@ -44,8 +44,11 @@ Durations are a number and a unit: 10ms, 1.5s, 2m, 1h.
 
 work --deliver URL POSTs each job's payload with the job's idempotency key as Idempotency-Key:
 2xx is done; 408, 425, 429, 5xx and network failures are transient (retried by the queue with
-full-jitter backoff); other statuses are permanent (dead at once). Each job attempt is exactly
-one HTTP request.
+full-jitter backoff, or after the server's Retry-After); a 500 is retried once; other statuses
+are permanent (dead at once). Each job attempt is exactly one HTTP request. When the host's
+circuit breaker is open (or the retry budget is empty) nothing is sent: the job is deferred
+until the next probe without spending an attempt, and the worker pauses leasing until then, so
+jobs wait out an outage of any length (give --max-age to bound it).
 work --exec CMD runs CMD with /bin/sh -c, the payload on stdin and KEEL_IDEMPOTENCY_KEY,
 KEEL_ATTEMPT, KEEL_JOB_ID and KEEL_QUEUE in the environment: exit 0 is done, 75 (EX_TEMPFAIL)
 transient, anything else permanent.
@@ -91,6 +94,8 @@ struct JobsArgs {
   std::string poll = "100ms";
   std::string timeout = "30s";
   std::string retain_done;
+  std::string max_age;
+  std::string retry_budget = "0.1";
   bool exit_when_idle = false;
   std::string metrics_listen;
   // stats
@@ -192,6 +197,7 @@ int run_stats(const JobsArgs& a) {
                                {"retry_scheduled", s.retry_scheduled},
                                {"done", s.done},
                                {"dead", s.dead},
+                               {"deferred", s.deferred},
                                {"oldest_ready_age_seconds",
                                 std::chrono::duration<double>(s.oldest_ready_age).count()}});
     }
@@ -199,13 +205,22 @@ int run_stats(const JobsArgs& a) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("%-24s %8s %8s %16s %10s %8s %18s\n", "QUEUE", "READY", "RUNNING", "RETRY_SCHEDULED",
-              "DONE", "DEAD", "OLDEST_READY_AGE");
+  std::printf("%-24s %8s %8s %16s %10s %8s %9s %18s\n", "QUEUE", "READY", "RUNNING",
+              "RETRY_SCHEDULED", "DONE", "DEAD", "DEFERRED", "OLDEST_READY_AGE");
   for (const auto& s : stats) {
-    std::printf("%-24s %8lld %8lld %16lld %10lld %8lld %18s\n", s.queue.c_str(),
+    std::printf("%-24s %8lld %8lld %16lld %10lld %8lld %9lld %18s\n", s.queue.c_str(),
                 static_cast<long long>(s.ready), static_cast<long long>(s.running),
                 static_cast<long long>(s.retry_scheduled), static_cast<long long>(s.done),
-                static_cast<long long>(s.dead), format_duration(s.oldest_ready_age).c_str());
+                static_cast<long long>(s.dead), static_cast<long long>(s.deferred),
+                format_duration(s.oldest_ready_age).c_str());
+  }
+  std::int64_t deferred = 0;
+  for (const auto& s : stats) deferred += s.deferred;
+  if (deferred > 0) {
+    std::printf(
+        "deferred: %lld jobs wait for an open circuit or an empty retry budget (not "
+        "counted as attempts)\n",
+        static_cast<long long>(deferred));
   }
   std::printf("dead-letter depth: %lld\n", static_cast<long long>(depth));
   return 0;
@@ -215,18 +230,32 @@ int run_stats(const JobsArgs& a) {
 // work: handlers
 
 store::AttemptReport deliver(http::Client& client, const std::string& url,
-                             const store::LeasedJob& job) {
+                             const std::string& dependency, const store::LeasedJob& job) {
   http::Request request;
   request.method = "POST";
   request.url = url;
   request.body = job.payload;
   request.idempotency_key = job.idempotency_key;
+  // The queue's earlier attempts: this one is a retry for the budget, and Keel-Attempt says so.
+  request.prior_attempts = job.attempt - 1;
   request.headers = {{"Content-Type", "application/json"},
                      {"Keel-Job-Attempt", std::to_string(job.attempt)}};
   const http::Result r = client.send(request);
   store::AttemptReport report;
   report.outcome = r.outcome;
   if (r.ok()) return report;
+  if (!r.outcome.attempted()) {
+    // Nothing was sent: the queue defers the job without charging an attempt.
+    if (r.reason == StopReason::kCircuitOpen) {
+      report.error = "circuit open for " + dependency;
+      if (r.outcome.has_server_delay()) {
+        report.error += ", next probe in " + format_duration(r.outcome.server_delay);
+      }
+    } else {
+      report.error = std::string(to_string(r.reason)) + " for " + dependency;
+    }
+    return report;
+  }
   std::string error = describe(r.outcome);
   if (!r.error.empty()) error += ": " + r.error;
   if (r.response && !r.response->body.empty()) {
@@ -351,7 +380,7 @@ store::AttemptReport exec_command(const std::string& command, const store::Lease
     err_tail.pop_back();
   }
   if (err_tail.size() > 500) err_tail = err_tail.substr(err_tail.size() - 500);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return report;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return store::AttemptReport::success();
   std::string what;
   if (WIFEXITED(status)) {
     const int code = WEXITSTATUS(status);
@@ -389,17 +418,25 @@ class Metrics {
     for (const char* o : {"success", "transient", "throttled", "ambiguous", "permanent"}) {
       attempts_[o] = 0;
     }
-    for (const char* r : {"permanent", "attempts_exhausted"}) dead_lettered_[r] = 0;
+    for (const char* r : {"permanent", "attempts_exhausted", "max_age"}) dead_lettered_[r] = 0;
   }
 
   void record(const store::WorkerEvent& e) {
     std::lock_guard lock(mu_);
-    ++attempts_[std::string(to_string(e.report.outcome.kind))];
-    if (e.result.status == store::CompleteStatus::kDead) {
-      ++dead_lettered_[e.report.outcome.kind == OutcomeKind::kPermanent ? "permanent"
-                                                                        : "attempts_exhausted"];
+    if (e.report.outcome.attempted()) {
+      ++attempts_[std::string(to_string(e.report.outcome.kind))];
+    } else {
+      ++deferrals_;  // nothing was sent: not an attempt
     }
     if (e.result.status == store::CompleteStatus::kStale) ++stale_;
+  }
+
+  /// Every move to the dead-letter queue, including a lease that expired on its last attempt.
+  void dead_lettered(std::string_view reason) {
+    std::lock_guard lock(mu_);
+    ++dead_lettered_[reason.starts_with("permanent") ? "permanent"
+                     : reason.starts_with("max age") ? "max_age"
+                                                     : "attempts_exhausted"];
   }
 
   std::string render(const std::vector<store::QueueStats>& stats) const {
@@ -430,6 +467,12 @@ class Metrics {
       out << "keel_queue_dead_letter_depth{queue=\"" << escape_label(s.queue) << "\"} " << s.dead
           << '\n';
     }
+    out << "# HELP keel_queue_deferred_jobs Jobs waiting because a breaker or budget refused them "
+           "(not because an attempt failed).\n# TYPE keel_queue_deferred_jobs gauge\n";
+    for (const auto& s : all) {
+      out << "keel_queue_deferred_jobs{queue=\"" << escape_label(s.queue) << "\"} " << s.deferred
+          << '\n';
+    }
     out << "# HELP keel_queue_oldest_ready_age_seconds Age of the oldest job waiting for a "
            "worker.\n# TYPE keel_queue_oldest_ready_age_seconds gauge\n";
     for (const auto& s : all) {
@@ -450,6 +493,9 @@ class Metrics {
       out << "keel_queue_dead_lettered_total{queue=\"" << q << "\",reason=\"" << reason << "\"} "
           << n << '\n';
     }
+    out << "# HELP keel_queue_deferrals_total Jobs this worker deferred without sending (a brake "
+           "refused).\n# TYPE keel_queue_deferrals_total counter\n"
+        << "keel_queue_deferrals_total{queue=\"" << q << "\"} " << deferrals_ << '\n';
     out << "# HELP keel_queue_stale_completions_total Outcomes refused because the lease had "
            "been lost.\n# TYPE keel_queue_stale_completions_total counter\n"
         << "keel_queue_stale_completions_total{queue=\"" << q << "\"} " << stale_ << '\n';
@@ -462,6 +508,53 @@ class Metrics {
   std::map<std::string, std::int64_t> attempts_;       // guarded by mu_
   std::map<std::string, std::int64_t> dead_lettered_;  // guarded by mu_
   std::int64_t stale_ = 0;                             // guarded by mu_
+  std::int64_t deferrals_ = 0;                         // guarded by mu_
+};
+
+/// Logs one line when a dependency's breaker opens and one when it closes again, with the
+/// failure rate that tripped it, how long it stayed open and how many probes it took.
+class BreakerLog {
+ public:
+  explicit BreakerLog(BreakerRegistry& registry) : registry_(registry) {}
+
+  void on_change(std::string_view key, BreakerState from, BreakerState to) {
+    const TimePoint now = steady_clock().now();
+    std::lock_guard lock(mu_);
+    Outage& o = outages_[std::string(key)];
+    if (to == BreakerState::kOpen && from == BreakerState::kClosed) {
+      o = Outage{now, 0};
+      std::int64_t calls = 0;
+      std::int64_t failures = 0;
+      if (auto b = registry_.find(key)) {
+        const BreakerSnapshot snap = b->snapshot();
+        calls = snap.calls;
+        failures = snap.failures;
+      }
+      std::fprintf(
+          stderr,
+          "keel jobs: circuit open for %.*s: %lld of %lld calls failed (%.0f%%); jobs "
+          "wait for it without spending attempts\n",
+          static_cast<int>(key.size()), key.data(), static_cast<long long>(failures),
+          static_cast<long long>(calls),
+          calls > 0 ? 100.0 * static_cast<double>(failures) / static_cast<double>(calls) : 0.0);
+    } else if (to == BreakerState::kHalfOpen) {
+      ++o.probes;
+    } else if (to == BreakerState::kClosed) {
+      std::fprintf(stderr, "keel jobs: circuit closed for %.*s after %s open (%d probes)\n",
+                   static_cast<int>(key.size()), key.data(),
+                   format_duration(now - o.opened).c_str(), o.probes);
+      outages_.erase(std::string(key));
+    }
+  }
+
+ private:
+  struct Outage {
+    TimePoint opened{};
+    int probes = 0;
+  };
+  BreakerRegistry& registry_;
+  std::mutex mu_;
+  std::map<std::string, Outage> outages_;  // guarded by mu_
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -503,6 +596,25 @@ int run_work(const JobsArgs& a) {
   if (!poll) return kExitUsage;
   const auto timeout = duration_flag("--timeout", a.timeout, true);
   if (!timeout) return kExitUsage;
+  // The queue's retries draw on a ratio budget (retries <= RATIO x first attempts in 10 s, plus
+  // 10 a second): it refills with time, so a deferred job is never stuck behind it.
+  std::optional<double> budget_ratio;
+  if (a.retry_budget != "off") {
+    char* end = nullptr;
+    const double r = std::strtod(a.retry_budget.c_str(), &end);
+    if (a.retry_budget.empty() || end != a.retry_budget.c_str() + a.retry_budget.size() ||
+        !(r >= 0.0 && r <= 1000.0)) {
+      return usage("--retry-budget: expected a ratio in [0, 1000] or 'off', got '" +
+                   a.retry_budget + "'");
+    }
+    budget_ratio = r;
+  }
+  Duration max_age = kInfinite;
+  if (!a.max_age.empty()) {
+    const auto d = duration_flag("--max-age", a.max_age, true);
+    if (!d) return kExitUsage;
+    max_age = *d;
+  }
   std::optional<Duration> retain;
   if (!a.retain_done.empty()) {
     retain = duration_flag("--retain-done", a.retain_done, false);
@@ -542,7 +654,15 @@ int run_work(const JobsArgs& a) {
                    " (a queue is created by its first enqueue)");
     }
   }
-  store::JobQueue queue({.backoff = {.base = *base, .cap = *cap}, .lease = *lease});
+  Metrics metrics(a.queue);
+  store::QueueOptions queue_options;
+  queue_options.backoff = {.base = *base, .cap = *cap};
+  queue_options.lease = *lease;
+  queue_options.max_age = max_age;
+  queue_options.on_dead_letter = [&](std::int64_t, std::string_view reason) {
+    metrics.dead_lettered(reason);
+  };
+  store::JobQueue queue(queue_options);
 
   // Signals are taken by one thread with sigwait; every other thread (started below) inherits
   // the blocked mask.
@@ -554,17 +674,29 @@ int run_work(const JobsArgs& a) {
   ::signal(SIGPIPE, SIG_IGN);
 
   std::unique_ptr<http::Client> client;
+  std::unique_ptr<RatioBudget> budget;
+  if (budget_ratio)
+    budget = std::make_unique<RatioBudget>(RatioBudgetOptions{.ratio = *budget_ratio});
+  BreakerRegistry breakers;
+  BreakerLog breaker_log(breakers);
+  std::string dependency;
   if (!a.deliver.empty()) {
+    breakers.add_listener([&](std::string_view key, BreakerState from, BreakerState to) {
+      breaker_log.on_change(key, from, to);
+    });
+    dependency = http::breaker_key(a.deliver).value_or(a.deliver);
     http::ClientOptions options;
     options.retry = {.max_attempts = 1, .per_try_timeout = *timeout, .overall_timeout = *timeout};
     options.log = [](std::string_view) {};  // the queue records every attempt
+    options.breakers = &breakers;
+    options.retry_budget = budget != nullptr;
+    options.budget = budget.get();
     client = std::make_unique<http::Client>(options);
   }
-  Metrics metrics(a.queue);
   store::JobHandler handler;
   if (client) {
     handler = [&](const store::LeasedJob& job, const std::atomic<bool>&) {
-      return deliver(*client, a.deliver, job);
+      return deliver(*client, a.deliver, dependency, job);
     };
   } else {
     handler = [&](const store::LeasedJob& job, const std::atomic<bool>& cancel) {
@@ -679,6 +811,13 @@ Runner add_jobs(CLI::App& app) {
       ->capture_default_str();
   work->add_option("--retain-done", args->retain_done,
                    "Delete done jobs older than this (default: keep them)");
+  work->add_option("--retry-budget", args->retry_budget,
+                   "--deliver: retries per first attempt allowed in 10 s (plus 10 a second), or "
+                   "'off'; a retry the budget refuses is deferred, not spent")
+      ->capture_default_str();
+  work->add_option("--max-age", args->max_age,
+                   "Dead-letter a job older than this instead of retrying or deferring it "
+                   "(default: only attempts count)");
   work->add_flag("--exit-when-idle", args->exit_when_idle,
                  "Exit 0 once nothing is ready, running or scheduled for retry");
   work->add_option("--metrics-listen", args->metrics_listen,

@@ -18,10 +18,19 @@
 // (or dead, when that was its last attempt). complete() and heartbeat() are fenced: a worker
 // whose lease was taken over gets kStale and its late outcome is not recorded.
 //
-// Outcomes are keel::Outcome values classified by keel::core: success → done; transient,
-// throttled or ambiguous (jobs always carry a key, so repeating is safe) → retry_scheduled at
-// now + a full-jitter keel::Backoff delay (at least the server's Retry-After, capped by the
-// backoff cap) while attempts remain, else dead ("attempts exhausted"); permanent → dead at once.
+// Outcomes are keel::Outcome values, and what follows from each is decided by keel::core's
+// decide_retry, under exactly the rules every in-memory retry loop uses: success → done;
+// transient, throttled or ambiguous (jobs always carry a key, so repeating is safe) →
+// retry_scheduled after the server's Retry-After (capped by retry_after_cap) or else a backoff
+// draw, while attempts (and the outcome's retry_limit: a 500 is retried once) remain, else dead
+// ("attempts exhausted"); permanent → dead at once.
+//
+// A refusal is not an attempt. When the handler reports kNotAttempted (its dependency's circuit
+// breaker or retry budget refused before anything was sent), the job is deferred: back to
+// retry_scheduled, due when the brake expects to admit a call (the outcome's server_delay), its
+// attempt not counted, the deferral recorded in its history ("deferred") with the handler's
+// reason. Jobs so wait out an outage of any length; only real attempts, or a max_age the user
+// sets, make a job dead. stats() counts the deferred jobs per queue.
 // Nothing is deleted silently: dead jobs stay until replayed or discarded, and done jobs are
 // deleted only by prune_done() with an explicit retention.
 //
@@ -50,6 +59,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -60,6 +70,7 @@
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
 #include "keel/random.hpp"
+#include "keel/retry.hpp"
 #include "keel/store/database.hpp"
 
 namespace keel::store {
@@ -83,12 +94,14 @@ enum class JobState : unsigned char { kReady, kRunning, kRetryScheduled, kDone, 
 struct JobAttempt {
   /// How many replays preceded the attempt (0 before the first replay).
   int round = 0;
-  /// 1 for the first attempt (counted again from 1 after a replay).
+  /// 1 for the first attempt (counted again from 1 after a replay). A deferral carries the
+  /// number of the attempt it postponed.
   int attempt = 0;
   /// Calendar milliseconds when the attempt's lease was taken, and when it ended.
   std::int64_t started_ms = 0;
   std::int64_t finished_ms = 0;
-  /// "success", "transient", "throttled", "ambiguous", "permanent", "lease_expired", "released".
+  /// "success", "transient", "throttled", "ambiguous", "permanent", "lease_expired", "released",
+  /// or "deferred" (nothing was sent: a breaker or budget refused; not counted as an attempt).
   std::string outcome;
   /// What went wrong (the handler's text); empty on success.
   std::string error;
@@ -117,6 +130,11 @@ struct Job {
   std::string dead_reason;
   /// The last attempt's error text; empty when none.
   std::string last_error;
+  /// Why the job waits without having been attempted (a breaker or budget refused: "circuit open
+  /// for api.example.com:443, next probe in 4.2s"); empty unless its last event was a deferral.
+  std::string deferred_reason;
+  /// Deferrals since it was enqueued (or last replayed).
+  int deferrals = 0;
   /// How many times it was replayed from the dead-letter queue.
   int replays = 0;
   std::int64_t created_ms = 0;
@@ -167,25 +185,30 @@ struct EnqueueResult {
 
 /// What a worker reports for an attempt.
 struct AttemptReport {
-  /// The classified result (keel::core's taxonomy). Default success.
-  Outcome outcome = Outcome::success();
-  /// What went wrong, recorded in the history and, for a dead job, its reason.
+  /// The classified result (keel::core's taxonomy). Default kNotAttempted, never success: a
+  /// handler that forgets to classify defers the job (visible in stats) rather than losing it.
+  Outcome outcome;
+  /// What went wrong, recorded in the history and, for a dead job, its reason; for a deferral,
+  /// why nothing was sent.
   std::string error;
+
+  [[nodiscard]] static AttemptReport success() { return {.outcome = Outcome::success()}; }
 };
 
 enum class CompleteStatus : unsigned char {
   kDone,            // success recorded
   kRetryScheduled,  // transient failure recorded; due again at retry_at_ms
+  kDeferred,        // nothing was sent (a brake refused): due again at retry_at_ms, not charged
   kDead,            // permanent failure, or attempts exhausted: now in the dead-letter queue
   kStale,           // the fencing token is no longer current: nothing recorded
 };
 
-/// "done", "retry_scheduled", "dead", "stale".
+/// "done", "retry_scheduled", "deferred", "dead", "stale".
 [[nodiscard]] std::string_view to_string(CompleteStatus status) noexcept;
 
 struct CompleteResult {
   CompleteStatus status = CompleteStatus::kDone;
-  /// kRetryScheduled: the delay chosen and the time it is due.
+  /// kRetryScheduled, kDeferred: the delay chosen and the time it is due.
   Duration delay{};
   std::int64_t retry_at_ms = 0;
   /// kDead: the reason recorded.
@@ -200,6 +223,9 @@ struct QueueStats {
   std::int64_t retry_scheduled = 0;
   std::int64_t done = 0;
   std::int64_t dead = 0;
+  /// Of retry_scheduled: jobs that wait because a brake (breaker or budget) refused them, not
+  /// because an attempt failed.
+  std::int64_t deferred = 0;
   /// Age of the oldest job that is due and waiting for a worker (ready or retry_scheduled with
   /// its time reached); zero when none.
   Duration oldest_ready_age{};
@@ -218,6 +244,17 @@ struct QueueOptions {
   Clock* clock = nullptr;
   /// Seed for the backoff jitter; 0 seeds from std::random_device. Default 0.
   std::uint64_t seed = 0;
+  /// Largest server-requested delay (Retry-After) honoured, as RetryOptions::retry_after_cap.
+  /// Requires: >= 0. Default 1 h.
+  Duration retry_after_cap = std::chrono::hours(1);
+  /// A job older than this (since it was enqueued or last replayed) is dead instead of being
+  /// retried or deferred again. Requires: > 0. Default none (kInfinite): only real attempts
+  /// make a job dead.
+  Duration max_age = kInfinite;
+  /// Called after a job moved to the dead-letter queue (by complete() or by an expired lease on
+  /// its last attempt), with the job's id and its dead reason. Must be safe to call from any
+  /// thread. Default none.
+  std::function<void(std::int64_t job_id, std::string_view dead_reason)> on_dead_letter;
 };
 
 class JobQueue {
@@ -313,7 +350,6 @@ class JobQueue {
   [[nodiscard]] std::int64_t now_ms() const noexcept;
 
  private:
-  [[nodiscard]] Duration next_delay(int retry) const;
   // Moves expired leases of `queue` back to ready (or dead); returns how many.
   std::int64_t reap_expired(Connection& connection, std::string_view queue) const;
   // Leases up to `limit` due jobs in one statement.
@@ -321,7 +357,7 @@ class JobQueue {
                                                  std::string_view worker, int limit) const;
 
   QueueOptions options_;
-  Backoff backoff_;
+  RetryPolicy policy_;  // the retry rules decide_retry applies (max attempts, backoff, caps)
   Clock* clock_;
   mutable std::mutex rng_mu_;
   mutable Rng rng_;  // guarded by rng_mu_

@@ -2,6 +2,13 @@
 // handler on each, heartbeat the leases while handlers run, and record each outcome (fenced by
 // the lease's token). This is what `keel jobs work` runs.
 //
+// A refusal pauses the worker: when a handler reports kNotAttempted with the brake's estimate of
+// when it will admit a call (an open breaker's retry_in, in Outcome::server_delay), the job is
+// deferred (JobQueue::complete) and this worker leases nothing more until then (the breaker's
+// next probe); jobs already leased in the same batch are deferred with the same report without
+// running. An outage so costs the breaker's probes, not jobs x attempts. A refusal without an
+// estimate (an empty retry budget) defers only its own job.
+//
 // Shutdown (stop(), e.g. on SIGTERM): no new job is leased; running handlers get `grace` to
 // finish and record their outcome; after that the remaining leases are released (the job is
 // ready again for another worker, the attempt recorded as "released"), the handlers' cancel
@@ -95,6 +102,9 @@ class Worker {
   /// Asks run() to shut down. Safe from any thread; idempotent.
   void stop() noexcept;
 
+  /// Whether leasing is paused by a deferral, and for how much longer.
+  [[nodiscard]] Duration paused_for() const noexcept;
+
   /// Leases released at shutdown because their handlers outlived the grace period.
   [[nodiscard]] std::int64_t released() const noexcept { return released_.load(); }
   [[nodiscard]] const std::string& worker_id() const noexcept { return options_.worker_id; }
@@ -103,7 +113,9 @@ class Worker {
   void slot_loop();
   void heartbeat_loop();
   void log(const std::string& line) const;
+  // Runs the handler (or, while paused, defers with `pause_report_`) and records the outcome.
   void process(Connection& conn, const LeasedJob& job);
+  void pause(Duration delay, const AttemptReport& report);
 
   ConnectionPool& pool_;
   const JobQueue& queue_;
@@ -115,6 +127,8 @@ class Worker {
   std::atomic<bool> finished_{false};  // slots and run() are done; the heartbeat thread exits
   std::atomic<std::int64_t> recorded_{0};
   std::atomic<std::int64_t> released_{0};
+  /// Leasing paused until this time of queue_.clock() (ns since its epoch); 0: not paused.
+  std::atomic<std::int64_t> paused_until_ns_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -122,6 +136,9 @@ class Worker {
   std::map<std::int64_t, std::int64_t> active_;
   /// Slot threads still running. Guarded by mu_.
   int slots_running_ = 0;
+  /// The report of the deferral that paused leasing, applied to jobs leased before it.
+  /// Guarded by mu_.
+  AttemptReport pause_report_;
 };
 
 }  // namespace keel::store
