@@ -23,209 +23,27 @@
 #include <thread>
 #include <vector>
 
+#include "jobs_process_support.hpp"
 #include "keel/store/queue.hpp"
-#include "test_support.hpp"
-
-extern char** environ;
 
 namespace keel::store {
 namespace {
 
 using namespace std::chrono_literals;
 
-// A child process with its stdout and stderr in files.
-class Process {
- public:
-  Process(const std::vector<std::string>& args, const std::filesystem::path& dir,
-          const std::string& tag) {
-    out_ = dir / (tag + ".out");
-    err_ = dir / (tag + ".err");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> copy = args;
-    std::vector<char*> argv;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~Process() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      (void)wait();
-    }
-  }
-  Process(const Process&) = delete;
-  Process& operator=(const Process&) = delete;
+using test_jobs::CmdResult;
+using test_jobs::Process;
+using test_jobs::Receiver;
 
-  [[nodiscard]] pid_t pid() const { return pid_; }
-  void signal(int sig) const { ::kill(pid_, sig); }
-  /// Exit status, or 128 + signal.
-  int wait() {
-    if (exited_) return status_;
-    int st = 0;
-    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
-    }
-    exited_ = true;
-    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return status_;
-  }
-  /// Whether it has exited (reaped).
-  bool poll() {
-    if (exited_) return true;
-    int st = 0;
-    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-      exited_ = true;
-      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    }
-    return exited_;
-  }
-  [[nodiscard]] std::string out() const { return slurp(out_); }
-  [[nodiscard]] std::string err() const { return slurp(err_); }
-
- private:
-  static std::string slurp(const std::filesystem::path& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int status_ = -1;
-  std::filesystem::path out_, err_;
-};
-
-struct CmdResult {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-// The receiver: POST /hook applies an effect once per Idempotency-Key (a repeat is answered 200
-// without applying it again); a share of requests fail with 503 before anything is applied.
-// /poison always answers 400. /always503 answers 503 until `fixed` is set.
-class Receiver {
- public:
-  Receiver() {
-    server_.Post("/hook", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(req, res, /*poison=*/false, /*always_fail=*/false);
-    });
-    server_.Post("/poison", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(req, res, true, false);
-    });
-    server_.Post("/always503", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(req, res, false, !fixed.load());
-    });
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(1ms);
-  }
-  ~Receiver() {
-    server_.stop();
-    thread_.join();
-  }
-  [[nodiscard]] std::string url(const std::string& path) const {
-    return "http://127.0.0.1:" + std::to_string(port_) + path;
-  }
-
-  std::atomic<double> fail_rate{0.0};
-  std::atomic<bool> fixed{false};
-
-  std::mutex mu;
-  std::map<std::string, int> applied;    // key -> effects applied (guarded by mu)
-  std::map<std::string, int> requests;   // key -> requests seen (guarded by mu)
-  std::map<std::string, int> in_flight;  // key -> requests being handled (guarded by mu)
-  int overlaps = 0;                      // a key handled twice at once (guarded by mu)
-  int missing_key = 0;                   // requests without Idempotency-Key (guarded by mu)
-
- private:
-  void handle(const httplib::Request& req, httplib::Response& res, bool poison, bool always_fail) {
-    const std::string key = req.get_header_value("Idempotency-Key");
-    bool fail = false;
-    {
-      std::lock_guard lock(mu);
-      if (key.empty()) ++missing_key;
-      ++requests[key];
-      if (in_flight[key]++ > 0) ++overlaps;
-      fail = std::uniform_real_distribution<double>(0, 1)(rng_) < fail_rate.load();
-    }
-    std::this_thread::sleep_for(1ms);  // widen the window in which two holders would overlap
-    std::lock_guard lock(mu);
-    --in_flight[key];
-    if (poison) {
-      res.status = 400;
-      res.set_content(R"({"error":"field 'to' is required"})", "application/json");
-    } else if (always_fail || fail) {
-      res.status = 503;
-      res.set_content("busy", "text/plain");
-    } else {
-      if (applied[key] == 0) applied[key] = 1;  // dedupe by key: the effect happens once
-      res.status = 200;
-      res.set_content("{}", "application/json");
-    }
-  }
-
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
-  std::mt19937_64 rng_{2024};  // guarded by mu
-};
-
-class JobsProcessTest : public test::BackendTest {
- protected:
-  CmdResult keel(std::vector<std::string> args) {
-    args.insert(args.begin(), KEEL_BINARY);
-    Process p(args, dir().path(), "run" + std::to_string(runs_++));
-    CmdResult r;
-    r.status = p.wait();
-    r.out = p.out();
-    r.err = p.err();
-    return r;
-  }
-  std::unique_ptr<Process> spawn(std::vector<std::string> args) {
-    args.insert(args.begin(), KEEL_BINARY);
-    return std::make_unique<Process>(args, dir().path(), "bg" + std::to_string(runs_++));
-  }
-  std::vector<std::string> work_args(const std::string& queue, const std::string& deliver_url) {
-    return {"jobs",          "--db",      url_text(),  "work",           "--queue",
-            queue,           "--deliver", deliver_url, "--backoff-base", "10ms",
-            "--backoff-cap", "100ms",     "--poll",    "10ms",           "--exit-when-idle"};
-  }
-  // Enqueues n jobs in one transaction through the library (the CLI's enqueue is tested below).
-  void enqueue_many(const std::string& queue, int n) {
-    auto conn = open_database(url());
-    JobQueue::migrate(*conn);
-    JobQueue q;
-    std::vector<EnqueueRequest> batch;
-    for (int i = 0; i < n; ++i) {
-      batch.push_back({.queue = queue, .payload = R"({"n":)" + std::to_string(i) + "}"});
-    }
-    for (const auto& r : q.enqueue_many(*conn, batch)) ASSERT_TRUE(r.ok()) << r.error;
-  }
-  std::int64_t count(const std::string& sql) {
-    auto conn = open_database(url());
-    return conn->query(sql).integer(0, 0);
-  }
-  std::set<std::string> keys(const std::string& queue) {
-    auto conn = open_database(url());
-    const Rows r = conn->query("SELECT idem_key FROM keel_jobs WHERE queue = $1", {queue});
-    std::set<std::string> out;
-    for (std::size_t i = 0; i < r.size(); ++i) out.insert(r.text(i, 0));
-    return out;
-  }
-
-  int runs_ = 0;
-};
+class JobsProcessTest : public test_jobs::JobsHarness<test::BackendTest> {};
 
 TEST_P(JobsProcessTest, ThousandJobsThroughThirtyPercent503sAreAppliedExactlyOnce) {
   Receiver receiver;
   receiver.fail_rate = 0.3;
   enqueue_many("hooks", 1000);
   auto args = work_args("hooks", receiver.url("/hook"));
-  args.insert(args.end(), {"--concurrency", "4"});
+  // A budget above the failure rate: this test is about exactly-once, not about the budget.
+  args.insert(args.end(), {"--concurrency", "4", "--retry-budget", "1"});
   const CmdResult r = keel(args);
   ASSERT_EQ(r.status, 0) << r.err;
   const std::set<std::string> job_keys = keys("hooks");
@@ -517,6 +335,34 @@ TEST_P(JobsProcessTest, ExecHandlerSeesKeyAndAttemptAndSigtermLetsTheJobFinish) 
   EXPECT_EQ(all, "k-exec 1 {\"v\":1}\nk-exec 2 {\"v\":1}\n");
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 1)
       << "the running job should finish within the grace period";
+}
+
+TEST_P(JobsProcessTest, StatsShowJobsWaitingOnTheOpenCircuit) {
+  Receiver api;
+  api.set_outage(Receiver::kDown503);
+  enqueue_many("payments", 30);
+  auto args = work_args("payments", api.url("/hook"));
+  args.pop_back();  // no --exit-when-idle: the worker runs until SIGTERM
+  args.insert(args.end(), {"--concurrency", "2"});
+  auto worker = spawn(args);
+  std::int64_t deferred = 0;
+  for (int i = 0; i < 200 && deferred == 0; ++i) {
+    std::this_thread::sleep_for(50ms);
+    deferred = count(
+        "SELECT COUNT(*) FROM keel_jobs WHERE state = 'retry_scheduled' AND deferred_reason IS NOT "
+        "NULL");
+  }
+  ASSERT_GT(deferred, 0);
+  const CmdResult text = keel({"jobs", "--db", url_text(), "stats"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("DEFERRED"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("jobs wait for an open circuit"), std::string::npos) << text.out;
+  const CmdResult json = keel({"jobs", "--db", url_text(), "stats", "--json"});
+  ASSERT_EQ(json.status, 0) << json.err;
+  const auto doc = nlohmann::json::parse(json.out);
+  EXPECT_GE(doc["queues"][0]["deferred"].get<std::int64_t>(), 1) << json.out;
+  worker->signal(SIGTERM);
+  EXPECT_EQ(worker->wait(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, JobsProcessTest,
