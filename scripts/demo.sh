@@ -8,7 +8,11 @@
 #     fresh Idempotency-Key per attempt: the bug the seeds warn about), then by keel (a durable
 #     queue whose jobs carry one key from enqueue, full-jitter backoff, keel's HTTP client with a
 #     per-host circuit breaker).
-#  3. A side-by-side report from what the server committed, then a short retry-storm simulation
+#  3. The outage: jobs arrive at a steady rate while the payments API goes down (every request
+#     answered 503) for a stretch and comes back; naive retries and keel's queue, side by side:
+#     requests sent while it was down, jobs given up or dead-lettered, time to drain after it is
+#     back.
+#  4. A side-by-side report from what the server committed, then a short retry-storm simulation
 #     with a picture.
 #
 # Exits non-zero if keel's run shows a duplicate or a lost charge.
@@ -37,6 +41,8 @@ mkdir -p "$out_dir"
 pids=()
 cleanup() {
   local pid
+  # Servers an outage subshell started (it records them) and ours.
+  [[ -f "$work/outage.pids" ]] && pids+=($(cat "$work/outage.pids"))
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$work"
@@ -56,7 +62,7 @@ chaos=(--chaos-503 0.2 --chaos-503-retry-after 200ms --chaos-delay-fraction 0.05
 start_server() {
   local name=$1 log="$work/$1-serve.log"
   shift
-  "$keel" serve --listen 127.0.0.1:0 --db "sqlite:$work/$name-payments.db" --threads 16 \
+  "$keel" serve --listen "${LISTEN:-127.0.0.1:0}" --db "sqlite:$work/$name-payments.db" --threads 16 \
     "$@" >"$log" 2>&1 &
   pids+=($!)
   local i
@@ -106,7 +112,7 @@ echo "keel demo: $jobs charge jobs against a flaky payments API, naive retries v
 echo "faults: 20% 503 (Retry-After 200ms), 5% slow (300ms), 10% commit-then-drop-the-response"
 
 # ---------------------------------------------------------------------------------------------
-step "1/3 naive: immediate retries, 4 attempts, a fresh Idempotency-Key per attempt"
+step "1/4 naive: immediate retries, 4 attempts, a fresh Idempotency-Key per attempt"
 start_server naive "${chaos[@]}"
 export url
 naive_job() {
@@ -134,7 +140,7 @@ naive_dups=$duplicates naive_lost=$lost naive_charged=$charged
 echo "naive: $naive_sent requests, $naive_charged charges committed for $jobs jobs in $((naive_ms / 1000)).$(((naive_ms % 1000) / 100))s"
 
 # ---------------------------------------------------------------------------------------------
-step "2/3 keel: a durable queue (one key per job from enqueue), full-jitter backoff, per-host breaker"
+step "2/4 keel: a durable queue (one key per job from enqueue), full-jitter backoff, per-host breaker"
 start_server keel "${chaos[@]}"
 queue_db="sqlite:$work/queue.db"
 t0=$(now_ms)
@@ -162,6 +168,79 @@ if ((keel_lost > 0)) && [[ "$dead" != "0" ]]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
+step "3/4 the outage: the API answers every request with 503 for ${outage_s:=6}s, mid-run"
+# Jobs arrive at 20 a second for a few seconds; a second in, the API goes down (a server on the
+# same port that answers 503 to everything), then comes back on the same database.
+outage_jobs=$((jobs < 100 ? jobs : 100))
+arrivals() { local i; for i in $(seq 1 "$outage_jobs"); do echo "$i"; sleep 0.05; done; }
+# outage NAME: takes the API down after 1 s for $outage_s seconds, then brings it back; sets
+# $down_requests (what the down API answered) and $back_ms (when it came back).
+outage() {
+  local port=${url##*:}
+  sleep 1
+  stop_server
+  LISTEN=127.0.0.1:$port start_server "$1" --chaos-503 1
+  echo "${pids[-1]}" >>"$work/outage.pids"
+  sleep "$outage_s"
+  down_requests=$(metric 'keel_chaos_injected_total{fault="503"}')
+  stop_server
+  LISTEN=127.0.0.1:$port start_server "$1"
+  echo "${pids[-1]}" >>"$work/outage.pids"
+  back_ms=$(now_ms)
+  echo "$down_requests $back_ms ${pids[-1]}" >"$work/$1.outage"
+}
+# after_outage NAME: the parent's view of what the outage subshell did: the API that came back is
+# the parent's to stop.
+after_outage() {
+  local server
+  read -r down_requests back_ms server <"$work/$1.outage"
+  unset 'pids[-1]'
+  pids+=("$server")
+}
+
+start_server naive-outage
+outage naive-outage &
+outage_pid=$!
+arrivals | xargs -P 8 -I{} bash -c 'naive_job {}' >"$work/naive-outage.out"
+naive_done_ms=$(now_ms)
+wait "$outage_pid"
+after_outage naive-outage
+naive_down=$down_requests
+naive_out_gave_up=$(grep -c failed "$work/naive-outage.out" || true)
+naive_drain_ms=$((naive_done_ms > back_ms ? naive_done_ms - back_ms : 0))
+stop_server
+
+start_server keel-outage
+outage_db="sqlite:$work/outage-queue.db"
+"$keel" jobs --db "$outage_db" enqueue --queue charges --payload "$(payload 0)" >/dev/null
+"$keel" jobs --db "$outage_db" work --queue charges --deliver "$url/v1/charges" --concurrency 8 \
+  --backoff-base 50ms --backoff-cap 2s --timeout 1s --poll 20ms >"$work/outage-worker.log" 2>&1 &
+worker_pid=$!
+echo "$worker_pid" >>"$work/outage.pids"  # cleaned up with the outage's servers
+outage keel-outage &
+outage_pid=$!
+arrivals | while read -r i; do
+  "$keel" jobs --db "$outage_db" enqueue --queue charges --payload "$(payload "$i")" >/dev/null
+done
+wait "$outage_pid"
+after_outage keel-outage
+keel_down=$down_requests
+# Drained: nothing ready, running or scheduled for retry (bounded wait).
+for _ in $(seq 1 600); do
+  busy=$("$keel" jobs --db "$outage_db" stats --json | awk -F: '/"(ready|running|retry_scheduled)"/ { s += $2 } END { print s + 0 }')
+  ((busy == 0)) && break
+  sleep 0.1
+done
+keel_drain_ms=$(($(now_ms) - back_ms))
+kill -TERM "$worker_pid" 2>/dev/null || true
+wait "$worker_pid" 2>/dev/null || true
+keel_out_dead=$("$keel" dlq --db "$outage_db" depth)
+((busy == 0)) || { cat "$work/outage-worker.log" >&2; echo "demo: keel's queue did not drain after the outage" >&2; exit 1; }
+grep -h 'circuit' "$work/outage-worker.log" || true
+stop_server
+secs() { printf '%d.%ds' $(($1 / 1000)) $((($1 % 1000) / 100)); }
+
+# ---------------------------------------------------------------------------------------------
 step "report"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", (b > 0 ? a / b : 0) }'; }
 printf '%-34s %12s %12s\n' "" "naive" "keel"
@@ -172,14 +251,21 @@ printf '%-34s %12s %12s\n' "duplicate charges" "$naive_dups" "$keel_dups"
 printf '%-34s %12s %12s\n' "customers never charged" "$naive_lost" "$keel_lost"
 printf '%-34s %12s %12s\n' "  of which gave up / dead-lettered" "$naive_gave_up" "$dead"
 printf '%-34s %12s %12s\n' "time taken" "$((naive_ms / 1000)).$(((naive_ms % 1000) / 100))s" "$((keel_ms / 1000)).$(((keel_ms % 1000) / 100))s"
+printf '%-34s %12s %12s\n' "outage: jobs arriving" "$outage_jobs" "$outage_jobs"
+printf '%-34s %12s %12s\n' "outage: requests while it was down" "$naive_down" "$keel_down"
+printf '%-34s %12s %12s\n' "outage: given up / dead-lettered" "$naive_out_gave_up" "$keel_out_dead"
+printf '%-34s %12s %12s\n' "outage: drained after it was back" "$(secs "$naive_drain_ms")" "$(secs "$keel_drain_ms")"
 echo
 echo "naive: a dropped response after a commit was retried under a new key, so the server charged again;"
 echo "       a job that ran out of its 4 immediate attempts was simply given up (nothing remembers it)."
 echo "keel:  every retry carried the job's key, so a repeat was replayed, not re-charged; a job out of"
 echo "       attempts would wait in the dead-letter queue, counted and replayable."
+echo "outage: naive gave up on every job that arrived while the API was down; keel's breaker opened,"
+echo "       the queue deferred those jobs without spending their attempts, probed once per break,"
+echo "       and delivered them all when the API came back."
 
 # ---------------------------------------------------------------------------------------------
-step "3/3 the same situation as a retry storm (keel sim, worked-example)"
+step "4/4 the same situation as a retry storm (keel sim, worked-example)"
 plot="$out_dir/retry-storm.svg"
 "$keel" sim run --scenario worked-example --policy naive --policy full-jitter \
   --policy full-jitter+budget --plot "$plot"
@@ -188,6 +274,10 @@ echo "picture: $plot"
 status=0
 if ((keel_dups > 0)); then
   echo "demo: FAILED: keel's run committed $keel_dups duplicate charges" >&2
+  status=1
+fi
+if [[ "$keel_out_dead" != "0" ]]; then
+  echo "demo: FAILED: keel's queue dead-lettered $keel_out_dead jobs during the outage" >&2
   status=1
 fi
 if ((keel_unexplained > 0)); then
