@@ -14,8 +14,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -40,6 +42,9 @@ struct ServeOptions {
   std::string rate_limit;
   std::string sweep_interval = "1m";
   int threads = 16;
+  std::string max_body_bytes = "1048576";
+  std::string max_json_depth = "64";
+  bool reuse_port = false;
   bool no_idempotency = false;
   double chaos_503 = 0;
   std::string chaos_503_retry_after;
@@ -103,7 +108,7 @@ class RateLimiter {
 };
 
 struct Metrics {
-  std::atomic<std::uint64_t> outcomes[7] = {};
+  std::atomic<std::uint64_t> outcomes[store::kIdempotencyOutcomes] = {};
   std::atomic<std::uint64_t> charges_created{0};
   std::atomic<std::uint64_t> rate_limited{0};
   std::atomic<std::uint64_t> chaos_503{0};
@@ -115,7 +120,7 @@ struct Metrics {
     std::string out =
         "# HELP keel_idempotency_requests_total Requests through the idempotency layer by "
         "outcome.\n# TYPE keel_idempotency_requests_total counter\n";
-    for (int i = 0; i < 7; ++i) {
+    for (int i = 0; i < store::kIdempotencyOutcomes; ++i) {
       out += "keel_idempotency_requests_total{outcome=\"" +
              std::string(to_string(static_cast<store::IdempotencyOutcome>(i))) + "\"} " +
              std::to_string(outcomes[i].load()) + "\n";
@@ -205,9 +210,18 @@ struct ChargeInput {
   std::string customer;
 };
 
-std::optional<ChargeInput> parse_charge(const std::string& body, std::string* error) {
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
+std::optional<ChargeInput> parse_charge(const std::string& body, const store::JsonLimits& limits,
+                                        std::string* error) {
+  // Depth and duplicate members first: nothing untrusted reaches the parser before that.
+  const store::JsonCheck checked = store::check_json(body, limits);
+  if (checked.status == store::JsonStatus::kTooDeep ||
+      checked.status == store::JsonStatus::kDuplicateKey) {
+    *error = checked.detail;
+    return std::nullopt;
+  }
+  const nlohmann::json j =
+      checked.ok() ? nlohmann::json::parse(checked.canonical, nullptr, false) : nlohmann::json();
+  if (!checked.ok() || j.is_discarded() || !j.is_object()) {
     *error = "the body is not a JSON object";
     return std::nullopt;
   }
@@ -312,6 +326,27 @@ int run_serve(const ServeOptions& o) {
   }
   const auto url = store::parse_database_url(o.db, &error);
   if (!url) return usage_error("--db", error);
+  const auto positive = [](const std::string& text,
+                           unsigned long long max) -> std::optional<unsigned long long> {
+    if (text.empty() || text.size() > 19 ||
+        text.find_first_not_of("0123456789") != std::string::npos) {
+      return std::nullopt;
+    }
+    const unsigned long long v = std::stoull(text);
+    if (v < 1 || v > max) return std::nullopt;
+    return v;
+  };
+  const auto max_body = positive(o.max_body_bytes, 1ULL << 32);
+  if (!max_body) {
+    return usage_error("--max-body-bytes",
+                       "'" + o.max_body_bytes + "' is not a byte count in [1, 4294967296]");
+  }
+  const auto max_depth = positive(o.max_json_depth, 10000);
+  if (!max_depth) {
+    return usage_error("--max-json-depth",
+                       "'" + o.max_json_depth + "' is not a nesting depth in [1, 10000]");
+  }
+  const store::JsonLimits json_limits{.max_depth = static_cast<std::size_t>(*max_depth)};
 
   // ---- database
   store::ConnectionPool pool(*url, {.max_connections = o.threads + 2});
@@ -338,9 +373,15 @@ int run_serve(const ServeOptions& o) {
   httplib::Server server;
   const int threads = o.threads;
   server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server.set_keep_alive_timeout(2);
 
-  server.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+  // Limits, framing checks and an exclusive port come first; then the rate limit and the chaos.
+  store::ServerLimits limits{.max_body_bytes = static_cast<std::size_t>(*max_body),
+                             .reuse_port = o.reuse_port,
+                             .routes = {{"/v1/charges", "GET, POST"},
+                                        {"/v1/charges/[A-Za-z0-9_]+", "GET"},
+                                        {"/healthz", "GET"},
+                                        {"/metrics", "GET"}}};
+  limits.pre_routing = [&](const httplib::Request& req, httplib::Response& res) {
     if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (limiter) {
       const Duration wait = limiter->admit(store::bearer_principal(req));
@@ -349,8 +390,8 @@ int run_serve(const ServeOptions& o) {
         res.set_header("Retry-After",
                        std::to_string(std::max<std::int64_t>(
                            1, std::chrono::ceil<std::chrono::seconds>(wait).count())));
-        store::write_problem(res, 429, "Too many requests",
-                             "the rate limit for this principal is " + o.rate_limit);
+        store::write_problem_and_close(res, 429, "Too many requests",
+                                       "the rate limit for this principal is " + o.rate_limit);
         return httplib::Server::HandlerResponse::Handled;
       }
     }
@@ -361,7 +402,7 @@ int run_serve(const ServeOptions& o) {
             "Retry-After",
             std::to_string(std::chrono::ceil<std::chrono::seconds>(*chaos_retry_after).count()));
       }
-      store::write_problem(res, 503, "Service unavailable", "injected by --chaos-503");
+      store::write_problem_and_close(res, 503, "Service unavailable", "injected by --chaos-503");
       return httplib::Server::HandlerResponse::Handled;
     }
     if (chance(o.chaos_hang_fraction)) {
@@ -375,12 +416,13 @@ int run_serve(const ServeOptions& o) {
       std::this_thread::sleep_for(*delay);
     }
     return httplib::Server::HandlerResponse::Unhandled;
-  });
+  };
+  store::apply_server_limits(server, std::move(limits));
 
   const store::TransactionalHandler create_charge = [&](const httplib::Request& req,
                                                         Connection& tx) -> StoredResponse {
     std::string why;
-    const auto input = parse_charge(req.body, &why);
+    const auto input = parse_charge(req.body, json_limits, &why);
     if (!input) {
       const nlohmann::json problem = {
           {"type", "about:blank"}, {"title", "Invalid charge"}, {"status", 400}, {"detail", why}};
@@ -416,7 +458,8 @@ int run_serve(const ServeOptions& o) {
                                                [&](store::IdempotencyOutcome outcome) {
                                                  ++metrics.outcomes[static_cast<int>(outcome)];
                                                },
-                                           .after_commit = after_commit});
+                                           .after_commit = after_commit,
+                                           .json_limits = json_limits});
 
   if (o.no_idempotency) {
     server.Post("/v1/charges", [&](const httplib::Request& req, httplib::Response& res) {
@@ -427,7 +470,8 @@ int run_serve(const ServeOptions& o) {
         return out.status < 400;
       });
       if (!tx.committed() && tx.status != store::TransactionStatus::kRolledBack) {
-        store::write_problem(res, 503, "Database unavailable", tx.error);
+        std::fprintf(stderr, "keel serve: POST /v1/charges: %s\n", tx.error.c_str());
+        store::write_problem(res, 503, "Database unavailable", "the database is unavailable");
         return;
       }
       res.status = out.status;
@@ -474,14 +518,15 @@ int run_serve(const ServeOptions& o) {
       (void)conn->query("SELECT 1");
       res.set_content("ok\n", "text/plain");
     } catch (const std::exception& e) {
-      store::write_problem(res, 503, "Database unavailable", e.what());
+      std::fprintf(stderr, "keel serve: /healthz: %s\n", e.what());
+      store::write_problem(res, 503, "Database unavailable", "the database does not answer");
     }
   });
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
   server.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown error";
         try {
           std::rethrow_exception(ep);
@@ -489,8 +534,11 @@ int run_serve(const ServeOptions& o) {
           what = e.what();
         } catch (...) {
         }
+        // The text goes to the log, never to the client.
+        std::fprintf(stderr, "keel serve: %s %s failed: %s\n", req.method.c_str(), req.path.c_str(),
+                     what.c_str());
         res.set_header("Retry-After", "1");
-        store::write_problem(res, 503, "Internal error", what);
+        store::write_problem(res, 503, "Internal error", "the request failed on the server");
       });
 
   // ---- signals: handled by one thread with sigwait; every other thread has them blocked.
@@ -502,13 +550,18 @@ int run_serve(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   int bound = port;
+  errno = 0;
   if (port == 0) {
     bound = server.bind_to_any_port(host);
   } else if (!server.bind_to_port(host, port)) {
     bound = -1;
   }
   if (bound < 0) {
-    std::fprintf(stderr, "keel serve: --listen: cannot listen on %s\n", o.listen.c_str());
+    const int why = errno;
+    std::fprintf(
+        stderr, "keel serve: --listen: cannot listen on %s: %s%s\n", o.listen.c_str(),
+        why != 0 ? std::strerror(why) : "bind failed",
+        why == EADDRINUSE ? " (another process listens there; --reuse-port shares it)" : "");
     return 1;
   }
   widen_backlog(bound);
@@ -576,6 +629,15 @@ Runner add_serve(CLI::App& app) {
   sub->add_option("--threads", o->threads, "Worker threads")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  sub->add_option("--max-body-bytes", o->max_body_bytes,
+                  "Largest request body in bytes (413 beyond, before it is read)")
+      ->capture_default_str();
+  sub->add_option("--max-json-depth", o->max_json_depth,
+                  "Deepest nesting of JSON arrays and objects in a request body (400 beyond)")
+      ->capture_default_str();
+  sub->add_flag("--reuse-port", o->reuse_port,
+                "Share the listening port with other processes (SO_REUSEPORT); without it a port "
+                "in use is an error");
   sub->add_flag("--no-idempotency", o->no_idempotency,
                 "Serve POST /v1/charges without the idempotency layer (for comparison)");
   sub->add_option("--chaos-503", o->chaos_503, "Fraction of /v1 requests answered 503")
