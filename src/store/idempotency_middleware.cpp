@@ -2,6 +2,10 @@
 // completion, replay and the error answers (see keel/store/idempotency_middleware.hpp).
 #include "keel/store/idempotency_middleware.hpp"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -92,6 +96,7 @@ void write_problem(httplib::Response& response, int status, std::string_view tit
 }
 
 std::string bearer_principal(const httplib::Request& request) {
+  if (!request.has_header("Authorization")) return "";
   const std::string auth = request.get_header_value("Authorization");
   constexpr std::string_view kBearer = "Bearer ";
   if (auth.size() > kBearer.size() &&
@@ -99,9 +104,32 @@ std::string bearer_principal(const httplib::Request& request) {
     std::string token = auth.substr(kBearer.size());
     while (!token.empty() && token.front() == ' ') token.erase(0, 1);
     while (!token.empty() && token.back() == ' ') token.pop_back();
-    if (!token.empty()) return token;
+    if (!token.empty() && token.find_first_of(" \t") == std::string::npos) return token;
   }
-  return "anonymous";
+  return "Authorization: " + auth;
+}
+
+std::string principal_scope(std::string_view principal, std::string_view secret) {
+  if (secret.empty()) throw std::invalid_argument("principal_scope: the secret is empty");
+  if (principal.empty()) return std::string(kAnonymousScope);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(principal.data()), principal.size(), mac,
+           &len) == nullptr) {
+    throw std::runtime_error("HMAC-SHA-256 failed");
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out = "p:";
+  for (unsigned int i = 0; i < len; ++i) {
+    out += kDigits[mac[i] >> 4];
+    out += kDigits[mac[i] & 0xf];
+  }
+  return out;
+}
+
+std::string IdempotencyMiddleware::scope(const httplib::Request& request) const {
+  return principal_scope(options_.principal(request), options_.scope_secret);
 }
 
 IdempotencyMiddleware::IdempotencyMiddleware(MiddlewareOptions options)
@@ -110,6 +138,14 @@ IdempotencyMiddleware::IdempotencyMiddleware(MiddlewareOptions options)
   if (options_.pool == nullptr) throw std::invalid_argument("MiddlewareOptions.pool is null");
   if (!options_.principal) options_.principal = bearer_principal;
   if (!options_.log) options_.log = log_to_stderr;
+  if (options_.scope_secret.empty()) {
+    unsigned char bytes[32];
+    if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("RAND_bytes failed");
+    options_.scope_secret.assign(reinterpret_cast<const char*>(bytes), sizeof bytes);
+  } else if (options_.scope_secret.size() < 16) {
+    throw std::invalid_argument("MiddlewareOptions.scope_secret must be at least 16 bytes (got " +
+                                std::to_string(options_.scope_secret.size()) + ")");
+  }
   validate(options_.json_limits);
   if (options_.max_key_bytes < 1) {
     throw std::invalid_argument("MiddlewareOptions.max_key_bytes must be >= 1 (got 0)");
@@ -152,7 +188,7 @@ void IdempotencyMiddleware::handle(const TransactionalHandler& handler,
   } else {
     json.detail = "not JSON";
   }
-  const std::string scope = options_.principal(request);
+  const std::string scope = this->scope(request);
   const std::string fingerprint =
       request_fingerprint(request.method, request.path, request.body, json);
   const IdempotencyStore& store = *options_.store;

@@ -455,6 +455,87 @@ TEST_F(StoreHttp, AcceptedConnectionsHaveTcpNodelay) {
   ::close(fd);
 }
 
+TEST(PrincipalScope, NoCredentialIsTheOnlyWayIntoTheAnonymousScope) {
+  const std::string secret(32, 's');
+  EXPECT_EQ(principal_scope("", secret), kAnonymousScope);
+  for (const std::string principal :
+       {"anonymous", "Authorization: Bearer", "Authorization: Basic YWxpY2U6cHc=", "alice"}) {
+    const std::string scope = principal_scope(principal, secret);
+    EXPECT_NE(scope, kAnonymousScope) << principal;
+    EXPECT_EQ(scope.size(), 66u);
+    EXPECT_EQ(scope.rfind("p:", 0), 0u);
+    EXPECT_EQ(scope.find(principal), std::string::npos);
+    EXPECT_NE(scope, principal_scope(principal, std::string(32, 't')));  // keyed
+  }
+  const auto principal_of = [](std::optional<std::string> auth) {
+    httplib::Request r;
+    if (auth) r.set_header("Authorization", *auth);
+    return bearer_principal(r);
+  };
+  EXPECT_EQ(principal_of(std::nullopt), "");
+  EXPECT_EQ(principal_of("Bearer anonymous"), "anonymous");
+  EXPECT_EQ(principal_of("bearer tok"), "tok");
+  EXPECT_EQ(principal_of("Bearer "), "Authorization: Bearer ");
+  EXPECT_EQ(principal_of("Basic YWxpY2U6cHc="), "Authorization: Basic YWxpY2U6cHc=");
+  EXPECT_EQ(principal_of("Bearer a b"), "Authorization: Bearer a b");
+  EXPECT_THROW((void)principal_scope("x", ""), std::invalid_argument);
+}
+
+TEST_F(StoreHttp, OnlyUnauthenticatedRequestsShareTheAnonymousScopeAndNoCredentialIsStored) {
+  start({}, {.scope_secret = std::string(32, 'k')});
+  auto c = client();
+  auto first = c.Post("/v1/charges", {{"Idempotency-Key", "shared-key"}}, "one", "text/plain");
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->status, 201);
+  auto again = c.Post("/v1/charges", {{"Idempotency-Key", "shared-key"}}, "one", "text/plain");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->get_header_value("Idempotent-Replayed"), "true");
+  // None of these may receive the unauthenticated request's replay, nor each other's.
+  const std::vector<std::string> credentials = {
+      "Bearer anonymous", "Bearer ", "Basic YWxpY2U6cHc=", "Bearer secret-token-123", "bearer  x"};
+  for (const std::string& auth : credentials) {
+    auto r = c.Post("/v1/charges", {{"Idempotency-Key", "shared-key"}, {"Authorization", auth}},
+                    "one", "text/plain");
+    ASSERT_TRUE(r) << auth;
+    EXPECT_EQ(r->status, 201) << auth;
+    EXPECT_FALSE(r->has_header("Idempotent-Replayed")) << auth;
+  }
+  EXPECT_EQ(rows("keel_idempotency"), 1 + static_cast<std::int64_t>(credentials.size()));
+  const Rows scopes = pool_->acquire()->query("SELECT scope FROM keel_idempotency");
+  for (std::size_t i = 0; i < scopes.size(); ++i) {
+    const std::string& scope = scopes.text(i, 0);
+    EXPECT_TRUE(scope == kAnonymousScope || (scope.size() == 66 && scope.rfind("p:", 0) == 0))
+        << scope;
+    EXPECT_EQ(scope.find("secret-token"), std::string::npos);
+    EXPECT_EQ(scope.find("YWxp"), std::string::npos);
+  }
+  EXPECT_EQ(middleware_->scope(httplib::Request{}), kAnonymousScope);
+}
+
+TEST_F(StoreHttp, ACustomPrincipalIsHashedToo) {
+  start({}, {.principal = [](const httplib::Request& r) { return r.get_header_value("X-Tenant"); },
+             .scope_secret = std::string(16, 'q')});
+  auto a = client().Post("/v1/charges", {{"Idempotency-Key", "k"}, {"X-Tenant", "acme"}}, "x",
+                         "text/plain");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->status, 201);
+  const Rows scopes = pool_->acquire()->query("SELECT scope FROM keel_idempotency");
+  ASSERT_EQ(scopes.size(), 1u);
+  EXPECT_EQ(scopes.text(0, 0), principal_scope("acme", std::string(16, 'q')));
+}
+
+TEST(PrincipalScope, AShortSecretIsRefusedByName) {
+  test::TempDir dir;
+  ConnectionPool pool(parse_database_url("sqlite:" + (dir.path() / "x.db").string()).value());
+  IdempotencyStore store;
+  try {
+    IdempotencyMiddleware m({.store = &store, .pool = &pool, .scope_secret = "short"});
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("scope_secret"), std::string::npos);
+  }
+}
+
 TEST(ServerLimitsPort, APortInUseFailsUnlessSharingIsAsked) {
   httplib::Server one;
   apply_server_limits(one, {});

@@ -18,11 +18,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <list>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 #include "commands.hpp"
 #include "keel/duration.hpp"
@@ -40,6 +43,8 @@ struct ServeOptions {
   std::string ttl = "24h";
   std::string lock_timeout = "30s";
   std::string rate_limit;
+  int rate_limit_principals = 10000;
+  std::string scope_secret_file;
   std::string sweep_interval = "1m";
   int threads = 16;
   std::string max_body_bytes = "1048576";
@@ -73,21 +78,55 @@ std::string random_hex(std::size_t bytes) {
   return out;
 }
 
-/// Per-principal token bucket: `rate` tokens a second, bursts of up to `rate` (at least 1).
+/// Per-principal token buckets: `rate` tokens a second, bursts of up to `rate` (at least 1),
+/// keyed by the principal's hashed scope (never the credential) in a table of at most `capacity`
+/// entries; the least recently used entry is evicted when it is full. Memory is bounded whatever
+/// the number of distinct credentials. A principal not in the table (a new one, an evicted one)
+/// and unauthenticated requests draw from one shared bucket of the same rate: rotating
+/// credentials buys no more than `rate` admissions a second in total.
 class RateLimiter {
  public:
-  explicit RateLimiter(double rate) : rate_(rate), burst_(std::max(1.0, rate)) {}
+  RateLimiter(double rate, std::size_t capacity)
+      : rate_(rate), burst_(std::max(1.0, rate)), capacity_(capacity), shared_{burst_, {}} {
+    shared_.last = steady_clock().now();
+  }
   /// Zero when admitted; otherwise how long until a token is available.
-  Duration admit(const std::string& principal) {
+  Duration admit(const std::string& scope) {
     const TimePoint now = steady_clock().now();
     std::lock_guard lock(mu_);
-    auto [it, fresh] = buckets_.try_emplace(principal, Bucket{burst_, now});
-    Bucket& b = it->second;
-    if (!fresh) {
-      const double elapsed = std::chrono::duration<double>(now - b.last).count();
-      b.tokens = std::min(burst_, b.tokens + elapsed * rate_);
-      b.last = now;
+    if (scope != store::kAnonymousScope) {
+      if (const auto it = index_.find(scope); it != index_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second);  // most recently used first
+        return take(it->second->second, now);
+      }
     }
+    const Duration wait = take(shared_, now);
+    if (wait > Duration::zero() || scope == store::kAnonymousScope) return wait;
+    // Admitted through the shared bucket: the principal gets a bucket of its own, the token it
+    // just used already spent.
+    if (lru_.size() >= capacity_) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    lru_.emplace_front(scope, Bucket{burst_ - 1.0, now});
+    index_.emplace(scope, lru_.begin());
+    return Duration::zero();
+  }
+  /// Principals with a bucket of their own (at most the capacity).
+  std::size_t size() {
+    std::lock_guard lock(mu_);
+    return lru_.size();
+  }
+
+ private:
+  struct Bucket {
+    double tokens;
+    TimePoint last;
+  };
+  Duration take(Bucket& b, TimePoint now) const {
+    const double elapsed = std::chrono::duration<double>(now - b.last).count();
+    b.tokens = std::min(burst_, b.tokens + std::max(0.0, elapsed) * rate_);
+    b.last = now;
     if (b.tokens >= 1.0) {
       b.tokens -= 1.0;
       return Duration::zero();
@@ -96,21 +135,21 @@ class RateLimiter {
         std::chrono::duration<double>((1.0 - b.tokens) / rate_));
   }
 
- private:
-  struct Bucket {
-    double tokens;
-    TimePoint last;
-  };
+  using Entry = std::pair<std::string, Bucket>;
   double rate_;
   double burst_;
+  std::size_t capacity_;
   std::mutex mu_;
-  std::map<std::string, Bucket> buckets_;  // guarded by mu_
+  Bucket shared_;                                                      // guarded by mu_
+  std::list<Entry> lru_;                                               // guarded by mu_
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;  // guarded by mu_
 };
 
 struct Metrics {
   std::atomic<std::uint64_t> outcomes[store::kIdempotencyOutcomes] = {};
   std::atomic<std::uint64_t> charges_created{0};
   std::atomic<std::uint64_t> rate_limited{0};
+  std::atomic<std::uint64_t> rate_limit_principals{0};
   std::atomic<std::uint64_t> chaos_503{0};
   std::atomic<std::uint64_t> chaos_delay{0};
   std::atomic<std::uint64_t> chaos_hang{0};
@@ -135,6 +174,11 @@ struct Metrics {
         "# TYPE keel_rate_limited_total counter\n"
         "keel_rate_limited_total " +
         std::to_string(rate_limited.load()) + "\n";
+    out +=
+        "# HELP keel_rate_limit_principals Principals with a rate-limit bucket of their own.\n"
+        "# TYPE keel_rate_limit_principals gauge\n"
+        "keel_rate_limit_principals " +
+        std::to_string(rate_limit_principals.load()) + "\n";
     out +=
         "# HELP keel_chaos_injected_total Faults injected by --chaos flags.\n"
         "# TYPE keel_chaos_injected_total counter\n";
@@ -271,6 +315,10 @@ constexpr store::Migration kPaymentsSchema[] = {
      " customer TEXT NOT NULL,"
      " created BIGINT NOT NULL);"
      "CREATE INDEX charges_customer ON charges (principal, customer);"},
+    // The key of the principal scopes when no --scope-secret-file is given: one per database, so
+    // that every server on it (and every restart) scopes a credential the same way.
+    {"CREATE TABLE serve_scope_secret (id INTEGER PRIMARY KEY CHECK (id = 1),"
+     " secret TEXT NOT NULL);"},
 };
 
 int run_serve(const ServeOptions& o) {
@@ -347,6 +395,19 @@ int run_serve(const ServeOptions& o) {
                        "'" + o.max_json_depth + "' is not a nesting depth in [1, 10000]");
   }
   const store::JsonLimits json_limits{.max_depth = static_cast<std::size_t>(*max_depth)};
+  std::string scope_secret;
+  if (!o.scope_secret_file.empty()) {
+    std::ifstream in(o.scope_secret_file, std::ios::binary);
+    if (!in) return usage_error("--scope-secret-file", "cannot read '" + o.scope_secret_file + "'");
+    scope_secret.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    while (!scope_secret.empty() && (scope_secret.back() == '\n' || scope_secret.back() == '\r')) {
+      scope_secret.pop_back();
+    }
+    if (scope_secret.size() < 16) {
+      return usage_error("--scope-secret-file",
+                         "'" + o.scope_secret_file + "' holds fewer than 16 bytes");
+    }
+  }
 
   // ---- database
   store::ConnectionPool pool(*url, {.max_connections = o.threads + 2});
@@ -354,6 +415,12 @@ int run_serve(const ServeOptions& o) {
     auto conn = pool.acquire();
     store::IdempotencyStore::migrate(*conn);
     store::migrate(*conn, "payments", kPaymentsSchema);
+    if (scope_secret.empty()) {
+      (void)conn->query(
+          "INSERT INTO serve_scope_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+          {random_hex(32)});
+      scope_secret = conn->query("SELECT secret FROM serve_scope_secret WHERE id = 1").text(0, 0);
+    }
   }
   const store::IdempotencyStore idempotency({.ttl = *ttl, .lock_timeout = *lock_timeout});
 
@@ -367,8 +434,12 @@ int run_serve(const ServeOptions& o) {
     std::lock_guard lock(chaos_mu);
     return std::uniform_real_distribution<double>(0, 1)(chaos_rng) < p;
   };
+  // Principals are stored and rate-limited by their keyed hash, never as the credential.
+  const auto scope_of = [&](const httplib::Request& req) {
+    return store::principal_scope(store::bearer_principal(req), scope_secret);
+  };
   std::optional<RateLimiter> limiter;
-  if (rate) limiter.emplace(*rate);
+  if (rate) limiter.emplace(*rate, static_cast<std::size_t>(o.rate_limit_principals));
 
   httplib::Server server;
   const int threads = o.threads;
@@ -384,7 +455,8 @@ int run_serve(const ServeOptions& o) {
   limits.pre_routing = [&](const httplib::Request& req, httplib::Response& res) {
     if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (limiter) {
-      const Duration wait = limiter->admit(store::bearer_principal(req));
+      const Duration wait = limiter->admit(scope_of(req));
+      metrics.rate_limit_principals = limiter->size();
       if (wait > Duration::zero()) {
         ++metrics.rate_limited;
         res.set_header("Retry-After",
@@ -435,8 +507,7 @@ int run_serve(const ServeOptions& o) {
     tx.query(
         "INSERT INTO charges (id, principal, amount, currency, customer, created)"
         " VALUES ($1, $2, $3, $4, $5, $6)",
-        {id, store::bearer_principal(req), input->amount, input->currency, input->customer,
-         created});
+        {id, scope_of(req), input->amount, input->currency, input->customer, created});
     const nlohmann::json body = {{"id", id},
                                  {"amount", input->amount},
                                  {"currency", input->currency},
@@ -454,6 +525,7 @@ int run_serve(const ServeOptions& o) {
 
   store::IdempotencyMiddleware middleware({.store = &idempotency,
                                            .pool = &pool,
+                                           .scope_secret = scope_secret,
                                            .on_outcome =
                                                [&](store::IdempotencyOutcome outcome) {
                                                  ++metrics.outcomes[static_cast<int>(outcome)];
@@ -491,7 +563,7 @@ int run_serve(const ServeOptions& o) {
                const store::Rows rows = conn->query(
                    "SELECT id, amount, currency, customer, created FROM charges"
                    " WHERE id = $1 AND principal = $2",
-                   {req.matches[1].str(), store::bearer_principal(req)});
+                   {req.matches[1].str(), scope_of(req)});
                if (rows.empty()) {
                  store::write_problem(res, 404, "Not found", "no such charge");
                  return;
@@ -507,7 +579,7 @@ int run_serve(const ServeOptions& o) {
     const store::Rows rows = conn->query(
         "SELECT id, amount, currency, customer, created FROM charges"
         " WHERE principal = $1 AND customer = $2 ORDER BY created, id LIMIT 1000",
-        {store::bearer_principal(req), req.get_param_value("customer")});
+        {scope_of(req), req.get_param_value("customer")});
     nlohmann::json list = nlohmann::json::array();
     for (std::size_t i = 0; i < rows.size(); ++i) list.push_back(charge_json(rows, i));
     res.set_content(nlohmann::json{{"data", list}}.dump(), "application/json");
@@ -624,6 +696,14 @@ Runner add_serve(CLI::App& app) {
                   "How long a claim holds a key before another request may take it over")
       ->capture_default_str();
   sub->add_option("--rate-limit", o->rate_limit, "Per-principal limit, e.g. 100/s (429 beyond)");
+  sub->add_option("--rate-limit-principals", o->rate_limit_principals,
+                  "Most principals with a rate-limit bucket of their own (least recently used "
+                  "evicted; others share one bucket)")
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
+  sub->add_option("--scope-secret-file", o->scope_secret_file,
+                  "File holding the key (>= 16 bytes) of the HMAC that hashes principals before "
+                  "they are stored (default: a key kept in the database)");
   sub->add_option("--sweep-interval", o->sweep_interval, "How often expired records are purged")
       ->capture_default_str();
   sub->add_option("--threads", o->threads, "Worker threads")

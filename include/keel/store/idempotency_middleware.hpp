@@ -69,9 +69,16 @@ struct MiddlewareOptions {
   const IdempotencyStore* store = nullptr;
   /// Where connections come from. Required (non-null).
   ConnectionPool* pool = nullptr;
-  /// The principal a key is scoped to. Default: the Bearer token of Authorization, or
-  /// "anonymous".
+  /// The principal a key is scoped to: who the request authenticates as, "" for nobody. Plug in
+  /// your own authentication here (return the verified user or tenant id, never a value the
+  /// client chose unverified). The middleware never stores it: the stored scope is
+  /// principal_scope(principal, scope_secret). Default bearer_principal.
   std::function<std::string(const httplib::Request&)> principal;
+  /// Key of the HMAC-SHA-256 that turns a principal into its stored scope. Requires: empty or at
+  /// least 16 bytes. Default (empty): 32 random bytes drawn when the middleware is built, so the
+  /// scopes, and so the replays, last only as long as the process; set the same secret on every
+  /// process that shares the database and across restarts.
+  std::string scope_secret;
   /// Retries of the handler's transaction. Default default_transaction_retry_policy().
   const RetryPolicy* transaction_policy = nullptr;
   /// Isolation of the handler's transaction. Default read committed.
@@ -93,8 +100,20 @@ struct MiddlewareOptions {
   std::function<void(std::string_view message)> log;
 };
 
-/// The default principal: "Authorization: Bearer <token>" gives <token>; otherwise "anonymous".
+/// The default principal, the credential as sent: "Authorization: Bearer <token>" gives <token>
+/// (a token without whitespace); any other Authorization value (Basic, an empty or malformed
+/// Bearer) gives "Authorization: <value>", which contains a space and so equals no token; no
+/// Authorization header gives "" (unauthenticated). No credential is verified here.
 [[nodiscard]] std::string bearer_principal(const httplib::Request& request);
+
+/// The scope stored for `principal`: kAnonymousScope for "", otherwise "p:" and the lower-case hex
+/// HMAC-SHA-256 of the principal under `secret` (so stored scopes reveal no credential, and no
+/// principal, "anonymous" included, maps to the unauthenticated scope). Requires: secret not
+/// empty. Throws std::invalid_argument otherwise.
+[[nodiscard]] std::string principal_scope(std::string_view principal, std::string_view secret);
+
+/// The scope of unauthenticated requests: not of the "p:<64 hex>" form of any hashed principal.
+inline constexpr std::string_view kAnonymousScope = "anonymous";
 
 class IdempotencyMiddleware {
  public:
@@ -103,6 +122,10 @@ class IdempotencyMiddleware {
 
   /// Wraps a handler; the result is what cpp-httplib's Post()/Patch() take.
   [[nodiscard]] httplib::Server::Handler wrap(TransactionalHandler handler) const;
+
+  /// The stored scope of `request`'s principal (for the application's own per-principal rows,
+  /// so that they hold no credential either).
+  [[nodiscard]] std::string scope(const httplib::Request& request) const;
 
  private:
   void handle(const TransactionalHandler& handler, const httplib::Request& request,
