@@ -165,8 +165,9 @@ struct ServerLimits {
   /// Largest total of header names and values in bytes (cpp-httplib separately refuses a line
   /// over 8192 bytes). Requires: >= 1. Default 16 KiB.
   std::size_t max_header_bytes = 16 * 1024;
-  /// Longest wait for one read of the socket (per recv(), see above). Requires: > 0. Default 5 s.
-  std::chrono::milliseconds read_timeout = std::chrono::seconds(5);
+  /// Longest wait for one read of the socket (per recv(), see above): a client silent for longer
+  /// mid-request loses its connection. Requires: > 0. Default 2 s.
+  std::chrono::milliseconds read_timeout = std::chrono::seconds(2);
   /// Longest wait for one write of the socket. Requires: > 0. Default 5 s.
   std::chrono::milliseconds write_timeout = std::chrono::seconds(5);
   /// Requests served on one connection before it is closed. Requires: >= 1. Default 100.
