@@ -1,9 +1,11 @@
 // keel's recommended cpp-httplib server settings: limits, framing checks before the body is read,
 // problem+json error answers, an exclusive port (see keel/store/idempotency_middleware.hpp).
+#include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <cstdlib>
 #include <memory>
 #include <regex>
 #include <stdexcept>
@@ -73,6 +75,34 @@ bool method_listed(std::string_view allow, std::string_view method) {
     at = end + 1;
   }
   return false;
+}
+
+/// Shuts down the accepted socket of `request`, found by its address pair (cpp-httplib does not
+/// expose it). Linear in the open descriptors; used only on refusals that cannot close otherwise.
+void shutdown_connection(const httplib::Request& request) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  const auto port_of = [](const sockaddr_storage& a) -> int {
+    if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+    if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+    return -1;
+  };
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    sockaddr_storage local{};
+    sockaddr_storage peer{};
+    socklen_t len = sizeof local;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    len = sizeof peer;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    if (port_of(local) == request.local_port && port_of(peer) == request.remote_port) {
+      ::shutdown(static_cast<int>(fd), SHUT_RDWR);
+      break;
+    }
+  }
+  closedir(dir);
 }
 
 }  // namespace
@@ -200,6 +230,15 @@ void apply_server_limits(httplib::Server& server, ServerLimits limits) {
         return shared->pre_routing ? shared->pre_routing(request, response)
                                    : HandlerResponse::Unhandled;
       });
+
+  server.set_logger([shared](const httplib::Request& request, const httplib::Response& response) {
+    // A HEAD answer has no body, so write_problem_and_close() cannot close it: do it here.
+    if (request.method == "HEAD" && response.status >= 400 &&
+        response.get_header_value("Connection") == "close") {
+      shutdown_connection(request);
+    }
+    if (shared->logger) shared->logger(request, response);
+  });
 
   auto routes = std::make_shared<std::vector<std::pair<std::regex, std::string>>>();
   for (const auto& [pattern, allow] : shared->routes)

@@ -190,6 +190,10 @@ struct ServerLimits {
   /// The application's own pre-routing handler, run after the checks above (apply_server_limits
   /// owns set_pre_routing_handler). Default none.
   httplib::Server::HandlerWithResponse pre_routing;
+  /// The application's own logger, called after each answer is written (apply_server_limits
+  /// owns set_logger: a refused HEAD request, whose answer has no body, is closed there).
+  /// Default none.
+  httplib::Logger logger;
 };
 
 /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
