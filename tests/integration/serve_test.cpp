@@ -1,11 +1,14 @@
 // `keel serve` end to end: real processes, real HTTP over 127.0.0.1, a real SQLite file or the
 // test PostgreSQL server. Each test starts its own server(s) on a free port (--listen :0).
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -597,6 +600,34 @@ TEST(ServePort, APortInUseIsAnErrorNamingTheAddressUnlessSharingIsAsked) {
   ServeProcess shared_two(
       {"--listen", "127.0.0.1:" + std::to_string(shared_one.port()), "--db", db2, "--reuse-port"});
   EXPECT_EQ(shared_two.port(), shared_one.port());
+}
+
+TEST(ServePort, JobsMetricsListenOnAPortInUseIsAnErrorNamingTheAddress) {
+  // A plain listening socket (no SO_REUSEPORT) holds the port.
+  const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(holder, 4), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  test::TempDir dir;
+  const std::string db = "sqlite:" + (dir.path() / "jobs.db").string();
+  const std::string keel = std::string(KEEL_BINARY) + " jobs --db " + db;
+  ASSERT_EQ(std::system((keel + " enqueue --queue x --payload '{}' >/dev/null").c_str()), 0);
+  FILE* p = popen(
+      (keel + " work --queue x --exec true --exit-when-idle --metrics-listen " + address + " 2>&1")
+          .c_str(),
+      "r");
+  std::string out;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int status = pclose(p);
+  ::close(holder);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find(address), std::string::npos) << out;
 }
 
 TEST(ServeFleet, TwoServersOnOnePostgresMakeOneChargePerKey) {
