@@ -602,6 +602,69 @@ TEST(ServePort, APortInUseIsAnErrorNamingTheAddressUnlessSharingIsAsked) {
   EXPECT_EQ(shared_two.port(), shared_one.port());
 }
 
+/// Writes `bytes` on a fresh loopback connection; returns what came back until the server
+/// closed the connection (or 3 s passed) and whether it closed.
+std::pair<std::string, bool> raw_exchange(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return {"", false};
+  }
+  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  std::string out;
+  bool closed = false;
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while (!closed && std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      closed = true;
+    } else {
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return {out, closed};
+}
+
+TEST_P(Serve, AmbiguousFramingIs400AndClosesTheConnection) {
+  ServeProcess server(args());
+  const std::string post =
+      "POST /v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice\r\n"
+      "Idempotency-Key: smuggle\r\nContent-Type: application/json\r\n";
+  const std::string body = kCharge;
+  const std::string len = std::to_string(body.size());
+  for (const std::string& bytes : {
+           post + "Content-Length: " + len + "\r\nContent-Length: 5\r\n\r\n" + body,
+           post + "Content-Length: " + len + "\r\nTransfer-Encoding: chunked\r\n\r\n" + body,
+           post + "Transfer-Encoding: x-custom\r\n\r\n" + body,
+           post + "X-A: 1\r\n Transfer-Encoding: chunked\r\nContent-Length: " + len + "\r\n\r\n" +
+               body,
+       }) {
+    const auto [text, closed] = raw_exchange(server.port(), bytes);
+    EXPECT_EQ(text.rfind("HTTP/1.1 400 ", 0), 0u) << text;
+    EXPECT_NE(text.find("application/problem+json"), std::string::npos) << text;
+    EXPECT_TRUE(closed);
+  }
+  // Chunked and length-less bodies: 411.
+  for (const std::string& bytes :
+       {post + "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", post + "\r\n" + body}) {
+    const auto [text, closed] = raw_exchange(server.port(), bytes);
+    EXPECT_EQ(text.rfind("HTTP/1.1 411 ", 0), 0u) << text;
+    EXPECT_TRUE(closed);
+  }
+  EXPECT_EQ(charges(), 0);
+  auto health = server.client().Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
 TEST(ServePort, JobsMetricsListenOnAPortInUseIsAnErrorNamingTheAddress) {
   // A plain listening socket (no SO_REUSEPORT) holds the port.
   const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
