@@ -544,6 +544,39 @@ TEST_P(Serve, ChargesStoreAHashOfThePrincipalNeverTheToken) {
   }
 }
 
+TEST_P(Serve, UpgradeFromPlaintextPrincipalsKeepsOwnersAndReplays) {
+  std::string id;
+  {
+    ServeProcess server(args());
+    auto r = server.client().Post("/v1/charges", headers("up-1", "tok-upgrade"), kCharge,
+                                  "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 201);
+    id = charge_id(r);
+  }
+  {
+    // Back to payments schema 1, which stored the token itself.
+    auto db = open_database(url());
+    db->execute("UPDATE charges SET principal = 'tok-upgrade'");
+    db->execute("UPDATE keel_idempotency SET scope = 'tok-upgrade'");
+    db->execute("DROP TABLE serve_scope_secret");
+    db->execute("UPDATE keel_schema SET version = 1 WHERE component = 'payments'");
+  }
+  ServeProcess server(args());
+  auto c = server.client();
+  auto mine = c.Get("/v1/charges/" + id, headers("", "tok-upgrade"));
+  ASSERT_TRUE(mine);
+  EXPECT_EQ(mine->status, 200);
+  auto again = c.Post("/v1/charges", headers("up-1", "tok-upgrade"), kCharge, "application/json");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->get_header_value("Idempotent-Replayed"), "true");
+  EXPECT_EQ(charge_id(again), id);
+  auto db = open_database(url());
+  EXPECT_EQ(db->query("SELECT COUNT(*) FROM charges WHERE principal LIKE 'p:%'").integer(0, 0), 1);
+  EXPECT_EQ(db->query("SELECT COUNT(*) FROM keel_idempotency WHERE scope LIKE 'p:%'").integer(0, 0),
+            1);
+}
+
 std::int64_t metric(const std::string& text, const std::string& name) {
   const auto at = text.find("\n" + name + " ");
   return at == std::string::npos ? -1 : std::stoll(text.substr(at + name.size() + 2));

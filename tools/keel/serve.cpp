@@ -321,6 +321,24 @@ constexpr store::Migration kPaymentsSchema[] = {
      " secret TEXT NOT NULL);"},
 };
 
+/// Upgrade from payments schema 1, which stored credentials as they came: replaces each plaintext
+/// principal in charges and keel_idempotency by its hashed scope, so that owners still see their
+/// charges and retries across the upgrade still replay. Once, in one transaction.
+void hash_stored_principals(Connection& conn, const std::string& secret) {
+  conn.begin();
+  for (const auto& [table, column] : {std::pair<std::string, std::string>{"charges", "principal"},
+                                      {"keel_idempotency", "scope"}}) {
+    const store::Rows old =
+        conn.query("SELECT DISTINCT " + column + " FROM " + table + " WHERE " + column +
+                   " NOT LIKE 'p:%' AND " + column + " <> 'anonymous'");
+    for (std::size_t i = 0; i < old.size(); ++i) {
+      (void)conn.query("UPDATE " + table + " SET " + column + " = $1 WHERE " + column + " = $2",
+                       {store::principal_scope(old.text(i, 0), secret), old.text(i, 0)});
+    }
+  }
+  conn.commit();
+}
+
 int run_serve(const ServeOptions& o) {
   // ---- validate flags
   std::string error;
@@ -414,13 +432,14 @@ int run_serve(const ServeOptions& o) {
   {
     auto conn = pool.acquire();
     store::IdempotencyStore::migrate(*conn);
-    store::migrate(*conn, "payments", kPaymentsSchema);
+    const int payments_before = store::migrate(*conn, "payments", kPaymentsSchema);
     if (scope_secret.empty()) {
       (void)conn->query(
           "INSERT INTO serve_scope_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
           {random_hex(32)});
       scope_secret = conn->query("SELECT secret FROM serve_scope_secret WHERE id = 1").text(0, 0);
     }
+    if (payments_before == 1) hash_stored_principals(*conn, scope_secret);
   }
   const store::IdempotencyStore idempotency({.ttl = *ttl, .lock_timeout = *lock_timeout});
 
