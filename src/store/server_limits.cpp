@@ -231,6 +231,16 @@ void apply_server_limits(httplib::Server& server, ServerLimits limits) {
                                    : HandlerResponse::Unhandled;
       });
 
+  // cpp-httplib answers "Expect: 100-continue" before routing: refuse there, so that a client
+  // that waits for 100 Continue never starts sending a body that would be refused.
+  server.set_expect_100_continue_handler(
+      [shared](const httplib::Request& request, httplib::Response& response) {
+        if (refuse_unsafe_request(request, response, *shared) == HandlerResponse::Handled) {
+          return response.status;
+        }
+        return 100;
+      });
+
   server.set_logger([shared](const httplib::Request& request, const httplib::Response& response) {
     // A HEAD answer has no body, so write_problem_and_close() cannot close it: do it here.
     if (request.method == "HEAD" && response.status >= 400 &&

@@ -351,6 +351,22 @@ TEST_F(StoreHttp, BodiesJustUnderAndOverTheLimit) {
       port_, "POST /v1/charges HTTP/1.1\r\nHost: x\r\nContent-Length: 200000000\r\n\r\n");
   EXPECT_EQ(a.status(), 413) << a.text;
   EXPECT_TRUE(a.closed);
+  // With Expect: 100-continue the refusal comes instead of 100 Continue; within the limit the
+  // client is told to go on.
+  const RawAnswer expect =
+      raw_request(port_,
+                  "POST /v1/charges HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                  "Content-Length: 200000000\r\n\r\n");
+  EXPECT_EQ(expect.status(), 413) << expect.text;
+  EXPECT_EQ(expect.text.find("100 Continue"), std::string::npos) << expect.text;
+  EXPECT_NE(expect.text.find("application/problem+json"), std::string::npos) << expect.text;
+  EXPECT_TRUE(expect.closed);
+  const RawAnswer go_on = raw_request(port_,
+                                      "POST /v1/charges HTTP/1.1\r\nHost: x\r\n"
+                                      "Idempotency-Key: e\r\nExpect: 100-continue\r\n"
+                                      "Content-Length: 3\r\n\r\n",
+                                      300ms);
+  EXPECT_EQ(go_on.status(), 100) << go_on.text;
   expect_healthy();
 }
 

@@ -152,7 +152,9 @@ class IdempotencyMiddleware {
 ///     411; a GET, HEAD, OPTIONS or DELETE carrying a body: 400;
 ///   - Content-Length above max_body_bytes: 413 naming the limit;
 ///   - header names and values totalling more than max_header_bytes: 431 naming the limit.
-/// cpp-httplib's own error answers (400 on an unparsable request, 404, 413, 414...) get
+/// The same checks answer "Expect: 100-continue" (a refused request gets its final status instead
+/// of 100 Continue). cpp-httplib's own error answers (400 on an unparsable request, 404, 413,
+/// 414...) get
 /// problem+json bodies through set_error_handler(); a known path with a wrong method is answered
 /// 405 with an Allow header when the path is listed in `routes`.
 /// Not covered (cpp-httplib 0.11 limits): a read timeout bounds each recv(), not a whole request,
