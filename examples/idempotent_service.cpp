@@ -57,6 +57,9 @@ int main() {
     const store::IdempotencyMiddleware idempotency({.store = &records, .pool = &pool});
 
     httplib::Server server;
+    // Body, header and framing limits, timeouts, TCP_NODELAY and an exclusive port.
+    store::apply_server_limits(server,
+                               {.max_body_bytes = 64 * 1024, .routes = {{"/v1/charges", "POST"}}});
     server.Post("/v1/charges", idempotency.wrap([](const httplib::Request& request,
                                                    store::Connection& tx) {
       // Everything the handler writes goes through `tx`; a real handler validates the body.

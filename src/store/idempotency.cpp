@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "keel/store/json_check.hpp"
+
 namespace keel::store {
 namespace {
 
@@ -65,11 +67,15 @@ constexpr Migration kMigrations[] = {
 }  // namespace
 
 std::string request_fingerprint(std::string_view method, std::string_view path,
-                                std::string_view body) {
+                                std::string_view body, const JsonLimits& limits) {
+  return request_fingerprint(method, path, body, check_json(body, limits));
+}
+
+std::string request_fingerprint(std::string_view method, std::string_view path,
+                                std::string_view body, const JsonCheck& checked) {
   std::string canonical;
-  const nlohmann::json parsed = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!parsed.is_discarded()) {
-    canonical = "json:" + parsed.dump();  // objects are std::map: keys sorted, no whitespace
+  if (checked.ok()) {
+    canonical = "json:" + checked.canonical;
   } else {
     canonical = "raw:";
     canonical += body;
@@ -89,7 +95,7 @@ std::string request_fingerprint(std::string_view method, std::string_view path,
   return to_hex(digest, len);
 }
 
-ParsedKey parse_idempotency_key(std::optional<std::string_view> header) {
+ParsedKey parse_idempotency_key(std::optional<std::string_view> header, std::size_t max_bytes) {
   ParsedKey out;
   if (!header) {
     out.error = KeyError::kMissing;
@@ -148,10 +154,10 @@ ParsedKey parse_idempotency_key(std::optional<std::string_view> header) {
     out.detail = "Idempotency-Key is empty";
     return out;
   }
-  if (key.size() > kMaxKeyLength) {
+  if (key.size() > max_bytes) {
     out.error = KeyError::kTooLong;
-    out.detail =
-        "Idempotency-Key is " + std::to_string(key.size()) + " characters long; the limit is 255";
+    out.detail = "Idempotency-Key is " + std::to_string(key.size()) + " bytes long; the limit is " +
+                 std::to_string(max_bytes) + " bytes";
     return out;
   }
   out.key = std::move(key);

@@ -2,6 +2,11 @@
 // completion, replay and the error answers (see keel/store/idempotency_middleware.hpp).
 #include "keel/store/idempotency_middleware.hpp"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -35,6 +40,27 @@ std::string seconds_header(Duration d) {
       std::max<std::int64_t>(1, std::chrono::ceil<std::chrono::seconds>(d).count()));
 }
 
+/// Whether the middleware must hold the body to the JSON limits: it says it is JSON, or looks
+/// like it (a parser downstream would try it).
+bool looks_like_json(const httplib::Request& request) {
+  std::string type = request.get_header_value("Content-Type");
+  type = type.substr(0, type.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.pop_back();
+  if (iequals(type, "application/json") ||
+      (type.size() > 5 && iequals(std::string_view(type).substr(type.size() - 5), "+json"))) {
+    return true;
+  }
+  for (const char c : request.body) {
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') continue;
+    return c == '{' || c == '[';
+  }
+  return false;
+}
+
+void log_to_stderr(std::string_view message) {
+  std::fprintf(stderr, "keel::store: %.*s\n", static_cast<int>(message.size()), message.data());
+}
+
 }  // namespace
 
 std::string_view to_string(IdempotencyOutcome outcome) noexcept {
@@ -53,6 +79,8 @@ std::string_view to_string(IdempotencyOutcome outcome) noexcept {
       return "not_stored";
     case IdempotencyOutcome::kError:
       return "error";
+    case IdempotencyOutcome::kInvalidBody:
+      return "invalid_body";
   }
   return "unknown";
 }
@@ -68,6 +96,7 @@ void write_problem(httplib::Response& response, int status, std::string_view tit
 }
 
 std::string bearer_principal(const httplib::Request& request) {
+  if (!request.has_header("Authorization")) return "";
   const std::string auth = request.get_header_value("Authorization");
   constexpr std::string_view kBearer = "Bearer ";
   if (auth.size() > kBearer.size() &&
@@ -75,9 +104,32 @@ std::string bearer_principal(const httplib::Request& request) {
     std::string token = auth.substr(kBearer.size());
     while (!token.empty() && token.front() == ' ') token.erase(0, 1);
     while (!token.empty() && token.back() == ' ') token.pop_back();
-    if (!token.empty()) return token;
+    if (!token.empty() && token.find_first_of(" \t") == std::string::npos) return token;
   }
-  return "anonymous";
+  return "Authorization: " + auth;
+}
+
+std::string principal_scope(std::string_view principal, std::string_view secret) {
+  if (secret.empty()) throw std::invalid_argument("principal_scope: the secret is empty");
+  if (principal.empty()) return std::string(kAnonymousScope);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(principal.data()), principal.size(), mac,
+           &len) == nullptr) {
+    throw std::runtime_error("HMAC-SHA-256 failed");
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out = "p:";
+  for (unsigned int i = 0; i < len; ++i) {
+    out += kDigits[mac[i] >> 4];
+    out += kDigits[mac[i] & 0xf];
+  }
+  return out;
+}
+
+std::string IdempotencyMiddleware::scope(const httplib::Request& request) const {
+  return principal_scope(options_.principal(request), options_.scope_secret);
 }
 
 IdempotencyMiddleware::IdempotencyMiddleware(MiddlewareOptions options)
@@ -85,6 +137,19 @@ IdempotencyMiddleware::IdempotencyMiddleware(MiddlewareOptions options)
   if (options_.store == nullptr) throw std::invalid_argument("MiddlewareOptions.store is null");
   if (options_.pool == nullptr) throw std::invalid_argument("MiddlewareOptions.pool is null");
   if (!options_.principal) options_.principal = bearer_principal;
+  if (!options_.log) options_.log = log_to_stderr;
+  if (options_.scope_secret.empty()) {
+    unsigned char bytes[32];
+    if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("RAND_bytes failed");
+    options_.scope_secret.assign(reinterpret_cast<const char*>(bytes), sizeof bytes);
+  } else if (options_.scope_secret.size() < 16) {
+    throw std::invalid_argument("MiddlewareOptions.scope_secret must be at least 16 bytes (got " +
+                                std::to_string(options_.scope_secret.size()) + ")");
+  }
+  validate(options_.json_limits);
+  if (options_.max_key_bytes < 1) {
+    throw std::invalid_argument("MiddlewareOptions.max_key_bytes must be >= 1 (got 0)");
+  }
   if (options_.transaction_policy == nullptr) {
     options_.transaction_policy = &default_transaction_retry_policy();
   }
@@ -103,14 +168,29 @@ void IdempotencyMiddleware::handle(const TransactionalHandler& handler,
   std::optional<std::string_view> header;
   const std::string raw = request.get_header_value("Idempotency-Key");
   if (request.has_header("Idempotency-Key")) header = raw;
-  const ParsedKey key = parse_idempotency_key(header);
+  const ParsedKey key = parse_idempotency_key(header, options_.max_key_bytes);
   if (!key.key) {
     write_problem(response, 400, "Invalid Idempotency-Key", key.detail);
     report(IdempotencyOutcome::kInvalidKey);
     return;
   }
-  const std::string scope = options_.principal(request);
-  const std::string fingerprint = request_fingerprint(request.method, request.path, request.body);
+  JsonCheck json;
+  if (looks_like_json(request)) {
+    json = check_json(request.body, options_.json_limits);
+    if (json.status == JsonStatus::kTooDeep || json.status == JsonStatus::kDuplicateKey) {
+      write_problem(
+          response, 400,
+          json.status == JsonStatus::kTooDeep ? "JSON nested too deeply" : "Duplicate JSON member",
+          json.detail);
+      report(IdempotencyOutcome::kInvalidBody);
+      return;
+    }
+  } else {
+    json.detail = "not JSON";
+  }
+  const std::string scope = this->scope(request);
+  const std::string fingerprint =
+      request_fingerprint(request.method, request.path, request.body, json);
   const IdempotencyStore& store = *options_.store;
 
   std::optional<ConnectionPool::Lease> lease;
@@ -119,8 +199,10 @@ void IdempotencyMiddleware::handle(const TransactionalHandler& handler,
     lease.emplace(options_.pool->acquire());
     claim = store.claim(**lease, scope, *key.key, fingerprint);
   } catch (const DatabaseError& e) {
+    options_.log(std::string("claiming an Idempotency-Key failed: ") + e.what());
     response.set_header("Retry-After", "1");
-    write_problem(response, 503, "Database unavailable", e.what());
+    write_problem(response, 503, "Database unavailable",
+                  "the idempotency store is unavailable; retry after the delay in Retry-After");
     report(IdempotencyOutcome::kError);
     return;
   }
@@ -170,13 +252,23 @@ void IdempotencyMiddleware::handle(const TransactionalHandler& handler,
           return true;
         },
         *options_.transaction_policy, options_.isolation);
-  } catch (const std::exception& e) {
+  } catch (...) {
+    std::string what = "an exception not derived from std::exception";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
     try {
       store.release(conn, scope, *key.key, claim.token);
     } catch (const DatabaseError&) {
       // The lock expires on its own.
     }
-    write_problem(response, 500, "Handler failed", e.what());
+    options_.log(std::string("the handler of ") + request.method + " " + request.path +
+                 " threw: " + what);
+    write_problem(response, 500, "Handler failed",
+                  "the request failed on the server; nothing was stored");
     report(IdempotencyOutcome::kError);
     return;
   }
@@ -212,11 +304,15 @@ void IdempotencyMiddleware::handle(const TransactionalHandler& handler,
     report(IdempotencyOutcome::kNotStored);
     return;
   }
+  options_.log(std::string("the transaction of ") + request.method + " " + request.path +
+               " failed: " + tx.error);
   response.set_header("Retry-After", "1");
-  write_problem(
-      response, tx.status == TransactionStatus::kCommitInDoubt ? 500 : 503,
-      tx.status == TransactionStatus::kCommitInDoubt ? "Commit in doubt" : "Database unavailable",
-      tx.error);
+  const bool in_doubt = tx.status == TransactionStatus::kCommitInDoubt;
+  write_problem(response, in_doubt ? 500 : 503,
+                in_doubt ? "Commit in doubt" : "Database unavailable",
+                in_doubt ? "the outcome of the commit is unknown; retry with the same "
+                           "Idempotency-Key to receive it"
+                         : "the database is unavailable; retry after the delay in Retry-After");
   report(IdempotencyOutcome::kError);
 }
 

@@ -1,11 +1,14 @@
 // `keel serve` end to end: real processes, real HTTP over 127.0.0.1, a real SQLite file or the
 // test PostgreSQL server. Each test starts its own server(s) on a free port (--listen :0).
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -408,6 +411,321 @@ TEST_P(Serve, SigtermLetsInFlightRequestsFinish) {
 INSTANTIATE_TEST_SUITE_P(Backends, Serve, ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          test::backend_name);
 
+/// Bodies nested `depth` deep: arrays, objects, and the two alternating.
+std::vector<std::string> deep_bodies(std::size_t depth) {
+  std::string objects;
+  for (std::size_t i = 1; i < depth; ++i) objects += "{\"a\":";
+  objects += "{}" + std::string(depth - 1, '}');
+  std::string mixed_open;
+  std::string mixed_close;
+  for (std::size_t i = 0; i < depth; ++i) {
+    mixed_open += i % 2 == 0 ? "[" : "{\"a\":";
+    mixed_close.insert(0, i % 2 == 0 ? "]" : "}");
+  }
+  return {std::string(depth, '[') + std::string(depth, ']'), objects,
+          mixed_open + "1" + mixed_close};
+}
+
+TEST_P(Serve, DeepOrDuplicateMemberJsonIs400NotStoredAndTheServerStaysUp) {
+  ServeProcess server(args());
+  auto c = server.client();
+  int i = 0;
+  for (const std::size_t depth : {65u, 1000u, 100000u}) {
+    for (const std::string& body : deep_bodies(depth)) {
+      auto r =
+          c.Post("/v1/charges", headers("deep-" + std::to_string(i++)), body, "application/json");
+      ASSERT_TRUE(r) << "keel serve died on a body nested " << depth << " deep";
+      EXPECT_EQ(r->status, 400);
+      EXPECT_EQ(r->get_header_value("Content-Type"), "application/problem+json");
+      EXPECT_NE(r->body.find("limit of 64"), std::string::npos) << r->body;
+    }
+  }
+  for (const std::string body : {
+           R"({"amount":5,"amount":500000,"currency":"eur","customer":"c"})",
+           R"({"amount":5,"currency":"eur","customer":"c","meta":{"k":1,"k":2}})",
+       }) {
+    auto r = c.Post("/v1/charges", headers("dup-" + std::to_string(i++)), body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << body;
+    EXPECT_NE(r->body.find("more than once"), std::string::npos) << r->body;
+  }
+  // 64 levels are within the limit: the middleware lets them through, the charge is invalid.
+  auto at_limit =
+      c.Post("/v1/charges", headers("at-limit"), deep_bodies(64)[0], "application/json");
+  ASSERT_TRUE(at_limit);
+  EXPECT_EQ(at_limit->status, 400);
+  EXPECT_NE(at_limit->body.find("not a JSON object"), std::string::npos) << at_limit->body;
+  auto health = c.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(charges(), 0);
+  EXPECT_EQ(open_database(url())->query("SELECT COUNT(*) FROM keel_idempotency").integer(0, 0), 0);
+}
+
+TEST_P(Serve, MaxJsonDepthFlagSetsTheLimit) {
+  ServeProcess server(args({"--max-json-depth", "2"}));
+  auto c = server.client();
+  auto ok =
+      c.Post("/v1/charges", headers("d2"),
+             R"({"amount":1,"currency":"eur","customer":"c","m":{"x":1}})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 201) << ok->body;
+  auto deep =
+      c.Post("/v1/charges", headers("d3"),
+             R"({"amount":1,"currency":"eur","customer":"c","m":{"x":[1]}})", "application/json");
+  ASSERT_TRUE(deep);
+  EXPECT_EQ(deep->status, 400);
+  EXPECT_NE(deep->body.find("limit of 2 levels"), std::string::npos) << deep->body;
+  EXPECT_EQ(charges(), 1);
+}
+
+TEST_P(Serve, BodiesOverMaxBodyBytesAre413BeforeBeingRead) {
+  ServeProcess server(args({"--max-body-bytes", "2048"}));
+  auto c = server.client();
+  // kCharge padded with spaces to exactly the limit, and one byte over.
+  const std::string at = kCharge + std::string(2048 - kCharge.size(), ' ');
+  auto ok = c.Post("/v1/charges", headers("at"), at, "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 201) << ok->body;
+  for (const std::size_t size : {2049u, 100000u}) {
+    const std::string over = kCharge + std::string(size - kCharge.size(), ' ');
+    auto r =
+        c.Post("/v1/charges", headers("over-" + std::to_string(size)), over, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 413);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "application/problem+json");
+    EXPECT_NE(r->body.find("limit is 2048 bytes"), std::string::npos) << r->body;
+  }
+  auto health = server.client().Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(charges(), 1);
+}
+
+TEST_P(Serve, WrongMethodIs405WithAllowAndUnknownPathsAreProblemJson) {
+  ServeProcess server(args());
+  auto c = server.client();
+  auto del = c.Delete("/v1/charges");
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 405);
+  EXPECT_EQ(del->get_header_value("Allow"), "GET, POST");
+  auto post = c.Post("/healthz", "", "text/plain");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 405);
+  EXPECT_EQ(post->get_header_value("Allow"), "GET");
+  auto missing = c.Get("/nope");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(missing->get_header_value("Content-Type"), "application/problem+json");
+}
+
+TEST_P(Serve, ChargesStoreAHashOfThePrincipalNeverTheToken) {
+  ServeProcess server(args());
+  auto c = server.client();
+  auto r = c.Post("/v1/charges", headers("k1", "tok-very-secret"), kCharge, "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201);
+  // The owner still sees it; another token, "anonymous" included, does not.
+  auto mine = c.Get("/v1/charges/" + charge_id(r), headers("", "tok-very-secret"));
+  ASSERT_TRUE(mine);
+  EXPECT_EQ(mine->status, 200);
+  for (const std::string other : {"anonymous", "tok-other"}) {
+    auto theirs = c.Get("/v1/charges/" + charge_id(r), headers("", other));
+    ASSERT_TRUE(theirs);
+    EXPECT_EQ(theirs->status, 404) << other;
+  }
+  auto db = open_database(url());
+  for (const std::string sql :
+       {"SELECT principal FROM charges", "SELECT scope FROM keel_idempotency"}) {
+    const Rows rows = db->query(sql);
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows.text(0, 0).find("tok-very-secret"), std::string::npos) << rows.text(0, 0);
+    EXPECT_EQ(rows.text(0, 0).rfind("p:", 0), 0u) << rows.text(0, 0);
+  }
+}
+
+TEST_P(Serve, UpgradeFromPlaintextPrincipalsKeepsOwnersAndReplays) {
+  std::string id;
+  {
+    ServeProcess server(args());
+    auto r = server.client().Post("/v1/charges", headers("up-1", "tok-upgrade"), kCharge,
+                                  "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 201);
+    id = charge_id(r);
+  }
+  {
+    // Back to payments schema 1, which stored the token itself.
+    auto db = open_database(url());
+    db->execute("UPDATE charges SET principal = 'tok-upgrade'");
+    db->execute("UPDATE keel_idempotency SET scope = 'tok-upgrade'");
+    db->execute("DROP TABLE serve_scope_secret");
+    db->execute("UPDATE keel_schema SET version = 1 WHERE component = 'payments'");
+  }
+  ServeProcess server(args());
+  auto c = server.client();
+  auto mine = c.Get("/v1/charges/" + id, headers("", "tok-upgrade"));
+  ASSERT_TRUE(mine);
+  EXPECT_EQ(mine->status, 200);
+  auto again = c.Post("/v1/charges", headers("up-1", "tok-upgrade"), kCharge, "application/json");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->get_header_value("Idempotent-Replayed"), "true");
+  EXPECT_EQ(charge_id(again), id);
+  auto db = open_database(url());
+  EXPECT_EQ(db->query("SELECT COUNT(*) FROM charges WHERE principal LIKE 'p:%'").integer(0, 0), 1);
+  EXPECT_EQ(db->query("SELECT COUNT(*) FROM keel_idempotency WHERE scope LIKE 'p:%'").integer(0, 0),
+            1);
+}
+
+std::int64_t metric(const std::string& text, const std::string& name) {
+  const auto at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stoll(text.substr(at + name.size() + 2));
+}
+
+TEST_P(Serve, ManyDistinctTokensKeepTheRateLimitTableBounded) {
+  ServeProcess server(args({"--rate-limit", "1000000/s", "--rate-limit-principals", "64"}));
+  auto c = server.client();
+  for (int i = 0; i < 2000; ++i) {
+    const std::string token = std::to_string(i) + std::string(4096, 't');
+    auto r = c.Get("/v1/charges?customer=x", headers("", token));
+    ASSERT_TRUE(r) << i;
+    ASSERT_EQ(r->status, 200) << i;
+    if (i % 500 == 0) {
+      auto m = c.Get("/metrics");
+      ASSERT_TRUE(m);
+      EXPECT_LE(metric(m->body, "keel_rate_limit_principals"), 64) << i;
+    }
+  }
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(metric(m->body, "keel_rate_limit_principals"), 64) << m->body;
+}
+
+TEST_P(Serve, RotatingTokensDoNotBypassTheRateLimit) {
+  ServeProcess server(args({"--rate-limit", "5/s"}));
+  auto c = server.client();
+  const auto start = std::chrono::steady_clock::now();
+  int admitted = 0;
+  for (int i = 0; i < 60; ++i) {
+    auto r = c.Get("/v1/charges?customer=x", headers("", "rotating-" + std::to_string(i)));
+    ASSERT_TRUE(r);
+    if (r->status == 200) ++admitted;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The shared bucket: a burst of 5 plus 5 a second, whatever the number of tokens.
+  EXPECT_LE(admitted, 5 + static_cast<int>(seconds * 5) + 1) << seconds;
+  EXPECT_GE(admitted, 5);
+}
+
+TEST(ServePort, APortInUseIsAnErrorNamingTheAddressUnlessSharingIsAsked) {
+  test::TempDir dir;
+  const std::string db1 = "sqlite:" + (dir.path() / "one.db").string();
+  const std::string db2 = "sqlite:" + (dir.path() / "two.db").string();
+  ServeProcess first({"--listen", "127.0.0.1:0", "--db", db1});
+  const std::string address = "127.0.0.1:" + std::to_string(first.port());
+  const auto [code, out] = run_refused("--listen " + address + " --db " + db2);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find(address), std::string::npos) << out;
+  EXPECT_NE(out.find("in use"), std::string::npos) << out;
+  // --reuse-port on both: the second one starts (the operator asked for it).
+  ServeProcess shared_one({"--listen", "127.0.0.1:0", "--db", db1, "--reuse-port"});
+  ServeProcess shared_two(
+      {"--listen", "127.0.0.1:" + std::to_string(shared_one.port()), "--db", db2, "--reuse-port"});
+  EXPECT_EQ(shared_two.port(), shared_one.port());
+}
+
+/// Writes `bytes` on a fresh loopback connection; returns what came back until the server
+/// closed the connection (or 3 s passed) and whether it closed.
+std::pair<std::string, bool> raw_exchange(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return {"", false};
+  }
+  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  std::string out;
+  bool closed = false;
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while (!closed && std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      closed = true;
+    } else {
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return {out, closed};
+}
+
+TEST_P(Serve, AmbiguousFramingIs400AndClosesTheConnection) {
+  ServeProcess server(args());
+  const std::string post =
+      "POST /v1/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice\r\n"
+      "Idempotency-Key: smuggle\r\nContent-Type: application/json\r\n";
+  const std::string body = kCharge;
+  const std::string len = std::to_string(body.size());
+  for (const std::string& bytes : {
+           post + "Content-Length: " + len + "\r\nContent-Length: 5\r\n\r\n" + body,
+           post + "Content-Length: " + len + "\r\nTransfer-Encoding: chunked\r\n\r\n" + body,
+           post + "Transfer-Encoding: x-custom\r\n\r\n" + body,
+           post + "X-A: 1\r\n Transfer-Encoding: chunked\r\nContent-Length: " + len + "\r\n\r\n" +
+               body,
+       }) {
+    const auto [text, closed] = raw_exchange(server.port(), bytes);
+    EXPECT_EQ(text.rfind("HTTP/1.1 400 ", 0), 0u) << text;
+    EXPECT_NE(text.find("application/problem+json"), std::string::npos) << text;
+    EXPECT_TRUE(closed);
+  }
+  // Chunked and length-less bodies: 411.
+  for (const std::string& bytes :
+       {post + "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", post + "\r\n" + body}) {
+    const auto [text, closed] = raw_exchange(server.port(), bytes);
+    EXPECT_EQ(text.rfind("HTTP/1.1 411 ", 0), 0u) << text;
+    EXPECT_TRUE(closed);
+  }
+  EXPECT_EQ(charges(), 0);
+  auto health = server.client().Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST(ServePort, JobsMetricsListenOnAPortInUseIsAnErrorNamingTheAddress) {
+  // A plain listening socket (no SO_REUSEPORT) holds the port.
+  const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(holder, 4), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  test::TempDir dir;
+  const std::string db = "sqlite:" + (dir.path() / "jobs.db").string();
+  const std::string keel = std::string(KEEL_BINARY) + " jobs --db " + db;
+  ASSERT_EQ(std::system((keel + " enqueue --queue x --payload '{}' >/dev/null").c_str()), 0);
+  FILE* p = popen(
+      (keel + " work --queue x --exec true --exit-when-idle --metrics-listen " + address + " 2>&1")
+          .c_str(),
+      "r");
+  std::string out;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int status = pclose(p);
+  ::close(holder);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find(address), std::string::npos) << out;
+}
+
 TEST(ServeFleet, TwoServersOnOnePostgresMakeOneChargePerKey) {
   const auto url = test::postgres_url();
   if (!url) GTEST_SKIP() << "no PostgreSQL test server (run through ctest)";
@@ -463,7 +781,13 @@ TEST(ServeFlags, BadValuesExit2NamingTheFlag) {
            {"--listen 127.0.0.1", "--listen"},
            {"--listen 127.0.0.1:70000", "--listen"},
            {"--chaos-503 1.5", "--chaos-503"},
-           {"--chaos-delay 3parsecs", "--chaos-delay"}}) {
+           {"--chaos-delay 3parsecs", "--chaos-delay"},
+           {"--max-body-bytes 0", "--max-body-bytes"},
+           {"--max-body-bytes 1MB", "--max-body-bytes"},
+           {"--max-json-depth 0", "--max-json-depth"},
+           {"--max-json-depth 100001", "--max-json-depth"},
+           {"--max-json-depth deep", "--max-json-depth"},
+           {"--scope-secret-file /nonexistent/secret", "--scope-secret-file"}}) {
     const auto [code, out] = run_refused(args);
     EXPECT_EQ(code, 2) << args << ": " << out;
     EXPECT_NE(out.find(flag), std::string::npos) << args << ": " << out;

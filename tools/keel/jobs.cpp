@@ -27,6 +27,7 @@
 
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
+#include "keel/store/idempotency_middleware.hpp"
 #include "keel/store/queue_worker.hpp"
 #include "queue_cli.hpp"
 
@@ -718,6 +719,7 @@ int run_work(const JobsArgs& a) {
   std::thread server_thread;
   if (metrics_port >= 0) {
     server = std::make_unique<httplib::Server>();
+    store::apply_server_limits(*server, {});  // an exclusive port (no SO_REUSEPORT), limits
     server->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
       try {
         auto conn = pool.acquire();

@@ -14,13 +14,18 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <list>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 #include "commands.hpp"
 #include "keel/duration.hpp"
@@ -38,8 +43,13 @@ struct ServeOptions {
   std::string ttl = "24h";
   std::string lock_timeout = "30s";
   std::string rate_limit;
+  int rate_limit_principals = 10000;
+  std::string scope_secret_file;
   std::string sweep_interval = "1m";
   int threads = 16;
+  std::string max_body_bytes = "1048576";
+  std::string max_json_depth = "64";
+  bool reuse_port = false;
   bool no_idempotency = false;
   double chaos_503 = 0;
   std::string chaos_503_retry_after;
@@ -68,21 +78,55 @@ std::string random_hex(std::size_t bytes) {
   return out;
 }
 
-/// Per-principal token bucket: `rate` tokens a second, bursts of up to `rate` (at least 1).
+/// Per-principal token buckets: `rate` tokens a second, bursts of up to `rate` (at least 1),
+/// keyed by the principal's hashed scope (never the credential) in a table of at most `capacity`
+/// entries; the least recently used entry is evicted when it is full. Memory is bounded whatever
+/// the number of distinct credentials. A principal not in the table (a new one, an evicted one)
+/// and unauthenticated requests draw from one shared bucket of the same rate: rotating
+/// credentials buys no more than `rate` admissions a second in total.
 class RateLimiter {
  public:
-  explicit RateLimiter(double rate) : rate_(rate), burst_(std::max(1.0, rate)) {}
+  RateLimiter(double rate, std::size_t capacity)
+      : rate_(rate), burst_(std::max(1.0, rate)), capacity_(capacity), shared_{burst_, {}} {
+    shared_.last = steady_clock().now();
+  }
   /// Zero when admitted; otherwise how long until a token is available.
-  Duration admit(const std::string& principal) {
+  Duration admit(const std::string& scope) {
     const TimePoint now = steady_clock().now();
     std::lock_guard lock(mu_);
-    auto [it, fresh] = buckets_.try_emplace(principal, Bucket{burst_, now});
-    Bucket& b = it->second;
-    if (!fresh) {
-      const double elapsed = std::chrono::duration<double>(now - b.last).count();
-      b.tokens = std::min(burst_, b.tokens + elapsed * rate_);
-      b.last = now;
+    if (scope != store::kAnonymousScope) {
+      if (const auto it = index_.find(scope); it != index_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second);  // most recently used first
+        return take(it->second->second, now);
+      }
     }
+    const Duration wait = take(shared_, now);
+    if (wait > Duration::zero() || scope == store::kAnonymousScope) return wait;
+    // Admitted through the shared bucket: the principal gets a bucket of its own, the token it
+    // just used already spent.
+    if (lru_.size() >= capacity_) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    lru_.emplace_front(scope, Bucket{burst_ - 1.0, now});
+    index_.emplace(scope, lru_.begin());
+    return Duration::zero();
+  }
+  /// Principals with a bucket of their own (at most the capacity).
+  std::size_t size() {
+    std::lock_guard lock(mu_);
+    return lru_.size();
+  }
+
+ private:
+  struct Bucket {
+    double tokens;
+    TimePoint last;
+  };
+  Duration take(Bucket& b, TimePoint now) const {
+    const double elapsed = std::chrono::duration<double>(now - b.last).count();
+    b.tokens = std::min(burst_, b.tokens + std::max(0.0, elapsed) * rate_);
+    b.last = now;
     if (b.tokens >= 1.0) {
       b.tokens -= 1.0;
       return Duration::zero();
@@ -91,21 +135,21 @@ class RateLimiter {
         std::chrono::duration<double>((1.0 - b.tokens) / rate_));
   }
 
- private:
-  struct Bucket {
-    double tokens;
-    TimePoint last;
-  };
+  using Entry = std::pair<std::string, Bucket>;
   double rate_;
   double burst_;
+  std::size_t capacity_;
   std::mutex mu_;
-  std::map<std::string, Bucket> buckets_;  // guarded by mu_
+  Bucket shared_;                                                      // guarded by mu_
+  std::list<Entry> lru_;                                               // guarded by mu_
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;  // guarded by mu_
 };
 
 struct Metrics {
-  std::atomic<std::uint64_t> outcomes[7] = {};
+  std::atomic<std::uint64_t> outcomes[store::kIdempotencyOutcomes] = {};
   std::atomic<std::uint64_t> charges_created{0};
   std::atomic<std::uint64_t> rate_limited{0};
+  std::atomic<std::uint64_t> rate_limit_principals{0};
   std::atomic<std::uint64_t> chaos_503{0};
   std::atomic<std::uint64_t> chaos_delay{0};
   std::atomic<std::uint64_t> chaos_hang{0};
@@ -115,7 +159,7 @@ struct Metrics {
     std::string out =
         "# HELP keel_idempotency_requests_total Requests through the idempotency layer by "
         "outcome.\n# TYPE keel_idempotency_requests_total counter\n";
-    for (int i = 0; i < 7; ++i) {
+    for (int i = 0; i < store::kIdempotencyOutcomes; ++i) {
       out += "keel_idempotency_requests_total{outcome=\"" +
              std::string(to_string(static_cast<store::IdempotencyOutcome>(i))) + "\"} " +
              std::to_string(outcomes[i].load()) + "\n";
@@ -130,6 +174,11 @@ struct Metrics {
         "# TYPE keel_rate_limited_total counter\n"
         "keel_rate_limited_total " +
         std::to_string(rate_limited.load()) + "\n";
+    out +=
+        "# HELP keel_rate_limit_principals Principals with a rate-limit bucket of their own.\n"
+        "# TYPE keel_rate_limit_principals gauge\n"
+        "keel_rate_limit_principals " +
+        std::to_string(rate_limit_principals.load()) + "\n";
     out +=
         "# HELP keel_chaos_injected_total Faults injected by --chaos flags.\n"
         "# TYPE keel_chaos_injected_total counter\n";
@@ -205,9 +254,18 @@ struct ChargeInput {
   std::string customer;
 };
 
-std::optional<ChargeInput> parse_charge(const std::string& body, std::string* error) {
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
+std::optional<ChargeInput> parse_charge(const std::string& body, const store::JsonLimits& limits,
+                                        std::string* error) {
+  // Depth and duplicate members first: nothing untrusted reaches the parser before that.
+  const store::JsonCheck checked = store::check_json(body, limits);
+  if (checked.status == store::JsonStatus::kTooDeep ||
+      checked.status == store::JsonStatus::kDuplicateKey) {
+    *error = checked.detail;
+    return std::nullopt;
+  }
+  const nlohmann::json j =
+      checked.ok() ? nlohmann::json::parse(checked.canonical, nullptr, false) : nlohmann::json();
+  if (!checked.ok() || j.is_discarded() || !j.is_object()) {
     *error = "the body is not a JSON object";
     return std::nullopt;
   }
@@ -257,7 +315,29 @@ constexpr store::Migration kPaymentsSchema[] = {
      " customer TEXT NOT NULL,"
      " created BIGINT NOT NULL);"
      "CREATE INDEX charges_customer ON charges (principal, customer);"},
+    // The key of the principal scopes when no --scope-secret-file is given: one per database, so
+    // that every server on it (and every restart) scopes a credential the same way.
+    {"CREATE TABLE serve_scope_secret (id INTEGER PRIMARY KEY CHECK (id = 1),"
+     " secret TEXT NOT NULL);"},
 };
+
+/// Upgrade from payments schema 1, which stored credentials as they came: replaces each plaintext
+/// principal in charges and keel_idempotency by its hashed scope, so that owners still see their
+/// charges and retries across the upgrade still replay. Once, in one transaction.
+void hash_stored_principals(Connection& conn, const std::string& secret) {
+  conn.begin();
+  for (const auto& [table, column] : {std::pair<std::string, std::string>{"charges", "principal"},
+                                      {"keel_idempotency", "scope"}}) {
+    const store::Rows old =
+        conn.query("SELECT DISTINCT " + column + " FROM " + table + " WHERE " + column +
+                   " NOT LIKE 'p:%' AND " + column + " <> 'anonymous'");
+    for (std::size_t i = 0; i < old.size(); ++i) {
+      (void)conn.query("UPDATE " + table + " SET " + column + " = $1 WHERE " + column + " = $2",
+                       {store::principal_scope(old.text(i, 0), secret), old.text(i, 0)});
+    }
+  }
+  conn.commit();
+}
 
 int run_serve(const ServeOptions& o) {
   // ---- validate flags
@@ -312,13 +392,54 @@ int run_serve(const ServeOptions& o) {
   }
   const auto url = store::parse_database_url(o.db, &error);
   if (!url) return usage_error("--db", error);
+  const auto positive = [](const std::string& text,
+                           unsigned long long max) -> std::optional<unsigned long long> {
+    if (text.empty() || text.size() > 19 ||
+        text.find_first_not_of("0123456789") != std::string::npos) {
+      return std::nullopt;
+    }
+    const unsigned long long v = std::stoull(text);
+    if (v < 1 || v > max) return std::nullopt;
+    return v;
+  };
+  const auto max_body = positive(o.max_body_bytes, 1ULL << 32);
+  if (!max_body) {
+    return usage_error("--max-body-bytes",
+                       "'" + o.max_body_bytes + "' is not a byte count in [1, 4294967296]");
+  }
+  const auto max_depth = positive(o.max_json_depth, 10000);
+  if (!max_depth) {
+    return usage_error("--max-json-depth",
+                       "'" + o.max_json_depth + "' is not a nesting depth in [1, 10000]");
+  }
+  const store::JsonLimits json_limits{.max_depth = static_cast<std::size_t>(*max_depth)};
+  std::string scope_secret;
+  if (!o.scope_secret_file.empty()) {
+    std::ifstream in(o.scope_secret_file, std::ios::binary);
+    if (!in) return usage_error("--scope-secret-file", "cannot read '" + o.scope_secret_file + "'");
+    scope_secret.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    while (!scope_secret.empty() && (scope_secret.back() == '\n' || scope_secret.back() == '\r')) {
+      scope_secret.pop_back();
+    }
+    if (scope_secret.size() < 16) {
+      return usage_error("--scope-secret-file",
+                         "'" + o.scope_secret_file + "' holds fewer than 16 bytes");
+    }
+  }
 
   // ---- database
   store::ConnectionPool pool(*url, {.max_connections = o.threads + 2});
   {
     auto conn = pool.acquire();
     store::IdempotencyStore::migrate(*conn);
-    store::migrate(*conn, "payments", kPaymentsSchema);
+    const int payments_before = store::migrate(*conn, "payments", kPaymentsSchema);
+    if (scope_secret.empty()) {
+      (void)conn->query(
+          "INSERT INTO serve_scope_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+          {random_hex(32)});
+      scope_secret = conn->query("SELECT secret FROM serve_scope_secret WHERE id = 1").text(0, 0);
+    }
+    if (payments_before == 1) hash_stored_principals(*conn, scope_secret);
   }
   const store::IdempotencyStore idempotency({.ttl = *ttl, .lock_timeout = *lock_timeout});
 
@@ -332,25 +453,36 @@ int run_serve(const ServeOptions& o) {
     std::lock_guard lock(chaos_mu);
     return std::uniform_real_distribution<double>(0, 1)(chaos_rng) < p;
   };
+  // Principals are stored and rate-limited by their keyed hash, never as the credential.
+  const auto scope_of = [&](const httplib::Request& req) {
+    return store::principal_scope(store::bearer_principal(req), scope_secret);
+  };
   std::optional<RateLimiter> limiter;
-  if (rate) limiter.emplace(*rate);
+  if (rate) limiter.emplace(*rate, static_cast<std::size_t>(o.rate_limit_principals));
 
   httplib::Server server;
   const int threads = o.threads;
   server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server.set_keep_alive_timeout(2);
 
-  server.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+  // Limits, framing checks and an exclusive port come first; then the rate limit and the chaos.
+  store::ServerLimits limits{.max_body_bytes = static_cast<std::size_t>(*max_body),
+                             .reuse_port = o.reuse_port,
+                             .routes = {{"/v1/charges", "GET, POST"},
+                                        {"/v1/charges/[A-Za-z0-9_]+", "GET"},
+                                        {"/healthz", "GET"},
+                                        {"/metrics", "GET"}}};
+  limits.pre_routing = [&](const httplib::Request& req, httplib::Response& res) {
     if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (limiter) {
-      const Duration wait = limiter->admit(store::bearer_principal(req));
+      const Duration wait = limiter->admit(scope_of(req));
+      metrics.rate_limit_principals = limiter->size();
       if (wait > Duration::zero()) {
         ++metrics.rate_limited;
         res.set_header("Retry-After",
                        std::to_string(std::max<std::int64_t>(
                            1, std::chrono::ceil<std::chrono::seconds>(wait).count())));
-        store::write_problem(res, 429, "Too many requests",
-                             "the rate limit for this principal is " + o.rate_limit);
+        store::write_problem_and_close(res, 429, "Too many requests",
+                                       "the rate limit for this principal is " + o.rate_limit);
         return httplib::Server::HandlerResponse::Handled;
       }
     }
@@ -361,7 +493,7 @@ int run_serve(const ServeOptions& o) {
             "Retry-After",
             std::to_string(std::chrono::ceil<std::chrono::seconds>(*chaos_retry_after).count()));
       }
-      store::write_problem(res, 503, "Service unavailable", "injected by --chaos-503");
+      store::write_problem_and_close(res, 503, "Service unavailable", "injected by --chaos-503");
       return httplib::Server::HandlerResponse::Handled;
     }
     if (chance(o.chaos_hang_fraction)) {
@@ -375,12 +507,13 @@ int run_serve(const ServeOptions& o) {
       std::this_thread::sleep_for(*delay);
     }
     return httplib::Server::HandlerResponse::Unhandled;
-  });
+  };
+  store::apply_server_limits(server, std::move(limits));
 
   const store::TransactionalHandler create_charge = [&](const httplib::Request& req,
                                                         Connection& tx) -> StoredResponse {
     std::string why;
-    const auto input = parse_charge(req.body, &why);
+    const auto input = parse_charge(req.body, json_limits, &why);
     if (!input) {
       const nlohmann::json problem = {
           {"type", "about:blank"}, {"title", "Invalid charge"}, {"status", 400}, {"detail", why}};
@@ -393,8 +526,7 @@ int run_serve(const ServeOptions& o) {
     tx.query(
         "INSERT INTO charges (id, principal, amount, currency, customer, created)"
         " VALUES ($1, $2, $3, $4, $5, $6)",
-        {id, store::bearer_principal(req), input->amount, input->currency, input->customer,
-         created});
+        {id, scope_of(req), input->amount, input->currency, input->customer, created});
     const nlohmann::json body = {{"id", id},
                                  {"amount", input->amount},
                                  {"currency", input->currency},
@@ -412,11 +544,13 @@ int run_serve(const ServeOptions& o) {
 
   store::IdempotencyMiddleware middleware({.store = &idempotency,
                                            .pool = &pool,
+                                           .scope_secret = scope_secret,
                                            .on_outcome =
                                                [&](store::IdempotencyOutcome outcome) {
                                                  ++metrics.outcomes[static_cast<int>(outcome)];
                                                },
-                                           .after_commit = after_commit});
+                                           .after_commit = after_commit,
+                                           .json_limits = json_limits});
 
   if (o.no_idempotency) {
     server.Post("/v1/charges", [&](const httplib::Request& req, httplib::Response& res) {
@@ -427,7 +561,8 @@ int run_serve(const ServeOptions& o) {
         return out.status < 400;
       });
       if (!tx.committed() && tx.status != store::TransactionStatus::kRolledBack) {
-        store::write_problem(res, 503, "Database unavailable", tx.error);
+        std::fprintf(stderr, "keel serve: POST /v1/charges: %s\n", tx.error.c_str());
+        store::write_problem(res, 503, "Database unavailable", "the database is unavailable");
         return;
       }
       res.status = out.status;
@@ -447,7 +582,7 @@ int run_serve(const ServeOptions& o) {
                const store::Rows rows = conn->query(
                    "SELECT id, amount, currency, customer, created FROM charges"
                    " WHERE id = $1 AND principal = $2",
-                   {req.matches[1].str(), store::bearer_principal(req)});
+                   {req.matches[1].str(), scope_of(req)});
                if (rows.empty()) {
                  store::write_problem(res, 404, "Not found", "no such charge");
                  return;
@@ -463,7 +598,7 @@ int run_serve(const ServeOptions& o) {
     const store::Rows rows = conn->query(
         "SELECT id, amount, currency, customer, created FROM charges"
         " WHERE principal = $1 AND customer = $2 ORDER BY created, id LIMIT 1000",
-        {store::bearer_principal(req), req.get_param_value("customer")});
+        {scope_of(req), req.get_param_value("customer")});
     nlohmann::json list = nlohmann::json::array();
     for (std::size_t i = 0; i < rows.size(); ++i) list.push_back(charge_json(rows, i));
     res.set_content(nlohmann::json{{"data", list}}.dump(), "application/json");
@@ -474,14 +609,15 @@ int run_serve(const ServeOptions& o) {
       (void)conn->query("SELECT 1");
       res.set_content("ok\n", "text/plain");
     } catch (const std::exception& e) {
-      store::write_problem(res, 503, "Database unavailable", e.what());
+      std::fprintf(stderr, "keel serve: /healthz: %s\n", e.what());
+      store::write_problem(res, 503, "Database unavailable", "the database does not answer");
     }
   });
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
   server.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown error";
         try {
           std::rethrow_exception(ep);
@@ -489,8 +625,11 @@ int run_serve(const ServeOptions& o) {
           what = e.what();
         } catch (...) {
         }
+        // The text goes to the log, never to the client.
+        std::fprintf(stderr, "keel serve: %s %s failed: %s\n", req.method.c_str(), req.path.c_str(),
+                     what.c_str());
         res.set_header("Retry-After", "1");
-        store::write_problem(res, 503, "Internal error", what);
+        store::write_problem(res, 503, "Internal error", "the request failed on the server");
       });
 
   // ---- signals: handled by one thread with sigwait; every other thread has them blocked.
@@ -502,13 +641,18 @@ int run_serve(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   int bound = port;
+  errno = 0;
   if (port == 0) {
     bound = server.bind_to_any_port(host);
   } else if (!server.bind_to_port(host, port)) {
     bound = -1;
   }
   if (bound < 0) {
-    std::fprintf(stderr, "keel serve: --listen: cannot listen on %s\n", o.listen.c_str());
+    const int why = errno;
+    std::fprintf(
+        stderr, "keel serve: --listen: cannot listen on %s: %s%s\n", o.listen.c_str(),
+        why != 0 ? std::strerror(why) : "bind failed",
+        why == EADDRINUSE ? " (another process listens there; --reuse-port shares it)" : "");
     return 1;
   }
   widen_backlog(bound);
@@ -571,11 +715,28 @@ Runner add_serve(CLI::App& app) {
                   "How long a claim holds a key before another request may take it over")
       ->capture_default_str();
   sub->add_option("--rate-limit", o->rate_limit, "Per-principal limit, e.g. 100/s (429 beyond)");
+  sub->add_option("--rate-limit-principals", o->rate_limit_principals,
+                  "Most principals with a rate-limit bucket of their own (least recently used "
+                  "evicted; others share one bucket)")
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
+  sub->add_option("--scope-secret-file", o->scope_secret_file,
+                  "File holding the key (>= 16 bytes) of the HMAC that hashes principals before "
+                  "they are stored (default: a key kept in the database)");
   sub->add_option("--sweep-interval", o->sweep_interval, "How often expired records are purged")
       ->capture_default_str();
   sub->add_option("--threads", o->threads, "Worker threads")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  sub->add_option("--max-body-bytes", o->max_body_bytes,
+                  "Largest request body in bytes (413 beyond, before it is read)")
+      ->capture_default_str();
+  sub->add_option("--max-json-depth", o->max_json_depth,
+                  "Deepest nesting of JSON arrays and objects in a request body (400 beyond)")
+      ->capture_default_str();
+  sub->add_flag("--reuse-port", o->reuse_port,
+                "Share the listening port with other processes (SO_REUSEPORT); without it a port "
+                "in use is an error");
   sub->add_flag("--no-idempotency", o->no_idempotency,
                 "Serve POST /v1/charges without the idempotency layer (for comparison)");
   sub->add_option("--chaos-503", o->chaos_503, "Fraction of /v1 requests answered 503")

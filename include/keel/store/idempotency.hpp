@@ -43,14 +43,21 @@
 
 #include "keel/clock.hpp"
 #include "keel/store/database.hpp"
+#include "keel/store/json_check.hpp"
 
 namespace keel::store {
 
 /// SHA-256 (lower-case hex) over the method, the path and the body's canonical form: a body that
-/// parses as JSON is re-serialised with sorted keys and no whitespace (so key order and spacing do
-/// not matter); any other body is taken byte for byte. See docs/idempotency.md.
+/// is valid JSON within `limits` (check_json, keel/store/json_check.hpp) is re-serialised with
+/// sorted keys and no whitespace (so key order and spacing do not matter); any other body (not
+/// JSON, too deep, a duplicate member) is taken byte for byte and never parsed past the depth
+/// pre-scan. See docs/idempotency.md.
 [[nodiscard]] std::string request_fingerprint(std::string_view method, std::string_view path,
-                                              std::string_view body);
+                                              std::string_view body, const JsonLimits& limits = {});
+
+/// The same fingerprint from a check_json() result already computed for `body` (saves a parse).
+[[nodiscard]] std::string request_fingerprint(std::string_view method, std::string_view path,
+                                              std::string_view body, const JsonCheck& checked);
 
 /// Why an Idempotency-Key header was refused.
 enum class KeyError : unsigned char { kMissing, kEmpty, kTooLong, kControlCharacter, kMalformed };
@@ -62,12 +69,14 @@ struct ParsedKey {
   std::string detail;
 };
 
+/// The default longest key, in bytes (not characters: 128 Cyrillic letters are 256 bytes).
 inline constexpr std::size_t kMaxKeyLength = 255;
 
 /// Parses an Idempotency-Key header value (nullopt: the header is absent). Accepts a bare token or
 /// an RFC 8941 sf-string ("..." with \" and \\ escapes). Refuses: absent, empty, longer than
-/// 255 characters, any control character, a malformed quoted string.
-[[nodiscard]] ParsedKey parse_idempotency_key(std::optional<std::string_view> header);
+/// `max_bytes` bytes, any control character, a malformed quoted string. Requires: max_bytes >= 1.
+[[nodiscard]] ParsedKey parse_idempotency_key(std::optional<std::string_view> header,
+                                              std::size_t max_bytes = kMaxKeyLength);
 
 /// What is replayed: the handler's status, the headers worth replaying, the body.
 struct StoredResponse {

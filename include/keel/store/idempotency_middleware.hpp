@@ -19,27 +19,37 @@
 
 #include <httplib.h>
 
+#include <chrono>
+#include <cstddef>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "keel/retry.hpp"
 #include "keel/store/idempotency.hpp"
+#include "keel/store/json_check.hpp"
 #include "keel/store/transaction.hpp"
 
 namespace keel::store {
 
 /// What happened to one request, for metrics.
 enum class IdempotencyOutcome : unsigned char {
-  kExecuted,    // the handler ran and its response was stored
-  kReplayed,    // a stored response was replayed
-  kInProgress,  // 409: another request holds the key
-  kMismatch,    // 422: the key was used with another request
-  kInvalidKey,  // 400: missing or malformed key
-  kNotStored,   // the handler answered an error (4xx/5xx): nothing stored, claim released
-  kError,       // database trouble or a handler exception: 500/503, claim released
+  kExecuted,     // the handler ran and its response was stored
+  kReplayed,     // a stored response was replayed
+  kInProgress,   // 409: another request holds the key
+  kMismatch,     // 422: the key was used with another request
+  kInvalidKey,   // 400: missing or malformed key
+  kNotStored,    // the handler answered an error (4xx/5xx): nothing stored, claim released
+  kError,        // database trouble or a handler exception: 500/503, claim released
+  kInvalidBody,  // 400: a JSON body over MiddlewareOptions.json_limits or with a duplicate member
 };
 
-/// "executed", "replayed", "in_progress", "mismatch", "invalid_key", "not_stored", "error".
+/// How many IdempotencyOutcome values there are (for arrays of counters).
+inline constexpr int kIdempotencyOutcomes = 8;
+
+/// "executed", "replayed", "in_progress", "mismatch", "invalid_key", "not_stored", "error",
+/// "invalid_body".
 [[nodiscard]] std::string_view to_string(IdempotencyOutcome outcome) noexcept;
 
 /// The handler: reads the request, writes through `tx` (a transaction is open), returns the
@@ -59,9 +69,16 @@ struct MiddlewareOptions {
   const IdempotencyStore* store = nullptr;
   /// Where connections come from. Required (non-null).
   ConnectionPool* pool = nullptr;
-  /// The principal a key is scoped to. Default: the Bearer token of Authorization, or
-  /// "anonymous".
+  /// The principal a key is scoped to: who the request authenticates as, "" for nobody. Plug in
+  /// your own authentication here (return the verified user or tenant id, never a value the
+  /// client chose unverified). The middleware never stores it: the stored scope is
+  /// principal_scope(principal, scope_secret). Default bearer_principal.
   std::function<std::string(const httplib::Request&)> principal;
+  /// Key of the HMAC-SHA-256 that turns a principal into its stored scope. Requires: empty or at
+  /// least 16 bytes. Default (empty): 32 random bytes drawn when the middleware is built, so the
+  /// scopes, and so the replays, last only as long as the process; set the same secret on every
+  /// process that shares the database and across restarts.
+  std::string scope_secret;
   /// Retries of the handler's transaction. Default default_transaction_retry_policy().
   const RetryPolicy* transaction_policy = nullptr;
   /// Isolation of the handler's transaction. Default read committed.
@@ -71,18 +88,44 @@ struct MiddlewareOptions {
   /// Called after the handler's transaction committed, before the response is sent. Default
   /// none. (keel serve's fault injection drops the connection here.)
   std::function<void(const httplib::Request&, httplib::Response&)> after_commit;
+  /// Limits on JSON bodies: a body whose first non-blank byte is '{' or '[', or whose
+  /// Content-Type is application/json or +json, must pass check_json() (keel/store/json_check.hpp)
+  /// or is answered 400 problem+json naming the limit or the duplicated member, before anything is
+  /// parsed, claimed or stored. A body not valid JSON is left to the handler. Default depth 64.
+  JsonLimits json_limits;
+  /// Longest Idempotency-Key, in bytes. Requires: >= 1. Default kMaxKeyLength (255).
+  std::size_t max_key_bytes = kMaxKeyLength;
+  /// Where the text of handler exceptions and database errors goes: clients receive a generic
+  /// detail only. Default: one line on stderr.
+  std::function<void(std::string_view message)> log;
 };
 
-/// The default principal: "Authorization: Bearer <token>" gives <token>; otherwise "anonymous".
+/// The default principal, the credential as sent: "Authorization: Bearer <token>" gives <token>
+/// (a token without whitespace); any other Authorization value (Basic, an empty or malformed
+/// Bearer) gives "Authorization: <value>", which contains a space and so equals no token; no
+/// Authorization header gives "" (unauthenticated). No credential is verified here.
 [[nodiscard]] std::string bearer_principal(const httplib::Request& request);
+
+/// The scope stored for `principal`: kAnonymousScope for "", otherwise "p:" and the lower-case hex
+/// HMAC-SHA-256 of the principal under `secret` (so stored scopes reveal no credential, and no
+/// principal, "anonymous" included, maps to the unauthenticated scope). Requires: secret not
+/// empty. Throws std::invalid_argument otherwise.
+[[nodiscard]] std::string principal_scope(std::string_view principal, std::string_view secret);
+
+/// The scope of unauthenticated requests: not of the "p:<64 hex>" form of any hashed principal.
+inline constexpr std::string_view kAnonymousScope = "anonymous";
 
 class IdempotencyMiddleware {
  public:
-  /// Throws std::invalid_argument when store or pool is null.
+  /// Throws std::invalid_argument when store or pool is null, or a limit breaks its Requires line.
   explicit IdempotencyMiddleware(MiddlewareOptions options);
 
   /// Wraps a handler; the result is what cpp-httplib's Post()/Patch() take.
   [[nodiscard]] httplib::Server::Handler wrap(TransactionalHandler handler) const;
+
+  /// The stored scope of `request`'s principal (for the application's own per-principal rows,
+  /// so that they hold no credential either).
+  [[nodiscard]] std::string scope(const httplib::Request& request) const;
 
  private:
   void handle(const TransactionalHandler& handler, const httplib::Request& request,
@@ -93,5 +136,92 @@ class IdempotencyMiddleware {
 
   MiddlewareOptions options_;
 };
+
+/// keel's recommended settings for an httplib::Server that faces untrusted clients, with the
+/// middleware or without. apply_server_limits() sets cpp-httplib's own limits and installs a
+/// pre-routing handler that refuses, before any body byte is read, what cpp-httplib 0.11 would
+/// otherwise mis-frame or read without bound; every refusal is application/problem+json and
+/// closes the connection (the unread bytes must not be parsed as a next request).
+/// Refused before the body is read:
+///   - two Content-Length headers, or one that is not 1*DIGIT: 400;
+///   - Content-Length together with Transfer-Encoding, any coding but "chunked", several
+///     Transfer-Encoding headers, a header name with whitespace (obs-fold remnants): 400;
+///   - Transfer-Encoding: chunked unless allow_chunked (cpp-httplib does not apply its payload
+///     limit to chunked bodies): 411;
+///   - POST, PUT or PATCH with no Content-Length (cpp-httplib would read until the peer closes):
+///     411; a GET, HEAD, OPTIONS or DELETE carrying a body: 400;
+///   - Content-Length above max_body_bytes: 413 naming the limit;
+///   - header names and values totalling more than max_header_bytes: 431 naming the limit.
+/// The same checks answer "Expect: 100-continue" (a refused request gets its final status instead
+/// of 100 Continue). cpp-httplib's own error answers (400 on an unparsable request, 404, 413,
+/// 414...) get
+/// problem+json bodies through set_error_handler(); a known path with a wrong method is answered
+/// 405 with an Allow header when the path is listed in `routes`.
+/// Not covered (cpp-httplib 0.11 limits): a read timeout bounds each recv(), not a whole request,
+/// so a client trickling one byte per interval holds a worker indefinitely; pipelined requests
+/// after the first in one segment are dropped (each request reads through a fresh buffer);
+/// an obs-folded line without a colon is dropped by cpp-httplib before a handler can see it.
+struct ServerLimits {
+  /// Largest request body in bytes. Requires: >= 1. Default 1 MiB.
+  std::size_t max_body_bytes = std::size_t{1} << 20;
+  /// Largest total of header names and values in bytes (cpp-httplib separately refuses a line
+  /// over 8192 bytes). Requires: >= 1. Default 16 KiB.
+  std::size_t max_header_bytes = 16 * 1024;
+  /// Longest wait for one read of the socket (per recv(), see above): a client silent for longer
+  /// mid-request loses its connection. Requires: > 0. Default 2 s.
+  std::chrono::milliseconds read_timeout = std::chrono::seconds(2);
+  /// Longest wait for one write of the socket. Requires: > 0. Default 5 s.
+  std::chrono::milliseconds write_timeout = std::chrono::seconds(5);
+  /// Requests served on one connection before it is closed. Requires: >= 1. Default 100.
+  std::size_t keep_alive_max_count = 100;
+  /// How long an idle kept-alive connection may hold a worker thread, whole seconds.
+  /// Requires: >= 1 s. Default 2 s.
+  std::chrono::seconds keep_alive_timeout = std::chrono::seconds(2);
+  /// TCP_NODELAY on accepted connections (without it each kept-alive answer can wait ~40 ms for
+  /// a delayed ACK). Default true.
+  bool tcp_nodelay = true;
+  /// Share the port with other processes (SO_REUSEPORT). Default false: binding a port another
+  /// socket listens on fails (only SO_REUSEADDR is set).
+  bool reuse_port = false;
+  /// Accept Transfer-Encoding: chunked request bodies. Their size is then NOT bounded by
+  /// max_body_bytes (cpp-httplib 0.11). Default false: 411 Length Required.
+  bool allow_chunked = false;
+  /// Known path patterns (cpp-httplib regex syntax, whole path) and the methods each one allows
+  /// ("GET, POST"), for 405 + Allow instead of 404. Default none.
+  std::vector<std::pair<std::string, std::string>> routes;
+  /// The application's own pre-routing handler, run after the checks above (apply_server_limits
+  /// owns set_pre_routing_handler). Default none.
+  httplib::Server::HandlerWithResponse pre_routing;
+  /// The application's own logger, called after each answer is written (apply_server_limits
+  /// owns set_logger: a refused HEAD request, whose answer has no body, is closed there).
+  /// Default none.
+  httplib::Logger logger;
+};
+
+/// Throws std::invalid_argument naming the field and value when a Requires line is broken.
+void validate(const ServerLimits& limits);
+
+/// Applies `limits` to `server`: set_payload_max_length, read/write timeouts, keep-alive count and
+/// timeout, set_tcp_nodelay, set_socket_options (SO_REUSEADDR, plus SO_REUSEPORT only when asked),
+/// and the pre-routing and error handlers described above. Call before bind_to_port()/listen().
+/// Throws std::invalid_argument like validate().
+///
+/// Example:
+///   httplib::Server server;
+///   keel::store::apply_server_limits(server, {.max_body_bytes = 64 * 1024,
+///                                             .routes = {{"/v1/charges", "POST"}}});
+///   server.Post("/v1/charges", idem.wrap(handler));
+///   if (!server.bind_to_port("127.0.0.1", 8080)) ...  // in use: fails, never shares
+void apply_server_limits(httplib::Server& server, ServerLimits limits);
+
+/// The framing and size checks of apply_server_limits() alone: Handled (with a problem+json
+/// answer that closes the connection) when the request must be refused, else Unhandled.
+[[nodiscard]] httplib::Server::HandlerResponse refuse_unsafe_request(
+    const httplib::Request& request, httplib::Response& response, const ServerLimits& limits);
+
+/// write_problem() and close the connection once the answer is written (for refusals whose
+/// request body was not read).
+void write_problem_and_close(httplib::Response& response, int status, std::string_view title,
+                             std::string_view detail);
 
 }  // namespace keel::store
