@@ -164,24 +164,29 @@ std::optional<Duration> parse_retry_after(std::string_view value, WallTime now) 
   value = trim_ows(value);
   if (value.empty()) return std::nullopt;
   if (value.front() >= '0' && value.front() <= '9') {
-    // delta-seconds = 1*DIGIT; anything else in the value rejects it.
+    // delta-seconds = 1*DIGIT; anything else in the value rejects it. A number too large for a
+    // Duration saturates at kInfinite: it is capped like any long delay (retry_after_cap), never
+    // ignored into an immediate retry.
     constexpr std::int64_t kMaxSeconds = kInfinite.count() / 1'000'000'000;
     std::int64_t seconds = 0;
+    bool saturated = false;
     for (char ch : value) {
       if (ch < '0' || ch > '9') return std::nullopt;
+      if (saturated) continue;
       seconds = seconds * 10 + (ch - '0');
-      if (seconds > kMaxSeconds) return std::nullopt;
+      if (seconds > kMaxSeconds) saturated = true;
     }
+    if (saturated) return kInfinite;
     return std::chrono::seconds(seconds);
   }
   const auto when = parse_http_date(value, now);
   if (!when) return std::nullopt;
   const auto now_s = std::chrono::floor<std::chrono::seconds>(now.time_since_epoch());
   if (*when <= now_s.count()) return Duration::zero();
-  // A date too far ahead to express in nanoseconds is rejected like an oversized delta.
+  // A date too far ahead to express in nanoseconds saturates like an oversized delta.
   constexpr std::int64_t kMaxSeconds = kInfinite.count() / 1'000'000'000 - 1;
   const std::int64_t ahead = *when - now_s.count();
-  if (ahead > kMaxSeconds) return std::nullopt;
+  if (ahead > kMaxSeconds) return kInfinite;
   // Dates are whole seconds; measure from `now` exactly (the sub-second part counts).
   return std::chrono::seconds(ahead) - (now.time_since_epoch() - now_s);
 }
