@@ -650,8 +650,9 @@ Runner add_jobs(CLI::App& app) {
   enqueue->add_option("--payloads-from", args->payloads_from,
                       "Enqueue one job per line of FILE (- for stdin), each line a JSON payload, "
                       "in one transaction; prints one id per line");
-  enqueue->add_option("--key", args->key,
-                      "Idempotency key (default: a new UUID, stored with the job)");
+  enqueue
+      ->add_option("--key", args->key, "Idempotency key (default: a new UUID, stored with the job)")
+      ->check([](const std::string& key) { return http::check_idempotency_key(key); });
   enqueue->add_option("--max-attempts", args->max_attempts, "Attempts before the job is dead")
       ->capture_default_str();
   enqueue->add_option("--delay", args->delay, "Not before now + this")->capture_default_str();
