@@ -176,7 +176,7 @@ int run_stats(const JobsArgs& a) {
     return usage("--db: database '" + url->redacted + "' does not exist");
   }
   bool has_schema = false;
-  auto conn = queue_cli::open_queue_db(*url, false, &has_schema);
+  auto conn = queue_cli::open_queue_db_read_only(*url, &has_schema);
   store::JobQueue queue;
   std::vector<store::QueueStats> stats;
   if (has_schema) stats = queue.stats(*conn);
