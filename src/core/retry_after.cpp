@@ -77,8 +77,12 @@ std::optional<std::int64_t> to_unix(std::int64_t year, int month0, int day, int 
   const auto month = static_cast<unsigned>(month0 + 1);
   if (day < 1 || static_cast<unsigned>(day) > days_in_month(year, month)) return std::nullopt;
   if (hh > 23 || mm > 59 || ss > 60) return std::nullopt;  // 60: a leap second
-  return days_from_civil(year, month, static_cast<unsigned>(day)) * 86400 + hh * 3600 + mm * 60 +
-         ss;
+  // The last second a 4-digit year can write; a leap second after it would roll into the year
+  // 10000, which no HTTP-date can express (found by the fuzzer: the round trip broke).
+  constexpr std::int64_t kLastHttpDate = 253402300799;  // 9999-12-31T23:59:59Z
+  const std::int64_t t =
+      days_from_civil(year, month, static_cast<unsigned>(day)) * 86400 + hh * 3600 + mm * 60 + ss;
+  return t < kLastHttpDate ? t : kLastHttpDate;
 }
 
 // IMF-fixdate: day-name "," SP 2DIGIT SP month SP 4DIGIT SP time SP "GMT"

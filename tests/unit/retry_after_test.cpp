@@ -98,6 +98,9 @@ TEST(RetryAfter, OutOfRangeValuesSaturate) {
         "Sat, 01 Jan 2400 00:00:00 GMT", "Mon, 01 Jan 3000 00:00:00 GMT"}) {
     EXPECT_EQ(parse_retry_after(huge, kNow), keel::kInfinite) << "'" << huge << "'";
   }
+  // A leap second at the very end of year 9999 stays in year 9999 (found by the fuzzer).
+  EXPECT_EQ(parse_http_date("Fri, 31 Dec 9999 23:59:60 GMT", kNow), 253402300799);
+  EXPECT_EQ(parse_retry_after("Fri, 31 Dec 9999 23:59:60 GMT", kNow), keel::kInfinite);
   // The largest delta a Duration holds is still exact.
   EXPECT_EQ(parse_retry_after("9223372036", kNow), std::chrono::seconds(9223372036));
   EXPECT_EQ(parse_retry_after(std::string(100000, '9'), kNow), keel::kInfinite);
