@@ -9,7 +9,7 @@ seconds=${2:?usage: fuzz.sh BUILD_DIR SECONDS}
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ is not installed" >&2; exit 1; }
 cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$build" >/dev/null
-for target in retry_after duration; do
+for target in retry_after duration url header_arg response_head; do
   corpus="$build/corpus-$target"
   mkdir -p "$corpus"
   cp -n "$root/fuzz/corpus/$target/"* "$corpus/" 2>/dev/null || true
