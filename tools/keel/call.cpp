@@ -42,8 +42,8 @@ Exit status:
   1  a local error (the output file could not be written, or cancelled)
   2  invalid arguments (the message names the flag)
   3  the final response was a failure that must not be retried (for example 400, 404,
-     or a 500 already retried once; the body is still printed), or a permanent network
-     error such as an unknown host
+     or a 500 already retried once; the body is still printed), a permanent network
+     error such as an unknown host, or a response keel will not take (a head over 64 KiB)
   4  gave up after the last attempt on a retryable failure (5xx, 429, reset, timeout)
   5  gave up because the next attempt, or the server's Retry-After, would pass the deadline
   6  not retried because the request was not safe to repeat (an ambiguous failure of a POST
