@@ -131,7 +131,7 @@ TEST(KeelCallInput, InvalidUrlsExitTwoAtOnceNamingTheProblem) {
   // Schemes are case-insensitive.
   FaultServer server({.script = "200/body=up"});
   server.start();
-  for (const std::string scheme : {"HTTP", "Http", "hTtP"}) {
+  for (const char* scheme : {"HTTP", "Http", "hTtP"}) {
     std::string url = server.url("/");
     url.replace(0, 4, scheme);
     const KeelRun r = run_keel(call({url}));
@@ -183,7 +183,7 @@ TEST(KeelFlags, BadValuesExitTwoNamingTheFlagAndTheValue) {
     cases.push_back({{"sim", "run", "--scenario", "blip", "--trigger", value}, "--trigger", value});
   }
   const std::string db = "sqlite:" + dir.file("q.db");
-  for (const std::string value : {std::string(), std::string(256, 'k'), std::string("a\tb")}) {
+  for (const std::string& value : {std::string(), std::string(256, 'k'), std::string("a\tb")}) {
     cases.push_back(
         {{"jobs", "enqueue", "--db", db, "--queue", "q", "--payload", "{}", "--key", value},
          "--key",
