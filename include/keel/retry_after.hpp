@@ -3,10 +3,12 @@
 // accept: RFC 850 ("Sunday, 06-Nov-94 08:49:37 GMT", two-digit year) and asctime
 // ("Sun Nov  6 08:49:37 1994").
 //
-// The parser is strict: garbage, a sign, an exponent, trailing junk, an impossible date or a
-// number too large to represent is rejected, and a rejected header is ignored (never trusted).
-// A date in the past means "retry now". Capping is the caller's job (RetryPolicy caps at 60 s by
-// default) so that a hostile header cannot park a caller.
+// The parser is strict: garbage, a sign, an exponent, trailing junk or an impossible date is
+// rejected, and a rejected header is ignored (never trusted). A value too large to represent (a
+// delta of 9223372037 s or more, a date centuries ahead) is valid and saturates at kInfinite,
+// so that it is capped like any long delay rather than read as "no delay". A date in the past
+// means "retry now". Capping is the caller's job (RetryPolicy caps at 60 s by default) so that a
+// hostile header cannot park a caller.
 //
 // Thread-safety: pure functions.
 //
@@ -30,8 +32,8 @@ namespace keel {
 [[nodiscard]] std::optional<std::int64_t> parse_http_date(std::string_view text, WallTime now);
 
 /// The delay a Retry-After value asks for, measured from `now`; zero for a date in the past;
-/// nullopt when the value is not valid (the header must then be ignored). Surrounding spaces and
-/// tabs are allowed. Not capped.
+/// nullopt when the value is not valid (the header must then be ignored); kInfinite when it is
+/// valid but beyond what a Duration holds. Surrounding spaces and tabs are allowed. Not capped.
 [[nodiscard]] std::optional<Duration> parse_retry_after(std::string_view value, WallTime now);
 
 /// Formats seconds since the epoch as IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT").

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <new>
 #include <stdexcept>
+#include <string_view>
 #include <vector>
 
 #include "curl_multi.hpp"
@@ -17,24 +18,6 @@
 
 namespace keel::asio {
 namespace {
-
-bool iequals(std::string_view a, std::string_view b) noexcept {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
-    auto lower = [](char c) {
-      return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-    };
-    return lower(x) == lower(y);
-  });
-}
-
-std::string_view trim(std::string_view s) noexcept {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() &&
-         (s.back() == ' ' || s.back() == '\t' || s.back() == '\r' || s.back() == '\n')) {
-    s.remove_suffix(1);
-  }
-  return s;
-}
 
 long to_curl_ms(Duration d) noexcept {
   if (d >= kInfinite) return 0;  // libcurl: 0 means no timeout
@@ -84,28 +67,47 @@ void append(Slist& list, const std::string& line) {
 // What libcurl writes into during one attempt.
 struct Sink {
   HttpResponse response;
+  http::ResponseHeadParser head;
+  const HttpRequest::BodySink* body_sink = nullptr;  // none: the body goes to response.body
+  std::size_t max_body = 0;
+  // Why the transfer was ended from a callback (the response could not be taken); else empty.
+  std::string local_error;
 };
 
 size_t on_body(char* data, size_t size, size_t count, void* user) {
-  static_cast<Sink*>(user)->response.body.append(data, size * count);
-  return size * count;
+  auto* sink = static_cast<Sink*>(user);
+  const std::size_t n = size * count;
+  if (sink->body_sink != nullptr) {
+    if (!sink->body_sink->write(std::string_view(data, n))) {
+      sink->local_error = "the response body could not be written (body sink failed)";
+      return 0;
+    }
+    return n;
+  }
+  if (n > sink->max_body - std::min(sink->response.body.size(), sink->max_body)) {
+    sink->local_error = "the response body is larger than " + std::to_string(sink->max_body) +
+                        " bytes (max_response_bytes)";
+    return 0;
+  }
+  sink->response.body.append(data, n);
+  return n;
 }
 
 size_t on_header(char* data, size_t size, size_t count, void* user) {
   auto* sink = static_cast<Sink*>(user);
-  const std::string_view line(data, size * count);
-  if (line.starts_with("HTTP/")) {
-    // A new status line (after a 1xx, for instance): the final response starts over.
-    sink->response.status_line = std::string(trim(line));
-    sink->response.headers.clear();
-    return size * count;
-  }
-  const auto colon = line.find(':');
-  if (colon != std::string_view::npos && colon > 0) {
-    sink->response.headers.emplace_back(std::string(line.substr(0, colon)),
-                                        std::string(trim(line.substr(colon + 1))));
+  if (!sink->head.feed(std::string_view(data, size * count), sink->response)) {
+    sink->local_error = sink->head.error();
+    return 0;
   }
   return size * count;
+}
+
+// libcurl refuses a single header line of more than its own limit (100 KB) before the header
+// callback sees it, and reports it as out of memory (7.x) or "too large" (8.x): once a status
+// line has arrived, that is what such an error means.
+bool is_oversized_header(CURLcode rc, const HttpResponse& response) noexcept {
+  if (rc != CURLE_OUT_OF_MEMORY && static_cast<int>(rc) != 100 /* CURLE_TOO_LARGE */) return false;
+  return !response.status_line.empty();
 }
 
 struct AttemptResult {
@@ -129,6 +131,14 @@ struct HttpClient::Impl {
       throw std::invalid_argument(
           "keel::asio::HttpClientOptions: connect_timeout must be > 0 (got " +
           format_duration(options.connect_timeout) + ")");
+    }
+    if (options.max_header_bytes < 1) {
+      throw std::invalid_argument(
+          "keel::asio::HttpClientOptions: max_header_bytes must be >= 1 (got 0)");
+    }
+    if (options.max_response_bytes < 1) {
+      throw std::invalid_argument(
+          "keel::asio::HttpClientOptions: max_response_bytes must be >= 1 (got 0)");
     }
     if (options.max_host_connections < 0) {
       throw std::invalid_argument(
@@ -163,12 +173,18 @@ struct HttpClient::Impl {
     } lease{this, acquire()};
     CURL* h = lease.easy.get();
     Sink sink;
+    sink.head = http::ResponseHeadParser(options.max_header_bytes);
+    sink.max_body = options.max_response_bytes;
+    if (request.body_sink.write) sink.body_sink = &request.body_sink;
     char error_buffer[CURL_ERROR_SIZE] = {};
     Slist headers;
     bool has_user_agent = false;
     for (const auto& [name, value] : request.headers) {
-      if (iequals(name, "User-Agent")) has_user_agent = true;
-      if (iequals(name, "Idempotency-Key") || iequals(name, "Keel-Attempt")) continue;
+      if (http::same_header_name(name, "User-Agent")) has_user_agent = true;
+      if (http::same_header_name(name, "Idempotency-Key") ||
+          http::same_header_name(name, "Keel-Attempt")) {
+        continue;
+      }
       append(headers, value.empty() ? name + ";" : name + ": " + value);
     }
     append(headers, "Keel-Attempt: " + std::to_string(request.prior_attempts + info.number));
@@ -205,8 +221,24 @@ struct HttpClient::Impl {
       if (m != "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, m.c_str());
     }
 
-    const CURLcode rc = co_await detail::async_perform(multi, h, ::asio::use_awaitable);
     AttemptResult out;
+    if (sink.body_sink != nullptr && sink.body_sink->restart && !sink.body_sink->restart()) {
+      out.outcome = Outcome::permanent();
+      out.error = "the response body could not be written (body sink failed to restart)";
+      co_return out;
+    }
+    const CURLcode rc = co_await detail::async_perform(multi, h, ::asio::use_awaitable);
+    if (!sink.local_error.empty() || is_oversized_header(rc, sink.response)) {
+      // The response arrived but cannot be taken: a local limit or the caller's sink, which a
+      // retry would meet again. Nothing of it is kept.
+      out.outcome = Outcome::permanent();
+      out.error = !sink.local_error.empty()
+                      ? sink.local_error
+                      : "a response header line is larger than libcurl accepts (100 KB; "
+                        "max_header_bytes is " +
+                            std::to_string(options.max_header_bytes) + ")";
+      co_return out;
+    }
     if (rc == CURLE_ABORTED_BY_CALLBACK) {
       // Cancelled by keel (the backstop timeout) or by the caller; the retry loop knows which.
       out.outcome = attempt_timeout_outcome();
@@ -308,11 +340,16 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
   Clock& clock = impl->options.clock != nullptr ? *impl->options.clock : steady_clock();
 
   HttpResult result;
+  if (std::string why = http::check_request(request, &result.idempotency_key); !why.empty()) {
+    // Refused before any attempt: nothing was sent, and sending it again would not help.
+    result.outcome = Outcome::permanent();
+    result.reason = StopReason::kPermanent;
+    result.error = std::move(why);
+    co_return result;
+  }
   const Method method = parse_method(request.method);
-  if (!request.idempotency_key.empty()) {
-    result.idempotency_key = request.idempotency_key;
-  } else if (request.generate_idempotency_key &&
-             (method == Method::kPost || method == Method::kPatch)) {
+  if (result.idempotency_key.empty() && request.generate_idempotency_key &&
+      (method == Method::kPost || method == Method::kPatch)) {
     result.idempotency_key = make_idempotency_key();  // once, before the first attempt
   }
   const RequestTraits traits{method, !result.idempotency_key.empty()};

@@ -77,8 +77,12 @@ std::optional<std::int64_t> to_unix(std::int64_t year, int month0, int day, int 
   const auto month = static_cast<unsigned>(month0 + 1);
   if (day < 1 || static_cast<unsigned>(day) > days_in_month(year, month)) return std::nullopt;
   if (hh > 23 || mm > 59 || ss > 60) return std::nullopt;  // 60: a leap second
-  return days_from_civil(year, month, static_cast<unsigned>(day)) * 86400 + hh * 3600 + mm * 60 +
-         ss;
+  // The last second a 4-digit year can write; a leap second after it would roll into the year
+  // 10000, which no HTTP-date can express (found by the fuzzer: the round trip broke).
+  constexpr std::int64_t kLastHttpDate = 253402300799;  // 9999-12-31T23:59:59Z
+  const std::int64_t t =
+      days_from_civil(year, month, static_cast<unsigned>(day)) * 86400 + hh * 3600 + mm * 60 + ss;
+  return t < kLastHttpDate ? t : kLastHttpDate;
 }
 
 // IMF-fixdate: day-name "," SP 2DIGIT SP month SP 4DIGIT SP time SP "GMT"
@@ -164,24 +168,29 @@ std::optional<Duration> parse_retry_after(std::string_view value, WallTime now) 
   value = trim_ows(value);
   if (value.empty()) return std::nullopt;
   if (value.front() >= '0' && value.front() <= '9') {
-    // delta-seconds = 1*DIGIT; anything else in the value rejects it.
+    // delta-seconds = 1*DIGIT; anything else in the value rejects it. A number too large for a
+    // Duration saturates at kInfinite: it is capped like any long delay (retry_after_cap), never
+    // ignored into an immediate retry.
     constexpr std::int64_t kMaxSeconds = kInfinite.count() / 1'000'000'000;
     std::int64_t seconds = 0;
+    bool saturated = false;
     for (char ch : value) {
       if (ch < '0' || ch > '9') return std::nullopt;
+      if (saturated) continue;
       seconds = seconds * 10 + (ch - '0');
-      if (seconds > kMaxSeconds) return std::nullopt;
+      if (seconds > kMaxSeconds) saturated = true;
     }
+    if (saturated) return kInfinite;
     return std::chrono::seconds(seconds);
   }
   const auto when = parse_http_date(value, now);
   if (!when) return std::nullopt;
   const auto now_s = std::chrono::floor<std::chrono::seconds>(now.time_since_epoch());
   if (*when <= now_s.count()) return Duration::zero();
-  // A date too far ahead to express in nanoseconds is rejected like an oversized delta.
+  // A date too far ahead to express in nanoseconds saturates like an oversized delta.
   constexpr std::int64_t kMaxSeconds = kInfinite.count() / 1'000'000'000 - 1;
   const std::int64_t ahead = *when - now_s.count();
-  if (ahead > kMaxSeconds) return std::nullopt;
+  if (ahead > kMaxSeconds) return kInfinite;
   // Dates are whole seconds; measure from `now` exactly (the sub-second part counts).
   return std::chrono::seconds(ahead) - (now.time_since_epoch() - now_s);
 }

@@ -11,30 +11,13 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "keel/retry_after.hpp"
 
 namespace keel::http {
 namespace {
-
-bool iequals(std::string_view a, std::string_view b) noexcept {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
-    const auto lower = [](char c) {
-      return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
-    };
-    return lower(x) == lower(y);
-  });
-}
-
-std::string_view trim(std::string_view s) noexcept {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() &&
-         (s.back() == ' ' || s.back() == '\t' || s.back() == '\r' || s.back() == '\n')) {
-    s.remove_suffix(1);
-  }
-  return s;
-}
 
 void global_init() {
   static std::once_flag once;
@@ -81,30 +64,47 @@ NetError net_error_of(CURLcode rc, long os_errno) noexcept {
 
 struct Transfer {
   Response response;
-  bool headers_done = false;
+  ResponseHeadParser head;
+  const Request::BodySink* sink = nullptr;  // none: the body goes to response.body
+  std::size_t max_body = 0;
+  // Why the transfer was ended from a callback (the response could not be taken); else empty.
+  std::string local_error;
 };
 
 size_t on_body(char* data, size_t size, size_t count, void* user) {
   auto* t = static_cast<Transfer*>(user);
-  t->response.body.append(data, size * count);
-  return size * count;
+  const std::size_t n = size * count;
+  if (t->sink != nullptr) {
+    if (!t->sink->write(std::string_view(data, n))) {
+      t->local_error = "the response body could not be written (body sink failed)";
+      return 0;
+    }
+    return n;
+  }
+  if (n > t->max_body - std::min(t->response.body.size(), t->max_body)) {
+    t->local_error = "the response body is larger than " + std::to_string(t->max_body) +
+                     " bytes (max_response_bytes)";
+    return 0;
+  }
+  t->response.body.append(data, n);
+  return n;
 }
 
 size_t on_header(char* data, size_t size, size_t count, void* user) {
   auto* t = static_cast<Transfer*>(user);
-  const std::string_view line(data, size * count);
-  if (line.starts_with("HTTP/")) {
-    // A new status line (after a 1xx, for instance): the final response starts over.
-    t->response.status_line = std::string(trim(line));
-    t->response.headers.clear();
-    return size * count;
-  }
-  const auto colon = line.find(':');
-  if (colon != std::string_view::npos && colon > 0) {
-    t->response.headers.emplace_back(std::string(line.substr(0, colon)),
-                                     std::string(trim(line.substr(colon + 1))));
+  if (!t->head.feed(std::string_view(data, size * count), t->response)) {
+    t->local_error = t->head.error();
+    return 0;
   }
   return size * count;
+}
+
+// libcurl refuses a single header line of more than its own limit (100 KB) before the header
+// callback sees it, and reports it as out of memory (7.x) or "too large" (8.x): once a status
+// line has arrived, that is what such an error means.
+bool is_oversized_header(CURLcode rc, const Response& response) noexcept {
+  if (rc != CURLE_OUT_OF_MEMORY && static_cast<int>(rc) != 100 /* CURLE_TOO_LARGE */) return false;
+  return !response.status_line.empty();
 }
 
 struct SlistDeleter {
@@ -122,60 +122,33 @@ void append(Slist& list, const std::string& line) {
 }  // namespace
 
 std::optional<std::string> breaker_key(const std::string& url) {
-  // scheme "://" [userinfo "@"] host [":" port] then "/", "?", "#" or the end. Parsed by hand:
-  // this runs once per request, and libcurl's URL API costs more than the rest of the key.
-  const std::size_t scheme_end = url.find("://");
-  if (scheme_end == std::string::npos || scheme_end == 0) return std::nullopt;
-  std::string scheme = url.substr(0, scheme_end);
-  for (char& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  std::string_view authority(url);
-  authority.remove_prefix(scheme_end + 3);
-  authority = authority.substr(0, authority.find_first_of("/?#"));
-  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
-    authority.remove_prefix(at + 1);
-  }
-  std::string_view host = authority;
-  std::string_view port;
-  if (authority.starts_with('[')) {  // IPv6 literal
-    const auto close = authority.find(']');
-    if (close == std::string_view::npos) return std::nullopt;
-    host = authority.substr(0, close + 1);
-    if (close + 1 < authority.size()) {
-      if (authority[close + 1] != ':') return std::nullopt;
-      port = authority.substr(close + 2);
-    }
-  } else if (const auto colon = authority.rfind(':'); colon != std::string_view::npos) {
-    host = authority.substr(0, colon);
-    port = authority.substr(colon + 1);
-  }
-  if (host.empty() || host.find_first_of(" \t\r\n") != std::string_view::npos) {
-    return std::nullopt;
-  }
-  if (port.empty()) {
-    if (scheme == "http") {
-      port = "80";
-    } else if (scheme == "https") {
-      port = "443";
-    } else {
-      return std::nullopt;
-    }
-  }
-  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string_view::npos) {
-    return std::nullopt;
-  }
-  std::string key(host);
-  for (char& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  key += ':';
-  key += port;
-  return key;
+  const std::optional<Url> u = parse_url(url);
+  if (!u) return std::nullopt;
+  return u->host + ":" + std::to_string(u->port);
 }
 
-std::optional<std::string_view> find_header(const Headers& headers,
-                                            std::string_view name) noexcept {
-  for (const auto& [key, value] : headers) {
-    if (iequals(key, name)) return std::string_view(value);
+std::string check_request(const Request& request, std::string* key) {
+  std::string why;
+  if (!parse_url(request.url, &why)) return "invalid URL: " + why;
+  std::string found = request.idempotency_key;
+  for (const auto& [name, value] : request.headers) {
+    if (std::string problem = check_header_field(name, value); !problem.empty()) return problem;
+    if (!same_header_name(name, "Idempotency-Key")) continue;
+    if (!found.empty() && found != value) {
+      return "two different idempotency keys ('" + found.substr(0, 64) + "' and '" +
+             value.substr(0, 64) + "')";
+    }
+    found = value;
   }
-  return std::nullopt;
+  if (!found.empty() || !request.idempotency_key.empty()) {
+    if (std::string problem = check_idempotency_key(found); !problem.empty()) return problem;
+  }
+  for (char c : request.method) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u >= 0x7f) return "invalid method '" + request.method.substr(0, 32) + "'";
+  }
+  *key = std::move(found);
+  return {};
 }
 
 std::string make_idempotency_key() {
@@ -201,6 +174,14 @@ struct Client::Impl {
     if (options.connect_timeout <= Duration::zero()) {
       throw std::invalid_argument("keel::http::ClientOptions: connect_timeout must be > 0, got " +
                                   std::to_string(options.connect_timeout.count()) + "ns");
+    }
+    if (options.max_header_bytes < 1) {
+      throw std::invalid_argument(
+          "keel::http::ClientOptions: max_header_bytes must be >= 1, got 0");
+    }
+    if (options.max_response_bytes < 1) {
+      throw std::invalid_argument(
+          "keel::http::ClientOptions: max_response_bytes must be >= 1, got 0");
     }
     if (options.max_idle_handles < 1) {
       throw std::invalid_argument("keel::http::ClientOptions: max_idle_handles must be >= 1, got " +
@@ -286,12 +267,17 @@ struct Client::Impl {
     curl_easy_reset(h);
 
     Transfer transfer;
+    transfer.head = ResponseHeadParser(options.max_header_bytes);
+    transfer.max_body = options.max_response_bytes;
+    if (request.body_sink.write) transfer.sink = &request.body_sink;
     char error_buffer[CURL_ERROR_SIZE] = {};
     Slist headers;
     bool has_user_agent = false;
     for (const auto& [name, value] : request.headers) {
-      if (iequals(name, "User-Agent")) has_user_agent = true;
-      if (iequals(name, "Idempotency-Key") || iequals(name, "Keel-Attempt")) continue;
+      if (same_header_name(name, "User-Agent")) has_user_agent = true;
+      if (same_header_name(name, "Idempotency-Key") || same_header_name(name, "Keel-Attempt")) {
+        continue;
+      }
       append(headers, value.empty() ? name + ";" : name + ": " + value);
     }
     append(headers, "Keel-Attempt: " + std::to_string(request.prior_attempts + attempt.number));
@@ -329,8 +315,24 @@ struct Client::Impl {
       if (m != "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, m.c_str());
     }
 
-    const CURLcode rc = curl_easy_perform(h);
     AttemptResult out;
+    if (transfer.sink != nullptr && transfer.sink->restart && !transfer.sink->restart()) {
+      out.outcome = Outcome::permanent();
+      out.error = "the response body could not be written (body sink failed to restart)";
+      return out;
+    }
+    const CURLcode rc = curl_easy_perform(h);
+    if (!transfer.local_error.empty() || is_oversized_header(rc, transfer.response)) {
+      // The response arrived but cannot be taken: a local limit or the caller's sink, which a
+      // retry would meet again. Nothing of it is kept.
+      out.outcome = Outcome::permanent();
+      out.error = !transfer.local_error.empty()
+                      ? transfer.local_error
+                      : "a response header line is larger than libcurl accepts (100 KB; "
+                        "max_header_bytes is " +
+                            std::to_string(options.max_header_bytes) + ")";
+      return out;
+    }
     if (rc == CURLE_OK) {
       long status = 0;
       curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
@@ -380,11 +382,16 @@ Result Client::send(const Request& request) {
   Clock& clock = impl.options.clock != nullptr ? *impl.options.clock : steady_clock();
 
   Result result;
+  if (std::string why = check_request(request, &result.idempotency_key); !why.empty()) {
+    // Refused before any attempt: nothing was sent, and sending it again would not help.
+    result.outcome = Outcome::permanent();
+    result.reason = StopReason::kPermanent;
+    result.error = std::move(why);
+    return result;
+  }
   const Method method = parse_method(request.method);
-  if (!request.idempotency_key.empty()) {
-    result.idempotency_key = request.idempotency_key;
-  } else if (request.generate_idempotency_key &&
-             (method == Method::kPost || method == Method::kPatch)) {
+  if (result.idempotency_key.empty() && request.generate_idempotency_key &&
+      (method == Method::kPost || method == Method::kPatch)) {
     result.idempotency_key = make_idempotency_key();  // once, before the first attempt
   }
   const RequestTraits traits{method, !result.idempotency_key.empty()};

@@ -43,6 +43,15 @@ class PostgresConnection final : public Connection {
           {.backend = Backend::kPostgres, .sqlstate = "08001", .connection_lost = true});
     }
     PQsetNoticeProcessor(conn_, ignore_notice, nullptr);
+    if (options.read_only) {
+      try {
+        execute("SET default_transaction_read_only = on");
+      } catch (...) {
+        PQfinish(conn_);
+        conn_ = nullptr;
+        throw;
+      }
+    }
   }
 
   ~PostgresConnection() override { PQfinish(conn_); }

@@ -3,6 +3,7 @@
 // upgrading a read lock; the loser waits up to the busy timeout and then gets SQLITE_BUSY).
 #include <sqlite3.h>
 
+#include <filesystem>
 #include <string>
 #include <unordered_map>
 
@@ -14,22 +15,27 @@ namespace {
 class SqliteConnection final : public Connection {
  public:
   SqliteConnection(const std::string& path, const ConnectOptions& options) {
-    const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
-    const int rc = sqlite3_open_v2(path.c_str(), &db_, flags, nullptr);
-    if (rc != SQLITE_OK) {
-      const std::string message = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+    const int flags =
+        (options.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
+        SQLITE_OPEN_NOMUTEX;
+    open(path, flags);
+    if (options.read_only && !can_read() && !wal_file_exists(path)) {
+      // A WAL database needs its -shm file to be read, and a reader that may not write the
+      // directory cannot create it. With no -wal file either, no writer has the database open
+      // and everything committed is in the main file: read it as immutable (no locks, no -shm).
       sqlite3_close_v2(db_);
       db_ = nullptr;
-      throw DatabaseError("cannot open SQLite database '" + path + "': " + message,
-                          {.backend = Backend::kSqlite, .sqlite_code = rc});
+      open(immutable_uri(path), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX);
     }
     sqlite3_extended_result_codes(db_, 1);
     sqlite3_busy_timeout(db_, static_cast<int>(options.busy_timeout.count()));
     try {
       // WAL lets readers run beside the one writer; synchronous=NORMAL keeps every committed
       // transaction across a process crash (only a power loss can drop the last few).
-      execute("PRAGMA journal_mode=WAL");
-      execute("PRAGMA synchronous=NORMAL");
+      if (!options.read_only) {
+        execute("PRAGMA journal_mode=WAL");
+        execute("PRAGMA synchronous=NORMAL");
+      }
       execute("PRAGMA foreign_keys=ON");
     } catch (...) {
       sqlite3_close_v2(db_);
@@ -136,6 +142,43 @@ class SqliteConnection final : public Connection {
   [[nodiscard]] bool broken() const noexcept override { return broken_; }
 
  private:
+  void open(const std::string& name, int flags) {
+    const int rc = sqlite3_open_v2(name.c_str(), &db_, flags, nullptr);
+    if (rc != SQLITE_OK) {
+      const std::string message = db_ != nullptr ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+      sqlite3_close_v2(db_);
+      db_ = nullptr;
+      throw DatabaseError("cannot open SQLite database '" + name + "': " + message,
+                          {.backend = Backend::kSqlite, .sqlite_code = rc});
+    }
+  }
+
+  // Whether the schema can be read (a read-only WAL database may not be).
+  bool can_read() {
+    return sqlite3_exec(db_, "SELECT count(*) FROM sqlite_master", nullptr, nullptr, nullptr) ==
+           SQLITE_OK;
+  }
+
+  static bool wal_file_exists(const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::exists(path + "-wal", ec);
+  }
+
+  static std::string immutable_uri(const std::string& path) {
+    std::string uri = "file:";
+    for (char c : path) {
+      if (c == '?' || c == '#' || c == '%') {
+        static constexpr char kHex[] = "0123456789ABCDEF";
+        uri += '%';
+        uri += kHex[static_cast<unsigned char>(c) >> 4];
+        uri += kHex[static_cast<unsigned char>(c) & 0x0f];
+      } else {
+        uri += c;
+      }
+    }
+    return uri + "?mode=ro&immutable=1";
+  }
+
   sqlite3_stmt* prepare(std::string_view sql) {
     const std::string key(sql);
     if (auto it = statements_.find(key); it != statements_.end()) return it->second;

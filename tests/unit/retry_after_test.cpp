@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+#include "keel/retry.hpp"
+
 using namespace std::chrono_literals;
 using keel::parse_http_date;
 using keel::parse_retry_after;
@@ -49,10 +55,12 @@ TEST(RetryAfter, DeltaSeconds) {
 }
 
 TEST(RetryAfter, RejectsGarbage) {
-  for (const char* bad : {"IAintNoDateFool", "-5", "1e3", "120abc", "", " ", "+5", "5.0", "0x10",
-                          "99999999999999999999", "12 34"}) {
+  for (const char* bad :
+       {"IAintNoDateFool", "-5", "1e3", "120abc", "", " ", "+5", "+10", "+0", "5.0", "0x10",
+        "12 34", "1,2", "99999999999999999999x", "\xd9\xa1\xd9\xa2", "10\r\n"}) {
     EXPECT_FALSE(parse_retry_after(bad, kNow)) << "'" << bad << "'";
   }
+  EXPECT_FALSE(parse_retry_after(std::string_view("12\0", 3), kNow));
 }
 
 TEST(RetryAfter, HttpDateIsMeasuredFromNow) {
@@ -74,8 +82,59 @@ TEST(HttpDate, FormatRoundTrips) {
   }
 }
 
-TEST(RetryAfter, DateBeyondWhatNanosecondsHoldIsRejectedNotOverflowed) {
+TEST(RetryAfter, DateBeyondWhatNanosecondsHoldSaturatesNotOverflows) {
   // Found by the fuzzer: the year 2594 overflowed a nanosecond conversion.
-  EXPECT_FALSE(parse_retry_after("Sun Nov  6 08:49:37 2594", kNow));
-  EXPECT_TRUE(parse_retry_after("Sun Nov  6 08:49:37 2194", kNow));
+  EXPECT_EQ(parse_retry_after("Sun Nov  6 08:49:37 2594", kNow), keel::kInfinite);
+  EXPECT_LT(*parse_retry_after("Sun Nov  6 08:49:37 2194", kNow), keel::kInfinite);
+}
+
+// An absurd but well-formed value is a very long delay, never "absent" (which would mean retry
+// at once): every form past the range of a Duration saturates at kInfinite.
+TEST(RetryAfter, OutOfRangeValuesSaturate) {
+  for (const char* huge :
+       {"9223372037", "9223372036854775807", "9223372036854775808", "99999999999999999999",
+        "18446744073709551616", " 99999999999999999999999999999999999999999999999999 ",
+        "Fri, 31 Dec 9999 23:59:59 GMT", "Fri Dec 31 23:59:59 9999",
+        "Sat, 01 Jan 2400 00:00:00 GMT", "Mon, 01 Jan 3000 00:00:00 GMT"}) {
+    EXPECT_EQ(parse_retry_after(huge, kNow), keel::kInfinite) << "'" << huge << "'";
+  }
+  // A leap second at the very end of year 9999 stays in year 9999 (found by the fuzzer).
+  EXPECT_EQ(parse_http_date("Fri, 31 Dec 9999 23:59:60 GMT", kNow), 253402300799);
+  EXPECT_EQ(parse_retry_after("Fri, 31 Dec 9999 23:59:60 GMT", kNow), keel::kInfinite);
+  // The largest delta a Duration holds is still exact.
+  EXPECT_EQ(parse_retry_after("9223372036", kNow), std::chrono::seconds(9223372036));
+  EXPECT_EQ(parse_retry_after(std::string(100000, '9'), kNow), keel::kInfinite);
+}
+
+// What the retry engine does with one: the delay is capped by retry_after_cap, so a cap inside
+// the deadline waits the cap and a cap past it stops with kDeadline. Virtual time only.
+TEST(RetryAfter, AnOutOfRangeValueIsCappedAndRunsIntoTheDeadline) {
+  const keel::RequestTraits get{keel::Method::kGet, false};
+  for (const char* huge : {"9223372037", "99999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT"}) {
+    for (const int status : {429, 503}) {
+      const keel::Outcome o =
+          keel::classify_http_status(status, get, parse_retry_after(huge, kNow));
+      ASSERT_TRUE(o.has_server_delay()) << huge;
+      keel::ManualClock clock;
+      keel::CallOptions call;
+      call.clock = &clock;
+      {
+        keel::RetryPolicy policy({.max_attempts = 3, .retry_after_cap = 2s});
+        keel::RetryState state(policy, call);
+        ASSERT_TRUE(state.start_attempt().proceed);
+        const keel::Decision d = state.next(o);
+        EXPECT_TRUE(d.retry) << huge;
+        EXPECT_EQ(d.delay, 2s) << huge;
+      }
+      {
+        keel::RetryPolicy policy(
+            {.max_attempts = 3, .overall_timeout = 30s, .retry_after_cap = 60s});
+        keel::RetryState state(policy, call);
+        ASSERT_TRUE(state.start_attempt().proceed);
+        const keel::Decision d = state.next(o);
+        EXPECT_FALSE(d.retry) << huge;
+        EXPECT_EQ(d.reason, keel::StopReason::kDeadline) << huge;
+      }
+    }
+  }
 }

@@ -5,13 +5,16 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "commands.hpp"
@@ -39,8 +42,8 @@ Exit status:
   1  a local error (the output file could not be written, or cancelled)
   2  invalid arguments (the message names the flag)
   3  the final response was a failure that must not be retried (for example 400, 404,
-     or a 500 already retried once; the body is still printed), or a permanent network
-     error such as an unknown host
+     or a 500 already retried once; the body is still printed), a permanent network
+     error such as an unknown host, or a response keel will not take (a head over 64 KiB)
   4  gave up after the last attempt on a retryable failure (5xx, 429, reset, timeout)
   5  gave up because the next attempt, or the server's Retry-After, would pass the deadline
   6  not retried because the request was not safe to repeat (an ambiguous failure of a POST
@@ -49,7 +52,12 @@ Exit status:
      breaker was open
 
 Every request carries Keel-Attempt: N. POST and PATCH carry one Idempotency-Key (a random
-UUID, the same on every attempt) unless --idempotency-key off.)";
+UUID, the same on every attempt) unless --idempotency-key off. A key given with
+-H 'Idempotency-Key: K' or --idempotency-key K is the one sent, once, on every attempt (even
+with off); the two must agree. A key is at most 255 bytes of visible ASCII.
+
+The body is written to -o FILE as it arrives (through a temporary file renamed at the end, so
+only the final attempt's body is kept); for stdout it is spooled to a file in TMPDIR first.)";
 
 struct CallArgs {
   std::string url;
@@ -60,7 +68,7 @@ struct CallArgs {
   bool include = false;
   bool verbose = false;
   std::string output;
-  int max_attempts = 3;
+  std::string max_attempts = "3";
   std::string deadline = "30s";
   std::string per_try_timeout = "10s";
   std::string connect_timeout = "2s";
@@ -91,10 +99,6 @@ std::optional<Duration> duration_flag(const char* flag, const std::string& text,
   return d;
 }
 
-bool has_line_break(std::string_view s) {
-  return s.find('\r') != std::string_view::npos || s.find('\n') != std::string_view::npos;
-}
-
 int exit_status(StopReason reason) {
   switch (reason) {
     case StopReason::kSuccess:
@@ -116,45 +120,136 @@ int exit_status(StopReason reason) {
   return kExitLocalError;
 }
 
-// Writes the file through a temporary in the same directory and a rename: never a partial file.
-bool write_file(const std::string& path, const std::string& content, std::string* why) {
-  const std::filesystem::path target(path);
-  std::string tmp =
-      (target.has_parent_path() ? target.parent_path().string() + "/" : "") + ".keel-call.XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) {
-    *why = std::strerror(errno);
-    return false;
+// The response body's destination while the call runs: a temporary file (next to --output's
+// file, so that a rename publishes it, or in TMPDIR for stdout), emptied before each attempt so
+// that only the final attempt's body remains. The body never sits in memory.
+class Spool {
+ public:
+  Spool() = default;
+  Spool(const Spool&) = delete;
+  Spool& operator=(const Spool&) = delete;
+  ~Spool() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!path_.empty()) ::unlink(path_.c_str());
   }
-  std::size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
+
+  // Creates the file in `dir` (empty: TMPDIR or /tmp); false with `why` on failure.
+  bool open(std::string dir, std::string* why) {
+    if (dir.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    }
+    path_ = dir + "/.keel-call.XXXXXX";
+    fd_ = ::mkstemp(path_.data());
+    if (fd_ < 0) {
       *why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
+      path_.clear();
       return false;
     }
-    done += static_cast<std::size_t>(n);
+    return true;
   }
-  ::fchmod(fd, 0644);
-  if (::close(fd) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    *why = std::strerror(errno);
-    ::unlink(tmp.c_str());
+  bool restart() {
+    if (::ftruncate(fd_, 0) != 0 || ::lseek(fd_, 0, SEEK_SET) != 0) return fail();
+    return true;
+  }
+  bool write(std::string_view data) { return write_all(fd_, data) || fail(); }
+  [[nodiscard]] const std::string& error() const { return error_; }
+
+  // Copies the spooled body to `out_fd` after `prefix`.
+  bool copy_to(int out_fd, std::string_view prefix) {
+    if (!write_all(out_fd, prefix)) return fail();
+    if (::lseek(fd_, 0, SEEK_SET) != 0) return fail();
+    std::vector<char> buf(1 << 16);
+    for (;;) {
+      const ssize_t n = ::read(fd_, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return fail();
+      if (n == 0) return true;
+      if (!write_all(out_fd, std::string_view(buf.data(), static_cast<std::size_t>(n)))) {
+        return fail();
+      }
+    }
+  }
+
+  // Publishes the spool as `target` (same directory): prefix then body, by a rename when there
+  // is no prefix. Never a partial target file.
+  bool publish(const std::string& target, std::string_view prefix) {
+    if (!prefix.empty()) {
+      Spool with_head;
+      std::string why;
+      if (!with_head.open(directory_of(target), &why)) {
+        error_ = why;
+        return false;
+      }
+      if (!copy_to(with_head.fd_, prefix)) return false;
+      return with_head.publish(target, {});
+    }
+    ::fchmod(fd_, 0644);
+    if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
+      fd_ = -1;
+      return fail();
+    }
+    fd_ = -1;
+    if (std::rename(path_.c_str(), target.c_str()) != 0) return fail();
+    path_.clear();
+    return true;
+  }
+
+  static std::string directory_of(const std::string& path) {
+    const std::filesystem::path p(path);
+    return p.has_parent_path() ? p.parent_path().string() : ".";
+  }
+
+ private:
+  static bool write_all(int fd, std::string_view data) {
+    while (!data.empty()) {
+      const ssize_t n = ::write(fd, data.data(), data.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      data.remove_prefix(static_cast<std::size_t>(n));
+    }
+    return true;
+  }
+  bool fail() {
+    if (error_.empty()) error_ = std::strerror(errno);
     return false;
   }
-  return true;
+
+  int fd_ = -1;
+  std::string path_;
+  std::string error_;
+};
+
+// Reads --data @FILE; empty with `why` set on failure (a directory, unreadable, ...).
+std::optional<std::string> read_body_file(const std::string& path, std::string* why) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec) {
+    *why = ec.message();
+    return std::nullopt;
+  }
+  if (std::filesystem::is_directory(status)) {
+    *why = "is a directory";
+    return std::nullopt;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *why = std::strerror(errno);
+    return std::nullopt;
+  }
+  std::ostringstream content;
+  content << in.rdbuf();
+  if (in.bad()) {
+    *why = "read error";
+    return std::nullopt;
+  }
+  return content.str();
 }
 
 int run_call(const CallArgs& a) {
   // Validate everything before sending anything.
-  if (!a.url.starts_with("http://") && !a.url.starts_with("https://")) {
-    return usage_error("URL '" + a.url + "' must start with http:// or https://");
-  }
-  if (has_line_break(a.url) || a.url.find(' ') != std::string::npos) {
-    return usage_error("URL '" + a.url + "' contains spaces or line breaks");
-  }
+  std::string why;
+  if (!http::parse_url(a.url, &why)) return usage_error("URL '" + a.url + "': " + why);
   const auto deadline = duration_flag("--deadline", a.deadline, true);
   if (!deadline) return kExitUsage;
   const auto per_try = duration_flag("--per-try-timeout", a.per_try_timeout, true);
@@ -176,50 +271,60 @@ int run_call(const CallArgs& a) {
     return usage_error("--jitter: expected full, equal, decorrelated or none, got '" + a.jitter +
                        "'");
   }
-  if (a.max_attempts < 1) {
-    return usage_error("--max-attempts: must be at least 1, got " + std::to_string(a.max_attempts));
-  }
+  const auto max_attempts = parse_count(a.max_attempts, 1, 2147483647, &why);
+  if (!max_attempts) return usage_error("--max-attempts: " + why);
 
   http::Request request;
   request.url = a.url;
   request.method = !a.method.empty() ? a.method : (a.data_given ? "POST" : "GET");
+  if (request.method.empty() || request.method.size() > 64) {
+    return usage_error("--request: invalid method '" + a.method + "'");
+  }
   for (char c : request.method) {
     if (c <= ' ' || c >= 127 || c == ':' || c == '/') {
       return usage_error("--request: invalid method '" + a.method + "'");
     }
   }
+  // The caller's own key, from -H or --idempotency-key: always the one sent, exactly once.
+  std::string header_key;
   for (const std::string& h : a.headers) {
-    const std::size_t colon = h.find(':');
-    if (colon == std::string::npos || colon == 0 || has_line_break(h) ||
-        h.find_first_of(" \t") < colon) {
-      return usage_error("--header: expected 'Name: value', got '" + h + "'");
+    auto field = http::parse_header_field(h, &why);
+    if (!field) return usage_error("--header: '" + h + "': " + why);
+    if (http::same_header_name(field->first, "Idempotency-Key")) {
+      if (std::string problem = http::check_idempotency_key(field->second); !problem.empty()) {
+        return usage_error("--header: '" + h.substr(0, 300) + "': " + problem);
+      }
+      if (!header_key.empty() && header_key != field->second) {
+        return usage_error("--header: two different Idempotency-Key headers ('" + header_key +
+                           "' and '" + field->second + "')");
+      }
+      header_key = field->second;
+      continue;  // sent once, as the request's key
     }
-    std::string value = h.substr(colon + 1);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.erase(0, 1);
-    request.headers.emplace_back(h.substr(0, colon), value);
+    request.headers.push_back(std::move(*field));
   }
   if (a.data_given) {
     if (a.data.starts_with("@")) {
       const std::string path = a.data.substr(1);
-      std::ifstream in(path, std::ios::binary);
-      if (!in) {
-        return usage_error("--data: cannot read '" + path + "': " + std::strerror(errno));
-      }
-      std::ostringstream content;
-      content << in.rdbuf();
-      request.body = content.str();
+      auto body = read_body_file(path, &why);
+      if (!body) return usage_error("--data: cannot read '" + path + "': " + why);
+      request.body = std::move(*body);
     } else {
       request.body = a.data;
     }
   }
-  if (a.idempotency_key == "off") {
-    request.generate_idempotency_key = false;
-  } else if (a.idempotency_key == "auto") {
-    request.generate_idempotency_key = true;
-  } else if (a.idempotency_key.empty() || has_line_break(a.idempotency_key)) {
-    return usage_error("--idempotency-key: expected KEY, auto or off, got '" + a.idempotency_key +
-                       "'");
+  if (a.idempotency_key == "off" || a.idempotency_key == "auto") {
+    request.generate_idempotency_key = a.idempotency_key == "auto";
+    request.idempotency_key = header_key;  // a key given with -H is sent even with off
   } else {
+    if (std::string problem = http::check_idempotency_key(a.idempotency_key); !problem.empty()) {
+      return usage_error("--idempotency-key: expected KEY, auto or off, got '" +
+                         a.idempotency_key.substr(0, 300) + "': " + problem);
+    }
+    if (!header_key.empty() && header_key != a.idempotency_key) {
+      return usage_error("--idempotency-key: '" + a.idempotency_key +
+                         "' conflicts with --header 'Idempotency-Key: " + header_key + "'");
+    }
     request.idempotency_key = a.idempotency_key;
   }
   // With auto, make the key here (as the client would) so that -v can show it up front.
@@ -228,8 +333,20 @@ int run_call(const CallArgs& a) {
     request.idempotency_key = http::make_idempotency_key();
   }
 
+  // The body is spooled to a file as it arrives (never held in memory): next to --output's file,
+  // or in TMPDIR for stdout.
+  Spool spool;
+  if (!spool.open(a.output.empty() ? std::string() : Spool::directory_of(a.output), &why)) {
+    std::fprintf(stderr, "keel call: %s: cannot create a temporary file: %s\n",
+                 a.output.empty() ? "stdout" : ("--output '" + a.output + "'").c_str(),
+                 why.c_str());
+    return kExitLocalError;
+  }
+  request.body_sink.restart = [&spool] { return spool.restart(); };
+  request.body_sink.write = [&spool](std::string_view data) { return spool.write(data); };
+
   http::ClientOptions options;
-  options.retry.max_attempts = a.max_attempts;
+  options.retry.max_attempts = static_cast<int>(*max_attempts);
   options.retry.overall_timeout = *deadline;
   options.retry.per_try_timeout = *per_try;
   options.retry.backoff = {.base = *base, .cap = *cap, .jitter = *jitter};
@@ -260,28 +377,32 @@ int run_call(const CallArgs& a) {
   const http::Result result = client.send(request);
 
   if (result.response) {
-    std::string out;
+    std::string head;
     if (a.include) {
-      out += result.response->status_line + "\r\n";
+      head += result.response->status_line + "\r\n";
       for (const auto& [name, value] : result.response->headers) {
-        out += name + ": " + value + "\r\n";
+        head += name + ": " + value + "\r\n";
       }
-      out += "\r\n";
+      head += "\r\n";
     }
-    out += result.response->body;
     if (!a.output.empty()) {
-      std::string why;
-      if (!write_file(a.output, out, &why)) {
+      if (!spool.publish(a.output, head)) {
         std::fprintf(stderr, "keel call: --output: cannot write '%s': %s\n", a.output.c_str(),
-                     why.c_str());
+                     spool.error().c_str());
         return kExitLocalError;
       }
     } else {
-      std::fwrite(out.data(), 1, out.size(), stdout);
       std::fflush(stdout);
+      if (!spool.copy_to(STDOUT_FILENO, head)) {
+        std::fprintf(stderr, "keel call: cannot write to stdout: %s\n", spool.error().c_str());
+        return kExitLocalError;
+      }
     }
   } else if (!result.error.empty()) {
     std::fprintf(stderr, "keel call: %s\n", result.error.c_str());
+  }
+  if (result.attempts == 0 && result.reason == StopReason::kPermanent) {
+    return kExitUsage;  // refused by the client before sending (check_request)
   }
   return exit_status(result.reason);
 }

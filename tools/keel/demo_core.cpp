@@ -10,32 +10,51 @@
 namespace keel::cli {
 
 Runner add_demo_core(CLI::App& app) {
+  // Taken as text and parsed strictly below (CLI11 would accept nan, hex or a negative seed).
   struct Options {
-    int operations = 5;
-    double failure_rate = 0.6;
-    std::uint64_t seed = 1;
-    int max_attempts = 4;
+    std::string operations = "5";
+    std::string failure_rate = "0.6";
+    std::string seed = "1";
+    std::string max_attempts = "4";
   };
   auto opts = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand(
       "demo-core", "Show the retry engine deciding on a simulated flaky call (virtual time)");
-  sub->add_option("--operations", opts->operations, "Logical operations to run")
-      ->check(CLI::Range(1, 1000));
+  sub->add_option("--operations", opts->operations, "Logical operations to run (1 to 1000)")
+      ->capture_default_str();
   sub->add_option("--failure-rate", opts->failure_rate,
-                  "Fraction of attempts the simulated dependency fails")
-      ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--max-attempts", opts->max_attempts, "Attempts per operation, first included")
-      ->check(CLI::Range(1, 100));
-  sub->add_option("--seed", opts->seed, "Seed for the dependency and the jitter");
+                  "Fraction of attempts the simulated dependency fails (0 to 1)")
+      ->capture_default_str();
+  sub->add_option("--max-attempts", opts->max_attempts,
+                  "Attempts per operation, first included (1 to 100)")
+      ->capture_default_str();
+  sub->add_option("--seed", opts->seed, "Seed for the dependency and the jitter (0 to 2^64-1)")
+      ->capture_default_str();
 
-  return [opts] {
+  return [opts]() -> int {
+    std::string why;
+    const auto usage = [](const std::string& message) {
+      std::fprintf(stderr, "keel demo-core: %s\n", message.c_str());
+      return kExitUsage;
+    };
+    const auto operations_flag = parse_count(opts->operations, 1, 1000, &why);
+    if (!operations_flag) return usage("--operations: " + why);
+    const auto failure_rate_flag = parse_fraction(opts->failure_rate, 0.0, 1.0, &why);
+    if (!failure_rate_flag) return usage("--failure-rate: " + why);
+    const auto max_attempts_flag = parse_count(opts->max_attempts, 1, 100, &why);
+    if (!max_attempts_flag) return usage("--max-attempts: " + why);
+    const auto seed = parse_count(opts->seed, 0, UINT64_MAX, &why);
+    if (!seed) return usage("--seed: " + why);
+    const int operations = static_cast<int>(*operations_flag);
+    const double failure_rate = *failure_rate_flag;
+    const int max_attempts = static_cast<int>(*max_attempts_flag);
     ManualClock clock;
-    Rng jitter_rng(opts->seed);
-    Rng dependency_rng(opts->seed ^ 0x5eedULL);
+    Rng jitter_rng(*seed);
+    Rng dependency_rng(*seed ^ 0x5eedULL);
     int attempt_total = 0;
     int successes = 0;
     RetryOptions options;
-    options.max_attempts = opts->max_attempts;
+    options.max_attempts = max_attempts;
     options.overall_timeout = std::chrono::seconds(5);
     options.per_try_timeout = std::chrono::seconds(1);
     options.backoff = {.base = std::chrono::milliseconds(200), .cap = std::chrono::seconds(2)};
@@ -49,11 +68,11 @@ Runner add_demo_core(CLI::App& app) {
     };
     const RetryPolicy policy(options);
     std::printf("keel core demo: %d operations against a dependency failing %.0f%% of attempts\n",
-                opts->operations, opts->failure_rate * 100);
+                operations, failure_rate * 100);
     std::printf("policy: %d attempts, full jitter base 200ms cap 2s, per-try 1s, deadline 5s\n\n",
-                opts->max_attempts);
+                max_attempts);
     const RequestTraits get{Method::kGet, false};
-    for (int op = 1; op <= opts->operations; ++op) {
+    for (int op = 1; op <= operations; ++op) {
       std::printf("operation %d (GET /v1/balance)\n", op);
       CallOptions call;
       call.clock = &clock;
@@ -64,8 +83,8 @@ Runner add_demo_core(CLI::App& app) {
           [&](const AttemptInfo&) {
             ++attempt_total;
             const double u = uniform01(dependency_rng);
-            if (u >= opts->failure_rate) return classify_http_status(200, get);
-            if (u < opts->failure_rate * 0.25) {
+            if (u >= failure_rate) return classify_http_status(200, get);
+            if (u < failure_rate * 0.25) {
               return classify_http_status(429, get, std::chrono::seconds(1));
             }
             return classify_http_status(503, get);
@@ -78,8 +97,8 @@ Runner add_demo_core(CLI::App& app) {
       }
     }
     std::printf("\n%d of %d operations succeeded with %d attempts in all (%.2f per operation)\n",
-                successes, opts->operations, attempt_total,
-                static_cast<double>(attempt_total) / opts->operations);
+                successes, operations, attempt_total,
+                static_cast<double>(attempt_total) / operations);
     return 0;
   };
 }

@@ -19,8 +19,23 @@ constexpr const char* kDlqFooter =
 replay moves dead jobs back to ready with their attempts reset and the same idempotency key, so a
 receiver that deduplicates by key applies each job at most once. discard deletes them for good.
 
-Exit status: 0 success (depth: the dead-letter queue is empty, or no --fail-if-nonzero),
-1 depth --fail-if-nonzero found dead jobs, or a database failure, 2 invalid arguments.)";
+list, show and depth only read: they open the database read-only and never migrate it, so a
+user who may only read the file can run them.
+
+Exit status:
+  0  success (depth: the dead-letter queue is empty, or no --fail-if-nonzero)
+  1  depth --fail-if-nonzero found dead jobs, or a database failure
+  2  invalid arguments (the message names the flag), or a database file that does not exist
+  3  not found: show's job id is not in the database, or a job id given to replay or discard is
+     not in the dead-letter queue (the other ids given are still replayed or discarded))";
+
+// Exit status when a job id given is not there (see the footer).
+constexpr int kExitNotFound = 3;
+
+int not_found(const std::string& message) {
+  std::fprintf(stderr, "keel dlq: %s\n", message.c_str());
+  return kExitNotFound;
+}
 
 int usage(const std::string& message) { return queue_cli::usage_error("dlq", message); }
 
@@ -95,7 +110,9 @@ int run(const std::string& cmd, const DlqArgs& a) {
     return usage("--db: database '" + url->redacted + "' does not exist");
   }
   bool has_schema = false;
-  auto conn = queue_cli::open_queue_db(*url, false, &has_schema);
+  const bool read_only = cmd == "list" || cmd == "show" || cmd == "depth";
+  auto conn = read_only ? queue_cli::open_queue_db_read_only(*url, &has_schema)
+                        : queue_cli::open_queue_db(*url, false, &has_schema);
   store::JobQueue queue;
   if (!a.queue.empty() && (!has_schema || !queue.queue_exists(*conn, a.queue))) {
     return usage("--queue: unknown queue '" + a.queue + "' in " + url->redacted);
@@ -125,7 +142,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
   }
   if (cmd == "show") {
     const auto job = has_schema ? queue.get(*conn, *show_id) : std::nullopt;
-    if (!job) return usage("show: no job " + std::to_string(*show_id));
+    if (!job) return not_found("show: no job " + std::to_string(*show_id));
     if (a.json) {
       nlohmann::json out = job_json(*job);
       out["history"] = nlohmann::json::array();
@@ -161,7 +178,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
     return 0;
   }
   if (!has_schema) {
-    if (!a.all) return usage(cmd + ": no such dead job(s): the database has no job queue");
+    if (!a.all) return not_found(cmd + ": no such dead job(s): the database has no job queue");
     std::printf("0\n");
     return 0;
   }
@@ -184,9 +201,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
           missing += (missing.empty() ? "" : ", ") + std::to_string(id);
         }
       }
-      std::fprintf(stderr, "keel dlq: not in the dead-letter queue (skipped): %s\n",
-                   missing.c_str());
-      return 1;
+      return not_found(cmd + ": not in the dead-letter queue (skipped): " + missing);
     }
     return 0;
   }

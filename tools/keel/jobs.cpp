@@ -182,7 +182,7 @@ int run_stats(const JobsArgs& a) {
     return usage("--db: database '" + url->redacted + "' does not exist");
   }
   bool has_schema = false;
-  auto conn = queue_cli::open_queue_db(*url, false, &has_schema);
+  auto conn = queue_cli::open_queue_db_read_only(*url, &has_schema);
   store::JobQueue queue;
   std::vector<store::QueueStats> stats;
   if (has_schema) stats = queue.stats(*conn);
@@ -784,8 +784,9 @@ Runner add_jobs(CLI::App& app) {
   enqueue->add_option("--payloads-from", args->payloads_from,
                       "Enqueue one job per line of FILE (- for stdin), each line a JSON payload, "
                       "in one transaction; prints one id per line");
-  enqueue->add_option("--key", args->key,
-                      "Idempotency key (default: a new UUID, stored with the job)");
+  enqueue
+      ->add_option("--key", args->key, "Idempotency key (default: a new UUID, stored with the job)")
+      ->check([](const std::string& key) { return http::check_idempotency_key(key); });
   enqueue->add_option("--max-attempts", args->max_attempts, "Attempts before the job is dead")
       ->capture_default_str();
   enqueue->add_option("--delay", args->delay, "Not before now + this")->capture_default_str();

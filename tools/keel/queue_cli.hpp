@@ -61,6 +61,17 @@ inline std::unique_ptr<store::Connection> open_queue_db(const store::DatabaseUrl
   return conn;
 }
 
+/// Opens the database for a command that only reads (jobs stats, dlq list/show/depth): read-only
+/// (store::ConnectOptions::read_only) and without migrations, so that a user who may only read
+/// the file can run it and reading never writes. `has_schema` says whether the queue's schema
+/// is there. Throws DatabaseError.
+inline std::unique_ptr<store::Connection> open_queue_db_read_only(const store::DatabaseUrl& url,
+                                                                  bool* has_schema) {
+  auto conn = store::open_database(url, {.read_only = true});
+  *has_schema = store::schema_version(*conn, "queue") > 0;
+  return conn;
+}
+
 /// "2026-01-02T03:04:05.678Z" for calendar milliseconds.
 inline std::string format_ms(std::int64_t ms) {
   const std::time_t secs = static_cast<std::time_t>(ms / 1000);

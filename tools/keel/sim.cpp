@@ -23,7 +23,7 @@ namespace {
 struct RunOptions {
   std::string scenario;
   std::vector<std::string> policies;
-  std::uint64_t seed = 1;
+  std::string seed = "1";
   bool json = false;
   std::string csv;
   std::string plot;
@@ -82,6 +82,9 @@ void print_table(const std::vector<sim::Report>& reports) {
 }
 
 int run_command(const RunOptions& o) {
+  std::string why;
+  const auto seed = parse_count(o.seed, 0, UINT64_MAX, &why);
+  if (!seed) return usage("--seed: " + why);
   const sim::ScenarioInfo* info = sim::find_scenario(o.scenario);
   if (info == nullptr) {
     std::string known;
@@ -119,11 +122,11 @@ int run_command(const RunOptions& o) {
   std::vector<sim::Report> reports;
   for (const auto& p : policies) {
     try {
-      reports.push_back(trigger ? sim::run_blip(p, *trigger, o.seed)
-                                : sim::run_scenario(info->name, p, o.seed));
+      reports.push_back(trigger ? sim::run_blip(p, *trigger, *seed)
+                                : sim::run_scenario(info->name, p, *seed));
       if (o.threshold) {
         reports.back().stops_recovering_at =
-            sim::blip_threshold(p, kThresholdStep, kThresholdLimit, o.seed);
+            sim::blip_threshold(p, kThresholdStep, kThresholdLimit, *seed);
       }
     } catch (const std::invalid_argument& e) {
       return usage(std::string("--policy: ") + e.what());
@@ -133,7 +136,7 @@ int run_command(const RunOptions& o) {
     for (const auto& r : reports) std::printf("%s\n", sim::to_json_line(r).c_str());
   } else {
     std::printf("scenario %s (seed %llu): %s\n\n", info->name.c_str(),
-                static_cast<unsigned long long>(o.seed), info->description.c_str());
+                static_cast<unsigned long long>(*seed), info->description.c_str());
     print_table(reports);
     for (const auto& r : reports) {
       if (!r.stops_recovering_at) continue;
@@ -171,7 +174,8 @@ Runner add_sim(CLI::App& app) {
       ->required();
   run->add_option("--policy", run_opts->policies,
                   "Policy to run (repeatable; default: the scenario's own list)");
-  run->add_option("--seed", run_opts->seed, "Seed for arrivals, failures and jitter");
+  run->add_option("--seed", run_opts->seed, "Seed for arrivals, failures and jitter (0 to 2^64-1)")
+      ->capture_default_str();
   run->add_flag("--json", run_opts->json, "One JSON object per line, one per policy");
   run->add_option("--csv", run_opts->csv, "Write the time series as CSV to FILE");
   run->add_option("--plot", run_opts->plot,

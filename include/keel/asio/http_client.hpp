@@ -98,6 +98,12 @@ struct HttpClientOptions {
   /// Options of the client's own budget (when budget is none). Default: 500 tokens, a retry
   /// costs 5 (10 after a timeout), a successful first attempt refunds 1.
   TokenBucketBudgetOptions own_budget = {};
+  /// Largest response head accepted, in bytes, as keel::http::ClientOptions. Requires: >= 1.
+  /// Default 64 KiB.
+  std::size_t max_header_bytes = http::kDefaultMaxHeaderBytes;
+  /// Largest response body collected in memory, in bytes, as keel::http::ClientOptions (not
+  /// applied to a Request::body_sink). Requires: >= 1. Default 256 MiB.
+  std::size_t max_response_bytes = http::kDefaultMaxResponseBytes;
   /// Connections open at once to one host; further transfers queue inside libcurl.
   /// Requires: >= 0. Default 0 (no limit).
   long max_host_connections = 0;

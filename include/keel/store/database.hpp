@@ -203,11 +203,16 @@ struct ConnectOptions {
   std::chrono::milliseconds busy_timeout = std::chrono::seconds(5);
   /// PostgreSQL: connect timeout. Requires: >= 1 s. Default 10 s.
   std::chrono::seconds connect_timeout = std::chrono::seconds(10);
+  /// Open for reading only: nothing is created or written, so a user who may only read the
+  /// database can open it. SQLite: SQLITE_OPEN_READONLY, no journal-mode change; PostgreSQL:
+  /// default_transaction_read_only. A write then fails with DatabaseError. Default false.
+  bool read_only = false;
 };
 
 /// Opens a connection. SQLite: creates the file if missing, turns on WAL and foreign keys, sets
-/// the busy timeout. PostgreSQL: connects and checks the connection. Throws DatabaseError when
-/// the database cannot be opened, std::invalid_argument for invalid options.
+/// the busy timeout (read_only: the file must exist and is left as it is). PostgreSQL: connects and
+/// checks the connection. Throws DatabaseError when the database cannot be opened,
+/// std::invalid_argument for invalid options.
 [[nodiscard]] std::unique_ptr<Connection> open_database(const DatabaseUrl& url,
                                                         const ConnectOptions& options = {});
 

@@ -1,0 +1,45 @@
+// keel::http::parse_url: the one check of a request URL, shared by keel::http::Client,
+// keel::asio::HttpClient, breaker_key and `keel call`, so that a malformed URL is refused before
+// any attempt (a usage error, not a network error retried three times).
+//
+// Accepted: an absolute URL whose scheme is http or https in any case, an authority with an
+// optional userinfo, a host (a registered name, an IPv4 address or a bracketed IPv6 literal) and
+// an optional port in 1..65535, then an optional path, query and fragment. Refused, with the
+// reason: another scheme, no host, an unclosed "[", a port that is empty of digits, zero, too
+// large or not a number, and any space or control character anywhere in the URL.
+//
+// Thread-safety: pure functions.
+//
+// Example:
+//   std::string why;
+//   if (auto u = keel::http::parse_url("HTTP://Example.com:8080/x?y", &why)) {
+//     // u->scheme == "http", u->host == "example.com", u->port == 8080
+//   } else {
+//     std::cerr << why << '\n';  // for instance "port 99999 is out of range (1-65535)"
+//   }
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace keel::http {
+
+/// The parts of a valid request URL that keel uses.
+struct Url {
+  /// "http" or "https", lower case.
+  std::string scheme;
+  /// The host in lower case; an IPv6 literal keeps its brackets ("[::1]").
+  std::string host;
+  /// The explicit port, or the scheme's default (80 or 443).
+  int port = 0;
+};
+
+/// Longest URL accepted, in bytes.
+inline constexpr std::size_t kMaxUrlBytes = 8192;
+
+/// The URL's parts, or nullopt when it is not a valid absolute http:// or https:// URL; then
+/// `*why` (when given) says what is wrong, without repeating the URL.
+[[nodiscard]] std::optional<Url> parse_url(std::string_view text, std::string* why = nullptr);
+
+}  // namespace keel::http

@@ -1,0 +1,296 @@
+// Careless and hostile input on the caller's side, through the real keel binary: the user's own
+// Idempotency-Key, invalid URLs, flags that must be usage errors naming the flag, a large
+// response streamed to -o FILE or stdout with bounded memory, and response heads too large to
+// take. Upstreams on loopback: FaultServer, or RawHttpServer for what FaultServer cannot send.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "keel/http/fault_server.hpp"
+#include "raw_http_server.hpp"
+#include "run_keel.hpp"
+
+namespace {
+
+using keel::http::Arrival;
+using keel::http::FaultServer;
+using keel::test::KeelRun;
+using keel::test::RawHttpServer;
+using keel::test::response_head;
+using keel::test::run_keel;
+using keel::test::TempDir;
+
+std::vector<std::string> call(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"call", "--backoff-base", "1ms", "--backoff-cap", "5ms"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::vector<std::string> keys_of(const Arrival& a) {
+  std::vector<std::string> keys;
+  for (const auto& [name, value] : a.headers) {
+    if (keel::http::same_header_name(name, "Idempotency-Key")) keys.push_back(value);
+  }
+  return keys;
+}
+
+TEST(KeelCallInput, TheUsersKeyIsTheOneSentOnceOnEveryAttempt) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"-X", "POST", "-H", "Idempotency-Key: charge-1"},
+      {"-X", "POST", "-H", "idempotency-key: charge-1"},
+      {"-X", "POST", "-H", "IDEMPOTENCY-KEY:charge-1", "--idempotency-key", "off"},
+      {"-X", "PATCH", "-H", "Idempotency-Key: charge-1", "--idempotency-key", "charge-1"},
+      {"-d", "x", "-H", "Idempotency-Key:   charge-1  ", "--idempotency-key", "auto"},
+      {"-d", "x", "--idempotency-key", "charge-1"},
+      {"-X", "DELETE", "-H", "Idempotency-Key: charge-1", "-H", "idempotency-key: charge-1"},
+  };
+  for (const auto& c : cases) {
+    FaultServer server({.script = "drop,200"});
+    server.start();
+    std::vector<std::string> args = c;
+    args.push_back(server.url("/pay"));
+    const KeelRun r = run_keel(call(args));
+    const std::string label = c[1] + " " + c[3];
+    EXPECT_EQ(r.status, 0) << label << ": " << r.err;
+    const auto arrivals = server.arrivals();
+    ASSERT_EQ(arrivals.size(), 2u) << label << ": the key makes the dropped request repeatable";
+    for (const Arrival& a : arrivals) {
+      EXPECT_EQ(keys_of(a), std::vector<std::string>{"charge-1"}) << label;
+    }
+  }
+}
+
+TEST(KeelCallInput, BadKeysAndConflictingKeysExitTwoBeforeSending) {
+  FaultServer server({.script = "200"});
+  server.start();
+  const std::string url = server.url("/pay");
+  const std::string long_key(256, 'k');
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"-d", "x", "-H", "Idempotency-Key: a", "--idempotency-key", "b"}, "--idempotency-key"},
+      {{"-d", "x", "-H", "Idempotency-Key: a", "-H", "idempotency-key: b"}, "--header"},
+      {{"-d", "x", "-H", "Idempotency-Key: " + long_key}, "--header"},
+      {{"-d", "x", "--idempotency-key", long_key}, "--idempotency-key"},
+      {{"-d", "x", "--idempotency-key",
+        "a\x01"
+        "b"},
+       "--idempotency-key"},
+      {{"-d", "x", "--idempotency-key", "a\nb"}, "--idempotency-key"},
+      {{"-d", "x", "-H", "Idempotency-Key: a\x7f"}, "--header"},
+      {{"-d", "x", "-H", "Idempotency-Key:"}, "--header"},
+      {{"-H", "X-A: v\r\nX-Injected: 1"}, "--header"},
+      {{"-H", "Bad Name: v"}, "--header"},
+      {{"-H", ": v"}, "--header"},
+  };
+  for (const auto& [extra, flag] : cases) {
+    std::vector<std::string> args = extra;
+    args.push_back(url);
+    const KeelRun r = run_keel(call(args));
+    EXPECT_EQ(r.status, 2) << extra.back() << ": " << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(server.arrivals().size(), 0u);
+  // The longest key is fine.
+  const KeelRun ok = run_keel(call({"-d", "x", "--idempotency-key", std::string(255, 'k'), url}));
+  EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+TEST(KeelCallInput, InvalidUrlsExitTwoAtOnceNamingTheProblem) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"http://", "no host"},
+      {"http://:80/", "no host"},
+      {"http://127.0.0.1:99999/", "99999"},
+      {"http://127.0.0.1:0/", "out of range"},
+      {"http://127.0.0.1:8o/", "port"},
+      {"http://127.0.0.1:/", "port"},
+      {"http://[::1", "']'"},
+      {"http://[::1]x/", "after the IPv6"},
+      {"http://a b/", "space"},
+      {"http:///path", "no host"},
+      {"ftp://127.0.0.1/", "scheme"},
+      {"127.0.0.1:8080/", "scheme"},
+      {"http://bad_host!@/", "no host"},
+      {"", "empty"},
+  };
+  for (const auto& [url, problem] : cases) {
+    const auto began = std::chrono::steady_clock::now();
+    const KeelRun r = run_keel(call({url}));
+    const auto took = std::chrono::steady_clock::now() - began;
+    EXPECT_EQ(r.status, 2) << url << ": " << r.err;
+    EXPECT_NE(r.err.find("URL"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(problem), std::string::npos) << url << ": " << r.err;
+    EXPECT_EQ(r.err.find("attempt"), std::string::npos)
+        << "no attempt for " << url << ": " << r.err;
+    EXPECT_LT(took, std::chrono::seconds(2)) << url;
+  }
+  // Schemes are case-insensitive.
+  FaultServer server({.script = "200/body=up"});
+  server.start();
+  for (const char* scheme : {"HTTP", "Http", "hTtP"}) {
+    std::string url = server.url("/");
+    url.replace(0, 4, scheme);
+    const KeelRun r = run_keel(call({url}));
+    EXPECT_EQ(r.status, 0) << url << ": " << r.err;
+    EXPECT_EQ(r.out, "up\n");
+  }
+  EXPECT_EQ(server.arrivals().size(), 3u);
+}
+
+// Every numeric and duration flag of keel call, keel sim run and keel demo-core, and the other
+// flags that took a bad value silently: a usage error (2) naming the flag and the value.
+TEST(KeelFlags, BadValuesExitTwoNamingTheFlagAndTheValue) {
+  TempDir dir;
+  const std::string url = "http://127.0.0.1:9/";
+  struct Case {
+    std::vector<std::string> args;
+    std::string flag;
+    std::string value;
+  };
+  std::vector<Case> cases;
+  for (const char* flag : {"--deadline", "--per-try-timeout", "--connect-timeout", "--backoff-base",
+                           "--backoff-cap", "--retry-after-cap"}) {
+    for (const char* value : {"nan", "inf", "-1s", "1e3s", "99999999999h", "1s5", "5 s", "0x10s",
+                              "+1s", "1s ", "NaNs", ""}) {
+      cases.push_back({{"call", flag, value, url}, flag, value});
+    }
+  }
+  for (const char* value :
+       {"0", "-1", "1.5", "1e3", "99999999999", "3x", "nan", "inf", " 3", "0x3", "+3", ""}) {
+    cases.push_back({{"call", "--max-attempts", value, url}, "--max-attempts", value});
+  }
+  cases.push_back({{"call", "-d", "@" + dir.path(), url}, "--data", dir.path()});
+  cases.push_back({{"call", "-d", "@" + dir.file("missing"), url}, "--data", dir.file("missing")});
+  for (const char* value :
+       {"-1", "1.5", "nan", "18446744073709551616", "12abc", "0x10", "+1", ""}) {
+    cases.push_back({{"sim", "run", "--scenario", "herd", "--seed", value}, "--seed", value});
+    cases.push_back({{"demo-core", "--seed", value}, "--seed", value});
+  }
+  for (const char* value : {"nan", "inf", "-inf", "-0.1", "1.01", "2", "1e-3", "0.5x", "", "."}) {
+    cases.push_back({{"demo-core", "--failure-rate", value}, "--failure-rate", value});
+  }
+  for (const char* value : {"0", "-1", "1001", "nan", "1.5"}) {
+    cases.push_back({{"demo-core", "--operations", value}, "--operations", value});
+  }
+  for (const char* value : {"0", "101", "-1", "nan"}) {
+    cases.push_back({{"demo-core", "--max-attempts", value}, "--max-attempts", value});
+  }
+  for (const char* value : {"0s", "-1s", "nan", "41s", "5x"}) {
+    cases.push_back({{"sim", "run", "--scenario", "blip", "--trigger", value}, "--trigger", value});
+  }
+  const std::string db = "sqlite:" + dir.file("q.db");
+  for (const std::string& value : {std::string(), std::string(256, 'k'), std::string("a\tb")}) {
+    cases.push_back(
+        {{"jobs", "enqueue", "--db", db, "--queue", "q", "--payload", "{}", "--key", value},
+         "--key",
+         ""});
+  }
+  for (const Case& c : cases) {
+    const KeelRun r = run_keel(c.args);
+    EXPECT_EQ(r.status, 2) << c.flag << " '" << c.value << "': " << r.err;
+    EXPECT_NE(r.err.find(c.flag), std::string::npos) << c.flag << " '" << c.value << "': " << r.err;
+    if (!c.value.empty()) {
+      EXPECT_NE(r.err.find(c.value), std::string::npos) << c.flag << ": " << r.err;
+    }
+    EXPECT_EQ(r.out, "") << c.flag << " '" << c.value << "'";
+  }
+  // The valid edges are accepted.
+  EXPECT_EQ(run_keel({"demo-core", "--failure-rate", "1", "--seed", "18446744073709551615"}).status,
+            0);
+  EXPECT_EQ(run_keel({"demo-core", "--failure-rate", "0", "--seed", "0"}).status, 0);
+  EXPECT_EQ(run_keel({"sim", "run", "--scenario", "herd", "--seed", "0"}).status, 0);
+}
+
+constexpr std::uint64_t kBig = std::uint64_t{300} << 20;  // 300 MiB
+constexpr long kPeakLimitKiB = 64 * 1024;                 // far below the body's size
+
+TEST(KeelCallBigResponse, OutputFileIsStreamedAndHoldsOnlyTheFinalAttempt) {
+  TempDir dir;
+  RawHttpServer server(
+      {{response_head(503, 1 << 20), 1 << 20, 'a'}, {response_head(200, kBig), kBig, 'c'}});
+  const std::string file = dir.file("big.bin");
+  const KeelRun r = run_keel(call({"-o", file, server.url("/big")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(std::filesystem::file_size(file), kBig);
+  std::ifstream in(file, std::ios::binary);
+  char first = 0;
+  in.get(first);
+  EXPECT_EQ(first, 'c');
+  EXPECT_LT(r.peak_rss_kib, kPeakLimitKiB) << "peak RSS " << r.peak_rss_kib << " KiB";
+  std::printf("keel call -o: 300 MiB body, peak RSS %ld KiB\n", r.peak_rss_kib);
+  // Nothing left behind but the file.
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++entries;
+  EXPECT_EQ(entries, 1u);
+}
+
+TEST(KeelCallBigResponse, StdoutIsStreamedWithBoundedMemory) {
+  TempDir dir;
+  RawHttpServer server({{response_head(200, kBig), kBig, 'd'}});
+  const std::string out = dir.file("stdout");
+  const KeelRun r = run_keel(call({"-i", server.url("/big")}), {.stdout_path = out});
+  EXPECT_EQ(r.status, 0) << r.err;
+  const std::string head = response_head(200, kBig);
+  EXPECT_EQ(std::filesystem::file_size(out), head.size() + kBig);
+  std::ifstream in(out, std::ios::binary);
+  std::string start(head.size(), '\0');
+  in.read(start.data(), static_cast<std::streamsize>(start.size()));
+  EXPECT_TRUE(start.starts_with("HTTP/1.1 200 X\r\n")) << start;
+  EXPECT_LT(r.peak_rss_kib, kPeakLimitKiB) << "peak RSS " << r.peak_rss_kib << " KiB";
+  std::printf("keel call > stdout: 300 MiB body, peak RSS %ld KiB\n", r.peak_rss_kib);
+}
+
+TEST(KeelCallBigResponse, AFailedCallLeavesNoOutputFile) {
+  TempDir dir;
+  RawHttpServer server({{response_head(503, 1000), 1000}});
+  const std::string file = dir.file("resp");
+  const KeelRun r = run_keel(call({"--max-attempts", "2", "-o", file, server.url("/")}));
+  EXPECT_EQ(r.status, 4) << r.err;
+  // The final (503) response is still written, as without -o it is printed.
+  EXPECT_EQ(std::filesystem::file_size(file), 1000u);
+  FaultServer gone;
+  gone.start();
+  const std::string url = gone.url("/");
+  gone.stop();
+  const std::string none = dir.file("none");
+  EXPECT_EQ(run_keel(call({"--max-attempts", "1", "-o", none, url})).status, 4);
+  EXPECT_FALSE(std::filesystem::exists(none));
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++entries;
+  EXPECT_EQ(entries, 1u) << "no temporary file left behind";
+}
+
+TEST(KeelCallHostileServer, AnOversizedResponseHeadIsAClearErrorNotRetried) {
+  const std::vector<std::string> heads = {
+      "X-Big: " + std::string(10 << 20, 'h') + "\r\n",
+      "Retry-After: " + std::string(10 << 20, '9') + "\r\n",
+      "X-Medium: " + std::string(80 << 10, 'm') + "\r\n",
+  };
+  for (const std::string& extra : heads) {
+    RawHttpServer server({{response_head(503, 2, extra) + "no"}});
+    const KeelRun r = run_keel(call({server.url("/")}));
+    EXPECT_EQ(r.status, 3) << r.err;
+    EXPECT_EQ(server.requests(), 1);
+    EXPECT_NE(r.err.find("header"), std::string::npos) << r.err.substr(0, 300);
+    EXPECT_EQ(r.err.find("Out of memory"), std::string::npos) << r.err.substr(0, 300);
+  }
+}
+
+TEST(KeelCallHostileServer, AnAbsurdRetryAfterRunsIntoTheDeadline) {
+  for (const char* value :
+       {"9223372037", "99999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT"}) {
+    RawHttpServer server(
+        {{response_head(503, 2, std::string("Retry-After: ") + value + "\r\n") + "no"},
+         {response_head(200, 2) + "ok"}});
+    const KeelRun r = run_keel(call({"--deadline", "5s", server.url("/")}));
+    EXPECT_EQ(r.status, 5) << value << ": " << r.err;
+    EXPECT_EQ(server.requests(), 1) << value;
+  }
+}
+
+}  // namespace

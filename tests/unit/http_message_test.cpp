@@ -1,0 +1,135 @@
+// keel::http's parsers and checks without a network: parse_url (and breaker_key on it),
+// parse_header_field, check_idempotency_key, parse_status_line and ResponseHeadParser's cap.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "keel/http/client.hpp"
+#include "keel/http/message.hpp"
+#include "keel/http/url.hpp"
+
+namespace {
+
+using keel::http::parse_url;
+
+TEST(ParseUrl, AcceptsHttpAndHttpsInAnyCaseWithTheirDefaultPorts) {
+  struct Case {
+    const char* text;
+    const char* scheme;
+    const char* host;
+    int port;
+  };
+  for (const Case& c : {Case{"http://example.com", "http", "example.com", 80},
+                        Case{"HTTPS://Example.COM/x?y#z", "https", "example.com", 443},
+                        Case{"hTtP://u:p@127.0.0.1:8080/", "http", "127.0.0.1", 8080},
+                        Case{"http://[::1]:65535/", "http", "[::1]", 65535},
+                        Case{"https://[2001:db8::1]", "https", "[2001:db8::1]", 443},
+                        Case{"http://h:00080", "http", "h", 80}}) {
+    std::string why;
+    const auto u = parse_url(c.text, &why);
+    ASSERT_TRUE(u.has_value()) << c.text << ": " << why;
+    EXPECT_EQ(u->scheme, c.scheme) << c.text;
+    EXPECT_EQ(u->host, c.host) << c.text;
+    EXPECT_EQ(u->port, c.port) << c.text;
+  }
+  EXPECT_EQ(keel::http::breaker_key("HTTP://Example.com/x"), "example.com:80");
+}
+
+TEST(ParseUrl, RefusesMalformedUrlsSayingWhy) {
+  for (const std::string& text : std::vector<std::string>{"",
+                                                          "http://",
+                                                          "http://:80/",
+                                                          "http:///x",
+                                                          "http://h:0/",
+                                                          "http://h:65536/",
+                                                          "http://h:99999/",
+                                                          "http://h:-1/",
+                                                          "http://h:8o/",
+                                                          "http://h:/",
+                                                          "http://[::1",
+                                                          "http://[::1]x/",
+                                                          "http://[]/",
+                                                          "http://[zz]/",
+                                                          "http://a b/",
+                                                          "http://h/\tx",
+                                                          "http://h/\x7f",
+                                                          "http://h/\r\n",
+                                                          "ftp://h/",
+                                                          "h:80",
+                                                          "//h/",
+                                                          "http:/h/",
+                                                          "http://bad_host!@/",
+                                                          "http://h^/",
+                                                          std::string("http://h/\0", 10),
+                                                          "http://" + std::string(300, 'a') + "/",
+                                                          "http://h/" + std::string(9000, 'p')}) {
+    std::string why;
+    EXPECT_FALSE(parse_url(text, &why)) << text;
+    EXPECT_FALSE(why.empty()) << text;
+    EXPECT_FALSE(keel::http::breaker_key(text)) << text;
+  }
+}
+
+TEST(HeaderField, ParsesCurlsFormAndRefusesInjection) {
+  std::string why;
+  auto f = keel::http::parse_header_field("Content-Type:  application/json \t", &why);
+  ASSERT_TRUE(f) << why;
+  EXPECT_EQ(f->first, "Content-Type");
+  EXPECT_EQ(f->second, "application/json");
+  f = keel::http::parse_header_field("X-Empty:", &why);
+  ASSERT_TRUE(f) << why;
+  EXPECT_EQ(f->second, "");
+  for (const std::string& bad : std::vector<std::string>{
+           "no-colon", ": v", "Bad Name: v", "X(: v", "X-A: v\r\nX-B: w", "X-A: v\nw",
+           std::string("X-A: v\0w", 8), "X-A: \x01", "X\x80: v"}) {
+    EXPECT_FALSE(keel::http::parse_header_field(bad, &why)) << bad;
+    EXPECT_FALSE(why.empty()) << bad;
+  }
+}
+
+TEST(IdempotencyKey, AtMost255VisibleBytes) {
+  EXPECT_EQ(keel::http::check_idempotency_key("charge-1"), "");
+  EXPECT_EQ(keel::http::check_idempotency_key(std::string(255, 'k')), "");
+  EXPECT_EQ(keel::http::check_idempotency_key("a key with spaces"), "");
+  for (const std::string& bad :
+       {std::string(), std::string(256, 'k'), std::string("a\nb"), std::string("a\tb"),
+        std::string("\x7f"), std::string(" k"), std::string("k "), std::string("caf\xc3\xa9")}) {
+    EXPECT_NE(keel::http::check_idempotency_key(bad), "") << bad;
+  }
+}
+
+TEST(StatusLine, CodeOrNothing) {
+  EXPECT_EQ(keel::http::parse_status_line("HTTP/1.1 503 Service Unavailable\r\n"), 503);
+  EXPECT_EQ(keel::http::parse_status_line("HTTP/2 200"), 200);
+  for (const char* bad : {"HTTP/1.1 5031 x", "HTTP/1.1 50", "HTTP/ 200", "HTTP/1.1 099 x",
+                          "HTTX/1.1 200", "HTTP/1.1 2x0", ""}) {
+    EXPECT_FALSE(keel::http::parse_status_line(bad)) << bad;
+  }
+}
+
+TEST(ResponseHead, CollectsTheFinalHeadAndStopsAtTheCap) {
+  keel::http::ResponseHeadParser parser(100);
+  keel::http::Response r;
+  ASSERT_TRUE(parser.feed("HTTP/1.1 100 Continue\r\n", r));
+  ASSERT_TRUE(parser.feed("\r\n", r));
+  ASSERT_TRUE(parser.feed("HTTP/1.1 503 Busy\r\n", r));  // starts over
+  ASSERT_TRUE(parser.feed("Retry-After: 5\r\n", r));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.status_line, "HTTP/1.1 503 Busy");
+  EXPECT_EQ(keel::http::find_header(r.headers, "retry-after"), "5");
+  EXPECT_FALSE(parser.feed("X-Big: " + std::string(100, 'x') + "\r\n", r));
+  EXPECT_NE(parser.error().find("max_header_bytes"), std::string::npos) << parser.error();
+  EXPECT_EQ(r.headers.size(), 1u) << "the refused line is not kept";
+  EXPECT_FALSE(parser.feed("X: y\r\n", r)) << "once over, always over";
+  // Many small lines add up.
+  keel::http::ResponseHeadParser many(1000);
+  keel::http::Response m;
+  ASSERT_TRUE(many.feed("HTTP/1.1 200 OK\r\n", m));
+  int accepted = 0;
+  while (many.feed("X-Field: 0123456789\r\n", m)) ++accepted;
+  EXPECT_LE(many.bytes(), 1000u);
+  EXPECT_EQ(accepted, (1000 - 17) / 21);
+}
+
+}  // namespace
