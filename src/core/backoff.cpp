@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "detail/invalid.hpp"
 #include "keel/duration.hpp"
 
 namespace keel {
@@ -31,17 +32,16 @@ std::optional<Jitter> parse_jitter(std::string_view text) noexcept {
 
 Backoff::Backoff(BackoffOptions options) : options_(options) {
   if (options_.base <= Duration::zero()) {
-    throw std::invalid_argument("keel::Backoff: base must be > 0 (got " +
-                                format_duration(options_.base) + ")");
+    detail::reject("Backoff", "base", "> 0", format_duration(options_.base));
   }
   if (options_.cap < options_.base) {
-    throw std::invalid_argument("keel::Backoff: cap must be >= base (got cap " +
-                                format_duration(options_.cap) + ", base " +
-                                format_duration(options_.base) + ")");
+    detail::reject(
+        "Backoff", "cap", ">= base",
+        "cap " + format_duration(options_.cap) + ", base " + format_duration(options_.base));
   }
   if (!(options_.multiplier >= 1.0) || !std::isfinite(options_.multiplier)) {
-    throw std::invalid_argument("keel::Backoff: multiplier must be a finite number >= 1 (got " +
-                                std::to_string(options_.multiplier) + ")");
+    detail::reject("Backoff", "multiplier", "a finite number >= 1",
+                   detail::format_number(options_.multiplier));
   }
 }
 

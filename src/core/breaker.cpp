@@ -8,7 +8,8 @@
 #include <thread>
 #include <utility>
 
-#include "detail/stripe.hpp"
+#include "detail/invalid.hpp"
+#include "detail/time_window.hpp"
 #include "keel/duration.hpp"
 
 namespace keel {
@@ -53,16 +54,10 @@ constexpr bool rate_reached(std::int64_t n, std::int64_t calls, std::int64_t ppm
 
 [[noreturn]] void reject(const char* field, const std::string& requirement,
                          const std::string& got) {
-  throw std::invalid_argument(std::string("keel::CircuitBreaker: ") + field + " must be " +
-                              requirement + " (got " + got + ")");
+  detail::reject("CircuitBreaker", field, requirement, got);
 }
 
-std::string number(double v) {
-  std::string s = std::to_string(v);
-  while (s.size() > 1 && s.back() == '0') s.pop_back();
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  return s;
-}
+std::string number(double v) { return detail::format_number(v); }
 
 // State word: [state:2][generation:22][ms:40].
 constexpr int kTicksBits = 40;
@@ -100,89 +95,44 @@ constexpr std::uint64_t pack(const Trials& t) noexcept {
 }  // namespace
 
 // The closed state's sliding window.
-//  - kTime: window_buckets buckets tagged with their time step. Calls go to per-thread stripes
-//    (no shared cache line written on the success path); failures and slow calls go to the
-//    bucket and to running totals. Whoever moves a bucket's tag forward (or sweeps it after it
-//    left the window) takes its contents out of the totals, exactly once, by exchange.
+//  - kTime: detail::StripedTimeWindow (shared with the ratio budget): calls go to per-thread
+//    stripes (no shared cache line written on the success path); failures and slow calls to the
+//    bucket and to running totals.
 //  - kCount: a ring of window_calls one-byte slots; each call replaces the oldest slot and the
 //    totals change by the difference.
 struct CircuitBreaker::Window {
   static constexpr std::uint8_t kCall = 1, kFailure = 2, kSlow = 4;
-
-  struct alignas(64) Bucket {
-    std::atomic<std::int64_t> step{-1};
-    std::atomic<std::int64_t> failures{0};
-    std::atomic<std::int64_t> slow{0};
-  };
+  static constexpr int kFailures = 0, kSlowCalls = 1;  // the time window's shared counters
 
   BreakerWindow kind = BreakerWindow::kTime;
   // kTime
-  int buckets = 0;
   Duration step{};
-  int stripes = 1;
-  std::unique_ptr<Bucket[]> time;
-  std::unique_ptr<detail::StripedCounter[]> calls;  // buckets * stripes
+  detail::StripedTimeWindow<2> time;
   // kCount
   int size = 0;
   std::unique_ptr<std::atomic<std::uint8_t>[]> ring;
   alignas(64) std::atomic<std::uint64_t> head{0};
   alignas(64) std::atomic<std::int64_t> ring_calls{0};
-  // both
-  alignas(64) std::atomic<std::int64_t> failures{0};
-  std::atomic<std::int64_t> slow{0};
-  alignas(64) std::atomic<std::int64_t> expired_through{0};
+  alignas(64) std::atomic<std::int64_t> ring_failures{0};
+  std::atomic<std::int64_t> ring_slow{0};
 
-  detail::StripedCounter& calls_of(std::size_t bucket, std::uint32_t stripe) const noexcept {
-    return calls[bucket * static_cast<std::size_t>(stripes) +
-                 (stripe & static_cast<std::uint32_t>(stripes - 1))];
+  // Running totals of the window (a time window's may include buckets not yet swept).
+  [[nodiscard]] std::int64_t failures() const noexcept {
+    return kind == BreakerWindow::kTime ? time.total(kFailures)
+                                        : ring_failures.load(std::memory_order_acquire);
   }
-
-  // Empties one time bucket, taking its failures out of the totals.
-  void drain(std::size_t i) noexcept {
-    for (int s = 0; s < stripes; ++s) {
-      calls_of(i, static_cast<std::uint32_t>(s)).value.store(0, std::memory_order_relaxed);
-    }
-    const std::int64_t f = time[i].failures.exchange(0, std::memory_order_acq_rel);
-    if (f != 0) failures.fetch_sub(f, std::memory_order_acq_rel);
-    const std::int64_t sl = time[i].slow.exchange(0, std::memory_order_acq_rel);
-    if (sl != 0) slow.fetch_sub(sl, std::memory_order_acq_rel);
-  }
-
-  void expire(std::int64_t now_step) noexcept {
-    const std::int64_t first_live = now_step - buckets + 1;
-    std::int64_t through = expired_through.load(std::memory_order_acquire);
-    if (through >= first_live) return;
-    for (int i = 0; i < buckets; ++i) {
-      if (time[static_cast<std::size_t>(i)].step.load(std::memory_order_acquire) < first_live) {
-        drain(static_cast<std::size_t>(i));
-      }
-    }
-    while (through < first_live &&
-           !expired_through.compare_exchange_weak(through, first_live, std::memory_order_acq_rel)) {
-    }
+  [[nodiscard]] std::int64_t slow() const noexcept {
+    return kind == BreakerWindow::kTime ? time.total(kSlowCalls)
+                                        : ring_slow.load(std::memory_order_acquire);
   }
 
   // Records one call into the time window at `now_step`.
   void add_time(std::int64_t now_step, bool failure, bool is_slow) noexcept {
-    expire(now_step);
-    const auto i = static_cast<std::size_t>(now_step % buckets);
-    Bucket& b = time[i];
-    std::int64_t tag = b.step.load(std::memory_order_acquire);
-    while (tag < now_step) {
-      if (b.step.compare_exchange_weak(tag, now_step, std::memory_order_acq_rel)) {
-        drain(i);
-        break;
-      }
-    }
-    calls_of(i, detail::stripe_id()).value.fetch_add(1, std::memory_order_relaxed);
-    if (failure) {
-      b.failures.fetch_add(1, std::memory_order_acq_rel);
-      failures.fetch_add(1, std::memory_order_acq_rel);
-    }
-    if (is_slow) {
-      b.slow.fetch_add(1, std::memory_order_acq_rel);
-      slow.fetch_add(1, std::memory_order_acq_rel);
-    }
+    time.expire(now_step);
+    const int i = time.bucket_at(now_step);
+    time.add_striped(i, 1);
+    if (failure) time.add_shared(i, kFailures, 1);
+    if (is_slow) time.add_shared(i, kSlowCalls, 1);
   }
 
   void add_count(bool failure, bool is_slow) noexcept {
@@ -198,47 +148,25 @@ struct CircuitBreaker::Window {
 
   void apply(std::uint8_t code, std::int64_t sign) noexcept {
     if ((code & kCall) != 0) ring_calls.fetch_add(sign, std::memory_order_acq_rel);
-    if ((code & kFailure) != 0) failures.fetch_add(sign, std::memory_order_acq_rel);
-    if ((code & kSlow) != 0) slow.fetch_add(sign, std::memory_order_acq_rel);
+    if ((code & kFailure) != 0) ring_failures.fetch_add(sign, std::memory_order_acq_rel);
+    if ((code & kSlow) != 0) ring_slow.fetch_add(sign, std::memory_order_acq_rel);
   }
 
   // Calls in the window (time: the live buckets' stripes).
   std::int64_t live_calls(std::int64_t now_step) const noexcept {
     if (kind == BreakerWindow::kCount) return ring_calls.load(std::memory_order_acquire);
-    const std::int64_t first_live = now_step - buckets + 1;
-    std::int64_t n = 0;
-    for (int i = 0; i < buckets; ++i) {
-      if (time[static_cast<std::size_t>(i)].step.load(std::memory_order_acquire) < first_live) {
-        continue;
-      }
-      for (int s = 0; s < stripes; ++s) {
-        n += calls_of(static_cast<std::size_t>(i), static_cast<std::uint32_t>(s))
-                 .value.load(std::memory_order_relaxed);
-      }
-    }
-    return n;
+    return time.live_striped(now_step);
   }
 
   // Failures and slow calls of the live buckets only (for snapshots, which do not sweep).
   std::pair<std::int64_t, std::int64_t> live_failures(std::int64_t now_step) const noexcept {
-    if (kind == BreakerWindow::kCount) {
-      return {failures.load(std::memory_order_acquire), slow.load(std::memory_order_acquire)};
-    }
-    const std::int64_t first_live = now_step - buckets + 1;
-    std::int64_t f = 0;
-    std::int64_t sl = 0;
-    for (int i = 0; i < buckets; ++i) {
-      const Bucket& b = time[static_cast<std::size_t>(i)];
-      if (b.step.load(std::memory_order_acquire) < first_live) continue;
-      f += b.failures.load(std::memory_order_acquire);
-      sl += b.slow.load(std::memory_order_acquire);
-    }
-    return {f, sl};
+    if (kind == BreakerWindow::kCount) return {failures(), slow()};
+    return {time.live_shared(now_step, kFailures), time.live_shared(now_step, kSlowCalls)};
   }
 
   void clear() noexcept {
     if (kind == BreakerWindow::kTime) {
-      for (int i = 0; i < buckets; ++i) drain(static_cast<std::size_t>(i));
+      time.clear();
     } else {
       for (int i = 0; i < size; ++i) {
         apply(ring[static_cast<std::size_t>(i)].exchange(0, std::memory_order_acq_rel), -1);
@@ -294,15 +222,11 @@ CircuitBreaker::CircuitBreaker(BreakerOptions options)
   Window& w = *window_;
   w.kind = o.window;
   if (o.window == BreakerWindow::kTime) {
-    w.buckets = o.window_buckets;
     w.step = o.window_length / o.window_buckets;
     if (w.step < std::chrono::microseconds(1)) {
       reject("window_buckets", "at most window_length / 1us", std::to_string(o.window_buckets));
     }
-    w.stripes = detail::stripe_count();
-    w.time = std::make_unique<Window::Bucket[]>(static_cast<std::size_t>(w.buckets));
-    w.calls = std::make_unique<detail::StripedCounter[]>(static_cast<std::size_t>(w.buckets) *
-                                                         static_cast<std::size_t>(w.stripes));
+    w.time.init(o.window_buckets);
   } else {
     w.size = o.window_calls;
     w.ring = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(w.size));
@@ -470,8 +394,8 @@ void CircuitBreaker::record_closed(const BreakerPermit& /*permit*/, bool failure
   // A trip needs failures (or slow calls) >= threshold * minimum_calls: below that no call, not
   // even a success that brings the window to minimum_calls, can trip it. This keeps the success
   // path of a healthy dependency from summing the window.
-  const std::int64_t failures = win.failures.load(std::memory_order_acquire);
-  const std::int64_t slow_calls = win.slow.load(std::memory_order_acquire);
+  const std::int64_t failures = win.failures();
+  const std::int64_t slow_calls = win.slow();
   if (!rate_reached(failures, options_.minimum_calls, failure_ppm_, false) &&
       !(track_slow_ && rate_reached(slow_calls, options_.minimum_calls, slow_ppm_, false))) {
     return;
@@ -604,7 +528,7 @@ struct BreakerRegistry::Listeners {
 BreakerRegistry::BreakerRegistry(BreakerRegistryOptions options)
     : options_(std::move(options)), listeners_(std::make_shared<Listeners>()) {
   if (options_.max_keys < 1) {
-    throw std::invalid_argument("keel::BreakerRegistry: max_keys must be >= 1 (got 0)");
+    detail::reject("BreakerRegistry", "max_keys", ">= 1", "0");
   }
   BreakerOptions probe = options_.breaker;
   probe.on_state_change = nullptr;

@@ -5,7 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "detail/stripe.hpp"
+#include "detail/invalid.hpp"
+#include "detail/time_window.hpp"
 #include "keel/duration.hpp"
 
 namespace keel {
@@ -14,109 +15,20 @@ namespace {
 
 constexpr std::int64_t kMilli = 1000;
 
-[[noreturn]] void reject(const char* type, const char* field, const std::string& requirement,
-                         const std::string& got) {
-  throw std::invalid_argument(std::string("keel::") + type + ": " + field + " must be " +
-                              requirement + " (got " + got + ")");
-}
+using detail::reject;
 
-std::string number(double v) {
-  std::string s = std::to_string(v);
-  while (s.size() > 1 && s.back() == '0') s.pop_back();
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  return s;
-}
+std::string number(double v) { return detail::format_number(v); }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // RatioBudget
 
-// The window: `buckets` time steps, each tagged with the step it holds. Deposits go to the
-// calling thread's stripe of the bucket; withdrawals to the bucket's count and to one running
-// total. Whoever moves a bucket's tag forward (or sweeps it once it has left the window) empties
-// it and takes its withdrawals out of the total, exactly once, by exchange.
-struct RatioBudget::Window {
-  struct alignas(64) Bucket {
-    std::atomic<std::int64_t> step{-1};
-    std::atomic<std::int64_t> withdrawn{0};  // milli-retries
-  };
-
-  int buckets = 0;
-  int stripes = 1;
-  std::unique_ptr<Bucket[]> slots;
-  std::unique_ptr<detail::StripedCounter[]> deposits;  // buckets * stripes, milli-retries
-  alignas(64) std::atomic<std::int64_t> withdrawn_total{0};
-  alignas(64) std::atomic<std::int64_t> expired_through{0};  // steps below this are swept
-
-  detail::StripedCounter& deposit_of(std::size_t bucket, std::uint32_t stripe) const noexcept {
-    return deposits[bucket * static_cast<std::size_t>(stripes) +
-                    (stripe & static_cast<std::uint32_t>(stripes - 1))];
-  }
-
-  void drain(std::size_t i) noexcept {
-    for (int s = 0; s < stripes; ++s) {
-      deposit_of(i, static_cast<std::uint32_t>(s)).value.store(0, std::memory_order_relaxed);
-    }
-    const std::int64_t w = slots[i].withdrawn.exchange(0, std::memory_order_acq_rel);
-    if (w != 0) withdrawn_total.fetch_sub(w, std::memory_order_acq_rel);
-  }
-
-  void expire(std::int64_t step) noexcept {
-    const std::int64_t first_live = step - buckets + 1;
-    std::int64_t through = expired_through.load(std::memory_order_acquire);
-    if (through >= first_live) return;
-    for (int i = 0; i < buckets; ++i) {
-      if (slots[static_cast<std::size_t>(i)].step.load(std::memory_order_acquire) < first_live) {
-        drain(static_cast<std::size_t>(i));
-      }
-    }
-    while (through < first_live &&
-           !expired_through.compare_exchange_weak(through, first_live, std::memory_order_acq_rel)) {
-    }
-  }
-
-  // The bucket of `step`, moved to that step if it still holds an older one. A late caller
-  // (the bucket already holds a newer step) uses it as it is: its entry expires a little later.
-  std::size_t bucket_at(std::int64_t step) noexcept {
-    const auto i = static_cast<std::size_t>(step % buckets);
-    Bucket& b = slots[i];
-    std::int64_t tag = b.step.load(std::memory_order_acquire);
-    while (tag < step) {
-      if (b.step.compare_exchange_weak(tag, step, std::memory_order_acq_rel)) {
-        drain(i);
-        break;
-      }
-    }
-    return i;
-  }
-
-  std::int64_t live_deposits(std::int64_t step) const noexcept {
-    const std::int64_t first_live = step - buckets + 1;
-    std::int64_t sum = 0;
-    for (int i = 0; i < buckets; ++i) {
-      if (slots[static_cast<std::size_t>(i)].step.load(std::memory_order_acquire) < first_live) {
-        continue;
-      }
-      for (int s = 0; s < stripes; ++s) {
-        sum += deposit_of(static_cast<std::size_t>(i), static_cast<std::uint32_t>(s))
-                   .value.load(std::memory_order_acquire);
-      }
-    }
-    return sum;
-  }
-
-  std::int64_t live_withdrawals(std::int64_t step) const noexcept {
-    const std::int64_t first_live = step - buckets + 1;
-    std::int64_t sum = 0;
-    for (int i = 0; i < buckets; ++i) {
-      const Bucket& b = slots[static_cast<std::size_t>(i)];
-      if (b.step.load(std::memory_order_acquire) >= first_live) {
-        sum += b.withdrawn.load(std::memory_order_acquire);
-      }
-    }
-    return sum;
-  }
+// The window is detail::StripedTimeWindow (shared with the breaker's time window): deposits go
+// to the calling thread's stripe of the bucket; withdrawals to the bucket's shared counter and
+// its running total.
+struct RatioBudget::Window : detail::StripedTimeWindow<1> {
+  static constexpr int kWithdrawn = 0;
 };
 
 RatioBudget::RatioBudget(RatioBudgetOptions options)
@@ -142,11 +54,7 @@ RatioBudget::RatioBudget(RatioBudgetOptions options)
   const double window_s = std::chrono::duration<double>(options_.window).count();
   reserve_milli_ = std::llround(options_.reserve_per_second * window_s * kMilli);
   window_ = std::make_unique<Window>();
-  window_->buckets = options_.buckets;
-  window_->stripes = detail::stripe_count();
-  window_->slots = std::make_unique<Window::Bucket[]>(static_cast<std::size_t>(options_.buckets));
-  window_->deposits = std::make_unique<detail::StripedCounter[]>(
-      static_cast<std::size_t>(options_.buckets) * static_cast<std::size_t>(window_->stripes));
+  window_->init(options_.buckets);
   origin_ = clock_->now();
 }
 
@@ -162,8 +70,7 @@ void RatioBudget::on_first_attempt() noexcept {
   const std::int64_t step = step_at(clock_->now());
   Window& w = *window_;
   w.expire(step);
-  const std::size_t i = w.bucket_at(step);
-  w.deposit_of(i, detail::stripe_id()).value.fetch_add(deposit_milli_, std::memory_order_acq_rel);
+  w.add_striped(w.bucket_at(step), deposit_milli_);
 }
 
 bool RatioBudget::try_withdraw_at(std::int64_t step) noexcept {
@@ -171,14 +78,14 @@ bool RatioBudget::try_withdraw_at(std::int64_t step) noexcept {
   w.expire(step);
   // The compare-and-swap on the withdrawal total orders every withdrawal: of two threads that saw
   // the same last retry, the second one's swap fails and it checks again against the new total.
-  std::int64_t withdrawn = w.withdrawn_total.load(std::memory_order_acquire);
+  std::atomic<std::int64_t>& withdrawn = w.total(Window::kWithdrawn);
+  std::int64_t seen = withdrawn.load(std::memory_order_acquire);
   do {
-    const std::int64_t balance = w.live_deposits(step) + reserve_milli_ - withdrawn;
+    const std::int64_t balance = w.live_striped(step) + reserve_milli_ - seen;
     if (balance < kMilli) return false;
-  } while (!w.withdrawn_total.compare_exchange_weak(withdrawn, withdrawn + kMilli,
-                                                    std::memory_order_acq_rel));
+  } while (!withdrawn.compare_exchange_weak(seen, seen + kMilli, std::memory_order_acq_rel));
   // Recorded in its step so that it leaves the window too.
-  w.slots[w.bucket_at(step)].withdrawn.fetch_add(kMilli, std::memory_order_acq_rel);
+  w.add_to_bucket(w.bucket_at(step), Window::kWithdrawn, kMilli);
   return true;
 }
 
@@ -193,14 +100,14 @@ RetryPermit RatioBudget::try_acquire_retry(const Outcome& /*failure*/) noexcept 
 void RatioBudget::cancel(const RetryPermit& permit) noexcept {
   if (!permit.granted || permit.step < 0) return;
   Window& w = *window_;
-  Window::Bucket& b = w.slots[static_cast<std::size_t>(permit.step % w.buckets)];
-  if (b.step.load(std::memory_order_acquire) != permit.step) return;  // already left the window
+  const auto i = static_cast<int>(permit.step % w.buckets());
+  if (w.step_of(i) != permit.step) return;  // already left the window
   // Bucket first, then the total, so that a drain of this bucket between the two still takes
   // out exactly the bucket's net withdrawals. Only a drain between the step check above and the
   // bucket's update (the bucket moving to a newer step) can over-credit, by this one retry,
   // until that newer step leaves the window.
-  b.withdrawn.fetch_sub(kMilli, std::memory_order_acq_rel);
-  w.withdrawn_total.fetch_sub(kMilli, std::memory_order_acq_rel);
+  w.add_to_bucket(i, Window::kWithdrawn, -kMilli);
+  w.total(Window::kWithdrawn).fetch_sub(kMilli, std::memory_order_acq_rel);
 }
 
 void RatioBudget::record(const Outcome& /*outcome*/, const RetryPermit& /*permit*/) noexcept {}
@@ -208,7 +115,7 @@ void RatioBudget::record(const Outcome& /*outcome*/, const RetryPermit& /*permit
 double RatioBudget::available() const noexcept {
   const std::int64_t step = step_at(clock_->now());
   const std::int64_t total =
-      window_->live_deposits(step) + reserve_milli_ - window_->live_withdrawals(step);
+      window_->live_striped(step) + reserve_milli_ - window_->live_shared(step, Window::kWithdrawn);
   return total <= 0 ? 0.0 : std::floor(static_cast<double>(total) / kMilli);
 }
 

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "detail/invalid.hpp"
 #include "keel/duration.hpp"
 
 namespace keel {
@@ -161,9 +162,8 @@ Outcome classify_http_status(int status, const RequestTraits& request,
 
 HttpClassifier::HttpClassifier(HttpClassifierOptions options) : options_(std::move(options)) {
   if (options_.max_retries_on_500 < 0 || options_.max_retries_on_500 > 254) {
-    throw std::invalid_argument(
-        "keel::HttpClassifier: max_retries_on_500 must be in [0, 254] (got " +
-        std::to_string(options_.max_retries_on_500) + ")");
+    detail::reject("HttpClassifier", "max_retries_on_500", "in [0, 254]",
+                   std::to_string(options_.max_retries_on_500));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "detail/invalid.hpp"
 #include "keel/duration.hpp"
 
 namespace keel {
@@ -67,19 +68,15 @@ int retry_depth(const RetryContext* context) noexcept {
 }
 
 namespace {
-void require(bool ok, const char* field, const std::string& requirement, Duration got) {
-  if (!ok) {
-    throw std::invalid_argument(std::string("keel::RetryPolicy: ") + field + " must be " +
-                                requirement + " (got " + format_duration(got) + ")");
-  }
+void require(bool ok, const char* field, const char* requirement, Duration got) {
+  if (!ok) detail::reject("RetryPolicy", field, requirement, format_duration(got));
 }
 }  // namespace
 
 RetryPolicy::RetryPolicy(RetryOptions options)
     : options_(std::move(options)), backoff_(options_.backoff) {
   if (options_.max_attempts < 1) {
-    throw std::invalid_argument("keel::RetryPolicy: max_attempts must be >= 1 (got " +
-                                std::to_string(options_.max_attempts) + ")");
+    detail::reject("RetryPolicy", "max_attempts", ">= 1", std::to_string(options_.max_attempts));
   }
   require(options_.per_try_timeout > Duration::zero(), "per_try_timeout", "> 0",
           options_.per_try_timeout);
