@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "keel/version.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -12,7 +13,7 @@ int main(int argc, char** argv) {
       "and make retried writes safe)",
       "keel"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "keel 0.1.0");
+  app.set_version_flag("--version", "keel " KEEL_VERSION_STRING);
 
   std::vector<std::pair<CLI::App*, keel::cli::Runner>> runners;
   const auto add = [&](auto registrar) {

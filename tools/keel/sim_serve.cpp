@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -20,10 +22,6 @@
 
 #include "commands.hpp"
 #include "keel/sim/scenarios.hpp"
-
-#ifndef KEEL_WEB_DIR
-#define KEEL_WEB_DIR "web"
-#endif
 
 namespace keel::cli {
 
@@ -36,9 +34,23 @@ extern "C" void on_stop_signal(int /*signal*/) {
   (void)!write(g_stop_pipe[1], &stop, 1);
 }
 
+// Where the page is: $KEEL_WEB_DIR, else PREFIX/share/keel/web beside this binary (PREFIX/bin),
+// which is where it is installed and where the build tree links it.
+std::string default_web_dir() {
+  if (const char* env = std::getenv("KEEL_WEB_DIR"); env != nullptr && *env != '\0') return env;
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    const std::filesystem::path bin =
+        std::filesystem::path(std::string(exe, static_cast<std::size_t>(n))).parent_path();
+    return (bin.parent_path() / "share" / "keel" / "web").string();
+  }
+  return "web";
+}
+
 struct ServeOptions {
   std::string listen = "127.0.0.1:8090";
-  std::string web = KEEL_WEB_DIR;
+  std::string web = default_web_dir();
 };
 
 class BadParam : public std::runtime_error {
@@ -204,7 +216,9 @@ Runner add_sim_serve(CLI::App& sim) {
   auto opts = std::make_shared<ServeOptions>();
   CLI::App* sub = sim.add_subcommand("serve", "Serve the storm explorer page and its JSON API");
   sub->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any free port)");
-  sub->add_option("--web", opts->web, "Directory of the page (default: the source tree's web/)");
+  sub->add_option("--web", opts->web,
+                  "Directory of the page (default: $KEEL_WEB_DIR, else PREFIX/share/keel/web "
+                  "beside the binary)");
   return [opts] { return serve(*opts); };
 }
 

@@ -1,6 +1,7 @@
 // A program that uses an installed keel through find_package(keel).
 #include <cstdio>
 #include <keel/retry.hpp>
+#include <keel/version.hpp>
 
 int main() {
   keel::ManualClock clock;
@@ -11,7 +12,7 @@ int main() {
   auto result = keel::retry(
       policy, [&] { return ++calls < 3 ? keel::Outcome::transient() : keel::Outcome::success(); },
       call);
-  std::printf("attempts=%d reason=%s\n", result.attempts,
+  std::printf("keel %s: attempts=%d reason=%s\n", KEEL_VERSION_STRING, result.attempts,
               std::string(keel::to_string(result.reason)).c_str());
   return result.ok() && result.attempts == 3 ? 0 : 1;
 }
