@@ -358,6 +358,126 @@ TEST_P(JobQueueTest, WorkerDrainsTheQueueAndExitsWhenIdle) {
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 60);
 }
 
+TEST_P(JobQueueTest, ARefusalIsDeferredUntilTheBrakeAdmitsAndCostsNoAttempt) {
+  JobQueue q = make_queue({.max_attempts = 2});
+  const auto job = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  for (int i = 0; i < 5; ++i) {  // far more refusals than attempts: none is charged
+    auto l = q.lease(*conn_, "q", "w", 1);
+    ASSERT_EQ(l.size(), 1u) << i;
+    EXPECT_EQ(l[0].attempt, 1);
+    const auto r = q.complete(*conn_, l[0].id, l[0].fence,
+                              {.outcome = Outcome::not_attempted(4s),
+                               .error = "circuit open for api:443, next probe in 4s"});
+    EXPECT_EQ(r.status, CompleteStatus::kDeferred);
+    EXPECT_EQ(r.delay, Duration(4s));
+    clock_.advance(3s);
+    EXPECT_TRUE(q.lease(*conn_, "q", "w", 1).empty()) << "due only when the brake admits";
+    clock_.advance(1s);
+  }
+  const auto stored = q.get(*conn_, job.id);
+  ASSERT_TRUE(stored);
+  EXPECT_EQ(stored->attempts, 0);
+  EXPECT_EQ(stored->deferrals, 5);
+  EXPECT_EQ(stored->deferred_reason, "circuit open for api:443, next probe in 4s");
+  ASSERT_EQ(stored->history.size(), 5u);
+  EXPECT_EQ(stored->history[0].outcome, "deferred");
+  EXPECT_EQ(stored->history[0].delay_ms, 4000);
+  const auto stats = q.stats(*conn_);
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].deferred, 1);
+  // Its real attempts are still both there.
+  auto l = q.lease(*conn_, "q", "w", 1);
+  EXPECT_EQ(q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::transient()}).status,
+            CompleteStatus::kRetryScheduled);
+  EXPECT_EQ(q.stats(*conn_)[0].deferred, 0);
+}
+
+TEST_P(JobQueueTest, MaxAgeEndsTheWaitOfADeferredJob) {
+  JobQueue q = make_queue({.max_age = 10s});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  auto l = q.lease(*conn_, "q", "w", 1);
+  EXPECT_EQ(q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::not_attempted(6s)}).status,
+            CompleteStatus::kDeferred);
+  clock_.advance(6s);
+  l = q.lease(*conn_, "q", "w", 1);
+  ASSERT_EQ(l.size(), 1u);
+  const auto r = q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::not_attempted(6s)});
+  EXPECT_EQ(r.status, CompleteStatus::kDead);
+  EXPECT_NE(r.dead_reason.find("max age 10s reached"), std::string::npos) << r.dead_reason;
+}
+
+TEST_P(JobQueueTest, TheQueueAppliesCoresRulesRetryLimitAndRetryAfterReplacingTheBackoff) {
+  JobQueue q = make_queue({.backoff = {.base = 10s, .cap = 1h}});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  // Retry-After replaces the backoff draw (base 10 s): exactly the server's 20 ms.
+  auto l = q.lease(*conn_, "q", "w", 1);
+  auto r = q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::throttled(20ms)});
+  EXPECT_EQ(r.delay, Duration(20ms));
+  // A 500 carries retry_limit 1: one retry, then dead, with 23 attempts still left.
+  const Outcome five_hundred = classify_http_status(500, {Method::kPost, true});
+  clock_.advance(20ms);
+  l = q.lease(*conn_, "q", "w", 1);
+  r = q.complete(*conn_, l[0].id, l[0].fence, {.outcome = five_hundred});
+  EXPECT_EQ(r.status, CompleteStatus::kRetryScheduled);
+  clock_.advance(r.delay);
+  l = q.lease(*conn_, "q", "w", 1);
+  ASSERT_EQ(l.size(), 1u);
+  r = q.complete(*conn_, l[0].id, l[0].fence, {.outcome = five_hundred});
+  EXPECT_EQ(r.status, CompleteStatus::kDead);
+  EXPECT_NE(r.dead_reason.find("attempts exhausted (3 of 25, at most 1 retries"), std::string::npos)
+      << r.dead_reason;
+}
+
+TEST_P(JobQueueTest, EveryMoveToTheDeadLetterQueueIsReportedIncludingAnExpiredLastLease) {
+  std::vector<std::string> reasons;
+  JobQueue q = make_queue(
+      {.max_attempts = 1,
+       .lease = 10s,
+       .on_dead_letter = [&](std::int64_t, std::string_view why) { reasons.emplace_back(why); }});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "killed-worker"});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "poison"});
+  auto l = q.lease(*conn_, "q", "w", 2);
+  ASSERT_EQ(l.size(), 2u);
+  (void)q.complete(*conn_, l[1].id, l[1].fence, {.outcome = Outcome::permanent(), .error = "400"});
+  clock_.advance(11s);  // the first job's worker died holding its only attempt
+  EXPECT_TRUE(q.lease(*conn_, "q", "w", 1).empty());
+  ASSERT_EQ(reasons.size(), 2u);
+  EXPECT_EQ(reasons[0], "permanent: 400");
+  EXPECT_NE(reasons[1].find("attempts exhausted: lease held by w expired"), std::string::npos)
+      << reasons[1];
+}
+
+TEST_P(JobQueueTest, AWorkerPausesLeasingWhileTheBrakeRefuses) {
+  ConnectionPool pool(url(), {.max_connections = 4});
+  JobQueue q = make_queue();
+  std::vector<EnqueueRequest> batch(3, EnqueueRequest{.queue = "q", .payload = "{}"});
+  (void)q.enqueue_many(*conn_, batch);
+  std::atomic<int> calls{0};
+  Worker worker(pool, q, {.queue = "q", .batch = 3, .poll_interval = 1ms, .exit_when_idle = true},
+                [&](const LeasedJob&, const std::atomic<bool>&) {
+                  // The first call finds the breaker open for 5 s (virtual time).
+                  return calls.fetch_add(1) == 0
+                             ? AttemptReport{.outcome = Outcome::not_attempted(5s),
+                                             .error = "circuit open"}
+                             : AttemptReport::success();
+                });
+  std::thread runner([&] { (void)worker.run(); });
+  // The other two jobs of the batch are deferred without running, and nothing is leased while
+  // the clock stands still.
+  for (int i = 0; i < 2000 && count("SELECT COUNT(*) FROM keel_jobs WHERE deferrals > 0") < 3;
+       ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE deferrals > 0"), 3);
+  EXPECT_GT(worker.paused_for(), Duration::zero());
+  std::this_thread::sleep_for(50ms);  // 50 poll intervals: a worker that did not pause would run
+  EXPECT_EQ(calls.load(), 1);
+  clock_.advance(5s);
+  runner.join();  // exits when idle: all three delivered after the pause
+  EXPECT_EQ(calls.load(), 4);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done' AND attempts = 1"), 3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, JobQueueTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          test::backend_name);
