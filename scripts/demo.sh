@@ -77,8 +77,16 @@ start_server() {
 }
 
 stop_server() {
-  kill "${pids[-1]}" 2>/dev/null || true
-  wait "${pids[-1]}" 2>/dev/null || true
+  local pid=${pids[-1]} state
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  # In a subshell (the outage) the server is not our child: wait until it has exited (gone, or a
+  # zombie: its port is free either way), bounded.
+  for _ in $(seq 1 100); do
+    state=$(awk '/^State:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)
+    [[ -z "$state" || "$state" == Z ]] && break
+    sleep 0.05
+  done
   unset 'pids[-1]'
 }
 
@@ -176,6 +184,7 @@ arrivals() { local i; for i in $(seq 1 "$outage_jobs"); do echo "$i"; sleep 0.05
 # outage NAME: takes the API down after 1 s for $outage_s seconds, then brings it back; sets
 # $down_requests (what the down API answered) and $back_ms (when it came back).
 outage() {
+  trap - EXIT  # the parent cleans up
   local port=${url##*:}
   sleep 1
   stop_server
