@@ -18,9 +18,11 @@
 //
 // Also here: attempt_number(), which reads the attempt number from any of the three headers.
 //
+// With latency_threshold set, the limit adapts (AIMD on the latencies the caller reports).
+//
 // Thread-safety: AdmissionLimiter is safe for concurrent use and lock-free (one atomic in-flight
-// count, changed by compare-and-swap; relaxed atomic counters). An Admission is not thread-safe
-// (move it, do not share it) and must not outlive its limiter.
+// count and one atomic limit, changed by compare-and-swap; relaxed atomic counters). An Admission
+// is not thread-safe (move it, do not share it) and must not outlive its limiter.
 //
 // Example:
 //   static keel::AdmissionLimiter limiter({.max_concurrency = 64, .queue_bound = 16});
@@ -63,6 +65,17 @@ struct AdmissionOptions {
   /// Upper end of the full-jitter Retry-After of shed requests: U(0, retry_after_max).
   /// Requires: > 0. Default 10 s.
   Duration retry_after_max = std::chrono::seconds(10);
+  /// Adaptive limit (AIMD on latency, as Netflix concurrency-limits' AIMDLimit): when > 0, the
+  /// limit retries are shed at starts at max_concurrency and moves with the latencies reported
+  /// through Admission::release(latency): one above this threshold multiplies it by
+  /// backoff_ratio (rounded down, at least 1 less), one at or under it while at least half the
+  /// limit was in use adds 1; it stays in [min_concurrency, max_concurrency]. First attempts are
+  /// shed at the current limit + queue_bound. Requires: >= 0. Default 0 (a fixed limit).
+  Duration latency_threshold = Duration::zero();
+  /// Lowest adaptive limit. Requires: in [1, max_concurrency]. Default 1.
+  std::int64_t min_concurrency = 1;
+  /// Multiplicative decrease of the adaptive limit. Requires: in [0.5, 1). Default 0.9.
+  double backoff_ratio = 0.9;
 };
 
 class AdmissionLimiter;
@@ -87,17 +100,22 @@ class Admission {
   [[nodiscard]] Duration retry_after() const noexcept { return retry_after_; }
   /// Gives the slot back (idempotent; nothing for a shed request).
   void release() noexcept;
+  /// Gives the slot back and reports how long the request took (the adaptive limit's signal;
+  /// ignored by a fixed limit). Only the first release of an admission counts.
+  void release(Duration latency) noexcept;
 
  private:
   friend class AdmissionLimiter;
   AdmissionLimiter* limiter_ = nullptr;
   ShedReason reason_ = ShedReason::kNone;
+  std::int64_t in_flight_at_admit_ = 0;  // including this request
   Duration retry_after_{};
 };
 
 /// Counters since the limiter was built (a snapshot; each field is read on its own).
 struct AdmissionStats {
   std::int64_t in_flight = 0;
+  std::int64_t limit = 0;  // the limit retries are shed at now (max_concurrency when fixed)
   std::uint64_t admitted_first = 0;       // first attempts admitted
   std::uint64_t admitted_retry = 0;       // retries admitted
   std::uint64_t shed[kShedReasons] = {};  // by ShedReason (shed[0], kNone, stays 0)
@@ -118,15 +136,21 @@ class AdmissionLimiter {
   [[nodiscard]] std::int64_t in_flight() const noexcept {
     return in_flight_.load(std::memory_order_relaxed);
   }
+  /// The limit retries are shed at now: max_concurrency, or the adaptive limit.
+  [[nodiscard]] std::int64_t limit() const noexcept {
+    return limit_.load(std::memory_order_relaxed);
+  }
   [[nodiscard]] AdmissionStats stats() const noexcept;
   [[nodiscard]] const AdmissionOptions& options() const noexcept { return options_; }
 
  private:
   friend class Admission;
   void release_one() noexcept { in_flight_.fetch_sub(1, std::memory_order_release); }
+  void on_latency(Duration latency, std::int64_t in_flight_at_admit) noexcept;
 
   AdmissionOptions options_;
   std::atomic<std::int64_t> in_flight_{0};
+  std::atomic<std::int64_t> limit_{0};
   std::atomic<std::uint64_t> admitted_first_{0};
   std::atomic<std::uint64_t> admitted_retry_{0};
   std::atomic<std::uint64_t> shed_[kShedReasons] = {};

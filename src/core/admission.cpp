@@ -20,7 +20,10 @@ std::string_view to_string(ShedReason reason) noexcept {
 }
 
 Admission::Admission(Admission&& other) noexcept
-    : limiter_(other.limiter_), reason_(other.reason_), retry_after_(other.retry_after_) {
+    : limiter_(other.limiter_),
+      reason_(other.reason_),
+      in_flight_at_admit_(other.in_flight_at_admit_),
+      retry_after_(other.retry_after_) {
   other.limiter_ = nullptr;
 }
 
@@ -29,6 +32,7 @@ Admission& Admission::operator=(Admission&& other) noexcept {
     release();
     limiter_ = other.limiter_;
     reason_ = other.reason_;
+    in_flight_at_admit_ = other.in_flight_at_admit_;
     retry_after_ = other.retry_after_;
     other.limiter_ = nullptr;
   }
@@ -38,6 +42,13 @@ Admission& Admission::operator=(Admission&& other) noexcept {
 void Admission::release() noexcept {
   if (limiter_ != nullptr && reason_ == ShedReason::kNone) limiter_->release_one();
   limiter_ = nullptr;
+}
+
+void Admission::release(Duration latency) noexcept {
+  if (limiter_ != nullptr && reason_ == ShedReason::kNone) {
+    limiter_->on_latency(latency, in_flight_at_admit_);
+  }
+  release();
 }
 
 AdmissionLimiter::AdmissionLimiter(AdmissionOptions options) : options_(options) {
@@ -60,12 +71,39 @@ AdmissionLimiter::AdmissionLimiter(AdmissionOptions options) : options_(options)
   if (options_.retry_after_max <= Duration::zero()) {
     reject("retry_after_max", "> 0", std::to_string(options_.retry_after_max.count()) + " ns");
   }
+  if (options_.latency_threshold < Duration::zero()) {
+    reject("latency_threshold", ">= 0", std::to_string(options_.latency_threshold.count()) + " ns");
+  }
+  if (options_.min_concurrency < 1 || options_.min_concurrency > options_.max_concurrency) {
+    reject("min_concurrency", "in [1, max_concurrency]", std::to_string(options_.min_concurrency));
+  }
+  if (!(options_.backoff_ratio >= 0.5 && options_.backoff_ratio < 1.0)) {
+    reject("backoff_ratio", "in [0.5, 1)", std::to_string(options_.backoff_ratio));
+  }
+  limit_.store(options_.max_concurrency, std::memory_order_relaxed);
+}
+
+void AdmissionLimiter::on_latency(Duration latency, std::int64_t in_flight_at_admit) noexcept {
+  if (options_.latency_threshold <= Duration::zero()) return;
+  std::int64_t current = limit_.load(std::memory_order_relaxed);
+  for (;;) {
+    std::int64_t next = current;
+    if (latency > options_.latency_threshold) {
+      const auto scaled =
+          static_cast<std::int64_t>(static_cast<double>(current) * options_.backoff_ratio);
+      next = std::max(options_.min_concurrency, std::min(scaled, current - 1));
+    } else if (in_flight_at_admit * 2 >= current) {
+      next = std::min(options_.max_concurrency, current + 1);
+    }
+    if (next == current) return;
+    if (limit_.compare_exchange_weak(current, next, std::memory_order_relaxed)) return;
+  }
 }
 
 Admission AdmissionLimiter::admit(int attempt, BitGenRef gen) noexcept {
   const bool retry = attempt > 1;
-  const std::int64_t limit =
-      retry ? options_.max_concurrency : options_.max_concurrency + options_.queue_bound;
+  const std::int64_t base = limit_.load(std::memory_order_relaxed);
+  const std::int64_t limit = retry ? base : base + options_.queue_bound;
   Admission out;
   std::int64_t current = in_flight_.load(std::memory_order_relaxed);
   while (current < limit) {
@@ -73,6 +111,7 @@ Admission AdmissionLimiter::admit(int attempt, BitGenRef gen) noexcept {
                                          std::memory_order_relaxed)) {
       (retry ? admitted_retry_ : admitted_first_).fetch_add(1, std::memory_order_relaxed);
       out.limiter_ = this;
+      out.in_flight_at_admit_ = current + 1;
       return out;
     }
   }
@@ -86,6 +125,7 @@ Admission AdmissionLimiter::admit(int attempt, BitGenRef gen) noexcept {
 AdmissionStats AdmissionLimiter::stats() const noexcept {
   AdmissionStats s;
   s.in_flight = in_flight_.load(std::memory_order_relaxed);
+  s.limit = limit_.load(std::memory_order_relaxed);
   s.admitted_first = admitted_first_.load(std::memory_order_relaxed);
   s.admitted_retry = admitted_retry_.load(std::memory_order_relaxed);
   for (int i = 0; i < kShedReasons; ++i) s.shed[i] = shed_[i].load(std::memory_order_relaxed);

@@ -51,13 +51,16 @@ AdmissionMiddleware::AdmissionMiddleware(AdmissionMiddlewareOptions options)
 httplib::Server::Handler AdmissionMiddleware::wrap(httplib::Server::Handler handler) const {
   return [options = options_, handler = std::move(handler)](const httplib::Request& request,
                                                             httplib::Response& response) {
-    const Admission admission = options.limiter->admit(request_attempt(request), thread_rng());
+    Admission admission = options.limiter->admit(request_attempt(request), thread_rng());
     if (!admission) {
       if (options.on_shed) options.on_shed(request, admission);
       write_shed(response, admission);
       return;
     }
-    handler(request, response);
+    Clock& clock = options.clock != nullptr ? *options.clock : steady_clock();
+    const TimePoint started = clock.now();
+    handler(request, response);  // an exception releases the slot without a latency
+    admission.release(clock.now() - started);
   };
 }
 

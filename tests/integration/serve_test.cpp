@@ -476,6 +476,23 @@ TEST_P(Serve, MaxConcurrencyShedsRetriesBeforeAnyFirstAttempt) {
   EXPECT_NE(m->body.find("keel_admission_in_flight 0\n"), std::string::npos);
 }
 
+TEST_P(Serve, AdaptiveLatencyCutsTheLimitAfterSlowRequests) {
+  // Every request takes 300 ms, over the 100 ms threshold: each cuts the limit by 10% (rounded
+  // down), 8 -> 7 -> 6.
+  ServeProcess server(args({"--max-concurrency", "8", "--adaptive-latency", "100ms",
+                            "--chaos-delay-fraction", "1", "--chaos-delay", "300ms"}));
+  auto c = server.client();
+  for (int i = 0; i < 2; ++i) {
+    auto r =
+        c.Post("/v1/charges", headers("adapt-" + std::to_string(i)), kCharge, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 201);
+  }
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("keel_admission_limit 6\n"), std::string::npos) << m->body;
+}
+
 TEST_P(Serve, MaxConcurrencyShedsFirstAttemptsPastTheQueueBound) {
   // --admission-queue 0: one limit for all. Three first attempts at once on a limit of 1: the
   // ones that find it taken are refused with reason over_capacity.
@@ -890,6 +907,8 @@ TEST(ServeFlags, BadValuesExit2NamingTheFlag) {
            {"--max-concurrency -1", "--max-concurrency"},
            {"--max-concurrency many", "--max-concurrency"},
            {"--admission-queue -2", "--admission-queue"},
+           {"--max-concurrency 4 --adaptive-latency soon", "--adaptive-latency"},
+           {"--adaptive-latency 100ms", "--adaptive-latency"},
            {"--scope-secret-file /nonexistent/secret", "--scope-secret-file"}}) {
     const auto [code, out] = run_refused(args);
     EXPECT_EQ(code, 2) << args << ": " << out;

@@ -181,6 +181,82 @@ TEST(AdmissionLimiter, RetriesAreNeverAdmittedPastTheLimitUnderRealThreads) {
   EXPECT_EQ(limiter.in_flight(), 4);
 }
 
+TEST(AdmissionLimiter, AdaptiveLimitShrinksOnSlowRequestsAndGrowsBackWhenBusyAndFast) {
+  keel::Rng rng(1);
+  AdmissionLimiter limiter({.max_concurrency = 20,
+                            .queue_bound = 2,
+                            .latency_threshold = 100ms,
+                            .min_concurrency = 2,
+                            .backoff_ratio = 0.5});
+  EXPECT_EQ(limiter.limit(), 20);
+  // Slow answers halve the limit, down to min_concurrency.
+  for (const std::int64_t expected : {10, 5, 2, 2}) {
+    limiter.admit(1, rng).release(250ms);
+    EXPECT_EQ(limiter.limit(), expected);
+  }
+  EXPECT_EQ(limiter.stats().limit, 2);
+  // Retries are now shed at 2 in flight, first attempts at 2 + 2.
+  Admission a = limiter.admit(1, rng);
+  Admission b = limiter.admit(1, rng);
+  EXPECT_EQ(limiter.admit(2, rng).reason(), ShedReason::kRetryOverLimit);
+  Admission c = limiter.admit(1, rng);
+  Admission d = limiter.admit(1, rng);
+  EXPECT_TRUE(c);
+  EXPECT_TRUE(d);
+  EXPECT_EQ(limiter.admit(1, rng).reason(), ShedReason::kOverCapacity);
+  // Fast answers while at least half the limit was in use add one each.
+  a.release(10ms);  // admitted with 1 in flight: 1 * 2 >= 2
+  EXPECT_EQ(limiter.limit(), 3);
+  b.release(10ms);  // 2 in flight at its admission
+  EXPECT_EQ(limiter.limit(), 4);
+  c.release(10ms);
+  d.release(10ms);
+  EXPECT_EQ(limiter.limit(), 6);
+  // A fast answer from an idle server does not grow the limit: nothing showed it was needed.
+  limiter.admit(1, rng).release(10ms);  // 1 in flight, 1 * 2 < 6
+  EXPECT_EQ(limiter.limit(), 6);
+  // Only the first release counts; a plain release() reports nothing.
+  Admission e = limiter.admit(1, rng);
+  e.release();
+  e.release(1s);
+  EXPECT_EQ(limiter.limit(), 6);
+}
+
+TEST(AdmissionLimiter, AdaptiveLimitNeverLeavesItsBoundsUnderRealThreads) {
+  AdmissionLimiter limiter({.max_concurrency = 16,
+                            .queue_bound = 0,
+                            .latency_threshold = 100ms,
+                            .min_concurrency = 2,
+                            .backoff_ratio = 0.9});
+  std::atomic<bool> out_of_bounds{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      keel::Rng rng(static_cast<std::uint64_t>(t) + 1);
+      for (int i = 0; i < 20000; ++i) {
+        Admission a = limiter.admit(1, rng);
+        const std::int64_t l = limiter.limit();
+        if (l < 2 || l > 16) out_of_bounds = true;
+        if (a) a.release((i + t) % 3 == 0 ? 200ms : 10ms);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_FALSE(out_of_bounds.load());
+  EXPECT_EQ(limiter.in_flight(), 0);
+}
+
+TEST(AdmissionLimiter, AFixedLimitIgnoresLatencies) {
+  keel::Rng rng(1);
+  AdmissionLimiter limiter({.max_concurrency = 8});
+  limiter.admit(1, rng).release(1h);
+  EXPECT_EQ(limiter.limit(), 8);
+  EXPECT_THROW(AdmissionLimiter({.max_concurrency = 4, .min_concurrency = 5}),
+               std::invalid_argument);
+  EXPECT_THROW(AdmissionLimiter({.backoff_ratio = 1.0}), std::invalid_argument);
+  EXPECT_THROW(AdmissionLimiter({.latency_threshold = -1ms}), std::invalid_argument);
+}
+
 TEST(AttemptNumber, ReadsEachHeader) {
   EXPECT_EQ(keel::attempt_number({}), 1);
   EXPECT_EQ(keel::attempt_number({.keel_attempt = "3"}), 3);

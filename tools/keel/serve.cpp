@@ -52,6 +52,7 @@ struct ServeOptions {
   int threads = 16;
   std::int64_t max_concurrency = 0;
   std::int64_t admission_queue = -1;
+  std::string adaptive_latency;
   std::string max_body_bytes = "1048576";
   std::string max_json_depth = "64";
   bool reuse_port = false;
@@ -212,6 +213,11 @@ std::string render_admission(const AdmissionStats& s) {
       "keel_admission_admitted_total{attempt=\"first\"} " +
       std::to_string(s.admitted_first) + "\nkeel_admission_admitted_total{attempt=\"retry\"} " +
       std::to_string(s.admitted_retry) + "\n";
+  out +=
+      "# HELP keel_admission_limit In-flight requests beyond which retries are shed now.\n"
+      "# TYPE keel_admission_limit gauge\n"
+      "keel_admission_limit " +
+      std::to_string(s.limit) + "\n";
   out +=
       "# HELP keel_admission_in_flight Requests holding an admission slot.\n"
       "# TYPE keel_admission_in_flight gauge\n"
@@ -383,6 +389,16 @@ int run_serve(const ServeOptions& o) {
   if (!sweep || *sweep <= Duration::zero()) {
     return usage_error("--sweep-interval", sweep ? "must be > 0" : error);
   }
+  std::optional<Duration> adaptive_latency;
+  if (!o.adaptive_latency.empty()) {
+    adaptive_latency = parse_duration(o.adaptive_latency, &error);
+    if (!adaptive_latency || *adaptive_latency <= Duration::zero()) {
+      return usage_error("--adaptive-latency", adaptive_latency ? "must be > 0" : error);
+    }
+    if (o.max_concurrency <= 0) {
+      return usage_error("--adaptive-latency", "needs --max-concurrency (the upper limit)");
+    }
+  }
   const auto delay = parse_duration(o.chaos_delay, &error);
   if (!delay) return usage_error("--chaos-delay", error);
   const auto hang = parse_duration(o.chaos_hang, &error);
@@ -536,7 +552,8 @@ int run_serve(const ServeOptions& o) {
     admission_limiter.emplace(AdmissionOptions{
         .max_concurrency = o.max_concurrency,
         .queue_bound = o.admission_queue >= 0 ? o.admission_queue
-                                              : std::max<std::int64_t>(1, o.max_concurrency / 4)});
+                                              : std::max<std::int64_t>(1, o.max_concurrency / 4),
+        .latency_threshold = adaptive_latency.value_or(Duration::zero())});
   }
   const auto guarded = [&](httplib::Server::Handler handler) -> httplib::Server::Handler {
     httplib::Server::Handler slowed = [&, handler = std::move(handler)](const httplib::Request& req,
@@ -789,6 +806,9 @@ Runner add_serve(CLI::App& app) {
                   "First attempts admitted beyond --max-concurrency before they are shed too "
                   "(default max-concurrency / 4, at least 1)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  sub->add_option("--adaptive-latency", o->adaptive_latency,
+                  "Make --max-concurrency the upper bound of an adaptive limit (AIMD): a request "
+                  "slower than this cuts it by 10%, a fast one while busy adds 1");
   sub->add_option("--max-body-bytes", o->max_body_bytes,
                   "Largest request body in bytes (413 beyond, before it is read)")
       ->capture_default_str();

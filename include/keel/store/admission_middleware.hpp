@@ -38,6 +38,8 @@ struct AdmissionMiddlewareOptions {
   AdmissionLimiter* limiter = nullptr;
   /// Called for each shed request, before the answer is written. Default none.
   std::function<void(const httplib::Request&, const Admission&)> on_shed;
+  /// Times each admitted handler, for the limiter's adaptive limit. Default keel::steady_clock().
+  Clock* clock = nullptr;
 };
 
 class AdmissionMiddleware {
@@ -45,7 +47,8 @@ class AdmissionMiddleware {
   /// Throws std::invalid_argument when limiter is null.
   explicit AdmissionMiddleware(AdmissionMiddlewareOptions options);
 
-  /// Wraps a handler: it runs holding an admission slot (released when it returns or throws),
+  /// Wraps a handler: it runs holding an admission slot (released when it returns or throws;
+  /// when it returns, with its latency, which an adaptive limiter learns from),
   /// or the request is answered by write_shed(). Each request draws its Retry-After from its
   /// thread's keel::thread_rng().
   [[nodiscard]] httplib::Server::Handler wrap(httplib::Server::Handler handler) const;
