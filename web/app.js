@@ -1,5 +1,9 @@
-// The storm explorer: every change of a control asks /api/sim (keel::sim in C++) for a new run
-// and redraws the chart. Requests are debounced, and a late answer never overwrites a newer one.
+// The storm explorer: every change of a control asks /api/sim (keel::sim in C++) for two runs,
+// policy A and policy B on the same fleet and seed, and redraws both on the same axes (A solid,
+// B dashed) with their summaries side by side. Requests are debounced, and a late answer never
+// overwrites a newer one. document.body.dataset carries what the browser test reads: A's peak
+// and peak retries (peak, peakRetries), B's (peakB, peakRetriesB), and how long the last draw
+// took (drawMs).
 (function () {
   'use strict';
   const fields = ['fleet', 'capacity', 'outage_s', 'attempts', 'base_ms'];
@@ -9,10 +13,13 @@
   let latest = 0;
   let timer = null;
 
-  function query() {
+  // The query of policy `which` ('a' or 'b'): the shared fields, and that policy's toggles.
+  function query(which) {
     const params = new URLSearchParams();
     for (const f of fields) params.set(f, $(f + '-value').value.trim());
-    for (const t of toggles) params.set(t, $(t).checked ? '1' : '0');
+    for (const t of toggles) {
+      params.set(t, $(which === 'a' ? t : 'b_' + t).checked ? '1' : '0');
+    }
     return params;
   }
 
@@ -23,63 +30,87 @@
     document.body.dataset.state = 'error';
   }
 
-  function draw(data) {
-    const s = data.series;
+  const stepped = () => uPlot.paths.stepped({ align: 1 });
+  const dashed = [6, 4];
+
+  function draw(a, b) {
     const width = Math.max(400, $('chart').clientWidth);
     const opts = {
       width: width,
       height: 420,
-      title: 'calls per 100 ms slice',
+      title: 'calls per 100 ms slice (A solid, B dashed)',
       scales: { x: { time: false } },
       axes: [{ label: 'time (s)' }, { label: 'calls', size: 60 }],
       series: [
         { label: 't (s)' },
-        { label: 'all calls', stroke: '#4477aa', fill: 'rgba(68,119,170,0.25)',
-          paths: uPlot.paths.stepped({ align: 1 }) },
-        { label: 'retries', stroke: '#cc3311', paths: uPlot.paths.stepped({ align: 1 }) },
-        { label: 'successes', stroke: '#228833', paths: uPlot.paths.stepped({ align: 1 }) },
+        { label: 'A all calls', stroke: '#4477aa', fill: 'rgba(68,119,170,0.18)', paths: stepped() },
+        { label: 'A retries', stroke: '#cc3311', paths: stepped() },
+        { label: 'A successes', stroke: '#228833', paths: stepped() },
+        { label: 'B all calls', stroke: '#4477aa', dash: dashed, width: 2, paths: stepped() },
+        { label: 'B retries', stroke: '#cc3311', dash: dashed, width: 2, paths: stepped() },
+        { label: 'B successes', stroke: '#228833', dash: dashed, width: 2, paths: stepped() },
       ],
     };
-    const rows = [s.t_s, s.offered, s.retries, s.successes];
+    // Both runs have the same duration and slices, so they share the time column.
+    const rows = [a.series.t_s, a.series.offered, a.series.retries, a.series.successes,
+                  b.series.offered, b.series.retries, b.series.successes];
     if (plot) plot.destroy();
     plot = new uPlot(opts, rows, $('chart'));
   }
 
-  function render(data, ms) {
+  function summarize(data, which) {
+    $('policy-' + which).textContent = data.policy;
+    $('peak-' + which).textContent = data.peak_per_slice;
+    $('peak-retries-' + which).textContent = data.peak_retries_per_slice;
+    $('total-' + which).textContent = data.total_calls;
+    $('amplification-' + which).textContent = data.amplification.toFixed(2) + 'x';
+    $('ops-' + which).textContent = data.ops_succeeded + ' / ' + data.ops_failed;
+  }
+
+  function render(a, b, ms) {
     $('error').hidden = true;
-    $('policy').textContent = data.policy;
-    $('peak').textContent = data.peak_per_slice;
-    $('peak-retries').textContent = data.peak_retries_per_slice;
-    $('total').textContent = data.total_calls;
-    $('amplification').textContent = data.amplification.toFixed(2) + 'x';
-    $('ops').textContent = data.ops_succeeded + ' / ' + data.ops_failed;
+    const drawStarted = performance.now();
+    summarize(a, 'a');
+    summarize(b, 'b');
+    draw(a, b);
+    const drawMs = performance.now() - drawStarted;
     $('elapsed').textContent = ms.toFixed(0) + ' ms';
-    draw(data);
-    document.body.dataset.peak = String(data.peak_per_slice);
-    document.body.dataset.peakRetries = String(data.peak_retries_per_slice);
-    document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);
-    document.body.dataset.state = 'ready';
+    $('draw').textContent = drawMs.toFixed(1) + ' ms';
+    const d = document.body.dataset;
+    d.peak = String(a.peak_per_slice);
+    d.peakRetries = String(a.peak_retries_per_slice);
+    d.peakB = String(b.peak_per_slice);
+    d.peakRetriesB = String(b.peak_retries_per_slice);
+    d.drawMs = drawMs.toFixed(1);
+    d.renders = String(Number(d.renders || 0) + 1);
+    d.state = 'ready';
+  }
+
+  async function fetchRun(which) {
+    const response = await fetch('/api/sim?' + query(which).toString());
+    return { ok: response.ok, status: response.status, body: await response.json() };
   }
 
   async function refresh() {
     const id = ++latest;
     document.body.dataset.state = 'loading';
     const started = performance.now();
-    let response;
-    let body;
+    let a;
+    let b;
     try {
-      response = await fetch('/api/sim?' + query().toString());
-      body = await response.json();
+      [a, b] = await Promise.all([fetchRun('a'), fetchRun('b')]);
     } catch (e) {
       if (id === latest) showError('The simulator did not answer: ' + e.message);
       return;
     }
     if (id !== latest) return;  // a newer request is on its way
-    if (!response.ok) {
-      showError('Bad parameter: ' + (body && body.error ? body.error : response.status));
-      return;
+    for (const r of [a, b]) {
+      if (!r.ok) {
+        showError('Bad parameter: ' + (r.body && r.body.error ? r.body.error : r.status));
+        return;
+      }
     }
-    render(body, performance.now() - started);
+    render(a.body, b.body, performance.now() - started);
   }
 
   function schedule() {
@@ -99,7 +130,10 @@
       schedule();
     });
   }
-  for (const t of toggles) $(t).addEventListener('change', schedule);
+  for (const t of toggles) {
+    $(t).addEventListener('change', schedule);
+    $('b_' + t).addEventListener('change', schedule);
+  }
   window.addEventListener('resize', () => { if (plot) plot.setSize({ width: $('chart').clientWidth, height: 420 }); });
   refresh();
 })();

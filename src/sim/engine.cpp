@@ -7,8 +7,10 @@
 #include <queue>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "keel/admission.hpp"
 #include "keel/duration.hpp"
 #include "keel/random.hpp"
 
@@ -95,6 +97,13 @@ class Engine {
       for (auto& ctx : processes_) ctx = p.make_call_context(clock_);
     }
     one_retrying_layer_ = p.one_retrying_layer;
+    if (s.dependency.admission_limit > 0) {
+      admission_rng_ = Rng(seed * 0xd6e8feb86659fd93ULL + 4);
+      admission_.emplace(
+          AdmissionOptions{.max_concurrency = s.dependency.admission_limit,
+                           .queue_bound = s.dependency.admission_queue,
+                           .retry_after_max = s.dependency.admission_retry_after_max});
+    }
   }
 
   Result run() {
@@ -257,8 +266,9 @@ class Engine {
     ++sl.offered;
     ++total_calls_;
     // At a lower layer, a first attempt caused by an upper layer's retry is a retry too.
-    if (start.attempt.is_retry() || !op->first_chain) ++sl.retries;
-    arrive(index, attempt_id, t);
+    const bool retry = start.attempt.is_retry() || !op->first_chain;
+    if (retry) ++sl.retries;
+    arrive(index, attempt_id, t, retry);
   }
 
   void deliver(std::uint32_t index, const Outcome& outcome) {
@@ -328,14 +338,25 @@ class Engine {
     return uniform01(dependency_rng_) < p;
   }
 
-  void arrive(std::uint32_t index, std::uint32_t attempt_id, std::int64_t t) {
+  void arrive(std::uint32_t index, std::uint32_t attempt_id, std::int64_t t, bool retry) {
     const auto& dep = s_.dependency;
     if (dep.outage.contains(Duration(t))) {
       deliver(index, Outcome::transient());
       return;
     }
+    if (admission_) {
+      // The receiver's own limiter: retries are refused first, for free, with Retry-After.
+      Admission admission = admission_->admit(retry ? 2 : 1, admission_rng_);
+      if (!admission) {
+        ++slice_at(t).shed;
+        deliver(index, Outcome::throttled(admission.retry_after()));
+        return;
+      }
+      admitted_.emplace(attempt_id, std::move(admission));
+    }
     const bool fails = draw_failure(t);
     if (fails && dep.failures_are_free) {
+      admitted_.erase(attempt_id);
       deliver(index, Outcome::transient());
       return;
     }
@@ -351,6 +372,7 @@ class Engine {
       return;
     }
     ++slice_at(t).shed;
+    admitted_.erase(attempt_id);
     deliver(index, dep.shed_retry_after >= Duration::zero()
                        ? Outcome::throttled(dep.shed_retry_after)
                        : Outcome::throttled());
@@ -358,6 +380,7 @@ class Engine {
 
   void service_done(const Event& ev) {
     --busy_;
+    admitted_.erase(ev.attempt_id);  // the admission slot is free once the request is served
     Op& op = ops_[ev.op];
     if (op.waiting && op.attempt_id == ev.attempt_id) {
       deliver(ev.op, ev.fails ? Outcome::transient() : Outcome::success());
@@ -464,6 +487,9 @@ class Engine {
   std::int64_t servers_ = 1;
   std::int64_t busy_ = 0;
   std::deque<Pending> waiting_;
+  std::optional<AdmissionLimiter> admission_;
+  std::unordered_map<std::uint32_t, Admission> admitted_;  // by attempt id, while in the dependency
+  Rng admission_rng_{0};  // Retry-After draws of the admission limiter
   std::priority_queue<Event, std::vector<Event>, Later> queue_;
   std::uint64_t order_ = 0;
   std::deque<Op> ops_;  // a deque: references stay valid while operations are added
@@ -501,6 +527,16 @@ void validate(const Scenario& s) {
   }
   if (!(d.capacity_drop_factor >= 0 && d.capacity_drop_factor <= 1)) {
     reject("dependency.capacity_drop_factor", "in [0, 1]", num(d.capacity_drop_factor));
+  }
+  if (d.admission_limit < 0) {
+    reject("dependency.admission_limit", ">= 0", std::to_string(d.admission_limit));
+  }
+  if (d.admission_queue < 0) {
+    reject("dependency.admission_queue", ">= 0", std::to_string(d.admission_queue));
+  }
+  if (d.admission_limit > 0 && d.admission_retry_after_max <= Duration::zero()) {
+    reject("dependency.admission_retry_after_max", "> 0",
+           format_duration(d.admission_retry_after_max));
   }
   if (c.population < 0) reject("clients.population", ">= 0", std::to_string(c.population));
   if (c.population == 0 && (!(c.arrivals_per_s > 0) || !std::isfinite(c.arrivals_per_s))) {

@@ -91,6 +91,22 @@ Scenario blip_scenario(Duration trigger) {
 
 namespace {
 
+// The blip with receiver-side shedding (keel::AdmissionLimiter at the dependency): at most
+// kShedLimit requests in the dependency (served or queued) before retries are refused, for free,
+// with a full-jitter Retry-After under 1 s; first attempts kShedQueue beyond that. 200 in the
+// dependency at 1,000 req/s is a 200 ms wait, inside the clients' 300 ms per-attempt timeout.
+constexpr std::int64_t kShedLimit = 150;
+constexpr std::int64_t kShedQueue = 50;
+
+Scenario blip_shed_scenario() {
+  Scenario s = blip_scenario(seconds(5));
+  s.name = "blip-shed";
+  s.dependency.admission_limit = kShedLimit;
+  s.dependency.admission_queue = kShedQueue;
+  s.dependency.admission_retry_after_max = seconds(1);
+  return s;
+}
+
 const std::vector<Definition>& definitions() {
   static const std::vector<Definition> defs = [] {
     std::vector<Definition> d;
@@ -136,6 +152,16 @@ const std::vector<Definition>& definitions() {
                   {"naive", "exponential", "full-jitter", "full-jitter+budget",
                    "full-jitter+budget+breaker"}},
                  blip_scenario(seconds(5)),
+                 {.max_attempts = 4,
+                  .base = milliseconds(100),
+                  .cap = seconds(2),
+                  .per_try_timeout = milliseconds(300)}});
+    d.push_back({{"blip-shed",
+                  "the blip with receiver-side shedding: past 150 requests in the dependency "
+                  "retries are refused first (free, Retry-After under 1 s), first attempts past "
+                  "200; naive clients recover where they never do in blip",
+                  {"naive", "full-jitter", "full-jitter+budget"}},
+                 blip_shed_scenario(),
                  {.max_attempts = 4,
                   .base = milliseconds(100),
                   .cap = seconds(2),

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -408,6 +409,122 @@ TEST_P(Serve, SigtermLetsInFlightRequestsFinish) {
   EXPECT_EQ(charges(), 1);
 }
 
+TEST_P(Serve, MaxConcurrencyShedsRetriesBeforeAnyFirstAttempt) {
+  // Every request takes 300 ms. Two first attempts and six retries arrive together. Retries are
+  // admitted only while fewer than 2 requests are in flight, first attempts while fewer than
+  // 2 + 2: at most two retries can ever be in flight, so no first attempt is ever refused, and
+  // of the retries all but at most two are.
+  ServeProcess server(args({"--max-concurrency", "2", "--admission-queue", "2",
+                            "--chaos-delay-fraction", "1", "--chaos-delay", "300ms"}));
+  constexpr int kFirst = 2;
+  constexpr int kRetries = 6;
+  struct Answer {
+    int attempt = 0;
+    int status = 0;
+    std::string retry_after;
+    std::string content_type;
+  };
+  std::vector<Answer> answers(kFirst + kRetries);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kFirst + kRetries; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = server.client();
+      answers[i].attempt = i < kFirst ? 1 : 2 + i % 3;
+      httplib::Headers h = headers("shed-" + std::to_string(i));
+      // The three attempt headers: Keel-Attempt, Envoy's count, gRPC's previous attempts.
+      if (i % 3 == 0) h.emplace("Keel-Attempt", std::to_string(answers[i].attempt));
+      if (i % 3 == 1) h.emplace("x-envoy-attempt-count", std::to_string(answers[i].attempt));
+      if (i % 3 == 2) {
+        h.emplace("grpc-previous-rpc-attempts", std::to_string(answers[i].attempt - 1));
+      }
+      ++ready;
+      while (ready.load() < kFirst + kRetries) std::this_thread::yield();
+      auto r = c.Post("/v1/charges", h, kCharge, "application/json");
+      if (!r) return;
+      answers[i].status = r->status;
+      answers[i].retry_after = r->get_header_value("Retry-After");
+      answers[i].content_type = r->get_header_value("Content-Type");
+    });
+  }
+  for (auto& t : threads) t.join();
+  int refused_retries = 0;
+  for (const Answer& a : answers) {
+    if (a.attempt == 1) {
+      EXPECT_EQ(a.status, 201) << "a first attempt was refused";
+      continue;
+    }
+    ASSERT_TRUE(a.status == 201 || a.status == 503) << a.status;
+    if (a.status == 503) {
+      ++refused_retries;
+      const int seconds = std::stoi(a.retry_after);
+      EXPECT_GE(seconds, 1);
+      EXPECT_LE(seconds, 10);
+      EXPECT_EQ(a.content_type, "application/problem+json");
+    }
+  }
+  EXPECT_GE(refused_retries, kRetries - 2);
+  EXPECT_EQ(charges(), kFirst + kRetries - refused_retries);
+  auto m = server.client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("keel_admission_shed_total{reason=\"retry\"} " +
+                         std::to_string(refused_retries) + "\n"),
+            std::string::npos)
+      << m->body;
+  EXPECT_NE(m->body.find("keel_admission_shed_total{reason=\"over_capacity\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(m->body.find("keel_admission_in_flight 0\n"), std::string::npos);
+}
+
+TEST_P(Serve, AdaptiveLatencyCutsTheLimitAfterSlowRequests) {
+  // Every request takes 300 ms, over the 100 ms threshold: each cuts the limit by 10% (rounded
+  // down), 8 -> 7 -> 6.
+  ServeProcess server(args({"--max-concurrency", "8", "--adaptive-latency", "100ms",
+                            "--chaos-delay-fraction", "1", "--chaos-delay", "300ms"}));
+  auto c = server.client();
+  for (int i = 0; i < 2; ++i) {
+    auto r =
+        c.Post("/v1/charges", headers("adapt-" + std::to_string(i)), kCharge, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 201);
+  }
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("keel_admission_limit 6\n"), std::string::npos) << m->body;
+}
+
+TEST_P(Serve, MaxConcurrencyShedsFirstAttemptsPastTheQueueBound) {
+  // --admission-queue 0: one limit for all. Three first attempts at once on a limit of 1: the
+  // ones that find it taken are refused with reason over_capacity.
+  ServeProcess server(args({"--max-concurrency", "1", "--admission-queue", "0",
+                            "--chaos-delay-fraction", "1", "--chaos-delay", "300ms"}));
+  std::atomic<int> ok{0};
+  std::atomic<int> refused{0};
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = server.client();
+      ++ready;
+      while (ready.load() < 3) std::this_thread::yield();
+      auto r =
+          c.Post("/v1/charges", headers("cap-" + std::to_string(i)), kCharge, "application/json");
+      if (r && r->status == 201) ++ok;
+      if (r && r->status == 503) ++refused;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GE(ok.load(), 1);
+  EXPECT_GE(refused.load(), 1);
+  EXPECT_EQ(ok.load() + refused.load(), 3);
+  auto m = server.client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("keel_admission_shed_total{reason=\"over_capacity\"} " +
+                         std::to_string(refused.load()) + "\n"),
+            std::string::npos)
+      << m->body;
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Serve, ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          test::backend_name);
 
@@ -787,6 +904,11 @@ TEST(ServeFlags, BadValuesExit2NamingTheFlag) {
            {"--max-json-depth 0", "--max-json-depth"},
            {"--max-json-depth 100001", "--max-json-depth"},
            {"--max-json-depth deep", "--max-json-depth"},
+           {"--max-concurrency -1", "--max-concurrency"},
+           {"--max-concurrency many", "--max-concurrency"},
+           {"--admission-queue -2", "--admission-queue"},
+           {"--max-concurrency 4 --adaptive-latency soon", "--adaptive-latency"},
+           {"--adaptive-latency 100ms", "--adaptive-latency"},
            {"--scope-secret-file /nonexistent/secret", "--scope-secret-file"}}) {
     const auto [code, out] = run_refused(args);
     EXPECT_EQ(code, 2) << args << ": " << out;

@@ -204,7 +204,7 @@ TEST(SimScenarios, ListsEveryScenarioWithItsPolicies) {
   std::vector<std::string> names;
   for (const auto& s : keel::sim::scenarios()) names.push_back(s.name);
   EXPECT_EQ(names, (std::vector<std::string>{"worked-example", "worked-example-feedback", "herd",
-                                             "layers", "blip", "brooker"}));
+                                             "layers", "blip", "blip-shed", "brooker"}));
   ASSERT_NE(keel::sim::find_scenario("layers"), nullptr);
   EXPECT_EQ(keel::sim::find_scenario("nope"), nullptr);
 }
@@ -266,6 +266,37 @@ TEST(SimScenarios, BlipNaiveStaysOverloadedFullJitterWithBudgetRecovers) {
   std::int64_t open_slices = 0;
   for (const auto& sl : breaker.slices) open_slices += sl.breakers_open;
   EXPECT_GT(open_slices, 0);  // the breaker's own state, sampled per slice
+}
+
+TEST(SimScenarios, BlipShedNaiveClientsRecoverWhenTheReceiverShedsRetriesFirst) {
+  // The same blip, the same naive clients; only the receiver changes: past 150 requests in the
+  // dependency it refuses retries (free, Retry-After under 1 s), first attempts past 200.
+  const auto without = run_scenario("blip", "naive", kSeed);
+  ASSERT_FALSE(without.summary.recovered);
+  const auto shed = run_scenario("blip-shed", "naive", kSeed);
+  ASSERT_TRUE(shed.summary.recovered);
+  EXPECT_LE(*shed.summary.recovery, 2s);  // 1.5 s with seed 1
+  // Five times the operations succeed, and the wasted work (served after the client gave up)
+  // falls by more than 90%.
+  EXPECT_GT(shed.summary.ops_succeeded, 5 * without.summary.ops_succeeded);
+  EXPECT_LT(shed.summary.wasted * 10, without.summary.wasted);
+  std::int64_t refused = 0;
+  for (const auto& sl : shed.slices) refused += sl.shed;
+  EXPECT_GT(refused, 0);
+  // Before the blip nothing is shed: 900 req/s at 20 ms keeps about 18 in the dependency.
+  for (std::size_t i = 0; i < 20; ++i) EXPECT_EQ(shed.slices[i].shed, 0) << i;
+}
+
+TEST(SimEngine, AdmissionLimitsAreValidated) {
+  keel::sim::Scenario s;
+  s.dependency.admission_limit = -1;
+  EXPECT_THROW(keel::sim::validate(s), std::invalid_argument);
+  s.dependency.admission_limit = 10;
+  s.dependency.admission_queue = -1;
+  EXPECT_THROW(keel::sim::validate(s), std::invalid_argument);
+  s.dependency.admission_queue = 0;
+  s.dependency.admission_retry_after_max = Duration::zero();
+  EXPECT_THROW(keel::sim::validate(s), std::invalid_argument);
 }
 
 TEST(SimScenarios, BlipNaiveRecoversFromAShortTriggerButNotFromALongOne) {

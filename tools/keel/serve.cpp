@@ -1,8 +1,9 @@
 // `keel serve`: a small payments API that shows the receiver's half of safe retries.
 // POST /v1/charges goes through the idempotency middleware (keel/store/idempotency_middleware.hpp)
 // on SQLite or PostgreSQL; GET /v1/charges/{id}, GET /v1/charges?customer=ID, /healthz, /metrics.
-// --rate-limit answers 429 + Retry-After per principal; the --chaos-* flags inject the failures
-// that make clients retry (503s, delays, hangs, and "commit then drop the response").
+// --rate-limit answers 429 + Retry-After per principal; --max-concurrency sheds retries first
+// (503 + Retry-After, keel/store/admission_middleware.hpp); the --chaos-* flags inject the
+// failures that make clients retry (503s, delays, hangs, and "commit then drop the response").
 // Stops cleanly on SIGTERM/SIGINT: the listener closes, in-flight requests finish.
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -28,7 +29,9 @@
 #include <unordered_map>
 
 #include "commands.hpp"
+#include "keel/admission.hpp"
 #include "keel/duration.hpp"
+#include "keel/store/admission_middleware.hpp"
 #include "keel/store/idempotency_middleware.hpp"
 
 namespace keel::cli {
@@ -47,6 +50,9 @@ struct ServeOptions {
   std::string scope_secret_file;
   std::string sweep_interval = "1m";
   int threads = 16;
+  std::int64_t max_concurrency = 0;
+  std::int64_t admission_queue = -1;
+  std::string adaptive_latency;
   std::string max_body_bytes = "1048576";
   std::string max_json_depth = "64";
   bool reuse_port = false;
@@ -190,6 +196,35 @@ struct Metrics {
     return out;
   }
 };
+
+/// The --max-concurrency limiter's counters in the Prometheus text format.
+std::string render_admission(const AdmissionStats& s) {
+  std::string out =
+      "# HELP keel_admission_shed_total Requests answered 503 by --max-concurrency, by reason "
+      "(retry: a retry at the limit; over_capacity: a first attempt past the queue bound).\n"
+      "# TYPE keel_admission_shed_total counter\n";
+  for (const ShedReason r : {ShedReason::kRetryOverLimit, ShedReason::kOverCapacity}) {
+    out += "keel_admission_shed_total{reason=\"" + std::string(to_string(r)) + "\"} " +
+           std::to_string(s.shed[static_cast<int>(r)]) + "\n";
+  }
+  out +=
+      "# HELP keel_admission_admitted_total Requests admitted by --max-concurrency, by attempt.\n"
+      "# TYPE keel_admission_admitted_total counter\n"
+      "keel_admission_admitted_total{attempt=\"first\"} " +
+      std::to_string(s.admitted_first) + "\nkeel_admission_admitted_total{attempt=\"retry\"} " +
+      std::to_string(s.admitted_retry) + "\n";
+  out +=
+      "# HELP keel_admission_limit In-flight requests beyond which retries are shed now.\n"
+      "# TYPE keel_admission_limit gauge\n"
+      "keel_admission_limit " +
+      std::to_string(s.limit) + "\n";
+  out +=
+      "# HELP keel_admission_in_flight Requests holding an admission slot.\n"
+      "# TYPE keel_admission_in_flight gauge\n"
+      "keel_admission_in_flight " +
+      std::to_string(s.in_flight) + "\n";
+  return out;
+}
 
 /// Closes the client's connection of `request` without answering: finds the accepted socket by
 /// its port pair and shuts it down (cpp-httplib does not expose it).
@@ -354,6 +389,16 @@ int run_serve(const ServeOptions& o) {
   if (!sweep || *sweep <= Duration::zero()) {
     return usage_error("--sweep-interval", sweep ? "must be > 0" : error);
   }
+  std::optional<Duration> adaptive_latency;
+  if (!o.adaptive_latency.empty()) {
+    adaptive_latency = parse_duration(o.adaptive_latency, &error);
+    if (!adaptive_latency || *adaptive_latency <= Duration::zero()) {
+      return usage_error("--adaptive-latency", adaptive_latency ? "must be > 0" : error);
+    }
+    if (o.max_concurrency <= 0) {
+      return usage_error("--adaptive-latency", "needs --max-concurrency (the upper limit)");
+    }
+  }
   const auto delay = parse_duration(o.chaos_delay, &error);
   if (!delay) return usage_error("--chaos-delay", error);
   const auto hang = parse_duration(o.chaos_hang, &error);
@@ -496,19 +541,38 @@ int run_serve(const ServeOptions& o) {
       store::write_problem_and_close(res, 503, "Service unavailable", "injected by --chaos-503");
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (chance(o.chaos_hang_fraction)) {
-      ++metrics.chaos_hang;
-      const TimePoint until = saturating_add(steady_clock().now(), *hang);
-      while (!stopping.load() && steady_clock().now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    } else if (chance(o.chaos_delay_fraction)) {
-      ++metrics.chaos_delay;
-      std::this_thread::sleep_for(*delay);
-    }
     return httplib::Server::HandlerResponse::Unhandled;
   };
   store::apply_server_limits(server, std::move(limits));
+
+  // --max-concurrency: one limiter over every /v1 route, retries shed first. The injected delays
+  // and hangs run inside the admitted region, as a slow handler or database would.
+  std::optional<AdmissionLimiter> admission_limiter;
+  if (o.max_concurrency > 0) {
+    admission_limiter.emplace(AdmissionOptions{
+        .max_concurrency = o.max_concurrency,
+        .queue_bound = o.admission_queue >= 0 ? o.admission_queue
+                                              : std::max<std::int64_t>(1, o.max_concurrency / 4),
+        .latency_threshold = adaptive_latency.value_or(Duration::zero())});
+  }
+  const auto guarded = [&](httplib::Server::Handler handler) -> httplib::Server::Handler {
+    httplib::Server::Handler slowed = [&, handler = std::move(handler)](const httplib::Request& req,
+                                                                        httplib::Response& res) {
+      if (chance(o.chaos_hang_fraction)) {
+        ++metrics.chaos_hang;
+        const TimePoint until = saturating_add(steady_clock().now(), *hang);
+        while (!stopping.load() && steady_clock().now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      } else if (chance(o.chaos_delay_fraction)) {
+        ++metrics.chaos_delay;
+        std::this_thread::sleep_for(*delay);
+      }
+      handler(req, res);
+    };
+    if (!admission_limiter) return slowed;
+    return store::AdmissionMiddleware({.limiter = &*admission_limiter}).wrap(std::move(slowed));
+  };
 
   const store::TransactionalHandler create_charge = [&](const httplib::Request& req,
                                                         Connection& tx) -> StoredResponse {
@@ -553,31 +617,33 @@ int run_serve(const ServeOptions& o) {
                                            .json_limits = json_limits});
 
   if (o.no_idempotency) {
-    server.Post("/v1/charges", [&](const httplib::Request& req, httplib::Response& res) {
-      auto conn = pool.acquire();
-      StoredResponse out;
-      const auto tx = store::with_transaction_retry(*conn, [&](Connection& t) {
-        out = create_charge(req, t);
-        return out.status < 400;
-      });
-      if (!tx.committed() && tx.status != store::TransactionStatus::kRolledBack) {
-        std::fprintf(stderr, "keel serve: POST /v1/charges: %s\n", tx.error.c_str());
-        store::write_problem(res, 503, "Database unavailable", "the database is unavailable");
-        return;
-      }
-      res.status = out.status;
-      for (const auto& [name, value] : out.headers) {
-        if (name != "Content-Type") res.set_header(name, value);
-      }
-      res.set_content(out.body, out.status < 400 ? "application/json" : "application/problem+json");
-      if (tx.committed()) after_commit(req, res);
-    });
+    server.Post("/v1/charges", guarded([&](const httplib::Request& req, httplib::Response& res) {
+                  auto conn = pool.acquire();
+                  StoredResponse out;
+                  const auto tx = store::with_transaction_retry(*conn, [&](Connection& t) {
+                    out = create_charge(req, t);
+                    return out.status < 400;
+                  });
+                  if (!tx.committed() && tx.status != store::TransactionStatus::kRolledBack) {
+                    std::fprintf(stderr, "keel serve: POST /v1/charges: %s\n", tx.error.c_str());
+                    store::write_problem(res, 503, "Database unavailable",
+                                         "the database is unavailable");
+                    return;
+                  }
+                  res.status = out.status;
+                  for (const auto& [name, value] : out.headers) {
+                    if (name != "Content-Type") res.set_header(name, value);
+                  }
+                  res.set_content(
+                      out.body, out.status < 400 ? "application/json" : "application/problem+json");
+                  if (tx.committed()) after_commit(req, res);
+                }));
   } else {
-    server.Post("/v1/charges", middleware.wrap(create_charge));
+    server.Post("/v1/charges", guarded(middleware.wrap(create_charge)));
   }
 
   server.Get(R"(/v1/charges/([A-Za-z0-9_]+))",
-             [&](const httplib::Request& req, httplib::Response& res) {
+             guarded([&](const httplib::Request& req, httplib::Response& res) {
                auto conn = pool.acquire();
                const store::Rows rows = conn->query(
                    "SELECT id, amount, currency, customer, created FROM charges"
@@ -588,21 +654,22 @@ int run_serve(const ServeOptions& o) {
                  return;
                }
                res.set_content(charge_json(rows, 0).dump(), "application/json");
-             });
-  server.Get("/v1/charges", [&](const httplib::Request& req, httplib::Response& res) {
-    if (!req.has_param("customer")) {
-      store::write_problem(res, 400, "Missing parameter", "GET /v1/charges needs ?customer=ID");
-      return;
-    }
-    auto conn = pool.acquire();
-    const store::Rows rows = conn->query(
-        "SELECT id, amount, currency, customer, created FROM charges"
-        " WHERE principal = $1 AND customer = $2 ORDER BY created, id LIMIT 1000",
-        {scope_of(req), req.get_param_value("customer")});
-    nlohmann::json list = nlohmann::json::array();
-    for (std::size_t i = 0; i < rows.size(); ++i) list.push_back(charge_json(rows, i));
-    res.set_content(nlohmann::json{{"data", list}}.dump(), "application/json");
-  });
+             }));
+  server.Get("/v1/charges", guarded([&](const httplib::Request& req, httplib::Response& res) {
+               if (!req.has_param("customer")) {
+                 store::write_problem(res, 400, "Missing parameter",
+                                      "GET /v1/charges needs ?customer=ID");
+                 return;
+               }
+               auto conn = pool.acquire();
+               const store::Rows rows = conn->query(
+                   "SELECT id, amount, currency, customer, created FROM charges"
+                   " WHERE principal = $1 AND customer = $2 ORDER BY created, id LIMIT 1000",
+                   {scope_of(req), req.get_param_value("customer")});
+               nlohmann::json list = nlohmann::json::array();
+               for (std::size_t i = 0; i < rows.size(); ++i) list.push_back(charge_json(rows, i));
+               res.set_content(nlohmann::json{{"data", list}}.dump(), "application/json");
+             }));
   server.Get("/healthz", [&](const httplib::Request&, httplib::Response& res) {
     try {
       auto conn = pool.acquire();
@@ -614,7 +681,9 @@ int run_serve(const ServeOptions& o) {
     }
   });
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+    std::string text = metrics.render();
+    if (admission_limiter) text += render_admission(admission_limiter->stats());
+    res.set_content(text, "text/plain; version=0.0.4");
   });
   server.set_exception_handler(
       [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
@@ -728,6 +797,18 @@ Runner add_serve(CLI::App& app) {
   sub->add_option("--threads", o->threads, "Worker threads")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  sub->add_option("--max-concurrency", o->max_concurrency,
+                  "Requests in flight on /v1 beyond which retries (Keel-Attempt, "
+                  "x-envoy-attempt-count or grpc-previous-rpc-attempts > first) are answered 503 "
+                  "+ Retry-After (default 0: no limit)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  sub->add_option("--admission-queue", o->admission_queue,
+                  "First attempts admitted beyond --max-concurrency before they are shed too "
+                  "(default max-concurrency / 4, at least 1)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  sub->add_option("--adaptive-latency", o->adaptive_latency,
+                  "Make --max-concurrency the upper bound of an adaptive limit (AIMD): a request "
+                  "slower than this cuts it by 10%, a fast one while busy adds 1");
   sub->add_option("--max-body-bytes", o->max_body_bytes,
                   "Largest request body in bytes (413 beyond, before it is read)")
       ->capture_default_str();

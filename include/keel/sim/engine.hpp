@@ -78,6 +78,16 @@ struct DependencyConfig {
   Window outage{};
   /// When >= 0, requests shed because the queue is full carry this Retry-After. Default none.
   Duration shed_retry_after = Outcome::kNoServerDelay;
+  /// Receiver-side admission control, keel::AdmissionLimiter (keel/admission.hpp) at the
+  /// dependency's front door: when > 0, a retry that arrives while this many requests are in the
+  /// dependency (served or queued) is shed at once, without using capacity, with a full-jitter
+  /// Retry-After on [0, admission_retry_after_max); a first attempt only once
+  /// admission_limit + admission_queue are. Requires: >= 0. Default 0 (none).
+  std::int64_t admission_limit = 0;
+  /// First attempts admitted beyond admission_limit. Requires: >= 0. Default 0.
+  std::int64_t admission_queue = 0;
+  /// Upper end of the shed requests' Retry-After. Requires: > 0. Default 1 s.
+  Duration admission_retry_after_max = std::chrono::seconds(1);
 };
 
 /// Who calls.
@@ -149,7 +159,7 @@ struct Slice {
   std::int64_t successes = 0;        // attempts that succeeded (as the client saw them)
   std::int64_t failures = 0;         // attempts that failed (refused, failed, shed, timed out)
   std::int64_t timeouts = 0;         // of the failures, attempts abandoned at their timeout
-  std::int64_t shed = 0;             // of the failures, attempts refused because the queue was full
+  std::int64_t shed = 0;             // of the failures, refused: queue full or admission limit
   std::int64_t wasted = 0;           // requests served after their client had given up on them
   std::int64_t ops_succeeded = 0;    // top-level operations that ended in success
   std::int64_t ops_failed = 0;       // top-level operations that gave up

@@ -1,0 +1,163 @@
+#include "keel/admission.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <stdexcept>
+#include <string>
+
+namespace keel {
+
+std::string_view to_string(ShedReason reason) noexcept {
+  switch (reason) {
+    case ShedReason::kNone:
+      return "none";
+    case ShedReason::kRetryOverLimit:
+      return "retry";
+    case ShedReason::kOverCapacity:
+      return "over_capacity";
+  }
+  return "unknown";
+}
+
+Admission::Admission(Admission&& other) noexcept
+    : limiter_(other.limiter_),
+      reason_(other.reason_),
+      in_flight_at_admit_(other.in_flight_at_admit_),
+      retry_after_(other.retry_after_) {
+  other.limiter_ = nullptr;
+}
+
+Admission& Admission::operator=(Admission&& other) noexcept {
+  if (this != &other) {
+    release();
+    limiter_ = other.limiter_;
+    reason_ = other.reason_;
+    in_flight_at_admit_ = other.in_flight_at_admit_;
+    retry_after_ = other.retry_after_;
+    other.limiter_ = nullptr;
+  }
+  return *this;
+}
+
+void Admission::release() noexcept {
+  if (limiter_ != nullptr && reason_ == ShedReason::kNone) limiter_->release_one();
+  limiter_ = nullptr;
+}
+
+void Admission::release(Duration latency) noexcept {
+  if (limiter_ != nullptr && reason_ == ShedReason::kNone) {
+    limiter_->on_latency(latency, in_flight_at_admit_);
+  }
+  release();
+}
+
+AdmissionLimiter::AdmissionLimiter(AdmissionOptions options) : options_(options) {
+  const auto reject = [](const char* field, const std::string& requirement,
+                         const std::string& got) {
+    throw std::invalid_argument(std::string("keel::AdmissionOptions: ") + field + " must be " +
+                                requirement + " (got " + got + ")");
+  };
+  if (options_.max_concurrency < 1) {
+    reject("max_concurrency", ">= 1", std::to_string(options_.max_concurrency));
+  }
+  if (options_.queue_bound < 0) {
+    reject("queue_bound", ">= 0", std::to_string(options_.queue_bound));
+  }
+  if (options_.max_concurrency > (std::int64_t{1} << 40) ||
+      options_.queue_bound > (std::int64_t{1} << 40)) {
+    reject("max_concurrency and queue_bound", "<= 2^40",
+           std::to_string(options_.max_concurrency) + ", " + std::to_string(options_.queue_bound));
+  }
+  if (options_.retry_after_max <= Duration::zero()) {
+    reject("retry_after_max", "> 0", std::to_string(options_.retry_after_max.count()) + " ns");
+  }
+  if (options_.latency_threshold < Duration::zero()) {
+    reject("latency_threshold", ">= 0", std::to_string(options_.latency_threshold.count()) + " ns");
+  }
+  if (options_.min_concurrency < 1 || options_.min_concurrency > options_.max_concurrency) {
+    reject("min_concurrency", "in [1, max_concurrency]", std::to_string(options_.min_concurrency));
+  }
+  if (!(options_.backoff_ratio >= 0.5 && options_.backoff_ratio < 1.0)) {
+    reject("backoff_ratio", "in [0.5, 1)", std::to_string(options_.backoff_ratio));
+  }
+  limit_.store(options_.max_concurrency, std::memory_order_relaxed);
+}
+
+void AdmissionLimiter::on_latency(Duration latency, std::int64_t in_flight_at_admit) noexcept {
+  if (options_.latency_threshold <= Duration::zero()) return;
+  std::int64_t current = limit_.load(std::memory_order_relaxed);
+  for (;;) {
+    std::int64_t next = current;
+    if (latency > options_.latency_threshold) {
+      const auto scaled =
+          static_cast<std::int64_t>(static_cast<double>(current) * options_.backoff_ratio);
+      next = std::max(options_.min_concurrency, std::min(scaled, current - 1));
+    } else if (in_flight_at_admit * 2 >= current) {
+      next = std::min(options_.max_concurrency, current + 1);
+    }
+    if (next == current) return;
+    if (limit_.compare_exchange_weak(current, next, std::memory_order_relaxed)) return;
+  }
+}
+
+Admission AdmissionLimiter::admit(int attempt, BitGenRef gen) noexcept {
+  const bool retry = attempt > 1;
+  const std::int64_t base = limit_.load(std::memory_order_relaxed);
+  const std::int64_t limit = retry ? base : base + options_.queue_bound;
+  Admission out;
+  std::int64_t current = in_flight_.load(std::memory_order_relaxed);
+  while (current < limit) {
+    if (in_flight_.compare_exchange_weak(current, current + 1, std::memory_order_acquire,
+                                         std::memory_order_relaxed)) {
+      (retry ? admitted_retry_ : admitted_first_).fetch_add(1, std::memory_order_relaxed);
+      out.limiter_ = this;
+      out.in_flight_at_admit_ = current + 1;
+      return out;
+    }
+  }
+  // Shed: a retry at the first threshold, a first attempt at the second.
+  out.reason_ = retry ? ShedReason::kRetryOverLimit : ShedReason::kOverCapacity;
+  shed_[static_cast<int>(out.reason_)].fetch_add(1, std::memory_order_relaxed);
+  out.retry_after_ = saturating_scale(options_.retry_after_max, uniform01(gen));
+  return out;
+}
+
+AdmissionStats AdmissionLimiter::stats() const noexcept {
+  AdmissionStats s;
+  s.in_flight = in_flight_.load(std::memory_order_relaxed);
+  s.limit = limit_.load(std::memory_order_relaxed);
+  s.admitted_first = admitted_first_.load(std::memory_order_relaxed);
+  s.admitted_retry = admitted_retry_.load(std::memory_order_relaxed);
+  for (int i = 0; i < kShedReasons; ++i) s.shed[i] = shed_[i].load(std::memory_order_relaxed);
+  return s;
+}
+
+int attempt_number(const AttemptHeaders& headers) noexcept {
+  constexpr std::int64_t kMax = 1'000'000;
+  const auto parse = [](std::optional<std::string_view> v) -> std::optional<std::int64_t> {
+    if (!v) return std::nullopt;
+    std::string_view s = *v;
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+    if (s.empty() || s.size() > 18) {
+      // Too long to parse as int64: a valid all-digit value is huge, so clamp it.
+      if (!s.empty() && s.find_first_not_of("0123456789") == std::string_view::npos) return kMax;
+      return std::nullopt;
+    }
+    std::int64_t n = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+    if (ec != std::errc() || end != s.data() + s.size() || s.front() == '-' || s.front() == '+') {
+      return std::nullopt;
+    }
+    return n;
+  };
+  std::int64_t attempt = 1;
+  if (const auto n = parse(headers.keel_attempt)) attempt = std::max(attempt, *n);
+  if (const auto n = parse(headers.envoy_attempt_count)) attempt = std::max(attempt, *n);
+  if (const auto n = parse(headers.grpc_previous_rpc_attempts)) {
+    attempt = std::max(attempt, std::min(*n, kMax - 1) + 1);
+  }
+  return static_cast<int>(std::min(attempt, kMax));
+}
+
+}  // namespace keel
