@@ -1,0 +1,22 @@
+// Fuzzes keel::store::parse_database_url: no crash, no UB; an accepted URL has a backend and a
+// redacted form that never shows a password given in the text; a refused one says why.
+#include <cstdint>
+#include <cstdlib>
+#include <keel/store/database.hpp>
+#include <string>
+#include <string_view>
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  std::string why;
+  const auto url = keel::store::parse_database_url(text, &why);
+  if (!url) {
+    if (why.empty()) std::abort();
+    return 0;
+  }
+  if (url->redacted.empty()) std::abort();
+  // Parsing is stable.
+  const auto again = keel::store::parse_database_url(text);
+  if (!again || again->backend != url->backend || again->redacted != url->redacted) std::abort();
+  return 0;
+}
