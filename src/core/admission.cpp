@@ -133,7 +133,7 @@ AdmissionStats AdmissionLimiter::stats() const noexcept {
 }
 
 int attempt_number(const AttemptHeaders& headers) noexcept {
-  constexpr std::int64_t kMax = 1'000'000;
+  static constexpr std::int64_t kMax = 1'000'000;
   const auto parse = [](std::optional<std::string_view> v) -> std::optional<std::int64_t> {
     if (!v) return std::nullopt;
     std::string_view s = *v;
