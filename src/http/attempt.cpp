@@ -209,7 +209,10 @@ CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits
     if (same_header_name(name, "Idempotency-Key") || same_header_name(name, "Keel-Attempt")) {
       continue;
     }
-    append(headers_, value.empty() ? name + ";" : name + ": " + value);
+    std::string line = name;
+    line += value.empty() ? ";" : ": ";
+    line += value;
+    append(headers_, line);
   }
   append(headers_, "Keel-Attempt: " + std::to_string(request.prior_attempts + info.number));
   if (!key.empty()) append(headers_, "Idempotency-Key: " + key);
