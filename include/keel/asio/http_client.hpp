@@ -45,7 +45,8 @@
 #include "keel/budget.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
-#include "keel/http/client.hpp"
+#include "keel/http/options.hpp"
+#include "keel/http/request.hpp"
 #include "keel/retry.hpp"
 
 namespace keel::asio {
@@ -61,66 +62,11 @@ using http::breaker_key;
 using http::find_header;
 using http::make_idempotency_key;
 
-struct HttpClientOptions {
-  /// Retry policy for every request. Defaults: 3 attempts, per-try timeout 10 s, overall
-  /// deadline 30 s, full jitter base 100 ms cap 10 s, Retry-After cap 60 s.
-  RetryOptions retry = {.max_attempts = 3,
-                        .per_try_timeout = std::chrono::seconds(10),
-                        .overall_timeout = std::chrono::seconds(30)};
-  /// Time allowed to establish a connection, within an attempt's timeout. Requires: > 0.
-  /// Default 2 s.
-  Duration connect_timeout = std::chrono::seconds(2);
-  /// How statuses and bodies are classified. Default: 500 retried at most once, no body hook.
-  HttpClassifierOptions classifier = {};
-  /// Called after every attempt, on the client's executor. Default none.
-  std::function<void(const HttpAttemptEvent&)> on_attempt;
-  /// Receives the line logged when an operation gives up (keel::format_give_up). Default: the
-  /// line is written to stderr.
-  std::function<void(std::string_view)> log;
-  /// Whether requests go through a circuit breaker per "host:port" of their URL
-  /// (keel::http::breaker_key): an open breaker stops an operation before an attempt
-  /// (StopReason::kCircuitOpen) and every outcome is reported to the host's breaker. Default
-  /// true, as keel::http::Client.
-  bool circuit_breakers = true;
-  /// The registry the per-host breakers come from; share one between clients (blocking or not)
-  /// to share their view of each host. Non-owning; Requires: outlives the client. Default none:
-  /// the client keeps a registry of its own built from own_breakers.
-  BreakerRegistry* breakers = nullptr;
-  /// Options of the client's own registry (when breakers is none). Default: keel's
-  /// BreakerRegistryOptions.
-  BreakerRegistryOptions own_breakers = {};
-  /// Whether retries draw on a retry budget shared by every request of the client (refused:
-  /// StopReason::kBudgetExhausted). Default true, as keel::http::Client.
-  bool retry_budget = true;
-  /// The budget to draw on. Non-owning; Requires: outlives the client. Default none: the client
-  /// keeps its own TokenBucketBudget built from own_budget.
-  RetryBudget* budget = nullptr;
-  /// Options of the client's own budget (when budget is none). Default: 500 tokens, a retry
-  /// costs 5 (10 after a timeout), a successful first attempt refunds 1.
-  TokenBucketBudgetOptions own_budget = {};
-  /// Largest response head accepted, in bytes, as keel::http::ClientOptions. Requires: >= 1.
-  /// Default 64 KiB.
-  std::size_t max_header_bytes = http::kDefaultMaxHeaderBytes;
-  /// Largest response body collected in memory, in bytes, as keel::http::ClientOptions (not
-  /// applied to a Request::body_sink). Requires: >= 1. Default 256 MiB.
-  std::size_t max_response_bytes = http::kDefaultMaxResponseBytes;
-  /// Connections open at once to one host; further transfers queue inside libcurl.
-  /// Requires: >= 0. Default 0 (no limit).
-  long max_host_connections = 0;
-  /// Transfers handed to libcurl at once; the others wait, in order, inside the client, and the
-  /// wait counts against the attempt's timeout. Set it for large fan-outs: libcurl's own queue
-  /// (behind max_host_connections) re-examines every waiting transfer each time a connection
-  /// frees, which is quadratic in the number waiting.
-  /// Requires: >= 0. Default 0 (no limit).
-  long max_transfers = 0;
-  /// Sent as User-Agent unless the request sets one. Default "keel/0.1".
-  std::string user_agent = "keel/0.1";
-  /// Time source for deadlines. A keel::ManualClock makes the waits between attempts virtual
-  /// (see keel/asio/retry.hpp). Default keel::steady_clock().
-  Clock* clock = nullptr;
-  /// Randomness for the backoff jitter. Default keel::thread_rng().
-  Rng* rng = nullptr;
-};
+/// The options are keel::http::ClientOptions (keel/http/options.hpp), shared with the blocking
+/// client: the same retry policy, limits, breakers and budget. max_host_connections,
+/// max_transfers and rng are this client's own; max_idle_handles is not used (this client keeps up
+/// to 64 idle easy handles). on_attempt and log are called on the client's executor.
+using HttpClientOptions = http::ClientOptions;
 
 class HttpClient {
  public:

@@ -1,9 +1,11 @@
 // A program that uses every installed keel target through find_package(keel): an HTTP client,
-// an SQLite database, the idempotency middleware, the simulator's scenario list and the Asio retry.
+// an SQLite database, the idempotency middleware, the simulator's scenario list and the Asio retry;
+// keel::http_attempt through the request checks both HTTP clients share.
 #include <asio/io_context.hpp>
 #include <cstdio>
 #include <keel/asio/retry.hpp>
 #include <keel/http/client.hpp>
+#include <keel/http/request.hpp>
 #include <keel/sim/scenarios.hpp>
 #include <keel/store/database.hpp>
 #include <keel/store/idempotency_middleware.hpp>
@@ -18,8 +20,9 @@ int main() {
   httplib::Request anonymous;  // keel::store_http: the principal of a request without a token
   const bool store_http_ok = keel::store::bearer_principal(anonymous).empty();
   const std::size_t scenarios = keel::sim::scenarios().size();
+  const bool http_attempt_ok = keel::http::breaker_key("http://Example.com/") == "example.com:80";
   std::printf("sqlite says %lld, %zu scenarios, max attempts %d\n",
               static_cast<long long>(rows.integer(0, 0)), scenarios,
               client.options().retry.max_attempts);
-  return rows.integer(0, 0) == 42 && scenarios > 0 && store_http_ok ? 0 : 1;
+  return rows.integer(0, 0) == 42 && scenarios > 0 && store_http_ok && http_attempt_ok ? 0 : 1;
 }

@@ -1,0 +1,153 @@
+// keel::http::detail: the one libcurl attempt that both HTTP clients run, and the steps of an
+// operation they share around it. keel::http::Client drives a CurlAttempt with
+// curl_easy_perform, keel::asio::HttpClient through its curl multi handle on an Asio loop; every
+// HTTP rule of an attempt (the request's header fields, Keel-Attempt and Idempotency-Key, the
+// connect and whole-attempt timeouts, the head and body limits, the body sink, the
+// classification of statuses, Retry-After and libcurl errors) is written here once.
+//
+// Not part of keel's API: the clients' implementation (keel::http_attempt), subject to change.
+//
+// Thread-safety: a CurlAttempt is one attempt, used by one thread at a time; OperationGuards is
+// safe for concurrent use; the free functions are safe to call from any thread.
+//
+// Example (the blocking client):
+//   CurlAttempt attempt(easy, request, traits, key, info, options);
+//   if (auto refused = attempt.start()) return *refused;
+//   return attempt.finish(curl_easy_perform(easy), classifier, clock);
+#pragma once
+
+#include <curl/curl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "keel/breaker.hpp"
+#include "keel/budget.hpp"
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+#include "keel/http/message.hpp"
+#include "keel/http/options.hpp"
+#include "keel/http/request.hpp"
+#include "keel/retry.hpp"
+
+namespace keel::http::detail {
+
+/// curl_global_init, once per process. Throws std::runtime_error when it fails.
+void global_init();
+
+/// Milliseconds for libcurl's timeouts: rounded up so that a positive duration never becomes 0
+/// (libcurl's "no limit"); kInfinite and longer is 0, at most 0x7fffffff.
+[[nodiscard]] long to_curl_ms(Duration d) noexcept;
+
+/// keel's reading of a libcurl error, with the OS errno libcurl saw (0: none).
+[[nodiscard]] NetError net_error_of(CURLcode rc, long os_errno) noexcept;
+
+/// Throws std::invalid_argument "TYPE: FIELD must be REQUIREMENT (got VALUE)" when a Requires
+/// line of the fields both clients use is broken (connect_timeout, max_header_bytes,
+/// max_response_bytes). `type` names the options as the caller knows them.
+void check_options(const ClientOptions& options, std::string_view type);
+
+/// The circuit breakers and the retry budget of a client, from its options: the caller's
+/// (shared), the client's own, or none when switched off. Safe for concurrent use.
+class OperationGuards {
+ public:
+  explicit OperationGuards(const ClientOptions& options);
+
+  /// The registry of per-host breakers; nullptr when circuit_breakers is false.
+  [[nodiscard]] BreakerRegistry* breakers() const noexcept { return breakers_; }
+  /// The retry budget; nullptr when retry_budget is false.
+  [[nodiscard]] RetryBudget* budget() const noexcept { return budget_; }
+
+  /// The engine's per-call inputs for one operation of `request` (clock, deadline, whether it is
+  /// safe to repeat, budget, prior attempts, the host's breaker). `breaker` receives the host's
+  /// breaker, which the caller holds for the whole operation. rng and context are left unset.
+  [[nodiscard]] CallOptions call_options(const Request& request, const RequestTraits& traits,
+                                         Clock& clock,
+                                         std::shared_ptr<CircuitBreaker>& breaker) const;
+
+ private:
+  std::unique_ptr<BreakerRegistry> own_breakers_;
+  std::unique_ptr<TokenBucketBudget> own_budget_;
+  BreakerRegistry* breakers_ = nullptr;
+  RetryBudget* budget_ = nullptr;
+};
+
+/// Checks `request` (check_request) and settles its Idempotency-Key in `result`: the caller's,
+/// or one generated once for a POST or PATCH (Request::generate_idempotency_key). Returns the
+/// request's traits; nullopt when the request is refused, with `result` filled (kPermanent, no
+/// attempt, error saying why).
+[[nodiscard]] std::optional<RequestTraits> begin_operation(const Request& request, Result& result);
+
+/// Calls options.on_attempt, if set, with the event of one finished attempt.
+void report_attempt(const ClientOptions& options, const Request& request, int attempt,
+                    const Outcome& outcome, std::string_view error, Duration took,
+                    const Decision& decision);
+
+/// Writes the give-up line (keel::format_give_up) of an operation that did not succeed to
+/// options.log, or to stderr when it is not set. Does nothing when `result` succeeded.
+void log_give_up(const ClientOptions& options, const Request& request, const Result& result);
+
+/// What one attempt ended with.
+struct AttemptResult {
+  Outcome outcome;
+  /// The response, when one was taken.
+  std::optional<Response> response;
+  /// libcurl's message for a transport failure, or why the response could not be taken.
+  std::string error;
+};
+
+/// What libcurl writes into during one attempt (the header and body callbacks' state).
+struct Transfer {
+  Response response;
+  ResponseHeadParser head;
+  const Request::BodySink* sink = nullptr;  // none: the body goes to response.body
+  std::size_t max_body = 0;
+  // Why the transfer was ended from a callback (the response could not be taken); else empty.
+  std::string local_error;
+};
+
+/// One attempt of a request on a libcurl easy handle. Not copyable or movable: libcurl keeps
+/// pointers into it until the transfer has finished.
+class CurlAttempt {
+ public:
+  /// Sets `easy` (new, or reset with curl_easy_reset) up for attempt `info` of `request`: URL,
+  /// method and body, header fields with Keel-Attempt and the Idempotency-Key `key` (empty:
+  /// none), User-Agent, connect and whole-attempt timeouts within info.timeout, a fresh
+  /// connection for a request that is not safe to repeat, the head and body limits and the body
+  /// sink of `options`/`request`. Requires: `request` and `options` outlive the attempt. Throws
+  /// std::bad_alloc.
+  CurlAttempt(CURL* easy, const Request& request, const RequestTraits& traits,
+              const std::string& key, const AttemptInfo& info, const ClientOptions& options);
+  CurlAttempt(const CurlAttempt&) = delete;
+  CurlAttempt& operator=(const CurlAttempt&) = delete;
+
+  /// Called right before the transfer: restarts the request's body sink. Returns the result to
+  /// end the attempt with when the sink cannot restart (a permanent local failure), else
+  /// nullopt.
+  [[nodiscard]] std::optional<AttemptResult> start();
+
+  /// Whether a callback ended the transfer because the response cannot be taken (a limit or the
+  /// body sink); finish() then reports that, whatever libcurl's code.
+  [[nodiscard]] bool response_refused() const noexcept { return !transfer_.local_error.empty(); }
+
+  /// The attempt's result once libcurl finished the transfer with `rc`: a response that cannot
+  /// be taken is a permanent failure; a response is classified by status, body and Retry-After
+  /// (read against clock.wall_now()); a transport failure by libcurl's error and whether the
+  /// request was sent (a timeout sets Outcome::timed_out).
+  [[nodiscard]] AttemptResult finish(CURLcode rc, const HttpClassifier& classifier, Clock& clock);
+
+ private:
+  CURL* easy_;
+  RequestTraits traits_;
+  std::size_t max_header_bytes_;
+  Transfer transfer_;
+  char error_buffer_[CURL_ERROR_SIZE] = {};
+  struct SlistFree {
+    void operator()(curl_slist* list) const noexcept;
+  };
+  std::unique_ptr<curl_slist, SlistFree> headers_;
+};
+
+}  // namespace keel::http::detail

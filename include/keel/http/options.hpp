@@ -1,0 +1,104 @@
+// keel::http::ClientOptions: the configuration of both HTTP clients. keel::http::Client (blocking)
+// and keel::asio::HttpClient (on an Asio event loop) run the same libcurl attempt with the same
+// retry policy, limits, breakers and budget, so they take one options type
+// (keel::asio::HttpClientOptions is this struct). The last fields apply to one client only and
+// say which; the other client ignores them.
+//
+// Thread-safety: a plain value, copied into the client when it is built.
+//
+// Example:
+//   keel::http::ClientOptions o{.retry = {.max_attempts = 4}, .connect_timeout = 500ms};
+//   keel::http::Client blocking(o);
+//   keel::asio::HttpClient async(io.get_executor(), o);
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "keel/breaker.hpp"
+#include "keel/budget.hpp"
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+#include "keel/http/message.hpp"
+#include "keel/http/request.hpp"
+#include "keel/random.hpp"
+#include "keel/retry.hpp"
+
+namespace keel::http {
+
+struct ClientOptions {
+  /// Retry policy for every request. Defaults: 3 attempts, per-try timeout 10 s, overall
+  /// deadline 30 s, full jitter base 100 ms cap 10 s, Retry-After cap 60 s. Its on_retry and
+  /// on_give_up hooks are called as the engine documents.
+  RetryOptions retry = {.max_attempts = 3,
+                        .per_try_timeout = std::chrono::seconds(10),
+                        .overall_timeout = std::chrono::seconds(30)};
+  /// Time allowed to establish a connection, within an attempt's timeout. Requires: > 0.
+  /// Default 2 s.
+  Duration connect_timeout = std::chrono::seconds(2);
+  /// How statuses and bodies are classified (500 retry limit, body hook). Default: 500 retried
+  /// at most once, no body hook.
+  HttpClassifierOptions classifier = {};
+  /// Called after every attempt: from any thread using a blocking Client (so it must be safe for
+  /// that), on the client's executor for keel::asio::HttpClient. Default none.
+  std::function<void(const AttemptEvent&)> on_attempt;
+  /// Receives the one line logged when an operation gives up (keel::format_give_up). Must be
+  /// safe to call from any thread using a blocking Client. Default: the line is written to
+  /// stderr.
+  std::function<void(std::string_view)> log;
+  /// Largest response head (status line and header fields) accepted, in bytes; a larger one
+  /// ends the attempt as a permanent failure (a local error: the response is not taken).
+  /// Requires: >= 1. Default 64 KiB.
+  std::size_t max_header_bytes = kDefaultMaxHeaderBytes;
+  /// Largest response body collected in memory (Response::body), in bytes; a larger one ends the
+  /// attempt as a permanent failure. Not applied to a Request::body_sink. Requires: >= 1.
+  /// Default 256 MiB.
+  std::size_t max_response_bytes = kDefaultMaxResponseBytes;
+  /// Sent as User-Agent unless the request sets one. Default "keel/0.1".
+  std::string user_agent = "keel/0.1";
+  /// Time source for deadlines and the waits between attempts (a blocking Client sleeps on it;
+  /// with keel::asio a keel::ManualClock makes the waits virtual, see keel/asio/retry.hpp).
+  /// Default keel::steady_clock().
+  Clock* clock = nullptr;
+  /// Whether requests go through a circuit breaker per "host:port" of their URL (breaker_key):
+  /// an open breaker stops an operation before an attempt (StopReason::kCircuitOpen) and every
+  /// outcome is reported to the host's breaker. Default true.
+  bool circuit_breakers = true;
+  /// The registry the per-host breakers come from; share one between clients (blocking or not)
+  /// to share their view of each host. Non-owning; Requires: outlives the client. Default none:
+  /// the client keeps a registry of its own built from own_breakers.
+  BreakerRegistry* breakers = nullptr;
+  /// Options of the client's own registry (when breakers is none). Default: keel's
+  /// BreakerRegistryOptions (time window 30 s, at least 20 calls, trip at 50% failures, open 5 s).
+  BreakerRegistryOptions own_breakers = {};
+  /// Whether retries draw on a retry budget shared by every request of the client (refused:
+  /// StopReason::kBudgetExhausted). Default true.
+  bool retry_budget = true;
+  /// The budget to draw on; share one between clients that call the same dependencies.
+  /// Non-owning; Requires: outlives the client. Default none: the client keeps its own
+  /// TokenBucketBudget built from own_budget.
+  RetryBudget* budget = nullptr;
+  /// Options of the client's own budget (when budget is none). Default: 500 tokens, a retry
+  /// costs 5 (10 after a timeout), a successful first attempt refunds 1 (the AWS SDKs' quota).
+  TokenBucketBudgetOptions own_budget = {};
+
+  /// keel::http::Client only: idle easy handles kept for reuse. Requires: >= 1. Default 16.
+  /// (keel::asio::HttpClient keeps up to 64.)
+  int max_idle_handles = 16;
+  /// keel::asio::HttpClient only: connections open at once to one host; further transfers
+  /// queue inside libcurl. Requires: >= 0. Default 0 (no limit).
+  long max_host_connections = 0;
+  /// keel::asio::HttpClient only: transfers handed to libcurl at once; the others wait, in
+  /// order, inside the client, and the wait counts against the attempt's timeout. Set it for
+  /// large fan-outs: libcurl's own queue (behind max_host_connections) re-examines every waiting
+  /// transfer each time a connection frees, which is quadratic in the number waiting.
+  /// Requires: >= 0. Default 0 (no limit).
+  long max_transfers = 0;
+  /// keel::asio::HttpClient only: randomness for the backoff jitter. Default keel::thread_rng().
+  Rng* rng = nullptr;
+};
+
+}  // namespace keel::http

@@ -1,0 +1,124 @@
+// keel::http's request and result types, shared by both HTTP clients (the blocking
+// keel::http::Client and keel::asio::HttpClient): what one logical operation asks for (Request),
+// what it ended with (Result), what each attempt reports (AttemptEvent), and the request checks
+// and keys both run before the first attempt. No libcurl here.
+//
+// Thread-safety: plain values; the free functions are safe to call from any thread.
+//
+// Example:
+//   keel::http::Request r{.method = "POST", .url = "http://127.0.0.1:8080/pay", .body = "{}"};
+//   std::string key;
+//   if (std::string why = keel::http::check_request(r, &key); !why.empty()) std::cerr << why;
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+#include "keel/http/message.hpp"
+#include "keel/http/url.hpp"
+#include "keel/retry.hpp"
+
+namespace keel::http {
+
+/// A new idempotency key: a random (version 4) UUID in its 36-character text form, with 122
+/// bits from OpenSSL's CSPRNG. Throws std::runtime_error if the CSPRNG cannot supply bytes.
+[[nodiscard]] std::string make_idempotency_key();
+
+/// The circuit-breaker key of a URL: its lower-case host and its port ("example.com:443"), or
+/// nullopt when the URL is not valid (see parse_url).
+[[nodiscard]] std::optional<std::string> breaker_key(const std::string& url);
+
+/// Default ClientOptions::max_response_bytes.
+inline constexpr std::size_t kDefaultMaxResponseBytes = std::size_t{256} * 1024 * 1024;
+
+/// One logical operation (it may take several attempts).
+struct Request {
+  /// Method token, sent as given. Default "GET".
+  std::string method = "GET";
+  /// Absolute http:// or https:// URL (scheme in any case). Requires: non-empty. A URL that
+  /// parse_url refuses fails the request before any attempt (see Client::send).
+  std::string url;
+  /// Extra header fields, sent on every attempt. An Idempotency-Key among them (any case) is the
+  /// request's key, as if given in idempotency_key: sent once, and it makes the request safe to
+  /// repeat. Keel-Attempt is the client's own and is dropped. Default none.
+  Headers headers;
+  /// Request body; sent when non-empty or when the method is POST, PUT or PATCH. Default empty.
+  std::string body;
+  /// Sent as Idempotency-Key on every attempt when non-empty (for example a key stored on a job
+  /// record). Requires: empty or valid by check_idempotency_key, and the same as any
+  /// Idempotency-Key in headers. Default empty: the client generates one for POST and PATCH
+  /// when generate_idempotency_key is true.
+  std::string idempotency_key;
+  /// Whether to generate a key for a POST or PATCH that has none (in idempotency_key or
+  /// headers). A caller's key is always sent. Default true.
+  bool generate_idempotency_key = true;
+  /// The caller's deadline, combined with the policy's overall_timeout (the earlier wins).
+  /// Default infinite.
+  Deadline deadline = Deadline::infinite();
+  /// Attempts of this logical operation already made by a durable layer (a job queue's earlier
+  /// attempts): the first attempt here is then a retry, asked of the retry budget before it is
+  /// sent (CallOptions::prior_attempts), and Keel-Attempt counts on from them. Requires: >= 0.
+  /// Default 0.
+  int prior_attempts = 0;
+  /// Where the response body goes instead of Response::body, for bodies too large to hold in
+  /// memory (max_response_bytes does not apply). Called on the thread running the attempt (the
+  /// client's executor for keel::asio). `restart` runs before each attempt and must drop what an
+  /// earlier attempt wrote, so that only the final attempt's body remains; `write` receives the
+  /// body's bytes in order. Either returning false ends the attempt as a permanent local failure
+  /// (Result::error says so). The body classifier hook then sees an empty body. Default none
+  /// (both empty): the body is collected in Response::body.
+  struct BodySink {
+    std::function<bool()> restart;
+    std::function<bool(std::string_view)> write;
+  } body_sink;
+};
+
+/// Checks a request before any attempt: its URL (parse_url), its header fields
+/// (check_header_field) and its Idempotency-Key (check_idempotency_key), and finds the caller's
+/// key: Request::idempotency_key or an Idempotency-Key header (any case). Returns empty and sets
+/// `*key` to the caller's key (empty when none) when the request can be sent; otherwise why it
+/// cannot (two different keys, for instance). Both clients run it first in send().
+[[nodiscard]] std::string check_request(const Request& request, std::string* key);
+
+/// What send() returns: errors are values.
+struct Result {
+  /// The last attempt's response; empty when no attempt got one (network failure, or no attempt
+  /// ran).
+  std::optional<Response> response;
+  /// The last attempt's classification; kNotAttempted when no attempt ran (open circuit, with
+  /// the breaker's retry_in; budget refused; deadline already passed): nothing was sent.
+  /// kPermanent, with no attempt, for a request that check_request refuses (error says why).
+  Outcome outcome;
+  /// Why the operation stopped (kSuccess on success).
+  StopReason reason = StopReason::kSuccess;
+  int attempts = 0;
+  Duration elapsed{};
+  /// libcurl's message for the last attempt's transport failure, or why the request was refused
+  /// or the response could not be taken (head over max_header_bytes, body over
+  /// max_response_bytes, a body sink that failed); empty otherwise.
+  std::string error;
+  /// The Idempotency-Key sent (generated or the caller's); empty when none.
+  std::string idempotency_key;
+
+  [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
+};
+
+/// Passed to ClientOptions::on_attempt after every attempt.
+struct AttemptEvent {
+  std::string_view method;
+  std::string_view url;
+  int attempt = 1;          // 1 for the first
+  Outcome outcome;          // its classification
+  std::string_view error;   // libcurl's message for a transport failure, else empty
+  Duration took{};          // how long the attempt ran
+  bool will_retry = false;  // another attempt follows
+  Duration delay{};         // the wait before it (when will_retry)
+  StopReason reason = StopReason::kSuccess;  // why the operation stops (when !will_retry)
+};
+
+}  // namespace keel::http

@@ -1,0 +1,302 @@
+#include "keel/http/detail/attempt.hpp"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "keel/duration.hpp"
+#include "keel/retry_after.hpp"
+
+namespace keel::http::detail {
+namespace {
+
+size_t on_body(char* data, size_t size, size_t count, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  const std::size_t n = size * count;
+  if (t->sink != nullptr) {
+    if (!t->sink->write(std::string_view(data, n))) {
+      t->local_error = "the response body could not be written (body sink failed)";
+      return 0;
+    }
+    return n;
+  }
+  if (n > t->max_body - std::min(t->response.body.size(), t->max_body)) {
+    t->local_error = "the response body is larger than " + std::to_string(t->max_body) +
+                     " bytes (max_response_bytes)";
+    return 0;
+  }
+  t->response.body.append(data, n);
+  return n;
+}
+
+size_t on_header(char* data, size_t size, size_t count, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  if (!t->head.feed(std::string_view(data, size * count), t->response)) {
+    t->local_error = t->head.error();
+    return 0;
+  }
+  return size * count;
+}
+
+// libcurl refuses a single header line of more than its own limit (100 KB) before the header
+// callback sees it, and reports it as out of memory (7.x) or "too large" (8.x): once a status
+// line has arrived, that is what such an error means.
+bool is_oversized_header(CURLcode rc, const Response& response) noexcept {
+  if (rc != CURLE_OUT_OF_MEMORY && static_cast<int>(rc) != 100 /* CURLE_TOO_LARGE */) return false;
+  return !response.status_line.empty();
+}
+
+template <typename Slist>
+void append(Slist& list, const std::string& line) {
+  curl_slist* next = curl_slist_append(list.get(), line.c_str());
+  if (next == nullptr) throw std::bad_alloc();
+  (void)list.release();
+  list.reset(next);
+}
+
+[[noreturn]] void reject(std::string_view type, std::string_view field,
+                         std::string_view requirement, const std::string& got) {
+  throw std::invalid_argument(std::string(type) + ": " + std::string(field) + " must be " +
+                              std::string(requirement) + " (got " + got + ")");
+}
+
+}  // namespace
+
+void global_init() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+      throw std::runtime_error("keel::http: curl_global_init failed");
+    }
+  });
+}
+
+long to_curl_ms(Duration d) noexcept {
+  if (d >= kInfinite) return 0;  // libcurl: 0 means no timeout
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d).count();
+  return static_cast<long>(std::clamp<std::int64_t>(ms, 1, 0x7fffffff));
+}
+
+NetError net_error_of(CURLcode rc, long os_errno) noexcept {
+  // A timeout reported by libcurl is the attempt's own; keep errno's reading otherwise.
+  if (os_errno != 0 && rc != CURLE_OPERATION_TIMEDOUT) {
+    if (auto e = net_error_from_errno(static_cast<int>(os_errno))) return *e;
+  }
+  switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+      return NetError::kConnectionRefused;
+    case CURLE_OPERATION_TIMEDOUT:
+      return NetError::kTimedOut;
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+      return NetError::kDnsNotFound;
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+      return NetError::kConnectionReset;
+    default:
+      return NetError::kOther;
+  }
+}
+
+void check_options(const ClientOptions& options, std::string_view type) {
+  if (options.connect_timeout <= Duration::zero()) {
+    reject(type, "connect_timeout", "> 0", format_duration(options.connect_timeout));
+  }
+  if (options.max_header_bytes < 1) reject(type, "max_header_bytes", ">= 1", "0");
+  if (options.max_response_bytes < 1) reject(type, "max_response_bytes", ">= 1", "0");
+}
+
+OperationGuards::OperationGuards(const ClientOptions& options) {
+  if (options.circuit_breakers) {
+    if (options.breakers == nullptr) {
+      own_breakers_ = std::make_unique<BreakerRegistry>(options.own_breakers);
+    }
+    breakers_ = options.breakers != nullptr ? options.breakers : own_breakers_.get();
+  }
+  if (options.retry_budget) {
+    if (options.budget == nullptr) {
+      own_budget_ = std::make_unique<TokenBucketBudget>(options.own_budget);
+    }
+    budget_ = options.budget != nullptr ? options.budget : own_budget_.get();
+  }
+}
+
+CallOptions OperationGuards::call_options(const Request& request, const RequestTraits& traits,
+                                          Clock& clock,
+                                          std::shared_ptr<CircuitBreaker>& breaker) const {
+  CallOptions call;
+  call.clock = &clock;
+  call.deadline = request.deadline;
+  call.safe_to_repeat = traits.safe_to_repeat();
+  call.budget = budget_;
+  call.prior_attempts = request.prior_attempts;
+  if (breakers_ != nullptr) {
+    const std::optional<std::string> key = breaker_key(request.url);
+    if (key.has_value()) breaker = breakers_->get(*key);
+  }
+  call.breaker = breaker.get();
+  return call;
+}
+
+std::optional<RequestTraits> begin_operation(const Request& request, Result& result) {
+  if (std::string why = check_request(request, &result.idempotency_key); !why.empty()) {
+    // Refused before any attempt: nothing was sent, and sending it again would not help.
+    result.outcome = Outcome::permanent();
+    result.reason = StopReason::kPermanent;
+    result.error = std::move(why);
+    return std::nullopt;
+  }
+  const Method method = parse_method(request.method);
+  if (result.idempotency_key.empty() && request.generate_idempotency_key &&
+      (method == Method::kPost || method == Method::kPatch)) {
+    result.idempotency_key = make_idempotency_key();  // once, before the first attempt
+  }
+  return RequestTraits{method, !result.idempotency_key.empty()};
+}
+
+void report_attempt(const ClientOptions& options, const Request& request, int attempt,
+                    const Outcome& outcome, std::string_view error, Duration took,
+                    const Decision& decision) {
+  if (!options.on_attempt) return;
+  AttemptEvent event;
+  event.method = request.method;
+  event.url = request.url;
+  event.attempt = attempt;
+  event.outcome = outcome;
+  event.error = error;
+  event.took = took;
+  event.will_retry = decision.retry;
+  event.delay = decision.retry ? decision.delay : Duration::zero();
+  event.reason = decision.reason;
+  options.on_attempt(event);
+}
+
+void log_give_up(const ClientOptions& options, const Request& request, const Result& result) {
+  if (result.reason == StopReason::kSuccess) return;
+  GiveUpEvent event;
+  event.attempts = result.attempts;
+  event.elapsed = result.elapsed;
+  event.reason = result.reason;
+  event.last = result.outcome;
+  const std::string line = format_give_up(event, request.method + " " + request.url);
+  if (options.log) {
+    options.log(line);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits& traits,
+                         const std::string& key, const AttemptInfo& info,
+                         const ClientOptions& options)
+    : easy_(easy), traits_(traits), max_header_bytes_(options.max_header_bytes) {
+  transfer_.head = ResponseHeadParser(options.max_header_bytes);
+  transfer_.max_body = options.max_response_bytes;
+  if (request.body_sink.write) transfer_.sink = &request.body_sink;
+  bool has_user_agent = false;
+  for (const auto& [name, value] : request.headers) {
+    if (same_header_name(name, "User-Agent")) has_user_agent = true;
+    if (same_header_name(name, "Idempotency-Key") || same_header_name(name, "Keel-Attempt")) {
+      continue;
+    }
+    std::string line = name;
+    line += value.empty() ? ";" : ": ";
+    line += value;
+    append(headers_, line);
+  }
+  append(headers_, "Keel-Attempt: " + std::to_string(request.prior_attempts + info.number));
+  if (!key.empty()) append(headers_, "Idempotency-Key: " + key);
+  append(headers_, "Expect:");  // no 100-continue round trip
+
+  CURL* h = easy_;
+  curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error_buffer_);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers_.get());
+  if (!has_user_agent) curl_easy_setopt(h, CURLOPT_USERAGENT, options.user_agent.c_str());
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &transfer_);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, &transfer_);
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  const Duration connect = std::min(options.connect_timeout, info.timeout);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, to_curl_ms(connect));
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, to_curl_ms(info.timeout));
+  if (!traits.safe_to_repeat()) curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
+
+  const std::string& m = request.method;
+  const bool send_body = !request.body.empty() || m == "POST" || m == "PUT" || m == "PATCH";
+  if (m == "HEAD") {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else if (m == "GET" && !send_body) {
+    curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+  } else {
+    if (send_body) {
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, request.body.data());
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
+                       static_cast<curl_off_t>(request.body.size()));
+    }
+    if (m != "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, m.c_str());
+  }
+}
+
+void CurlAttempt::SlistFree::operator()(curl_slist* list) const noexcept {
+  curl_slist_free_all(list);
+}
+
+std::optional<AttemptResult> CurlAttempt::start() {
+  const Request::BodySink* sink = transfer_.sink;
+  if (sink == nullptr || !sink->restart || sink->restart()) return std::nullopt;
+  AttemptResult out;
+  out.outcome = Outcome::permanent();
+  out.error = "the response body could not be written (body sink failed to restart)";
+  return out;
+}
+
+AttemptResult CurlAttempt::finish(CURLcode rc, const HttpClassifier& classifier, Clock& clock) {
+  AttemptResult out;
+  if (!transfer_.local_error.empty() || is_oversized_header(rc, transfer_.response)) {
+    // The response arrived but cannot be taken: a local limit or the caller's sink, which a
+    // retry would meet again. Nothing of it is kept.
+    out.outcome = Outcome::permanent();
+    out.error = !transfer_.local_error.empty()
+                    ? transfer_.local_error
+                    : "a response header line is larger than libcurl accepts (100 KB; "
+                      "max_header_bytes is " +
+                          std::to_string(max_header_bytes_) + ")";
+    return out;
+  }
+  if (rc == CURLE_OK) {
+    long status = 0;
+    curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status);
+    transfer_.response.status = static_cast<int>(status);
+    std::optional<Duration> retry_after;
+    if (auto value = find_header(transfer_.response.headers, "Retry-After")) {
+      retry_after = parse_retry_after(*value, clock.wall_now());
+    }
+    out.outcome = classifier.classify(transfer_.response.status, transfer_.response.body, traits_,
+                                      retry_after);
+    out.response = std::move(transfer_.response);
+    return out;
+  }
+  long request_size = 0;
+  curl_easy_getinfo(easy_, CURLINFO_REQUEST_SIZE, &request_size);
+  long os_errno = 0;
+  curl_easy_getinfo(easy_, CURLINFO_OS_ERRNO, &os_errno);
+  out.outcome = classify_network(net_error_of(rc, os_errno), request_size > 0);
+  if (rc == CURLE_OPERATION_TIMEDOUT) out.outcome.timed_out = true;
+  out.error = error_buffer_[0] != '\0' ? std::string(error_buffer_) : curl_easy_strerror(rc);
+  return out;
+}
+
+}  // namespace keel::http::detail
