@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "keel/store/dead_letters.hpp"
 #include "run_keel.hpp"
 
 namespace {
@@ -107,6 +109,145 @@ TEST(KeelDlq, AReadOnlyUserCanRunStatsAndListButNotReplay) {
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++entries;
   EXPECT_EQ(entries, 1u) << "nothing created next to the database";
   ::chmod(dir.path().c_str(), 0755);
+}
+
+// A database whose queue `hooks` holds `n` dead jobs (ids 1..n, "permanent: exit status 1") and
+// whose queue `mail` holds one (id n + 1, "permanent: exit status 2").
+std::string make_dead(const TempDir& dir, int n) {
+  const std::string db = "sqlite:" + dir.file("dead.db");
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(run_keel({"jobs", "enqueue", "--db", db, "--queue", "hooks", "--payload", "{}",
+                        "--max-attempts", "1"})
+                  .status,
+              0);
+  }
+  EXPECT_EQ(run_keel({"jobs", "enqueue", "--db", db, "--queue", "mail", "--payload", "{}",
+                      "--max-attempts", "1"})
+                .status,
+            0);
+  for (const char* q : {"hooks", "mail"}) {
+    const std::string code = std::string(q) == "hooks" ? "exit 1" : "exit 2";
+    const KeelRun r =
+        run_keel({"jobs", "--db", db, "work", "--queue", q, "--exec", code, "--exit-when-idle"});
+    EXPECT_EQ(r.status, 0) << r.err;
+  }
+  return db;
+}
+
+std::string depth(const std::string& db, const std::string& queue) {
+  return run_keel({"dlq", "--db", db, "depth", "--queue", queue}).out;
+}
+
+// The calendar ms of every RFC 3339 time in a column of a dry run's table (the 5th field: DUE).
+std::vector<std::int64_t> due_times(const std::string& table) {
+  std::vector<std::int64_t> out;
+  std::istringstream lines(table);
+  std::string line;
+  std::getline(lines, line);  // header
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::string id, queue, attempts, died, due;
+    fields >> id >> queue >> attempts >> died >> due;
+    std::string why;
+    const auto ms = keel::store::dead_letters::parse_time_bound(due, 0, &why);
+    EXPECT_TRUE(ms.has_value()) << line << ": " << why;
+    out.push_back(ms.value_or(0));
+  }
+  return out;
+}
+
+TEST(KeelDlq, FiltersSelectWhatReplayAndDiscardMove) {
+  TempDir dir;
+  const std::string db = make_dead(dir, 3);
+  ASSERT_EQ(depth(db, "hooks"), "3\n");
+  // A dry run lists and changes nothing.
+  KeelRun r = run_keel({"dlq", "--db", db, "replay", "--reason", "exit status 2", "--dry-run"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("mail"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("hooks"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("would replay 1 dead job(s); nothing changed"), std::string::npos);
+  EXPECT_EQ(depth(db, "mail"), "1\n");
+  r = run_keel({"dlq", "--db", db, "discard", "--queue", "hooks", "--dry-run"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("would discard 3 dead job(s)"), std::string::npos) << r.err;
+  EXPECT_EQ(depth(db, "hooks"), "3\n");
+  // Nothing died in the future or more than an hour ago.
+  r = run_keel({"dlq", "--db", db, "replay", "--died-before", "1h"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "0\n");
+  r = run_keel({"dlq", "--db", db, "replay", "--died-after", "2999-01-01T00:00:00Z"});
+  EXPECT_EQ(r.out, "0\n");
+  // The filter moves exactly its jobs.
+  r = run_keel({"dlq", "--db", db, "replay", "--reason", "exit status 2", "--died-after", "1h"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "1\n");
+  EXPECT_EQ(depth(db, "mail"), "0\n");
+  r = run_keel({"dlq", "--db", db, "discard", "--queue", "hooks", "--reason", "status 1"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "3\n");
+  EXPECT_EQ(depth(db, "hooks"), "0\n");
+}
+
+// --rate 4/s: the jobs are due 250 ms apart, oldest death first, and the command returns at once.
+TEST(KeelDlq, ReplayRateSpreadsTheDueTimes) {
+  TempDir dir;
+  const std::string db = make_dead(dir, 5);
+  const KeelRun plan =
+      run_keel({"dlq", "--db", db, "replay", "--queue", "hooks", "--rate", "4/s", "--dry-run"});
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  const std::vector<std::int64_t> due = due_times(plan.out);
+  ASSERT_EQ(due.size(), 5u) << plan.out;
+  for (std::size_t i = 1; i < due.size(); ++i) EXPECT_EQ(due[i] - due[i - 1], 250) << plan.out;
+  // 120/m is 2 a second: 500 ms apart.
+  const std::vector<std::int64_t> slow = due_times(
+      run_keel({"dlq", "--db", db, "replay", "--all", "--rate", "120/m", "--dry-run"}).out);
+  ASSERT_EQ(slow.size(), 6u);
+  EXPECT_EQ(slow[5] - slow[0], 2500);
+  const KeelRun r = run_keel({"dlq", "--db", db, "replay", "--queue", "hooks", "--rate", "4/s"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "5\n");
+  EXPECT_NE(r.err.find("replayed 5 dead job(s) at 4/s, due from"), std::string::npos) << r.err;
+  EXPECT_EQ(depth(db, "hooks"), "0\n");
+  EXPECT_EQ(depth(db, "mail"), "1\n");
+}
+
+TEST(KeelDlq, InvalidFiltersExitTwoAndMissingIdsThree) {
+  TempDir dir;
+  const std::string db = make_dead(dir, 1);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> usage = {
+      {{"replay", "--rate", "0/s", "--all"}, "--rate: must be greater than zero, got '0/s'"},
+      {{"replay", "--rate", "5", "--all"}, "--rate: expected N/s, N/m or N/h"},
+      {{"replay", "--rate", "nan/s", "--all"}, "--rate: expected a decimal number"},
+      {{"replay", "--rate", "inf/s", "--all"}, "--rate"},
+      {{"replay", "--rate", "-1/s", "--all"}, "--rate"},
+      {{"replay", "--rate", "4/sx", "--all"}, "--rate"},
+      {{"replay", "--died-after", "yesterday"}, "--died-after: expected an RFC 3339 timestamp"},
+      {{"replay", "--died-after", "-1h"}, "--died-after"},
+      {{"discard", "--died-before", "2026-13-01T00:00:00Z"},
+       "--died-before: invalid RFC 3339 timestamp '2026-13-01T00:00:00Z'"},
+      {{"discard", "--died-before", "2026-12-01T00:00:00"}, "--died-before"},
+      {{"replay", "1", "--reason", "x"}, "give job ids, or --all and filters (not both)"},
+      {{"replay", "1", "--all"}, "not both"},
+      {{"discard"}, "give job ids, --all, or a filter"},
+      {{"replay", "--queue", "typo"}, "unknown queue 'typo'"},
+  };
+  for (const auto& [args, message] : usage) {
+    std::vector<std::string> full = {"dlq", "--db", db};
+    full.insert(full.end(), args.begin(), args.end());
+    const KeelRun r = run_keel(full);
+    EXPECT_EQ(r.status, 2) << args[0] << " " << args.back() << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(run_keel({"dlq", "--db", db, "discard", "--rate", "1/s", "--all"}).status, 2);
+  EXPECT_EQ(depth(db, "hooks"), "1\n");
+  // A missing id exits 3, with a rate or in a dry run too; the others are still replayed.
+  EXPECT_EQ(run_keel({"dlq", "--db", db, "replay", "99", "--dry-run"}).status, 3);
+  EXPECT_EQ(depth(db, "hooks"), "1\n");
+  const KeelRun r = run_keel({"dlq", "--db", db, "replay", "1", "99", "--rate", "1/s"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(r.out, "1\n");
+  EXPECT_NE(r.err.find("not in the dead-letter queue (skipped): 99"), std::string::npos);
+  EXPECT_EQ(depth(db, "hooks"), "0\n");
 }
 
 }  // namespace

@@ -21,6 +21,8 @@
 #include "keel/backoff.hpp"
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
+#include "keel/policy_check.hpp"
+#include "policy_flags.hpp"
 
 namespace keel::cli {
 namespace {
@@ -68,35 +70,14 @@ struct CallArgs {
   bool include = false;
   bool verbose = false;
   std::string output;
-  std::string max_attempts = "3";
-  std::string deadline = "30s";
-  std::string per_try_timeout = "10s";
+  PolicyFlags policy;
   std::string connect_timeout = "2s";
-  std::string backoff_base = "100ms";
-  std::string backoff_cap = "10s";
-  std::string jitter = "full";
-  std::string retry_after_cap = "60s";
   std::string idempotency_key = "auto";
 };
 
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "keel call: %s\n", message.c_str());
   return kExitUsage;
-}
-
-// Parses a duration flag; on error prints a message naming the flag and returns nullopt.
-std::optional<Duration> duration_flag(const char* flag, const std::string& text, bool positive) {
-  std::string why;
-  auto d = parse_duration(text, &why);
-  if (!d) {
-    usage_error(std::string(flag) + ": invalid duration '" + text + "': " + why);
-    return std::nullopt;
-  }
-  if (positive && *d <= Duration::zero()) {
-    usage_error(std::string(flag) + ": must be greater than zero, got '" + text + "'");
-    return std::nullopt;
-  }
-  return d;
 }
 
 int exit_status(StopReason reason) {
@@ -250,29 +231,10 @@ int run_call(const CallArgs& a) {
   // Validate everything before sending anything.
   std::string why;
   if (!http::parse_url(a.url, &why)) return usage_error("URL '" + a.url + "': " + why);
-  const auto deadline = duration_flag("--deadline", a.deadline, true);
-  if (!deadline) return kExitUsage;
-  const auto per_try = duration_flag("--per-try-timeout", a.per_try_timeout, true);
-  if (!per_try) return kExitUsage;
-  const auto connect = duration_flag("--connect-timeout", a.connect_timeout, true);
+  const auto retry = parse_policy_flags("call", a.policy);
+  if (!retry) return kExitUsage;
+  const auto connect = duration_flag("call", "--connect-timeout", a.connect_timeout, true);
   if (!connect) return kExitUsage;
-  const auto base = duration_flag("--backoff-base", a.backoff_base, true);
-  if (!base) return kExitUsage;
-  const auto cap = duration_flag("--backoff-cap", a.backoff_cap, true);
-  if (!cap) return kExitUsage;
-  if (*cap < *base) {
-    return usage_error("--backoff-cap: must be at least --backoff-base (" + a.backoff_base +
-                       "), got '" + a.backoff_cap + "'");
-  }
-  const auto retry_after_cap = duration_flag("--retry-after-cap", a.retry_after_cap, false);
-  if (!retry_after_cap) return kExitUsage;
-  const auto jitter = parse_jitter(a.jitter);
-  if (!jitter) {
-    return usage_error("--jitter: expected full, equal, decorrelated or none, got '" + a.jitter +
-                       "'");
-  }
-  const auto max_attempts = parse_count(a.max_attempts, 1, 2147483647, &why);
-  if (!max_attempts) return usage_error("--max-attempts: " + why);
 
   http::Request request;
   request.url = a.url;
@@ -346,11 +308,7 @@ int run_call(const CallArgs& a) {
   request.body_sink.write = [&spool](std::string_view data) { return spool.write(data); };
 
   http::ClientOptions options;
-  options.retry.max_attempts = static_cast<int>(*max_attempts);
-  options.retry.overall_timeout = *deadline;
-  options.retry.per_try_timeout = *per_try;
-  options.retry.backoff = {.base = *base, .cap = *cap, .jitter = *jitter};
-  options.retry.retry_after_cap = *retry_after_cap;
+  options.retry = *retry;
   options.connect_timeout = *connect;
   options.log = [](std::string_view line) {
     std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
@@ -371,6 +329,10 @@ int run_call(const CallArgs& a) {
     };
   }
   http::Client client(std::move(options));
+  if (const std::string unfit = format_unfit(check_policy(RetryPolicy(*retry)));
+      a.verbose && !unfit.empty()) {
+    std::fprintf(stderr, "keel call: warning: %s\n", unfit.c_str());
+  }
   if (a.verbose && !request.idempotency_key.empty()) {
     std::fprintf(stderr, "keel call: Idempotency-Key: %s\n", request.idempotency_key.c_str());
   }
@@ -422,18 +384,8 @@ Runner add_call(CLI::App& app) {
   sub->add_flag("-i,--include", a->include, "Print the status line and headers before the body");
   sub->add_flag("-v,--verbose", a->verbose, "One line per attempt on stderr");
   sub->add_option("-o,--output", a->output, "Write the response to FILE instead of stdout");
-  sub->add_option("--max-attempts", a->max_attempts, "Attempts in all, the first included")
-      ->capture_default_str();
-  sub->add_option("--deadline", a->deadline, "Deadline of the whole call")->capture_default_str();
-  sub->add_option("--per-try-timeout", a->per_try_timeout, "Timeout of one attempt")
-      ->capture_default_str();
+  add_policy_flags(sub, a->policy);
   sub->add_option("--connect-timeout", a->connect_timeout, "Time allowed to connect, per attempt")
-      ->capture_default_str();
-  sub->add_option("--backoff-base", a->backoff_base, "Backoff ceiling before the first retry")
-      ->capture_default_str();
-  sub->add_option("--backoff-cap", a->backoff_cap, "Largest backoff delay")->capture_default_str();
-  sub->add_option("--jitter", a->jitter, "full|equal|decorrelated|none")->capture_default_str();
-  sub->add_option("--retry-after-cap", a->retry_after_cap, "Largest Retry-After delay honoured")
       ->capture_default_str();
   sub->add_option("--idempotency-key", a->idempotency_key,
                   "KEY, auto (a UUID for POST and PATCH) or off")

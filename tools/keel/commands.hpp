@@ -71,6 +71,9 @@ using Runner = std::function<int()>;
 /// Registers `keel demo-core` (the core engine at work on a simulated flaky call).
 Runner add_demo_core(CLI::App& app);
 
+/// Registers `keel policy` (a retry policy's schedule and whether it fits its deadline).
+Runner add_policy(CLI::App& app);
+
 /// Registers `keel serve` (a payments API with idempotency keys; needs keel::store).
 Runner add_serve(CLI::App& app);
 

@@ -1,11 +1,15 @@
 // `keel dlq --db URL list|show|replay|discard|depth`: the dead-letter queue of keel's job queue.
 // Dead jobs stay until an operator replays them (back to ready, attempts reset, the SAME
 // idempotency key) or discards them.
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "keel/store/dead_letters.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {
@@ -18,6 +22,18 @@ constexpr const char* kDlqFooter =
 
 replay moves dead jobs back to ready with their attempts reset and the same idempotency key, so a
 receiver that deduplicates by key applies each job at most once. discard deletes them for good.
+
+replay and discard take job ids, --all, or filters (which narrow --all, and may be combined):
+  --queue Q           jobs of queue Q
+  --reason TEXT       jobs whose dead reason contains TEXT (case-sensitive, no wildcards)
+  --died-after TIME   jobs that died at or after TIME
+  --died-before TIME  jobs that died before TIME
+TIME is an RFC 3339 timestamp with a zone (2026-12-01T10:00:00Z, 2026-12-01T11:00:00+01:00) or a
+duration ago (90m, 1h, 2.5h). --dry-run lists what would move (for replay, with the time each
+would be due) and changes nothing. replay --rate N/s (or N/m, N/h) paces the replay: the jobs,
+oldest death first, are made due N per second from now, all in one transaction, so the command
+returns at once and the workers take them at that rate instead of all in the same instant.
+Dead jobs are never pruned: they stay until replayed or discarded.
 
 list, show and depth only read: they open the database read-only and never migrate it, so a
 user who may only read the file can run them.
@@ -47,7 +63,83 @@ struct DlqArgs {
   bool fail_if_nonzero = false;
   std::vector<std::string> ids;
   std::string id;
+  std::string reason;
+  std::string died_after;
+  std::string died_before;
+  std::string rate;
+  bool dry_run = false;
 };
+
+// Parses --rate N/s, N/m or N/h into jobs per second; prints the error and returns nullopt.
+std::optional<double> parse_rate(const std::string& text) {
+  const std::size_t slash = text.rfind('/');
+  const std::string unit = slash == std::string::npos ? "" : text.substr(slash + 1);
+  const double per = unit == "s" ? 1.0 : unit == "m" ? 60.0 : unit == "h" ? 3600.0 : 0.0;
+  std::string why;
+  const auto n = per > 0 ? parse_fraction(text.substr(0, slash), 0, 1e9, &why) : std::nullopt;
+  if (per == 0) why = "expected N/s, N/m or N/h (jobs per second, minute or hour)";
+  if (n && *n <= 0) why = "must be greater than zero";
+  if (!n || *n <= 0) {
+    usage("--rate: " + why + ", got '" + text + "'");
+    return std::nullopt;
+  }
+  return *n / per;
+}
+
+// The dead jobs a replay or discard selects, and how to pace a replay; nullopt after printing a
+// usage error.
+struct Selection {
+  store::DeadLetterFilter filter;
+  store::ReplayPacing pacing;
+};
+
+std::optional<Selection> parse_selection(const DlqArgs& a, const std::vector<std::int64_t>& ids) {
+  Selection sel;
+  sel.filter.queue = a.queue;
+  sel.filter.reason_contains = a.reason;
+  sel.filter.ids = ids;
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               steady_clock().wall_now().time_since_epoch())
+                               .count();
+  std::string why;
+  if (!a.died_after.empty()) {
+    sel.filter.died_at_or_after_ms = store::dead_letters::parse_time_bound(a.died_after, now, &why);
+    if (!sel.filter.died_at_or_after_ms) {
+      usage("--died-after: " + why);
+      return std::nullopt;
+    }
+  }
+  if (!a.died_before.empty()) {
+    sel.filter.died_before_ms = store::dead_letters::parse_time_bound(a.died_before, now, &why);
+    if (!sel.filter.died_before_ms) {
+      usage("--died-before: " + why);
+      return std::nullopt;
+    }
+  }
+  if (!a.rate.empty()) {
+    const auto rate = parse_rate(a.rate);
+    if (!rate) return std::nullopt;
+    sel.pacing.per_second = *rate;
+  }
+  return sel;
+}
+
+int dry_run(const std::string& cmd, store::Connection& conn, const Selection& sel) {
+  const bool replay = cmd == "replay";
+  const std::vector<store::DeadLetter> jobs =
+      replay ? store::dead_letters::plan_replay(conn, sel.filter, sel.pacing)
+             : store::dead_letters::select(conn, sel.filter);
+  std::printf("%-8s %-16s %-9s %-24s %s%s\n", "ID", "QUEUE", "ATTEMPTS", "DIED",
+              replay ? "DUE                      " : "", "REASON");
+  for (const auto& j : jobs) {
+    std::printf("%-8lld %-16s %4d/%-4d %-24s %s%s\n", static_cast<long long>(j.id), j.queue.c_str(),
+                j.attempts, j.max_attempts, format_ms(j.died_ms).c_str(),
+                replay ? (format_ms(j.run_at_ms) + " ").c_str() : "", j.dead_reason.c_str());
+  }
+  std::fprintf(stderr, "keel dlq: dry run: would %s %zu dead job(s); nothing changed\n",
+               cmd.c_str(), jobs.size());
+  return 0;
+}
 
 std::optional<std::vector<std::int64_t>> parse_ids(const std::vector<std::string>& texts) {
   std::vector<std::int64_t> ids;
@@ -90,15 +182,24 @@ int run(const std::string& cmd, const DlqArgs& a) {
     }
   }
   std::vector<std::int64_t> ids;
+  std::optional<Selection> selection;
   if (cmd == "replay" || cmd == "discard") {
-    if (a.all == !a.ids.empty()) {
-      return usage(cmd + ": give job ids or --all" +
-                   (a.all ? " (not both)" : " (nothing to " + cmd + ")"));
+    const bool filtered =
+        !a.queue.empty() || !a.reason.empty() || !a.died_after.empty() || !a.died_before.empty();
+    if (!a.ids.empty() && (a.all || filtered)) {
+      return usage(cmd + ": give job ids, or --all and filters (not both)");
     }
-    if (!a.all && !a.queue.empty()) return usage("--queue: only with --all");
+    if (a.ids.empty() && !a.all && !filtered) {
+      return usage(cmd +
+                   ": give job ids, --all, or a filter (--queue, --reason, --died-after, "
+                   "--died-before) (nothing to " +
+                   cmd + ")");
+    }
     auto parsed = parse_ids(a.ids);
     if (!parsed) return kExitUsage;
     ids = *parsed;
+    selection = parse_selection(a, ids);
+    if (!selection) return kExitUsage;
   }
   std::optional<std::int64_t> show_id;
   if (cmd == "show") {
@@ -110,7 +211,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
     return usage("--db: database '" + url->redacted + "' does not exist");
   }
   bool has_schema = false;
-  const bool read_only = cmd == "list" || cmd == "show" || cmd == "depth";
+  const bool read_only = cmd == "list" || cmd == "show" || cmd == "depth" || a.dry_run;
   auto conn = read_only ? queue_cli::open_queue_db_read_only(*url, &has_schema)
                         : queue_cli::open_queue_db(*url, false, &has_schema);
   store::JobQueue queue;
@@ -178,29 +279,55 @@ int run(const std::string& cmd, const DlqArgs& a) {
     return 0;
   }
   if (!has_schema) {
-    if (!a.all) return not_found(cmd + ": no such dead job(s): the database has no job queue");
-    std::printf("0\n");
-    return 0;
-  }
-  if (cmd == "replay" || cmd == "discard") {
-    if (a.all) {
-      const std::int64_t n =
-          cmd == "replay" ? queue.replay_all(*conn, a.queue) : queue.discard_all(*conn, a.queue);
-      std::fprintf(stderr, "keel dlq: %s %lld dead job(s)\n",
-                   cmd == "replay" ? "replayed" : "discarded", static_cast<long long>(n));
-      std::printf("%lld\n", static_cast<long long>(n));
+    if (ids.empty()) {
+      if (a.dry_run) {
+        std::fprintf(stderr, "keel dlq: dry run: would %s 0 dead job(s); nothing changed\n",
+                     cmd.c_str());
+      } else {
+        std::printf("0\n");
+      }
       return 0;
     }
-    const std::vector<std::int64_t> done =
-        cmd == "replay" ? queue.replay(*conn, ids) : queue.discard(*conn, ids);
-    for (std::int64_t id : done) std::printf("%lld\n", static_cast<long long>(id));
-    if (done.size() != ids.size()) {
-      std::string missing;
-      for (std::int64_t id : ids) {
-        if (std::find(done.begin(), done.end(), id) == done.end()) {
-          missing += (missing.empty() ? "" : ", ") + std::to_string(id);
-        }
+    return not_found(cmd + ": no such dead job(s): the database has no job queue");
+  }
+  if (cmd == "replay" || cmd == "discard") {
+    std::vector<std::int64_t> done;
+    if (a.dry_run) {
+      // Read-only: only report ids that would be missing.
+      for (const auto& j : store::dead_letters::select(*conn, selection->filter)) {
+        done.push_back(j.id);
       }
+      dry_run(cmd, *conn, *selection);
+    } else if (cmd == "replay") {
+      const auto moved = store::dead_letters::replay(*conn, selection->filter, selection->pacing);
+      for (const auto& j : moved) done.push_back(j.id);
+      std::string pace;
+      if (selection->pacing.per_second > 0 && !moved.empty()) {
+        pace = " at " + a.rate + ", due from " + format_ms(moved.front().run_at_ms) + " to " +
+               format_ms(moved.back().run_at_ms);
+      }
+      std::fprintf(stderr, "keel dlq: replayed %zu dead job(s)%s\n", moved.size(), pace.c_str());
+    } else {
+      done = store::dead_letters::discard(*conn, selection->filter);
+      std::fprintf(stderr, "keel dlq: discarded %zu dead job(s)\n", done.size());
+    }
+    if (ids.empty()) {
+      if (!a.dry_run) std::printf("%zu\n", done.size());
+      return 0;
+    }
+    // Ids are printed in the order given.
+    for (std::int64_t id : ids) {
+      if (!a.dry_run && std::find(done.begin(), done.end(), id) != done.end()) {
+        std::printf("%lld\n", static_cast<long long>(id));
+      }
+    }
+    std::string missing;
+    for (std::int64_t id : ids) {
+      if (std::find(done.begin(), done.end(), id) == done.end()) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+      }
+    }
+    if (!missing.empty()) {
       return not_found(cmd + ": not in the dead-letter queue (skipped): " + missing);
     }
     return 0;
@@ -230,16 +357,25 @@ Runner add_dlq(CLI::App& app) {
   show->add_flag("--json", args->json, "JSON output");
   show->callback([cmd] { *cmd = "show"; });
 
+  const auto add_filters = [&args](CLI::App* sub) {
+    sub->add_option("ids", args->ids, "Job ids");
+    sub->add_flag("--all", args->all, "Every dead job (narrowed by the filters)");
+    sub->add_option("--queue", args->queue, "Only jobs of this queue");
+    sub->add_option("--reason", args->reason, "Only jobs whose dead reason contains TEXT");
+    sub->add_option("--died-after", args->died_after,
+                    "Only jobs that died at or after TIME (RFC 3339, or a duration ago: 1h)");
+    sub->add_option("--died-before", args->died_before,
+                    "Only jobs that died before TIME (RFC 3339, or a duration ago: 1h)");
+    sub->add_flag("--dry-run", args->dry_run, "List what would move; change nothing");
+  };
   CLI::App* replay = dlq->add_subcommand("replay", "Back to ready, attempts reset, same key");
-  replay->add_option("ids", args->ids, "Job ids");
-  replay->add_flag("--all", args->all, "Every dead job (of --queue)");
-  replay->add_option("--queue", args->queue, "With --all: only this queue");
+  add_filters(replay);
+  replay->add_option("--rate", args->rate,
+                     "Make the jobs due N per second (N/s, N/m, N/h) instead of all at once");
   replay->callback([cmd] { *cmd = "replay"; });
 
   CLI::App* discard = dlq->add_subcommand("discard", "Delete dead jobs for good");
-  discard->add_option("ids", args->ids, "Job ids");
-  discard->add_flag("--all", args->all, "Every dead job (of --queue)");
-  discard->add_option("--queue", args->queue, "With --all: only this queue");
+  add_filters(discard);
   discard->callback([cmd] { *cmd = "discard"; });
 
   CLI::App* depth = dlq->add_subcommand("depth", "How many dead jobs");

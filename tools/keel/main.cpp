@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     runners.emplace_back(app.get_subcommands({})[before], std::move(runner));
   };
   add(keel::cli::add_demo_core);
+  add(keel::cli::add_policy);
 #ifdef KEEL_CLI_SIM
   add(keel::cli::add_sim);
 #endif
