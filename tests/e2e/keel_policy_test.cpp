@@ -56,8 +56,10 @@ TEST(KeelPolicy, ExitStatusSaysWhetherTheAttemptsFitTheDeadline) {
        "never starts",
        "attempt 3 of 4 does not fit"},
       {{"--jitter", "decorrelated", "--deadline", "1h"}, 0, "100ms..300ms ~200ms", ""},
-      // keel call's defaults: 3 x 10s + 100ms + 200ms = 30.3s > 30s.
-      {{}, 1, "", "attempt 3 of 3 does not fit the 30s deadline"},
+      // keel call's defaults fit: 3 x 9s + 100ms + 200ms = 27.3s <= 30s.
+      {{}, 0, "", ""},
+      // 3 x 10s + 100ms + 200ms = 30.3s > 30s.
+      {{"--per-try-timeout", "10s"}, 1, "", "attempt 3 of 3 does not fit the 30s deadline"},
       // Invalid flags name the flag and the value.
       {{"--deadline", "nan"}, 2, "", "--deadline: invalid duration 'nan'"},
       {{"--per-try-timeout", "inf"}, 2, "", "--per-try-timeout: invalid duration 'inf'"},

@@ -19,7 +19,7 @@ namespace keel::cli {
 struct PolicyFlags {
   std::string max_attempts = "3";
   std::string deadline = "30s";
-  std::string per_try_timeout = "10s";
+  std::string per_try_timeout = "9s";  // 3 x 9 s + the waits fit the 30 s deadline
   std::string backoff_base = "100ms";
   std::string backoff_cap = "10s";
   std::string jitter = "full";
