@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "keel/duration.hpp"
+
 namespace keel::store {
 namespace {
 
@@ -43,6 +45,9 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
   }
   if (options_.grace < Duration::zero()) {
     throw std::invalid_argument("WorkerOptions.grace must be >= 0");
+  }
+  if (options_.max_database_outage <= Duration::zero()) {
+    throw std::invalid_argument("WorkerOptions.max_database_outage must be > 0");
   }
   if (options_.done_retention && *options_.done_retention < Duration::zero()) {
     throw std::invalid_argument("WorkerOptions.done_retention must be >= 0");
@@ -87,6 +92,67 @@ void Worker::pause(Duration delay, const AttemptReport& report) {
     paused_until_ns_.store(until);
     pause_report_ = report;
   }
+}
+
+std::string Worker::failure() const {
+  std::lock_guard lock(const_cast<std::mutex&>(mu_));
+  return failure_;
+}
+
+Duration Worker::database_failed(const std::string& what) {
+  const std::int64_t now = queue_.clock().now().time_since_epoch().count();
+  std::string line;
+  bool give_up = false;
+  int failures = 0;
+  {
+    std::lock_guard lock(mu_);
+    failures = ++db_failures_;
+    if (db_failing_since_ns_ == 0) db_failing_since_ns_ = now;
+    const Duration out(now - db_failing_since_ns_);
+    if (failures == 1) {
+      line = "lease failed: " + what;
+      db_logged_ns_ = now;
+    } else if (Duration(now - db_logged_ns_) >= std::chrono::seconds(10)) {
+      line = "lease still failing (" + std::to_string(failures) + " times in " +
+             format_duration(out) + "): " + what;
+      db_logged_ns_ = now;
+    }
+    if (options_.max_database_outage < kInfinite && out >= options_.max_database_outage &&
+        !failed_.load()) {
+      give_up = true;
+      failure_ = "the database has failed for " + format_duration(out) + " (" +
+                 std::to_string(failures) + " lease attempts): " + what;
+      failed_.store(true);
+    }
+  }
+  if (!line.empty()) log(line);
+  if (give_up) {
+    log("giving up: " + failure());
+    stop();
+  }
+  // Back off: the poll interval doubling with each failure, at most 5 s.
+  Duration wait = options_.poll_interval;
+  for (int i = 1; i < failures && wait < std::chrono::seconds(5); ++i) wait *= 2;
+  return std::min<Duration>(wait, std::chrono::seconds(5));
+}
+
+void Worker::database_ok() {
+  std::lock_guard lock(mu_);
+  if (db_failures_ == 0) return;
+  if (db_failures_ > 1) {
+    const std::int64_t now = queue_.clock().now().time_since_epoch().count();
+    const std::string line = "database usable again after " +
+                             format_duration(Duration(now - db_failing_since_ns_)) + " (" +
+                             std::to_string(db_failures_) + " failed leases)";
+    db_failures_ = 0;
+    db_failing_since_ns_ = 0;
+    mu_.unlock();
+    log(line);
+    mu_.lock();
+    return;
+  }
+  db_failures_ = 0;
+  db_failing_since_ns_ = 0;
 }
 
 void Worker::process(Connection& conn, const LeasedJob& job) {
@@ -143,9 +209,13 @@ void Worker::slot_loop() {
         stop();
         break;
       }
+      database_ok();
     } catch (const std::exception& e) {
-      log(std::string("lease failed: ") + e.what());
       if (conn && (*conn)->broken()) conn.reset();
+      const Duration wait = database_failed(e.what());
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, wait, [&] { return stopping_.load(); });
+      continue;
     }
     if (jobs.empty()) {
       std::unique_lock lock(mu_);

@@ -365,6 +365,32 @@ TEST_P(JobsProcessTest, StatsShowJobsWaitingOnTheOpenCircuit) {
   EXPECT_EQ(worker->wait(), 0);
 }
 
+TEST_P(JobsProcessTest, AnUnwritableDatabaseBacksOffAndExitsNonZero) {
+  // A full disk, or a database turned read-only: every lease fails. The worker must back off
+  // (not log ten lines a second forever) and, past --max-db-outage, exit 1 saying why.
+  if (GetParam() != Backend::kPostgres) {
+    GTEST_SKIP()
+        << "PostgreSQL's read-only sessions stand in for a full disk (root writes any file)";
+  }
+  Receiver receiver;
+  enqueue_many("ro", 5);
+  const std::string read_only = url_text() + "%20-cdefault_transaction_read_only%3Don";
+  const CmdResult r =
+      keel({"jobs", "--db", read_only, "work", "--queue", "ro", "--deliver", receiver.url("/hook"),
+            "--poll", "10ms", "--exit-when-idle", "--max-db-outage", "2s"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("giving up: the database has failed for"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("read-only transaction"), std::string::npos) << r.err;
+  int lines = 0;
+  for (std::size_t at = r.err.find("lease"); at != std::string::npos;
+       at = r.err.find("lease", at + 1)) {
+    ++lines;
+  }
+  EXPECT_LE(lines, 6) << "backs off and logs once, not once per poll:\n" << r.err;
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'ready'"), 5);
+  EXPECT_EQ(receiver.total_requests(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, JobsProcessTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          test::backend_name);

@@ -97,6 +97,7 @@ struct JobsArgs {
   std::string retain_done;
   std::string max_age;
   std::string retry_budget = "0.1";
+  std::string max_db_outage = "1m";
   bool exit_when_idle = false;
   std::string metrics_listen;
   // stats
@@ -610,6 +611,8 @@ int run_work(const JobsArgs& a) {
     }
     budget_ratio = r;
   }
+  const auto max_db_outage = duration_flag("--max-db-outage", a.max_db_outage, true);
+  if (!max_db_outage) return kExitUsage;
   Duration max_age = kInfinite;
   if (!a.max_age.empty()) {
     const auto d = duration_flag("--max-age", a.max_age, true);
@@ -712,6 +715,7 @@ int run_work(const JobsArgs& a) {
   options.grace = *grace;
   options.exit_when_idle = a.exit_when_idle;
   options.done_retention = retain;
+  options.max_database_outage = *max_db_outage;
   options.on_event = [&](const store::WorkerEvent& e) { metrics.record(e); };
   store::Worker worker(pool, queue, options, handler);
 
@@ -763,6 +767,7 @@ int run_work(const JobsArgs& a) {
   }
   std::fprintf(stderr, "keel jobs: worker stopped: %lld attempts recorded, %lld leases released\n",
                static_cast<long long>(recorded), static_cast<long long>(worker.released()));
+  if (worker.failed()) return failure("jobs", worker.failure());
   return 0;
 }
 
@@ -817,6 +822,10 @@ Runner add_jobs(CLI::App& app) {
   work->add_option("--retry-budget", args->retry_budget,
                    "--deliver: retries per first attempt allowed in 10 s (plus 10 a second), or "
                    "'off'; a retry the budget refuses is deferred, not spent")
+      ->capture_default_str();
+  work->add_option("--max-db-outage", args->max_db_outage,
+                   "Exit 1 when leasing has failed without a break for this long (a full disk, "
+                   "a read-only database)")
       ->capture_default_str();
   work->add_option("--max-age", args->max_age,
                    "Dead-letter a job older than this instead of retrying or deferring it "

@@ -83,6 +83,11 @@ struct WorkerOptions {
   std::function<void(const WorkerEvent&)> on_event;
   /// Called with a line when the database fails (the worker keeps going). Default: stderr.
   std::function<void(std::string_view)> log;
+  /// When leasing has failed without a break for this long (a full disk, a read-only or lost
+  /// database), run() stops and failed() says why. While it fails, the worker backs off (the
+  /// poll interval doubling up to 5 s) and logs the first failure and then one line per 10 s.
+  /// Requires: > 0. Default none (kInfinite): keep trying.
+  Duration max_database_outage = kInfinite;
 };
 
 class Worker {
@@ -105,6 +110,11 @@ class Worker {
   /// Whether leasing is paused by a deferral, and for how much longer.
   [[nodiscard]] Duration paused_for() const noexcept;
 
+  /// Whether run() stopped because the database stayed unusable for max_database_outage, and
+  /// the last error then.
+  [[nodiscard]] bool failed() const noexcept { return failed_.load(); }
+  [[nodiscard]] std::string failure() const;
+
   /// Leases released at shutdown because their handlers outlived the grace period.
   [[nodiscard]] std::int64_t released() const noexcept { return released_.load(); }
   [[nodiscard]] const std::string& worker_id() const noexcept { return options_.worker_id; }
@@ -116,6 +126,9 @@ class Worker {
   // Runs the handler (or, while paused, defers with `pause_report_`) and records the outcome.
   void process(Connection& conn, const LeasedJob& job);
   void pause(Duration delay, const AttemptReport& report);
+  // A lease failed: logs (rate-limited), gives up past max_database_outage; returns the wait.
+  Duration database_failed(const std::string& what);
+  void database_ok();
 
   ConnectionPool& pool_;
   const JobQueue& queue_;
@@ -129,6 +142,13 @@ class Worker {
   std::atomic<std::int64_t> released_{0};
   /// Leasing paused until this time of queue_.clock() (ns since its epoch); 0: not paused.
   std::atomic<std::int64_t> paused_until_ns_{0};
+  std::atomic<bool> failed_{false};
+  /// The current database outage: failures in a row, when it began and when it was last logged
+  /// (queue_.clock() ns; 0 when the database works). Guarded by mu_.
+  int db_failures_ = 0;
+  std::int64_t db_failing_since_ns_ = 0;
+  std::int64_t db_logged_ns_ = 0;
+  std::string failure_;  // guarded by mu_
 
   std::mutex mu_;
   std::condition_variable cv_;
