@@ -15,82 +15,51 @@
 namespace keel::store {
 namespace {
 
+// Version 1 of the schema, written once: the backends differ only in how an id is generated.
+// clang-format off
+#define KEEL_QUEUE_SCHEMA_V1(KEEL_ID_COLUMN) \
+  "CREATE TABLE keel_queues (" \
+  " name TEXT PRIMARY KEY," \
+  " created_ms BIGINT NOT NULL);" \
+  "CREATE TABLE keel_jobs (" \
+  " id " KEEL_ID_COLUMN "," \
+  " queue TEXT NOT NULL REFERENCES keel_queues (name)," \
+  " payload TEXT NOT NULL," \
+  " idem_key TEXT NOT NULL," \
+  " state TEXT NOT NULL CHECK (state IN" \
+  "  ('ready', 'running', 'retry_scheduled', 'done', 'dead'))," \
+  " attempts INTEGER NOT NULL," \
+  " max_attempts INTEGER NOT NULL," \
+  " run_at_ms BIGINT NOT NULL," \
+  " lease_owner TEXT," \
+  " leased_ms BIGINT," \
+  " lease_expires_ms BIGINT," \
+  " fence BIGINT NOT NULL," \
+  " dead_reason TEXT," \
+  " last_error TEXT," \
+  " replays INTEGER NOT NULL," \
+  " created_ms BIGINT NOT NULL," \
+  " updated_ms BIGINT NOT NULL," \
+  " finished_ms BIGINT);" \
+  "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);" \
+  "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);" \
+  "CREATE TABLE keel_job_attempts (" \
+  " id " KEEL_ID_COLUMN "," \
+  " job_id BIGINT NOT NULL REFERENCES keel_jobs (id) ON DELETE CASCADE," \
+  " round INTEGER NOT NULL," \
+  " attempt INTEGER NOT NULL," \
+  " started_ms BIGINT NOT NULL," \
+  " finished_ms BIGINT NOT NULL," \
+  " outcome TEXT NOT NULL," \
+  " error TEXT," \
+  " delay_ms BIGINT," \
+  " worker TEXT);" \
+  "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);"
+// clang-format on
+
 constexpr Migration kMigrations[] = {
-    {"CREATE TABLE keel_queues ("
-     " name TEXT PRIMARY KEY,"
-     " created_ms BIGINT NOT NULL);"
-     "CREATE TABLE keel_jobs ("
-     " id INTEGER PRIMARY KEY AUTOINCREMENT,"
-     " queue TEXT NOT NULL REFERENCES keel_queues (name),"
-     " payload TEXT NOT NULL,"
-     " idem_key TEXT NOT NULL,"
-     " state TEXT NOT NULL CHECK (state IN"
-     "  ('ready', 'running', 'retry_scheduled', 'done', 'dead')),"
-     " attempts INTEGER NOT NULL,"
-     " max_attempts INTEGER NOT NULL,"
-     " run_at_ms BIGINT NOT NULL,"
-     " lease_owner TEXT,"
-     " leased_ms BIGINT,"
-     " lease_expires_ms BIGINT,"
-     " fence BIGINT NOT NULL,"
-     " dead_reason TEXT,"
-     " last_error TEXT,"
-     " replays INTEGER NOT NULL,"
-     " created_ms BIGINT NOT NULL,"
-     " updated_ms BIGINT NOT NULL,"
-     " finished_ms BIGINT);"
-     "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);"
-     "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);"
-     "CREATE TABLE keel_job_attempts ("
-     " id INTEGER PRIMARY KEY AUTOINCREMENT,"
-     " job_id BIGINT NOT NULL REFERENCES keel_jobs (id) ON DELETE CASCADE,"
-     " round INTEGER NOT NULL,"
-     " attempt INTEGER NOT NULL,"
-     " started_ms BIGINT NOT NULL,"
-     " finished_ms BIGINT NOT NULL,"
-     " outcome TEXT NOT NULL,"
-     " error TEXT,"
-     " delay_ms BIGINT,"
-     " worker TEXT);"
-     "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);",
-     // PostgreSQL: identity columns instead of AUTOINCREMENT.
-     "CREATE TABLE keel_queues ("
-     " name TEXT PRIMARY KEY,"
-     " created_ms BIGINT NOT NULL);"
-     "CREATE TABLE keel_jobs ("
-     " id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-     " queue TEXT NOT NULL REFERENCES keel_queues (name),"
-     " payload TEXT NOT NULL,"
-     " idem_key TEXT NOT NULL,"
-     " state TEXT NOT NULL CHECK (state IN"
-     "  ('ready', 'running', 'retry_scheduled', 'done', 'dead')),"
-     " attempts INTEGER NOT NULL,"
-     " max_attempts INTEGER NOT NULL,"
-     " run_at_ms BIGINT NOT NULL,"
-     " lease_owner TEXT,"
-     " leased_ms BIGINT,"
-     " lease_expires_ms BIGINT,"
-     " fence BIGINT NOT NULL,"
-     " dead_reason TEXT,"
-     " last_error TEXT,"
-     " replays INTEGER NOT NULL,"
-     " created_ms BIGINT NOT NULL,"
-     " updated_ms BIGINT NOT NULL,"
-     " finished_ms BIGINT);"
-     "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);"
-     "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);"
-     "CREATE TABLE keel_job_attempts ("
-     " id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-     " job_id BIGINT NOT NULL REFERENCES keel_jobs (id) ON DELETE CASCADE,"
-     " round INTEGER NOT NULL,"
-     " attempt INTEGER NOT NULL,"
-     " started_ms BIGINT NOT NULL,"
-     " finished_ms BIGINT NOT NULL,"
-     " outcome TEXT NOT NULL,"
-     " error TEXT,"
-     " delay_ms BIGINT,"
-     " worker TEXT);"
-     "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);"},
+    {KEEL_QUEUE_SCHEMA_V1("INTEGER PRIMARY KEY AUTOINCREMENT"),
+     KEEL_QUEUE_SCHEMA_V1("BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")},
     // 2: what core's decide_retry needs between attempts, and deferrals (a refusal is not an
     // attempt).
     {"ALTER TABLE keel_jobs ADD COLUMN limited_retries INTEGER NOT NULL DEFAULT 0;"
@@ -98,6 +67,8 @@ constexpr Migration kMigrations[] = {
      "ALTER TABLE keel_jobs ADD COLUMN deferred_reason TEXT;"
      "ALTER TABLE keel_jobs ADD COLUMN deferrals INTEGER NOT NULL DEFAULT 0;"},
 };
+
+#undef KEEL_QUEUE_SCHEMA_V1
 
 constexpr int kReapBatch = 100;
 constexpr std::size_t kMaxErrorText = 2000;
