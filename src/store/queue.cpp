@@ -3,6 +3,7 @@
 #include "keel/store/queue.hpp"
 
 #include <openssl/rand.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -260,32 +261,81 @@ std::string check_request(const EnqueueRequest& request) {
   return {};
 }
 
-// Inserts one checked request inside an open transaction.
+constexpr std::string_view kInsertJob =
+    "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
+    " fence, replays, created_ms, updated_ms)"
+    " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)"
+    " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id";
+
+// The id of the job already enqueued under (queue, key): the request was a repeat.
+void find_existing(Connection& conn, const std::string& queue, const std::string& key,
+                   EnqueueResult& out) {
+  const Rows existing =
+      conn.query("SELECT id FROM keel_jobs WHERE queue = $1 AND idem_key = $2", {queue, key});
+  if (existing.empty()) {
+    throw DatabaseError("enqueue: the job with key '" + key + "' vanished",
+                        {.backend = conn.backend()});
+  }
+  out.id = existing.integer(0, 0);
+  out.created = false;
+}
+
+// Inserts one checked request inside an open transaction whose queue row exists.
 void insert_job(Connection& tx, const EnqueueRequest& request, const std::string& key,
                 int max_attempts, std::int64_t now, EnqueueResult& out) {
   const std::int64_t run_at = now + to_ms(request.delay);
-  tx.query(
-      "INSERT INTO keel_queues (name, created_ms) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
-      {request.queue, now});
-  const Rows inserted = tx.query(
-      "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
-      " fence, replays, created_ms, updated_ms)"
-      " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)"
-      " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id",
-      {request.queue, request.payload, key, max_attempts, run_at, now});
+  const Rows inserted =
+      tx.query(kInsertJob, {request.queue, request.payload, key, max_attempts, run_at, now});
   if (!inserted.empty()) {
     out.id = inserted.integer(0, 0);
     out.created = true;
     return;
   }
-  const Rows existing =
-      tx.query("SELECT id FROM keel_jobs WHERE queue = $1 AND idem_key = $2", {request.queue, key});
-  if (existing.empty()) {
-    throw DatabaseError("enqueue: the job with key '" + key + "' vanished",
-                        {.backend = tx.backend()});
+  find_existing(tx, request.queue, key, out);
+}
+
+// One request in one statement, atomic on its own (no BEGIN/COMMIT): on PostgreSQL a CTE creates
+// the queue's row if needed, inserts the job and, for a repeated key, returns the existing id;
+// on SQLite (no data-modifying CTEs) the job insert alone, which fails on the foreign key only for
+// a queue never used before. Returns false when that happened: the caller takes the transaction.
+bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, const std::string& key,
+                           int max_attempts, std::int64_t now, EnqueueResult& out) {
+  const std::int64_t run_at = now + to_ms(request.delay);
+  const std::initializer_list<Value> params = {request.queue, request.payload, key,
+                                               max_attempts,  run_at,          now};
+  if (conn.backend() == Backend::kPostgres) {
+    // The foreign key is checked at the end of the statement, after the queue CTE's insert.
+    const Rows r = conn.query(
+        "WITH q AS (INSERT INTO keel_queues (name, created_ms) VALUES ($1, $6)"
+        " ON CONFLICT (name) DO NOTHING),"
+        " ins AS (" +
+            std::string(kInsertJob) +
+            ") SELECT id, 1 FROM ins UNION ALL SELECT id, 0 FROM keel_jobs"
+            " WHERE queue = $1 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)",
+        params);
+    if (r.empty()) {
+      // A concurrent enqueue of the same key committed after this statement's snapshot.
+      find_existing(conn, request.queue, key, out);
+      return true;
+    }
+    out.id = r.integer(0, 0);
+    out.created = r.integer(0, 1) == 1;
+    return true;
   }
-  out.id = existing.integer(0, 0);
-  out.created = false;
+  Rows inserted;
+  try {
+    inserted = conn.query(kInsertJob, params);
+  } catch (const DatabaseError& e) {
+    if (e.details().sqlite_code == SQLITE_CONSTRAINT_FOREIGNKEY) return false;
+    throw;
+  }
+  if (!inserted.empty()) {
+    out.id = inserted.integer(0, 0);
+    out.created = true;
+    return true;
+  }
+  find_existing(conn, request.queue, key, out);
+  return true;
 }
 
 }  // namespace
@@ -308,11 +358,29 @@ std::vector<EnqueueResult> JobQueue::enqueue_many(
   keys.reserve(requests.size());
   for (const EnqueueRequest& r : requests) keys.push_back(r.key.empty() ? new_job_key() : r.key);
   const std::int64_t now = now_ms();
+  const auto max_attempts_of = [&](const EnqueueRequest& r) {
+    return r.max_attempts > 0 ? r.max_attempts : options_.max_attempts;
+  };
+  if (requests.size() == 1 && !connection.in_transaction()) {
+    out[0].idempotency_key = keys[0];
+    if (enqueue_one_statement(connection, requests[0], keys[0], max_attempts_of(requests[0]), now,
+                              out[0])) {
+      return out;
+    }
+  }
   in_transaction(connection, [&](Connection& tx) {
+    // Each queue's row once per batch, then the jobs.
+    std::vector<std::string_view> queues;
+    for (const EnqueueRequest& r : requests) {
+      if (std::find(queues.begin(), queues.end(), r.queue) != queues.end()) continue;
+      queues.push_back(r.queue);
+      tx.query(
+          "INSERT INTO keel_queues (name, created_ms) VALUES ($1, $2)"
+          " ON CONFLICT (name) DO NOTHING",
+          {r.queue, now});
+    }
     for (std::size_t i = 0; i < requests.size(); ++i) {
-      const int max_attempts =
-          requests[i].max_attempts > 0 ? requests[i].max_attempts : options_.max_attempts;
-      insert_job(tx, requests[i], keys[i], max_attempts, now, out[i]);
+      insert_job(tx, requests[i], keys[i], max_attempts_of(requests[i]), now, out[i]);
       out[i].idempotency_key = keys[i];
     }
     return true;
