@@ -67,6 +67,11 @@ constexpr Migration kMigrations[] = {
      "ALTER TABLE keel_jobs ADD COLUMN prev_delay_ms BIGINT NOT NULL DEFAULT 0;"
      "ALTER TABLE keel_jobs ADD COLUMN deferred_reason TEXT;"
      "ALTER TABLE keel_jobs ADD COLUMN deferrals INTEGER NOT NULL DEFAULT 0;"},
+    // 3: the due jobs in lease order. keel_jobs_due has the state between the queue and the time,
+    // so a lease's "state IN (ready, retry_scheduled) ORDER BY run_at_ms" scanned every done job
+    // of the queue (PostgreSQL's plan); this partial index holds only the leasable rows.
+    {"CREATE INDEX keel_jobs_ready ON keel_jobs (queue, run_at_ms, id)"
+     " WHERE state IN ('ready', 'retry_scheduled');"},
 };
 
 #undef KEEL_QUEUE_SCHEMA_V1
@@ -432,64 +437,148 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
   return reaped;
 }
 
-std::vector<LeasedJob> JobQueue::lease_due(Connection& connection, std::string_view queue,
-                                           std::string_view worker, int limit) const {
+DoneAndLeased JobQueue::finish_and_lease_due(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::string_view queue, std::string_view worker, int limit, bool* expired_waiting) const {
   const bool pg = connection.backend() == Backend::kPostgres;
   const std::int64_t now = now_ms();
   const std::int64_t expires = now + to_ms(options_.lease);
-  // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path.
+  DoneAndLeased out;
   const std::string pick =
       "SELECT id FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
       " AND run_at_ms <= $2 ORDER BY run_at_ms, id LIMIT $4";
-  const std::string sql =
-      pg ? "WITH picked AS (" + pick +
-               " FOR UPDATE SKIP LOCKED)"
-               " UPDATE keel_jobs j SET state = 'running', attempts = j.attempts + 1,"
-               " fence = j.fence + 1, lease_owner = $3, leased_ms = $2,"
-               " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
-               " FROM picked WHERE j.id = picked.id"
-               " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence"
-         : "UPDATE keel_jobs SET state = 'running', attempts = attempts + 1,"
-           " fence = fence + 1, lease_owner = $3, leased_ms = $2,"
-           " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
-           " WHERE id IN (" +
-               pick + ") RETURNING id, payload, idem_key, attempts, max_attempts, fence";
-  const Rows leased = connection.query(sql, {queue, now, worker, limit, expires});
-  std::vector<LeasedJob> out;
-  out.reserve(leased.size());
-  for (std::size_t i = 0; i < leased.size(); ++i) {
-    LeasedJob job;
-    job.id = leased.integer(i, 0);
-    job.queue = std::string(queue);
-    job.payload = leased.text(i, 1);
-    job.idempotency_key = leased.text(i, 2);
-    job.attempt = static_cast<int>(leased.integer(i, 3));
-    job.max_attempts = static_cast<int>(leased.integer(i, 4));
-    job.fence = leased.integer(i, 5);
-    job.lease_expires_ms = expires;
-    out.push_back(std::move(job));
+  constexpr std::string_view kSetRunning =
+      " SET state = 'running', attempts = attempts + 1, fence = fence + 1, lease_owner = $3,"
+      " leased_ms = $2, lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2";
+  constexpr std::string_view kExpired =
+      "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2 LIMIT 1";
+  Rows leased;
+  std::size_t first = 0;  // column of the leased rows' id
+  if (pg) {
+    // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path. Its rows:
+    // kind 1 = a leased job, kind 0 = how many successes were current, kind 2 = an expired
+    // lease is waiting.
+    std::vector<Value> params = {queue, now, worker, limit, expires};
+    std::string sql = "WITH ";
+    if (!done.empty()) {
+      sql += "v (id, fence) AS (VALUES ";
+      for (std::size_t i = 0; i < done.size(); ++i) {
+        const std::string a = std::to_string(params.size() + 1);
+        const std::string b = std::to_string(params.size() + 2);
+        sql += (i ? ", ($" : "($") + a + "::bigint, $" + b + "::bigint)";
+        params.emplace_back(done[i].first);
+        params.emplace_back(done[i].second);
+      }
+      sql +=
+          "), done AS (UPDATE keel_jobs j SET state = 'done', lease_owner = NULL,"
+          " lease_expires_ms = NULL, run_at_ms = $2, last_error = NULL, deferred_reason = NULL,"
+          " updated_ms = $2, finished_ms = $2 FROM v WHERE j.id = v.id AND j.fence = v.fence"
+          " AND j.state = 'running' RETURNING j.id, j.replays, j.attempts, j.leased_ms,"
+          " j.lease_owner),"
+          " hist AS (INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms,"
+          " finished_ms, outcome, worker) SELECT id, replays, attempts, COALESCE(leased_ms, $2),"
+          " $2, 'success', lease_owner FROM done RETURNING job_id), ";
+    }
+    sql += "picked AS (" + pick + " FOR UPDATE SKIP LOCKED), leased AS (UPDATE keel_jobs j" +
+           std::string(kSetRunning) +
+           " FROM picked WHERE j.id = picked.id"
+           " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence)"
+           " SELECT 1, id, payload, idem_key, attempts, max_attempts, fence FROM leased";
+    if (!done.empty()) {
+      sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL FROM hist";
+    }
+    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
+           std::string(kExpired) + ")";
+    leased = connection.query(sql, params);
+    first = 1;
+  } else {
+    const std::string lease_sql =
+        "UPDATE keel_jobs" + std::string(kSetRunning) + " WHERE id IN (" + pick +
+        ") RETURNING id, payload, idem_key, attempts, max_attempts, fence";
+    const auto lease_and_probe = [&](Connection& c) {
+      leased = c.query(lease_sql, {queue, now, worker, limit, expires});
+      *expired_waiting = !c.query(kExpired, {queue, now}).empty();
+    };
+    if (done.empty()) {
+      lease_and_probe(connection);
+    } else {
+      in_transaction(connection, [&](Connection& tx) {
+        out.current = 0;
+        for (const auto& [id, fence] : done) {
+          const Rows r = tx.query(
+              "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
+              " run_at_ms = $3, last_error = NULL, deferred_reason = NULL, updated_ms = $3,"
+              " finished_ms = $3 WHERE id = $1 AND fence = $2 AND state = 'running'"
+              " RETURNING attempts, leased_ms, replays",
+              {id, fence, now});
+          if (r.empty()) continue;
+          ++out.current;
+          insert_attempt(tx, id, r.integer(0, 2), r.integer(0, 0),
+                         r.cell(0, 1) ? r.integer(0, 1) : now, now, "success", {}, std::nullopt,
+                         {});
+        }
+        lease_and_probe(tx);
+        return true;
+      });
+    }
   }
+  if (pg) *expired_waiting = false;
+  out.leased.reserve(leased.size());
+  for (std::size_t i = 0; i < leased.size(); ++i) {
+    if (pg && leased.integer(i, 0) != 1) {
+      if (leased.integer(i, 0) == 0) out.current = static_cast<int>(leased.integer(i, 1));
+      if (leased.integer(i, 0) == 2) *expired_waiting = true;
+      continue;
+    }
+    LeasedJob job;
+    job.id = leased.integer(i, first + 0);
+    job.queue = std::string(queue);
+    job.payload = leased.text(i, first + 1);
+    job.idempotency_key = leased.text(i, first + 2);
+    job.attempt = static_cast<int>(leased.integer(i, first + 3));
+    job.max_attempts = static_cast<int>(leased.integer(i, first + 4));
+    job.fence = leased.integer(i, first + 5);
+    job.lease_expires_ms = expires;
+    out.leased.push_back(std::move(job));
+  }
+  return out;
+}
+
+std::vector<LeasedJob> JobQueue::lease_due(Connection& connection, std::string_view queue,
+                                           std::string_view worker, int limit) const {
+  bool expired_waiting = false;
+  return finish_and_lease_due(connection, {}, queue, worker, limit, &expired_waiting).leased;
+}
+
+DoneAndLeased JobQueue::complete_and_lease(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::string_view queue, std::string_view worker, int limit) const {
+  if (limit < 1) throw std::invalid_argument("complete_and_lease: limit must be >= 1");
+  bool expired_waiting = false;
+  DoneAndLeased out =
+      finish_and_lease_due(connection, done, queue, worker, limit, &expired_waiting);
+  // Expired leases are reaped when one is waiting and the due jobs did not fill the request, or
+  // at most every quarter lease while they do (so a busy queue still reclaims them promptly).
+  // The statement above said whether one is waiting: no reaping transaction when none is.
+  const std::int64_t now = now_ms();
+  const bool short_of_work = static_cast<int>(out.leased.size()) < limit;
+  if (expired_waiting &&
+      (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4)) {
+    last_reap_ms_.store(now);
+    if (reap_expired(connection, queue) > 0 && short_of_work) {
+      auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.leased.size()));
+      for (auto& job : more) out.leased.push_back(std::move(job));
+    }
+  }
+  std::sort(out.leased.begin(), out.leased.end(),
+            [](const LeasedJob& x, const LeasedJob& y) { return x.id < y.id; });
   return out;
 }
 
 std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view queue,
                                        std::string_view worker, int limit) const {
   if (limit < 1) throw std::invalid_argument("lease: limit must be >= 1");
-  std::vector<LeasedJob> out = lease_due(connection, queue, worker, limit);
-  // Expired leases are looked for when the due jobs did not fill the request, and at least every
-  // quarter lease while they do (so a busy queue still reclaims them promptly).
-  const std::int64_t now = now_ms();
-  const bool short_of_work = static_cast<int>(out.size()) < limit;
-  if (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4) {
-    last_reap_ms_.store(now);
-    if (reap_expired(connection, queue) > 0 && short_of_work) {
-      auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.size()));
-      for (auto& job : more) out.push_back(std::move(job));
-    }
-  }
-  std::sort(out.begin(), out.end(),
-            [](const LeasedJob& x, const LeasedJob& y) { return x.id < y.id; });
-  return out;
+  return complete_and_lease(connection, {}, queue, worker, limit).leased;
 }
 
 bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
