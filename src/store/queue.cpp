@@ -472,9 +472,9 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       sql +=
           "), done AS (UPDATE keel_jobs j SET state = 'done', lease_owner = NULL,"
           " lease_expires_ms = NULL, run_at_ms = $2, last_error = NULL, deferred_reason = NULL,"
-          " updated_ms = $2, finished_ms = $2 FROM v WHERE j.id = v.id AND j.fence = v.fence"
-          " AND j.state = 'running' RETURNING j.id, j.replays, j.attempts, j.leased_ms,"
-          " j.lease_owner),"
+          " updated_ms = $2, finished_ms = $2 FROM v, keel_jobs old WHERE j.id = v.id"
+          " AND j.fence = v.fence AND j.state = 'running' AND old.id = j.id"
+          " RETURNING j.id, j.replays, j.attempts, j.leased_ms, old.lease_owner),"
           " hist AS (INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms,"
           " finished_ms, outcome, worker) SELECT id, replays, attempts, COALESCE(leased_ms, $2),"
           " $2, 'success', lease_owner FROM done RETURNING job_id), ";
@@ -505,17 +505,21 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       in_transaction(connection, [&](Connection& tx) {
         out.current = 0;
         for (const auto& [id, fence] : done) {
+          // Read first: SQLite's RETURNING gives the new row, and the lease's owner is cleared.
           const Rows r = tx.query(
-              "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
-              " run_at_ms = $3, last_error = NULL, deferred_reason = NULL, updated_ms = $3,"
-              " finished_ms = $3 WHERE id = $1 AND fence = $2 AND state = 'running'"
-              " RETURNING attempts, leased_ms, replays",
-              {id, fence, now});
+              "SELECT attempts, leased_ms, replays, lease_owner FROM keel_jobs"
+              " WHERE id = $1 AND fence = $2 AND state = 'running'",
+              {id, fence});
           if (r.empty()) continue;
+          tx.query(
+              "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
+              " run_at_ms = $2, last_error = NULL, deferred_reason = NULL, updated_ms = $2,"
+              " finished_ms = $2 WHERE id = $1",
+              {id, now});
           ++out.current;
           insert_attempt(tx, id, r.integer(0, 2), r.integer(0, 0),
                          r.cell(0, 1) ? r.integer(0, 1) : now, now, "success", {}, std::nullopt,
-                         {});
+                         optional_text(r, 0, 3));
         }
         lease_and_probe(tx);
         return true;

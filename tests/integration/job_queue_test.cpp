@@ -101,6 +101,7 @@ TEST_P(JobQueueTest, CompleteAndLeaseRecordsTheSuccessAndLeasesTheNextJobs) {
   EXPECT_EQ(done->state, JobState::kDone);
   ASSERT_EQ(done->history.size(), 1u);
   EXPECT_EQ(done->history[0].outcome, "success");
+  EXPECT_EQ(done->history[0].worker, "w");
   // A stale token records nothing; the jobs still leased are untouched.
   const auto stale = q.complete_and_lease(*conn_, {{b.id, next.leased[0].fence + 1}}, "q", "w", 1);
   EXPECT_EQ(stale.current, 0);
