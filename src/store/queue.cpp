@@ -77,6 +77,8 @@ constexpr Migration kMigrations[] = {
 #undef KEEL_QUEUE_SCHEMA_V1
 
 constexpr int kReapBatch = 100;
+// Jobs per multi-row INSERT in enqueue_many (6 parameters each, under both backends' limits).
+constexpr std::size_t kEnqueueChunk = 500;
 constexpr std::size_t kMaxErrorText = 2000;
 
 std::int64_t to_ms(Duration d) {
@@ -384,9 +386,63 @@ std::vector<EnqueueResult> JobQueue::enqueue_many(
           " ON CONFLICT (name) DO NOTHING",
           {r.queue, now});
     }
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      insert_job(tx, requests[i], keys[i], max_attempts_of(requests[i]), now, out[i]);
-      out[i].idempotency_key = keys[i];
+    if (requests.size() == 1) {
+      insert_job(tx, requests[0], keys[0], max_attempts_of(requests[0]), now, out[0]);
+      out[0].idempotency_key = keys[0];
+      return true;
+    }
+    // The jobs in multi-row INSERTs (one statement per kEnqueueChunk jobs); a key that was
+    // already there is looked up.
+    for (std::size_t from = 0; from < requests.size(); from += kEnqueueChunk) {
+      const std::size_t to = std::min(requests.size(), from + kEnqueueChunk);
+      std::string sql =
+          "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts,"
+          " run_at_ms, fence, replays, created_ms, updated_ms) VALUES ";
+      std::vector<Value> params;
+      params.reserve((to - from) * 6);
+      for (std::size_t i = from; i < to; ++i) {
+        const auto p = [&](int k) { return "$" + std::to_string(params.size() + k); };
+        sql += (i > from ? ", (" : "(") + p(1) + ", " + p(2) + ", " + p(3) + ", 'ready', 0, " +
+               p(4) + ", " + p(5) + ", 0, 0, " + p(6) + ", " + p(6) + ")";
+        params.emplace_back(requests[i].queue);
+        params.emplace_back(requests[i].payload);
+        params.emplace_back(keys[i]);
+        params.emplace_back(max_attempts_of(requests[i]));
+        params.emplace_back(now + to_ms(requests[i].delay));
+        params.emplace_back(now);
+      }
+      sql += " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id, queue, idem_key";
+      const Rows inserted = tx.query(sql, params);
+      std::vector<std::pair<std::string, std::int64_t>> created;  // queue + '\n' + key, id
+      created.reserve(inserted.size());
+      for (std::size_t r = 0; r < inserted.size(); ++r) {
+        created.emplace_back(inserted.text(r, 1) + '\n' + inserted.text(r, 2),
+                             inserted.integer(r, 0));
+      }
+      for (std::size_t i = from; i < to; ++i) {
+        out[i].idempotency_key = keys[i];
+        const std::string name = requests[i].queue + '\n' + keys[i];
+        const auto hit = std::find_if(created.begin(), created.end(),
+                                      [&](const auto& c) { return c.first == name; });
+        if (hit != created.end()) {
+          // The first request with this key created the job; a repeat in the batch gets its id.
+          out[i].id = hit->second;
+          out[i].created = true;
+          hit->first.clear();
+          continue;
+        }
+        const auto earlier = std::find_if(
+            out.begin() + static_cast<std::ptrdiff_t>(from),
+            out.begin() + static_cast<std::ptrdiff_t>(i),
+            [&](const EnqueueResult& e) { return e.idempotency_key == keys[i] && e.id != 0; });
+        if (earlier != out.begin() + static_cast<std::ptrdiff_t>(i) &&
+            requests[static_cast<std::size_t>(earlier - out.begin())].queue == requests[i].queue) {
+          out[i].id = earlier->id;
+          out[i].created = false;
+          continue;
+        }
+        find_existing(tx, requests[i].queue, keys[i], out[i]);
+      }
     }
     return true;
   });

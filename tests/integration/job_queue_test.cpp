@@ -81,6 +81,29 @@ TEST_P(JobQueueTest, GeneratedKeyIsAUuidStoredOnceAndKeptAcrossAttempts) {
   EXPECT_EQ(leased[0].attempt, 2);
 }
 
+TEST_P(JobQueueTest, EnqueueManyKeepsKeysUniqueWithinAndAcrossBatches) {
+  JobQueue q = make_queue();
+  const auto old = q.enqueue(*conn_, {.queue = "q", .payload = R"({"n":0})", .key = "k-0"});
+  const auto r = q.enqueue_many(*conn_, {{.queue = "q", .payload = R"({"n":1})", .key = "k-1"},
+                                         {.queue = "q", .payload = R"({"n":2})", .key = "k-0"},
+                                         {.queue = "q", .payload = R"({"n":3})", .key = "k-1"},
+                                         {.queue = "other", .payload = "{}", .key = "k-1"},
+                                         {.queue = "q", .payload = "{}"}});
+  ASSERT_EQ(r.size(), 5u);
+  for (const auto& e : r) ASSERT_TRUE(e.ok()) << e.error;
+  EXPECT_TRUE(r[0].created);
+  EXPECT_FALSE(r[1].created);
+  EXPECT_EQ(r[1].id, old.id);
+  EXPECT_FALSE(r[2].created);
+  EXPECT_EQ(r[2].id, r[0].id);
+  EXPECT_TRUE(r[3].created);
+  EXPECT_NE(r[3].id, r[0].id);
+  EXPECT_TRUE(r[4].created);
+  EXPECT_EQ(r[4].idempotency_key.size(), 36u);
+  EXPECT_EQ(q.get(*conn_, r[0].id)->payload, R"({"n":1})");
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 4);
+}
+
 TEST_P(JobQueueTest, CompleteAndLeaseRecordsTheSuccessAndLeasesTheNextJobs) {
   JobQueue q = make_queue();
   const auto a = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
