@@ -16,8 +16,9 @@
 // of 0.6: fail_once fails half of its attempts, which must not trip it (opossum and cockatiel
 // are configured not to trip either). A benchmark whose breaker opened reports an error.
 //
-// BM_BreakerRecord runs on 1 and 2 threads recording successes into one shared breaker; the
-// report divides the 2-thread throughput by the 1-thread one.
+// BM_BreakerRecord runs on 1 and 2 threads recording successes into one shared breaker (time
+// window; BM_BreakerRecordCountWindow: count window); the report divides the 2-thread
+// throughput by the 1-thread one.
 //
 // The "dependency" is an out-of-line function so the compiler cannot fold it into the loop.
 // Every benchmark reports allocs/op (global operator new is counted, see alloc_counter.hpp).
@@ -193,6 +194,21 @@ void BM_BreakerRecord(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_BreakerRecord)->Threads(1)->Threads(2)->UseRealTime();
+
+// The same with a count window (the last 100 calls), the other window kind.
+void BM_BreakerRecordCountWindow(benchmark::State& state) {
+  static keel::CircuitBreaker breaker([] {
+    keel::BreakerOptions options = breaker_options();
+    options.window = keel::BreakerWindow::kCount;
+    return options;
+  }());
+  for (auto _ : state) {
+    const keel::BreakerPermit permit = breaker.try_acquire();
+    breaker.record(permit, keel::Outcome::success());
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_BreakerRecordCountWindow)->Threads(1)->Threads(2)->UseRealTime();
 
 }  // namespace
 

@@ -1,7 +1,8 @@
 // Job-queue throughput: jobs per second through enqueue + lease + done with a no-op handler,
 // W worker threads each on its own connection, on SQLite or PostgreSQL. With --batch B each
-// thread enqueues B jobs in one transaction, leases up to B in one statement and records their
-// success in one transaction; --batch 1 is one transaction per step per job.
+// thread enqueues B jobs in one transaction, then records the success of the jobs it holds and
+// leases up to B more in one step (JobQueue::complete_and_lease: one statement on PostgreSQL,
+// one transaction on SQLite); --batch 1 enqueues with one statement.
 //
 //   keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B]
 //
@@ -76,6 +77,9 @@ int main(int argc, char** argv) {
       try {
         auto conn = keel::store::open_database(*url);
         const std::string name = "bench-worker-" + std::to_string(w);
+        // The jobs this thread holds: their success is recorded in the same step that leases
+        // the next ones (JobQueue::complete_and_lease), one statement on PostgreSQL.
+        std::vector<std::pair<std::int64_t, std::int64_t>> held;
         while (completed.load() < jobs) {
           // Enqueue this thread's next share.
           const int take = std::min(batch, std::max(0, remaining_to_enqueue.fetch_sub(batch)));
@@ -89,21 +93,12 @@ int main(int argc, char** argv) {
               (void)q.enqueue_many(*conn, reqs);
             }
           }
-          const auto leased = q.lease(*conn, queue, name, batch);
-          if (leased.empty()) {
-            if (take <= 0) std::this_thread::yield();
-            continue;
-          }
-          if (leased.size() == 1) {
-            (void)q.complete(*conn, leased[0].id, leased[0].fence,
-                             keel::store::AttemptReport::success());
-          } else {
-            std::vector<std::pair<std::int64_t, std::int64_t>> done;
-            done.reserve(leased.size());
-            for (const auto& j : leased) done.emplace_back(j.id, j.fence);
-            (void)q.complete_done(*conn, done);
-          }
-          completed.fetch_add(static_cast<int>(leased.size()));
+          const keel::store::DoneAndLeased step =
+              q.complete_and_lease(*conn, held, queue, name, batch);
+          completed.fetch_add(step.current);
+          held.clear();
+          for (const auto& j : step.leased) held.emplace_back(j.id, j.fence);
+          if (held.empty() && take <= 0) std::this_thread::yield();
         }
       } catch (const std::exception& e) {
         std::fprintf(stderr, "keel_bench_queue: %s\n", e.what());

@@ -8,11 +8,13 @@
 # Environment: DURATION (default 10s), CONNECTIONS (16), WRK_THREADS (2), SERVER_THREADS (16),
 # BACKENDS ("sqlite postgres"). PostgreSQL is a throwaway server from scripts/pg-test-server.sh
 # with durable settings (fsync on); SQLite is a WAL file with synchronous=NORMAL in a temp dir.
-# Prints requests/s and p99 latency for each run, and the with/without ratio per backend.
+# Prints requests/s, p99 and p50 latency for each run, and the with/without ratio per backend.
+# One keep-alive client's latency per request: CONNECTIONS=1 WRK_THREADS=1.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 keel=$build/bin/keel
+floor=$build/bin/keel_bench_serve_floor
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-16}
 WRK_THREADS=${WRK_THREADS:-2}
@@ -53,12 +55,18 @@ function request()
 end
 LUA
 
-# run_one LABEL DB_URL [--no-idempotency]: prints "rps p99"
+# run_one DB_URL [--no-idempotency | --floor]: prints "rps p99 non2xx p50". --floor runs
+# keel_bench_serve_floor (bench/serve_floor.cpp: a bare cpp-httplib server doing the same insert)
+# instead of keel serve.
 run_one() {
   local db=$1
   shift
-  "$keel" serve --listen 127.0.0.1:0 --db "$db" --threads "$SERVER_THREADS" "$@" \
-    >"$work/serve.log" 2>&1 &
+  if [[ ${1:-} == --floor ]]; then
+    "$floor" --db "$db" --threads "$SERVER_THREADS" >"$work/serve.log" 2>&1 &
+  else
+    "$keel" serve --listen 127.0.0.1:0 --db "$db" --threads "$SERVER_THREADS" "$@" \
+      >"$work/serve.log" 2>&1 &
+  fi
   server_pid=$!
   local port=
   for _ in $(seq 1 100); do
@@ -76,32 +84,47 @@ run_one() {
   local rps p99 non2xx
   rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/wrk.out")
   p99=$(awk '$1 == "99%" {print $2}' "$work/wrk.out")
+  p50=$(awk '$1 == "50%" {print $2}' "$work/wrk.out")
   non2xx=$(awk '/Non-2xx/ {print $NF}' "$work/wrk.out")
-  echo "$rps $p99 ${non2xx:-0}"
+  echo "$rps $p99 ${non2xx:-0} $p50"
   # What the non-2xx answers were, from the server's own counters.
   grep -E '^keel_(idempotency_requests_total\{outcome="(in_progress|mismatch|error|not_stored|replayed)"|rate_limited_total)' \
     "$work/metrics.txt" | grep -v ' 0$' | sed 's/^/    # /' >&2 || true
 }
 
-printf '%-9s %-16s %12s %10s %8s\n' backend mode requests/s p99 non-2xx
+printf '%-9s %-16s %12s %10s %8s %10s\n' backend mode requests/s p99 non-2xx p50
 for backend in $BACKENDS; do
   case $backend in
-    sqlite) url_with="sqlite:$work/with.db" url_without="sqlite:$work/without.db" ;;
+    sqlite)
+      url_with="sqlite:$work/with.db" url_without="sqlite:$work/without.db"
+      url_floor="sqlite:$work/floor.db"
+      ;;
     postgres)
       KEEL_PG_DURABLE=1 "$root/scripts/pg-test-server.sh" start "$work/pg" >/dev/null
       base=$(cat "$work/pg/url")
-      psql "$base" -q -c "CREATE SCHEMA bench_with" -c "CREATE SCHEMA bench_without"
+      psql "$base" -q -c "CREATE SCHEMA bench_with" -c "CREATE SCHEMA bench_without" \
+        -c "CREATE SCHEMA bench_floor"
       url_with="$base?options=-csearch_path%3Dbench_with"
       url_without="$base?options=-csearch_path%3Dbench_without"
+      url_floor="$base?options=-csearch_path%3Dbench_floor"
       ;;
     *) echo "bench-serve: unknown backend $backend" >&2; exit 2 ;;
   esac
-  read -r rps_without p99_without bad_without < <(run_one "$url_without" --no-idempotency)
-  read -r rps_with p99_with bad_with < <(run_one "$url_with")
-  printf '%-9s %-16s %12s %10s %8s\n' "$backend" "no idempotency" "$rps_without" "$p99_without" "$bad_without"
-  printf '%-9s %-16s %12s %10s %8s\n' "$backend" "idempotency" "$rps_with" "$p99_with" "$bad_with"
+  read -r rps_without p99_without bad_without p50_without < <(run_one "$url_without" --no-idempotency)
+  read -r rps_with p99_with bad_with p50_with < <(run_one "$url_with")
+  printf '%-9s %-16s %12s %10s %8s %10s\n' "$backend" "no idempotency" "$rps_without" "$p99_without" \
+    "$bad_without" "$p50_without"
+  printf '%-9s %-16s %12s %10s %8s %10s\n' "$backend" "idempotency" "$rps_with" "$p99_with" \
+    "$bad_with" "$p50_with"
   awk -v a="$rps_with" -v b="$rps_without" -v n="$backend" \
     'BEGIN { printf "%-9s ratio with/without: %.2f\n", n, a / b }'
+  if [[ -x "$floor" ]]; then
+    read -r rps_floor p99_floor bad_floor p50_floor < <(run_one "$url_floor" --floor)
+    printf '%-9s %-16s %12s %10s %8s %10s\n' "$backend" "floor (httplib)" "$rps_floor" \
+      "$p99_floor" "$bad_floor" "$p50_floor"
+    awk -v a="$rps_without" -v b="$rps_floor" -v n="$backend" \
+      'BEGIN { printf "%-9s ratio without/floor: %.2f\n", n, a / b }'
+  fi
   if [[ $backend == postgres ]]; then
     "$root/scripts/pg-test-server.sh" stop "$work/pg" >/dev/null
   fi

@@ -251,6 +251,9 @@ Decision RetryState::next(const Outcome& outcome) {
   if (breaker_ != nullptr) breaker_->record(breaker_permit_, outcome);
   if (budget_ != nullptr) budget_->record(outcome, budget_permit_);
   budget_permit_ = {};
+  // A success stops whatever the limits (decide_retry's first rule): skip building them, and the
+  // deadline's clock read.
+  if (outcome.kind == OutcomeKind::kSuccess) return stop(StopReason::kSuccess);
 
   RetryLimits limits;
   limits.max_attempts = max_attempts_;

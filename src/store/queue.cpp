@@ -3,6 +3,7 @@
 #include "keel/store/queue.hpp"
 
 #include <openssl/rand.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -15,91 +16,69 @@
 namespace keel::store {
 namespace {
 
+// Version 1 of the schema, written once: the backends differ only in how an id is generated.
+// clang-format off
+#define KEEL_QUEUE_SCHEMA_V1(KEEL_ID_COLUMN) \
+  "CREATE TABLE keel_queues (" \
+  " name TEXT PRIMARY KEY," \
+  " created_ms BIGINT NOT NULL);" \
+  "CREATE TABLE keel_jobs (" \
+  " id " KEEL_ID_COLUMN "," \
+  " queue TEXT NOT NULL REFERENCES keel_queues (name)," \
+  " payload TEXT NOT NULL," \
+  " idem_key TEXT NOT NULL," \
+  " state TEXT NOT NULL CHECK (state IN" \
+  "  ('ready', 'running', 'retry_scheduled', 'done', 'dead'))," \
+  " attempts INTEGER NOT NULL," \
+  " max_attempts INTEGER NOT NULL," \
+  " run_at_ms BIGINT NOT NULL," \
+  " lease_owner TEXT," \
+  " leased_ms BIGINT," \
+  " lease_expires_ms BIGINT," \
+  " fence BIGINT NOT NULL," \
+  " dead_reason TEXT," \
+  " last_error TEXT," \
+  " replays INTEGER NOT NULL," \
+  " created_ms BIGINT NOT NULL," \
+  " updated_ms BIGINT NOT NULL," \
+  " finished_ms BIGINT);" \
+  "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);" \
+  "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);" \
+  "CREATE TABLE keel_job_attempts (" \
+  " id " KEEL_ID_COLUMN "," \
+  " job_id BIGINT NOT NULL REFERENCES keel_jobs (id) ON DELETE CASCADE," \
+  " round INTEGER NOT NULL," \
+  " attempt INTEGER NOT NULL," \
+  " started_ms BIGINT NOT NULL," \
+  " finished_ms BIGINT NOT NULL," \
+  " outcome TEXT NOT NULL," \
+  " error TEXT," \
+  " delay_ms BIGINT," \
+  " worker TEXT);" \
+  "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);"
+// clang-format on
+
 constexpr Migration kMigrations[] = {
-    {"CREATE TABLE keel_queues ("
-     " name TEXT PRIMARY KEY,"
-     " created_ms BIGINT NOT NULL);"
-     "CREATE TABLE keel_jobs ("
-     " id INTEGER PRIMARY KEY AUTOINCREMENT,"
-     " queue TEXT NOT NULL REFERENCES keel_queues (name),"
-     " payload TEXT NOT NULL,"
-     " idem_key TEXT NOT NULL,"
-     " state TEXT NOT NULL CHECK (state IN"
-     "  ('ready', 'running', 'retry_scheduled', 'done', 'dead')),"
-     " attempts INTEGER NOT NULL,"
-     " max_attempts INTEGER NOT NULL,"
-     " run_at_ms BIGINT NOT NULL,"
-     " lease_owner TEXT,"
-     " leased_ms BIGINT,"
-     " lease_expires_ms BIGINT,"
-     " fence BIGINT NOT NULL,"
-     " dead_reason TEXT,"
-     " last_error TEXT,"
-     " replays INTEGER NOT NULL,"
-     " created_ms BIGINT NOT NULL,"
-     " updated_ms BIGINT NOT NULL,"
-     " finished_ms BIGINT);"
-     "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);"
-     "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);"
-     "CREATE TABLE keel_job_attempts ("
-     " id INTEGER PRIMARY KEY AUTOINCREMENT,"
-     " job_id BIGINT NOT NULL REFERENCES keel_jobs (id) ON DELETE CASCADE,"
-     " round INTEGER NOT NULL,"
-     " attempt INTEGER NOT NULL,"
-     " started_ms BIGINT NOT NULL,"
-     " finished_ms BIGINT NOT NULL,"
-     " outcome TEXT NOT NULL,"
-     " error TEXT,"
-     " delay_ms BIGINT,"
-     " worker TEXT);"
-     "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);",
-     // PostgreSQL: identity columns instead of AUTOINCREMENT.
-     "CREATE TABLE keel_queues ("
-     " name TEXT PRIMARY KEY,"
-     " created_ms BIGINT NOT NULL);"
-     "CREATE TABLE keel_jobs ("
-     " id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-     " queue TEXT NOT NULL REFERENCES keel_queues (name),"
-     " payload TEXT NOT NULL,"
-     " idem_key TEXT NOT NULL,"
-     " state TEXT NOT NULL CHECK (state IN"
-     "  ('ready', 'running', 'retry_scheduled', 'done', 'dead')),"
-     " attempts INTEGER NOT NULL,"
-     " max_attempts INTEGER NOT NULL,"
-     " run_at_ms BIGINT NOT NULL,"
-     " lease_owner TEXT,"
-     " leased_ms BIGINT,"
-     " lease_expires_ms BIGINT,"
-     " fence BIGINT NOT NULL,"
-     " dead_reason TEXT,"
-     " last_error TEXT,"
-     " replays INTEGER NOT NULL,"
-     " created_ms BIGINT NOT NULL,"
-     " updated_ms BIGINT NOT NULL,"
-     " finished_ms BIGINT);"
-     "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);"
-     "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);"
-     "CREATE TABLE keel_job_attempts ("
-     " id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-     " job_id BIGINT NOT NULL REFERENCES keel_jobs (id) ON DELETE CASCADE,"
-     " round INTEGER NOT NULL,"
-     " attempt INTEGER NOT NULL,"
-     " started_ms BIGINT NOT NULL,"
-     " finished_ms BIGINT NOT NULL,"
-     " outcome TEXT NOT NULL,"
-     " error TEXT,"
-     " delay_ms BIGINT,"
-     " worker TEXT);"
-     "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);"},
+    {KEEL_QUEUE_SCHEMA_V1("INTEGER PRIMARY KEY AUTOINCREMENT"),
+     KEEL_QUEUE_SCHEMA_V1("BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")},
     // 2: what core's decide_retry needs between attempts, and deferrals (a refusal is not an
     // attempt).
     {"ALTER TABLE keel_jobs ADD COLUMN limited_retries INTEGER NOT NULL DEFAULT 0;"
      "ALTER TABLE keel_jobs ADD COLUMN prev_delay_ms BIGINT NOT NULL DEFAULT 0;"
      "ALTER TABLE keel_jobs ADD COLUMN deferred_reason TEXT;"
      "ALTER TABLE keel_jobs ADD COLUMN deferrals INTEGER NOT NULL DEFAULT 0;"},
+    // 3: the due jobs in lease order. keel_jobs_due has the state between the queue and the time,
+    // so a lease's "state IN (ready, retry_scheduled) ORDER BY run_at_ms" scanned every done job
+    // of the queue (PostgreSQL's plan); this partial index holds only the leasable rows.
+    {"CREATE INDEX keel_jobs_ready ON keel_jobs (queue, run_at_ms, id)"
+     " WHERE state IN ('ready', 'retry_scheduled');"},
 };
 
+#undef KEEL_QUEUE_SCHEMA_V1
+
 constexpr int kReapBatch = 100;
+// Jobs per multi-row INSERT in enqueue_many (6 parameters each, under both backends' limits).
+constexpr std::size_t kEnqueueChunk = 500;
 constexpr std::size_t kMaxErrorText = 2000;
 
 std::int64_t to_ms(Duration d) {
@@ -289,32 +268,81 @@ std::string check_request(const EnqueueRequest& request) {
   return {};
 }
 
-// Inserts one checked request inside an open transaction.
+constexpr std::string_view kInsertJob =
+    "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
+    " fence, replays, created_ms, updated_ms)"
+    " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)"
+    " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id";
+
+// The id of the job already enqueued under (queue, key): the request was a repeat.
+void find_existing(Connection& conn, const std::string& queue, const std::string& key,
+                   EnqueueResult& out) {
+  const Rows existing =
+      conn.query("SELECT id FROM keel_jobs WHERE queue = $1 AND idem_key = $2", {queue, key});
+  if (existing.empty()) {
+    throw DatabaseError("enqueue: the job with key '" + key + "' vanished",
+                        {.backend = conn.backend()});
+  }
+  out.id = existing.integer(0, 0);
+  out.created = false;
+}
+
+// Inserts one checked request inside an open transaction whose queue row exists.
 void insert_job(Connection& tx, const EnqueueRequest& request, const std::string& key,
                 int max_attempts, std::int64_t now, EnqueueResult& out) {
   const std::int64_t run_at = now + to_ms(request.delay);
-  tx.query(
-      "INSERT INTO keel_queues (name, created_ms) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
-      {request.queue, now});
-  const Rows inserted = tx.query(
-      "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
-      " fence, replays, created_ms, updated_ms)"
-      " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)"
-      " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id",
-      {request.queue, request.payload, key, max_attempts, run_at, now});
+  const Rows inserted =
+      tx.query(kInsertJob, {request.queue, request.payload, key, max_attempts, run_at, now});
   if (!inserted.empty()) {
     out.id = inserted.integer(0, 0);
     out.created = true;
     return;
   }
-  const Rows existing =
-      tx.query("SELECT id FROM keel_jobs WHERE queue = $1 AND idem_key = $2", {request.queue, key});
-  if (existing.empty()) {
-    throw DatabaseError("enqueue: the job with key '" + key + "' vanished",
-                        {.backend = tx.backend()});
+  find_existing(tx, request.queue, key, out);
+}
+
+// One request in one statement, atomic on its own (no BEGIN/COMMIT): on PostgreSQL a CTE creates
+// the queue's row if needed, inserts the job and, for a repeated key, returns the existing id;
+// on SQLite (no data-modifying CTEs) the job insert alone, which fails on the foreign key only for
+// a queue never used before. Returns false when that happened: the caller takes the transaction.
+bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, const std::string& key,
+                           int max_attempts, std::int64_t now, EnqueueResult& out) {
+  const std::int64_t run_at = now + to_ms(request.delay);
+  const std::initializer_list<Value> params = {request.queue, request.payload, key,
+                                               max_attempts,  run_at,          now};
+  if (conn.backend() == Backend::kPostgres) {
+    // The foreign key is checked at the end of the statement, after the queue CTE's insert.
+    const Rows r = conn.query(
+        "WITH q AS (INSERT INTO keel_queues (name, created_ms) VALUES ($1, $6)"
+        " ON CONFLICT (name) DO NOTHING),"
+        " ins AS (" +
+            std::string(kInsertJob) +
+            ") SELECT id, 1 FROM ins UNION ALL SELECT id, 0 FROM keel_jobs"
+            " WHERE queue = $1 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)",
+        params);
+    if (r.empty()) {
+      // A concurrent enqueue of the same key committed after this statement's snapshot.
+      find_existing(conn, request.queue, key, out);
+      return true;
+    }
+    out.id = r.integer(0, 0);
+    out.created = r.integer(0, 1) == 1;
+    return true;
   }
-  out.id = existing.integer(0, 0);
-  out.created = false;
+  Rows inserted;
+  try {
+    inserted = conn.query(kInsertJob, params);
+  } catch (const DatabaseError& e) {
+    if (e.details().sqlite_code == SQLITE_CONSTRAINT_FOREIGNKEY) return false;
+    throw;
+  }
+  if (!inserted.empty()) {
+    out.id = inserted.integer(0, 0);
+    out.created = true;
+    return true;
+  }
+  find_existing(conn, request.queue, key, out);
+  return true;
 }
 
 }  // namespace
@@ -337,12 +365,84 @@ std::vector<EnqueueResult> JobQueue::enqueue_many(
   keys.reserve(requests.size());
   for (const EnqueueRequest& r : requests) keys.push_back(r.key.empty() ? new_job_key() : r.key);
   const std::int64_t now = now_ms();
+  const auto max_attempts_of = [&](const EnqueueRequest& r) {
+    return r.max_attempts > 0 ? r.max_attempts : options_.max_attempts;
+  };
+  if (requests.size() == 1 && !connection.in_transaction()) {
+    out[0].idempotency_key = keys[0];
+    if (enqueue_one_statement(connection, requests[0], keys[0], max_attempts_of(requests[0]), now,
+                              out[0])) {
+      return out;
+    }
+  }
   in_transaction(connection, [&](Connection& tx) {
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      const int max_attempts =
-          requests[i].max_attempts > 0 ? requests[i].max_attempts : options_.max_attempts;
-      insert_job(tx, requests[i], keys[i], max_attempts, now, out[i]);
-      out[i].idempotency_key = keys[i];
+    // Each queue's row once per batch, then the jobs.
+    std::vector<std::string_view> queues;
+    for (const EnqueueRequest& r : requests) {
+      if (std::find(queues.begin(), queues.end(), r.queue) != queues.end()) continue;
+      queues.push_back(r.queue);
+      tx.query(
+          "INSERT INTO keel_queues (name, created_ms) VALUES ($1, $2)"
+          " ON CONFLICT (name) DO NOTHING",
+          {r.queue, now});
+    }
+    if (requests.size() == 1) {
+      insert_job(tx, requests[0], keys[0], max_attempts_of(requests[0]), now, out[0]);
+      out[0].idempotency_key = keys[0];
+      return true;
+    }
+    // The jobs in multi-row INSERTs (one statement per kEnqueueChunk jobs); a key that was
+    // already there is looked up.
+    for (std::size_t from = 0; from < requests.size(); from += kEnqueueChunk) {
+      const std::size_t to = std::min(requests.size(), from + kEnqueueChunk);
+      std::string sql =
+          "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts,"
+          " run_at_ms, fence, replays, created_ms, updated_ms) VALUES ";
+      std::vector<Value> params;
+      params.reserve((to - from) * 6);
+      for (std::size_t i = from; i < to; ++i) {
+        const auto p = [&](int k) { return "$" + std::to_string(params.size() + k); };
+        sql += (i > from ? ", (" : "(") + p(1) + ", " + p(2) + ", " + p(3) + ", 'ready', 0, " +
+               p(4) + ", " + p(5) + ", 0, 0, " + p(6) + ", " + p(6) + ")";
+        params.emplace_back(requests[i].queue);
+        params.emplace_back(requests[i].payload);
+        params.emplace_back(keys[i]);
+        params.emplace_back(max_attempts_of(requests[i]));
+        params.emplace_back(now + to_ms(requests[i].delay));
+        params.emplace_back(now);
+      }
+      sql += " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id, queue, idem_key";
+      const Rows inserted = tx.query(sql, params);
+      std::vector<std::pair<std::string, std::int64_t>> created;  // queue + '\n' + key, id
+      created.reserve(inserted.size());
+      for (std::size_t r = 0; r < inserted.size(); ++r) {
+        created.emplace_back(inserted.text(r, 1) + '\n' + inserted.text(r, 2),
+                             inserted.integer(r, 0));
+      }
+      for (std::size_t i = from; i < to; ++i) {
+        out[i].idempotency_key = keys[i];
+        const std::string name = requests[i].queue + '\n' + keys[i];
+        const auto hit = std::find_if(created.begin(), created.end(),
+                                      [&](const auto& c) { return c.first == name; });
+        if (hit != created.end()) {
+          // The first request with this key created the job; a repeat in the batch gets its id.
+          out[i].id = hit->second;
+          out[i].created = true;
+          hit->first.clear();
+          continue;
+        }
+        const auto earlier = std::find_if(
+            out.begin() + static_cast<std::ptrdiff_t>(from),
+            out.begin() + static_cast<std::ptrdiff_t>(i),
+            [&](const EnqueueResult& e) { return e.idempotency_key == keys[i] && e.id != 0; });
+        if (earlier != out.begin() + static_cast<std::ptrdiff_t>(i) &&
+            requests[static_cast<std::size_t>(earlier - out.begin())].queue == requests[i].queue) {
+          out[i].id = earlier->id;
+          out[i].created = false;
+          continue;
+        }
+        find_existing(tx, requests[i].queue, keys[i], out[i]);
+      }
     }
     return true;
   });
@@ -393,64 +493,152 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
   return reaped;
 }
 
-std::vector<LeasedJob> JobQueue::lease_due(Connection& connection, std::string_view queue,
-                                           std::string_view worker, int limit) const {
+DoneAndLeased JobQueue::finish_and_lease_due(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::string_view queue, std::string_view worker, int limit, bool* expired_waiting) const {
   const bool pg = connection.backend() == Backend::kPostgres;
   const std::int64_t now = now_ms();
   const std::int64_t expires = now + to_ms(options_.lease);
-  // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path.
+  DoneAndLeased out;
   const std::string pick =
       "SELECT id FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
       " AND run_at_ms <= $2 ORDER BY run_at_ms, id LIMIT $4";
-  const std::string sql =
-      pg ? "WITH picked AS (" + pick +
-               " FOR UPDATE SKIP LOCKED)"
-               " UPDATE keel_jobs j SET state = 'running', attempts = j.attempts + 1,"
-               " fence = j.fence + 1, lease_owner = $3, leased_ms = $2,"
-               " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
-               " FROM picked WHERE j.id = picked.id"
-               " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence"
-         : "UPDATE keel_jobs SET state = 'running', attempts = attempts + 1,"
-           " fence = fence + 1, lease_owner = $3, leased_ms = $2,"
-           " lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2"
-           " WHERE id IN (" +
-               pick + ") RETURNING id, payload, idem_key, attempts, max_attempts, fence";
-  const Rows leased = connection.query(sql, {queue, now, worker, limit, expires});
-  std::vector<LeasedJob> out;
-  out.reserve(leased.size());
-  for (std::size_t i = 0; i < leased.size(); ++i) {
-    LeasedJob job;
-    job.id = leased.integer(i, 0);
-    job.queue = std::string(queue);
-    job.payload = leased.text(i, 1);
-    job.idempotency_key = leased.text(i, 2);
-    job.attempt = static_cast<int>(leased.integer(i, 3));
-    job.max_attempts = static_cast<int>(leased.integer(i, 4));
-    job.fence = leased.integer(i, 5);
-    job.lease_expires_ms = expires;
-    out.push_back(std::move(job));
+  constexpr std::string_view kSetRunning =
+      " SET state = 'running', attempts = attempts + 1, fence = fence + 1, lease_owner = $3,"
+      " leased_ms = $2, lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2";
+  constexpr std::string_view kExpired =
+      "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2 LIMIT 1";
+  Rows leased;
+  std::size_t first = 0;  // column of the leased rows' id
+  if (pg) {
+    // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path. Its rows:
+    // kind 1 = a leased job, kind 0 = how many successes were current, kind 2 = an expired
+    // lease is waiting.
+    std::vector<Value> params = {queue, now, worker, limit, expires};
+    std::string sql = "WITH ";
+    if (!done.empty()) {
+      sql += "v (id, fence) AS (VALUES ";
+      for (std::size_t i = 0; i < done.size(); ++i) {
+        const std::string a = std::to_string(params.size() + 1);
+        const std::string b = std::to_string(params.size() + 2);
+        sql += (i ? ", ($" : "($") + a + "::bigint, $" + b + "::bigint)";
+        params.emplace_back(done[i].first);
+        params.emplace_back(done[i].second);
+      }
+      sql +=
+          "), done AS (UPDATE keel_jobs j SET state = 'done', lease_owner = NULL,"
+          " lease_expires_ms = NULL, run_at_ms = $2, last_error = NULL, deferred_reason = NULL,"
+          " updated_ms = $2, finished_ms = $2 FROM v, keel_jobs old WHERE j.id = v.id"
+          " AND j.fence = v.fence AND j.state = 'running' AND old.id = j.id"
+          " RETURNING j.id, j.replays, j.attempts, j.leased_ms, old.lease_owner),"
+          " hist AS (INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms,"
+          " finished_ms, outcome, worker) SELECT id, replays, attempts, COALESCE(leased_ms, $2),"
+          " $2, 'success', lease_owner FROM done RETURNING job_id), ";
+    }
+    sql += "picked AS (" + pick + " FOR UPDATE SKIP LOCKED), leased AS (UPDATE keel_jobs j" +
+           std::string(kSetRunning) +
+           " FROM picked WHERE j.id = picked.id"
+           " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence)"
+           " SELECT 1, id, payload, idem_key, attempts, max_attempts, fence FROM leased";
+    if (!done.empty()) {
+      sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL FROM hist";
+    }
+    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
+           std::string(kExpired) + ")";
+    leased = connection.query(sql, params);
+    first = 1;
+  } else {
+    const std::string lease_sql =
+        "UPDATE keel_jobs" + std::string(kSetRunning) + " WHERE id IN (" + pick +
+        ") RETURNING id, payload, idem_key, attempts, max_attempts, fence";
+    const auto lease_and_probe = [&](Connection& c) {
+      leased = c.query(lease_sql, {queue, now, worker, limit, expires});
+      *expired_waiting = !c.query(kExpired, {queue, now}).empty();
+    };
+    if (done.empty()) {
+      lease_and_probe(connection);
+    } else {
+      in_transaction(connection, [&](Connection& tx) {
+        out.current = 0;
+        for (const auto& [id, fence] : done) {
+          // Read first: SQLite's RETURNING gives the new row, and the lease's owner is cleared.
+          const Rows r = tx.query(
+              "SELECT attempts, leased_ms, replays, lease_owner FROM keel_jobs"
+              " WHERE id = $1 AND fence = $2 AND state = 'running'",
+              {id, fence});
+          if (r.empty()) continue;
+          tx.query(
+              "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
+              " run_at_ms = $2, last_error = NULL, deferred_reason = NULL, updated_ms = $2,"
+              " finished_ms = $2 WHERE id = $1",
+              {id, now});
+          ++out.current;
+          insert_attempt(tx, id, r.integer(0, 2), r.integer(0, 0),
+                         r.cell(0, 1) ? r.integer(0, 1) : now, now, "success", {}, std::nullopt,
+                         optional_text(r, 0, 3));
+        }
+        lease_and_probe(tx);
+        return true;
+      });
+    }
   }
+  if (pg) *expired_waiting = false;
+  out.leased.reserve(leased.size());
+  for (std::size_t i = 0; i < leased.size(); ++i) {
+    if (pg && leased.integer(i, 0) != 1) {
+      if (leased.integer(i, 0) == 0) out.current = static_cast<int>(leased.integer(i, 1));
+      if (leased.integer(i, 0) == 2) *expired_waiting = true;
+      continue;
+    }
+    LeasedJob job;
+    job.id = leased.integer(i, first + 0);
+    job.queue = std::string(queue);
+    job.payload = leased.text(i, first + 1);
+    job.idempotency_key = leased.text(i, first + 2);
+    job.attempt = static_cast<int>(leased.integer(i, first + 3));
+    job.max_attempts = static_cast<int>(leased.integer(i, first + 4));
+    job.fence = leased.integer(i, first + 5);
+    job.lease_expires_ms = expires;
+    out.leased.push_back(std::move(job));
+  }
+  return out;
+}
+
+std::vector<LeasedJob> JobQueue::lease_due(Connection& connection, std::string_view queue,
+                                           std::string_view worker, int limit) const {
+  bool expired_waiting = false;
+  return finish_and_lease_due(connection, {}, queue, worker, limit, &expired_waiting).leased;
+}
+
+DoneAndLeased JobQueue::complete_and_lease(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::string_view queue, std::string_view worker, int limit) const {
+  if (limit < 1) throw std::invalid_argument("complete_and_lease: limit must be >= 1");
+  bool expired_waiting = false;
+  DoneAndLeased out =
+      finish_and_lease_due(connection, done, queue, worker, limit, &expired_waiting);
+  // Expired leases are reaped when one is waiting and the due jobs did not fill the request, or
+  // at most every quarter lease while they do (so a busy queue still reclaims them promptly).
+  // The statement above said whether one is waiting: no reaping transaction when none is.
+  const std::int64_t now = now_ms();
+  const bool short_of_work = static_cast<int>(out.leased.size()) < limit;
+  if (expired_waiting &&
+      (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4)) {
+    last_reap_ms_.store(now);
+    if (reap_expired(connection, queue) > 0 && short_of_work) {
+      auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.leased.size()));
+      for (auto& job : more) out.leased.push_back(std::move(job));
+    }
+  }
+  std::sort(out.leased.begin(), out.leased.end(),
+            [](const LeasedJob& x, const LeasedJob& y) { return x.id < y.id; });
   return out;
 }
 
 std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view queue,
                                        std::string_view worker, int limit) const {
   if (limit < 1) throw std::invalid_argument("lease: limit must be >= 1");
-  std::vector<LeasedJob> out = lease_due(connection, queue, worker, limit);
-  // Expired leases are looked for when the due jobs did not fill the request, and at least every
-  // quarter lease while they do (so a busy queue still reclaims them promptly).
-  const std::int64_t now = now_ms();
-  const bool short_of_work = static_cast<int>(out.size()) < limit;
-  if (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4) {
-    last_reap_ms_.store(now);
-    if (reap_expired(connection, queue) > 0 && short_of_work) {
-      auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.size()));
-      for (auto& job : more) out.push_back(std::move(job));
-    }
-  }
-  std::sort(out.begin(), out.end(),
-            [](const LeasedJob& x, const LeasedJob& y) { return x.id < y.id; });
-  return out;
+  return complete_and_lease(connection, {}, queue, worker, limit).leased;
 }
 
 bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64_t fence) const {

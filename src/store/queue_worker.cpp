@@ -137,25 +137,23 @@ Duration Worker::database_failed(const std::string& what) {
 }
 
 void Worker::database_ok() {
-  std::lock_guard lock(mu_);
-  if (db_failures_ == 0) return;
-  if (db_failures_ > 1) {
-    const std::int64_t now = queue_.clock().now().time_since_epoch().count();
-    const std::string line = "database usable again after " +
-                             format_duration(Duration(now - db_failing_since_ns_)) + " (" +
-                             std::to_string(db_failures_) + " failed leases)";
+  std::string line;
+  {
+    std::lock_guard lock(mu_);
+    if (db_failures_ == 0) return;
+    if (db_failures_ > 1) {
+      const std::int64_t now = queue_.clock().now().time_since_epoch().count();
+      line = "database usable again after " +
+             format_duration(Duration(now - db_failing_since_ns_)) + " (" +
+             std::to_string(db_failures_) + " failed leases)";
+    }
     db_failures_ = 0;
     db_failing_since_ns_ = 0;
-    mu_.unlock();
-    log(line);
-    mu_.lock();
-    return;
   }
-  db_failures_ = 0;
-  db_failing_since_ns_ = 0;
+  if (!line.empty()) log(line);
 }
 
-void Worker::process(Connection& conn, const LeasedJob& job) {
+void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJob>* next) {
   const TimePoint start = queue_.clock().now();
   AttemptReport report;
   if (paused_for() > Duration::zero()) {
@@ -178,7 +176,20 @@ void Worker::process(Connection& conn, const LeasedJob& job) {
   event.job = job;
   event.report = report;
   event.took = queue_.clock().now() - start;
-  event.result = queue_.complete(conn, job.id, job.fence, report);
+  if (next != nullptr && report.outcome.kind == OutcomeKind::kSuccess && !stopping_.load() &&
+      paused_for() == Duration::zero()) {
+    // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
+    DoneAndLeased step = queue_.complete_and_lease(conn, {{job.id, job.fence}}, options_.queue,
+                                                   options_.worker_id, options_.batch);
+    {
+      std::lock_guard lock(mu_);
+      for (const LeasedJob& j : step.leased) active_[j.id] = j.fence;
+    }
+    *next = std::move(step.leased);
+    event.result.status = step.current == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
+  } else {
+    event.result = queue_.complete(conn, job.id, job.fence, report);
+  }
   if (event.result.status != CompleteStatus::kStale) recorded_.fetch_add(1);
   // A brake that says when it will admit a call again (an open breaker's retry_in) pauses
   // leasing until then; one that cannot say (an empty retry budget) defers just this job.
@@ -190,6 +201,7 @@ void Worker::process(Connection& conn, const LeasedJob& job) {
 
 void Worker::slot_loop() {
   std::optional<ConnectionPool::Lease> conn;
+  std::vector<LeasedJob> next;  // leased by the last success of a batch (complete_and_lease)
   while (!stopping_.load()) {
     if (const Duration paused = paused_for(); paused > Duration::zero()) {
       // A brake refused: lease nothing until it expects to admit a call again.
@@ -198,24 +210,28 @@ void Worker::slot_loop() {
                    [&] { return stopping_.load(); });
       continue;
     }
-    std::vector<LeasedJob> jobs;
-    try {
-      if (!conn || (*conn)->broken()) {
-        conn.reset();
-        conn.emplace(pool_.acquire());
+    // Leased when the last job's success was recorded, on this connection; else lease now.
+    std::vector<LeasedJob> jobs = std::move(next);
+    next.clear();
+    if (jobs.empty()) {
+      try {
+        if (!conn || (*conn)->broken()) {
+          conn.reset();
+          conn.emplace(pool_.acquire());
+        }
+        jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch);
+        if (jobs.empty() && options_.exit_when_idle && queue_.idle(**conn, options_.queue)) {
+          stop();
+          break;
+        }
+        database_ok();
+      } catch (const std::exception& e) {
+        if (conn && (*conn)->broken()) conn.reset();
+        const Duration wait = database_failed(e.what());
+        std::unique_lock lock(mu_);
+        cv_.wait_for(lock, wait, [&] { return stopping_.load(); });
+        continue;
       }
-      jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch);
-      if (jobs.empty() && options_.exit_when_idle && queue_.idle(**conn, options_.queue)) {
-        stop();
-        break;
-      }
-      database_ok();
-    } catch (const std::exception& e) {
-      if (conn && (*conn)->broken()) conn.reset();
-      const Duration wait = database_failed(e.what());
-      std::unique_lock lock(mu_);
-      cv_.wait_for(lock, wait, [&] { return stopping_.load(); });
-      continue;
     }
     if (jobs.empty()) {
       std::unique_lock lock(mu_);
@@ -240,7 +256,7 @@ void Worker::slot_loop() {
           }
           continue;
         }
-        process(**conn, job);
+        process(**conn, job, i + 1 == jobs.size() ? &next : nullptr);
       } catch (const std::exception& e) {
         log("job " + std::to_string(job.id) + ": recording the outcome failed: " + e.what() +
             " (the lease expires and the job runs again)");
@@ -254,6 +270,22 @@ void Worker::slot_loop() {
           break;
         }
       }
+    }
+  }
+  // Stopping with jobs leased by the last success and not started: give them back at once.
+  for (const LeasedJob& job : next) {
+    {
+      std::lock_guard lock(mu_);
+      active_.erase(job.id);
+    }
+    try {
+      if (conn && !(*conn)->broken() &&
+          queue_.release(**conn, job.id, job.fence, "worker stopping; not started")) {
+        released_.fetch_add(1);
+      }
+    } catch (const std::exception& e) {
+      log("job " + std::to_string(job.id) + ": release failed: " + e.what() +
+          " (the lease expires and the job runs again)");
     }
   }
   {

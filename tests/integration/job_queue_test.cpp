@@ -81,6 +81,77 @@ TEST_P(JobQueueTest, GeneratedKeyIsAUuidStoredOnceAndKeptAcrossAttempts) {
   EXPECT_EQ(leased[0].attempt, 2);
 }
 
+TEST_P(JobQueueTest, EnqueueManyKeepsKeysUniqueWithinAndAcrossBatches) {
+  JobQueue q = make_queue();
+  const auto old = q.enqueue(*conn_, {.queue = "q", .payload = R"({"n":0})", .key = "k-0"});
+  const auto r = q.enqueue_many(*conn_, {{.queue = "q", .payload = R"({"n":1})", .key = "k-1"},
+                                         {.queue = "q", .payload = R"({"n":2})", .key = "k-0"},
+                                         {.queue = "q", .payload = R"({"n":3})", .key = "k-1"},
+                                         {.queue = "other", .payload = "{}", .key = "k-1"},
+                                         {.queue = "q", .payload = "{}"}});
+  ASSERT_EQ(r.size(), 5u);
+  for (const auto& e : r) ASSERT_TRUE(e.ok()) << e.error;
+  EXPECT_TRUE(r[0].created);
+  EXPECT_FALSE(r[1].created);
+  EXPECT_EQ(r[1].id, old.id);
+  EXPECT_FALSE(r[2].created);
+  EXPECT_EQ(r[2].id, r[0].id);
+  EXPECT_TRUE(r[3].created);
+  EXPECT_NE(r[3].id, r[0].id);
+  EXPECT_TRUE(r[4].created);
+  EXPECT_EQ(r[4].idempotency_key.size(), 36u);
+  EXPECT_EQ(q.get(*conn_, r[0].id)->payload, R"({"n":1})");
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 4);
+}
+
+TEST_P(JobQueueTest, CompleteAndLeaseRecordsTheSuccessAndLeasesTheNextJobs) {
+  JobQueue q = make_queue();
+  const auto a = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  const auto b = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  const auto c = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  const auto first = q.complete_and_lease(*conn_, {}, "q", "w", 1);
+  EXPECT_EQ(first.current, 0);
+  ASSERT_EQ(first.leased.size(), 1u);
+  EXPECT_EQ(first.leased[0].id, a.id);
+  clock_.advance(1s);
+  const auto next = q.complete_and_lease(*conn_, {{a.id, first.leased[0].fence}}, "q", "w", 2);
+  EXPECT_EQ(next.current, 1);
+  ASSERT_EQ(next.leased.size(), 2u);
+  EXPECT_EQ(next.leased[0].id, b.id);
+  EXPECT_EQ(next.leased[1].id, c.id);
+  const auto done = q.get(*conn_, a.id);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->state, JobState::kDone);
+  ASSERT_EQ(done->history.size(), 1u);
+  EXPECT_EQ(done->history[0].outcome, "success");
+  EXPECT_EQ(done->history[0].worker, "w");
+  // A stale token records nothing; the jobs still leased are untouched.
+  const auto stale = q.complete_and_lease(*conn_, {{b.id, next.leased[0].fence + 1}}, "q", "w", 1);
+  EXPECT_EQ(stale.current, 0);
+  EXPECT_TRUE(stale.leased.empty());
+  EXPECT_EQ(q.get(*conn_, b.id)->state, JobState::kRunning);
+  EXPECT_EQ(q.get(*conn_, b.id)->history.size(), 0u);
+}
+
+TEST_P(JobQueueTest, CompleteAndLeaseReapsAnExpiredLeaseWhenShortOfWork) {
+  JobQueue q = make_queue({.lease = 10s});
+  const auto a = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  const auto b = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  const auto la = q.lease(*conn_, "q", "worker-a", 1);
+  const auto lb = q.lease(*conn_, "q", "worker-b", 1);
+  ASSERT_EQ(la.size(), 1u);
+  ASSERT_EQ(lb.size(), 1u);
+  clock_.advance(5s);
+  ASSERT_TRUE(q.heartbeat(*conn_, lb[0].id, lb[0].fence));
+  clock_.advance(6s);  // a's lease has expired, b's has not
+  const auto r = q.complete_and_lease(*conn_, {{b.id, lb[0].fence}}, "q", "worker-b", 1);
+  EXPECT_EQ(r.current, 1);
+  ASSERT_EQ(r.leased.size(), 1u);
+  EXPECT_EQ(r.leased[0].id, a.id);
+  EXPECT_EQ(r.leased[0].attempt, 2);
+  EXPECT_EQ(q.get(*conn_, a.id)->history[0].outcome, "lease_expired");
+}
+
 TEST_P(JobQueueTest, InvalidRequestsAreRefusedAndWriteNothing) {
   JobQueue q = make_queue();
   EXPECT_NE(q.enqueue(*conn_, {.queue = "q", .payload = "{not json"}).error.find("JSON"),

@@ -215,6 +215,14 @@ struct CompleteResult {
   std::string dead_reason;
 };
 
+/// What JobQueue::complete_and_lease did.
+struct DoneAndLeased {
+  /// How many of the finished jobs were current (the stale ones are skipped).
+  int current = 0;
+  /// The jobs leased next, by id (as JobQueue::lease returns them).
+  std::vector<LeasedJob> leased;
+};
+
 /// Counts for one queue.
 struct QueueStats {
   std::string queue;
@@ -300,6 +308,15 @@ class JobQueue {
       Connection& connection,
       const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const;
 
+  /// Records the success of each leased job in `done` (id, fence) and leases up to `limit` due
+  /// jobs of `queue` for `worker`: a busy worker's step in one statement on PostgreSQL (one
+  /// transaction on SQLite) instead of a completion and a lease. The same records as complete()
+  /// with a success report for each current job, then the same leases as lease(). `done` may be
+  /// empty (then it is lease()). Requires: limit >= 1. Throws DatabaseError.
+  [[nodiscard]] DoneAndLeased complete_and_lease(
+      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+      std::string_view queue, std::string_view worker, int limit = 1) const;
+
   /// Gives a leased job back (shutdown): ready again at once, the attempt recorded as "released"
   /// with `why`. Returns false when the token was stale. Throws DatabaseError.
   bool release(Connection& connection, std::int64_t job_id, std::int64_t fence,
@@ -352,6 +369,12 @@ class JobQueue {
  private:
   // Moves expired leases of `queue` back to ready (or dead); returns how many.
   std::int64_t reap_expired(Connection& connection, std::string_view queue) const;
+  // Records the successes in `done` and leases up to `limit` due jobs: one statement on
+  // PostgreSQL, which also says whether an expired lease is waiting to be reaped
+  // (*expired_waiting); SQLite asks that with a second query.
+  [[nodiscard]] DoneAndLeased finish_and_lease_due(
+      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+      std::string_view queue, std::string_view worker, int limit, bool* expired_waiting) const;
   // Leases up to `limit` due jobs in one statement.
   [[nodiscard]] std::vector<LeasedJob> lease_due(Connection& connection, std::string_view queue,
                                                  std::string_view worker, int limit) const;

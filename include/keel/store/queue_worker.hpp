@@ -124,7 +124,9 @@ class Worker {
   void heartbeat_loop();
   void log(const std::string& line) const;
   // Runs the handler (or, while paused, defers with `pause_report_`) and records the outcome.
-  void process(Connection& conn, const LeasedJob& job);
+  // Runs one job and records its outcome. With `next`, a success is recorded by
+  // complete_and_lease and the jobs it leased are put in *next (and heartbeated).
+  void process(Connection& conn, const LeasedJob& job, std::vector<LeasedJob>* next = nullptr);
   void pause(Duration delay, const AttemptReport& report);
   // A lease failed: logs (rate-limited), gives up past max_database_outage; returns the wait.
   Duration database_failed(const std::string& what);
