@@ -137,9 +137,9 @@ INSTANTIATE_TEST_SUITE_P(
     Drill, OutageDrill,
     ::testing::Combine(::testing::Values(Backend::kSqlite, Backend::kPostgres),
                        ::testing::Values(Down::k503, Down::kRefused, Down::kHang)),
-    [](const ::testing::TestParamInfo<std::tuple<Backend, Down>>& info) {
-      return std::string(std::get<0>(info.param) == Backend::kSqlite ? "Sqlite" : "Postgres") +
-             name_of(std::get<1>(info.param));
+    [](const ::testing::TestParamInfo<std::tuple<Backend, Down>>& p) {
+      return std::string(std::get<0>(p.param) == Backend::kSqlite ? "Sqlite" : "Postgres") +
+             name_of(std::get<1>(p.param));
     });
 
 // ---------------------------------------------------------------------------------------------
@@ -182,11 +182,11 @@ TEST_P(CrashDrill, ThirtyPercent503sAndKilledWorkersLoseNothingAndKillNothing) {
 INSTANTIATE_TEST_SUITE_P(Seeds, CrashDrill,
                          ::testing::Combine(::testing::Values(Backend::kSqlite, Backend::kPostgres),
                                             ::testing::Range(1, 21)),
-                         [](const ::testing::TestParamInfo<std::tuple<Backend, int>>& info) {
-                           return std::string(std::get<0>(info.param) == Backend::kSqlite
+                         [](const ::testing::TestParamInfo<std::tuple<Backend, int>>& p) {
+                           return std::string(std::get<0>(p.param) == Backend::kSqlite
                                                   ? "Sqlite"
                                                   : "Postgres") +
-                                  "Seed" + std::to_string(std::get<1>(info.param));
+                                  "Seed" + std::to_string(std::get<1>(p.param));
                          });
 
 }  // namespace
