@@ -53,37 +53,6 @@ struct ServeOptions {
   std::string web = default_web_dir();
 };
 
-class BadParam : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-template <class T>
-T number_param(const httplib::Request& req, const char* name, T fallback, T lo, T hi) {
-  if (!req.has_param(name)) return fallback;
-  const std::string text = req.get_param_value(name);
-  T value{};
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc() || ptr != end) {
-    throw BadParam(std::string(name) + ": '" + text + "' is not a number");
-  }
-  if (!(value >= lo && value <= hi)) {
-    std::ostringstream msg;
-    msg << name << ": " << text << " is out of range [" << lo << ", " << hi << "]";
-    throw BadParam(msg.str());
-  }
-  return value;
-}
-
-bool bool_param(const httplib::Request& req, const char* name, bool fallback) {
-  if (!req.has_param(name)) return fallback;
-  const std::string v = req.get_param_value(name);
-  if (v == "1" || v == "true") return true;
-  if (v == "0" || v == "false") return false;
-  throw BadParam(std::string(name) + ": '" + v + "' must be 0, 1, true or false");
-}
-
 std::string json_error(const std::string& message) {
   std::string out = "{\"error\":\"";
   for (char c : message) {
@@ -145,20 +114,20 @@ int serve(const ServeOptions& o) {
              "text/css; charset=utf-8");
   server.Get("/api/sim", [](const httplib::Request& req, httplib::Response& res) {
     try {
-      sim::ExplorerParams p;
-      p.fleet = number_param<std::int64_t>(req, "fleet", p.fleet, 1, 100'000);
-      p.capacity_per_s = number_param<double>(req, "capacity", p.capacity_per_s, 1, 1e6);
-      p.outage = std::chrono::duration_cast<Duration>(
-          std::chrono::duration<double>(number_param<double>(req, "outage_s", 5.0, 0.0, 60.0)));
-      p.attempts = number_param<int>(req, "attempts", p.attempts, 1, 20);
-      p.base = std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(
-          number_param<double>(req, "base_ms", 1000.0, 1.0, 10'000.0)));
-      p.jitter = bool_param(req, "jitter", p.jitter);
-      p.budget = bool_param(req, "budget", p.budget);
-      p.breaker = bool_param(req, "breaker", p.breaker);
-      const auto seed = number_param<std::uint64_t>(req, "seed", 1, 0, ~std::uint64_t{0});
-      res.set_content(sim::to_json_with_series(sim::run_explorer(p, seed)), "application/json");
-    } catch (const std::exception& e) {  // BadParam, or the engine's std::invalid_argument
+      const sim::ExplorerQuery q =
+          sim::parse_explorer_query([&](std::string_view name) -> std::optional<std::string> {
+            const std::string key(name);
+            if (!req.has_param(key.c_str())) return std::nullopt;
+            return req.get_param_value(key.c_str());
+          });
+      if (!q.ok()) {
+        res.status = 400;
+        res.set_content(json_error(q.error), "application/json");
+        return;
+      }
+      res.set_content(sim::to_json_with_series(sim::run_explorer(q.params, q.seed)),
+                      "application/json");
+    } catch (const std::exception& e) {  // the engine's std::invalid_argument
       res.status = 400;
       res.set_content(json_error(e.what()), "application/json");
     }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -126,6 +127,20 @@ struct ExplorerParams {
   bool budget = false;
   bool breaker = false;
 };
+
+/// The explorer's query (GET /api/sim?fleet=&capacity=&outage_s=&attempts=&base_ms=&jitter=
+/// &budget=&breaker=[&seed=]) read into its parameters: `get(name)` gives a parameter's value or
+/// nullopt when absent (an absent one keeps its default). Numbers must be plain decimal in
+/// range; booleans 0, 1, true or false. Returns the parameters, or in `error` a sentence naming
+/// the parameter and its value ("fleet: 500000 is out of range [1, 100000]").
+struct ExplorerQuery {
+  ExplorerParams params;
+  std::uint64_t seed = 1;
+  std::string error;  // empty when valid
+  [[nodiscard]] bool ok() const noexcept { return error.empty(); }
+};
+[[nodiscard]] ExplorerQuery parse_explorer_query(
+    const std::function<std::optional<std::string>(std::string_view name)>& get);
 
 /// Runs the explorer model (30 s, 100 ms slices). Throws std::invalid_argument naming the
 /// parameter when one is out of range.
