@@ -502,9 +502,9 @@ TEST_P(JobQueueTest, TheQueueAppliesCoresRulesRetryLimitAndRetryAfterReplacingTh
 TEST_P(JobQueueTest, EveryMoveToTheDeadLetterQueueIsReportedIncludingAnExpiredLastLease) {
   std::vector<std::string> reasons;
   JobQueue q = make_queue(
-      {.max_attempts = 1,
-       .lease = 10s,
-       .on_dead_letter = [&](std::int64_t, std::string_view why) { reasons.emplace_back(why); }});
+      {.max_attempts = 1, .lease = 10s, .on_dead_letter = [&](std::int64_t, std::string_view why) {
+         reasons.emplace_back(why);
+       }});
   (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "killed-worker"});
   (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "poison"});
   auto l = q.lease(*conn_, "q", "w", 2);
