@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "detail/commit.hpp"
 #include "keel/duration.hpp"
 #include "keel/store/transaction.hpp"
 
@@ -22,16 +23,7 @@ std::int64_t wall_ms(Clock& clock) {
 
 // Runs fn in one transaction, retrying lost races; throws DatabaseError when it cannot commit.
 void in_transaction(Connection& conn, const std::function<bool(Connection&)>& fn) {
-  const TransactionResult r = with_transaction_retry(conn, fn);
-  if (r.status == TransactionStatus::kCommitted || r.status == TransactionStatus::kRolledBack) {
-    return;
-  }
-  DatabaseError::Details details;
-  details.backend = conn.backend();
-  details.sqlstate = r.sqlstate;
-  details.during_commit = r.status == TransactionStatus::kCommitInDoubt;
-  throw DatabaseError(
-      "dead-letter transaction " + std::string(to_string(r.status)) + ": " + r.error, details);
+  detail::commit_or_throw(conn, "dead-letter", fn);
 }
 
 // "WHERE state = 'dead' AND ..." for the filter, its parameters appended to `params`.

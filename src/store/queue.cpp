@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "detail/commit.hpp"
 #include "keel/duration.hpp"
 #include "keel/store/transaction.hpp"
 
@@ -89,19 +90,9 @@ std::string clip(std::string_view s) {
   return std::string(s.substr(0, std::min(s.size(), kMaxErrorText)));
 }
 
-// Runs fn in one transaction, retrying lost races (SQLITE_BUSY, 40001, 40P01); throws
-// DatabaseError when it cannot commit.
+// Runs fn in one transaction, retrying lost races; throws DatabaseError when it cannot commit.
 void in_transaction(Connection& conn, const std::function<bool(Connection&)>& fn) {
-  const TransactionResult r = with_transaction_retry(conn, fn);
-  if (r.status == TransactionStatus::kCommitted || r.status == TransactionStatus::kRolledBack) {
-    return;
-  }
-  DatabaseError::Details details;
-  details.backend = conn.backend();
-  details.sqlstate = r.sqlstate;
-  details.during_commit = r.status == TransactionStatus::kCommitInDoubt;
-  throw DatabaseError("job queue transaction " + std::string(to_string(r.status)) + ": " + r.error,
-                      details);
+  detail::commit_or_throw(conn, "job queue", fn);
 }
 
 std::string optional_text(const Rows& rows, std::size_t row, std::size_t col) {

@@ -77,11 +77,12 @@ bool method_listed(std::string_view allow, std::string_view method) {
   return false;
 }
 
-/// Shuts down the accepted socket of `request`, found by its address pair (cpp-httplib does not
-/// expose it). Linear in the open descriptors; used only on refusals that cannot close otherwise.
-void shutdown_connection(const httplib::Request& request) {
+}  // namespace
+
+bool shutdown_connection(const httplib::Request& request) {
   DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return;
+  if (dir == nullptr) return false;
+  bool found = false;
   const auto port_of = [](const sockaddr_storage& a) -> int {
     if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
     if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
@@ -99,13 +100,13 @@ void shutdown_connection(const httplib::Request& request) {
     if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
     if (port_of(local) == request.local_port && port_of(peer) == request.remote_port) {
       ::shutdown(static_cast<int>(fd), SHUT_RDWR);
+      found = true;
       break;
     }
   }
   closedir(dir);
+  return found;
 }
-
-}  // namespace
 
 void validate(const ServerLimits& limits) {
   const auto fail = [](const std::string& field, const std::string& value) {
@@ -245,7 +246,7 @@ void apply_server_limits(httplib::Server& server, ServerLimits limits) {
     // A HEAD answer has no body, so write_problem_and_close() cannot close it: do it here.
     if (request.method == "HEAD" && response.status >= 400 &&
         response.get_header_value("Connection") == "close") {
-      shutdown_connection(request);
+      (void)shutdown_connection(request);
     }
     if (shared->logger) shared->logger(request, response);
   });

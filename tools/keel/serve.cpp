@@ -226,37 +226,6 @@ std::string render_admission(const AdmissionStats& s) {
   return out;
 }
 
-/// Closes the client's connection of `request` without answering: finds the accepted socket by
-/// its port pair and shuts it down (cpp-httplib does not expose it).
-bool drop_connection(const httplib::Request& request) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return false;
-  bool dropped = false;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    sockaddr_storage local{};
-    sockaddr_storage peer{};
-    socklen_t len = sizeof local;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
-    len = sizeof peer;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
-    const auto port_of = [](const sockaddr_storage& a) -> int {
-      if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-      if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-      return -1;
-    };
-    if (port_of(local) == request.local_port && port_of(peer) == request.remote_port) {
-      ::shutdown(static_cast<int>(fd), SHUT_RDWR);
-      dropped = true;
-      break;
-    }
-  }
-  closedir(dir);
-  return dropped;
-}
-
 /// cpp-httplib 0.11 listens with a backlog of 5: a burst of concurrent connections overflows it
 /// and clients see resets. listen() again on the bound socket raises the backlog (Linux).
 void widen_backlog(int port) {
@@ -603,7 +572,7 @@ int run_serve(const ServeOptions& o) {
 
   const auto after_commit = [&](const httplib::Request& req, httplib::Response& /*res*/) {
     ++metrics.charges_created;
-    if (chance(o.chaos_drop) && drop_connection(req)) ++metrics.chaos_drop;
+    if (chance(o.chaos_drop) && store::shutdown_connection(req)) ++metrics.chaos_drop;
   };
 
   store::IdempotencyMiddleware middleware({.store = &idempotency,

@@ -214,6 +214,12 @@ void validate(const ServerLimits& limits);
 ///   if (!server.bind_to_port("127.0.0.1", 8080)) ...  // in use: fails, never shares
 void apply_server_limits(httplib::Server& server, ServerLimits limits);
 
+/// Shuts down the accepted socket that `request` arrived on, found by its address pair in
+/// /proc/self/fd (cpp-httplib does not expose it; Linux only, linear in the open descriptors).
+/// Returns whether it was found. For answers that must close the connection, and for fault
+/// injection that drops one.
+bool shutdown_connection(const httplib::Request& request);
+
 /// The framing and size checks of apply_server_limits() alone: Handled (with a problem+json
 /// answer that closes the connection) when the request must be refused, else Unhandled.
 [[nodiscard]] httplib::Server::HandlerResponse refuse_unsafe_request(
