@@ -4,13 +4,15 @@
 // and kShared plain counters that also feed running totals (the breaker's failures and slow
 // calls, the budget's withdrawals). Whoever moves a bucket's tag forward, or sweeps it once it
 // has left the window, empties it and takes its shared counts out of the totals, exactly once,
-// by exchange. Lock-free; private to keel::core.
+// by exchange. Recording into the current bucket is lock-free; moving a bucket to a new step
+// holds it (its tag reads kRotating) for the few stores that empty it. Private to keel::core.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <thread>
 
 #include "stripe.hpp"
 
@@ -42,26 +44,40 @@ class StripedTimeWindow {
     std::int64_t through = expired_through_.load(std::memory_order_acquire);
     if (through >= first_live) return;
     for (int i = 0; i < buckets_; ++i) {
-      if (slot(i).step.load(std::memory_order_acquire) < first_live) drain(i);
+      Bucket& b = slot(i);
+      std::int64_t tag = b.step.load(std::memory_order_acquire);
+      // Held while it is emptied, so that nobody records into it meanwhile; the tag is kept.
+      if (tag != kRotating && tag < first_live &&
+          b.step.compare_exchange_strong(tag, kRotating, std::memory_order_acq_rel)) {
+        drain(i);
+        b.step.store(tag, std::memory_order_release);
+      }
     }
     while (through < first_live && !expired_through_.compare_exchange_weak(
                                        through, first_live, std::memory_order_acq_rel)) {
     }
   }
 
-  /// The bucket of `step`, moved to that step if it still holds an older one. A late caller (the
-  /// bucket already holds a newer step) uses it as it is: its entry expires a little later.
+  /// The bucket of `step`, moved to that step if it still holds an older one. The mover holds
+  /// the bucket (its tag reads kRotating) while it empties it, and others wait for the new tag,
+  /// so no record lands in a bucket that is then emptied. A late caller (the bucket already
+  /// holds a newer step) uses it as it is: its entry expires a little later.
   [[nodiscard]] int bucket_at(std::int64_t step) noexcept {
     const auto i = static_cast<int>(step % buckets_);
     Bucket& b = slot(i);
-    std::int64_t tag = b.step.load(std::memory_order_acquire);
-    while (tag < step) {
-      if (b.step.compare_exchange_weak(tag, step, std::memory_order_acq_rel)) {
+    for (;;) {
+      std::int64_t tag = b.step.load(std::memory_order_acquire);
+      if (tag == kRotating) {
+        std::this_thread::yield();  // another thread is emptying it: a handful of stores
+        continue;
+      }
+      if (tag >= step) return i;
+      if (b.step.compare_exchange_weak(tag, kRotating, std::memory_order_acq_rel)) {
         drain(i);
-        break;
+        b.step.store(step, std::memory_order_release);
+        return i;
       }
     }
-    return i;
   }
 
   /// Adds to this thread's stripe of bucket i.
@@ -138,6 +154,9 @@ class StripedTimeWindow {
       if (v != 0) totals_[k].fetch_sub(v, std::memory_order_acq_rel);
     }
   }
+
+  // A bucket's tag while one thread empties it (below every real step and the initial -1).
+  static constexpr std::int64_t kRotating = INT64_MIN;
 
   int buckets_ = 0;
   int stripes_ = 1;
