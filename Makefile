@@ -31,7 +31,9 @@ asan: bootstrap-test
 	cmake --build --preset asan -j$(JOBS)
 	ctest --preset asan -j$(JOBS)
 
+# cpp-httplib compiled with -fsanitize=thread: Debian's source of the installed version.
 tsan: bootstrap-test
+	scripts/httplib-source.sh build-tsan/_deps/cpp-httplib
 	cmake --preset tsan
 	cmake --build --preset tsan -j$(JOBS)
 	ctest --preset tsan -j$(JOBS)
