@@ -52,7 +52,8 @@ class ServeProcess {
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
-    // Under ThreadSanitizer, the child also reads tsan-httplib.supp (uninstrumented cpp-httplib).
+    // Under ThreadSanitizer, the child reads the same suppressions file as the tests (empty of
+    // entries now that cpp-httplib is compiled instrumented).
     std::vector<std::string> env_s;
     for (char** e = environ; *e != nullptr; ++e) {
       if (std::string_view(*e).substr(0, 13) != "TSAN_OPTIONS=") env_s.emplace_back(*e);
