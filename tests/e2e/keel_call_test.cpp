@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "keel/http/fault_server.hpp"
+#include "run_keel.hpp"
 
 #ifndef KEEL_BINARY
 #error "KEEL_BINARY must name the keel executable"
@@ -26,24 +27,7 @@ namespace {
 using keel::http::Arrival;
 using keel::http::FaultServer;
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/keel-e2e.XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  [[nodiscard]] std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using keel::test::TempDir;
 
 struct ProcessRun {
   int status = -1;
