@@ -38,6 +38,18 @@
 // (and hosts with synchronised clocks) agree on lease expiry; tests inject keel::ManualClock and
 // run lease expiry and backoff in virtual time.
 //
+// Where each role lives: JobQueue's methods are grouped below by who calls them, and each group
+// is implemented in a file of its own. Producers enqueue (src/store/queue_producer.cpp). Workers
+// lease, heartbeat, release and complete_and_lease (src/store/queue_lease.cpp, which also sweeps
+// expired leases) and report outcomes with complete and complete_done
+// (src/store/queue_complete.cpp). Operators read a job with get (src/store/queue.cpp) and
+// administer the dead-letter queue by id or by queue with list_dead, replay and discard
+// (src/store/queue_dead_letters.cpp; by filter, with paced replays: keel/store/dead_letters.hpp).
+// Dashboards and housekeeping use stats, dead_depth, queue_exists, idle and prune_done
+// (src/store/queue_stats.cpp). Construction, the schema and its migrations are
+// src/store/queue.cpp; what the files share is src/store/detail/queue_sql.hpp. The long-running
+// consumer built on the worker protocol is keel::store::Worker (keel/store/queue_worker.hpp).
+//
 // Thread-safety: JobQueue is immutable after construction except for its random generator (which
 // a mutex guards) and the time of its last expired-lease sweep (an atomic); it is safe for
 // concurrent use. Each call uses the Connection it is given (one thread per connection). Every
@@ -267,11 +279,15 @@ struct QueueOptions {
 
 class JobQueue {
  public:
+  // Construction and schema (src/store/queue.cpp).
+
   /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
   explicit JobQueue(QueueOptions options = {});
 
   /// Creates or upgrades the tables (component "queue" in keel_schema). Throws DatabaseError.
   static void migrate(Connection& connection);
+
+  // Producer: adding jobs (src/store/queue_producer.cpp).
 
   /// Adds a job, or returns the existing job with the same key on the same queue (a unique index
   /// on (queue, key) decides, never a read-then-insert). Invalid requests are refused with
@@ -284,6 +300,9 @@ class JobQueue {
   [[nodiscard]] std::vector<EnqueueResult> enqueue_many(
       Connection& connection, const std::vector<EnqueueRequest>& requests) const;
 
+  // Worker protocol, leases: taking, extending and giving back jobs; expired leases are swept
+  // inside lease() (src/store/queue_lease.cpp).
+
   /// Leases up to `limit` due jobs of `queue` for options().lease, oldest due first, each with a
   /// new fencing token and its attempt count incremented, in one statement. When that does not
   /// fill `limit` (and at least every quarter lease), jobs whose lease expired are moved back to
@@ -292,11 +311,28 @@ class JobQueue {
   [[nodiscard]] std::vector<LeasedJob> lease(Connection& connection, std::string_view queue,
                                              std::string_view worker, int limit = 1) const;
 
+  /// Records the success of each leased job in `done` (id, fence) and leases up to `limit` due
+  /// jobs of `queue` for `worker`: a busy worker's step in one statement on PostgreSQL (one
+  /// transaction on SQLite) instead of a completion and a lease. The same records as complete()
+  /// with a success report for each current job, then the same leases as lease(). `done` may be
+  /// empty (then it is lease()). Requires: limit >= 1. Throws DatabaseError.
+  [[nodiscard]] DoneAndLeased complete_and_lease(
+      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+      std::string_view queue, std::string_view worker, int limit = 1) const;
+
   /// Extends the lease to now + options().lease. Returns false when the token is stale (the
   /// lease was taken over, or the job released): the worker no longer owns the job. Throws
   /// DatabaseError.
   [[nodiscard]] bool heartbeat(Connection& connection, std::int64_t job_id,
                                std::int64_t fence) const;
+
+  /// Gives a leased job back (shutdown): ready again at once, the attempt recorded as "released"
+  /// with `why`. Returns false when the token was stale. Throws DatabaseError.
+  bool release(Connection& connection, std::int64_t job_id, std::int64_t fence,
+               std::string_view why) const;
+
+  // Worker protocol, outcomes: recording an attempt, and with it the retry decision
+  // (src/store/queue_complete.cpp).
 
   /// Records an attempt's outcome, fenced by the lease's token. Throws DatabaseError.
   [[nodiscard]] CompleteResult complete(Connection& connection, std::int64_t job_id,
@@ -308,22 +344,13 @@ class JobQueue {
       Connection& connection,
       const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const;
 
-  /// Records the success of each leased job in `done` (id, fence) and leases up to `limit` due
-  /// jobs of `queue` for `worker`: a busy worker's step in one statement on PostgreSQL (one
-  /// transaction on SQLite) instead of a completion and a lease. The same records as complete()
-  /// with a success report for each current job, then the same leases as lease(). `done` may be
-  /// empty (then it is lease()). Requires: limit >= 1. Throws DatabaseError.
-  [[nodiscard]] DoneAndLeased complete_and_lease(
-      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
-      std::string_view queue, std::string_view worker, int limit = 1) const;
-
-  /// Gives a leased job back (shutdown): ready again at once, the attempt recorded as "released"
-  /// with `why`. Returns false when the token was stale. Throws DatabaseError.
-  bool release(Connection& connection, std::int64_t job_id, std::int64_t fence,
-               std::string_view why) const;
+  // Inspection: one job with its history (src/store/queue.cpp).
 
   /// The job with its full attempt history, or nullopt. Throws DatabaseError.
   [[nodiscard]] std::optional<Job> get(Connection& connection, std::int64_t job_id) const;
+
+  // Dead-letter administration by id or by queue (src/store/queue_dead_letters.cpp). Selecting
+  // by reason or age, and paced replays: keel/store/dead_letters.hpp.
 
   /// Dead jobs (no history), oldest first; all queues when `queue` is empty. Throws DatabaseError.
   [[nodiscard]] std::vector<Job> list_dead(Connection& connection, std::string_view queue = {},
@@ -343,6 +370,8 @@ class JobQueue {
   /// Discards every dead job (of `queue`, or of all queues when empty); returns how many.
   std::int64_t discard_all(Connection& connection, std::string_view queue = {}) const;
 
+  // Statistics and housekeeping (src/store/queue_stats.cpp).
+
   /// Dead jobs (of `queue`, or all when empty). Throws DatabaseError.
   [[nodiscard]] std::int64_t dead_depth(Connection& connection, std::string_view queue = {}) const;
 
@@ -361,12 +390,16 @@ class JobQueue {
   std::int64_t prune_done(Connection& connection, std::string_view queue, Duration retention,
                           int batch = 1000) const;
 
+  // Configuration.
+
   [[nodiscard]] const QueueOptions& options() const noexcept { return options_; }
   [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
   /// Calendar milliseconds now, from the clock.
   [[nodiscard]] std::int64_t now_ms() const noexcept;
 
  private:
+  // Worker protocol internals (src/store/queue_lease.cpp).
+
   // Moves expired leases of `queue` back to ready (or dead); returns how many.
   std::int64_t reap_expired(Connection& connection, std::string_view queue) const;
   // Records the successes in `done` and leases up to `limit` due jobs: one statement on

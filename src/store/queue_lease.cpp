@@ -1,0 +1,247 @@
+// JobQueue's worker protocol, the lease side: lease, complete_and_lease (a busy worker's step),
+// heartbeat and release, and the sweep that takes expired leases back (a dead worker's jobs).
+// Recording an attempt's outcome is queue_complete.cpp.
+#include <algorithm>
+#include <stdexcept>
+
+#include "detail/queue_sql.hpp"
+#include "keel/store/queue.hpp"
+
+namespace keel::store {
+
+using detail::clip;
+using detail::in_transaction;
+using detail::insert_attempt;
+using detail::optional_text;
+using detail::to_ms;
+
+namespace {
+
+constexpr int kReapBatch = 100;
+
+}  // namespace
+
+std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
+  const bool pg = connection.backend() == Backend::kPostgres;
+  std::int64_t reaped = 0;
+  std::vector<std::pair<std::int64_t, std::string>> dead;
+  in_transaction(connection, [&](Connection& tx) {
+    reaped = 0;
+    dead.clear();
+    const std::int64_t now = now_ms();
+    // Leases that expired: the worker died or stalled. Record the lost attempt; the job is ready
+    // again, or dead when that was its last attempt. The new fence locks the old worker out.
+    const Rows expired = tx.query(
+        std::string("SELECT id, attempts, max_attempts, leased_ms, lease_owner, replays"
+                    " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2"
+                    " ORDER BY run_at_ms LIMIT $3") +
+            (pg ? " FOR UPDATE SKIP LOCKED" : ""),
+        {queue, now, kReapBatch});
+    for (std::size_t i = 0; i < expired.size(); ++i) {
+      const std::int64_t id = expired.integer(i, 0);
+      const std::int64_t attempts = expired.integer(i, 1);
+      const std::int64_t max_attempts = expired.integer(i, 2);
+      const std::string owner = optional_text(expired, i, 4);
+      const std::string error = "lease held by " + owner + " expired (no heartbeat)";
+      const bool exhausted = attempts >= max_attempts;
+      tx.query(
+          "UPDATE keel_jobs SET state = $2, fence = fence + 1, lease_owner = NULL,"
+          " lease_expires_ms = NULL, run_at_ms = $3, last_error = $4, dead_reason = $5,"
+          " updated_ms = $3, finished_ms = $6 WHERE id = $1",
+          {id, exhausted ? "dead" : "ready", now, error,
+           exhausted ? Value("attempts exhausted: " + error) : Value(),
+           exhausted ? Value(now) : Value()});
+      insert_attempt(tx, id, expired.integer(i, 5), attempts,
+                     expired.cell(i, 3) ? expired.integer(i, 3) : now, now, "lease_expired", error,
+                     std::nullopt, owner);
+      if (exhausted) dead.emplace_back(id, "attempts exhausted: " + error);
+      ++reaped;
+    }
+    return true;
+  });
+  if (options_.on_dead_letter) {
+    for (const auto& [id, reason] : dead) options_.on_dead_letter(id, reason);
+  }
+  return reaped;
+}
+
+DoneAndLeased JobQueue::finish_and_lease_due(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::string_view queue, std::string_view worker, int limit, bool* expired_waiting) const {
+  const bool pg = connection.backend() == Backend::kPostgres;
+  const std::int64_t now = now_ms();
+  const std::int64_t expires = now + to_ms(options_.lease);
+  DoneAndLeased out;
+  const std::string pick =
+      "SELECT id FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
+      " AND run_at_ms <= $2 ORDER BY run_at_ms, id LIMIT $4";
+  constexpr std::string_view kSetRunning =
+      " SET state = 'running', attempts = attempts + 1, fence = fence + 1, lease_owner = $3,"
+      " leased_ms = $2, lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2";
+  constexpr std::string_view kExpired =
+      "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2 LIMIT 1";
+  Rows leased;
+  std::size_t first = 0;  // column of the leased rows' id
+  if (pg) {
+    // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path. Its rows:
+    // kind 1 = a leased job, kind 0 = how many successes were current, kind 2 = an expired
+    // lease is waiting.
+    std::vector<Value> params = {queue, now, worker, limit, expires};
+    std::string sql = "WITH ";
+    if (!done.empty()) {
+      sql += "v (id, fence) AS (VALUES ";
+      for (std::size_t i = 0; i < done.size(); ++i) {
+        const std::string a = std::to_string(params.size() + 1);
+        const std::string b = std::to_string(params.size() + 2);
+        sql += (i ? ", ($" : "($") + a + "::bigint, $" + b + "::bigint)";
+        params.emplace_back(done[i].first);
+        params.emplace_back(done[i].second);
+      }
+      sql +=
+          "), done AS (UPDATE keel_jobs j SET state = 'done', lease_owner = NULL,"
+          " lease_expires_ms = NULL, run_at_ms = $2, last_error = NULL, deferred_reason = NULL,"
+          " updated_ms = $2, finished_ms = $2 FROM v, keel_jobs old WHERE j.id = v.id"
+          " AND j.fence = v.fence AND j.state = 'running' AND old.id = j.id"
+          " RETURNING j.id, j.replays, j.attempts, j.leased_ms, old.lease_owner),"
+          " hist AS (INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms,"
+          " finished_ms, outcome, worker) SELECT id, replays, attempts, COALESCE(leased_ms, $2),"
+          " $2, 'success', lease_owner FROM done RETURNING job_id), ";
+    }
+    sql += "picked AS (" + pick + " FOR UPDATE SKIP LOCKED), leased AS (UPDATE keel_jobs j" +
+           std::string(kSetRunning) +
+           " FROM picked WHERE j.id = picked.id"
+           " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence)"
+           " SELECT 1, id, payload, idem_key, attempts, max_attempts, fence FROM leased";
+    if (!done.empty()) {
+      sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL FROM hist";
+    }
+    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
+           std::string(kExpired) + ")";
+    leased = connection.query(sql, params);
+    first = 1;
+  } else {
+    const std::string lease_sql =
+        "UPDATE keel_jobs" + std::string(kSetRunning) + " WHERE id IN (" + pick +
+        ") RETURNING id, payload, idem_key, attempts, max_attempts, fence";
+    const auto lease_and_probe = [&](Connection& c) {
+      leased = c.query(lease_sql, {queue, now, worker, limit, expires});
+      *expired_waiting = !c.query(kExpired, {queue, now}).empty();
+    };
+    if (done.empty()) {
+      lease_and_probe(connection);
+    } else {
+      in_transaction(connection, [&](Connection& tx) {
+        out.current = 0;
+        for (const auto& [id, fence] : done) {
+          // Read first: SQLite's RETURNING gives the new row, and the lease's owner is cleared.
+          const Rows r = tx.query(
+              "SELECT attempts, leased_ms, replays, lease_owner FROM keel_jobs"
+              " WHERE id = $1 AND fence = $2 AND state = 'running'",
+              {id, fence});
+          if (r.empty()) continue;
+          tx.query(
+              "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
+              " run_at_ms = $2, last_error = NULL, deferred_reason = NULL, updated_ms = $2,"
+              " finished_ms = $2 WHERE id = $1",
+              {id, now});
+          ++out.current;
+          insert_attempt(tx, id, r.integer(0, 2), r.integer(0, 0),
+                         r.cell(0, 1) ? r.integer(0, 1) : now, now, "success", {}, std::nullopt,
+                         optional_text(r, 0, 3));
+        }
+        lease_and_probe(tx);
+        return true;
+      });
+    }
+  }
+  if (pg) *expired_waiting = false;
+  out.leased.reserve(leased.size());
+  for (std::size_t i = 0; i < leased.size(); ++i) {
+    if (pg && leased.integer(i, 0) != 1) {
+      if (leased.integer(i, 0) == 0) out.current = static_cast<int>(leased.integer(i, 1));
+      if (leased.integer(i, 0) == 2) *expired_waiting = true;
+      continue;
+    }
+    LeasedJob job;
+    job.id = leased.integer(i, first + 0);
+    job.queue = std::string(queue);
+    job.payload = leased.text(i, first + 1);
+    job.idempotency_key = leased.text(i, first + 2);
+    job.attempt = static_cast<int>(leased.integer(i, first + 3));
+    job.max_attempts = static_cast<int>(leased.integer(i, first + 4));
+    job.fence = leased.integer(i, first + 5);
+    job.lease_expires_ms = expires;
+    out.leased.push_back(std::move(job));
+  }
+  return out;
+}
+
+std::vector<LeasedJob> JobQueue::lease_due(Connection& connection, std::string_view queue,
+                                           std::string_view worker, int limit) const {
+  bool expired_waiting = false;
+  return finish_and_lease_due(connection, {}, queue, worker, limit, &expired_waiting).leased;
+}
+
+DoneAndLeased JobQueue::complete_and_lease(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::string_view queue, std::string_view worker, int limit) const {
+  if (limit < 1) throw std::invalid_argument("complete_and_lease: limit must be >= 1");
+  bool expired_waiting = false;
+  DoneAndLeased out =
+      finish_and_lease_due(connection, done, queue, worker, limit, &expired_waiting);
+  // Expired leases are reaped when one is waiting and the due jobs did not fill the request, or
+  // at most every quarter lease while they do (so a busy queue still reclaims them promptly).
+  // The statement above said whether one is waiting: no reaping transaction when none is.
+  const std::int64_t now = now_ms();
+  const bool short_of_work = static_cast<int>(out.leased.size()) < limit;
+  if (expired_waiting &&
+      (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4)) {
+    last_reap_ms_.store(now);
+    if (reap_expired(connection, queue) > 0 && short_of_work) {
+      auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.leased.size()));
+      for (auto& job : more) out.leased.push_back(std::move(job));
+    }
+  }
+  std::sort(out.leased.begin(), out.leased.end(),
+            [](const LeasedJob& x, const LeasedJob& y) { return x.id < y.id; });
+  return out;
+}
+
+std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view queue,
+                                       std::string_view worker, int limit) const {
+  if (limit < 1) throw std::invalid_argument("lease: limit must be >= 1");
+  return complete_and_lease(connection, {}, queue, worker, limit).leased;
+}
+
+bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
+  const std::int64_t now = now_ms();
+  const std::int64_t expires = now + to_ms(options_.lease);
+  const Rows r = connection.query(
+      "UPDATE keel_jobs SET lease_expires_ms = $3, run_at_ms = $3, updated_ms = $4"
+      " WHERE id = $1 AND fence = $2 AND state = 'running'",
+      {job_id, fence, expires, now});
+  return r.affected() == 1;
+}
+
+bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t fence,
+                       std::string_view why) const {
+  bool released = false;
+  in_transaction(connection, [&](Connection& tx) {
+    const std::int64_t now = now_ms();
+    const Rows r = tx.query(
+        "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
+        " lease_expires_ms = NULL, run_at_ms = $3, last_error = $4, updated_ms = $3"
+        " WHERE id = $1 AND fence = $2 AND state = 'running'"
+        " RETURNING attempts, leased_ms, replays",
+        {job_id, fence, now, clip(why)});
+    released = !r.empty();
+    if (released) {
+      insert_attempt(tx, job_id, r.integer(0, 2), r.integer(0, 0),
+                     r.cell(0, 1) ? r.integer(0, 1) : now, now, "released", why, std::nullopt, {});
+    }
+    return true;
+  });
+  return released;
+}
+
+}  // namespace keel::store

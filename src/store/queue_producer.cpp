@@ -1,0 +1,221 @@
+// JobQueue's producer side: enqueue and enqueue_many (one statement for a single job where the
+// backend allows it, multi-row INSERTs for a batch), deduplicated by the (queue, key) index.
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "detail/queue_sql.hpp"
+#include "keel/store/queue.hpp"
+
+namespace keel::store {
+
+using detail::in_transaction;
+using detail::to_ms;
+
+namespace {
+
+// Jobs per multi-row INSERT in enqueue_many (6 parameters each, under both backends' limits).
+constexpr std::size_t kEnqueueChunk = 500;
+
+// A sentence naming what is wrong with the request, or empty.
+std::string check_request(const EnqueueRequest& request) {
+  if (std::string why = check_queue_name(request.queue); !why.empty()) return why;
+  if (nlohmann::json::parse(request.payload, nullptr, false).is_discarded()) {
+    return "payload is not valid JSON";
+  }
+  if (request.key.size() > 255) return "idempotency key is longer than 255 characters";
+  for (char c : request.key) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return "idempotency key contains a control character";
+    }
+  }
+  if (request.max_attempts < 0) {
+    return "max attempts must be >= 1 (got " + std::to_string(request.max_attempts) + ")";
+  }
+  if (request.delay < Duration::zero()) return "delay must be >= 0";
+  return {};
+}
+
+constexpr std::string_view kInsertJob =
+    "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
+    " fence, replays, created_ms, updated_ms)"
+    " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)"
+    " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id";
+
+// The id of the job already enqueued under (queue, key): the request was a repeat.
+void find_existing(Connection& conn, const std::string& queue, const std::string& key,
+                   EnqueueResult& out) {
+  const Rows existing =
+      conn.query("SELECT id FROM keel_jobs WHERE queue = $1 AND idem_key = $2", {queue, key});
+  if (existing.empty()) {
+    throw DatabaseError("enqueue: the job with key '" + key + "' vanished",
+                        {.backend = conn.backend()});
+  }
+  out.id = existing.integer(0, 0);
+  out.created = false;
+}
+
+// Inserts one checked request inside an open transaction whose queue row exists.
+void insert_job(Connection& tx, const EnqueueRequest& request, const std::string& key,
+                int max_attempts, std::int64_t now, EnqueueResult& out) {
+  const std::int64_t run_at = now + to_ms(request.delay);
+  const Rows inserted =
+      tx.query(kInsertJob, {request.queue, request.payload, key, max_attempts, run_at, now});
+  if (!inserted.empty()) {
+    out.id = inserted.integer(0, 0);
+    out.created = true;
+    return;
+  }
+  find_existing(tx, request.queue, key, out);
+}
+
+// One request in one statement, atomic on its own (no BEGIN/COMMIT): on PostgreSQL a CTE creates
+// the queue's row if needed, inserts the job and, for a repeated key, returns the existing id;
+// on SQLite (no data-modifying CTEs) the job insert alone, which fails on the foreign key only for
+// a queue never used before. Returns false when that happened: the caller takes the transaction.
+bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, const std::string& key,
+                           int max_attempts, std::int64_t now, EnqueueResult& out) {
+  const std::int64_t run_at = now + to_ms(request.delay);
+  const std::initializer_list<Value> params = {request.queue, request.payload, key,
+                                               max_attempts,  run_at,          now};
+  if (conn.backend() == Backend::kPostgres) {
+    // The foreign key is checked at the end of the statement, after the queue CTE's insert.
+    const Rows r = conn.query(
+        "WITH q AS (INSERT INTO keel_queues (name, created_ms) VALUES ($1, $6)"
+        " ON CONFLICT (name) DO NOTHING),"
+        " ins AS (" +
+            std::string(kInsertJob) +
+            ") SELECT id, 1 FROM ins UNION ALL SELECT id, 0 FROM keel_jobs"
+            " WHERE queue = $1 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)",
+        params);
+    if (r.empty()) {
+      // A concurrent enqueue of the same key committed after this statement's snapshot.
+      find_existing(conn, request.queue, key, out);
+      return true;
+    }
+    out.id = r.integer(0, 0);
+    out.created = r.integer(0, 1) == 1;
+    return true;
+  }
+  Rows inserted;
+  try {
+    inserted = conn.query(kInsertJob, params);
+  } catch (const DatabaseError& e) {
+    if (e.details().sqlite_code == SQLITE_CONSTRAINT_FOREIGNKEY) return false;
+    throw;
+  }
+  if (!inserted.empty()) {
+    out.id = inserted.integer(0, 0);
+    out.created = true;
+    return true;
+  }
+  find_existing(conn, request.queue, key, out);
+  return true;
+}
+
+}  // namespace
+
+EnqueueResult JobQueue::enqueue(Connection& connection, const EnqueueRequest& request) const {
+  std::vector<EnqueueResult> r = enqueue_many(connection, {request});
+  return std::move(r.front());
+}
+
+std::vector<EnqueueResult> JobQueue::enqueue_many(
+    Connection& connection, const std::vector<EnqueueRequest>& requests) const {
+  std::vector<EnqueueResult> out(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (std::string why = check_request(requests[i]); !why.empty()) {
+      for (EnqueueResult& r : out) r.error = why;
+      return out;
+    }
+  }
+  std::vector<std::string> keys;
+  keys.reserve(requests.size());
+  for (const EnqueueRequest& r : requests) keys.push_back(r.key.empty() ? new_job_key() : r.key);
+  const std::int64_t now = now_ms();
+  const auto max_attempts_of = [&](const EnqueueRequest& r) {
+    return r.max_attempts > 0 ? r.max_attempts : options_.max_attempts;
+  };
+  if (requests.size() == 1 && !connection.in_transaction()) {
+    out[0].idempotency_key = keys[0];
+    if (enqueue_one_statement(connection, requests[0], keys[0], max_attempts_of(requests[0]), now,
+                              out[0])) {
+      return out;
+    }
+  }
+  in_transaction(connection, [&](Connection& tx) {
+    // Each queue's row once per batch, then the jobs.
+    std::vector<std::string_view> queues;
+    for (const EnqueueRequest& r : requests) {
+      if (std::find(queues.begin(), queues.end(), r.queue) != queues.end()) continue;
+      queues.push_back(r.queue);
+      tx.query(
+          "INSERT INTO keel_queues (name, created_ms) VALUES ($1, $2)"
+          " ON CONFLICT (name) DO NOTHING",
+          {r.queue, now});
+    }
+    if (requests.size() == 1) {
+      insert_job(tx, requests[0], keys[0], max_attempts_of(requests[0]), now, out[0]);
+      out[0].idempotency_key = keys[0];
+      return true;
+    }
+    // The jobs in multi-row INSERTs (one statement per kEnqueueChunk jobs); a key that was
+    // already there is looked up.
+    for (std::size_t from = 0; from < requests.size(); from += kEnqueueChunk) {
+      const std::size_t to = std::min(requests.size(), from + kEnqueueChunk);
+      std::string sql =
+          "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts,"
+          " run_at_ms, fence, replays, created_ms, updated_ms) VALUES ";
+      std::vector<Value> params;
+      params.reserve((to - from) * 6);
+      for (std::size_t i = from; i < to; ++i) {
+        const auto p = [&](int k) { return "$" + std::to_string(params.size() + k); };
+        sql += (i > from ? ", (" : "(") + p(1) + ", " + p(2) + ", " + p(3) + ", 'ready', 0, " +
+               p(4) + ", " + p(5) + ", 0, 0, " + p(6) + ", " + p(6) + ")";
+        params.emplace_back(requests[i].queue);
+        params.emplace_back(requests[i].payload);
+        params.emplace_back(keys[i]);
+        params.emplace_back(max_attempts_of(requests[i]));
+        params.emplace_back(now + to_ms(requests[i].delay));
+        params.emplace_back(now);
+      }
+      sql += " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id, queue, idem_key";
+      const Rows inserted = tx.query(sql, params);
+      std::vector<std::pair<std::string, std::int64_t>> created;  // queue + '\n' + key, id
+      created.reserve(inserted.size());
+      for (std::size_t r = 0; r < inserted.size(); ++r) {
+        created.emplace_back(inserted.text(r, 1) + '\n' + inserted.text(r, 2),
+                             inserted.integer(r, 0));
+      }
+      for (std::size_t i = from; i < to; ++i) {
+        out[i].idempotency_key = keys[i];
+        const std::string name = requests[i].queue + '\n' + keys[i];
+        const auto hit = std::find_if(created.begin(), created.end(),
+                                      [&](const auto& c) { return c.first == name; });
+        if (hit != created.end()) {
+          // The first request with this key created the job; a repeat in the batch gets its id.
+          out[i].id = hit->second;
+          out[i].created = true;
+          hit->first.clear();
+          continue;
+        }
+        const auto earlier = std::find_if(
+            out.begin() + static_cast<std::ptrdiff_t>(from),
+            out.begin() + static_cast<std::ptrdiff_t>(i),
+            [&](const EnqueueResult& e) { return e.idempotency_key == keys[i] && e.id != 0; });
+        if (earlier != out.begin() + static_cast<std::ptrdiff_t>(i) &&
+            requests[static_cast<std::size_t>(earlier - out.begin())].queue == requests[i].queue) {
+          out[i].id = earlier->id;
+          out[i].created = false;
+          continue;
+        }
+        find_existing(tx, requests[i].queue, keys[i], out[i]);
+      }
+    }
+    return true;
+  });
+  return out;
+}
+
+}  // namespace keel::store
