@@ -2,7 +2,9 @@
 // (keel/store/idempotency.hpp) around a POST or PATCH handler: it validates the Idempotency-Key,
 // claims it, runs the handler inside a transaction it can write to, stores the response in that
 // same transaction, and answers repeats with the replay, 409 + Retry-After or 422. Errors are
-// application/problem+json (RFC 9457).
+// application/problem+json (RFC 9457). It is an adapter: the flow itself is
+// IdempotentRequestFlow (keel/store/idempotency_flow.hpp, no cpp-httplib), which servers on other
+// frameworks drive directly.
 //
 // Thread-safety: the returned handler is safe to call from cpp-httplib's worker threads at once;
 // each call takes its own connection from the pool. The options' store, pool and hooks must
@@ -28,29 +30,11 @@
 
 #include "keel/retry.hpp"
 #include "keel/store/idempotency.hpp"
+#include "keel/store/idempotency_flow.hpp"
 #include "keel/store/json_check.hpp"
 #include "keel/store/transaction.hpp"
 
 namespace keel::store {
-
-/// What happened to one request, for metrics.
-enum class IdempotencyOutcome : unsigned char {
-  kExecuted,     // the handler ran and its response was stored
-  kReplayed,     // a stored response was replayed
-  kInProgress,   // 409: another request holds the key
-  kMismatch,     // 422: the key was used with another request
-  kInvalidKey,   // 400: missing or malformed key
-  kNotStored,    // the handler answered an error (4xx/5xx): nothing stored, claim released
-  kError,        // database trouble or a handler exception: 500/503, claim released
-  kInvalidBody,  // 400: a JSON body over MiddlewareOptions.json_limits or with a duplicate member
-};
-
-/// How many IdempotencyOutcome values there are (for arrays of counters).
-inline constexpr int kIdempotencyOutcomes = 8;
-
-/// "executed", "replayed", "in_progress", "mismatch", "invalid_key", "not_stored", "error",
-/// "invalid_body".
-[[nodiscard]] std::string_view to_string(IdempotencyOutcome outcome) noexcept;
 
 /// The handler: reads the request, writes through `tx` (a transaction is open), returns the
 /// response. A 2xx/3xx response is stored and committed with the writes; anything else rolls
@@ -64,6 +48,9 @@ using TransactionalHandler =
 void write_problem(httplib::Response& response, int status, std::string_view title,
                    std::string_view detail);
 
+/// The FlowOptions of the IdempotentRequestFlow underneath (store, pool, scope_secret,
+/// transaction_policy, isolation, on_outcome, json_limits, max_key_bytes, log), plus the two
+/// cpp-httplib hooks principal and after_commit.
 struct MiddlewareOptions {
   /// The record store. Required (non-null).
   const IdempotencyStore* store = nullptr;
@@ -100,20 +87,12 @@ struct MiddlewareOptions {
   std::function<void(std::string_view message)> log;
 };
 
-/// The default principal, the credential as sent: "Authorization: Bearer <token>" gives <token>
-/// (a token without whitespace); any other Authorization value (Basic, an empty or malformed
-/// Bearer) gives "Authorization: <value>", which contains a space and so equals no token; no
-/// Authorization header gives "" (unauthenticated). No credential is verified here.
+/// The default principal, the credential as sent (principal_from_authorization() of the
+/// Authorization header): "Authorization: Bearer <token>" gives <token> (a token without
+/// whitespace); any other Authorization value (Basic, an empty or malformed Bearer) gives
+/// "Authorization: <value>", which contains a space and so equals no token; no Authorization
+/// header gives "" (unauthenticated). No credential is verified here.
 [[nodiscard]] std::string bearer_principal(const httplib::Request& request);
-
-/// The scope stored for `principal`: kAnonymousScope for "", otherwise "p:" and the lower-case hex
-/// HMAC-SHA-256 of the principal under `secret` (so stored scopes reveal no credential, and no
-/// principal, "anonymous" included, maps to the unauthenticated scope). Requires: secret not
-/// empty. Throws std::invalid_argument otherwise.
-[[nodiscard]] std::string principal_scope(std::string_view principal, std::string_view secret);
-
-/// The scope of unauthenticated requests: not of the "p:<64 hex>" form of any hashed principal.
-inline constexpr std::string_view kAnonymousScope = "anonymous";
 
 class IdempotencyMiddleware {
  public:
@@ -127,15 +106,23 @@ class IdempotencyMiddleware {
   /// so that they hold no credential either).
   [[nodiscard]] std::string scope(const httplib::Request& request) const;
 
+  /// The flow underneath (its options hold the scope secret in use).
+  [[nodiscard]] const IdempotentRequestFlow& flow() const noexcept { return flow_; }
+
  private:
   void handle(const TransactionalHandler& handler, const httplib::Request& request,
               httplib::Response& response) const;
-  void report(IdempotencyOutcome outcome) const {
-    if (options_.on_outcome) options_.on_outcome(outcome);
-  }
 
   MiddlewareOptions options_;
+  IdempotentRequestFlow flow_;
 };
+
+/// The flow's request for `request`: its method, path, Idempotency-Key, Content-Type and body,
+/// and `principal`. The result views `request`'s strings: use it while `request` lives.
+[[nodiscard]] FlowRequest flow_request(const httplib::Request& request, std::string_view principal);
+
+/// Writes `answer` (status, headers, body; Content-Type through set_content) into `response`.
+void write_flow_response(const FlowResponse& answer, httplib::Response& response);
 
 /// keel's recommended settings for an httplib::Server that faces untrusted clients, with the
 /// middleware or without. apply_server_limits() sets cpp-httplib's own limits and installs a

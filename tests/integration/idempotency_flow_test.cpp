@@ -1,0 +1,392 @@
+// IdempotentRequestFlow in process, without sockets or cpp-httplib: every outcome on a real
+// SQLite file and a real PostgreSQL server, in virtual time (a ManualClock drives lock expiry).
+#include "keel/store/idempotency_flow.hpp"
+
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+#include "test_support.hpp"
+
+namespace keel::store {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A stand-in for another server framework's request and response types.
+struct MiniRequest {
+  std::string method;
+  std::string target;
+  std::map<std::string, std::string> headers;
+  std::string body;
+  std::string user;  // what the framework's authentication verified
+  [[nodiscard]] std::optional<std::string_view> header(const std::string& name) const {
+    const auto it = headers.find(name);
+    if (it == headers.end()) return std::nullopt;
+    return std::string_view(it->second);
+  }
+};
+struct MiniResponse {
+  int status = 0;
+  std::multimap<std::string, std::string> headers;
+  std::string body;
+};
+
+// --- README.md example ---
+// One route of a server on any framework: copy its request in, copy the answer out.
+MiniResponse create_charge(const IdempotentRequestFlow& flow, const MiniRequest& req) {
+  const FlowResponse out = flow.run(
+      {.method = req.method,
+       .path = req.target,
+       .idempotency_key = req.header("Idempotency-Key"),
+       .content_type = req.header("Content-Type").value_or(""),
+       .body = req.body,
+       .principal = req.user},
+      [&](Connection& tx) {
+        tx.query("INSERT INTO charges (body) VALUES ($1)", {req.body});
+        return StoredResponse{201, {{"Content-Type", "application/json"}}, R"({"ok":true})"};
+      });
+  // The exception or database text, for the log only: it is never in out.body.
+  if (!out.error.empty()) std::clog << "POST /v1/charges: " << out.error << '\n';
+  MiniResponse res{.status = out.status, .headers = {}, .body = out.body};
+  for (const auto& [name, value] : out.headers) res.headers.emplace(name, value);
+  return res;
+}
+// --- end of the README.md example ---
+
+class Flow : public test::BackendTest {
+ protected:
+  void SetUp() override {
+    BackendTest::SetUp();
+    if (IsSkipped()) return;
+    pool_ = std::make_unique<ConnectionPool>(url(), PoolOptions{.max_connections = 4});
+    auto conn = pool_->acquire();
+    IdempotencyStore::migrate(*conn);
+    conn->execute(std::string("CREATE TABLE charges (id ") +
+                  (GetParam() == Backend::kPostgres ? "SERIAL" : "INTEGER") +
+                  " PRIMARY KEY, body TEXT NOT NULL)");
+    flow_ = std::make_unique<IdempotentRequestFlow>(
+        FlowOptions{.store = &store_,
+                    .pool = pool_.get(),
+                    .scope_secret = "0123456789abcdef0123456789abcdef",
+                    .on_outcome = [this](IdempotencyOutcome o) { outcomes_.push_back(o); },
+                    .log =
+                        [this](std::string_view m) {
+                          std::lock_guard lock(log_mu_);
+                          log_ += std::string(m) + "\n";
+                        }});
+  }
+
+  static FlowRequest request(std::optional<std::string_view> key, std::string_view body = "{}") {
+    return {.method = "POST",
+            .path = "/v1/charges",
+            .idempotency_key = key,
+            .content_type = "application/json",
+            .body = body,
+            .principal = "alice"};
+  }
+
+  /// The flow with a handler that counts its runs and inserts one charge.
+  FlowResponse run(const FlowRequest& req, int status = 201) {
+    return flow_->run(req, [&](Connection& tx) {
+      ++handled_;
+      tx.query("INSERT INTO charges (body) VALUES ($1)", {std::string(req.body)});
+      return StoredResponse{status,
+                            {{"Location", "/v1/charges/1"}, {"Content-Type", "application/json"}},
+                            R"({"id":1})"};
+    });
+  }
+
+  std::int64_t rows(const std::string& table) {
+    return pool_->acquire()->query("SELECT COUNT(*) FROM " + table).integer(0, 0);
+  }
+
+  /// The claim another request (another process) holds on `key`, made through the store.
+  Claim claim_elsewhere(std::string_view key, std::string_view body = "{}") {
+    auto conn = pool_->acquire();
+    return store_.claim(*conn, flow_->scope("alice"), key,
+                        request_fingerprint("POST", "/v1/charges", body));
+  }
+
+  static nlohmann::json problem(const FlowResponse& r) {
+    EXPECT_EQ(r.header("Content-Type"), "application/problem+json");
+    return nlohmann::json::parse(r.body);
+  }
+
+  ManualClock clock_{WallTime(std::chrono::hours(24 * 365 * 50))};
+  IdempotencyStore store_{{.ttl = 24h, .lock_timeout = 30s, .clock = &clock_}};
+  std::unique_ptr<ConnectionPool> pool_;
+  std::unique_ptr<IdempotentRequestFlow> flow_;
+  std::vector<IdempotencyOutcome> outcomes_;
+  int handled_ = 0;
+  std::mutex log_mu_;
+  std::string log_;  // guarded by log_mu_
+};
+
+TEST_P(Flow, ExecutedStoresTheResponseWithTheWrites) {
+  const FlowResponse r = run(request("k1", R"({"amount":100})"));
+  EXPECT_EQ(r.outcome, FlowOutcome::kExecuted);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(r.body, R"({"id":1})");
+  EXPECT_EQ(r.header("Location"), "/v1/charges/1");
+  EXPECT_EQ(r.header("Content-Type"), "application/json");
+  EXPECT_FALSE(r.header("Idempotent-Replayed"));
+  EXPECT_TRUE(r.error.empty());
+  EXPECT_EQ(handled_, 1);
+  EXPECT_EQ(rows("charges"), 1);
+  EXPECT_EQ(outcomes_, std::vector{IdempotencyOutcome::kExecuted});
+  EXPECT_EQ(claim_elsewhere("k1", R"({"amount":100})").status, ClaimStatus::kReplay);
+}
+
+TEST_P(Flow, SameKeyAndPayloadReplaysWithoutRunningTheHandlerAgain) {
+  const FlowResponse first = run(request("k1", R"({"amount":100,"currency":"EUR"})"));
+  ASSERT_EQ(first.outcome, FlowOutcome::kExecuted);
+  // The same JSON in another member order and spacing is the same payload.
+  const FlowResponse again = run(request("k1", R"({ "currency": "EUR", "amount": 100 })"));
+  EXPECT_EQ(again.outcome, FlowOutcome::kReplayed);
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(again.header("Location"), "/v1/charges/1");
+  EXPECT_EQ(again.header("Content-Type"), "application/json");
+  EXPECT_EQ(again.header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(handled_, 1);
+  EXPECT_EQ(rows("charges"), 1);
+  EXPECT_EQ(outcomes_, (std::vector{IdempotencyOutcome::kExecuted, IdempotencyOutcome::kReplayed}));
+}
+
+TEST_P(Flow, AKeyHeldByAnotherRequestIs409WithTheLockTimeLeft) {
+  ASSERT_EQ(claim_elsewhere("k1").status, ClaimStatus::kClaimed);
+  clock_.advance(10s);
+  const FlowResponse r = run(request("k1"));
+  EXPECT_EQ(r.outcome, FlowOutcome::kInProgress);
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(r.header("Retry-After"), "20");
+  EXPECT_EQ(problem(r)["status"], 409);
+  EXPECT_EQ(problem(r)["title"], "Request in progress");
+  EXPECT_EQ(handled_, 0);
+  EXPECT_EQ(outcomes_, std::vector{IdempotencyOutcome::kInProgress});
+}
+
+TEST_P(Flow, TheSameKeyWithAnotherPayloadIs422) {
+  ASSERT_EQ(run(request("k1", R"({"amount":100})")).outcome, FlowOutcome::kExecuted);
+  const FlowResponse r = run(request("k1", R"({"amount":999})"));
+  EXPECT_EQ(r.outcome, FlowOutcome::kMismatch);
+  EXPECT_EQ(r.status, 422);
+  EXPECT_EQ(problem(r)["title"], "Idempotency-Key reused");
+  EXPECT_EQ(handled_, 1);
+  EXPECT_EQ(rows("charges"), 1);
+  EXPECT_EQ(outcomes_.back(), IdempotencyOutcome::kMismatch);
+}
+
+TEST_P(Flow, AMissingKeyIs400AndClaimsNothing) {
+  const FlowResponse r = run(request(std::nullopt));
+  EXPECT_EQ(r.outcome, FlowOutcome::kMissingKey);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(problem(r)["title"], "Invalid Idempotency-Key");
+  EXPECT_EQ(metrics_outcome(r.outcome), IdempotencyOutcome::kInvalidKey);
+  EXPECT_EQ(outcomes_, std::vector{IdempotencyOutcome::kInvalidKey});
+  EXPECT_EQ(handled_, 0);
+  EXPECT_EQ(rows("keel_idempotency"), 0);
+}
+
+TEST_P(Flow, AnInvalidKeyIs400AndClaimsNothing) {
+  const std::string too_long(kMaxKeyLength + 1, 'k');
+  for (const std::string_view key : {std::string_view(""), std::string_view(too_long),
+                                     std::string_view("a\x01z"), std::string_view("\"open")}) {
+    const FlowResponse r = run(request(key));
+    EXPECT_EQ(r.outcome, FlowOutcome::kInvalidKey) << key;
+    EXPECT_EQ(r.status, 400);
+    EXPECT_FALSE(problem(r)["detail"].get<std::string>().empty());
+  }
+  EXPECT_EQ(handled_, 0);
+  EXPECT_EQ(rows("keel_idempotency"), 0);
+}
+
+TEST_P(Flow, AJsonBodyOverTheLimitsIs400BeforeAnythingIsClaimed) {
+  const FlowResponse deep = run(request("k1", std::string(100, '[') + std::string(100, ']')));
+  EXPECT_EQ(deep.outcome, FlowOutcome::kInvalidBody);
+  EXPECT_EQ(deep.status, 400);
+  const FlowResponse dup = run(request("k2", R"({"a":1,"a":2})"));
+  EXPECT_EQ(dup.outcome, FlowOutcome::kInvalidBody);
+  EXPECT_EQ(problem(dup)["title"], "Duplicate JSON member");
+  EXPECT_EQ(handled_, 0);
+  EXPECT_EQ(rows("keel_idempotency"), 0);
+}
+
+TEST_P(Flow, AHandlerErrorIsAGeneric500AndTheRecordIsReleasedForARetry) {
+  const FlowResponse r = flow_->run(request("k1"), [&](Connection& tx) -> StoredResponse {
+    ++handled_;
+    tx.query("INSERT INTO charges (body) VALUES ($1)", {"doomed"});
+    throw std::runtime_error("secret database password in here");
+  });
+  EXPECT_EQ(r.outcome, FlowOutcome::kHandlerError);
+  EXPECT_EQ(r.status, 500);
+  EXPECT_EQ(r.body.find("secret"), std::string::npos) << r.body;
+  EXPECT_EQ(problem(r)["title"], "Handler failed");
+  EXPECT_NE(r.error.find("secret database password"), std::string::npos) << r.error;
+  {
+    std::lock_guard lock(log_mu_);
+    EXPECT_NE(log_.find("secret database password"), std::string::npos) << log_;
+  }
+  EXPECT_EQ(outcomes_, std::vector{IdempotencyOutcome::kError});
+  EXPECT_EQ(rows("charges"), 0);
+  EXPECT_EQ(rows("keel_idempotency"), 0);
+  // Released, not locked: the retry runs at once, without waiting for the lock to expire.
+  const FlowResponse retry = run(request("k1"));
+  EXPECT_EQ(retry.outcome, FlowOutcome::kExecuted);
+  EXPECT_EQ(handled_, 2);
+  EXPECT_EQ(rows("charges"), 1);
+}
+
+TEST_P(Flow, AHandlerThatThrowsANonStandardExceptionIsStillAGeneric500) {
+  const FlowResponse r = flow_->run(request("k1"), [](Connection&) -> StoredResponse { throw 42; });
+  EXPECT_EQ(r.outcome, FlowOutcome::kHandlerError);
+  EXPECT_EQ(r.status, 500);
+  EXPECT_NE(r.error.find("not derived from std::exception"), std::string::npos) << r.error;
+  EXPECT_EQ(rows("keel_idempotency"), 0);
+}
+
+TEST_P(Flow, AHandlerErrorAnswerIsSentNotStoredAndReleased) {
+  const FlowResponse r = run(request("k1"), 400);
+  EXPECT_EQ(r.outcome, FlowOutcome::kNotStored);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body, R"({"id":1})");
+  EXPECT_EQ(rows("charges"), 0);
+  EXPECT_EQ(rows("keel_idempotency"), 0);
+  EXPECT_EQ(run(request("k1")).outcome, FlowOutcome::kExecuted);
+  EXPECT_EQ(outcomes_,
+            (std::vector{IdempotencyOutcome::kNotStored, IdempotencyOutcome::kExecuted}));
+}
+
+TEST_P(Flow, AClaimWhoseLockExpiredIsTakenOver) {
+  const Claim dead = claim_elsewhere("k1");
+  ASSERT_EQ(dead.status, ClaimStatus::kClaimed);
+  EXPECT_EQ(run(request("k1")).outcome, FlowOutcome::kInProgress);
+  clock_.advance(30s);  // the lock expires
+  const FlowResponse r = run(request("k1"));
+  EXPECT_EQ(r.outcome, FlowOutcome::kTookOver);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(metrics_outcome(r.outcome), IdempotencyOutcome::kExecuted);
+  EXPECT_EQ(outcomes_.back(), IdempotencyOutcome::kExecuted);
+  EXPECT_EQ(handled_, 1);
+  // The dead claim's owner wakes up: its completion is refused.
+  auto conn = pool_->acquire();
+  conn->begin();
+  EXPECT_FALSE(store_.complete(*conn, flow_->scope("alice"), "k1", dead.token, {}));
+  conn->rollback();
+  EXPECT_EQ(run(request("k1")).outcome, FlowOutcome::kReplayed);
+}
+
+TEST_P(Flow, AHandlerWhoseClaimIsTakenOverMeanwhileIs409AndStoresNothing) {
+  const FlowResponse r = flow_->run(request("k1"), [&](Connection& tx) {
+    ++handled_;
+    tx.query("INSERT INTO charges (body) VALUES ($1)", {"late"});
+    // Another request takes the key over while this handler runs (its lock expired). On SQLite
+    // the handler's transaction holds the write lock, so the takeover is written through it.
+    tx.query("UPDATE keel_idempotency SET lock_token = $1", {"the-heir's-token"});
+    return StoredResponse{201, {}, "late"};
+  });
+  EXPECT_EQ(r.outcome, FlowOutcome::kClaimLost);
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(r.header("Retry-After"), "1");
+  EXPECT_EQ(problem(r)["status"], 409);
+  EXPECT_EQ(metrics_outcome(r.outcome), IdempotencyOutcome::kInProgress);
+  EXPECT_EQ(rows("charges"), 0);
+}
+
+TEST_P(Flow, ScopesArePerPrincipalAndHoldNoCredential) {
+  ASSERT_EQ(run(request("k1")).outcome, FlowOutcome::kExecuted);
+  FlowRequest bob = request("k1");
+  bob.principal = "bob";
+  EXPECT_EQ(run(bob).outcome, FlowOutcome::kExecuted);  // not alice's replay
+  EXPECT_EQ(flow_->scope(""), kAnonymousScope);
+  EXPECT_EQ(flow_->scope("alice").rfind("p:", 0), 0u);
+  EXPECT_EQ(pool_->acquire()
+                ->query("SELECT COUNT(*) FROM keel_idempotency WHERE scope IN ('alice', 'bob')")
+                .integer(0, 0),
+            0);
+}
+
+TEST_P(Flow, AnotherFrameworkDrivesTheFlowThroughPlainValues) {
+  MiniRequest req{.method = "POST",
+                  .target = "/v1/charges",
+                  .headers = {{"Idempotency-Key", "k1"}, {"Content-Type", "application/json"}},
+                  .body = R"({"amount":100})",
+                  .user = "alice"};
+  const MiniResponse first = create_charge(*flow_, req);
+  EXPECT_EQ(first.status, 201);
+  EXPECT_EQ(first.body, R"({"ok":true})");
+  const MiniResponse again = create_charge(*flow_, req);
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.headers.count("Idempotent-Replayed"), 1u);
+  EXPECT_EQ(rows("charges"), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Flow, ::testing::Values(Backend::kSqlite, Backend::kPostgres),
+                         test::backend_name);
+
+TEST(FlowDatabase, AnUnreachableStoreIs503WithRetryAfterAndNoDatabaseText) {
+  test::TempDir dir;
+  ConnectionPool pool(
+      parse_database_url("sqlite:" + (dir.path() / "missing" / "db.sqlite").string()).value());
+  const IdempotencyStore store;
+  std::string logged;
+  const IdempotentRequestFlow flow(
+      {.store = &store, .pool = &pool, .log = [&](std::string_view m) { logged += m; }});
+  bool ran = false;
+  const FlowResponse r =
+      flow.run({.method = "POST", .path = "/v1/charges", .idempotency_key = "k1", .body = "x"},
+               [&](Connection&) {
+                 ran = true;
+                 return StoredResponse{};
+               });
+  EXPECT_EQ(r.outcome, FlowOutcome::kDatabaseUnavailable);
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.header("Retry-After"), "1");
+  EXPECT_EQ(r.body.find("missing"), std::string::npos) << r.body;
+  EXPECT_FALSE(r.error.empty());
+  EXPECT_EQ(logged, r.error);
+  EXPECT_FALSE(ran);
+}
+
+TEST(FlowOptionsCheck, InvalidOptionsAreRefusedByName) {
+  const IdempotencyStore store;
+  try {
+    const IdempotentRequestFlow flow({.store = &store});
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("pool"), std::string::npos);
+  }
+  test::TempDir dir;
+  ConnectionPool pool(parse_database_url("sqlite:" + (dir.path() / "db").string()).value());
+  EXPECT_THROW(IdempotentRequestFlow({.store = &store, .pool = &pool, .scope_secret = "short"}),
+               std::invalid_argument);
+  EXPECT_THROW(IdempotentRequestFlow({.store = &store, .pool = &pool, .max_key_bytes = 0}),
+               std::invalid_argument);
+}
+
+TEST(FlowOutcomeNames, EveryOutcomeHasANameAndAMetricsOutcome) {
+  EXPECT_EQ(to_string(FlowOutcome::kTookOver), "took_over");
+  EXPECT_EQ(to_string(FlowOutcome::kClaimLost), "claim_lost");
+  EXPECT_EQ(to_string(FlowOutcome::kHandlerError), "handler_error");
+  EXPECT_EQ(metrics_outcome(FlowOutcome::kCommitInDoubt), IdempotencyOutcome::kError);
+  EXPECT_EQ(metrics_outcome(FlowOutcome::kDatabaseUnavailable), IdempotencyOutcome::kError);
+  EXPECT_EQ(to_string(metrics_outcome(FlowOutcome::kMissingKey)), "invalid_key");
+}
+
+TEST(PrincipalFromAuthorization, BearerTokensAndEverythingElse) {
+  EXPECT_EQ(principal_from_authorization(std::nullopt), "");
+  EXPECT_EQ(principal_from_authorization("Bearer alice"), "alice");
+  EXPECT_EQ(principal_from_authorization("bearer  alice "), "alice");
+  EXPECT_EQ(principal_from_authorization("Basic YWxpY2U6"), "Authorization: Basic YWxpY2U6");
+  EXPECT_EQ(principal_from_authorization("Bearer "), "Authorization: Bearer ");
+}
+
+}  // namespace
+}  // namespace keel::store
