@@ -1,0 +1,66 @@
+// WebhookHandler: a job attempt as one POST through keel::http::Client (see
+// keel/store/webhook_handler.hpp).
+#include "keel/store/webhook_handler.hpp"
+
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+
+#include "keel/classify.hpp"
+#include "keel/http/request.hpp"
+#include "keel/retry.hpp"
+
+namespace keel::store {
+
+http::ClientOptions webhook_client_options(Duration timeout) {
+  http::ClientOptions options;
+  options.retry = {.max_attempts = 1, .per_try_timeout = timeout, .overall_timeout = timeout};
+  options.log = [](std::string_view) {};  // the queue records every attempt
+  return options;
+}
+
+WebhookHandler::WebhookHandler(http::Client& client, std::string url)
+    : client_(&client), url_(std::move(url)) {
+  if (!url_.starts_with("http://") && !url_.starts_with("https://")) {
+    throw std::invalid_argument("WebhookHandler: url '" + url_ +
+                                "' must start with http:// or https://");
+  }
+  dependency_ = http::breaker_key(url_).value_or(url_);
+}
+
+AttemptReport WebhookHandler::operator()(const LeasedJob& job, const std::atomic<bool>&) const {
+  http::Request request;
+  request.method = "POST";
+  request.url = url_;
+  request.body = job.payload;
+  request.idempotency_key = job.idempotency_key;
+  // The queue's earlier attempts: this one is a retry for the budget, and Keel-Attempt says so.
+  request.prior_attempts = job.attempt - 1;
+  request.headers = {{"Content-Type", "application/json"},
+                     {"Keel-Job-Attempt", std::to_string(job.attempt)}};
+  const http::Result r = client_->send(request);
+  AttemptReport report;
+  report.outcome = r.outcome;
+  if (r.ok()) return report;
+  if (!r.outcome.attempted()) {
+    // Nothing was sent: the queue defers the job without charging an attempt.
+    if (r.reason == StopReason::kCircuitOpen) {
+      report.error = "circuit open for " + dependency_;
+      if (r.outcome.has_server_delay()) {
+        report.error += ", next probe in " + format_duration(r.outcome.server_delay);
+      }
+    } else {
+      report.error = std::string(to_string(r.reason)) + " for " + dependency_;
+    }
+    return report;
+  }
+  std::string error = describe(r.outcome);
+  if (!r.error.empty()) error += ": " + r.error;
+  if (r.response && !r.response->body.empty()) {
+    error += ": " + r.response->body.substr(0, 200);
+  }
+  report.error = error;
+  return report;
+}
+
+}  // namespace keel::store

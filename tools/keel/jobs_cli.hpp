@@ -1,0 +1,55 @@
+// `keel jobs`: its flags (JobsArgs, filled by add_jobs in jobs.cpp) and its three commands,
+// enqueue and stats in jobs.cpp and work in jobs_work.cpp. Each prints its own errors and returns
+// the exit status.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "keel/duration.hpp"
+#include "keel/store/database.hpp"
+
+namespace keel::cli::jobs_cli {
+
+struct JobsArgs {
+  std::string db = std::string(store::kDefaultDatabaseUrl);
+  // enqueue
+  std::string queue;
+  std::string payload;
+  std::string payloads_from;
+  std::string key;
+  int max_attempts = 25;
+  std::string delay = "0s";
+  // work
+  std::string deliver;
+  std::string exec;
+  int concurrency = 1;
+  int batch = 1;
+  std::string lease = "30s";
+  std::string backoff_base = "1s";
+  std::string backoff_cap = "1h";
+  std::string grace = "10s";
+  std::string poll = "100ms";
+  std::string timeout = "30s";
+  std::string retain_done;
+  std::string max_age;
+  std::string retry_budget = "0.1";
+  std::string max_db_outage = "1m";
+  bool exit_when_idle = false;
+  std::string metrics_listen;
+  // stats
+  bool json = false;
+};
+
+/// Prints "keel jobs: MESSAGE" and returns kExitUsage.
+int usage(const std::string& message);
+
+/// Parses a duration flag (at least zero, or with `positive` greater than zero); prints the error
+/// naming the flag and returns nullopt otherwise.
+std::optional<Duration> duration_flag(const char* flag, const std::string& text, bool positive);
+
+int run_enqueue(const JobsArgs& a);
+int run_stats(const JobsArgs& a);
+int run_work(const JobsArgs& a);
+
+}  // namespace keel::cli::jobs_cli

@@ -1,0 +1,146 @@
+// `keel jobs work`'s Prometheus metrics and breaker log lines (see jobs_metrics.hpp).
+#include "jobs_metrics.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <utility>
+
+#include "keel/duration.hpp"
+
+namespace keel::cli::jobs_cli {
+namespace {
+
+std::string escape_label(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+Metrics::Metrics(std::string queue) : queue_(std::move(queue)) {
+  for (const char* o : {"success", "transient", "throttled", "ambiguous", "permanent"}) {
+    attempts_[o] = 0;
+  }
+  for (const char* r : {"permanent", "attempts_exhausted", "max_age"}) dead_lettered_[r] = 0;
+}
+
+void Metrics::record(const store::WorkerEvent& e) {
+  std::lock_guard lock(mu_);
+  if (e.report.outcome.attempted()) {
+    ++attempts_[std::string(to_string(e.report.outcome.kind))];
+  } else {
+    ++deferrals_;  // nothing was sent: not an attempt
+  }
+  if (e.result.status == store::CompleteStatus::kStale) ++stale_;
+}
+
+void Metrics::dead_lettered(std::string_view reason) {
+  std::lock_guard lock(mu_);
+  ++dead_lettered_[reason.starts_with("permanent") ? "permanent"
+                   : reason.starts_with("max age") ? "max_age"
+                                                   : "attempts_exhausted"];
+}
+
+std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
+  std::ostringstream out;
+  out << "# HELP keel_queue_jobs Jobs by queue and state.\n# TYPE keel_queue_jobs gauge\n";
+  bool have_own = false;
+  for (const auto& s : stats) have_own = have_own || s.queue == queue_;
+  std::vector<store::QueueStats> all = stats;
+  if (!have_own) {
+    store::QueueStats empty;
+    empty.queue = queue_;
+    all.push_back(empty);
+  }
+  for (const auto& s : all) {
+    const std::string q = escape_label(s.queue);
+    const std::pair<const char*, std::int64_t> states[] = {{"ready", s.ready},
+                                                           {"running", s.running},
+                                                           {"retry_scheduled", s.retry_scheduled},
+                                                           {"done", s.done},
+                                                           {"dead", s.dead}};
+    for (const auto& [state, n] : states) {
+      out << "keel_queue_jobs{queue=\"" << q << "\",state=\"" << state << "\"} " << n << '\n';
+    }
+  }
+  out << "# HELP keel_queue_dead_letter_depth Jobs in the dead-letter queue (0 when empty).\n"
+         "# TYPE keel_queue_dead_letter_depth gauge\n";
+  for (const auto& s : all) {
+    out << "keel_queue_dead_letter_depth{queue=\"" << escape_label(s.queue) << "\"} " << s.dead
+        << '\n';
+  }
+  out << "# HELP keel_queue_deferred_jobs Jobs waiting because a breaker or budget refused them "
+         "(not because an attempt failed).\n# TYPE keel_queue_deferred_jobs gauge\n";
+  for (const auto& s : all) {
+    out << "keel_queue_deferred_jobs{queue=\"" << escape_label(s.queue) << "\"} " << s.deferred
+        << '\n';
+  }
+  out << "# HELP keel_queue_oldest_ready_age_seconds Age of the oldest job waiting for a "
+         "worker.\n# TYPE keel_queue_oldest_ready_age_seconds gauge\n";
+  for (const auto& s : all) {
+    out << "keel_queue_oldest_ready_age_seconds{queue=\"" << escape_label(s.queue) << "\"} "
+        << std::chrono::duration<double>(s.oldest_ready_age).count() << '\n';
+  }
+  std::lock_guard lock(mu_);
+  const std::string q = escape_label(queue_);
+  out << "# HELP keel_queue_attempts_total Job attempts run by this worker, by outcome.\n"
+         "# TYPE keel_queue_attempts_total counter\n";
+  for (const auto& [outcome, n] : attempts_) {
+    out << "keel_queue_attempts_total{queue=\"" << q << "\",outcome=\"" << outcome << "\"} " << n
+        << '\n';
+  }
+  out << "# HELP keel_queue_dead_lettered_total Jobs this worker moved to the dead-letter "
+         "queue, by reason.\n# TYPE keel_queue_dead_lettered_total counter\n";
+  for (const auto& [reason, n] : dead_lettered_) {
+    out << "keel_queue_dead_lettered_total{queue=\"" << q << "\",reason=\"" << reason << "\"} " << n
+        << '\n';
+  }
+  out << "# HELP keel_queue_deferrals_total Jobs this worker deferred without sending (a brake "
+         "refused).\n# TYPE keel_queue_deferrals_total counter\n"
+      << "keel_queue_deferrals_total{queue=\"" << q << "\"} " << deferrals_ << '\n';
+  out << "# HELP keel_queue_stale_completions_total Outcomes refused because the lease had "
+         "been lost.\n# TYPE keel_queue_stale_completions_total counter\n"
+      << "keel_queue_stale_completions_total{queue=\"" << q << "\"} " << stale_ << '\n';
+  return out.str();
+}
+
+void BreakerLog::on_change(std::string_view key, BreakerState from, BreakerState to) {
+  const TimePoint now = steady_clock().now();
+  std::lock_guard lock(mu_);
+  Outage& o = outages_[std::string(key)];
+  if (to == BreakerState::kOpen && from == BreakerState::kClosed) {
+    o = Outage{now, 0};
+    std::int64_t calls = 0;
+    std::int64_t failures = 0;
+    if (auto b = registry_.find(key)) {
+      const BreakerSnapshot snap = b->snapshot();
+      calls = snap.calls;
+      failures = snap.failures;
+    }
+    std::fprintf(
+        stderr,
+        "keel jobs: circuit open for %.*s: %lld of %lld calls failed (%.0f%%); jobs "
+        "wait for it without spending attempts\n",
+        static_cast<int>(key.size()), key.data(), static_cast<long long>(failures),
+        static_cast<long long>(calls),
+        calls > 0 ? 100.0 * static_cast<double>(failures) / static_cast<double>(calls) : 0.0);
+  } else if (to == BreakerState::kHalfOpen) {
+    ++o.probes;
+  } else if (to == BreakerState::kClosed) {
+    std::fprintf(stderr, "keel jobs: circuit closed for %.*s after %s open (%d probes)\n",
+                 static_cast<int>(key.size()), key.data(), format_duration(now - o.opened).c_str(),
+                 o.probes);
+    outages_.erase(std::string(key));
+  }
+}
+
+}  // namespace keel::cli::jobs_cli

@@ -1,0 +1,60 @@
+// What `keel jobs work` reports about itself: the Prometheus metrics served on --metrics-listen
+// (the queue's counts per state from the database, plus this worker's attempts, dead letters,
+// deferrals and stale completions) and one stderr line per breaker opening and closing.
+// Thread-safety: both classes are safe for concurrent use (a mutex around their counters).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/breaker.hpp"
+#include "keel/store/queue.hpp"
+#include "keel/store/queue_worker.hpp"
+
+namespace keel::cli::jobs_cli {
+
+class Metrics {
+ public:
+  explicit Metrics(std::string queue);
+
+  void record(const store::WorkerEvent& e);
+
+  /// Every move to the dead-letter queue, including a lease that expired on its last attempt.
+  void dead_lettered(std::string_view reason);
+
+  /// The Prometheus text exposition of `stats` (the worker's queue included even when empty)
+  /// and of this worker's counters.
+  [[nodiscard]] std::string render(const std::vector<store::QueueStats>& stats) const;
+
+ private:
+  std::string queue_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::int64_t> attempts_;       // guarded by mu_
+  std::map<std::string, std::int64_t> dead_lettered_;  // guarded by mu_
+  std::int64_t stale_ = 0;                             // guarded by mu_
+  std::int64_t deferrals_ = 0;                         // guarded by mu_
+};
+
+/// Logs one line when a dependency's breaker opens and one when it closes again, with the
+/// failure rate that tripped it, how long it stayed open and how many probes it took.
+class BreakerLog {
+ public:
+  explicit BreakerLog(BreakerRegistry& registry) : registry_(registry) {}
+
+  void on_change(std::string_view key, BreakerState from, BreakerState to);
+
+ private:
+  struct Outage {
+    TimePoint opened{};
+    int probes = 0;
+  };
+  BreakerRegistry& registry_;
+  std::mutex mu_;
+  std::map<std::string, Outage> outages_;  // guarded by mu_
+};
+
+}  // namespace keel::cli::jobs_cli

@@ -1,0 +1,233 @@
+// `keel jobs work`: checks the flags, builds the queue, the handler (keel::store::WebhookHandler
+// for --deliver, keel::store::CommandHandler for --exec) and the keel::store::Worker, serves
+// --metrics-listen and turns SIGTERM and SIGINT into Worker::stop().
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "jobs_cli.hpp"
+#include "jobs_metrics.hpp"
+#include "keel/budget.hpp"
+#include "keel/duration.hpp"
+#include "keel/http/client.hpp"
+#include "keel/store/command_handler.hpp"
+#include "keel/store/idempotency_middleware.hpp"
+#include "keel/store/queue_worker.hpp"
+#include "keel/store/webhook_handler.hpp"
+#include "queue_cli.hpp"
+
+namespace keel::cli::jobs_cli {
+
+using queue_cli::failure;
+
+int run_work(const JobsArgs& a) {
+  const auto url = queue_cli::parse_db_flag("jobs", a.db);
+  if (!url) return kExitUsage;
+  if (std::string why = store::check_queue_name(a.queue); !why.empty()) {
+    return usage("--queue: " + why);
+  }
+  if (a.deliver.empty() == a.exec.empty()) {
+    return usage(a.deliver.empty() ? "work needs a handler: give --deliver URL or --exec CMD"
+                                   : "--deliver and --exec are mutually exclusive");
+  }
+  if (!a.deliver.empty() && !a.deliver.starts_with("http://") &&
+      !a.deliver.starts_with("https://")) {
+    return usage("--deliver: URL '" + a.deliver + "' must start with http:// or https://");
+  }
+  if (a.concurrency < 1 || a.concurrency > 256) {
+    return usage("--concurrency: must be 1..256, got " + std::to_string(a.concurrency));
+  }
+  if (a.batch < 1 || a.batch > 1000) {
+    return usage("--batch: must be 1..1000, got " + std::to_string(a.batch));
+  }
+  const auto lease = duration_flag("--lease", a.lease, true);
+  if (!lease) return kExitUsage;
+  const auto base = duration_flag("--backoff-base", a.backoff_base, true);
+  if (!base) return kExitUsage;
+  const auto cap = duration_flag("--backoff-cap", a.backoff_cap, true);
+  if (!cap) return kExitUsage;
+  if (*cap < *base) {
+    return usage("--backoff-cap: must be at least --backoff-base (" + a.backoff_base + "), got '" +
+                 a.backoff_cap + "'");
+  }
+  const auto grace = duration_flag("--grace", a.grace, false);
+  if (!grace) return kExitUsage;
+  const auto poll = duration_flag("--poll", a.poll, true);
+  if (!poll) return kExitUsage;
+  const auto timeout = duration_flag("--timeout", a.timeout, true);
+  if (!timeout) return kExitUsage;
+  // The queue's retries draw on a ratio budget (retries <= RATIO x first attempts in 10 s, plus
+  // 10 a second): it refills with time, so a deferred job is never stuck behind it.
+  std::optional<double> budget_ratio;
+  if (a.retry_budget != "off") {
+    char* end = nullptr;
+    const double r = std::strtod(a.retry_budget.c_str(), &end);
+    if (a.retry_budget.empty() || end != a.retry_budget.c_str() + a.retry_budget.size() ||
+        !(r >= 0.0 && r <= 1000.0)) {
+      return usage("--retry-budget: expected a ratio in [0, 1000] or 'off', got '" +
+                   a.retry_budget + "'");
+    }
+    budget_ratio = r;
+  }
+  const auto max_db_outage = duration_flag("--max-db-outage", a.max_db_outage, true);
+  if (!max_db_outage) return kExitUsage;
+  Duration max_age = kInfinite;
+  if (!a.max_age.empty()) {
+    const auto d = duration_flag("--max-age", a.max_age, true);
+    if (!d) return kExitUsage;
+    max_age = *d;
+  }
+  std::optional<Duration> retain;
+  if (!a.retain_done.empty()) {
+    retain = duration_flag("--retain-done", a.retain_done, false);
+    if (!retain) return kExitUsage;
+  }
+  std::string metrics_host;
+  int metrics_port = -1;
+  if (!a.metrics_listen.empty()) {
+    const std::size_t colon = a.metrics_listen.rfind(':');
+    if (colon == std::string::npos) {
+      return usage("--metrics-listen: expected HOST:PORT, got '" + a.metrics_listen + "'");
+    }
+    metrics_host = a.metrics_listen.substr(0, colon);
+    if (metrics_host.empty()) metrics_host = "127.0.0.1";
+    try {
+      std::size_t used = 0;
+      metrics_port = std::stoi(a.metrics_listen.substr(colon + 1), &used);
+      if (used != a.metrics_listen.size() - colon - 1) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      metrics_port = -1;
+    }
+    if (metrics_port < 0 || metrics_port > 65535) {
+      return usage("--metrics-listen: invalid port in '" + a.metrics_listen + "'");
+    }
+  }
+  if (url->backend == store::Backend::kSqlite && !queue_cli::database_exists(*url)) {
+    return usage("--db: database '" + url->redacted + "' does not exist (enqueue creates it)");
+  }
+
+  store::ConnectionPool pool(*url, {.max_connections = a.concurrency + 3});
+  {
+    bool has_schema = false;
+    auto conn = queue_cli::open_queue_db(*url, false, &has_schema);
+    store::JobQueue q;
+    if (!has_schema || !q.queue_exists(*conn, a.queue)) {
+      return usage("--queue: unknown queue '" + a.queue + "' in " + url->redacted +
+                   " (a queue is created by its first enqueue)");
+    }
+  }
+  Metrics metrics(a.queue);
+  store::QueueOptions queue_options;
+  queue_options.backoff = {.base = *base, .cap = *cap};
+  queue_options.lease = *lease;
+  queue_options.max_age = max_age;
+  queue_options.on_dead_letter = [&](std::int64_t, std::string_view reason) {
+    metrics.dead_lettered(reason);
+  };
+  store::JobQueue queue(queue_options);
+
+  // Signals are taken by one thread with sigwait; every other thread (started below) inherits
+  // the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<http::Client> client;
+  std::unique_ptr<RatioBudget> budget;
+  if (budget_ratio)
+    budget = std::make_unique<RatioBudget>(RatioBudgetOptions{.ratio = *budget_ratio});
+  BreakerRegistry breakers;
+  BreakerLog breaker_log(breakers);
+  if (!a.deliver.empty()) {
+    breakers.add_listener([&](std::string_view key, BreakerState from, BreakerState to) {
+      breaker_log.on_change(key, from, to);
+    });
+    http::ClientOptions options = store::webhook_client_options(*timeout);
+    options.breakers = &breakers;
+    options.retry_budget = budget != nullptr;
+    options.budget = budget.get();
+    client = std::make_unique<http::Client>(options);
+  }
+  store::JobHandler handler;
+  if (client) {
+    handler = store::WebhookHandler(*client, a.deliver);
+  } else {
+    handler = store::CommandHandler(a.exec);
+  }
+  store::WorkerOptions options;
+  options.queue = a.queue;
+  options.concurrency = a.concurrency;
+  options.batch = a.batch;
+  options.poll_interval = *poll;
+  options.grace = *grace;
+  options.exit_when_idle = a.exit_when_idle;
+  options.done_retention = retain;
+  options.max_database_outage = *max_db_outage;
+  options.on_event = [&](const store::WorkerEvent& e) { metrics.record(e); };
+  store::Worker worker(pool, queue, options, handler);
+
+  std::unique_ptr<httplib::Server> server;
+  std::thread server_thread;
+  if (metrics_port >= 0) {
+    server = std::make_unique<httplib::Server>();
+    store::apply_server_limits(*server, {});  // an exclusive port (no SO_REUSEPORT), limits
+    server->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+      try {
+        auto conn = pool.acquire();
+        res.set_content(metrics.render(queue.stats(*conn)), "text/plain; version=0.0.4");
+      } catch (const std::exception& e) {
+        res.status = 500;
+        res.set_content(std::string("database error: ") + e.what() + "\n", "text/plain");
+      }
+    });
+    const int port = metrics_port == 0
+                         ? server->bind_to_any_port(metrics_host)
+                         : (server->bind_to_port(metrics_host, metrics_port) ? metrics_port : -1);
+    if (port < 0) {
+      return failure("jobs", "--metrics-listen: cannot listen on " + a.metrics_listen);
+    }
+    std::fprintf(stderr, "keel jobs: metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
+                 port);
+    server_thread = std::thread([&] { server->listen_after_bind(); });
+  }
+
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    const timespec tick{0, 100'000'000};
+    while (!done.load()) {
+      const int sig = sigtimedwait(&signals, nullptr, &tick);
+      if (sig == SIGTERM || sig == SIGINT) {
+        std::fprintf(stderr, "keel jobs: %s: stopping (grace %s)\n",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT", a.grace.c_str());
+        worker.stop();
+      }
+    }
+  });
+  std::fprintf(stderr, "keel jobs: worker %s on queue '%s' (%s)\n", worker.worker_id().c_str(),
+               a.queue.c_str(), url->redacted.c_str());
+  const std::int64_t recorded = worker.run();
+  done.store(true);
+  signal_thread.join();
+  if (server) {
+    server->stop();
+    server_thread.join();
+  }
+  std::fprintf(stderr, "keel jobs: worker stopped: %lld attempts recorded, %lld leases released\n",
+               static_cast<long long>(recorded), static_cast<long long>(worker.released()));
+  if (worker.failed()) return failure("jobs", worker.failure());
+  return 0;
+}
+
+}  // namespace keel::cli::jobs_cli
