@@ -110,7 +110,7 @@ std::optional<Duration> LatencyTracker::quantile(double p, TimePoint now,
   // One snapshot of the totals, so that the rank and the scan agree while others record. A
   // total can read below zero for an instant (a rotation took a count out before its add
   // reached the total): it counts as zero.
-  std::array<std::int64_t, kCounters> counts;
+  std::array<std::int64_t, kCounters> counts{};
   std::int64_t n = 0;
   for (int i = 0; i < kCounters; ++i) {
     counts[static_cast<std::size_t>(i)] = std::max<std::int64_t>(0, std::as_const(w).total(i));
@@ -176,7 +176,7 @@ std::optional<Duration> AdaptiveTimeout::computed(TimePoint now) const noexcept 
 // ---------------------------------------------------------------------------------------------
 
 AdaptiveTimeoutRegistry::AdaptiveTimeoutRegistry(AdaptiveTimeoutRegistryOptions options)
-    : options_(std::move(options)) {
+    : options_(options) {
   (void)tracker_options(options_.timeout);
   if (options_.max_keys < 1) detail::reject("AdaptiveTimeoutRegistry", "max_keys", ">= 1", "0");
 }

@@ -19,6 +19,7 @@
 #include <asio/steady_timer.hpp>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -31,6 +32,7 @@
 
 #include "keel/asio/http_client.hpp"
 #include "keel/breaker.hpp"
+#include "keel/duration.hpp"
 #include "keel/http/client.hpp"
 #include "keel/http/fault_server.hpp"
 #include "keel/latency.hpp"
@@ -305,6 +307,9 @@ TYPED_TEST(HttpClients, AdaptiveTimeoutsDropFromTheStaticTimeoutToTheMeasuredLat
   ASSERT_TRUE(client.send({.url = url}).ok());
   ASSERT_TRUE(t->computed(now()).has_value());
   const keel::Duration warm = t->timeout(now(), c.retry.per_try_timeout);
+  std::printf("slowest of 20 answers %s, timeout %s (static %s)\n",
+              keel::format_duration(slowest).c_str(), keel::format_duration(warm).c_str(),
+              keel::format_duration(c.retry.per_try_timeout).c_str());
   // p99.9 of 20 latencies is the slowest: about slowest x 1.25 + 25 ms, and at least
   // 20 ms x 1.25 + 25 ms (every answer waited 20 ms).
   EXPECT_GE(warm, milliseconds(50));

@@ -48,14 +48,14 @@ TEST(AdaptiveTimeout, FollowsTheMeasuredTailAndALatencyShift) {
   keel::ManualClock clock;
   AdaptiveTimeout t({.quantile = 0.999, .factor = 1.25, .margin = milliseconds(25)});
   ASSERT_EQ(t.options().window, seconds(60));
-  const Duration kStatic = seconds(10);
-  EXPECT_EQ(t.timeout(clock.now(), kStatic), kStatic);  // no history yet
+  const Duration static_timeout = seconds(10);
+  EXPECT_EQ(t.timeout(clock.now(), static_timeout), static_timeout);  // no history yet
 
   // p99.9 about 180 ms: timeout about 180 x 1.25 + 25 = 250 ms.
   record_spread(t, clock, milliseconds(180), 10);
   const Duration p999 = *t.tracker().quantile(0.999, clock.now());
   EXPECT_NEAR(ms(p999), 179.87, 179.87 * LatencyTracker::kRelativeError);
-  const Duration before = t.timeout(clock.now(), kStatic);
+  const Duration before = t.timeout(clock.now(), static_timeout);
   EXPECT_NEAR(ms(before), 250.0, 3.0);
 
   // The dependency slows to 400 ms. A rising tail is followed at once: as soon as more than
@@ -64,14 +64,14 @@ TEST(AdaptiveTimeout, FollowsTheMeasuredTailAndALatencyShift) {
     t.record(milliseconds(400), clock.now());
     clock.advance(milliseconds(1));
   }
-  EXPECT_NEAR(ms(t.timeout(clock.now(), kStatic)), 400 * 1.25 + 25, 6.0);
+  EXPECT_NEAR(ms(t.timeout(clock.now(), static_timeout)), 400 * 1.25 + 25, 6.0);
 
   // Back to 180 ms: the slow latencies keep the timeout up until they have left the window
   // (60 s in 6 steps of 10 s), then it follows the new tail.
   for (int s = 0; s < 50; ++s) record_spread(t, clock, milliseconds(180));  // 50 s
-  EXPECT_NEAR(ms(t.timeout(clock.now(), kStatic)), 525.0, 6.0);
+  EXPECT_NEAR(ms(t.timeout(clock.now(), static_timeout)), 525.0, 6.0);
   for (int s = 0; s < 30; ++s) record_spread(t, clock, milliseconds(180));  // 80 s in all
-  EXPECT_NEAR(ms(t.timeout(clock.now(), kStatic)), 250.0, 3.0);
+  EXPECT_NEAR(ms(t.timeout(clock.now(), static_timeout)), 250.0, 3.0);
 }
 
 TEST(AdaptiveTimeout, AShiftToSlowerLatencyIsFollowedOnceTheWindowRotates) {
@@ -242,6 +242,7 @@ TEST(LatencyTracker, ThreadsRecordWhileOneReads) {
   std::atomic<bool> done{false};
   std::atomic<int> bad{0};
   std::vector<std::thread> writers;
+  writers.reserve(kWriters);
   for (int w = 0; w < kWriters; ++w) {
     writers.emplace_back([&, w] {
       for (int i = 0; i < kPerWriter; ++i) {
@@ -265,6 +266,7 @@ TEST(LatencyTracker, ThreadsRecordWhileOneReads) {
   LatencyTracker still;
   const keel::TimePoint now{seconds(3)};
   std::vector<std::thread> more;
+  more.reserve(kWriters);
   for (int w = 0; w < kWriters; ++w) {
     more.emplace_back([&] {
       for (int i = 0; i < kPerWriter; ++i) still.record(milliseconds(20), now);
