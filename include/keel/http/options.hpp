@@ -92,7 +92,9 @@ struct ClientOptions {
   /// leaves), which stays the upper bound. Recorded: the latency of every attempt that got a
   /// response (any status), and a timed-out attempt at the time it waited (a lower bound of its
   /// latency: dropping it would keep the timeout low after a shift above it, see
-  /// keel/latency.hpp); not connection failures. Default false.
+  /// keel/latency.hpp); not connection failures. Latencies are read on `clock` (a
+  /// keel::ManualClock reads them as zero: the timeout then sits at its floor). See
+  /// docs/timeouts.md. Default false.
   bool adaptive_timeouts = false;
   /// The registry the per-host timeouts come from; share one between clients to share their
   /// measurements, or keep one to read a host's timeout (get(key)->timeout(now, static)).
