@@ -49,9 +49,13 @@ struct HttpClient::Impl {
                                       static_cast<std::size_t>(options.max_transfers));
   }
 
+  // Runs attempt `engine_info` with its timeout shortened to the host's measured one
+  // (`timeout`, nullptr: none), and records its latency there.
   ::asio::awaitable<AttemptResult> attempt(const HttpRequest& request, const RequestTraits& traits,
-                                           const std::string& key, const AttemptInfo& info,
-                                           Clock& clock) {
+                                           const std::string& key, const AttemptInfo& engine_info,
+                                           Clock& clock, AdaptiveTimeout* timeout) {
+    const TimePoint began = clock.now();
+    const AttemptInfo info = http::detail::adapt_attempt(engine_info, timeout, began);
     // An easy handle from the idle list (reset), returned to it when the attempt ends.
     struct Lease {
       Impl* impl;
@@ -72,7 +76,10 @@ struct HttpClient::Impl {
       out.error = "cancelled";
       co_return out;
     }
-    co_return attempt.finish(rc, classifier, clock);
+    AttemptResult out = attempt.finish(rc, classifier, clock);
+    const TimePoint ended = clock.now();
+    http::detail::record_latency(timeout, out, ended - began, ended);
+    co_return out;
   }
 
   Easy acquire() {
@@ -123,12 +130,14 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
   CallOptions call = impl->guards.call_options(request, *traits, clock, breaker);
   call.rng = impl->options.rng;
   call.context = context;
+  const std::shared_ptr<AdaptiveTimeout> timeout = impl->guards.adaptive_timeout(request);
 
   // The last attempt's details, kept by the op for the result and the on_attempt hook.
   std::string last_error;
   auto op = [&](const AttemptInfo& info) -> ::asio::awaitable<AttemptResult> {
     last_error.clear();
-    AttemptResult a = co_await impl->attempt(request, *traits, result.idempotency_key, info, clock);
+    AttemptResult a = co_await impl->attempt(request, *traits, result.idempotency_key, info, clock,
+                                             timeout.get());
     last_error = a.error;
     co_return a;
   };

@@ -117,6 +117,12 @@ void check_options(const ClientOptions& options, std::string_view type) {
 }
 
 OperationGuards::OperationGuards(const ClientOptions& options) {
+  if (options.adaptive_timeouts) {
+    if (options.timeouts == nullptr) {
+      own_timeouts_ = std::make_unique<AdaptiveTimeoutRegistry>(options.own_timeouts);
+    }
+    timeouts_ = options.timeouts != nullptr ? options.timeouts : own_timeouts_.get();
+  }
   if (options.circuit_breakers) {
     if (options.breakers == nullptr) {
       own_breakers_ = std::make_unique<BreakerRegistry>(options.own_breakers);
@@ -146,6 +152,29 @@ CallOptions OperationGuards::call_options(const Request& request, const RequestT
   }
   call.breaker = breaker.get();
   return call;
+}
+
+std::shared_ptr<AdaptiveTimeout> OperationGuards::adaptive_timeout(const Request& request) const {
+  if (timeouts_ == nullptr) return nullptr;
+  const std::optional<std::string> key = breaker_key(request.url);
+  return key.has_value() ? timeouts_->get(*key) : nullptr;
+}
+
+AttemptInfo adapt_attempt(const AttemptInfo& info, const AdaptiveTimeout* timeout,
+                          TimePoint now) noexcept {
+  AttemptInfo out = info;
+  if (timeout != nullptr) out.timeout = timeout->attempt_timeout(info.timeout, now);
+  return out;
+}
+
+void record_latency(AdaptiveTimeout* timeout, const AttemptResult& attempt, Duration took,
+                    TimePoint now) noexcept {
+  if (timeout == nullptr) return;
+  if (attempt.response.has_value()) {
+    timeout->record(took, now);
+  } else if (attempt.outcome.timed_out) {
+    timeout->record_timeout(took, now);
+  }
 }
 
 std::optional<RequestTraits> begin_operation(const Request& request, Result& result) {

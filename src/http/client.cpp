@@ -115,14 +115,18 @@ Result Client::send(const Request& request) {
   if (!traits) return result;
   std::shared_ptr<CircuitBreaker> breaker;  // held for the whole operation
   const CallOptions call = impl.guards.call_options(request, *traits, clock, breaker);
+  const std::shared_ptr<AdaptiveTimeout> timeout = impl.guards.adaptive_timeout(request);
   RetryState state(impl.policy, call);
   RetryScope scope;  // a keel operation started from a hook is one layer down
 
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
     const TimePoint began = clock.now();
+    const AttemptInfo info = detail::adapt_attempt(start.attempt, timeout.get(), began);
     detail::AttemptResult attempt =
-        impl.run_attempt(request, *traits, result.idempotency_key, start.attempt, clock);
-    const Duration took = clock.now() - began;
+        impl.run_attempt(request, *traits, result.idempotency_key, info, clock);
+    const TimePoint ended = clock.now();
+    const Duration took = ended - began;
+    detail::record_latency(timeout.get(), attempt, took, ended);
     const Decision decision = state.next(attempt.outcome);
     result.outcome = attempt.outcome;
     result.response = std::move(attempt.response);

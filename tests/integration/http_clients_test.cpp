@@ -19,6 +19,7 @@
 #include <asio/steady_timer.hpp>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -31,8 +32,10 @@
 
 #include "keel/asio/http_client.hpp"
 #include "keel/breaker.hpp"
+#include "keel/duration.hpp"
 #include "keel/http/client.hpp"
 #include "keel/http/fault_server.hpp"
+#include "keel/latency.hpp"
 
 namespace {
 
@@ -52,6 +55,8 @@ struct Config {
   keel::HttpClassifierOptions classifier;
   std::function<void(const keel::http::AttemptEvent&)> on_attempt;
   std::function<void(std::string_view)> log = [](std::string_view) {};
+  bool adaptive_timeouts = false;
+  keel::AdaptiveTimeoutRegistry* timeouts = nullptr;
 };
 
 // Fast backoff so tests spend their time on the network, not on waiting.
@@ -71,7 +76,9 @@ class BlockingDriver {
       : client_({.retry = c.retry,
                  .classifier = c.classifier,
                  .on_attempt = c.on_attempt,
-                 .log = c.log}) {}
+                 .log = c.log,
+                 .adaptive_timeouts = c.adaptive_timeouts,
+                 .timeouts = c.timeouts}) {}
   Result send(const Request& r) { return client_.send(r); }
 
  private:
@@ -85,7 +92,9 @@ class AsyncDriver {
       : client_(io_.get_executor(), {.retry = c.retry,
                                      .classifier = c.classifier,
                                      .on_attempt = c.on_attempt,
-                                     .log = c.log}) {}
+                                     .log = c.log,
+                                     .adaptive_timeouts = c.adaptive_timeouts,
+                                     .timeouts = c.timeouts}) {}
   Result send(const Request& r) {
     std::optional<Result> out;
     std::exception_ptr error;
@@ -266,6 +275,54 @@ TYPED_TEST(HttpClients, PerTryTimeoutEndsAHungAttemptAndTheRetrySucceeds) {
   EXPECT_TRUE(outcomes[0].timed_out);
   EXPECT_EQ(outcomes[0].source, OutcomeSource::kNetwork);
   EXPECT_EQ(server.arrivals().size(), 2u);
+}
+
+TYPED_TEST(HttpClients, AdaptiveTimeoutsDropFromTheStaticTimeoutToTheMeasuredLatency) {
+  // Twenty answers in about 20 ms, then a hang. The host's timeout is read from the registry
+  // the client records into; the hang proves the attempt used it (the static one is 10 s).
+  FaultServer server({.script = "200/delay=20ms*20,hang"});
+  server.start();
+  keel::AdaptiveTimeoutRegistry timeouts({.timeout = {.min_samples = 20}});
+  Config c = fast(1);
+  c.retry.per_try_timeout = seconds(10);
+  c.adaptive_timeouts = true;
+  c.timeouts = &timeouts;
+  keel::Duration slowest{};
+  std::vector<keel::Outcome> outcomes;
+  c.on_attempt = [&](const keel::http::AttemptEvent& e) {
+    slowest = std::max(slowest, e.took);
+    outcomes.push_back(e.outcome);
+  };
+  TypeParam client(c);
+  const std::string url = server.url("/");
+  const std::string host = keel::http::breaker_key(url).value();
+  const auto now = [] { return keel::steady_clock().now(); };
+
+  for (int i = 0; i < 19; ++i) ASSERT_TRUE(client.send({.url = url}).ok());
+  const std::shared_ptr<keel::AdaptiveTimeout> t = timeouts.find(host);
+  ASSERT_NE(t, nullptr);
+  EXPECT_FALSE(t->computed(now()).has_value());  // 19 < min_samples: the static timeout
+  EXPECT_EQ(t->timeout(now(), c.retry.per_try_timeout), seconds(10));
+
+  ASSERT_TRUE(client.send({.url = url}).ok());
+  ASSERT_TRUE(t->computed(now()).has_value());
+  const keel::Duration warm = t->timeout(now(), c.retry.per_try_timeout);
+  std::printf("slowest of 20 answers %s, timeout %s (static %s)\n",
+              keel::format_duration(slowest).c_str(), keel::format_duration(warm).c_str(),
+              keel::format_duration(c.retry.per_try_timeout).c_str());
+  // p99.9 of 20 latencies is the slowest: about slowest x 1.25 + 25 ms, and at least
+  // 20 ms x 1.25 + 25 ms (every answer waited 20 ms).
+  EXPECT_GE(warm, milliseconds(50));
+  EXPECT_LE(warm, keel::saturating_scale(slowest, 1.25 * (1 + 1.0 / 128)) + milliseconds(25));
+  EXPECT_LT(warm, seconds(10));
+
+  const Result hung = client.send({.url = url});
+  EXPECT_TRUE(hung.outcome.timed_out);
+  EXPECT_LT(hung.elapsed, seconds(5));
+  ASSERT_EQ(outcomes.size(), 21u);
+  EXPECT_TRUE(outcomes.back().timed_out);
+  // The timeout was recorded at its limit, a lower bound of the latency: the timeout rises.
+  EXPECT_GT(t->timeout(now(), c.retry.per_try_timeout), warm);
 }
 
 TYPED_TEST(HttpClients, ARefusedConnectionIsRetriedEvenForAPostWithoutKey) {

@@ -24,6 +24,7 @@
 #include "keel/clock.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/request.hpp"
+#include "keel/latency.hpp"
 #include "keel/random.hpp"
 #include "keel/retry.hpp"
 
@@ -84,6 +85,26 @@ struct ClientOptions {
   /// Options of the client's own budget (when budget is none). Default: 500 tokens, a retry
   /// costs 5 (10 after a timeout), a successful first attempt refunds 1 (the AWS SDKs' quota).
   TokenBucketBudgetOptions own_budget = {};
+  /// Whether each attempt's timeout comes from the measured latency of its "host:port" (the
+  /// breaker_key): clamp(quantile x factor + margin, floor, ceiling) of the host's recent
+  /// latencies (keel::AdaptiveTimeout), once it has min_samples of them; until then, and
+  /// whenever it is longer, the engine's timeout (retry.per_try_timeout, or what the deadline
+  /// leaves), which stays the upper bound. Recorded: the latency of every attempt that got a
+  /// response (any status), and a timed-out attempt at the time it waited (a lower bound of its
+  /// latency: dropping it would keep the timeout low after a shift above it, see
+  /// keel/latency.hpp); not connection failures. Latencies are read on `clock` (a
+  /// keel::ManualClock reads them as zero: the timeout then sits at its floor). See
+  /// docs/timeouts.md. Default false.
+  bool adaptive_timeouts = false;
+  /// The registry the per-host timeouts come from; share one between clients to share their
+  /// measurements, or keep one to read a host's timeout (get(key)->timeout(now, static)).
+  /// Non-owning; Requires: outlives the client. Default none: the client keeps a registry of its
+  /// own built from own_timeouts.
+  AdaptiveTimeoutRegistry* timeouts = nullptr;
+  /// Options of the client's own registry (when timeouts is none). Default: keel's
+  /// AdaptiveTimeoutOptions (p99.9 x 1.25 + 25 ms within [10 ms, 60 s], after 1000 latencies,
+  /// over the last 60 s).
+  AdaptiveTimeoutRegistryOptions own_timeouts = {};
 
   /// keel::http::Client only: idle easy handles kept for reuse. Requires: >= 1. Default 16.
   /// (keel::asio::HttpClient keeps up to 64.)

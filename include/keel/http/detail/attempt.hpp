@@ -30,6 +30,7 @@
 #include "keel/http/message.hpp"
 #include "keel/http/options.hpp"
 #include "keel/http/request.hpp"
+#include "keel/latency.hpp"
 #include "keel/retry.hpp"
 
 namespace keel::http::detail {
@@ -55,6 +56,8 @@ class OperationGuards {
  public:
   explicit OperationGuards(const ClientOptions& options);
 
+  /// The registry of per-host adaptive timeouts; nullptr when adaptive_timeouts is false.
+  [[nodiscard]] AdaptiveTimeoutRegistry* timeouts() const noexcept { return timeouts_; }
   /// The registry of per-host breakers; nullptr when circuit_breakers is false.
   [[nodiscard]] BreakerRegistry* breakers() const noexcept { return breakers_; }
   /// The retry budget; nullptr when retry_budget is false.
@@ -67,7 +70,13 @@ class OperationGuards {
                                          Clock& clock,
                                          std::shared_ptr<CircuitBreaker>& breaker) const;
 
+  /// The adaptive timeout of `request`'s host, which the caller holds for the whole operation;
+  /// nullptr when adaptive_timeouts is false, the URL has no host, or the registry is full.
+  [[nodiscard]] std::shared_ptr<AdaptiveTimeout> adaptive_timeout(const Request& request) const;
+
  private:
+  std::unique_ptr<AdaptiveTimeoutRegistry> own_timeouts_;
+  AdaptiveTimeoutRegistry* timeouts_ = nullptr;
   std::unique_ptr<BreakerRegistry> own_breakers_;
   std::unique_ptr<TokenBucketBudget> own_budget_;
   BreakerRegistry* breakers_ = nullptr;
@@ -79,6 +88,11 @@ class OperationGuards {
 /// request's traits; nullopt when the request is refused, with `result` filled (kPermanent, no
 /// attempt, error saying why).
 [[nodiscard]] std::optional<RequestTraits> begin_operation(const Request& request, Result& result);
+
+/// Attempt `info` as the engine started it, with its timeout shortened to the host's measured
+/// one (AdaptiveTimeout::attempt_timeout at `now`); unchanged when `timeout` is nullptr.
+[[nodiscard]] AttemptInfo adapt_attempt(const AttemptInfo& info, const AdaptiveTimeout* timeout,
+                                        TimePoint now) noexcept;
 
 /// Calls options.on_attempt, if set, with the event of one finished attempt.
 void report_attempt(const ClientOptions& options, const Request& request, int attempt,
@@ -97,6 +111,13 @@ struct AttemptResult {
   /// libcurl's message for a transport failure, or why the response could not be taken.
   std::string error;
 };
+
+/// Tells the host's adaptive timeout (nullptr: none) what an attempt that ran for `took` says
+/// about the host's latency: an attempt with a response (any status) is a latency; one that
+/// libcurl timed out is recorded at `took`, a lower bound of its latency; any other failure
+/// (refused, reset, DNS, a response that could not be taken) is not recorded.
+void record_latency(AdaptiveTimeout* timeout, const AttemptResult& attempt, Duration took,
+                    TimePoint now) noexcept;
 
 /// What libcurl writes into during one attempt (the header and body callbacks' state).
 struct Transfer {
