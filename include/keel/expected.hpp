@@ -49,8 +49,8 @@ struct Error {
   [[nodiscard]] Error in(std::string_view new_field, std::string_view new_context = {}) const;
 };
 
-/// `text` in single quotes, cut to `max_bytes` bytes (with "..." when cut) and with control
-/// characters shown as \xNN, so that any input can be quoted in a message.
+/// `text` in single quotes with control characters shown as \xNN, cut after about `max_bytes`
+/// bytes of that form (with "..." when cut), so that any input can be quoted in a message.
 [[nodiscard]] std::string quote_value(std::string_view text, std::size_t max_bytes = 64);
 
 /// A value of type T, or the Error that says why there is none. T may be void (a check).

@@ -22,8 +22,12 @@ Error Error::in(std::string_view new_field, std::string_view new_context) const 
 
 std::string quote_value(std::string_view text, std::size_t max_bytes) {
   std::string q = "'";
-  const bool cut = text.size() > max_bytes;
-  for (const char c : text.substr(0, max_bytes)) {
+  bool cut = false;
+  for (const char c : text) {
+    if (q.size() > max_bytes) {  // the shown form is capped, escapes included
+      cut = true;
+      break;
+    }
     const auto u = static_cast<unsigned char>(c);
     if (u < 0x20 || u == 0x7f) {
       char buf[8];
