@@ -52,10 +52,9 @@ int main(int argc, char** argv) {
     }
   }
   if (db.empty() || jobs < 1 || workers < 1 || batch < 1 || argc % 2 == 0) return usage();
-  std::string why;
-  const auto url = keel::store::parse_database_url(db, &why);
+  const auto url = keel::store::parse_database_url(db);
   if (!url) {
-    std::fprintf(stderr, "keel_bench_queue: --db: %s\n", why.c_str());
+    std::fprintf(stderr, "keel_bench_queue: %s\n", url.error().in("--db").message().c_str());
     return 2;
   }
   {

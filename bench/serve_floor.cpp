@@ -45,10 +45,9 @@ int main(int argc, char** argv) {
     }
   }
   if (db.empty() || threads < 1 || argc % 2 == 0) return usage();
-  std::string why;
-  const auto url = keel::store::parse_database_url(db, &why);
+  const auto url = keel::store::parse_database_url(db);
   if (!url) {
-    std::fprintf(stderr, "keel_bench_serve_floor: --db: %s\n", why.c_str());
+    std::fprintf(stderr, "keel_bench_serve_floor: %s\n", url.error().in("--db").message().c_str());
     return 2;
   }
   keel::store::migrate(*keel::store::open_database(*url), "floor",

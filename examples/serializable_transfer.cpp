@@ -50,10 +50,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s POSTGRES_URL\n", argv[0]);
     return 2;
   }
-  std::string error;
-  const auto admin_url = store::parse_database_url(base, &error);
+  const auto admin_url = store::parse_database_url(base);
   if (!admin_url || admin_url->backend != store::Backend::kPostgres) {
-    std::fprintf(stderr, "not a PostgreSQL URL: %s\n", error.c_str());
+    std::fprintf(stderr, "not a PostgreSQL URL: %s\n",
+                 admin_url ? base.c_str() : admin_url.error().message().c_str());
     return 2;
   }
 

@@ -7,11 +7,10 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  std::string error;
-  const auto d = keel::parse_duration(text, &error);
+  const auto d = keel::parse_duration(text);
   if (d) {
     if (*d < keel::Duration::zero()) std::abort();
-  } else if (error.empty()) {
+  } else if (d.error().message().empty() || d.error().problem.empty()) {
     std::abort();  // a rejection always says why
   }
   return 0;

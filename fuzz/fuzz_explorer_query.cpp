@@ -20,17 +20,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                    eq == std::string_view::npos ? std::string() : std::string(pair.substr(eq + 1)));
     at = amp + 1;
   }
-  const keel::sim::ExplorerQuery q =
+  const keel::Expected<keel::sim::ExplorerQuery> q =
       keel::sim::parse_explorer_query([&](std::string_view name) -> std::optional<std::string> {
         const auto it = params.find(name);
         if (it == params.end()) return std::nullopt;
         return it->second;
       });
-  if (!q.ok()) {
-    if (q.error.size() > 256 || q.error.find(':') == std::string::npos) std::abort();
+  if (!q) {
+    // A refusal names the parameter and stays short whatever the input.
+    if (q.error().field.empty() || q.error().message().size() > 256) std::abort();
     return 0;
   }
-  const keel::sim::ExplorerParams& p = q.params;
+  const keel::sim::ExplorerParams& p = q->params;
   if (p.fleet < 1 || p.fleet > 100'000) std::abort();
   if (!(p.capacity_per_s >= 1 && p.capacity_per_s <= 1e6)) std::abort();
   if (p.attempts < 1 || p.attempts > 20) std::abort();

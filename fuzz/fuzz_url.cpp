@@ -9,10 +9,9 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  std::string why;
-  const auto url = keel::http::parse_url(text, &why);
+  const auto url = keel::http::parse_url(text);
   if (!url) {
-    if (why.empty()) std::abort();
+    if (url.error().problem.empty()) std::abort();  // a refusal always says why
     return 0;
   }
   if (url->scheme != "http" && url->scheme != "https") std::abort();

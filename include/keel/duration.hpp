@@ -3,25 +3,23 @@
 // Thread-safety: pure functions.
 //
 // Example:
-//   std::string error;
-//   auto d = keel::parse_duration("1.5s", &error);   // 1500 ms
-//   auto bad = keel::parse_duration("fast", &error);  // nullopt; error names the problem
+//   auto d = keel::parse_duration("1.5s");    // 1500 ms
+//   auto bad = keel::parse_duration("fast");  // !bad; bad.error().message() names the problem
 #pragma once
 
-#include <optional>
 #include <string>
 #include <string_view>
 
 #include "keel/clock.hpp"
+#include "keel/expected.hpp"
 
 namespace keel {
 
 /// Parses a non-negative decimal number followed by a unit: ns, us, ms, s, m, h. No spaces, no
-/// sign, no exponent. Returns nullopt on anything else, on a value too large for Duration, and
-/// on a non-zero value that rounds to zero nanoseconds; when `error` is given it receives a
-/// sentence saying what is wrong (without naming a flag: the caller knows which).
-[[nodiscard]] std::optional<Duration> parse_duration(std::string_view text,
-                                                     std::string* error = nullptr);
+/// sign, no exponent. Returns an Error (field "duration": the caller renames it to its flag) on
+/// anything else, on a value too large for Duration, and on a non-zero value that rounds to zero
+/// nanoseconds.
+[[nodiscard]] Expected<Duration> parse_duration(std::string_view text);
 
 /// The shortest exact-enough human form: "0s", "250ms", "1.5s", "2m", "1h30m", "inf".
 [[nodiscard]] std::string format_duration(Duration d);

@@ -8,9 +8,10 @@ namespace {
 
 __extension__ using u128 = unsigned __int128;  // exact arithmetic for overflow checks
 
-bool fail(std::string* error, std::string message) {
-  if (error != nullptr) *error = std::move(message);
-  return false;
+constexpr std::string_view kUnitHint = "use ns, us, ms, s, m or h, like 250ms, 1.5s, 2m or 1h";
+
+Error fail(std::string_view text, std::string problem) {
+  return Error{.field = "duration", .problem = std::move(problem), .got = quote_value(text)};
 }
 
 struct Unit {
@@ -26,11 +27,9 @@ constexpr Unit kUnits[] = {{"ns", 1},
 
 }  // namespace
 
-std::optional<Duration> parse_duration(std::string_view text, std::string* error) {
-  const std::string quoted = "'" + std::string(text.substr(0, 64)) + "'";
+Expected<Duration> parse_duration(std::string_view text) {
   if (text.empty()) {
-    fail(error, "empty duration; expected a number and a unit, like 250ms, 1.5s, 2m or 1h");
-    return std::nullopt;
+    return fail(text, "is empty; " + std::string(kUnitHint));
   }
   std::size_t i = 0;
   // Integer part, exact, with overflow detection.
@@ -39,8 +38,7 @@ std::optional<Duration> parse_duration(std::string_view text, std::string* error
   while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
     whole = whole * 10 + static_cast<unsigned>(text[i] - '0');
     if (whole > (static_cast<u128>(1) << 80)) {
-      fail(error, "duration " + quoted + " is too large");
-      return std::nullopt;
+      return fail(text, "is too large");
     }
     ++i;
     ++int_digits;
@@ -60,15 +58,11 @@ std::optional<Duration> parse_duration(std::string_view text, std::string* error
       ++frac_digits;
     }
     if (frac_digits == 0) {
-      fail(error, "duration " + quoted + " has no digits after the decimal point");
-      return std::nullopt;
+      return fail(text, "has no digits after the decimal point");
     }
   }
   if (int_digits == 0 && frac_digits == 0) {
-    fail(error, "duration " + quoted +
-                    " does not start with a number; expected a number and a unit, like 250ms, "
-                    "1.5s, 2m or 1h");
-    return std::nullopt;
+    return fail(text, "does not start with a number; " + std::string(kUnitHint));
   }
   const std::string_view unit_text = text.substr(i);
   const Unit* unit = nullptr;
@@ -76,23 +70,19 @@ std::optional<Duration> parse_duration(std::string_view text, std::string* error
     if (unit_text == u.name) unit = &u;
   }
   if (unit == nullptr) {
-    fail(error, unit_text.empty()
-                    ? "duration " + quoted + " has no unit; use ns, us, ms, s, m or h"
-                    : "duration " + quoted + " has an unknown unit '" +
-                          std::string(unit_text.substr(0, 16)) + "'; use ns, us, ms, s, m or h");
-    return std::nullopt;
+    return fail(text, unit_text.empty() ? "has no unit; " + std::string(kUnitHint)
+                                        : "has an unknown unit " + quote_value(unit_text, 16) +
+                                              "; " + std::string(kUnitHint));
   }
   const u128 max_ns = static_cast<u128>(kInfinite.count());
   u128 ns = whole * static_cast<u128>(unit->nanos);
   // frac / frac_scale of a unit, rounded down to whole nanoseconds.
   ns += (static_cast<u128>(frac) * static_cast<u128>(unit->nanos)) / frac_scale;
   if (ns >= max_ns) {
-    fail(error, "duration " + quoted + " is too large");
-    return std::nullopt;
+    return fail(text, "is too large");
   }
   if (ns == 0 && (whole != 0 || frac != 0)) {
-    fail(error, "duration " + quoted + " is shorter than one nanosecond");
-    return std::nullopt;
+    return fail(text, "is shorter than one nanosecond");
   }
   return Duration(static_cast<Duration::rep>(ns));
 }

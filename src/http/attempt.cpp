@@ -178,13 +178,15 @@ void record_latency(AdaptiveTimeout* timeout, const AttemptResult& attempt, Dura
 }
 
 std::optional<RequestTraits> begin_operation(const Request& request, Result& result) {
-  if (std::string why = check_request(request, &result.idempotency_key); !why.empty()) {
+  auto checked = check_request(request);
+  if (!checked) {
     // Refused before any attempt: nothing was sent, and sending it again would not help.
     result.outcome = Outcome::permanent();
     result.reason = StopReason::kPermanent;
-    result.error = std::move(why);
+    result.error = checked.error().message();
     return std::nullopt;
   }
+  result.idempotency_key = std::move(*checked);
   const Method method = parse_method(request.method);
   if (result.idempotency_key.empty() && request.generate_idempotency_key &&
       (method == Method::kPost || method == Method::kPatch)) {

@@ -158,9 +158,8 @@ std::optional<std::vector<FaultStep>> parse_fault_script(std::string_view script
         step.retry_after_seconds = seconds;
         step.retry_after_as_date = key == "retry-after-date";
       } else if (key == "delay") {
-        std::string why;
-        auto d = parse_duration(value, &why);
-        if (!d) return fail(raw, "delay: " + why);
+        auto d = parse_duration(value);
+        if (!d) return fail(raw, d.error().in("delay").message());
         step.delay = *d;
       } else if (key == "body") {
         step.body = std::string(value);

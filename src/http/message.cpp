@@ -46,58 +46,58 @@ std::optional<std::string_view> find_header(const Headers& headers,
   return std::nullopt;
 }
 
-std::string check_idempotency_key(std::string_view key) {
-  if (key.empty()) return "the Idempotency-Key is empty";
+Expected<void> check_idempotency_key(std::string_view key) {
+  const auto fail = [key](std::string problem) {
+    return Error{.field = "Idempotency-Key", .problem = std::move(problem), .got = quote_value(key)};
+  };
+  if (key.empty()) return fail("is empty");
   if (key.size() > kMaxIdempotencyKeyBytes) {
-    return "the Idempotency-Key is " + std::to_string(key.size()) + " bytes, more than " +
-           std::to_string(kMaxIdempotencyKeyBytes);
+    return fail("is " + std::to_string(key.size()) + " bytes, more than " +
+                std::to_string(kMaxIdempotencyKeyBytes));
   }
   for (char c : key) {
     const auto u = static_cast<unsigned char>(c);
     if (u < 0x20 || u >= 0x7f) {
-      return "the Idempotency-Key contains a control or non-ASCII character (" + describe_byte(u) +
-             ")";
+      return fail("contains a control or non-ASCII character (" + describe_byte(u) + ")");
     }
   }
-  if (key.front() == ' ' || key.back() == ' ') {
-    return "the Idempotency-Key starts or ends with a space";
-  }
+  if (key.front() == ' ' || key.back() == ' ') return fail("starts or ends with a space");
   return {};
 }
 
-std::string check_header_field(std::string_view name, std::string_view value) {
-  if (name.empty()) return "the header name is empty";
+Expected<void> check_header_field(std::string_view name, std::string_view value) {
+  if (name.empty()) {
+    return Error{.field = "header name", .problem = "is empty", .got = quote_value(value)};
+  }
   for (char c : name) {
     if (!is_tchar(c)) {
-      return "the header name '" + std::string(name.substr(0, 64)) + "' contains " +
-             describe_byte(static_cast<unsigned char>(c));
+      return Error{.field = "header name",
+                   .problem = "contains " + describe_byte(static_cast<unsigned char>(c)),
+                   .got = quote_value(name)};
     }
   }
   for (char c : value) {
     const auto u = static_cast<unsigned char>(c);
     if ((u < 0x20 && c != '\t') || u == 0x7f) {
-      return "the value of header '" + std::string(name.substr(0, 64)) +
-             "' contains a control character (" + describe_byte(u) + ")";
+      return Error{.field = "header " + quote_value(name),
+                   .problem = "has a value with a control character (" + describe_byte(u) + ")",
+                   .got = quote_value(value)};
     }
   }
   return {};
 }
 
-std::optional<std::pair<std::string, std::string>> parse_header_field(std::string_view text,
-                                                                      std::string* why) {
+Expected<std::pair<std::string, std::string>> parse_header_field(std::string_view text) {
   const std::size_t colon = text.find(':');
   if (colon == std::string_view::npos) {
-    if (why != nullptr) *why = "expected 'Name: value', found no ':'";
-    return std::nullopt;
+    return Error{.field = "header", .problem = "must be 'Name: value' (found no ':')",
+                 .got = quote_value(text)};
   }
   const std::string_view name = text.substr(0, colon);
   std::string_view value = text.substr(colon + 1);
   while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
   while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
-  if (std::string problem = check_header_field(name, value); !problem.empty()) {
-    if (why != nullptr) *why = std::move(problem);
-    return std::nullopt;
-  }
+  if (auto checked = check_header_field(name, value); !checked) return std::move(checked).error();
   return std::pair<std::string, std::string>(name, value);
 }
 

@@ -10,33 +10,34 @@
 namespace keel::http {
 
 std::optional<std::string> breaker_key(const std::string& url) {
-  const std::optional<Url> u = parse_url(url);
+  const Expected<Url> u = parse_url(url);
   if (!u) return std::nullopt;
   return u->host + ":" + std::to_string(u->port);
 }
 
-std::string check_request(const Request& request, std::string* key) {
-  std::string why;
-  if (!parse_url(request.url, &why)) return "invalid URL: " + why;
+Expected<std::string> check_request(const Request& request) {
+  if (auto url = parse_url(request.url); !url) return std::move(url).error();
   std::string found = request.idempotency_key;
   for (const auto& [name, value] : request.headers) {
-    if (std::string problem = check_header_field(name, value); !problem.empty()) return problem;
+    if (auto field = check_header_field(name, value); !field) return std::move(field).error();
     if (!same_header_name(name, "Idempotency-Key")) continue;
     if (!found.empty() && found != value) {
-      return "two different idempotency keys ('" + found.substr(0, 64) + "' and '" +
-             value.substr(0, 64) + "')";
+      return Error{.field = "Idempotency-Key",
+                   .problem = "is given twice with different values " + quote_value(found),
+                   .got = quote_value(value)};
     }
     found = value;
   }
   if (!found.empty() || !request.idempotency_key.empty()) {
-    if (std::string problem = check_idempotency_key(found); !problem.empty()) return problem;
+    if (auto key = check_idempotency_key(found); !key) return std::move(key).error();
   }
   for (char c : request.method) {
     const auto u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u >= 0x7f) return "invalid method '" + request.method.substr(0, 32) + "'";
+    if (u <= 0x20 || u >= 0x7f) {
+      return Error{.field = "method", .problem = "must be a token", .got = quote_value(request.method, 32)};
+    }
   }
-  *key = std::move(found);
-  return {};
+  return found;
 }
 
 std::string make_idempotency_key() {

@@ -42,40 +42,23 @@ bool is_host_char(char c) noexcept {
   }
 }
 
-std::optional<Url> fail(std::string* why, std::string message) {
-  if (why != nullptr) *why = std::move(message);
-  return std::nullopt;
-}
-
-std::string printable(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 0x0f];
-    } else {
-      out += c;
-    }
-  }
-  return out;
+Error fail(std::string_view text, std::string problem) {
+  return Error{.field = "URL", .problem = std::move(problem), .got = quote_value(text, 80)};
 }
 
 }  // namespace
 
-std::optional<Url> parse_url(std::string_view text, std::string* why) {
-  if (text.empty()) return fail(why, "the URL is empty");
+Expected<Url> parse_url(std::string_view text) {
+  if (text.empty()) return fail(text, "is empty");
   if (text.size() > kMaxUrlBytes) {
-    return fail(why, "the URL is " + std::to_string(text.size()) + " bytes, more than " +
-                         std::to_string(kMaxUrlBytes));
+    return fail(text, "is " + std::to_string(text.size()) + " bytes, more than " +
+                          std::to_string(kMaxUrlBytes));
   }
   for (std::size_t i = 0; i < text.size(); ++i) {
     const auto u = static_cast<unsigned char>(text[i]);
     if (u <= 0x20 || u == 0x7f) {
-      return fail(why, std::string(u == ' ' ? "a space" : "a control character") + " at byte " +
-                           std::to_string(i) + " (encode it, e.g. %20)");
+      return fail(text, std::string(u == ' ' ? "has a space" : "has a control character") +
+                            " at byte " + std::to_string(i) + " (encode it, e.g. %20)");
     }
   }
   const std::size_t scheme_end = text.find("://");
@@ -84,34 +67,34 @@ std::optional<Url> parse_url(std::string_view text, std::string* why) {
     for (char c : text.substr(0, scheme_end)) url.scheme.push_back(lower(c));
   }
   if (url.scheme != "http" && url.scheme != "https") {
-    return fail(why, "the scheme must be http:// or https://");
+    return fail(text, "has no http:// or https:// scheme");
   }
   std::string_view authority = text.substr(scheme_end + 3);
   authority = authority.substr(0, authority.find_first_of("/?#"));
   if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
     authority.remove_prefix(at + 1);
   }
-  if (authority.empty()) return fail(why, "the URL has no host");
+  if (authority.empty()) return fail(text, "has no host");
   std::string_view host = authority;
   std::string_view port;
   bool has_port = false;
   if (authority.front() == '[') {  // IPv6 literal
     const auto close = authority.find(']');
-    if (close == std::string_view::npos) return fail(why, "the IPv6 address has no closing ']'");
+    if (close == std::string_view::npos) return fail(text, "has an IPv6 address with no closing ']'");
     host = authority.substr(0, close + 1);
     const std::string_view inside = host.substr(1, host.size() - 2);
     if (inside.empty() || inside.find(':') == std::string_view::npos) {
-      return fail(why, "'" + printable(host) + "' is not an IPv6 address");
+      return fail(text, "has a host " + quote_value(host) + " that is not an IPv6 address");
     }
     for (char c : inside) {
       if (!is_hex(c) && c != ':' && c != '.') {
-        return fail(why, "'" + printable(host) + "' is not an IPv6 address");
+        return fail(text, "has a host " + quote_value(host) + " that is not an IPv6 address");
       }
     }
     const std::string_view rest = authority.substr(close + 1);
     if (!rest.empty()) {
       if (rest.front() != ':') {
-        return fail(why, "unexpected '" + printable(rest) + "' after the IPv6 address");
+        return fail(text, "has unexpected " + quote_value(rest) + " after the IPv6 address");
       }
       has_port = true;
       port = rest.substr(1);
@@ -122,24 +105,24 @@ std::optional<Url> parse_url(std::string_view text, std::string* why) {
       port = authority.substr(colon + 1);
       has_port = true;
     }
-    if (host.empty()) return fail(why, "the URL has no host");
+    if (host.empty()) return fail(text, "has no host");
     for (char c : host) {
       if (!is_host_char(c)) {
-        return fail(why, "the host '" + printable(host) + "' contains '" +
-                             printable(std::string_view(&c, 1)) + "'");
+        return fail(text, "has a host " + quote_value(host) + " that contains " +
+                              quote_value(std::string_view(&c, 1)));
       }
     }
-    if (host.size() > 253) return fail(why, "the host is longer than 253 bytes");
+    if (host.size() > 253) return fail(text, "has a host longer than 253 bytes");
   }
   if (has_port) {
-    if (port.empty()) return fail(why, "the port after ':' is empty");
+    if (port.empty()) return fail(text, "has an empty port after ':'");
     if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string_view::npos) {
-      return fail(why, "the port '" + printable(port) + "' is not a number in 1-65535");
+      return fail(text, "has a port " + quote_value(port) + " that is not a number in 1-65535");
     }
     int value = 0;
     for (char c : port) value = value * 10 + (c - '0');
     if (value < 1 || value > 65535) {
-      return fail(why, "the port " + std::string(port) + " is out of range (1-65535)");
+      return fail(text, "has a port " + std::string(port) + " out of range (1-65535)");
     }
     url.port = value;
   } else {

@@ -219,20 +219,20 @@ std::vector<std::int64_t> discard(Connection& connection, const DeadLetterFilter
   return out;
 }
 
-std::optional<std::int64_t> parse_time_bound(std::string_view text, std::int64_t now_ms,
-                                             std::string* why) {
+Expected<std::int64_t> parse_time_bound(std::string_view text, std::int64_t now_ms) {
   if (text.size() >= 20 && text[4] == '-') {
-    if (auto t = parse_rfc3339(text)) return t;
-    *why = "invalid RFC 3339 timestamp '" + std::string(text) +
-           "' (expected e.g. 2026-12-01T10:00:00Z or 2026-12-01T11:00:00+01:00)";
-    return std::nullopt;
+    if (auto t = parse_rfc3339(text)) return *t;
+    return Error{.field = "time",
+                 .problem = "is not an RFC 3339 timestamp (expected e.g. 2026-12-01T10:00:00Z or "
+                            "2026-12-01T11:00:00+01:00)",
+                 .got = quote_value(text)};
   }
-  std::string duration_why;
-  const auto ago = parse_duration(text, &duration_why);
+  const auto ago = parse_duration(text);
   if (!ago) {
-    *why = "expected an RFC 3339 timestamp (2026-12-01T10:00:00Z) or a duration ago (1h), got '" +
-           std::string(text) + "'";
-    return std::nullopt;
+    return Error{.field = "time",
+                 .problem = "must be an RFC 3339 timestamp (2026-12-01T10:00:00Z) or a duration "
+                            "ago (1h)",
+                 .got = quote_value(text)};
   }
   return now_ms - std::chrono::duration_cast<std::chrono::milliseconds>(*ago).count();
 }

@@ -8,11 +8,6 @@
 namespace keel::store {
 namespace {
 
-bool fail(std::string* error, std::string message) {
-  if (error != nullptr) *error = std::move(message);
-  return false;
-}
-
 bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
@@ -41,29 +36,26 @@ std::string_view to_string(Backend backend) noexcept {
   return backend == Backend::kSqlite ? "sqlite" : "postgres";
 }
 
-std::optional<DatabaseUrl> parse_database_url(std::string_view text, std::string* error) {
+Expected<DatabaseUrl> parse_database_url(std::string_view text) {
+  // The value is quoted with any password redacted: a message may be logged.
+  const auto fail = [text](std::string problem) {
+    return Error{.field = "database URL",
+                 .problem = std::move(problem),
+                 .got = quote_value(redact_password(text), 200)};
+  };
   for (const char c : text) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      fail(error, "database URL contains a control character");
-      return std::nullopt;
+      return fail("contains a control character");
     }
   }
-  if (text.empty()) {
-    fail(error, "database URL is empty (expected sqlite:PATH or postgres://...)");
-    return std::nullopt;
-  }
+  if (text.empty()) return fail("is empty (expected sqlite:PATH or postgres://...)");
   if (starts_with(text, "sqlite:")) {
     std::string_view path = text.substr(7);
     if (starts_with(path, "//")) {
       // Accept sqlite:///abs/path and sqlite://rel as a courtesy: strip the authority slashes.
       path.remove_prefix(2);
     }
-    if (path.empty()) {
-      fail(error,
-           "database URL 'sqlite:' has an empty path (expected sqlite:PATH, e.g. "
-           "sqlite:keel.db)");
-      return std::nullopt;
-    }
+    if (path.empty()) return fail("has an empty path (expected sqlite:PATH, e.g. sqlite:keel.db)");
     return DatabaseUrl{Backend::kSqlite, std::string(path), std::string(text)};
   }
   if (starts_with(text, "postgres://") || starts_with(text, "postgresql://")) {
@@ -74,21 +66,17 @@ std::optional<DatabaseUrl> parse_database_url(std::string_view text, std::string
       std::string reason = message != nullptr ? message : "out of memory";
       PQfreemem(message);
       while (!reason.empty() && (reason.back() == '\n' || reason.back() == ' ')) reason.pop_back();
-      fail(error, "invalid PostgreSQL URL '" + redact_password(text) + "': " + reason);
-      return std::nullopt;
+      return fail("is not a valid PostgreSQL URL: " + reason);
     }
     PQconninfoFree(options);
     return DatabaseUrl{Backend::kPostgres, uri, redact_password(text)};
   }
   const std::size_t colon = text.find(':');
   if (colon == std::string_view::npos) {
-    fail(error, "database URL '" + std::string(text) +
-                    "' has no scheme (expected sqlite:PATH or postgres://...)");
-  } else {
-    fail(error, "database URL scheme '" + std::string(text.substr(0, colon)) +
-                    "' is not supported (expected sqlite or postgres/postgresql)");
+    return fail("has no scheme (expected sqlite:PATH or postgres://...)");
   }
-  return std::nullopt;
+  return fail("has the scheme " + quote_value(text.substr(0, colon)) +
+              ", which is not supported (expected sqlite or postgres/postgresql)");
 }
 
 }  // namespace keel::store

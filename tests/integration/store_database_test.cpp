@@ -36,19 +36,21 @@ TEST(DatabaseUrl, PostgresUriIsKeptAndPasswordRedacted) {
 }
 
 TEST(DatabaseUrl, MalformedUrlsNameTheProblem) {
-  std::string error;
-  EXPECT_FALSE(parse_database_url("", &error));
-  EXPECT_NE(error.find("empty"), std::string::npos) << error;
-  EXPECT_FALSE(parse_database_url("sqlite:", &error));
-  EXPECT_NE(error.find("empty path"), std::string::npos) << error;
-  EXPECT_FALSE(parse_database_url("mysql://x/y", &error));
-  EXPECT_NE(error.find("scheme 'mysql'"), std::string::npos) << error;
-  EXPECT_FALSE(parse_database_url("keel.db", &error));
-  EXPECT_NE(error.find("no scheme"), std::string::npos) << error;
-  EXPECT_FALSE(parse_database_url("postgresql://h/db?bogus_option=1", &error));
-  EXPECT_NE(error.find("bogus_option"), std::string::npos) << error;
-  EXPECT_FALSE(parse_database_url("sqlite:a\nb", &error));
-  EXPECT_NE(error.find("control character"), std::string::npos) << error;
+  const auto says = [](std::string_view text) {
+    const auto url = parse_database_url(text);
+    EXPECT_FALSE(url) << text;
+    return url ? std::string() : url.error().message();
+  };
+  EXPECT_NE(says("").find("database URL is empty"), std::string::npos);
+  EXPECT_NE(says("sqlite:").find("empty path"), std::string::npos);
+  EXPECT_NE(says("mysql://x/y").find("scheme 'mysql'"), std::string::npos);
+  EXPECT_NE(says("keel.db").find("no scheme"), std::string::npos);
+  EXPECT_NE(says("postgresql://h/db?bogus_option=1").find("bogus_option"), std::string::npos);
+  EXPECT_NE(says("sqlite:a\nb").find("control character"), std::string::npos);
+  // The value is quoted, never with its password.
+  const std::string bad = says("postgresql://u:s3cret@h/db?bogus_option=1");
+  EXPECT_EQ(bad.find("s3cret"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("(got 'postgresql://u:***@h/db?bogus_option=1')"), std::string::npos) << bad;
 }
 
 TEST(DatabaseOpen, UnreachablePostgresIsAConnectionError) {

@@ -29,8 +29,10 @@ TEST(ParseDuration, RejectsWithAMessage) {
         Case{"5sec", "unknown unit"}, Case{"1.s", "no digits after"},
         Case{"0.1ns", "shorter than one"}, Case{"99999999999999999999999h", "too large"},
         Case{"3000000h", "too large"}}) {
-    std::string error;
-    EXPECT_FALSE(parse_duration(c.text, &error)) << c.text;
+    const auto d = parse_duration(c.text);
+    ASSERT_FALSE(d) << c.text;
+    const std::string error = d.error().message();
+    EXPECT_EQ(d.error().field, "duration");
     EXPECT_NE(error.find(c.says), std::string::npos) << c.text << " -> " << error;
   }
 }

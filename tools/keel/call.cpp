@@ -201,36 +201,26 @@ class Spool {
   std::string error_;
 };
 
-// Reads --data @FILE; empty with `why` set on failure (a directory, unreadable, ...).
-std::optional<std::string> read_body_file(const std::string& path, std::string* why) {
+// Reads --data @FILE; the Error names the flag, the file and why (a directory, unreadable, ...).
+Expected<std::string> read_body_file(const std::string& path) {
+  const auto fail = [&path](std::string why) {
+    return Error{.field = "--data", .problem = "cannot be read: " + why, .got = quote_value(path)};
+  };
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
-  if (ec) {
-    *why = ec.message();
-    return std::nullopt;
-  }
-  if (std::filesystem::is_directory(status)) {
-    *why = "is a directory";
-    return std::nullopt;
-  }
+  if (ec) return fail(ec.message());
+  if (std::filesystem::is_directory(status)) return fail("it is a directory");
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *why = std::strerror(errno);
-    return std::nullopt;
-  }
+  if (!in) return fail(std::strerror(errno));
   std::ostringstream content;
   content << in.rdbuf();
-  if (in.bad()) {
-    *why = "read error";
-    return std::nullopt;
-  }
+  if (in.bad()) return fail("read error");
   return content.str();
 }
 
 int run_call(const CallArgs& a) {
   // Validate everything before sending anything.
-  std::string why;
-  if (!http::parse_url(a.url, &why)) return usage_error("URL '" + a.url + "': " + why);
+  if (auto url = http::parse_url(a.url); !url) return usage_error(url.error().message());
   const auto retry = parse_policy_flags("call", a.policy);
   if (!retry) return kExitUsage;
   const auto connect = duration_flag("call", "--connect-timeout", a.connect_timeout, true);
@@ -240,21 +230,27 @@ int run_call(const CallArgs& a) {
   request.url = a.url;
   request.method = !a.method.empty() ? a.method : (a.data_given ? "POST" : "GET");
   if (request.method.empty() || request.method.size() > 64) {
-    return usage_error("--request: invalid method '" + a.method + "'");
+    return usage_error(
+        Error{.field = "--request", .problem = "must be a method token of 1 to 64 bytes",
+              .got = quote_value(a.method)}
+            .message());
   }
   for (char c : request.method) {
     if (c <= ' ' || c >= 127 || c == ':' || c == '/') {
-      return usage_error("--request: invalid method '" + a.method + "'");
+      return usage_error(
+        Error{.field = "--request", .problem = "must be a method token of 1 to 64 bytes",
+              .got = quote_value(a.method)}
+            .message());
     }
   }
   // The caller's own key, from -H or --idempotency-key: always the one sent, exactly once.
   std::string header_key;
   for (const std::string& h : a.headers) {
-    auto field = http::parse_header_field(h, &why);
-    if (!field) return usage_error("--header: '" + h + "': " + why);
+    auto field = http::parse_header_field(h);
+    if (!field) return usage_error("--header: " + field.error().message());
     if (http::same_header_name(field->first, "Idempotency-Key")) {
-      if (std::string problem = http::check_idempotency_key(field->second); !problem.empty()) {
-        return usage_error("--header: '" + h.substr(0, 300) + "': " + problem);
+      if (auto key = http::check_idempotency_key(field->second); !key) {
+        return usage_error("--header: " + key.error().message());
       }
       if (!header_key.empty() && header_key != field->second) {
         return usage_error("--header: two different Idempotency-Key headers ('" + header_key +
@@ -268,8 +264,8 @@ int run_call(const CallArgs& a) {
   if (a.data_given) {
     if (a.data.starts_with("@")) {
       const std::string path = a.data.substr(1);
-      auto body = read_body_file(path, &why);
-      if (!body) return usage_error("--data: cannot read '" + path + "': " + why);
+      auto body = read_body_file(path);
+      if (!body) return usage_error(body.error().message());
       request.body = std::move(*body);
     } else {
       request.body = a.data;
@@ -279,9 +275,10 @@ int run_call(const CallArgs& a) {
     request.generate_idempotency_key = a.idempotency_key == "auto";
     request.idempotency_key = header_key;  // a key given with -H is sent even with off
   } else {
-    if (std::string problem = http::check_idempotency_key(a.idempotency_key); !problem.empty()) {
-      return usage_error("--idempotency-key: expected KEY, auto or off, got '" +
-                         a.idempotency_key.substr(0, 300) + "': " + problem);
+    if (auto key = http::check_idempotency_key(a.idempotency_key); !key) {
+      Error e = key.error().in("--idempotency-key");
+      e.problem += " (give a KEY, auto or off)";
+      return usage_error(e.message());
     }
     if (!header_key.empty() && header_key != a.idempotency_key) {
       return usage_error("--idempotency-key: '" + a.idempotency_key +
@@ -298,6 +295,7 @@ int run_call(const CallArgs& a) {
   // The body is spooled to a file as it arrives (never held in memory): next to --output's file,
   // or in TMPDIR for stdout.
   Spool spool;
+  std::string why;
   if (!spool.open(a.output.empty() ? std::string() : Spool::directory_of(a.output), &why)) {
     std::fprintf(stderr, "keel call: %s: cannot create a temporary file: %s\n",
                  a.output.empty() ? "stdout" : ("--output '" + a.output + "'").c_str(),

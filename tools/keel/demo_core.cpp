@@ -32,19 +32,18 @@ Runner add_demo_core(CLI::App& app) {
       ->capture_default_str();
 
   return [opts]() -> int {
-    std::string why;
-    const auto usage = [](const std::string& message) {
-      std::fprintf(stderr, "keel demo-core: %s\n", message.c_str());
+    const auto usage = [](const Error& error) {
+      std::fprintf(stderr, "keel demo-core: %s\n", error.message().c_str());
       return kExitUsage;
     };
-    const auto operations_flag = parse_count(opts->operations, 1, 1000, &why);
-    if (!operations_flag) return usage("--operations: " + why);
-    const auto failure_rate_flag = parse_fraction(opts->failure_rate, 0.0, 1.0, &why);
-    if (!failure_rate_flag) return usage("--failure-rate: " + why);
-    const auto max_attempts_flag = parse_count(opts->max_attempts, 1, 100, &why);
-    if (!max_attempts_flag) return usage("--max-attempts: " + why);
-    const auto seed = parse_count(opts->seed, 0, UINT64_MAX, &why);
-    if (!seed) return usage("--seed: " + why);
+    const auto operations_flag = parse_count("--operations", opts->operations, 1, 1000);
+    if (!operations_flag) return usage(operations_flag.error());
+    const auto failure_rate_flag = parse_fraction("--failure-rate", opts->failure_rate, 0.0, 1.0);
+    if (!failure_rate_flag) return usage(failure_rate_flag.error());
+    const auto max_attempts_flag = parse_count("--max-attempts", opts->max_attempts, 1, 100);
+    if (!max_attempts_flag) return usage(max_attempts_flag.error());
+    const auto seed = parse_count("--seed", opts->seed, 0, UINT64_MAX);
+    if (!seed) return usage(seed.error());
     const int operations = static_cast<int>(*operations_flag);
     const double failure_rate = *failure_rate_flag;
     const int max_attempts = static_cast<int>(*max_attempts_flag);

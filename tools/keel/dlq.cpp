@@ -75,12 +75,17 @@ std::optional<double> parse_rate(const std::string& text) {
   const std::size_t slash = text.rfind('/');
   const std::string unit = slash == std::string::npos ? "" : text.substr(slash + 1);
   const double per = unit == "s" ? 1.0 : unit == "m" ? 60.0 : unit == "h" ? 3600.0 : 0.0;
-  std::string why;
-  const auto n = per > 0 ? parse_fraction(text.substr(0, slash), 0, 1e9, &why) : std::nullopt;
-  if (per == 0) why = "expected N/s, N/m or N/h (jobs per second, minute or hour)";
-  if (n && *n <= 0) why = "must be greater than zero";
-  if (!n || *n <= 0) {
-    usage("--rate: " + why + ", got '" + text + "'");
+  const auto n = parse_fraction("--rate", text.substr(0, slash), 0, 1e9);
+  std::string problem;
+  if (per == 0) {
+    problem = "must be N/s, N/m or N/h (jobs per second, minute or hour)";
+  } else if (!n) {
+    problem = "must be a decimal number of jobs per " + unit + " (N/" + unit + ")";
+  } else if (*n <= 0) {
+    problem = "must be greater than zero";
+  }
+  if (!problem.empty()) {
+    usage(Error{.field = "--rate", .problem = problem, .got = quote_value(text)}.message());
     return std::nullopt;
   }
   return *n / per;
@@ -101,20 +106,21 @@ std::optional<Selection> parse_selection(const DlqArgs& a, const std::vector<std
   const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                                steady_clock().wall_now().time_since_epoch())
                                .count();
-  std::string why;
   if (!a.died_after.empty()) {
-    sel.filter.died_at_or_after_ms = store::dead_letters::parse_time_bound(a.died_after, now, &why);
-    if (!sel.filter.died_at_or_after_ms) {
-      usage("--died-after: " + why);
+    const auto t = store::dead_letters::parse_time_bound(a.died_after, now);
+    if (!t) {
+      usage(t.error().in("--died-after").message());
       return std::nullopt;
     }
+    sel.filter.died_at_or_after_ms = *t;
   }
   if (!a.died_before.empty()) {
-    sel.filter.died_before_ms = store::dead_letters::parse_time_bound(a.died_before, now, &why);
-    if (!sel.filter.died_before_ms) {
-      usage("--died-before: " + why);
+    const auto t = store::dead_letters::parse_time_bound(a.died_before, now);
+    if (!t) {
+      usage(t.error().in("--died-before").message());
       return std::nullopt;
     }
+    sel.filter.died_before_ms = *t;
   }
   if (!a.rate.empty()) {
     const auto rate = parse_rate(a.rate);
@@ -148,7 +154,8 @@ std::optional<std::vector<std::int64_t>> parse_ids(const std::vector<std::string
     errno = 0;
     const long long v = std::strtoll(t.c_str(), &end, 10);
     if (t.empty() || end == nullptr || *end != '\0' || errno != 0 || v < 1) {
-      usage("invalid job id '" + t + "' (expected a positive integer)");
+      usage(Error{.field = "job id", .problem = "must be a positive integer", .got = quote_value(t)}
+                .message());
       return std::nullopt;
     }
     ids.push_back(v);

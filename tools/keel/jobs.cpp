@@ -24,18 +24,12 @@ using queue_cli::failure;
 int usage(const std::string& message) { return queue_cli::usage_error("jobs", message); }
 
 std::optional<Duration> duration_flag(const char* flag, const std::string& text, bool positive) {
-  std::string why;
-  auto d = parse_duration(text, &why);
+  auto d = parse_duration_flag(flag, text, positive);
   if (!d) {
-    usage(std::string(flag) + ": invalid duration '" + text + "': " + why);
+    usage(d.error().message());
     return std::nullopt;
   }
-  if (*d < Duration::zero() || (positive && *d == Duration::zero())) {
-    usage(std::string(flag) + ": must be " + (positive ? "greater than zero" : "at least zero") +
-          ", got '" + text + "'");
-    return std::nullopt;
-  }
-  return d;
+  return *d;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -205,7 +199,10 @@ Runner add_jobs(CLI::App& app) {
                       "in one transaction; prints one id per line");
   enqueue
       ->add_option("--key", args->key, "Idempotency key (default: a new UUID, stored with the job)")
-      ->check([](const std::string& key) { return http::check_idempotency_key(key); });
+      ->check([](const std::string& key) {
+        const auto checked = http::check_idempotency_key(key);
+        return checked ? std::string() : checked.error().message();  // CLI11: empty is valid
+      });
   enqueue->add_option("--max-attempts", args->max_attempts, "Attempts before the job is dead")
       ->capture_default_str();
   enqueue->add_option("--delay", args->delay, "Not before now + this")->capture_default_str();

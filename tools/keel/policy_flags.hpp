@@ -37,17 +37,12 @@ inline int flag_error(const char* command, const std::string& message) {
 /// and returns nullopt.
 inline std::optional<Duration> duration_flag(const char* command, const char* flag,
                                              const std::string& text, bool positive) {
-  std::string why;
-  auto d = parse_duration(text, &why);
+  auto d = parse_duration_flag(flag, text, positive);
   if (!d) {
-    flag_error(command, std::string(flag) + ": invalid duration '" + text + "': " + why);
+    flag_error(command, d.error().message());
     return std::nullopt;
   }
-  if (positive && *d <= Duration::zero()) {
-    flag_error(command, std::string(flag) + ": must be greater than zero, got '" + text + "'");
-    return std::nullopt;
-  }
-  return d;
+  return *d;
 }
 
 /// Registers the seven policy flags on `sub`, bound to `flags`.
@@ -89,14 +84,14 @@ inline std::optional<RetryOptions> parse_policy_flags(const char* command, const
   if (!retry_after_cap) return std::nullopt;
   const auto jitter = parse_jitter(f.jitter);
   if (!jitter) {
-    flag_error(command,
-               "--jitter: expected full, equal, decorrelated or none, got '" + f.jitter + "'");
+    flag_error(command, Error{.field = "--jitter",
+                              .problem = "must be full, equal, decorrelated or none",
+                              .got = quote_value(f.jitter)}.message());
     return std::nullopt;
   }
-  std::string why;
-  const auto max_attempts = parse_count(f.max_attempts, 1, 2147483647, &why);
+  const auto max_attempts = parse_count("--max-attempts", f.max_attempts, 1, 2147483647);
   if (!max_attempts) {
-    flag_error(command, "--max-attempts: " + why);
+    flag_error(command, max_attempts.error().message());
     return std::nullopt;
   }
   RetryOptions out;

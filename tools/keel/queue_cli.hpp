@@ -30,10 +30,12 @@ inline int failure(const char* command, const std::string& message) {
 /// Parses --db; prints an error naming the flag and returns nullopt when malformed.
 inline std::optional<store::DatabaseUrl> parse_db_flag(const char* command,
                                                        const std::string& text) {
-  std::string why;
-  auto url = store::parse_database_url(text, &why);
-  if (!url) usage_error(command, "--db: invalid database URL '" + text + "': " + why);
-  return url;
+  auto url = store::parse_database_url(text);
+  if (!url) {
+    usage_error(command, url.error().in("--db").message());
+    return std::nullopt;
+  }
+  return *std::move(url);
 }
 
 /// Whether the database may be opened without creating it: a SQLite file must exist (read and

@@ -72,6 +72,11 @@ int usage_error(const std::string& flag, const std::string& message) {
   return kExitUsage;
 }
 
+int usage_error(const Error& error) {
+  std::fprintf(stderr, "keel serve: %s\n", error.message().c_str());
+  return kExitUsage;
+}
+
 std::string random_hex(std::size_t bytes) {
   std::vector<unsigned char> buf(bytes);
   if (RAND_bytes(buf.data(), static_cast<int>(bytes)) != 1) throw std::runtime_error("RAND_bytes");
@@ -346,36 +351,31 @@ void hash_stored_principals(Connection& conn, const std::string& secret) {
 int run_serve(const ServeOptions& o) {
   // ---- validate flags
   std::string error;
-  const auto ttl = parse_duration(o.ttl, &error);
-  if (!ttl || *ttl <= Duration::zero()) {
-    return usage_error("--idempotency-ttl", ttl ? "must be > 0" : error);
-  }
-  const auto lock_timeout = parse_duration(o.lock_timeout, &error);
-  if (!lock_timeout || *lock_timeout <= Duration::zero()) {
-    return usage_error("--lock-timeout", lock_timeout ? "must be > 0" : error);
-  }
-  const auto sweep = parse_duration(o.sweep_interval, &error);
-  if (!sweep || *sweep <= Duration::zero()) {
-    return usage_error("--sweep-interval", sweep ? "must be > 0" : error);
-  }
+  const auto ttl = parse_duration_flag("--idempotency-ttl", o.ttl, true);
+  if (!ttl) return usage_error(ttl.error());
+  const auto lock_timeout = parse_duration_flag("--lock-timeout", o.lock_timeout, true);
+  if (!lock_timeout) return usage_error(lock_timeout.error());
+  const auto sweep = parse_duration_flag("--sweep-interval", o.sweep_interval, true);
+  if (!sweep) return usage_error(sweep.error());
   std::optional<Duration> adaptive_latency;
   if (!o.adaptive_latency.empty()) {
-    adaptive_latency = parse_duration(o.adaptive_latency, &error);
-    if (!adaptive_latency || *adaptive_latency <= Duration::zero()) {
-      return usage_error("--adaptive-latency", adaptive_latency ? "must be > 0" : error);
-    }
+    const auto latency = parse_duration_flag("--adaptive-latency", o.adaptive_latency, true);
+    if (!latency) return usage_error(latency.error());
+    adaptive_latency = *latency;
     if (o.max_concurrency <= 0) {
       return usage_error("--adaptive-latency", "needs --max-concurrency (the upper limit)");
     }
   }
-  const auto delay = parse_duration(o.chaos_delay, &error);
-  if (!delay) return usage_error("--chaos-delay", error);
-  const auto hang = parse_duration(o.chaos_hang, &error);
-  if (!hang) return usage_error("--chaos-hang", error);
+  const auto delay = parse_duration_flag("--chaos-delay", o.chaos_delay, false);
+  if (!delay) return usage_error(delay.error());
+  const auto hang = parse_duration_flag("--chaos-hang", o.chaos_hang, false);
+  if (!hang) return usage_error(hang.error());
   std::optional<Duration> chaos_retry_after;
   if (!o.chaos_503_retry_after.empty()) {
-    chaos_retry_after = parse_duration(o.chaos_503_retry_after, &error);
-    if (!chaos_retry_after) return usage_error("--chaos-503-retry-after", error);
+    const auto retry_after =
+        parse_duration_flag("--chaos-503-retry-after", o.chaos_503_retry_after, false);
+    if (!retry_after) return usage_error(retry_after.error());
+    chaos_retry_after = *retry_after;
   }
   std::optional<double> rate;
   if (!o.rate_limit.empty()) {
@@ -404,8 +404,8 @@ int run_serve(const ServeOptions& o) {
   if (port < 0) {
     return usage_error("--listen", "'" + o.listen + "' is not HOST:PORT (e.g. 127.0.0.1:8080)");
   }
-  const auto url = store::parse_database_url(o.db, &error);
-  if (!url) return usage_error("--db", error);
+  const auto url = store::parse_database_url(o.db);
+  if (!url) return usage_error(url.error().in("--db"));
   const auto positive = [](const std::string& text,
                            unsigned long long max) -> std::optional<unsigned long long> {
     if (text.empty() || text.size() > 19 ||

@@ -82,9 +82,8 @@ void print_table(const std::vector<sim::Report>& reports) {
 }
 
 int run_command(const RunOptions& o) {
-  std::string why;
-  const auto seed = parse_count(o.seed, 0, UINT64_MAX, &why);
-  if (!seed) return usage("--seed: " + why);
+  const auto seed = parse_count("--seed", o.seed, 0, UINT64_MAX);
+  if (!seed) return usage(seed.error().message());
   const sim::ScenarioInfo* info = sim::find_scenario(o.scenario);
   if (info == nullptr) {
     std::string known;
@@ -105,12 +104,13 @@ int run_command(const RunOptions& o) {
   std::optional<Duration> trigger;
   if (!o.trigger.empty()) {
     if (info->name != "blip") return usage("--trigger applies to the blip scenario only");
-    std::string error;
-    trigger = parse_duration(o.trigger, &error);
-    if (!trigger || *trigger <= Duration::zero() || *trigger > std::chrono::seconds(40)) {
-      return usage("--trigger: '" + o.trigger + "' is not a duration in (0s, 40s]" +
-                   (error.empty() ? "" : ": " + error));
+    const auto parsed = parse_duration(o.trigger);
+    if (!parsed) return usage(parsed.error().in("--trigger").message());
+    if (*parsed <= Duration::zero() || *parsed > std::chrono::seconds(40)) {
+      return usage(Error{.field = "--trigger", .problem = "must be in (0s, 40s]",
+                         .got = quote_value(o.trigger)}.message());
     }
+    trigger = *parsed;
   }
   if (o.threshold && info->name != "blip") {
     return usage("--threshold applies to the blip scenario only");

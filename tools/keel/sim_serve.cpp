@@ -114,18 +114,18 @@ int serve(const ServeOptions& o) {
              "text/css; charset=utf-8");
   server.Get("/api/sim", [](const httplib::Request& req, httplib::Response& res) {
     try {
-      const sim::ExplorerQuery q =
+      const Expected<sim::ExplorerQuery> q =
           sim::parse_explorer_query([&](std::string_view name) -> std::optional<std::string> {
             const std::string key(name);
             if (!req.has_param(key.c_str())) return std::nullopt;
             return req.get_param_value(key.c_str());
           });
-      if (!q.ok()) {
+      if (!q) {
         res.status = 400;
-        res.set_content(json_error(q.error), "application/json");
+        res.set_content(json_error(q.error().message()), "application/json");
         return;
       }
-      res.set_content(sim::to_json_with_series(sim::run_explorer(q.params, q.seed)),
+      res.set_content(sim::to_json_with_series(sim::run_explorer(q->params, q->seed)),
                       "application/json");
     } catch (const std::exception& e) {  // the engine's std::invalid_argument
       res.status = 400;

@@ -51,13 +51,12 @@ struct UpstreamArgs {
 int run_upstream(const UpstreamArgs& a) {
   std::optional<Duration> run_for;
   if (!a.run_for.empty()) {
-    std::string why;
-    run_for = parse_duration(a.run_for, &why);
-    if (!run_for) {
-      std::fprintf(stderr, "keel upstream: --for: invalid duration '%s': %s\n", a.run_for.c_str(),
-                   why.c_str());
+    const auto d = parse_duration_flag("--for", a.run_for, false);
+    if (!d) {
+      std::fprintf(stderr, "keel upstream: %s\n", d.error().message().c_str());
       return kExitUsage;
     }
+    run_for = *d;
   }
   std::string why;
   if (!http::parse_fault_script(a.script, &why)) {

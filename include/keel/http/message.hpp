@@ -8,9 +8,9 @@
 // Thread-safety: pure functions; a ResponseHeadParser is not thread-safe (one per attempt).
 //
 // Example:
-//   std::string why;
-//   auto field = keel::http::parse_header_field("Content-Type: application/json", &why);
-//   // field->first == "Content-Type", field->second == "application/json"
+//   auto field = keel::http::parse_header_field("Content-Type: application/json");
+//   // field->first == "Content-Type", field->second == "application/json"; on bad input
+//   // !field and field.error().message() says why
 #pragma once
 
 #include <cstddef>
@@ -19,6 +19,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "keel/expected.hpp"
 
 namespace keel::http {
 
@@ -35,20 +37,20 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 /// Longest Idempotency-Key accepted, in bytes.
 inline constexpr std::size_t kMaxIdempotencyKeyBytes = 255;
 
-/// Empty when `key` is a usable Idempotency-Key (1 to 255 bytes of visible ASCII or spaces, not
-/// starting or ending with a space); otherwise why not.
-[[nodiscard]] std::string check_idempotency_key(std::string_view key);
+/// Whether `key` is a usable Idempotency-Key (1 to 255 bytes of visible ASCII or spaces, not
+/// starting or ending with a space); the Error (field "Idempotency-Key") says why not.
+[[nodiscard]] Expected<void> check_idempotency_key(std::string_view key);
 
-/// Empty when name/value can be sent as a request header field: the name a token (RFC 9110
-/// section 5.6.2), the value without CR, LF, NUL or other control characters but tab; otherwise
-/// why not.
-[[nodiscard]] std::string check_header_field(std::string_view name, std::string_view value);
+/// Whether name/value can be sent as a request header field: the name a token (RFC 9110
+/// section 5.6.2), the value without CR, LF, NUL or other control characters but tab; the Error
+/// says why not.
+[[nodiscard]] Expected<void> check_header_field(std::string_view name, std::string_view value);
 
 /// Parses a header argument in curl's `-H` form, "Name: value" (spaces and tabs around the value
-/// dropped; "Name:" is an empty value). Returns nullopt and sets `*why` (when given) when the
-/// text has no colon, an invalid name or an invalid value (see check_header_field).
-[[nodiscard]] std::optional<std::pair<std::string, std::string>> parse_header_field(
-    std::string_view text, std::string* why = nullptr);
+/// dropped; "Name:" is an empty value). Returns an Error when the text has no colon, an invalid
+/// name or an invalid value (see check_header_field).
+[[nodiscard]] Expected<std::pair<std::string, std::string>> parse_header_field(
+    std::string_view text);
 
 /// The last response received.
 struct Response {

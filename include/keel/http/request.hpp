@@ -7,8 +7,7 @@
 //
 // Example:
 //   keel::http::Request r{.method = "POST", .url = "http://127.0.0.1:8080/pay", .body = "{}"};
-//   std::string key;
-//   if (std::string why = keel::http::check_request(r, &key); !why.empty()) std::cerr << why;
+//   if (auto key = keel::http::check_request(r); !key) std::cerr << key.error().message();
 #pragma once
 
 #include <cstddef>
@@ -18,6 +17,7 @@
 #include <string_view>
 
 #include "keel/classify.hpp"
+#include "keel/expected.hpp"
 #include "keel/clock.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/url.hpp"
@@ -80,10 +80,10 @@ struct Request {
 
 /// Checks a request before any attempt: its URL (parse_url), its header fields
 /// (check_header_field) and its Idempotency-Key (check_idempotency_key), and finds the caller's
-/// key: Request::idempotency_key or an Idempotency-Key header (any case). Returns empty and sets
-/// `*key` to the caller's key (empty when none) when the request can be sent; otherwise why it
-/// cannot (two different keys, for instance). Both clients run it first in send().
-[[nodiscard]] std::string check_request(const Request& request, std::string* key);
+/// key: Request::idempotency_key or an Idempotency-Key header (any case). Returns the caller's
+/// key (empty when none) when the request can be sent; otherwise an Error saying why it cannot
+/// (two different keys, for instance). Both clients run it first in send().
+[[nodiscard]] Expected<std::string> check_request(const Request& request);
 
 /// What send() returns: errors are values.
 struct Result {

@@ -11,17 +11,19 @@
 // Thread-safety: pure functions.
 //
 // Example:
-//   std::string why;
-//   if (auto u = keel::http::parse_url("HTTP://Example.com:8080/x?y", &why)) {
+//   if (auto u = keel::http::parse_url("HTTP://Example.com:8080/x?y")) {
 //     // u->scheme == "http", u->host == "example.com", u->port == 8080
 //   } else {
-//     std::cerr << why << '\n';  // for instance "port 99999 is out of range (1-65535)"
+//     // "URL has a port 99999 out of range (1-65535) (got 'http://h:99999/')"
+//     std::cerr << u.error().message() << '\n';
 //   }
 #pragma once
 
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include "keel/expected.hpp"
 
 namespace keel::http {
 
@@ -38,8 +40,8 @@ struct Url {
 /// Longest URL accepted, in bytes.
 inline constexpr std::size_t kMaxUrlBytes = 8192;
 
-/// The URL's parts, or nullopt when it is not a valid absolute http:// or https:// URL; then
-/// `*why` (when given) says what is wrong, without repeating the URL.
-[[nodiscard]] std::optional<Url> parse_url(std::string_view text, std::string* why = nullptr);
+/// The URL's parts, or an Error (field "URL") when it is not a valid absolute http:// or
+/// https:// URL.
+[[nodiscard]] Expected<Url> parse_url(std::string_view text);
 
 }  // namespace keel::http

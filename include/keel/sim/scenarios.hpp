@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/expected.hpp"
 #include "keel/sim/engine.hpp"
 
 namespace keel::sim {
@@ -131,15 +132,13 @@ struct ExplorerParams {
 /// The explorer's query (GET /api/sim?fleet=&capacity=&outage_s=&attempts=&base_ms=&jitter=
 /// &budget=&breaker=[&seed=]) read into its parameters: `get(name)` gives a parameter's value or
 /// nullopt when absent (an absent one keeps its default). Numbers must be plain decimal in
-/// range; booleans 0, 1, true or false. Returns the parameters, or in `error` a sentence naming
-/// the parameter and its value ("fleet: 500000 is out of range [1, 100000]").
+/// range; booleans 0, 1, true or false. Returns the parameters, or an Error naming the first bad
+/// parameter and its value ("fleet must be in [1, 100000] (got '500000')").
 struct ExplorerQuery {
   ExplorerParams params;
   std::uint64_t seed = 1;
-  std::string error;  // empty when valid
-  [[nodiscard]] bool ok() const noexcept { return error.empty(); }
 };
-[[nodiscard]] ExplorerQuery parse_explorer_query(
+[[nodiscard]] Expected<ExplorerQuery> parse_explorer_query(
     const std::function<std::optional<std::string>(std::string_view name)>& get);
 
 /// Runs the explorer model (30 s, 100 ms slices). Throws std::invalid_argument naming the

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "keel/classify.hpp"
+#include "keel/expected.hpp"
 
 namespace keel::store {
 
@@ -66,10 +67,9 @@ struct DatabaseUrl {
   std::string redacted;
 };
 
-/// Parses a database URL. Returns nullopt on anything malformed; `error` (when given) then
-/// receives a sentence naming the problem: unknown scheme, empty path, a URI libpq rejects.
-[[nodiscard]] std::optional<DatabaseUrl> parse_database_url(std::string_view text,
-                                                            std::string* error = nullptr);
+/// Parses a database URL. Returns an Error (field "database URL", the value quoted with any
+/// password redacted) on anything malformed: unknown scheme, empty path, a URI libpq rejects.
+[[nodiscard]] Expected<DatabaseUrl> parse_database_url(std::string_view text);
 
 /// A failed database operation.
 class DatabaseError : public std::runtime_error {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "keel/clock.hpp"
+#include "keel/expected.hpp"
 #include "keel/store/database.hpp"
 #include "keel/store/queue.hpp"
 
@@ -105,9 +106,8 @@ std::vector<std::int64_t> discard(Connection& connection, const DeadLetterFilter
 
 /// Parses a --died-after/--died-before bound: an RFC 3339 timestamp ("2026-12-01T10:00:00Z",
 /// "2026-12-01T11:00:00.5+01:00"; a 'T', seconds and a zone required) or a duration ago ("90m",
-/// "1h": now_ms minus it, keel::parse_duration). Returns calendar ms, or nullopt with `*why` set.
-[[nodiscard]] std::optional<std::int64_t> parse_time_bound(std::string_view text,
-                                                           std::int64_t now_ms, std::string* why);
+/// "1h": now_ms minus it, keel::parse_duration). Returns calendar ms, or an Error (field "time").
+[[nodiscard]] Expected<std::int64_t> parse_time_bound(std::string_view text, std::int64_t now_ms);
 
 }  // namespace dead_letters
 }  // namespace keel::store

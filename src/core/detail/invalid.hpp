@@ -1,21 +1,24 @@
 // The one message format for invalid configuration, for every keel::core type that validates its
-// options when it is built: "keel::TYPE: FIELD must be REQUIREMENT (got VALUE)". Private to
-// keel::core.
+// options when it is built: "keel::TYPE: FIELD must be REQUIREMENT (got VALUE)", keel::Error's
+// format (keel/expected.hpp). Private to keel::core.
 #pragma once
 
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
+#include "keel/expected.hpp"
+
 namespace keel::detail {
 
 /// Throws std::invalid_argument naming the type, the field, what it must be and what it was.
 [[noreturn]] inline void reject(std::string_view type, std::string_view field,
                                 std::string_view requirement, std::string_view got) {
-  std::string m = "keel::";
-  m.append(type).append(": ").append(field).append(" must be ").append(requirement);
-  m.append(" (got ").append(got).append(")");
-  throw std::invalid_argument(m);
+  throw std::invalid_argument(Error{.context = "keel::" + std::string(type),
+                                    .field = std::string(field),
+                                    .problem = "must be " + std::string(requirement),
+                                    .got = std::string(got)}
+                                  .message());
 }
 
 /// A double without trailing zeros: 0.5, 10, 0.125.
