@@ -24,7 +24,6 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 #include <unordered_map>
 
@@ -33,6 +32,7 @@
 #include "keel/duration.hpp"
 #include "keel/store/admission_middleware.hpp"
 #include "keel/store/idempotency_middleware.hpp"
+#include "keel/testing/chaos.hpp"
 
 namespace keel::cli {
 namespace {
@@ -156,12 +156,8 @@ struct Metrics {
   std::atomic<std::uint64_t> charges_created{0};
   std::atomic<std::uint64_t> rate_limited{0};
   std::atomic<std::uint64_t> rate_limit_principals{0};
-  std::atomic<std::uint64_t> chaos_503{0};
-  std::atomic<std::uint64_t> chaos_delay{0};
-  std::atomic<std::uint64_t> chaos_hang{0};
-  std::atomic<std::uint64_t> chaos_drop{0};
 
-  std::string render() const {
+  std::string render(const testing::Chaos& chaos) const {
     std::string out =
         "# HELP keel_idempotency_requests_total Requests through the idempotency layer by "
         "outcome.\n# TYPE keel_idempotency_requests_total counter\n";
@@ -185,14 +181,7 @@ struct Metrics {
         "# TYPE keel_rate_limit_principals gauge\n"
         "keel_rate_limit_principals " +
         std::to_string(rate_limit_principals.load()) + "\n";
-    out +=
-        "# HELP keel_chaos_injected_total Faults injected by --chaos flags.\n"
-        "# TYPE keel_chaos_injected_total counter\n";
-    out += "keel_chaos_injected_total{fault=\"503\"} " + std::to_string(chaos_503.load()) + "\n";
-    out +=
-        "keel_chaos_injected_total{fault=\"delay\"} " + std::to_string(chaos_delay.load()) + "\n";
-    out += "keel_chaos_injected_total{fault=\"hang\"} " + std::to_string(chaos_hang.load()) + "\n";
-    out += "keel_chaos_injected_total{fault=\"drop\"} " + std::to_string(chaos_drop.load()) + "\n";
+    out += chaos.prometheus_text();
     return out;
   }
 };
@@ -460,13 +449,20 @@ int run_serve(const ServeOptions& o) {
   // ---- server
   Metrics metrics;
   std::atomic<bool> stopping{false};
-  std::mutex chaos_mu;
-  std::mt19937_64 chaos_rng(o.chaos_seed);  // guarded by chaos_mu
-  const auto chance = [&](double p) {
-    if (p <= 0) return false;
-    std::lock_guard lock(chaos_mu);
-    return std::uniform_real_distribution<double>(0, 1)(chaos_rng) < p;
-  };
+  testing::Chaos chaos({.fraction_503 = o.chaos_503,
+                        .retry_after_503 = chaos_retry_after,
+                        .delay_fraction = o.chaos_delay_fraction,
+                        .delay = *delay,
+                        .hang_fraction = o.chaos_hang_fraction,
+                        .hang = *hang,
+                        .drop_after_commit = o.chaos_drop,
+                        .seed = o.chaos_seed},
+                       {.answer_503 =
+                            [](httplib::Response& res, std::string_view /*detail*/) {
+                              store::write_problem_and_close(res, 503, "Service unavailable",
+                                                             "injected by --chaos-503");
+                            },
+                        .drop_connection = store::shutdown_connection});
   // Principals are stored and rate-limited by their keyed hash, never as the credential.
   const auto scope_of = [&](const httplib::Request& req) {
     return store::principal_scope(store::bearer_principal(req), scope_secret);
@@ -500,17 +496,7 @@ int run_serve(const ServeOptions& o) {
         return httplib::Server::HandlerResponse::Handled;
       }
     }
-    if (chance(o.chaos_503)) {
-      ++metrics.chaos_503;
-      if (chaos_retry_after) {
-        res.set_header(
-            "Retry-After",
-            std::to_string(std::chrono::ceil<std::chrono::seconds>(*chaos_retry_after).count()));
-      }
-      store::write_problem_and_close(res, 503, "Service unavailable", "injected by --chaos-503");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return chaos.pre_routing(req, res);
   };
   store::apply_server_limits(server, std::move(limits));
 
@@ -525,20 +511,7 @@ int run_serve(const ServeOptions& o) {
         .latency_threshold = adaptive_latency.value_or(Duration::zero())});
   }
   const auto guarded = [&](httplib::Server::Handler handler) -> httplib::Server::Handler {
-    httplib::Server::Handler slowed = [&, handler = std::move(handler)](const httplib::Request& req,
-                                                                        httplib::Response& res) {
-      if (chance(o.chaos_hang_fraction)) {
-        ++metrics.chaos_hang;
-        const TimePoint until = saturating_add(steady_clock().now(), *hang);
-        while (!stopping.load() && steady_clock().now() < until) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-      } else if (chance(o.chaos_delay_fraction)) {
-        ++metrics.chaos_delay;
-        std::this_thread::sleep_for(*delay);
-      }
-      handler(req, res);
-    };
+    httplib::Server::Handler slowed = chaos.wrap(std::move(handler));
     if (!admission_limiter) return slowed;
     return store::AdmissionMiddleware({.limiter = &*admission_limiter}).wrap(std::move(slowed));
   };
@@ -572,7 +545,7 @@ int run_serve(const ServeOptions& o) {
 
   const auto after_commit = [&](const httplib::Request& req, httplib::Response& /*res*/) {
     ++metrics.charges_created;
-    if (chance(o.chaos_drop) && store::shutdown_connection(req)) ++metrics.chaos_drop;
+    (void)chaos.after_commit(req);
   };
 
   store::IdempotencyMiddleware middleware({.store = &idempotency,
@@ -650,7 +623,7 @@ int run_serve(const ServeOptions& o) {
     }
   });
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    std::string text = metrics.render();
+    std::string text = metrics.render(chaos);
     if (admission_limiter) text += render_admission(admission_limiter->stats());
     res.set_content(text, "text/plain; version=0.0.4");
   });
@@ -703,6 +676,7 @@ int run_serve(const ServeOptions& o) {
     int sig = 0;
     sigwait(&signals, &sig);
     stopping = true;
+    chaos.stop();
     if (!done.load()) {
       std::fprintf(stderr, "keel serve: %s received, finishing in-flight requests\n",
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -727,6 +701,7 @@ int run_serve(const ServeOptions& o) {
   server.listen_after_bind();
   done = true;
   stopping = true;
+  chaos.stop();
   if (!signal_thread.joinable()) return 0;
   pthread_kill(signal_thread.native_handle(), SIGTERM);  // wakes sigwait if no signal came
   signal_thread.join();
