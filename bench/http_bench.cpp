@@ -1,6 +1,6 @@
 // Requests per second through keel::http::Client against a local server, next to raw libcurl
 // with the same connection reuse (one easy handle kept across requests). Both drive the same
-// keel::http::FaultServer on 127.0.0.1 answering 200 to every GET over one keep-alive
+// keel::testing::FaultServer on 127.0.0.1 answering 200 to every GET over one keep-alive
 // connection, one request at a time, so the difference is the client's own cost: the retry
 // engine, the per-host breaker and the budget, the per-request header list, the handle pool.
 //
@@ -17,13 +17,13 @@
 #include <string>
 
 #include "keel/http/client.hpp"
-#include "keel/http/fault_server.hpp"
+#include "keel/testing/fault_server.hpp"
 
 namespace {
 
-keel::http::FaultServer& server() {
+keel::testing::FaultServer& server() {
   static auto* s = [] {
-    auto* srv = new keel::http::FaultServer({.script = "200"});
+    auto* srv = new keel::testing::FaultServer({.script = "200"});
     srv->start();
     return srv;
   }();

@@ -1,5 +1,5 @@
 // `keel call` and `keel upstream` as processes: exit statuses, what they print, and what the
-// upstream saw. The upstream is a keel::http::FaultServer in this process unless the test is
+// upstream saw. The upstream is a keel::testing::FaultServer in this process unless the test is
 // about `keel upstream` itself.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/http/fault_server.hpp"
+#include "keel/testing/fault_server.hpp"
 #include "run_keel.hpp"
 
 #ifndef KEEL_BINARY
@@ -24,8 +24,8 @@
 
 namespace {
 
-using keel::http::Arrival;
-using keel::http::FaultServer;
+using keel::testing::Arrival;
+using keel::testing::FaultServer;
 
 using keel::test::TempDir;
 

@@ -12,19 +12,19 @@
 #include <string>
 #include <vector>
 
-#include "keel/http/fault_server.hpp"
+#include "keel/testing/fault_server.hpp"
 #include "raw_http_server.hpp"
 #include "run_keel.hpp"
 
 namespace {
 
-using keel::http::Arrival;
-using keel::http::FaultServer;
 using keel::test::KeelRun;
 using keel::test::RawHttpServer;
 using keel::test::response_head;
 using keel::test::run_keel;
 using keel::test::TempDir;
+using keel::testing::Arrival;
+using keel::testing::FaultServer;
 
 std::vector<std::string> call(std::vector<std::string> extra) {
   std::vector<std::string> args = {"call", "--backoff-base", "1ms", "--backoff-cap", "5ms"};

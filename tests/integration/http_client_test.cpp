@@ -1,4 +1,4 @@
-// keel::http::Client against keel::http::FaultServer over real loopback connections: what the
+// keel::http::Client against keel::testing::FaultServer over real loopback connections: what the
 // server saw (arrivals, Idempotency-Key, Keel-Attempt, times) proves what the client did.
 // Timing assertions are lower bounds only (a wait at least as long as Retry-After).
 #include <gtest/gtest.h>
@@ -18,13 +18,17 @@
 #include "keel/breaker.hpp"
 #include "keel/budget.hpp"
 #include "keel/http/client.hpp"
-#include "keel/http/fault_server.hpp"
+#include "keel/testing/fault_server.hpp"
 
 namespace keel::http {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+using testing::Arrival;
+using testing::FaultServer;
+using testing::FaultStep;
+using testing::parse_fault_script;
 
 // Fast backoff so tests spend their time on the network, not on waiting.
 ClientOptions fast_options(int attempts = 3) {

@@ -16,18 +16,18 @@
 
 #include "keel/asio/http_client.hpp"
 #include "keel/http/client.hpp"
-#include "keel/http/fault_server.hpp"
+#include "keel/testing/fault_server.hpp"
 #include "raw_http_server.hpp"
 
 namespace {
 
 using keel::StopReason;
-using keel::http::Arrival;
-using keel::http::FaultServer;
 using keel::http::Request;
 using keel::http::Result;
 using keel::test::RawHttpServer;
 using keel::test::response_head;
+using keel::testing::Arrival;
+using keel::testing::FaultServer;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 

@@ -1,5 +1,5 @@
 // One suite, two drivers: the behaviour of keel's HTTP clients, checked against the same
-// keel::http::FaultServer over loopback, for the blocking keel::http::Client and for the
+// keel::testing::FaultServer over loopback, for the blocking keel::http::Client and for the
 // non-blocking keel::asio::HttpClient (libcurl multi on an Asio loop). What the server saw
 // (arrivals, Idempotency-Key, Keel-Attempt, times) proves what the client did. Timing assertions
 // are lower bounds only.
@@ -34,18 +34,18 @@
 #include "keel/breaker.hpp"
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
-#include "keel/http/fault_server.hpp"
 #include "keel/latency.hpp"
+#include "keel/testing/fault_server.hpp"
 
 namespace {
 
 using keel::OutcomeKind;
 using keel::OutcomeSource;
 using keel::StopReason;
-using keel::http::Arrival;
-using keel::http::FaultServer;
 using keel::http::Request;
 using keel::http::Result;
+using keel::testing::Arrival;
+using keel::testing::FaultServer;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 

@@ -1,5 +1,7 @@
-# ctest -P script: install the already-built tree into WORK/prefix, then configure, build and run
-# tests/package/CONSUMER (default: consumer) against it with find_package(keel).
+# ctest -P script: install the already-built tree into WORK/prefix (the default install, then each
+# install component in COMPONENTS), then configure, build and run tests/package/CONSUMER
+# (default: consumer) against it with find_package(keel). With NO_TESTING, it first checks that
+# the install holds nothing of keel::testing (no header, library or export file).
 if(NOT CONSUMER)
   set(CONSUMER consumer)
 endif()
@@ -8,6 +10,22 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${KEEL_BUILD} --prefix ${WORK
                 RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "install failed: ${rc}")
+endif()
+foreach(component IN LISTS COMPONENTS)
+  execute_process(COMMAND ${CMAKE_COMMAND} --install ${KEEL_BUILD} --prefix ${WORK}/prefix
+                          --component ${component}
+                  RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "installing the component ${component} failed: ${rc}")
+  endif()
+endforeach()
+if(NO_TESTING)
+  file(GLOB_RECURSE testing_files RELATIVE ${WORK}/prefix ${WORK}/prefix/*keel_testing*
+       ${WORK}/prefix/*keel-testing*)
+  if(EXISTS ${WORK}/prefix/include/keel/testing OR testing_files)
+    message(FATAL_ERROR "the default install has keel::testing: include/keel/testing or "
+                        "${testing_files}")
+  endif()
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${KEEL_SOURCE}/tests/package/${CONSUMER} -B ${WORK}/build
                         -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}

@@ -1,5 +1,5 @@
 // `keel upstream`: a flaky HTTP server on 127.0.0.1 that answers from a script of faults
-// (keel::http::FaultServer), to try retrying clients (keel call, curl, your service) against.
+// (keel::testing::FaultServer), to try retrying clients (keel call, curl, your service) against.
 #include <signal.h>
 
 #include <cstdio>
@@ -9,7 +9,7 @@
 
 #include "commands.hpp"
 #include "keel/duration.hpp"
-#include "keel/http/fault_server.hpp"
+#include "keel/testing/fault_server.hpp"
 
 namespace keel::cli {
 namespace {
@@ -59,7 +59,7 @@ int run_upstream(const UpstreamArgs& a) {
     run_for = *d;
   }
   std::string why;
-  if (!http::parse_fault_script(a.script, &why)) {
+  if (!testing::parse_fault_script(a.script, &why)) {
     std::fprintf(stderr, "keel upstream: --script: %s\n", why.c_str());
     return kExitUsage;
   }
@@ -71,7 +71,7 @@ int run_upstream(const UpstreamArgs& a) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  http::FaultServer server({.script = a.script, .port = a.port});
+  testing::FaultServer server({.script = a.script, .port = a.port});
   server.start();
   std::printf("keel upstream: listening on http://127.0.0.1:%d (script %s)\n", server.port(),
               a.script.c_str());

@@ -1,4 +1,4 @@
-#include "keel/http/fault_server.hpp"
+#include "keel/testing/fault_server.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,7 +22,7 @@
 #include "keel/duration.hpp"
 #include "keel/retry_after.hpp"
 
-namespace keel::http {
+namespace keel::testing {
 namespace {
 
 constexpr int kPollMs = 50;
@@ -401,10 +401,10 @@ struct FaultServer::Impl {
           {"step", a.step},     {"connection", a.connection},
           {"headers", headers}, {"body_bytes", a.body.size()},
       };
-      const auto key = find_header(a.headers, "Idempotency-Key");
+      const auto key = http::find_header(a.headers, "Idempotency-Key");
       item["idempotency_key"] = key ? nlohmann::json(std::string(*key)) : nlohmann::json();
       int attempt = 0;
-      const auto attempt_header = find_header(a.headers, "Keel-Attempt");
+      const auto attempt_header = http::find_header(a.headers, "Keel-Attempt");
       if (attempt_header && parse_int(*attempt_header, attempt)) {
         item["keel_attempt"] = attempt;
       } else {
@@ -440,12 +440,13 @@ FaultServer::FaultServer(FaultServerOptions options) : impl_(std::make_unique<Im
   std::string why;
   auto steps = parse_fault_script(options.script, &why);
   if (!steps) {
-    throw std::invalid_argument("keel::http::FaultServerOptions: script '" + options.script +
+    throw std::invalid_argument("keel::testing::FaultServerOptions: script '" + options.script +
                                 "' is invalid: " + why);
   }
   if (options.port < 0 || options.port > 65535) {
-    throw std::invalid_argument("keel::http::FaultServerOptions: port must be in [0, 65535], got " +
-                                std::to_string(options.port));
+    throw std::invalid_argument(
+        "keel::testing::FaultServerOptions: port must be in [0, 65535], got " +
+        std::to_string(options.port));
   }
   impl_->steps = std::move(*steps);
   impl_->requested_port = options.port;
@@ -512,7 +513,7 @@ void FaultServer::set_script(std::string_view script) {
   std::string why;
   auto steps = parse_fault_script(script, &why);
   if (!steps) {
-    throw std::invalid_argument("keel::http::FaultServer: script '" + std::string(script) +
+    throw std::invalid_argument("keel::testing::FaultServer: script '" + std::string(script) +
                                 "' is invalid: " + why);
   }
   std::lock_guard<std::mutex> guard(impl_->mutex);
@@ -531,4 +532,4 @@ std::string FaultServer::log_json() const { return impl_->log_json(); }
 
 int FaultServer::connections() const noexcept { return impl_->connection_count.load(); }
 
-}  // namespace keel::http
+}  // namespace keel::testing

@@ -1,4 +1,4 @@
-// keel::http::FaultServer: a small HTTP/1.1 server on 127.0.0.1 that answers from a script of
+// keel::testing::FaultServer: a small HTTP/1.1 server on 127.0.0.1 that answers from a script of
 // faults, for testing retrying clients over real loopback connections, and records every
 // request it saw (arrival time, method, target, headers such as Idempotency-Key and
 // Keel-Attempt).
@@ -27,7 +27,7 @@
 // thread; arrivals are numbered in the order their requests were read.
 //
 // Example:
-//   keel::http::FaultServer server({.script = "503/retry-after=1,200"});
+//   keel::testing::FaultServer server({.script = "503/retry-after=1,200"});
 //   server.start();                                  // port 0: the kernel picks a free port
 //   std::string url = server.url("/pay");            // "http://127.0.0.1:PORT/pay"
 //   ... run a client ...
@@ -44,7 +44,7 @@
 #include "keel/clock.hpp"
 #include "keel/http/client.hpp"
 
-namespace keel::http {
+namespace keel::testing {
 
 /// One step of a fault script.
 struct FaultStep {
@@ -75,7 +75,7 @@ struct Arrival {
   Duration at{};  // since the server started (steady time)
   std::string method;
   std::string target;  // path and query as sent
-  Headers headers;
+  http::Headers headers;
   std::string body;
   std::string step;    // the script step applied, as written
   int connection = 0;  // connections numbered from 1 in accept order
@@ -126,4 +126,4 @@ class FaultServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace keel::http
+}  // namespace keel::testing

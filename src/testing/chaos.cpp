@@ -1,0 +1,139 @@
+#include "keel/testing/chaos.hpp"
+
+#include <stdexcept>
+#include <thread>
+#include <utility>
+
+namespace keel::testing {
+namespace {
+
+void check_fraction(const char* field, double value) {
+  if (!(value >= 0.0 && value <= 1.0)) {
+    throw std::invalid_argument(std::string("keel::testing::ChaosOptions: ") + field +
+                                " must be in [0, 1], got " + std::to_string(value));
+  }
+}
+
+void check_duration(const char* field, Duration value) {
+  if (value < Duration::zero()) {
+    throw std::invalid_argument(std::string("keel::testing::ChaosOptions: ") + field +
+                                " must not be negative");
+  }
+}
+
+}  // namespace
+
+std::string_view to_string(ChaosFault fault) noexcept {
+  switch (fault) {
+    case ChaosFault::k503:
+      return "503";
+    case ChaosFault::kDelay:
+      return "delay";
+    case ChaosFault::kHang:
+      return "hang";
+    case ChaosFault::kDrop:
+      return "drop";
+  }
+  return "unknown";
+}
+
+ChaosDecider::ChaosDecider(const ChaosOptions& options) : options_(options), rng_(options.seed) {
+  check_fraction("fraction_503", options.fraction_503);
+  check_fraction("delay_fraction", options.delay_fraction);
+  check_fraction("hang_fraction", options.hang_fraction);
+  check_fraction("drop_after_commit", options.drop_after_commit);
+  check_duration("delay", options.delay);
+  check_duration("hang", options.hang);
+  if (options.retry_after_503) check_duration("retry_after_503", *options.retry_after_503);
+}
+
+bool ChaosDecider::chance(double p) {
+  if (p <= 0) return false;
+  std::lock_guard lock(mu_);
+  return std::uniform_real_distribution<double>(0, 1)(rng_) < p;
+}
+
+bool ChaosDecider::answer_503() { return chance(options_.fraction_503); }
+
+ChaosSlowdown ChaosDecider::slow_down() {
+  if (chance(options_.hang_fraction)) return ChaosSlowdown::kHang;
+  if (chance(options_.delay_fraction)) return ChaosSlowdown::kDelay;
+  return ChaosSlowdown::kNone;
+}
+
+bool ChaosDecider::drop_after_commit() { return chance(options_.drop_after_commit); }
+
+Chaos::Chaos(ChaosOptions options, ChaosHooks hooks) : decider_(options), hooks_(std::move(hooks)) {
+  if (options.drop_after_commit > 0 && !hooks_.drop_connection) {
+    throw std::invalid_argument(
+        "keel::testing::Chaos: drop_after_commit > 0 needs a drop_connection hook");
+  }
+  if (!hooks_.answer_503) {
+    hooks_.answer_503 = [](httplib::Response& response, std::string_view /*detail*/) {
+      response.status = 503;
+      response.set_content("Service unavailable\n", "text/plain");
+    };
+  }
+}
+
+httplib::Server::HandlerResponse Chaos::pre_routing(const httplib::Request& /*request*/,
+                                                    httplib::Response& response) {
+  if (!decider_.answer_503()) return httplib::Server::HandlerResponse::Unhandled;
+  ++injected_[static_cast<int>(ChaosFault::k503)];
+  if (const auto& retry_after = decider_.options().retry_after_503) {
+    response.set_header(
+        "Retry-After",
+        std::to_string(std::chrono::ceil<std::chrono::seconds>(*retry_after).count()));
+  }
+  hooks_.answer_503(response, "an injected fault");
+  return httplib::Server::HandlerResponse::Handled;
+}
+
+httplib::Server::Handler Chaos::wrap(httplib::Server::Handler handler) {
+  return [this, handler = std::move(handler)](const httplib::Request& request,
+                                              httplib::Response& response) {
+    switch (decider_.slow_down()) {
+      case ChaosSlowdown::kHang: {
+        ++injected_[static_cast<int>(ChaosFault::kHang)];
+        const TimePoint until = saturating_add(steady_clock().now(), decider_.options().hang);
+        while (!stopping_.load() && steady_clock().now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        break;
+      }
+      case ChaosSlowdown::kDelay:
+        ++injected_[static_cast<int>(ChaosFault::kDelay)];
+        std::this_thread::sleep_for(decider_.options().delay);
+        break;
+      case ChaosSlowdown::kNone:
+        break;
+    }
+    handler(request, response);
+  };
+}
+
+bool Chaos::after_commit(const httplib::Request& request) {
+  if (!decider_.drop_after_commit() || !hooks_.drop_connection(request)) return false;
+  ++injected_[static_cast<int>(ChaosFault::kDrop)];
+  return true;
+}
+
+void Chaos::stop() noexcept { stopping_ = true; }
+
+std::uint64_t Chaos::injected(ChaosFault fault) const noexcept {
+  return injected_[static_cast<int>(fault)].load();
+}
+
+std::string Chaos::prometheus_text() const {
+  std::string out =
+      "# HELP keel_chaos_injected_total Faults injected by --chaos flags.\n"
+      "# TYPE keel_chaos_injected_total counter\n";
+  for (const ChaosFault fault :
+       {ChaosFault::k503, ChaosFault::kDelay, ChaosFault::kHang, ChaosFault::kDrop}) {
+    out += "keel_chaos_injected_total{fault=\"" + std::string(to_string(fault)) + "\"} " +
+           std::to_string(injected(fault)) + "\n";
+  }
+  return out;
+}
+
+}  // namespace keel::testing
