@@ -20,6 +20,8 @@ namespace payments {
 
 namespace store = keel::store;
 using keel::AdmissionStats;
+using keel::Error;
+using keel::Expected;
 using keel::ShedReason;
 using keel::steady_clock;
 using store::Connection;
@@ -82,26 +84,25 @@ std::string random_hex(std::size_t bytes) {
   return out;
 }
 
-std::optional<ChargeInput> parse_charge(const std::string& body, const store::JsonLimits& limits,
-                                        std::string* error) {
+Expected<ChargeInput> parse_charge(const std::string& body, const store::JsonLimits& limits) {
+  const auto fail = [](std::string field, std::string problem) {
+    return Error{.field = std::move(field), .problem = std::move(problem)};
+  };
   // Depth and duplicate members first: nothing untrusted reaches the parser before that.
   const store::JsonCheck checked = store::check_json(body, limits);
   if (checked.status == store::JsonStatus::kTooDeep ||
       checked.status == store::JsonStatus::kDuplicateKey) {
-    *error = checked.detail;
-    return std::nullopt;
+    return fail("the body", "is refused: " + checked.detail);
   }
   const nlohmann::json j =
       checked.ok() ? nlohmann::json::parse(checked.canonical, nullptr, false) : nlohmann::json();
   if (!checked.ok() || j.is_discarded() || !j.is_object()) {
-    *error = "the body is not a JSON object";
-    return std::nullopt;
+    return fail("the body", "is not a JSON object");
   }
   ChargeInput in;
   const auto amount = j.find("amount");
   if (amount == j.end() || !amount->is_number_integer() || amount->get<std::int64_t>() <= 0) {
-    *error = "\"amount\" must be a positive integer";
-    return std::nullopt;
+    return fail("\"amount\"", "must be a positive integer");
   }
   in.amount = amount->get<std::int64_t>();
   const auto currency = j.find("currency");
@@ -110,8 +111,7 @@ std::optional<ChargeInput> parse_charge(const std::string& body, const store::Js
       !std::all_of(currency->get_ref<const std::string&>().begin(),
                    currency->get_ref<const std::string&>().end(),
                    [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); })) {
-    *error = "\"currency\" must be 3 letters";
-    return std::nullopt;
+    return fail("\"currency\"", "must be 3 letters");
   }
   in.currency = currency->get<std::string>();
   for (char& c : in.currency) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -119,8 +119,7 @@ std::optional<ChargeInput> parse_charge(const std::string& body, const store::Js
   if (customer == j.end() || !customer->is_string() ||
       customer->get_ref<const std::string&>().empty() ||
       customer->get_ref<const std::string&>().size() > 255) {
-    *error = "\"customer\" must be a non-empty string of at most 255 characters";
-    return std::nullopt;
+    return fail("\"customer\"", "must be a non-empty string of at most 255 characters");
   }
   in.customer = customer->get<std::string>();
   return in;
@@ -269,11 +268,12 @@ void PaymentsApi::install(httplib::Server& server) {
   };
   const store::TransactionalHandler create_charge = [this](const httplib::Request& req,
                                                            Connection& tx) -> StoredResponse {
-    std::string why;
-    const auto input = parse_charge(req.body, options_.json_limits, &why);
+    const auto input = parse_charge(req.body, options_.json_limits);
     if (!input) {
-      const nlohmann::json problem = {
-          {"type", "about:blank"}, {"title", "Invalid charge"}, {"status", 400}, {"detail", why}};
+      const nlohmann::json problem = {{"type", "about:blank"},
+                                      {"title", "Invalid charge"},
+                                      {"status", 400},
+                                      {"detail", input.error().message()}};
       return {400, {{"Content-Type", "application/problem+json"}}, problem.dump()};
     }
     const std::string id = "ch_" + random_hex(12);

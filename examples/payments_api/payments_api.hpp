@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "keel/admission.hpp"
+#include "keel/expected.hpp"
 #include "keel/store/database.hpp"
 #include "keel/store/idempotency.hpp"
 #include "keel/store/idempotency_middleware.hpp"
@@ -53,10 +54,9 @@ struct ChargeInput {
 
 /// Parses and checks a charge body: a JSON object (within `limits`, no duplicate members) with a
 /// positive integer "amount", a 3-letter "currency" and a non-empty "customer" of at most 255
-/// characters. Returns nullopt and sets `error` to a sentence for the client otherwise.
-[[nodiscard]] std::optional<ChargeInput> parse_charge(const std::string& body,
-                                                      const keel::store::JsonLimits& limits,
-                                                      std::string* error);
+/// characters. Otherwise an Error naming the member, for the client's problem detail.
+[[nodiscard]] keel::Expected<ChargeInput> parse_charge(const std::string& body,
+                                                       const keel::store::JsonLimits& limits);
 
 /// Random lower-case hex from OpenSSL's generator, 2 * bytes digits. Throws std::runtime_error
 /// when the generator fails.

@@ -105,16 +105,13 @@ bool send_all(int fd, std::string_view data) {
 
 }  // namespace
 
-std::optional<std::vector<FaultStep>> parse_fault_script(std::string_view script,
-                                                         std::string* error) {
-  const auto fail = [&](std::string_view step, const std::string& why) {
-    if (error != nullptr) *error = "step '" + std::string(step) + "': " + why;
-    return std::nullopt;
+Expected<std::vector<FaultStep>> parse_fault_script(std::string_view script) {
+  const auto fail = [](std::string_view step, const std::string& why) {
+    return Error{.field = "script step", .problem = "is invalid: " + why, .got = quote_value(step)};
   };
   std::vector<FaultStep> steps;
   if (trim(script).empty()) {
-    if (error != nullptr) *error = "the script is empty";
-    return std::nullopt;
+    return Error{.field = "script", .problem = "is empty", .got = quote_value(script)};
   }
   while (true) {
     const std::size_t comma = script.find(',');
@@ -367,10 +364,9 @@ struct FaultServer::Impl {
       reset_log();
       respond(fd, 200, "text/plain", "reset\n", "", wants_close);
     } else if (a.method == "POST" && a.target == "/_keel/script") {
-      std::string why;
-      auto parsed = parse_fault_script(a.body, &why);
+      auto parsed = parse_fault_script(a.body);
       if (!parsed) {
-        respond(fd, 400, "text/plain", "invalid script: " + why + "\n", "", wants_close);
+        respond(fd, 400, "text/plain", parsed.error().message() + "\n", "", wants_close);
       } else {
         std::lock_guard<std::mutex> guard(mutex);
         steps = std::move(*parsed);
@@ -437,11 +433,10 @@ struct FaultServer::Impl {
 };
 
 FaultServer::FaultServer(FaultServerOptions options) : impl_(std::make_unique<Impl>()) {
-  std::string why;
-  auto steps = parse_fault_script(options.script, &why);
+  auto steps = parse_fault_script(options.script);
   if (!steps) {
-    throw std::invalid_argument("keel::testing::FaultServerOptions: script '" + options.script +
-                                "' is invalid: " + why);
+    throw std::invalid_argument(
+        steps.error().in(steps.error().field, "keel::testing::FaultServerOptions").message());
   }
   if (options.port < 0 || options.port > 65535) {
     throw std::invalid_argument(
@@ -510,11 +505,10 @@ std::string FaultServer::url(std::string_view path) const {
 }
 
 void FaultServer::set_script(std::string_view script) {
-  std::string why;
-  auto steps = parse_fault_script(script, &why);
+  auto steps = parse_fault_script(script);
   if (!steps) {
-    throw std::invalid_argument("keel::testing::FaultServer: script '" + std::string(script) +
-                                "' is invalid: " + why);
+    throw std::invalid_argument(
+        steps.error().in(steps.error().field, "keel::testing::FaultServer").message());
   }
   std::lock_guard<std::mutex> guard(impl_->mutex);
   impl_->steps = std::move(*steps);

@@ -114,8 +114,8 @@ class Spool {
     if (!path_.empty()) ::unlink(path_.c_str());
   }
 
-  // Creates the file in `dir` (empty: TMPDIR or /tmp); false with `why` on failure.
-  bool open(std::string dir, std::string* why) {
+  // Creates the file in `dir` (empty: TMPDIR or /tmp); the Error says why it could not.
+  Expected<void> open(std::string dir) {
     if (dir.empty()) {
       const char* tmp = std::getenv("TMPDIR");
       dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
@@ -123,11 +123,13 @@ class Spool {
     path_ = dir + "/.keel-call.XXXXXX";
     fd_ = ::mkstemp(path_.data());
     if (fd_ < 0) {
-      *why = std::strerror(errno);
+      Error e{.field = "temporary file",
+              .problem = std::string("cannot be created: ") + std::strerror(errno),
+              .got = quote_value(path_)};
       path_.clear();
-      return false;
+      return e;
     }
-    return true;
+    return {};
   }
   bool restart() {
     if (::ftruncate(fd_, 0) != 0 || ::lseek(fd_, 0, SEEK_SET) != 0) return fail();
@@ -157,9 +159,8 @@ class Spool {
   bool publish(const std::string& target, std::string_view prefix) {
     if (!prefix.empty()) {
       Spool with_head;
-      std::string why;
-      if (!with_head.open(directory_of(target), &why)) {
-        error_ = why;
+      if (auto opened = with_head.open(directory_of(target)); !opened) {
+        error_ = opened.error().message();
         return false;
       }
       if (!copy_to(with_head.fd_, prefix)) return false;
@@ -230,17 +231,17 @@ int run_call(const CallArgs& a) {
   request.url = a.url;
   request.method = !a.method.empty() ? a.method : (a.data_given ? "POST" : "GET");
   if (request.method.empty() || request.method.size() > 64) {
-    return usage_error(
-        Error{.field = "--request", .problem = "must be a method token of 1 to 64 bytes",
-              .got = quote_value(a.method)}
-            .message());
+    return usage_error(Error{.field = "--request",
+                             .problem = "must be a method token of 1 to 64 bytes",
+                             .got = quote_value(a.method)}
+                           .message());
   }
   for (char c : request.method) {
     if (c <= ' ' || c >= 127 || c == ':' || c == '/') {
-      return usage_error(
-        Error{.field = "--request", .problem = "must be a method token of 1 to 64 bytes",
-              .got = quote_value(a.method)}
-            .message());
+      return usage_error(Error{.field = "--request",
+                               .problem = "must be a method token of 1 to 64 bytes",
+                               .got = quote_value(a.method)}
+                             .message());
     }
   }
   // The caller's own key, from -H or --idempotency-key: always the one sent, exactly once.
@@ -295,11 +296,11 @@ int run_call(const CallArgs& a) {
   // The body is spooled to a file as it arrives (never held in memory): next to --output's file,
   // or in TMPDIR for stdout.
   Spool spool;
-  std::string why;
-  if (!spool.open(a.output.empty() ? std::string() : Spool::directory_of(a.output), &why)) {
-    std::fprintf(stderr, "keel call: %s: cannot create a temporary file: %s\n",
+  if (auto opened = spool.open(a.output.empty() ? std::string() : Spool::directory_of(a.output));
+      !opened) {
+    std::fprintf(stderr, "keel call: %s: %s\n",
                  a.output.empty() ? "stdout" : ("--output '" + a.output + "'").c_str(),
-                 why.c_str());
+                 opened.error().message().c_str());
     return kExitLocalError;
   }
   request.body_sink.restart = [&spool] { return spool.restart(); };

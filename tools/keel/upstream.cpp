@@ -58,9 +58,8 @@ int run_upstream(const UpstreamArgs& a) {
     }
     run_for = *d;
   }
-  std::string why;
-  if (!testing::parse_fault_script(a.script, &why)) {
-    std::fprintf(stderr, "keel upstream: --script: %s\n", why.c_str());
+  if (const auto script = testing::parse_fault_script(a.script); !script) {
+    std::fprintf(stderr, "keel upstream: --script: %s\n", script.error().message().c_str());
     return kExitUsage;
   }
   // Block the stop signals in every thread (the server's threads inherit the mask) and wait for

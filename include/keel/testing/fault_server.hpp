@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "keel/clock.hpp"
+#include "keel/expected.hpp"
 #include "keel/http/client.hpp"
 
 namespace keel::testing {
@@ -64,10 +65,9 @@ struct FaultStep {
   std::string text;
 };
 
-/// Parses a script (syntax in the header comment). Returns nullopt and sets `error` to a sentence
-/// naming the bad step when the script is invalid (empty, unknown action, bad number, ...).
-[[nodiscard]] std::optional<std::vector<FaultStep>> parse_fault_script(std::string_view script,
-                                                                       std::string* error);
+/// Parses a script (syntax in the header comment). Returns an Error quoting the bad step when the
+/// script is invalid (empty, unknown action, bad number, ...).
+[[nodiscard]] Expected<std::vector<FaultStep>> parse_fault_script(std::string_view script);
 
 /// One request the server read.
 struct Arrival {
