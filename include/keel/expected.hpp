@@ -9,7 +9,10 @@
 //   keel call: --deadline has no unit; use ns, us, ms, s, m or h (got '5')
 //   keel::RetryPolicy: max_attempts must be at least 1 (got 0)
 // A caller that knows where the value came from renames the field (`error.in("--deadline")`)
-// instead of wrapping the text.
+// instead of wrapping the text. A constructor or function refusing its configuration calls
+// keel::throw_invalid with an Error whose context is the fully qualified type or function
+// ("keel::store::QueueOptions", "keel::store::JobQueue::lease"), so every such what() has the
+// same form.
 //
 // Thread-safety: value types; distinct objects may be used concurrently.
 //
@@ -17,6 +20,12 @@
 //   keel::Expected<keel::Duration> d = keel::parse_duration(flag);
 //   if (!d) { std::cerr << d.error().in("--deadline").message() << "\n"; return 2; }
 //   use(*d);
+//
+//   if (options.max_attempts < 1) {
+//     keel::throw_invalid({.context = "keel::store::QueueOptions", .field = "max_attempts",
+//                          .problem = "must be >= 1", .got =
+//                          std::to_string(options.max_attempts)});
+//   }
 #pragma once
 
 #include <cassert>
@@ -49,6 +58,10 @@ struct Error {
   [[nodiscard]] Error in(std::string_view new_field, std::string_view new_context = {}) const;
 };
 
+/// Throws std::invalid_argument whose what() is error.message(): how invalid configuration
+/// handed to a constructor or function is refused.
+[[noreturn]] void throw_invalid(Error error);
+
 /// `text` in single quotes with control characters shown as \xNN, cut after about `max_bytes`
 /// bytes of that form (with "..." when cut), so that any input can be quoted in a message.
 [[nodiscard]] std::string quote_value(std::string_view text, std::size_t max_bytes = 64);
@@ -57,7 +70,7 @@ struct Error {
 template <class T>
 class [[nodiscard]] Expected {
  public:
-  Expected(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit
+  Expected(T value) : v_(std::in_place_index<0>, std::move(value)) {}      // NOLINT: implicit
   Expected(Error error) : v_(std::in_place_index<1>, std::move(error)) {}  // NOLINT: implicit
 
   [[nodiscard]] bool has_value() const noexcept { return v_.index() == 0; }
@@ -71,9 +84,7 @@ class [[nodiscard]] Expected {
   /// Requires: has_value().
   [[nodiscard]] T& operator*() & { return assert(has_value()), *std::get_if<0>(&v_); }
   [[nodiscard]] const T& operator*() const& { return assert(has_value()), *std::get_if<0>(&v_); }
-  [[nodiscard]] T&& operator*() && {
-    return assert(has_value()), std::move(*std::get_if<0>(&v_));
-  }
+  [[nodiscard]] T&& operator*() && { return assert(has_value()), std::move(*std::get_if<0>(&v_)); }
   [[nodiscard]] T* operator->() { return &**this; }
   [[nodiscard]] const T* operator->() const { return &**this; }
   /// The value, or `fallback` when there is none.

@@ -10,6 +10,7 @@
 
 #include "curl_multi.hpp"
 #include "keel/asio/retry.hpp"
+#include "keel/expected.hpp"
 #include "keel/http/detail/attempt.hpp"
 
 namespace keel::asio {
@@ -36,14 +37,16 @@ struct HttpClient::Impl {
         guards(options) {
     http::detail::check_options(options, "keel::asio::HttpClientOptions");
     if (options.max_host_connections < 0) {
-      throw std::invalid_argument(
-          "keel::asio::HttpClientOptions: max_host_connections must be >= 0 (got " +
-          std::to_string(options.max_host_connections) + ")");
+      throw_invalid({.context = "keel::asio::HttpClientOptions",
+                     .field = "max_host_connections",
+                     .problem = "must be >= 0",
+                     .got = std::to_string(options.max_host_connections)});
     }
     if (options.max_transfers < 0) {
-      throw std::invalid_argument(
-          "keel::asio::HttpClientOptions: max_transfers must be >= 0 (got " +
-          std::to_string(options.max_transfers) + ")");
+      throw_invalid({.context = "keel::asio::HttpClientOptions",
+                     .field = "max_transfers",
+                     .problem = "must be >= 0",
+                     .got = std::to_string(options.max_transfers)});
     }
     multi = detail::CurlMulti::create(executor, options.max_host_connections,
                                       static_cast<std::size_t>(options.max_transfers));
@@ -114,9 +117,13 @@ const HttpClientOptions& HttpClient::options() const noexcept { return impl_->op
 std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->multi->in_flight(); }
 
 ::asio::awaitable<HttpResult> HttpClient::send(HttpRequest request, RetryContext* context) {
-  if (request.url.empty()) throw std::invalid_argument("keel::asio::HttpRequest: url is empty");
+  if (request.url.empty()) {
+    throw_invalid(
+        {.context = "keel::asio::HttpRequest", .field = "url", .problem = "must not be empty"});
+  }
   if (request.method.empty()) {
-    throw std::invalid_argument("keel::asio::HttpRequest: method is empty");
+    throw_invalid(
+        {.context = "keel::asio::HttpRequest", .field = "method", .problem = "must not be empty"});
   }
   std::shared_ptr<Impl> impl = impl_;
   Clock& clock = impl->options.clock != nullptr ? *impl->options.clock : steady_clock();

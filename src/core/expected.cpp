@@ -1,6 +1,7 @@
 #include "keel/expected.hpp"
 
 #include <cstdio>
+#include <stdexcept>
 
 namespace keel {
 
@@ -19,6 +20,8 @@ Error Error::in(std::string_view new_field, std::string_view new_context) const 
   if (!new_context.empty()) e.context = std::string(new_context);
   return e;
 }
+
+void throw_invalid(Error error) { throw std::invalid_argument(error.message()); }
 
 std::string quote_value(std::string_view text, std::size_t max_bytes) {
   std::string q = "'";

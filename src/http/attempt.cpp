@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "keel/retry_after.hpp"
 
 namespace keel::http::detail {
@@ -64,8 +65,10 @@ void append(Slist& list, const std::string& line) {
 
 [[noreturn]] void reject(std::string_view type, std::string_view field,
                          std::string_view requirement, const std::string& got) {
-  throw std::invalid_argument(std::string(type) + ": " + std::string(field) + " must be " +
-                              std::string(requirement) + " (got " + got + ")");
+  throw_invalid({.context = std::string(type),
+                 .field = std::string(field),
+                 .problem = "must be " + std::string(requirement),
+                 .got = got});
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/expected.hpp"
 #include "keel/http/detail/attempt.hpp"
 
 namespace keel::http {
@@ -20,8 +21,10 @@ struct Client::Impl {
         guards(options) {
     detail::check_options(options, "keel::http::ClientOptions");
     if (options.max_idle_handles < 1) {
-      throw std::invalid_argument("keel::http::ClientOptions: max_idle_handles must be >= 1 (got " +
-                                  std::to_string(options.max_idle_handles) + ")");
+      throw_invalid({.context = "keel::http::ClientOptions",
+                     .field = "max_idle_handles",
+                     .problem = "must be >= 1",
+                     .got = std::to_string(options.max_idle_handles)});
     }
     detail::global_init();
     share = curl_share_init();
@@ -105,8 +108,14 @@ Client::~Client() = default;
 const ClientOptions& Client::options() const noexcept { return impl_->options; }
 
 Result Client::send(const Request& request) {
-  if (request.url.empty()) throw std::invalid_argument("keel::http::Request: url is empty");
-  if (request.method.empty()) throw std::invalid_argument("keel::http::Request: method is empty");
+  if (request.url.empty()) {
+    throw_invalid(
+        {.context = "keel::http::Request", .field = "url", .problem = "must not be empty"});
+  }
+  if (request.method.empty()) {
+    throw_invalid(
+        {.context = "keel::http::Request", .field = "method", .problem = "must not be empty"});
+  }
   Impl& impl = *impl_;
   Clock& clock = impl.options.clock != nullptr ? *impl.options.clock : steady_clock();
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/expected.hpp"
 #include "keel/random.hpp"
 #include "keel/retry.hpp"
 #include "keel/sim/scenarios.hpp"
@@ -55,8 +56,10 @@ RetryOptions brooker_options(std::string_view policy, const BrookerConfig& c) {
   } else {
     std::string known;
     for (const auto& n : brooker_policies()) known += (known.empty() ? "" : ", ") + n;
-    throw std::invalid_argument("unknown brooker policy '" + std::string(policy) +
-                                "' (known: " + known + ")");
+    throw_invalid({.context = "keel::sim::run_brooker",
+                   .field = "policy",
+                   .problem = "must be a known brooker policy (" + known + ")",
+                   .got = quote_value(policy)});
   }
   return o;
 }
@@ -175,11 +178,16 @@ const std::vector<std::string>& brooker_policies() {
 
 Report run_brooker(std::string_view policy_name, const BrookerConfig& c, std::uint64_t seed) {
   if (c.clients < 1) {
-    throw std::invalid_argument("brooker: clients must be >= 1 (got " + std::to_string(c.clients) +
-                                ")");
+    throw_invalid({.context = "keel::sim::BrookerConfig",
+                   .field = "clients",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(c.clients)});
   }
   if (c.runs < 1) {
-    throw std::invalid_argument("brooker: runs must be >= 1 (got " + std::to_string(c.runs) + ")");
+    throw_invalid({.context = "keel::sim::BrookerConfig",
+                   .field = "runs",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(c.runs)});
   }
   const RetryPolicy policy(brooker_options(policy_name, c));
   Report r;

@@ -12,6 +12,7 @@
 
 #include "keel/admission.hpp"
 #include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "keel/random.hpp"
 
 namespace keel::sim {
@@ -20,8 +21,10 @@ namespace {
 
 [[noreturn]] void reject(const std::string& field, const std::string& requirement,
                          const std::string& got) {
-  throw std::invalid_argument("keel::sim: " + field + " must be " + requirement + " (got " + got +
-                              ")");
+  throw_invalid({.context = "keel::sim::Scenario",
+                 .field = field,
+                 .problem = "must be " + requirement,
+                 .got = got});
 }
 
 std::string num(double v) {

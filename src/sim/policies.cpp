@@ -1,11 +1,13 @@
 #include "policies.hpp"
 
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "keel/breaker.hpp"
 #include "keel/budget.hpp"
+#include "keel/expected.hpp"
 #include "keel/sim/scenarios.hpp"
 
 namespace keel::sim {
@@ -92,8 +94,12 @@ const std::vector<std::string>& policy_names() {
 
 ClientPolicy make_policy(std::string_view name, const PolicySettings& s) {
   if (!(s.budget_ratio > 0 && s.budget_ratio <= 1)) {
-    throw std::invalid_argument("budget_ratio must be in (0, 1] (got " +
-                                std::to_string(s.budget_ratio) + ")");
+    std::ostringstream got;
+    got << s.budget_ratio;
+    throw_invalid({.context = "keel::sim::PolicySettings",
+                   .field = "budget_ratio",
+                   .problem = "must be in (0, 1]",
+                   .got = got.str()});
   }
   ClientPolicy p;
   p.name = std::string(name);
@@ -125,8 +131,10 @@ ClientPolicy make_policy(std::string_view name, const PolicySettings& s) {
   } else {
     std::string known;
     for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
-    throw std::invalid_argument("unknown policy '" + std::string(name) + "' (known: " + known +
-                                ")");
+    throw_invalid({.context = "keel::sim::make_policy",
+                   .field = "name",
+                   .problem = "must be a known policy (" + known + ")",
+                   .got = quote_value(name)});
   }
   return p;
 }

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "policies.hpp"
 
 namespace keel::sim {
@@ -204,8 +206,10 @@ const Definition& definition(std::string_view name) {
   }
   std::string known;
   for (const auto& d : definitions()) known += (known.empty() ? "" : ", ") + d.info.name;
-  throw std::invalid_argument("unknown scenario '" + std::string(name) + "' (known: " + known +
-                              ")");
+  throw_invalid({.context = "keel::sim::run_scenario",
+                 .field = "scenario",
+                 .problem = "must be a known scenario (" + known + ")",
+                 .got = quote_value(name)});
 }
 
 Report report_of(const Scenario& s, std::string_view policy, std::uint64_t seed, Result r) {
@@ -240,8 +244,10 @@ Report run_blip(std::string_view policy, Duration trigger, std::uint64_t seed) {
 std::optional<Duration> blip_threshold(std::string_view policy, Duration step, Duration limit,
                                        std::uint64_t seed) {
   if (step <= Duration::zero()) {
-    throw std::invalid_argument("blip_threshold: step must be > 0 (got " + format_duration(step) +
-                                ")");
+    throw_invalid({.context = "keel::sim::blip_threshold",
+                   .field = "step",
+                   .problem = "must be > 0",
+                   .got = format_duration(step)});
   }
   for (Duration t = step; t <= limit; t += step) {
     if (!run_blip(policy, t, seed).summary.recovered) return t;
@@ -250,21 +256,24 @@ std::optional<Duration> blip_threshold(std::string_view policy, Duration step, D
 }
 
 Report run_explorer(const ExplorerParams& p, std::uint64_t seed) {
-  auto bad = [](const std::string& what) { throw std::invalid_argument(what); };
-  if (p.fleet < 1 || p.fleet > 100'000) {
-    bad("fleet must be in [1, 100000] (got " + std::to_string(p.fleet) + ")");
-  }
+  const auto bad = [](std::string_view field, std::string_view requirement, std::string got) {
+    throw_invalid({.context = "keel::sim::ExplorerParams",
+                   .field = std::string(field),
+                   .problem = "must be in " + std::string(requirement),
+                   .got = std::move(got)});
+  };
+  if (p.fleet < 1 || p.fleet > 100'000) bad("fleet", "[1, 100000]", std::to_string(p.fleet));
   if (!(p.capacity_per_s >= 1 && p.capacity_per_s <= 1e6)) {
-    bad("capacity must be in [1, 1000000] req/s (got " + std::to_string(p.capacity_per_s) + ")");
+    std::ostringstream got;
+    got << p.capacity_per_s << " req/s";
+    bad("capacity_per_s", "[1, 1000000] req/s", got.str());
   }
   if (p.outage < Duration::zero() || p.outage > seconds(60)) {
-    bad("outage must be in [0s, 60s] (got " + format_duration(p.outage) + ")");
+    bad("outage", "[0s, 60s]", format_duration(p.outage));
   }
-  if (p.attempts < 1 || p.attempts > 20) {
-    bad("attempts must be in [1, 20] (got " + std::to_string(p.attempts) + ")");
-  }
+  if (p.attempts < 1 || p.attempts > 20) bad("attempts", "[1, 20]", std::to_string(p.attempts));
   if (p.base < milliseconds(1) || p.base > seconds(10)) {
-    bad("base must be in [1ms, 10s] (got " + format_duration(p.base) + ")");
+    bad("base", "[1ms, 10s]", format_duration(p.base));
   }
   Scenario s;
   s.name = "explorer";

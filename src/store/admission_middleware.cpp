@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "keel/expected.hpp"
 #include "keel/store/idempotency_middleware.hpp"
 
 namespace keel::store {
@@ -44,7 +45,10 @@ void write_shed(httplib::Response& response, const Admission& admission) {
 AdmissionMiddleware::AdmissionMiddleware(AdmissionMiddlewareOptions options)
     : options_(std::move(options)) {
   if (options_.limiter == nullptr) {
-    throw std::invalid_argument("keel::store::AdmissionMiddlewareOptions: limiter must be set");
+    throw_invalid({.context = "keel::store::AdmissionMiddlewareOptions",
+                   .field = "limiter",
+                   .problem = "must be set",
+                   .got = "null"});
   }
 }
 

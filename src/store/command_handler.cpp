@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "keel/expected.hpp"
+
 extern char** environ;
 
 namespace keel::store {
@@ -51,7 +53,9 @@ ssize_t write_without_sigpipe(int fd, const char* data, std::size_t size) {
 
 CommandHandler::CommandHandler(std::string command) : command_(std::move(command)) {
   if (command_.empty()) {
-    throw std::invalid_argument("CommandHandler: command must not be empty");
+    throw_invalid({.context = "keel::store::CommandHandler",
+                   .field = "command",
+                   .problem = "must not be empty"});
   }
 }
 

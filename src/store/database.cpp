@@ -6,6 +6,8 @@
 #include <stdexcept>
 
 #include "detail/connections.hpp"
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
 
 namespace keel::store {
 
@@ -65,12 +67,16 @@ std::int64_t Rows::integer(std::size_t row, std::size_t column) const {
 
 std::unique_ptr<Connection> open_database(const DatabaseUrl& url, const ConnectOptions& options) {
   if (options.busy_timeout.count() < 0) {
-    throw std::invalid_argument("ConnectOptions.busy_timeout must be >= 0 (got " +
-                                std::to_string(options.busy_timeout.count()) + "ms)");
+    throw_invalid({.context = "keel::store::ConnectOptions",
+                   .field = "busy_timeout",
+                   .problem = "must be >= 0",
+                   .got = format_duration(options.busy_timeout)});
   }
   if (options.connect_timeout.count() < 1) {
-    throw std::invalid_argument("ConnectOptions.connect_timeout must be >= 1s (got " +
-                                std::to_string(options.connect_timeout.count()) + "s)");
+    throw_invalid({.context = "keel::store::ConnectOptions",
+                   .field = "connect_timeout",
+                   .problem = "must be >= 1s",
+                   .got = format_duration(options.connect_timeout)});
   }
   if (url.backend == Backend::kSqlite) return detail::open_sqlite(url.target, options);
   return detail::open_postgres(url.target, options);
@@ -143,8 +149,10 @@ int migrate(Connection& connection, std::string_view component, std::span<const 
 ConnectionPool::ConnectionPool(DatabaseUrl url, PoolOptions options)
     : url_(std::move(url)), options_(options) {
   if (options_.max_connections < 1) {
-    throw std::invalid_argument("PoolOptions.max_connections must be >= 1 (got " +
-                                std::to_string(options_.max_connections) + ")");
+    throw_invalid({.context = "keel::store::PoolOptions",
+                   .field = "max_connections",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(options_.max_connections)});
   }
 }
 

@@ -3,11 +3,13 @@
 #include <cmath>
 #include <ctime>
 #include <functional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "detail/commit.hpp"
 #include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "keel/store/transaction.hpp"
 
 namespace keel::store::dead_letters {
@@ -82,9 +84,12 @@ std::vector<DeadLetter> select_in(Connection& conn, const DeadLetterFilter& filt
 
 void check_pacing(const ReplayPacing& pacing) {
   if (!(pacing.per_second >= 0) || !std::isfinite(pacing.per_second)) {
-    throw std::invalid_argument(
-        "keel::store::ReplayPacing: per_second must be >= 0 and finite (got " +
-        std::to_string(pacing.per_second) + ")");
+    std::ostringstream got;
+    got << pacing.per_second;
+    throw_invalid({.context = "keel::store::ReplayPacing",
+                   .field = "per_second",
+                   .problem = "must be >= 0 and finite",
+                   .got = got.str()});
   }
 }
 
@@ -223,15 +228,17 @@ Expected<std::int64_t> parse_time_bound(std::string_view text, std::int64_t now_
   if (text.size() >= 20 && text[4] == '-') {
     if (auto t = parse_rfc3339(text)) return *t;
     return Error{.field = "time",
-                 .problem = "is not an RFC 3339 timestamp (expected e.g. 2026-12-01T10:00:00Z or "
-                            "2026-12-01T11:00:00+01:00)",
+                 .problem =
+                     "is not an RFC 3339 timestamp (expected e.g. 2026-12-01T10:00:00Z or "
+                     "2026-12-01T11:00:00+01:00)",
                  .got = quote_value(text)};
   }
   const auto ago = parse_duration(text);
   if (!ago) {
     return Error{.field = "time",
-                 .problem = "must be an RFC 3339 timestamp (2026-12-01T10:00:00Z) or a duration "
-                            "ago (1h)",
+                 .problem =
+                     "must be an RFC 3339 timestamp (2026-12-01T10:00:00Z) or a duration "
+                     "ago (1h)",
                  .got = quote_value(text)};
   }
   return now_ms - std::chrono::duration_cast<std::chrono::milliseconds>(*ago).count();

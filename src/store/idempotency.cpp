@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "keel/store/json_check.hpp"
 
 namespace keel::store {
@@ -181,17 +183,19 @@ std::string_view to_string(ClaimStatus status) noexcept {
 IdempotencyStore::IdempotencyStore(IdempotencyOptions options)
     : options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : &steady_clock()) {
-  if (options_.ttl <= Duration::zero()) {
-    throw std::invalid_argument("IdempotencyOptions.ttl must be > 0 (got " +
-                                std::to_string(options_.ttl.count()) + "ns)");
-  }
+  constexpr std::string_view kOptions = "keel::store::IdempotencyOptions";
+  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = std::string(field),
+                   .problem = std::string(problem),
+                   .got = std::move(got)});
+  };
+  if (options_.ttl <= Duration::zero()) reject("ttl", "must be > 0", format_duration(options_.ttl));
   if (options_.lock_timeout <= Duration::zero()) {
-    throw std::invalid_argument("IdempotencyOptions.lock_timeout must be > 0 (got " +
-                                std::to_string(options_.lock_timeout.count()) + "ns)");
+    reject("lock_timeout", "must be > 0", format_duration(options_.lock_timeout));
   }
   if (options_.purge_batch < 1) {
-    throw std::invalid_argument("IdempotencyOptions.purge_batch must be >= 1 (got " +
-                                std::to_string(options_.purge_batch) + ")");
+    reject("purge_batch", "must be >= 1", std::to_string(options_.purge_batch));
   }
 }
 

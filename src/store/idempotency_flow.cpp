@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "keel/expected.hpp"
+
 namespace keel::store {
 namespace {
 
@@ -203,7 +205,11 @@ std::string principal_from_authorization(std::optional<std::string_view> authori
 }
 
 std::string principal_scope(std::string_view principal, std::string_view secret) {
-  if (secret.empty()) throw std::invalid_argument("principal_scope: the secret is empty");
+  if (secret.empty()) {
+    throw_invalid({.context = "keel::store::principal_scope",
+                   .field = "secret",
+                   .problem = "must not be empty"});
+  }
   if (principal.empty()) return std::string(kAnonymousScope);
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -222,20 +228,27 @@ std::string principal_scope(std::string_view principal, std::string_view secret)
 }
 
 IdempotentRequestFlow::IdempotentRequestFlow(FlowOptions options) : options_(std::move(options)) {
-  if (options_.store == nullptr) throw std::invalid_argument("FlowOptions.store is null");
-  if (options_.pool == nullptr) throw std::invalid_argument("FlowOptions.pool is null");
+  constexpr std::string_view kOptions = "keel::store::FlowOptions";
+  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = std::string(field),
+                   .problem = std::string(problem),
+                   .got = std::move(got)});
+  };
+  if (options_.store == nullptr) reject("store", "must be set", "null");
+  if (options_.pool == nullptr) reject("pool", "must be set", "null");
   if (!options_.log) options_.log = log_to_stderr;
   if (options_.scope_secret.empty()) {
     unsigned char bytes[32];
     if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("RAND_bytes failed");
     options_.scope_secret.assign(reinterpret_cast<const char*>(bytes), sizeof bytes);
   } else if (options_.scope_secret.size() < 16) {
-    throw std::invalid_argument("FlowOptions.scope_secret must be at least 16 bytes (got " +
-                                std::to_string(options_.scope_secret.size()) + ")");
+    reject("scope_secret", "must be at least 16 bytes",
+           std::to_string(options_.scope_secret.size()) + " bytes");
   }
   validate(options_.json_limits);
   if (options_.max_key_bytes < 1) {
-    throw std::invalid_argument("FlowOptions.max_key_bytes must be >= 1 (got 0)");
+    reject("max_key_bytes", "must be >= 1", "0");
   }
   if (options_.transaction_policy == nullptr) {
     options_.transaction_policy = &default_transaction_retry_policy();

@@ -5,6 +5,8 @@
 
 #include <stdexcept>
 
+#include "keel/expected.hpp"
+
 namespace keel::store {
 namespace {
 
@@ -26,15 +28,20 @@ std::optional<std::string_view> header_view(const httplib::Request& request, con
 
 /// FlowOptions from the middleware's options (the fields they share).
 FlowOptions flow_options(const MiddlewareOptions& o) {
-  if (o.store == nullptr) throw std::invalid_argument("MiddlewareOptions.store is null");
-  if (o.pool == nullptr) throw std::invalid_argument("MiddlewareOptions.pool is null");
+  constexpr std::string_view kOptions = "keel::store::MiddlewareOptions";
+  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = std::string(field),
+                   .problem = std::string(problem),
+                   .got = std::move(got)});
+  };
+  if (o.store == nullptr) reject("store", "must be set", "null");
+  if (o.pool == nullptr) reject("pool", "must be set", "null");
   if (!o.scope_secret.empty() && o.scope_secret.size() < 16) {
-    throw std::invalid_argument("MiddlewareOptions.scope_secret must be at least 16 bytes (got " +
-                                std::to_string(o.scope_secret.size()) + ")");
+    reject("scope_secret", "must be at least 16 bytes",
+           std::to_string(o.scope_secret.size()) + " bytes");
   }
-  if (o.max_key_bytes < 1) {
-    throw std::invalid_argument("MiddlewareOptions.max_key_bytes must be >= 1 (got 0)");
-  }
+  if (o.max_key_bytes < 1) reject("max_key_bytes", "must be >= 1", "0");
   return {.store = o.store,
           .pool = o.pool,
           .scope_secret = o.scope_secret,

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "keel/expected.hpp"
+
 namespace keel::store {
 
 std::string_view to_string(JsonStatus status) noexcept {
@@ -25,8 +27,10 @@ std::string_view to_string(JsonStatus status) noexcept {
 
 void validate(const JsonLimits& limits) {
   if (limits.max_depth < 1 || limits.max_depth > 10000) {
-    throw std::invalid_argument("JsonLimits.max_depth must be in [1, 10000] (got " +
-                                std::to_string(limits.max_depth) + ")");
+    throw_invalid({.context = "keel::store::JsonLimits",
+                   .field = "max_depth",
+                   .problem = "must be in [1, 10000]",
+                   .got = std::to_string(limits.max_depth)});
   }
 }
 

@@ -12,6 +12,8 @@
 #include <stdexcept>
 
 #include "detail/queue_sql.hpp"
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
 
 namespace keel::store {
 
@@ -124,16 +126,16 @@ std::string_view to_string(CompleteStatus status) noexcept {
   return "stale";
 }
 
-std::string check_queue_name(std::string_view name) {
-  if (name.empty()) return "queue name is empty";
-  if (name.size() > 64) return "queue name is longer than 64 characters";
+Expected<void> check_queue_name(std::string_view name) {
+  const auto bad = [&](std::string problem) {
+    return Error{.field = "queue name", .problem = std::move(problem), .got = quote_value(name)};
+  };
+  if (name.empty()) return Error{.field = "queue name", .problem = "must not be empty"};
+  if (name.size() > 64) return bad("must be at most 64 characters");
   for (char c : name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '_' || c == '.' || c == '-';
-    if (!ok) {
-      return "queue name '" + std::string(name) +
-             "' may only contain letters, digits, '_', '.' and '-'";
-    }
+    if (!ok) return bad("may only contain letters, digits, '_', '.' and '-'");
   }
   return {};
 }
@@ -156,18 +158,26 @@ std::string new_job_key() {
 
 namespace {
 
+constexpr std::string_view kOptions = "keel::store::QueueOptions";
+
 RetryPolicy queue_policy(const QueueOptions& o) {
   if (o.max_attempts < 1) {
-    throw std::invalid_argument("QueueOptions.max_attempts must be >= 1 (got " +
-                                std::to_string(o.max_attempts) + ")");
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "max_attempts",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(o.max_attempts)});
   }
   if (o.retry_after_cap < Duration::zero()) {
-    throw std::invalid_argument("QueueOptions.retry_after_cap must be >= 0 (got " +
-                                std::to_string(to_ms(o.retry_after_cap)) + "ms)");
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "retry_after_cap",
+                   .problem = "must be >= 0",
+                   .got = format_duration(o.retry_after_cap)});
   }
   if (o.max_age <= Duration::zero()) {
-    throw std::invalid_argument("QueueOptions.max_age must be > 0 (got " +
-                                std::to_string(to_ms(o.max_age)) + "ms)");
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "max_age",
+                   .problem = "must be > 0",
+                   .got = format_duration(o.max_age)});
   }
   RetryOptions r;
   r.max_attempts = o.max_attempts;
@@ -187,8 +197,10 @@ JobQueue::JobQueue(QueueOptions options)
                ? options_.seed
                : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
   if (options_.lease <= Duration::zero()) {
-    throw std::invalid_argument("QueueOptions.lease must be > 0 (got " +
-                                std::to_string(to_ms(options_.lease)) + "ms)");
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "lease",
+                   .problem = "must be > 0",
+                   .got = format_duration(options_.lease)});
   }
 }
 

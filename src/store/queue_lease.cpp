@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "detail/queue_sql.hpp"
+#include "keel/expected.hpp"
 #include "keel/store/queue.hpp"
 
 namespace keel::store {
@@ -185,7 +186,12 @@ std::vector<LeasedJob> JobQueue::lease_due(Connection& connection, std::string_v
 DoneAndLeased JobQueue::complete_and_lease(
     Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
     std::string_view queue, std::string_view worker, int limit) const {
-  if (limit < 1) throw std::invalid_argument("complete_and_lease: limit must be >= 1");
+  if (limit < 1) {
+    throw_invalid({.context = "keel::store::JobQueue::complete_and_lease",
+                   .field = "limit",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(limit)});
+  }
   bool expired_waiting = false;
   DoneAndLeased out =
       finish_and_lease_due(connection, done, queue, worker, limit, &expired_waiting);
@@ -209,7 +215,12 @@ DoneAndLeased JobQueue::complete_and_lease(
 
 std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view queue,
                                        std::string_view worker, int limit) const {
-  if (limit < 1) throw std::invalid_argument("lease: limit must be >= 1");
+  if (limit < 1) {
+    throw_invalid({.context = "keel::store::JobQueue::lease",
+                   .field = "limit",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(limit)});
+  }
   return complete_and_lease(connection, {}, queue, worker, limit).leased;
 }
 

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "detail/queue_sql.hpp"
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "keel/store/queue.hpp"
 
 namespace keel::store {
@@ -18,22 +20,34 @@ namespace {
 // Jobs per multi-row INSERT in enqueue_many (6 parameters each, under both backends' limits).
 constexpr std::size_t kEnqueueChunk = 500;
 
-// A sentence naming what is wrong with the request, or empty.
-std::string check_request(const EnqueueRequest& request) {
-  if (std::string why = check_queue_name(request.queue); !why.empty()) return why;
+// Nothing when the request may be written, else what is wrong with it.
+Expected<void> check_request(const EnqueueRequest& request) {
+  if (auto queue = check_queue_name(request.queue); !queue) return std::move(queue).error();
   if (nlohmann::json::parse(request.payload, nullptr, false).is_discarded()) {
-    return "payload is not valid JSON";
+    return Error{
+        .field = "payload", .problem = "is not valid JSON", .got = quote_value(request.payload)};
   }
-  if (request.key.size() > 255) return "idempotency key is longer than 255 characters";
+  if (request.key.size() > 255) {
+    return Error{.field = "idempotency key",
+                 .problem = "must be at most 255 characters",
+                 .got = quote_value(request.key)};
+  }
   for (char c : request.key) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      return "idempotency key contains a control character";
+      return Error{.field = "idempotency key",
+                   .problem = "must not contain a control character",
+                   .got = quote_value(request.key)};
     }
   }
   if (request.max_attempts < 0) {
-    return "max attempts must be >= 1 (got " + std::to_string(request.max_attempts) + ")";
+    return Error{.field = "max_attempts",
+                 .problem = "must be >= 1, or 0 for the queue's default",
+                 .got = std::to_string(request.max_attempts)};
   }
-  if (request.delay < Duration::zero()) return "delay must be >= 0";
+  if (request.delay < Duration::zero()) {
+    return Error{
+        .field = "delay", .problem = "must be >= 0", .got = format_duration(request.delay)};
+  }
   return {};
 }
 
@@ -125,7 +139,8 @@ std::vector<EnqueueResult> JobQueue::enqueue_many(
     Connection& connection, const std::vector<EnqueueRequest>& requests) const {
   std::vector<EnqueueResult> out(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    if (std::string why = check_request(requests[i]); !why.empty()) {
+    if (auto checked = check_request(requests[i]); !checked) {
+      const std::string why = checked.error().message();
       for (EnqueueResult& r : out) r.error = why;
       return out;
     }

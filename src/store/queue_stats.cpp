@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 #include "detail/queue_sql.hpp"
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "keel/store/queue.hpp"
 
 namespace keel::store {
@@ -93,8 +95,19 @@ bool JobQueue::idle(Connection& connection, std::string_view queue) const {
 
 std::int64_t JobQueue::prune_done(Connection& connection, std::string_view queue,
                                   Duration retention, int batch) const {
-  if (retention < Duration::zero()) throw std::invalid_argument("prune_done: retention < 0");
-  if (batch < 1) throw std::invalid_argument("prune_done: batch must be >= 1");
+  constexpr std::string_view kFunction = "keel::store::JobQueue::prune_done";
+  if (retention < Duration::zero()) {
+    throw_invalid({.context = std::string(kFunction),
+                   .field = "retention",
+                   .problem = "must be >= 0",
+                   .got = format_duration(retention)});
+  }
+  if (batch < 1) {
+    throw_invalid({.context = std::string(kFunction),
+                   .field = "batch",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(batch)});
+  }
   std::int64_t n = 0;
   in_transaction(connection, [&](Connection& tx) {
     const std::int64_t cutoff = now_ms() - to_ms(retention);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "keel/duration.hpp"
+#include "keel/expected.hpp"
 
 namespace keel::store {
 namespace {
@@ -26,33 +27,39 @@ std::string default_worker_id() {
 Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,
                JobHandler handler)
     : pool_(pool), queue_(queue), options_(std::move(options)), handler_(std::move(handler)) {
-  if (std::string why = check_queue_name(options_.queue); !why.empty()) {
-    throw std::invalid_argument("WorkerOptions.queue: " + why);
+  constexpr std::string_view kOptions = "keel::store::WorkerOptions";
+  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = std::string(field),
+                   .problem = std::string(problem),
+                   .got = std::move(got)});
+  };
+  if (auto queue = check_queue_name(options_.queue); !queue) {
+    throw_invalid(queue.error().in("queue", kOptions));
   }
   if (options_.concurrency < 1) {
-    throw std::invalid_argument("WorkerOptions.concurrency must be >= 1 (got " +
-                                std::to_string(options_.concurrency) + ")");
+    reject("concurrency", "must be >= 1", std::to_string(options_.concurrency));
   }
-  if (options_.batch < 1) {
-    throw std::invalid_argument("WorkerOptions.batch must be >= 1 (got " +
-                                std::to_string(options_.batch) + ")");
-  }
+  if (options_.batch < 1) reject("batch", "must be >= 1", std::to_string(options_.batch));
   if (options_.poll_interval <= Duration::zero()) {
-    throw std::invalid_argument("WorkerOptions.poll_interval must be > 0");
+    reject("poll_interval", "must be > 0", format_duration(options_.poll_interval));
   }
   if (options_.heartbeat_interval < Duration::zero()) {
-    throw std::invalid_argument("WorkerOptions.heartbeat_interval must be >= 0");
+    reject("heartbeat_interval", "must be >= 0", format_duration(options_.heartbeat_interval));
   }
   if (options_.grace < Duration::zero()) {
-    throw std::invalid_argument("WorkerOptions.grace must be >= 0");
+    reject("grace", "must be >= 0", format_duration(options_.grace));
   }
   if (options_.max_database_outage <= Duration::zero()) {
-    throw std::invalid_argument("WorkerOptions.max_database_outage must be > 0");
+    reject("max_database_outage", "must be > 0", format_duration(options_.max_database_outage));
   }
   if (options_.done_retention && *options_.done_retention < Duration::zero()) {
-    throw std::invalid_argument("WorkerOptions.done_retention must be >= 0");
+    reject("done_retention", "must be >= 0", format_duration(*options_.done_retention));
   }
-  if (!handler_) throw std::invalid_argument("Worker: handler is empty");
+  if (!handler_) {
+    throw_invalid(
+        {.context = "keel::store::Worker", .field = "handler", .problem = "must not be empty"});
+  }
   if (options_.heartbeat_interval == Duration::zero()) {
     options_.heartbeat_interval =
         std::max(Duration(std::chrono::milliseconds(1)), queue_.options().lease / 3);

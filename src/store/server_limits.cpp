@@ -10,6 +10,8 @@
 #include <regex>
 #include <stdexcept>
 
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "keel/store/idempotency_middleware.hpp"
 
 namespace keel::store {
@@ -109,21 +111,23 @@ bool shutdown_connection(const httplib::Request& request) {
 }
 
 void validate(const ServerLimits& limits) {
-  const auto fail = [](const std::string& field, const std::string& value) {
-    throw std::invalid_argument("ServerLimits." + field + " is invalid (got " + value + ")");
+  const auto fail = [](std::string_view field, std::string_view requirement, std::string got) {
+    throw_invalid({.context = "keel::store::ServerLimits",
+                   .field = std::string(field),
+                   .problem = "must be " + std::string(requirement),
+                   .got = std::move(got)});
   };
-  if (limits.max_body_bytes < 1) fail("max_body_bytes", "0; requires >= 1");
-  if (limits.max_header_bytes < 1) fail("max_header_bytes", "0; requires >= 1");
+  if (limits.max_body_bytes < 1) fail("max_body_bytes", ">= 1", "0");
+  if (limits.max_header_bytes < 1) fail("max_header_bytes", ">= 1", "0");
   if (limits.read_timeout.count() <= 0) {
-    fail("read_timeout", std::to_string(limits.read_timeout.count()) + "ms; requires > 0");
+    fail("read_timeout", "> 0", format_duration(limits.read_timeout));
   }
   if (limits.write_timeout.count() <= 0) {
-    fail("write_timeout", std::to_string(limits.write_timeout.count()) + "ms; requires > 0");
+    fail("write_timeout", "> 0", format_duration(limits.write_timeout));
   }
-  if (limits.keep_alive_max_count < 1) fail("keep_alive_max_count", "0; requires >= 1");
+  if (limits.keep_alive_max_count < 1) fail("keep_alive_max_count", ">= 1", "0");
   if (limits.keep_alive_timeout.count() < 1) {
-    fail("keep_alive_timeout",
-         std::to_string(limits.keep_alive_timeout.count()) + "s; requires >= 1s");
+    fail("keep_alive_timeout", ">= 1s", format_duration(limits.keep_alive_timeout));
   }
 }
 

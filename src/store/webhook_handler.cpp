@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "keel/classify.hpp"
+#include "keel/expected.hpp"
 #include "keel/http/request.hpp"
 #include "keel/retry.hpp"
 
@@ -22,8 +23,10 @@ http::ClientOptions webhook_client_options(Duration timeout) {
 WebhookHandler::WebhookHandler(http::Client& client, std::string url)
     : client_(&client), url_(std::move(url)) {
   if (!url_.starts_with("http://") && !url_.starts_with("https://")) {
-    throw std::invalid_argument("WebhookHandler: url '" + url_ +
-                                "' must start with http:// or https://");
+    throw_invalid({.context = "keel::store::WebhookHandler",
+                   .field = "url",
+                   .problem = "must start with http:// or https://",
+                   .got = quote_value(url_, 256)});
   }
   dependency_ = http::breaker_key(url_).value_or(url_);
 }

@@ -1,23 +1,35 @@
 #include "keel/testing/chaos.hpp"
 
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
+
 namespace keel::testing {
 namespace {
 
+constexpr std::string_view kOptions = "keel::testing::ChaosOptions";
+
 void check_fraction(const char* field, double value) {
   if (!(value >= 0.0 && value <= 1.0)) {
-    throw std::invalid_argument(std::string("keel::testing::ChaosOptions: ") + field +
-                                " must be in [0, 1], got " + std::to_string(value));
+    std::ostringstream got;
+    got << value;
+    throw_invalid({.context = std::string(kOptions),
+                   .field = field,
+                   .problem = "must be in [0, 1]",
+                   .got = got.str()});
   }
 }
 
 void check_duration(const char* field, Duration value) {
   if (value < Duration::zero()) {
-    throw std::invalid_argument(std::string("keel::testing::ChaosOptions: ") + field +
-                                " must not be negative");
+    throw_invalid({.context = std::string(kOptions),
+                   .field = field,
+                   .problem = "must not be negative",
+                   .got = format_duration(value)});
   }
 }
 
@@ -65,8 +77,10 @@ bool ChaosDecider::drop_after_commit() { return chance(options_.drop_after_commi
 
 Chaos::Chaos(ChaosOptions options, ChaosHooks hooks) : decider_(options), hooks_(std::move(hooks)) {
   if (options.drop_after_commit > 0 && !hooks_.drop_connection) {
-    throw std::invalid_argument(
-        "keel::testing::Chaos: drop_after_commit > 0 needs a drop_connection hook");
+    throw_invalid({.context = "keel::testing::Chaos",
+                   .field = "hooks.drop_connection",
+                   .problem = "must be set when drop_after_commit > 0",
+                   .got = "empty"});
   }
   if (!hooks_.answer_503) {
     hooks_.answer_503 = [](httplib::Response& response, std::string_view /*detail*/) {

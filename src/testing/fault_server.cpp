@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "keel/retry_after.hpp"
 
 namespace keel::testing {
@@ -435,13 +436,13 @@ struct FaultServer::Impl {
 FaultServer::FaultServer(FaultServerOptions options) : impl_(std::make_unique<Impl>()) {
   auto steps = parse_fault_script(options.script);
   if (!steps) {
-    throw std::invalid_argument(
-        steps.error().in(steps.error().field, "keel::testing::FaultServerOptions").message());
+    throw_invalid(steps.error().in(steps.error().field, "keel::testing::FaultServerOptions"));
   }
   if (options.port < 0 || options.port > 65535) {
-    throw std::invalid_argument(
-        "keel::testing::FaultServerOptions: port must be in [0, 65535], got " +
-        std::to_string(options.port));
+    throw_invalid({.context = "keel::testing::FaultServerOptions",
+                   .field = "port",
+                   .problem = "must be in [0, 65535]",
+                   .got = std::to_string(options.port)});
   }
   impl_->steps = std::move(*steps);
   impl_->requested_port = options.port;
@@ -507,8 +508,7 @@ std::string FaultServer::url(std::string_view path) const {
 void FaultServer::set_script(std::string_view script) {
   auto steps = parse_fault_script(script);
   if (!steps) {
-    throw std::invalid_argument(
-        steps.error().in(steps.error().field, "keel::testing::FaultServer").message());
+    throw_invalid(steps.error().in(steps.error().field, "keel::testing::FaultServer::set_script"));
   }
   std::lock_guard<std::mutex> guard(impl_->mutex);
   impl_->steps = std::move(*steps);

@@ -169,6 +169,49 @@ TEST_P(JobQueueTest, InvalidRequestsAreRefusedAndWriteNothing) {
   EXPECT_THROW(JobQueue({.lease = 0s}), std::invalid_argument);
 }
 
+// Invalid configuration is refused with "CONTEXT: FIELD PROBLEM (got VALUE)", the context being
+// the fully qualified type or function.
+TEST_P(JobQueueTest, InvalidConfigurationNamesTheTypeTheFieldAndTheValue) {
+  const auto what = [](const auto& make) -> std::string {
+    try {
+      make();
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(nothing thrown)";
+  };
+  const std::string attempts = what([] { (void)JobQueue({.max_attempts = 0}); });
+  EXPECT_EQ(attempts.rfind("keel::store::QueueOptions: max_attempts must be", 0), 0u) << attempts;
+  EXPECT_NE(attempts.find("(got 0)"), std::string::npos) << attempts;
+  EXPECT_EQ(what([] { (void)JobQueue({.lease = -5s}); }),
+            "keel::store::QueueOptions: lease must be > 0 (got -5s)");
+
+  JobQueue q = make_queue();
+  EXPECT_EQ(what([&] { (void)q.lease(*conn_, "q", "w", 0); }),
+            "keel::store::JobQueue::lease: limit must be >= 1 (got 0)");
+
+  ConnectionPool pool(url(), {.max_connections = 1});
+  const JobHandler ok = [](const LeasedJob&, const std::atomic<bool>&) {
+    return AttemptReport::success();
+  };
+  const std::string queue = what([&] { Worker w(pool, q, {.queue = "bad name!"}, ok); });
+  EXPECT_EQ(queue.rfind("keel::store::WorkerOptions: queue may only contain", 0), 0u) << queue;
+  EXPECT_NE(queue.find("(got 'bad name!')"), std::string::npos) << queue;
+  EXPECT_EQ(what([&] { Worker w(pool, q, {.queue = "q", .concurrency = 0}, ok); }),
+            "keel::store::WorkerOptions: concurrency must be >= 1 (got 0)");
+  EXPECT_EQ(what([&] { Worker w(pool, q, {.queue = "q"}, JobHandler{}); }),
+            "keel::store::Worker: handler must not be empty");
+
+  const Expected<void> name = check_queue_name("no spaces");
+  ASSERT_FALSE(name);
+  EXPECT_EQ(name.error().field, "queue name");
+  EXPECT_EQ(name.error().got, "'no spaces'");
+  EXPECT_EQ(check_queue_name("").error().message(), "queue name must not be empty");
+  EXPECT_TRUE(check_queue_name("emails.v2-high_priority"));
+  EXPECT_EQ(q.enqueue(*conn_, {.queue = "q", .payload = "{}", .max_attempts = -1}).error,
+            "max_attempts must be >= 1, or 0 for the queue's default (got -1)");
+}
+
 TEST_P(JobQueueTest, ExpiredLeaseIsTakenOverAndTheStaleWorkerIsFencedOut) {
   JobQueue q = make_queue({.lease = 30s});
   const auto job = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});

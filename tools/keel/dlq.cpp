@@ -184,8 +184,8 @@ int run(const std::string& cmd, const DlqArgs& a) {
   const auto url = queue_cli::parse_db_flag("dlq", a.db);
   if (!url) return kExitUsage;
   if (!a.queue.empty()) {
-    if (std::string why = store::check_queue_name(a.queue); !why.empty()) {
-      return usage("--queue: " + why);
+    if (auto queue = store::check_queue_name(a.queue); !queue) {
+      return usage(queue.error().in("--queue").message());
     }
   }
   std::vector<std::int64_t> ids;

@@ -38,8 +38,8 @@ std::optional<Duration> duration_flag(const char* flag, const std::string& text,
 int run_enqueue(const JobsArgs& a) {
   const auto url = queue_cli::parse_db_flag("jobs", a.db);
   if (!url) return kExitUsage;
-  if (std::string why = store::check_queue_name(a.queue); !why.empty()) {
-    return usage("--queue: " + why);
+  if (auto queue = store::check_queue_name(a.queue); !queue) {
+    return usage(queue.error().in("--queue").message());
   }
   if (a.payload.empty() == a.payloads_from.empty()) {
     return usage("enqueue needs exactly one of --payload JSON and --payloads-from FILE");

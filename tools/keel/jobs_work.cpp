@@ -32,8 +32,8 @@ using queue_cli::failure;
 int run_work(const JobsArgs& a) {
   const auto url = queue_cli::parse_db_flag("jobs", a.db);
   if (!url) return kExitUsage;
-  if (std::string why = store::check_queue_name(a.queue); !why.empty()) {
-    return usage("--queue: " + why);
+  if (auto queue = store::check_queue_name(a.queue); !queue) {
+    return usage(queue.error().in("--queue").message());
   }
   if (a.deliver.empty() == a.exec.empty()) {
     return usage(a.deliver.empty() ? "work needs a handler: give --deliver URL or --exec CMD"

@@ -81,6 +81,7 @@
 #include "keel/backoff.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
+#include "keel/expected.hpp"
 #include "keel/random.hpp"
 #include "keel/retry.hpp"
 #include "keel/store/database.hpp"
@@ -94,9 +95,9 @@ enum class JobState : unsigned char { kReady, kRunning, kRetryScheduled, kDone, 
 /// Inverse of to_string; nullopt for anything else.
 [[nodiscard]] std::optional<JobState> parse_job_state(std::string_view text) noexcept;
 
-/// A queue name is 1-64 characters of [A-Za-z0-9_.-]. Returns an empty string when valid, else
-/// a sentence naming the problem.
-[[nodiscard]] std::string check_queue_name(std::string_view name);
+/// A queue name is 1-64 characters of [A-Za-z0-9_.-]. Nothing when valid, else an Error with
+/// the field "queue name" and the quoted name (rename it with `.in("--queue")`).
+[[nodiscard]] Expected<void> check_queue_name(std::string_view name);
 
 /// A new idempotency key: a random (version 4) UUID in its 36-character text form, from OpenSSL's
 /// CSPRNG. Throws std::runtime_error when the CSPRNG cannot supply bytes.
@@ -189,8 +190,8 @@ struct EnqueueResult {
   std::string idempotency_key;
   /// false: a job with this key already existed on this queue and nothing was written.
   bool created = true;
-  /// When the request was refused (invalid queue, payload, key or attempts): a sentence naming
-  /// the problem, and nothing was written. Empty on success.
+  /// When the request was refused (invalid queue, payload, key or attempts): the Error's
+  /// message, naming the field and quoting the value, and nothing was written. Empty on success.
   std::string error;
   [[nodiscard]] bool ok() const noexcept { return error.empty(); }
 };

@@ -3,7 +3,6 @@
 // format (keel/expected.hpp). Private to keel::core.
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -11,14 +10,14 @@
 
 namespace keel::detail {
 
-/// Throws std::invalid_argument naming the type, the field, what it must be and what it was.
+/// Throws std::invalid_argument (keel::throw_invalid) naming the type, the field, what it must be
+/// and what it was.
 [[noreturn]] inline void reject(std::string_view type, std::string_view field,
                                 std::string_view requirement, std::string_view got) {
-  throw std::invalid_argument(Error{.context = "keel::" + std::string(type),
-                                    .field = std::string(field),
-                                    .problem = "must be " + std::string(requirement),
-                                    .got = std::string(got)}
-                                  .message());
+  throw_invalid({.context = "keel::" + std::string(type),
+                 .field = std::string(field),
+                 .problem = "must be " + std::string(requirement),
+                 .got = std::string(got)});
 }
 
 /// A double without trailing zeros: 0.5, 10, 0.125.
