@@ -7,7 +7,7 @@
 // One message format everywhere: "[CONTEXT: ]FIELD PROBLEM (got VALUE)", for instance
 //   duration has no unit; use ns, us, ms, s, m or h (got '5')
 //   keel call: --deadline has no unit; use ns, us, ms, s, m or h (got '5')
-//   keel::RetryPolicy: max_attempts must be at least 1 (got 0)
+//   keel::RetryPolicy: max_attempts must be >= 1 (got 0)
 // A caller that knows where the value came from renames the field (`error.in("--deadline")`)
 // instead of wrapping the text. A constructor or function refusing its configuration calls
 // keel::throw_invalid with an Error whose context is the fully qualified type or function
