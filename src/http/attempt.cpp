@@ -177,6 +177,12 @@ void record_latency(AdaptiveTimeout* timeout, const AttemptResult& attempt, Dura
   }
 }
 
+void apply_duplicate_success(const DuplicateSuccessRule* rule, const Outcome& previous,
+                             AttemptResult& attempt) {
+  if (rule == nullptr || !attempt.response.has_value()) return;
+  attempt.outcome = rule->apply(previous, attempt.outcome, attempt.response->body);
+}
+
 std::optional<RequestTraits> begin_operation(const Request& request, Result& result) {
   auto checked = check_request(request);
   if (!checked) {

@@ -17,6 +17,7 @@ struct Client::Impl {
       : options(std::move(o)),
         policy(options.retry),
         classifier(options.classifier),
+        duplicate(options.duplicate_success),
         guards(options) {
     detail::check_options(options, "keel::http::ClientOptions");
     if (options.max_idle_handles < 1) {
@@ -92,6 +93,7 @@ struct Client::Impl {
   ClientOptions options;
   RetryPolicy policy;
   HttpClassifier classifier;
+  std::optional<DuplicateSuccessRule> duplicate;  // from options.duplicate_success
   detail::OperationGuards guards;
   CURLSH* share = nullptr;
   std::array<std::mutex, CURL_LOCK_DATA_LAST> share_locks;  // one per shared kind
@@ -124,6 +126,8 @@ Result Client::send(const Request& request) {
     const AttemptInfo info = detail::adapt_attempt(start.attempt, timeout.get(), began);
     detail::AttemptResult attempt =
         impl.run_attempt(request, *traits, result.idempotency_key, info, clock);
+    detail::apply_duplicate_success(impl.duplicate ? &*impl.duplicate : nullptr,
+                                    state.last_outcome(), attempt);
     const TimePoint ended = clock.now();
     const Duration took = ended - began;
     detail::record_latency(timeout.get(), attempt, took, ended);

@@ -119,6 +119,12 @@ struct AttemptResult {
 void record_latency(AdaptiveTimeout* timeout, const AttemptResult& attempt, Duration took,
                     TimePoint now) noexcept;
 
+/// Applies a client's duplicate-success rule (nullptr: none) to `attempt` when it got a
+/// response: `previous` is the outcome of the operation's previous attempt (a default Outcome
+/// before the first), as the engine was given it.
+void apply_duplicate_success(const DuplicateSuccessRule* rule, const Outcome& previous,
+                             AttemptResult& attempt);
+
 /// What libcurl writes into during one attempt (the header and body callbacks' state).
 struct Transfer {
   Response response;
