@@ -168,6 +168,10 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
   result.elapsed = r.elapsed;
   if (result.reason == StopReason::kCancelled) result.error = "cancelled";
   http::detail::log_give_up(impl->options, request, result);
+  if (std::optional<HttpRequest> lookup =
+          http::detail::duplicate_lookup(impl->options, request, result)) {
+    http::detail::adopt_lookup(result, co_await send(std::move(*lookup), context));
+  }
   co_return result;
 }
 

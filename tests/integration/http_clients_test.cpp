@@ -54,6 +54,8 @@ struct Config {
   keel::RetryOptions retry;
   keel::HttpClassifierOptions classifier;
   std::optional<keel::DuplicateSuccessOptions> duplicate_success;
+  std::function<std::optional<Request>(const Request&, const keel::http::Response&)>
+      duplicate_lookup;
   std::function<void(const keel::http::AttemptEvent&)> on_attempt;
   std::function<void(std::string_view)> log = [](std::string_view) {};
   bool adaptive_timeouts = false;
@@ -77,6 +79,7 @@ class BlockingDriver {
       : client_({.retry = c.retry,
                  .classifier = c.classifier,
                  .duplicate_success = c.duplicate_success,
+                 .duplicate_lookup = c.duplicate_lookup,
                  .on_attempt = c.on_attempt,
                  .log = c.log,
                  .adaptive_timeouts = c.adaptive_timeouts,
@@ -94,6 +97,7 @@ class AsyncDriver {
       : client_(io_.get_executor(), {.retry = c.retry,
                                      .classifier = c.classifier,
                                      .duplicate_success = c.duplicate_success,
+                                     .duplicate_lookup = c.duplicate_lookup,
                                      .on_attempt = c.on_attempt,
                                      .log = c.log,
                                      .adaptive_timeouts = c.adaptive_timeouts,
@@ -445,6 +449,52 @@ TYPED_TEST(HttpClients, WithoutTheRuleAnAlreadyExistsAfterADropIsNotASuccess) {
   EXPECT_FALSE(r.ok());
   EXPECT_FALSE(r.outcome.duplicate);
   EXPECT_EQ(server.arrivals().size(), 2u);
+}
+
+TYPED_TEST(HttpClients, TheLookupFetchesTheResourceADuplicateFoundAlreadyThere) {
+  FaultServer server({.script = "drop,409/body=name already exists,200/body=the video"});
+  server.start();
+  Config c = already_exists();
+  int lookups = 0;
+  c.duplicate_lookup = [&](const Request& sent,
+                           const keel::http::Response& duplicate) -> std::optional<Request> {
+    ++lookups;
+    EXPECT_EQ(sent.method, "POST");
+    EXPECT_EQ(duplicate.status, 409);
+    return Request{.url = server.url("/videos/v1")};
+  };
+  TypeParam client(c);
+  const Result r = client.send({.method = "POST", .url = server.url("/videos"), .body = "v"});
+  EXPECT_TRUE(r.ok()) << keel::describe(r.outcome);
+  EXPECT_TRUE(r.outcome.duplicate);
+  EXPECT_EQ(r.outcome.code, 200);
+  ASSERT_TRUE(r.response.has_value());
+  EXPECT_EQ(r.response->body, "the video\n");
+  EXPECT_EQ(r.attempts, 3);
+  EXPECT_EQ(lookups, 1);
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 3u);
+  EXPECT_EQ(arrivals[2].method, "GET");
+  EXPECT_EQ(arrivals[2].target, "/videos/v1");
+  EXPECT_EQ(r.idempotency_key, header(arrivals[0], "Idempotency-Key"));
+
+  // No lookup for a plain success, and nullopt keeps the duplicate answer.
+  server.set_script("drop,409/body=name already exists");
+  server.reset();
+  c.duplicate_lookup = [&](const Request&, const keel::http::Response&) -> std::optional<Request> {
+    ++lookups;
+    return std::nullopt;
+  };
+  TypeParam keeps(c);
+  const Result kept = keeps.send({.method = "POST", .url = server.url("/videos")});
+  EXPECT_TRUE(kept.ok());
+  EXPECT_TRUE(kept.outcome.duplicate);
+  EXPECT_EQ(kept.response->status, 409);
+  EXPECT_EQ(lookups, 2);
+  server.set_script("201");
+  server.reset();
+  EXPECT_TRUE(keeps.send({.method = "POST", .url = server.url("/videos")}).ok());
+  EXPECT_EQ(lookups, 2);
 }
 
 TYPED_TEST(HttpClients, ADuplicateSuccessRuleWithAnInvalidStatusIsRejected) {
