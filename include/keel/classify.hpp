@@ -1,6 +1,7 @@
 // Failure classification: the vocabulary every keel component uses to say what an attempt's
 // result means for trying again, and built-in classifiers for HTTP statuses, network errors and
-// PostgreSQL SQLSTATEs, plus a hook for APIs that hide an error inside a 200.
+// PostgreSQL SQLSTATEs, plus a hook for APIs that hide an error inside a 200, and the rule that
+// reads a retry's "already exists" as the success of the attempt before it.
 //
 // The taxonomy, and whether a retry may help (see docs/classification.md):
 //   kSuccess    done; nothing to retry.
@@ -14,7 +15,8 @@
 //               It is what a default-constructed Outcome says, so forgetting to classify an
 //               attempt can never read as success.
 //
-// Thread-safety: values and pure functions; HttpClassifier is immutable after construction.
+// Thread-safety: values and pure functions; HttpClassifier and DuplicateSuccessRule are immutable
+// after construction.
 //
 // Example:
 //   keel::RequestTraits post{keel::Method::kPost, /*has_idempotency_key=*/true};
@@ -27,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "keel/clock.hpp"
 
@@ -66,6 +69,10 @@ struct Outcome {
   /// The attempt ended because it hit its timeout (the AWS token bucket charges such retries
   /// double).
   bool timed_out = false;
+  /// A success that is the receiver's "already exists" answer to a retry after an ambiguous
+  /// failure: the earlier attempt took effect (DuplicateSuccessRule). False for every other
+  /// outcome.
+  bool duplicate = false;
   /// At most this many retries in one operation may be caused by outcomes carrying this limit
   /// (HTTP 500 carries 1 by default: retried at most once). kNoRetryLimit: no extra limit.
   std::uint8_t retry_limit = kNoRetryLimit;
@@ -181,6 +188,65 @@ class HttpClassifier {
 
  private:
   HttpClassifierOptions options_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Duplicate as success
+
+/// Whether a response body says what a rule looks for.
+using BodyPredicate = std::function<bool(std::string_view body)>;
+
+/// A predicate that holds when the body contains `text` (bytes, case-sensitive); an empty text
+/// is in every body.
+[[nodiscard]] BodyPredicate body_contains(std::string text);
+
+struct DuplicateSuccessOptions {
+  /// The statuses a receiver answers a repeated create with. Requires: not empty, each in
+  /// [400, 599] (a 2xx or 3xx is a success already). Default {409}.
+  std::vector<int> statuses = {409};
+  /// Must hold for the response body as well; none: any body. Default none (set it: a bare 409
+  /// is also a receiver's "in progress" or a real conflict).
+  BodyPredicate body;
+};
+
+/// "This name already exists" on a retry after an ambiguous failure means the first try worked:
+/// the receiver acted on it and only its answer was lost. The rule maps such a response to
+/// success, marked Outcome::duplicate, so the operation stops there instead of failing on the
+/// effect it wanted. It applies ONLY to an attempt whose previous attempt of the same operation
+/// was kAmbiguous (a timeout or reset after the request was sent, a 500): on a first attempt, or
+/// after a failure that says the request had no effect (503, refused connection), the same
+/// response keeps its classification, because then it is a real conflict. See
+/// docs/classification.md. Immutable; safe for concurrent use.
+///
+/// Example:
+///   keel::DuplicateSuccessRule rule(
+///       {.statuses = {409}, .body = keel::body_contains("already exists")});
+///   keel::RequestTraits post{keel::Method::kPost, /*has_idempotency_key=*/true};
+///   keel::Outcome lost = keel::classify_network(keel::NetError::kTimedOut, true);  // ambiguous
+///   keel::Outcome o = rule.apply(lost, keel::classify_http_status(409, post), body);
+///   // body "name already exists": o.kind == kSuccess, o.duplicate, o.code == 409
+///   // the same 409 with a default Outcome as `previous` (first attempt): unchanged
+class DuplicateSuccessRule {
+ public:
+  /// Throws std::invalid_argument naming the field when statuses is empty or holds a status
+  /// outside [400, 599].
+  explicit DuplicateSuccessRule(DuplicateSuccessOptions options = {});
+
+  /// Whether a response with `status` and `body` is the receiver's duplicate answer, whatever
+  /// came before it.
+  [[nodiscard]] bool matches(int status, std::string_view body) const;
+
+  /// The outcome of a response, given the outcome of the operation's previous attempt
+  /// (`previous`; a default Outcome, kNotAttempted, before the first). `current` is the
+  /// response's classification (source kHttp or kBody, code its status) and `body` its body.
+  /// Returns a kSuccess copy of `current` with duplicate set (no server delay, no retry limit)
+  /// when `previous` is kAmbiguous and the response matches; `current` unchanged otherwise,
+  /// including for an outcome that is not a response (a network failure).
+  [[nodiscard]] Outcome apply(const Outcome& previous, const Outcome& current,
+                              std::string_view body) const;
+
+ private:
+  DuplicateSuccessOptions options_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ struct HttpClient::Impl {
         options(std::move(opts)),
         policy(options.retry),
         classifier(options.classifier),
+        duplicate(options.duplicate_success),
         guards(options) {
     http::detail::check_options(options, "keel::asio::HttpClientOptions");
     if (options.max_host_connections < 0) {
@@ -101,6 +102,7 @@ struct HttpClient::Impl {
   HttpClientOptions options;
   RetryPolicy policy;
   HttpClassifier classifier;
+  std::optional<DuplicateSuccessRule> duplicate;  // from options.duplicate_success
   http::detail::OperationGuards guards;
   static constexpr std::size_t kMaxIdleHandles = 64;
   std::vector<Easy> idle;  // handles of finished attempts, kept for reuse (executor-only)
@@ -139,18 +141,23 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
   call.context = context;
   const std::shared_ptr<AdaptiveTimeout> timeout = impl->guards.adaptive_timeout(request);
 
-  // The last attempt's details, kept by the op for the result and the on_attempt hook.
+  // The last attempt's details, kept by the op for the result and the on_attempt hook, and the
+  // outcome the engine was given for it (the duplicate-success rule reads it).
   std::string last_error;
+  Outcome previous;
   auto op = [&](const AttemptInfo& info) -> ::asio::awaitable<AttemptResult> {
     last_error.clear();
     AttemptResult a = co_await impl->attempt(request, *traits, result.idempotency_key, info, clock,
                                              timeout.get());
+    http::detail::apply_duplicate_success(impl->duplicate ? &*impl->duplicate : nullptr, previous,
+                                          a);
     last_error = a.error;
     co_return a;
   };
   auto classify = [](const AttemptResult& a) { return a.outcome; };
   auto observer = [&](const AttemptInfo& info, const Outcome& outcome, const Decision& decision,
                       Duration took) {
+    previous = outcome;
     http::detail::report_attempt(impl->options, request, info.number, outcome, last_error, took,
                                  decision);
   };
@@ -168,6 +175,10 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
   result.elapsed = r.elapsed;
   if (result.reason == StopReason::kCancelled) result.error = "cancelled";
   http::detail::log_give_up(impl->options, request, result);
+  if (std::optional<HttpRequest> lookup =
+          http::detail::duplicate_lookup(impl->options, request, result)) {
+    http::detail::adopt_lookup(result, co_await send(std::move(*lookup), context));
+  }
   co_return result;
 }
 

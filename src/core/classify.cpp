@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "detail/invalid.hpp"
 #include "keel/duration.hpp"
@@ -107,6 +108,7 @@ std::string describe(const Outcome& o) {
   out += " (";
   out += to_string(o.kind);
   if (o.timed_out && o.source != OutcomeSource::kNetwork) out += ", timed out";
+  if (o.duplicate) out += ", duplicate of an earlier attempt";
   if (o.has_server_delay()) out += ", Retry-After " + format_duration(o.server_delay);
   out += ")";
   return out;
@@ -180,6 +182,48 @@ Outcome HttpClassifier::classify(int status, std::string_view body, const Reques
     }
   }
   return classify_http_status(status, request, retry_after, options_.max_retries_on_500);
+}
+
+BodyPredicate body_contains(std::string text) {
+  return [text = std::move(text)](std::string_view body) {
+    return body.find(text) != std::string_view::npos;
+  };
+}
+
+DuplicateSuccessRule::DuplicateSuccessRule(DuplicateSuccessOptions options)
+    : options_(std::move(options)) {
+  if (options_.statuses.empty()) {
+    detail::reject("DuplicateSuccessRule", "statuses", "at least one status", "none");
+  }
+  for (int status : options_.statuses) {
+    if (status < 400 || status > 599) {
+      detail::reject("DuplicateSuccessRule", "statuses", "in [400, 599]", std::to_string(status));
+    }
+  }
+}
+
+bool DuplicateSuccessRule::matches(int status, std::string_view body) const {
+  for (int s : options_.statuses) {
+    if (s == status) return !options_.body || options_.body(body);
+  }
+  return false;
+}
+
+Outcome DuplicateSuccessRule::apply(const Outcome& previous, const Outcome& current,
+                                    std::string_view body) const {
+  // Only a retry after an attempt that may have taken effect; a first attempt, or one after a
+  // failure that says nothing happened, gets a real conflict.
+  if (previous.kind != OutcomeKind::kAmbiguous) return current;
+  if (current.source != OutcomeSource::kHttp && current.source != OutcomeSource::kBody) {
+    return current;
+  }
+  if (!matches(current.code, body)) return current;
+  Outcome o = current;
+  o.kind = OutcomeKind::kSuccess;
+  o.duplicate = true;
+  o.server_delay = Outcome::kNoServerDelay;
+  o.retry_limit = Outcome::kNoRetryLimit;
+  return o;
 }
 
 std::optional<NetError> net_error_from_errno(int e) noexcept {

@@ -180,6 +180,27 @@ void record_latency(AdaptiveTimeout* timeout, const AttemptResult& attempt, Dura
   }
 }
 
+void apply_duplicate_success(const DuplicateSuccessRule* rule, const Outcome& previous,
+                             AttemptResult& attempt) {
+  if (rule == nullptr || !attempt.response.has_value()) return;
+  attempt.outcome = rule->apply(previous, attempt.outcome, attempt.response->body);
+}
+
+std::optional<Request> duplicate_lookup(const ClientOptions& options, const Request& sent,
+                                        const Result& result) {
+  if (!options.duplicate_lookup || !result.ok() || !result.outcome.duplicate) return std::nullopt;
+  if (!result.response.has_value()) return std::nullopt;
+  return options.duplicate_lookup(sent, *result.response);
+}
+
+void adopt_lookup(Result& result, Result found) {
+  found.attempts += result.attempts;
+  found.elapsed += result.elapsed;
+  found.idempotency_key = std::move(result.idempotency_key);
+  if (found.ok()) found.outcome.duplicate = true;
+  result = std::move(found);
+}
+
 std::optional<RequestTraits> begin_operation(const Request& request, Result& result) {
   auto checked = check_request(request);
   if (!checked) {

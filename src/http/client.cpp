@@ -18,6 +18,7 @@ struct Client::Impl {
       : options(std::move(o)),
         policy(options.retry),
         classifier(options.classifier),
+        duplicate(options.duplicate_success),
         guards(options) {
     detail::check_options(options, "keel::http::ClientOptions");
     if (options.max_idle_handles < 1) {
@@ -95,6 +96,7 @@ struct Client::Impl {
   ClientOptions options;
   RetryPolicy policy;
   HttpClassifier classifier;
+  std::optional<DuplicateSuccessRule> duplicate;  // from options.duplicate_success
   detail::OperationGuards guards;
   CURLSH* share = nullptr;
   std::array<std::mutex, CURL_LOCK_DATA_LAST> share_locks;  // one per shared kind
@@ -126,30 +128,37 @@ Result Client::send(const Request& request) {
   const CallOptions call = impl.guards.call_options(request, *traits, clock, breaker);
   const std::shared_ptr<AdaptiveTimeout> timeout = impl.guards.adaptive_timeout(request);
   RetryState state(impl.policy, call);
-  RetryScope scope;  // a keel operation started from a hook is one layer down
-
-  for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
-    const TimePoint began = clock.now();
-    const AttemptInfo info = detail::adapt_attempt(start.attempt, timeout.get(), began);
-    detail::AttemptResult attempt =
-        impl.run_attempt(request, *traits, result.idempotency_key, info, clock);
-    const TimePoint ended = clock.now();
-    const Duration took = ended - began;
-    detail::record_latency(timeout.get(), attempt, took, ended);
-    const Decision decision = state.next(attempt.outcome);
-    result.outcome = attempt.outcome;
-    result.response = std::move(attempt.response);
-    result.error = std::move(attempt.error);
-    detail::report_attempt(impl.options, request, start.attempt.number, result.outcome,
-                           result.error, took, decision);
-    if (!decision.retry) break;
-    clock.sleep_for(decision.delay);
+  {
+    RetryScope scope;  // a keel operation started from a hook is one layer down
+    for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
+      const TimePoint began = clock.now();
+      const AttemptInfo info = detail::adapt_attempt(start.attempt, timeout.get(), began);
+      detail::AttemptResult attempt =
+          impl.run_attempt(request, *traits, result.idempotency_key, info, clock);
+      detail::apply_duplicate_success(impl.duplicate ? &*impl.duplicate : nullptr,
+                                      state.last_outcome(), attempt);
+      const TimePoint ended = clock.now();
+      const Duration took = ended - began;
+      detail::record_latency(timeout.get(), attempt, took, ended);
+      const Decision decision = state.next(attempt.outcome);
+      result.outcome = attempt.outcome;
+      result.response = std::move(attempt.response);
+      result.error = std::move(attempt.error);
+      detail::report_attempt(impl.options, request, start.attempt.number, result.outcome,
+                             result.error, took, decision);
+      if (!decision.retry) break;
+      clock.sleep_for(decision.delay);
+    }
   }
   result.attempts = state.attempts();
   if (result.attempts == 0) result.outcome = state.last_outcome();  // kNotAttempted
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();
   detail::log_give_up(impl.options, request, result);
+  // Out of the retry scope: the lookup is an operation of its own, not one layer down.
+  if (std::optional<Request> lookup = detail::duplicate_lookup(impl.options, request, result)) {
+    detail::adopt_lookup(result, send(*lookup));
+  }
   return result;
 }
 

@@ -153,6 +153,39 @@ TEST(KeelCall, PostWithAutoKeySendsOneKeyOnEveryAttempt) {
   }
 }
 
+TEST(KeelCall, DuplicateIsSuccessAfterADroppedResponseExitsZero) {
+  FaultServer server({.script = "drop,409/body=name already exists"});
+  server.start();
+  const ProcessRun r = keel(
+      call({"-d", "video", "--duplicate-is-success", "409:already exists", server.url("/videos")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "name already exists\n");
+  EXPECT_NE(r.err.find("an earlier attempt took effect"), std::string::npos) << r.err;
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 2u);
+  EXPECT_EQ(header(arrivals[0], "Idempotency-Key"), header(arrivals[1], "Idempotency-Key"));
+  EXPECT_FALSE(header(arrivals[0], "Idempotency-Key").empty());
+}
+
+TEST(KeelCall, DuplicateIsSuccessKeepsAFirstAttemptConflictAndChecksTheText) {
+  FaultServer server({.script = "409/body=name already exists"});
+  server.start();
+  const ProcessRun first =
+      keel(call({"-d", "video", "--idempotency-key", "off", "--duplicate-is-success",
+                 "409:already exists", server.url("/videos")}));
+  EXPECT_EQ(first.status, 3) << first.err;
+  EXPECT_EQ(first.err.find("an earlier attempt took effect"), std::string::npos) << first.err;
+  EXPECT_EQ(server.arrivals().size(), 1u);
+
+  server.set_script("drop,409/body=version mismatch");
+  server.reset();
+  const ProcessRun other =
+      keel(call({"-d", "video", "--max-attempts", "2", "--duplicate-is-success",
+                 "409:already exists", server.url("/videos")}));
+  EXPECT_NE(other.status, 0) << other.err;
+  EXPECT_EQ(server.arrivals().size(), 2u);
+}
+
 TEST(KeelCall, CallerKeyAndHeadersAndDataFromAFile) {
   TempDir dir;
   const std::string body_file = dir.file("body.json");
@@ -226,6 +259,9 @@ TEST(KeelCall, BadArgumentsExitTwoNamingTheFlag) {
       {{"call", "-d", "@/nonexistent/keel-e2e-body", url}, "--data"},
       {{"call", "--idempotency-key", "", url}, "--idempotency-key"},
       {{"call", "-X", "GE T", url}, "--request"},
+      {{"call", "--duplicate-is-success", "200", url}, "--duplicate-is-success"},
+      {{"call", "--duplicate-is-success", "4090:exists", url}, "--duplicate-is-success"},
+      {{"call", "--duplicate-is-success", ":exists", url}, "--duplicate-is-success"},
       {{"call", "ftp://127.0.0.1/"}, "URL"},
       {{"call"}, "URL"},
       {{"call", "--no-such-flag", url}, "--no-such-flag"},
@@ -242,7 +278,7 @@ TEST(KeelCall, HelpDocumentsTheExitStatuses) {
   const ProcessRun r = keel({"call", "--help"});
   EXPECT_EQ(r.status, 0);
   for (const char* text : {"Exit status", "--max-attempts", "--idempotency-key", "--jitter",
-                           "  5  gave up because", "  6  not retried"}) {
+                           "--duplicate-is-success", "  5  gave up because", "  6  not retried"}) {
     EXPECT_NE(r.out.find(text), std::string::npos) << text;
   }
 }

@@ -53,6 +53,9 @@ using std::chrono::seconds;
 struct Config {
   keel::RetryOptions retry;
   keel::HttpClassifierOptions classifier;
+  std::optional<keel::DuplicateSuccessOptions> duplicate_success;
+  std::function<std::optional<Request>(const Request&, const keel::http::Response&)>
+      duplicate_lookup;
   std::function<void(const keel::http::AttemptEvent&)> on_attempt;
   std::function<void(std::string_view)> log = [](std::string_view) {};
   bool adaptive_timeouts = false;
@@ -75,6 +78,8 @@ class BlockingDriver {
   explicit BlockingDriver(const Config& c)
       : client_({.retry = c.retry,
                  .classifier = c.classifier,
+                 .duplicate_success = c.duplicate_success,
+                 .duplicate_lookup = c.duplicate_lookup,
                  .on_attempt = c.on_attempt,
                  .log = c.log,
                  .adaptive_timeouts = c.adaptive_timeouts,
@@ -91,6 +96,8 @@ class AsyncDriver {
   explicit AsyncDriver(const Config& c)
       : client_(io_.get_executor(), {.retry = c.retry,
                                      .classifier = c.classifier,
+                                     .duplicate_success = c.duplicate_success,
+                                     .duplicate_lookup = c.duplicate_lookup,
                                      .on_attempt = c.on_attempt,
                                      .log = c.log,
                                      .adaptive_timeouts = c.adaptive_timeouts,
@@ -360,6 +367,140 @@ TYPED_TEST(HttpClients, AnAmbiguousPostWithKeyIsRetriedWithTheSameKey) {
   ASSERT_EQ(arrivals.size(), 3u);
   EXPECT_EQ(header(arrivals[0], "Idempotency-Key"), header(arrivals[2], "Idempotency-Key"));
   EXPECT_EQ(header(arrivals[1], "Idempotency-Key"), header(arrivals[2], "Idempotency-Key"));
+}
+
+// The receiver creates the resource on the first request and the answer is lost; the retry, with
+// the same key, meets "already exists". With the duplicate-success rule that is the first try's
+// success.
+Config already_exists(int attempts = 3) {
+  Config c = fast(attempts);
+  c.duplicate_success = keel::DuplicateSuccessOptions{
+      .statuses = {409}, .body = keel::body_contains("already exists")};
+  return c;
+}
+
+TYPED_TEST(HttpClients, AnAlreadyExistsAfterADroppedResponseIsTheFirstTrysSuccess) {
+  FaultServer server({.script = "drop,409/body=name already exists"});
+  server.start();
+  std::vector<keel::Outcome> observed;
+  Config c = already_exists();
+  c.on_attempt = [&](const keel::http::AttemptEvent& e) { observed.push_back(e.outcome); };
+  TypeParam client(c);
+  const Result r = client.send({.method = "POST", .url = server.url("/videos"), .body = "v"});
+  EXPECT_TRUE(r.ok()) << keel::describe(r.outcome);
+  EXPECT_EQ(r.reason, StopReason::kSuccess);
+  EXPECT_EQ(r.outcome.kind, OutcomeKind::kSuccess);
+  EXPECT_TRUE(r.outcome.duplicate);
+  EXPECT_EQ(r.outcome.code, 409);
+  EXPECT_EQ(r.attempts, 2);
+  ASSERT_TRUE(r.response.has_value());
+  EXPECT_EQ(r.response->status, 409);
+  EXPECT_EQ(r.response->body, "name already exists\n");
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 2u);
+  const std::string key = header(arrivals[0], "Idempotency-Key");
+  EXPECT_FALSE(key.empty());
+  EXPECT_EQ(header(arrivals[1], "Idempotency-Key"), key);
+  EXPECT_EQ(r.idempotency_key, key);
+  EXPECT_EQ(header(arrivals[0], "Keel-Attempt"), "1");
+  EXPECT_EQ(header(arrivals[1], "Keel-Attempt"), "2");
+  ASSERT_EQ(observed.size(), 2u);
+  EXPECT_EQ(observed[0].kind, OutcomeKind::kAmbiguous);
+  EXPECT_TRUE(observed[1].duplicate);
+}
+
+TYPED_TEST(HttpClients, TheSameConflictOnAFirstAttemptIsAFailure) {
+  FaultServer server({.script = "409/body=name already exists"});
+  server.start();
+  TypeParam client(already_exists());
+  // Without a key a 409 is permanent: one request, a failure.
+  const Result r = client.send(
+      {.method = "POST", .url = server.url("/videos"), .generate_idempotency_key = false});
+  EXPECT_EQ(r.reason, StopReason::kPermanent);
+  EXPECT_EQ(r.outcome.kind, OutcomeKind::kPermanent);
+  EXPECT_FALSE(r.outcome.duplicate);
+  EXPECT_EQ(server.arrivals().size(), 1u);
+  // With a key a 409 is the receiver's "in progress": retried, and each retry follows a 409
+  // (not ambiguous), so it never turns into a success.
+  server.reset();
+  const Result keyed = client.send({.method = "POST", .url = server.url("/videos")});
+  EXPECT_FALSE(keyed.ok());
+  EXPECT_EQ(keyed.reason, StopReason::kAttemptsExhausted);
+  EXPECT_FALSE(keyed.outcome.duplicate);
+  EXPECT_EQ(server.arrivals().size(), 3u);
+}
+
+TYPED_TEST(HttpClients, AnAlreadyExistsAfterA503IsNotASuccess) {
+  FaultServer server({.script = "503,409/body=name already exists"});
+  server.start();
+  TypeParam client(already_exists(2));
+  const Result r = client.send({.method = "POST", .url = server.url("/videos")});
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(r.outcome.duplicate);
+  EXPECT_EQ(r.outcome.code, 409);
+  EXPECT_EQ(server.arrivals().size(), 2u);
+}
+
+TYPED_TEST(HttpClients, WithoutTheRuleAnAlreadyExistsAfterADropIsNotASuccess) {
+  FaultServer server({.script = "drop,409/body=name already exists"});
+  server.start();
+  TypeParam client(fast(2));
+  const Result r = client.send({.method = "POST", .url = server.url("/videos")});
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(r.outcome.duplicate);
+  EXPECT_EQ(server.arrivals().size(), 2u);
+}
+
+TYPED_TEST(HttpClients, TheLookupFetchesTheResourceADuplicateFoundAlreadyThere) {
+  FaultServer server({.script = "drop,409/body=name already exists,200/body=the video"});
+  server.start();
+  Config c = already_exists();
+  int lookups = 0;
+  c.duplicate_lookup = [&](const Request& sent,
+                           const keel::http::Response& duplicate) -> std::optional<Request> {
+    ++lookups;
+    EXPECT_EQ(sent.method, "POST");
+    EXPECT_EQ(duplicate.status, 409);
+    return Request{.url = server.url("/videos/v1")};
+  };
+  TypeParam client(c);
+  const Result r = client.send({.method = "POST", .url = server.url("/videos"), .body = "v"});
+  EXPECT_TRUE(r.ok()) << keel::describe(r.outcome);
+  EXPECT_TRUE(r.outcome.duplicate);
+  EXPECT_EQ(r.outcome.code, 200);
+  ASSERT_TRUE(r.response.has_value());
+  EXPECT_EQ(r.response->body, "the video\n");
+  EXPECT_EQ(r.attempts, 3);
+  EXPECT_EQ(lookups, 1);
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 3u);
+  EXPECT_EQ(arrivals[2].method, "GET");
+  EXPECT_EQ(arrivals[2].target, "/videos/v1");
+  EXPECT_EQ(r.idempotency_key, header(arrivals[0], "Idempotency-Key"));
+
+  // No lookup for a plain success, and nullopt keeps the duplicate answer.
+  server.set_script("drop,409/body=name already exists");
+  server.reset();
+  c.duplicate_lookup = [&](const Request&, const keel::http::Response&) -> std::optional<Request> {
+    ++lookups;
+    return std::nullopt;
+  };
+  TypeParam keeps(c);
+  const Result kept = keeps.send({.method = "POST", .url = server.url("/videos")});
+  EXPECT_TRUE(kept.ok());
+  EXPECT_TRUE(kept.outcome.duplicate);
+  EXPECT_EQ(kept.response->status, 409);
+  EXPECT_EQ(lookups, 2);
+  server.set_script("201");
+  server.reset();
+  EXPECT_TRUE(keeps.send({.method = "POST", .url = server.url("/videos")}).ok());
+  EXPECT_EQ(lookups, 2);
+}
+
+TYPED_TEST(HttpClients, ADuplicateSuccessRuleWithAnInvalidStatusIsRejected) {
+  Config c = fast();
+  c.duplicate_success = keel::DuplicateSuccessOptions{.statuses = {201}};
+  EXPECT_THROW(TypeParam client(c), std::invalid_argument);
 }
 
 TYPED_TEST(HttpClients, TheBodyHookTurnsAnErrorInsideA200IntoARetry) {

@@ -3,6 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "keel/clock.hpp"
+#include "keel/retry.hpp"
 
 using namespace std::chrono_literals;
 using keel::Method;
@@ -149,4 +155,156 @@ TEST(OutcomeKinds, DependencyFailures) {
   EXPECT_TRUE(keel::is_dependency_failure(OutcomeKind::kAmbiguous));
   EXPECT_FALSE(keel::is_dependency_failure(OutcomeKind::kPermanent));
   EXPECT_FALSE(keel::is_dependency_failure(OutcomeKind::kSuccess));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Duplicate as success
+
+namespace {
+
+const keel::DuplicateSuccessRule& already_exists() {
+  static const keel::DuplicateSuccessRule rule(
+      {.statuses = {409}, .body = keel::body_contains("already exists")});
+  return rule;
+}
+
+// What one attempt of a scripted receiver answers: a status and body, or a network failure
+// after the request was sent.
+struct Reply {
+  int status = 0;  // 0: the network failure `error`
+  std::string body;
+  keel::NetError error = keel::NetError::kTimedOut;
+};
+
+struct Ended {
+  keel::StopReason reason = keel::StopReason::kSuccess;
+  keel::Outcome outcome;
+  int attempts = 0;
+};
+
+// One operation of a POST with an idempotency key, driven as the HTTP clients drive it: each
+// response is classified, then handed to the rule with the previous attempt's outcome. Virtual
+// time: the waits between attempts advance a ManualClock.
+Ended run_post(const std::vector<Reply>& replies, const keel::DuplicateSuccessRule& rule) {
+  keel::ManualClock clock;
+  keel::Rng rng(7);
+  keel::CallOptions call;
+  call.clock = &clock;
+  call.rng = &rng;
+  call.safe_to_repeat = kPostWithKey.safe_to_repeat();
+  keel::RetryPolicy policy({.max_attempts = static_cast<int>(replies.size())});
+  keel::RetryState state(policy, call);
+  Ended run;
+  for (auto start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
+    const Reply& reply = replies.at(static_cast<std::size_t>(start.attempt.number - 1));
+    keel::Outcome o = reply.status == 0 ? keel::classify_network(reply.error, true)
+                                        : keel::classify_http_status(reply.status, kPostWithKey);
+    if (reply.status != 0) o = rule.apply(state.last_outcome(), o, reply.body);
+    run.outcome = o;
+    const keel::Decision d = state.next(o);
+    if (!d.retry) break;
+    clock.sleep_for(d.delay);
+  }
+  run.reason = state.stop_reason();
+  run.attempts = state.attempts();
+  return run;
+}
+
+}  // namespace
+
+TEST(DuplicateSuccess, AfterATimeoutAnAlreadyExistsIsTheFirstTrysSuccess) {
+  const Ended r = run_post({{.error = keel::NetError::kTimedOut}, {409, "name already exists"}},
+                           already_exists());
+  EXPECT_EQ(r.reason, keel::StopReason::kSuccess);
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_EQ(r.outcome.kind, OutcomeKind::kSuccess);
+  EXPECT_TRUE(r.outcome.duplicate);
+  EXPECT_EQ(r.outcome.code, 409);
+  EXPECT_EQ(r.outcome.source, keel::OutcomeSource::kHttp);
+  EXPECT_EQ(keel::describe(r.outcome), "HTTP 409 (success, duplicate of an earlier attempt)");
+}
+
+TEST(DuplicateSuccess, AfterAResetOrA500AsWell) {
+  const Ended reset = run_post(
+      {{.error = keel::NetError::kConnectionReset}, {409, "already exists"}}, already_exists());
+  EXPECT_EQ(reset.reason, keel::StopReason::kSuccess);
+  EXPECT_TRUE(reset.outcome.duplicate);
+  const Ended five_hundred = run_post({{500, ""}, {409, "already exists"}}, already_exists());
+  EXPECT_EQ(five_hundred.reason, keel::StopReason::kSuccess);
+  EXPECT_TRUE(five_hundred.outcome.duplicate);
+}
+
+TEST(DuplicateSuccess, OnAFirstAttemptTheConflictStaysWhatItIs) {
+  // With a key, a 409 is the receiver's "in progress" (throttled); without one it is permanent.
+  // Neither becomes a success.
+  const keel::Outcome first = already_exists().apply(
+      keel::Outcome{}, keel::classify_http_status(409, kPost), "already exists");
+  EXPECT_EQ(first.kind, OutcomeKind::kPermanent);
+  EXPECT_FALSE(first.duplicate);
+  const Ended r = run_post({{409, "already exists"}, {409, "already exists"}}, already_exists());
+  EXPECT_NE(r.reason, keel::StopReason::kSuccess);
+  EXPECT_EQ(r.outcome.kind, OutcomeKind::kThrottled);
+  EXPECT_FALSE(r.outcome.duplicate);
+}
+
+TEST(DuplicateSuccess, NotAfterA503WhichSaysNothingHappened) {
+  const Ended r = run_post({{503, ""}, {409, "already exists"}}, already_exists());
+  EXPECT_NE(r.reason, keel::StopReason::kSuccess);
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_FALSE(r.outcome.duplicate);
+  EXPECT_EQ(r.outcome.code, 409);
+  // Nor after a refused connection (transient: nothing reached the receiver).
+  const Ended refused = run_post(
+      {{.error = keel::NetError::kConnectionRefused}, {409, "already exists"}}, already_exists());
+  EXPECT_FALSE(refused.outcome.duplicate);
+  EXPECT_NE(refused.reason, keel::StopReason::kSuccess);
+}
+
+TEST(DuplicateSuccess, TheBodyPredicateAndTheStatusSetAreRespected) {
+  const keel::Outcome lost = keel::classify_network(keel::NetError::kTimedOut, true);
+  const auto apply = [&](const keel::DuplicateSuccessRule& rule, int status,
+                         std::string_view body) {
+    return rule.apply(lost, keel::classify_http_status(status, kPost), body);
+  };
+  EXPECT_TRUE(apply(already_exists(), 409, R"({"error":"name already exists"})").duplicate);
+  const keel::Outcome other = apply(already_exists(), 409, R"({"error":"version mismatch"})");
+  EXPECT_FALSE(other.duplicate);
+  EXPECT_EQ(other.kind, OutcomeKind::kPermanent);
+  EXPECT_FALSE(apply(already_exists(), 422, "already exists").duplicate);
+  EXPECT_FALSE(apply(already_exists(), 409, "Already Exists").duplicate) << "case-sensitive";
+
+  const keel::DuplicateSuccessRule any_body({.statuses = {409, 422}});
+  EXPECT_TRUE(apply(any_body, 422, "").duplicate);
+  EXPECT_TRUE(apply(any_body, 409, "whatever").duplicate);
+  EXPECT_TRUE(any_body.matches(422, ""));
+  EXPECT_FALSE(any_body.matches(400, ""));
+
+  // A network failure is not a response: never a duplicate.
+  EXPECT_FALSE(any_body.apply(lost, lost, "").duplicate);
+  // A custom predicate sees the body.
+  const keel::DuplicateSuccessRule custom(
+      {.body = [](std::string_view b) { return b.starts_with("{\"code\":\"DUPLICATE\""); }});
+  EXPECT_TRUE(apply(custom, 409, R"({"code":"DUPLICATE"})").duplicate);
+  EXPECT_FALSE(apply(custom, 409, R"({"code":"LOCKED"})").duplicate);
+}
+
+TEST(DuplicateSuccess, AServerDelayOrRetryLimitDoesNotSurviveTheMapping) {
+  const keel::DuplicateSuccessRule rule({.statuses = {503}});
+  const keel::Outcome lost = keel::classify_network(keel::NetError::kTimedOut, true);
+  const keel::Outcome o = rule.apply(lost, keel::classify_http_status(503, kPost, 5s), "");
+  EXPECT_EQ(o.kind, OutcomeKind::kSuccess);
+  EXPECT_FALSE(o.has_server_delay());
+  EXPECT_EQ(o.retry_limit, keel::Outcome::kNoRetryLimit);
+}
+
+TEST(DuplicateSuccess, RejectsAnEmptyOrOutOfRangeStatusSetNamingTheField) {
+  EXPECT_THROW(keel::DuplicateSuccessRule({.statuses = {}}), std::invalid_argument);
+  try {
+    keel::DuplicateSuccessRule rule({.statuses = {409, 200}});
+    FAIL() << "a 200 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("statuses"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("200"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(keel::DuplicateSuccessRule({.statuses = {400, 599}}));
 }

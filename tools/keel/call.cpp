@@ -40,7 +40,8 @@ constexpr const char* kCallFooter =
     R"(Durations are a number and a unit: 250ms, 1.5s, 2m, 1h (also ns, us).
 
 Exit status:
-  0  the final response was 2xx or 3xx
+  0  the final response was 2xx or 3xx, or the --duplicate-is-success answer to a retry
+     after an ambiguous failure (an earlier attempt took effect)
   1  a local error (the output file could not be written, or cancelled)
   2  invalid arguments (the message names the flag)
   3  the final response was a failure that must not be retried (for example 400, 404,
@@ -58,6 +59,12 @@ UUID, the same on every attempt) unless --idempotency-key off. A key given with
 -H 'Idempotency-Key: K' or --idempotency-key K is the one sent, once, on every attempt (even
 with off); the two must agree. A key is at most 255 bytes of visible ASCII.
 
+--duplicate-is-success STATUS[:TEXT] (for example 409:'already exists') reads that answer,
+on a retry after an ambiguous failure (a timeout or reset after sending, a 500), as the
+success of the earlier attempt: the receiver acted on it and only its answer was lost. The
+duplicate answer is printed, with a note on stderr. On a first attempt, or after any other
+failure, the same answer keeps its meaning (a 409 is then a real conflict).
+
 The body is written to -o FILE as it arrives (through a temporary file renamed at the end, so
 only the final attempt's body is kept); for stdout it is spooled to a file in TMPDIR first.)";
 
@@ -73,6 +80,7 @@ struct CallArgs {
   PolicyFlags policy;
   std::string connect_timeout = "2s";
   std::string idempotency_key = "auto";
+  std::string duplicate_is_success;  // STATUS[:TEXT]; empty: off
 };
 
 int usage_error(const std::string& message) {
@@ -136,6 +144,20 @@ class Spool {
     return true;
   }
   bool write(std::string_view data) { return write_all(fd_, data) || fail(); }
+  // Whether the first kSearchBytes of what was written since the last restart contain `text`.
+  bool contains(std::string_view text) const {
+    constexpr std::size_t kSearchBytes = 64 * 1024;
+    std::string head(kSearchBytes, '\0');
+    std::size_t got = 0;
+    while (got < head.size()) {
+      const ssize_t n = ::pread(fd_, head.data() + got, head.size() - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    head.resize(got);
+    return head.find(text) != std::string::npos;
+  }
   [[nodiscard]] const std::string& error() const { return error_; }
 
   // Copies the spooled body to `out_fd` after `prefix`.
@@ -219,6 +241,30 @@ Expected<std::string> read_body_file(const std::string& path) {
   return content.str();
 }
 
+// --duplicate-is-success STATUS[:TEXT]: the status, and the text the body must contain (empty:
+// any body).
+struct DuplicateFlag {
+  int status = 0;
+  std::string text;
+};
+
+Expected<DuplicateFlag> parse_duplicate_flag(const std::string& value) {
+  const std::size_t colon = value.find(':');
+  const std::string status = value.substr(0, colon);
+  const auto bad = [&value] {
+    return Error{.field = "--duplicate-is-success",
+                 .problem = "must be STATUS[:TEXT] with a STATUS from 400 to 599",
+                 .got = quote_value(value)};
+  };
+  if (status.size() != 3) return bad();
+  auto code = parse_count("--duplicate-is-success", status, 400, 599);
+  if (!code) return bad();
+  DuplicateFlag out;
+  out.status = static_cast<int>(*code);
+  if (colon != std::string::npos) out.text = value.substr(colon + 1);
+  return out;
+}
+
 int run_call(const CallArgs& a) {
   // Validate everything before sending anything.
   if (auto url = http::parse_url(a.url); !url) return usage_error(url.error().message());
@@ -226,6 +272,12 @@ int run_call(const CallArgs& a) {
   if (!retry) return kExitUsage;
   const auto connect = duration_flag("call", "--connect-timeout", a.connect_timeout, true);
   if (!connect) return kExitUsage;
+  std::optional<DuplicateFlag> duplicate;
+  if (!a.duplicate_is_success.empty()) {
+    auto parsed = parse_duplicate_flag(a.duplicate_is_success);
+    if (!parsed) return usage_error(parsed.error().message());
+    duplicate = std::move(*parsed);
+  }
 
   http::Request request;
   request.url = a.url;
@@ -309,6 +361,14 @@ int run_call(const CallArgs& a) {
   http::ClientOptions options;
   options.retry = *retry;
   options.connect_timeout = *connect;
+  if (duplicate) {
+    // The body goes to the spool, not to memory: the predicate reads the attempt's body there.
+    options.duplicate_success =
+        DuplicateSuccessOptions{.statuses = {duplicate->status},
+                                .body = [&spool, text = duplicate->text](std::string_view) {
+                                  return text.empty() || spool.contains(text);
+                                }};
+  }
   options.log = [](std::string_view line) {
     std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
   };
@@ -336,6 +396,12 @@ int run_call(const CallArgs& a) {
     std::fprintf(stderr, "keel call: Idempotency-Key: %s\n", request.idempotency_key.c_str());
   }
   const http::Result result = client.send(request);
+  if (result.outcome.duplicate) {
+    std::fprintf(stderr,
+                 "keel call: HTTP %d after an ambiguous failure: an earlier attempt took effect "
+                 "(--duplicate-is-success)\n",
+                 result.outcome.code);
+  }
 
   if (result.response) {
     std::string head;
@@ -389,6 +455,9 @@ Runner add_call(CLI::App& app) {
   sub->add_option("--idempotency-key", a->idempotency_key,
                   "KEY, auto (a UUID for POST and PATCH) or off")
       ->capture_default_str();
+  sub->add_option("--duplicate-is-success", a->duplicate_is_success,
+                  "After an ambiguous failure, this answer means an earlier attempt took effect")
+      ->type_name("STATUS[:TEXT]");
   return [a] { return run_call(*a); };
 }
 

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -43,6 +44,24 @@ struct ClientOptions {
   /// How statuses and bodies are classified (500 retry limit, body hook). Default: 500 retried
   /// at most once, no body hook.
   HttpClassifierOptions classifier = {};
+  /// Whether a retry's "already exists" answer (a status of the set whose body matches) after an
+  /// ambiguous failure of the same operation (a timeout or reset after sending, a 500) is the
+  /// success of the earlier attempt (keel::DuplicateSuccessRule): the operation then stops with
+  /// kSuccess, Result::outcome.duplicate set and the duplicate answer as Result::response. On a
+  /// first attempt, or after any other failure, the response keeps its classification. Throws
+  /// std::invalid_argument when the client is built with an invalid status set. See
+  /// docs/classification.md. Default none.
+  std::optional<DuplicateSuccessOptions> duplicate_success;
+  /// With duplicate_success: the request that fetches the resource an operation found already
+  /// there (for example a GET of the duplicate answer's Location), or nullopt to keep the
+  /// duplicate answer. Called once, after the operation succeeded as a duplicate, on the thread
+  /// (blocking Client) or executor (keel::asio::HttpClient) of the operation. The lookup runs as
+  /// an operation of its own (retries, deadline, breakers) and its result becomes the result:
+  /// with outcome.duplicate set when it succeeds, attempts and elapsed counting both operations,
+  /// and the create's Idempotency-Key; when it fails, its failure (the create took effect, but
+  /// its resource could not be read). Default none.
+  std::function<std::optional<Request>(const Request& sent, const Response& duplicate)>
+      duplicate_lookup;
   /// Called after every attempt: from any thread using a blocking Client (so it must be safe for
   /// that), on the client's executor for keel::asio::HttpClient. Default none.
   std::function<void(const AttemptEvent&)> on_attempt;

@@ -119,6 +119,21 @@ struct AttemptResult {
 void record_latency(AdaptiveTimeout* timeout, const AttemptResult& attempt, Duration took,
                     TimePoint now) noexcept;
 
+/// Applies a client's duplicate-success rule (nullptr: none) to `attempt` when it got a
+/// response: `previous` is the outcome of the operation's previous attempt (a default Outcome
+/// before the first), as the engine was given it.
+void apply_duplicate_success(const DuplicateSuccessRule* rule, const Outcome& previous,
+                             AttemptResult& attempt);
+
+/// The request options.duplicate_lookup makes for an operation that ended with `result`, when
+/// it succeeded as a duplicate and the hook asks for one; else nullopt.
+[[nodiscard]] std::optional<Request> duplicate_lookup(const ClientOptions& options,
+                                                      const Request& sent, const Result& result);
+
+/// Makes `found`, the result of the lookup, the result of the operation that ended as a
+/// duplicate with `result` (see ClientOptions::duplicate_lookup).
+void adopt_lookup(Result& result, Result found);
+
 /// What libcurl writes into during one attempt (the header and body callbacks' state).
 struct Transfer {
   Response response;
