@@ -3,8 +3,10 @@
 // one backoff formula. The program counts retry arrivals per 100 ms slice and reports, per
 // formula, the peak slice: how hard the fleet hits the dependency while it tries to recover.
 //
-// keel's rows use keel::Backoff itself (its default options, and full jitter with a 1 s base for a
-// like-for-like row). The peers' rows use their documented default formulas:
+// keel's rows use keel::Backoff itself (its default options, full jitter with a 1 s base for a
+// like-for-like row, and the fleet preset keel::BackoffOptions::fleet(), whose 5 s floor under the
+// first ceilings spreads a fleet's first retries). The peers' rows use their documented default
+// formulas:
 //   curl --retry         1 s, doubling, cap 10 min, no jitter
 //   gRPC (C-core)        1 s, x1.6, cap 120 s, each delay x uniform[0.8, 1.2)
 //   cenkalti/backoff v4  500 ms, x1.5, cap 60 s, each delay x uniform[0.5, 1.5]
@@ -197,6 +199,8 @@ int main(int argc, char** argv) {
       {"keel (default)", "full jitter, base 100 ms, x2, cap 10 s", true, keel_formula({})},
       {"keel (base 1 s)", "full jitter, base 1 s, x2, cap 20 s", true,
        keel_formula({.base = seconds(1), .cap = seconds(20)})},
+      {"keel fleet preset", "full jitter, base 500 ms, x2, cap 20 s, min ceiling 5 s", true,
+       keel_formula(keel::BackoffOptions::fleet())},
       {"curl --retry", "1 s doubling, cap 10 min, no jitter", false, curl_delays},
       {"gRPC", "1 s x1.6, cap 120 s, +/-20%", false, grpc_delays},
       {"cenkalti/backoff", "500 ms x1.5, cap 60 s, +/-50%", false, cenkalti_delays},

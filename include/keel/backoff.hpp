@@ -1,12 +1,17 @@
 // Exponential backoff with jitter. The ceiling for retry n (n = 0 before the first retry) is
-// min(cap, base * multiplier^n); the delay actually waited depends on the jitter kind:
+// clamp(base * multiplier^n, min_ceiling, cap), that is min(cap, base * multiplier^n) with the
+// default min_ceiling of 0; the delay actually waited depends on the jitter kind:
 //
 //   full          uniform[0, ceiling)                    (default; fewest calls across a fleet)
 //   equal         ceiling/2 + uniform[0, ceiling/2)
 //   decorrelated  min(cap, uniform[base, previous * 3))  (previous = the last delay, base at first)
 //   none          ceiling                                (synchronises a fleet: for comparison)
 //
-// See docs/backoff.md for the reasoning and the numbers (AWS Architecture Blog, 2015).
+// The defaults (base 100 ms, cap 10 s, full jitter) are for interactive calls: the median client
+// has made five retries 1.6 s after its failure. BackoffOptions::fleet() is for many clients that
+// fail together (a dependency's outage): a 5 s floor under the first ceilings spreads the fleet's
+// retries so that the busiest 100 ms sees about a third of what AWS's standard retries send, with
+// the median client done sooner. See docs/backoff.md ("At fleet scale") for the numbers.
 //
 // Thread-safety: a Backoff is immutable after construction and safe for concurrent use; the
 // random generator passed to delay() is the caller's.
@@ -16,6 +21,7 @@
 //   keel::Rng rng(7);
 //   auto d0 = backoff.delay(0, {}, rng);                  // in [0, 100ms)
 //   auto d1 = backoff.delay(1, d0, rng);                  // in [0, 200ms)
+//   keel::Backoff fleet(keel::BackoffOptions::fleet());  // 5s, 5s, 5s, 5s, 8s, 16s, 20s, ...
 #pragma once
 
 #include <chrono>
@@ -43,6 +49,18 @@ struct BackoffOptions {
   double multiplier = 2.0;
   /// How the delay is drawn under the ceiling. Default full jitter.
   Jitter jitter = Jitter::kFull;
+  /// Smallest ceiling: no retry's ceiling is below it, so clients that fail together spread
+  /// their first retries over min_ceiling instead of over base, and the ceilings grow from
+  /// base * multiplier^n once that passes it. Requires: >= 0 and <= cap; 0 with decorrelated
+  /// jitter (which draws from the previous delay, not from a ceiling). Default 0 (no floor).
+  Duration min_ceiling = Duration::zero();
+
+  /// Backoff for a fleet of clients that fail at the same time: full jitter, base 500 ms, x2,
+  /// cap 20 s, min_ceiling 5 s (ceilings 5, 5, 5, 5, 8, 16, 20, 20 ... s). With 10,000 clients
+  /// retrying 5 times into an outage the busiest 100 ms sees about 540 retries (AWS standard
+  /// 1,528, the default 12,665) and the median client's last retry is at 14.0 s (AWS 15.6 s).
+  /// Not for interactive calls: the first retry waits 2.5 s on average (the default: 50 ms).
+  [[nodiscard]] static BackoffOptions fleet();
 };
 
 class Backoff {
@@ -51,7 +69,7 @@ class Backoff {
   /// Requires line above.
   explicit Backoff(BackoffOptions options = {});
 
-  /// min(cap, base * multiplier^retry), saturating. Requires: retry >= 0.
+  /// clamp(base * multiplier^retry, min_ceiling, cap), saturating. Requires: retry >= 0.
   [[nodiscard]] Duration ceiling(int retry) const noexcept;
 
   /// The delay to wait before retry number `retry` (0-based). `previous` is the delay chosen

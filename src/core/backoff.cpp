@@ -43,12 +43,36 @@ Backoff::Backoff(BackoffOptions options) : options_(options) {
     detail::reject("Backoff", "multiplier", "a finite number >= 1",
                    detail::format_number(options_.multiplier));
   }
+  if (options_.min_ceiling < Duration::zero()) {
+    detail::reject("Backoff", "min_ceiling", ">= 0", format_duration(options_.min_ceiling));
+  }
+  if (options_.min_ceiling > options_.cap) {
+    detail::reject("Backoff", "min_ceiling", "<= cap",
+                   "min_ceiling " + format_duration(options_.min_ceiling) + ", cap " +
+                       format_duration(options_.cap));
+  }
+  if (options_.jitter == Jitter::kDecorrelated && options_.min_ceiling != Duration::zero()) {
+    detail::reject("Backoff", "min_ceiling", "0 with decorrelated jitter",
+                   format_duration(options_.min_ceiling));
+  }
+}
+
+BackoffOptions BackoffOptions::fleet() {
+  return {.base = std::chrono::milliseconds(500),
+          .cap = std::chrono::seconds(20),
+          .multiplier = 2.0,
+          .jitter = Jitter::kFull,
+          .min_ceiling = std::chrono::seconds(5)};
 }
 
 Duration Backoff::ceiling(int retry) const noexcept {
-  if (retry <= 0) return options_.base;
-  const double growth = std::pow(options_.multiplier, static_cast<double>(retry));
-  const Duration raw = saturating_scale(options_.base, growth);
+  Duration raw = options_.base;
+  if (retry > 0) {
+    const double growth = std::pow(options_.multiplier, static_cast<double>(retry));
+    raw = saturating_scale(options_.base, growth);
+  }
+  // min_ceiling <= cap (checked at construction), so the clamp is well ordered.
+  if (raw < options_.min_ceiling) raw = options_.min_ceiling;
   return raw < options_.cap ? raw : options_.cap;
 }
 

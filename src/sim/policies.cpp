@@ -88,7 +88,10 @@ const std::vector<std::string>& policy_names() {
                                                  "decorrelated-jitter",
                                                  "full-jitter+budget",
                                                  "full-jitter+budget+breaker",
-                                                 "one-layer"};
+                                                 "one-layer",
+                                                 "keel-default",
+                                                 "aws-standard",
+                                                 "fleet"};
   return names;
 }
 
@@ -128,6 +131,16 @@ ClientPolicy make_policy(std::string_view name, const PolicySettings& s) {
   } else if (name == "one-layer") {
     p.retry = backoff_options(s, Jitter::kFull);
     p.one_retrying_layer = true;
+  } else if (name == "keel-default") {
+    // The three fixed formulas take only max_attempts and per_try_timeout from the scenario.
+    p.retry = backoff_options(s, Jitter::kFull);
+    p.retry.backoff = BackoffOptions{};
+  } else if (name == "aws-standard") {
+    p.retry = backoff_options(s, Jitter::kFull);
+    p.retry.backoff = {.base = seconds(1), .cap = seconds(20), .jitter = Jitter::kFull};
+  } else if (name == "fleet") {
+    p.retry = backoff_options(s, Jitter::kFull);
+    p.retry.backoff = BackoffOptions::fleet();
   } else {
     std::string known;
     for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;

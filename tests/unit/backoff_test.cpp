@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -156,4 +157,103 @@ TEST(Backoff, AcceptsAnyFullWidthGenerator) {
   const Duration d = b.delay(0, 0s, mt);
   EXPECT_GE(d, 0s);
   EXPECT_LT(d, 1s);
+}
+
+TEST(Backoff, MinCeilingFloorsTheCeilingsThenTheyGrowToTheCap) {
+  Backoff b({.base = 500ms, .cap = 20s, .jitter = Jitter::kNone, .min_ceiling = 5s});
+  const std::vector<Duration> expected = {5s, 5s, 5s, 5s, 8s, 16s, 20s, 20s};
+  for (int retry = 0; retry < 8; ++retry) {
+    EXPECT_EQ(b.ceiling(retry), expected[static_cast<std::size_t>(retry)]) << "retry " << retry;
+  }
+  EXPECT_EQ(b.ceiling(1000), 20s);
+  // Zero (the default) changes nothing; a floor below base changes nothing either.
+  Backoff unfloored({.base = 100ms, .cap = 5s});
+  Backoff low({.base = 100ms, .cap = 5s, .min_ceiling = 50ms});
+  for (int retry = 0; retry < 10; ++retry) {
+    EXPECT_EQ(low.ceiling(retry), unfloored.ceiling(retry));
+  }
+}
+
+TEST(Backoff, FleetPresetIsTheDocumentedFormula) {
+  const BackoffOptions o = BackoffOptions::fleet();
+  EXPECT_EQ(o.base, 500ms);
+  EXPECT_EQ(o.cap, 20s);
+  EXPECT_EQ(o.multiplier, 2.0);
+  EXPECT_EQ(o.jitter, Jitter::kFull);
+  EXPECT_EQ(o.min_ceiling, 5s);
+  EXPECT_NO_THROW(Backoff{o});
+  // The interactive default keeps no floor.
+  EXPECT_EQ(BackoffOptions{}.min_ceiling, 0s);
+}
+
+TEST(Backoff, FleetPresetExactSequenceForSeed) {
+  Backoff b(BackoffOptions::fleet());
+  keel::Rng rng(42);
+  std::vector<Duration> got;
+  for (int i = 0; i < 8; ++i) got.push_back(b.delay(i, 0s, rng));
+  // 0.42 s, 1.89 s, 3.40 s, 4.62 s under 5 s; 7.93 s under 8 s; 12.3 s under 16 s; then under 20 s.
+  const std::vector<Duration> expected = {419'314'855ns,    1'894'901'253ns, 3'400'217'055ns,
+                                          4'623'464'726ns,  7'934'431'314ns, 12'315'831'366ns,
+                                          14'385'171'557ns, 17'000'168'878ns};
+  EXPECT_EQ(got, expected);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_GE(got[static_cast<std::size_t>(i)], 0s);
+    EXPECT_LT(got[static_cast<std::size_t>(i)], b.ceiling(i));
+  }
+}
+
+TEST(Backoff, FleetPresetIsUniformUnderEachCeilingAcrossSeeds) {
+  // One client per seed, as a fleet is: each client's delay before retry n is uniform on
+  // [0, ceiling n), so the first four are uniform on [0, 5 s) and no shorter window exists.
+  // Kolmogorov-Smirnov at alpha = 0.001: 1.95 / sqrt(n).
+  Backoff b(BackoffOptions::fleet());
+  constexpr int kClients = 20'000;
+  for (int retry = 0; retry < 7; ++retry) {
+    std::vector<double> xs;
+    xs.reserve(kClients);
+    for (int seed = 0; seed < kClients; ++seed) {
+      keel::Rng rng(static_cast<std::uint64_t>(seed));
+      Duration d{};
+      for (int i = 0; i <= retry; ++i) d = b.delay(i, d, rng);
+      xs.push_back(static_cast<double>(d.count()));
+    }
+    const double hi = static_cast<double>(b.ceiling(retry).count());
+    EXPECT_LT(ks_uniform(xs, hi), 1.95 / std::sqrt(kClients)) << "retry " << retry;
+    EXPECT_LT(*std::max_element(xs.begin(), xs.end()), hi);
+    double sum = 0;
+    for (double x : xs) sum += x;
+    EXPECT_NEAR(sum / kClients / hi, 0.5, 0.01) << "retry " << retry;
+  }
+}
+
+TEST(Backoff, EqualJitterHonoursMinCeiling) {
+  Backoff b({.base = 100ms, .cap = 10s, .jitter = Jitter::kEqual, .min_ceiling = 2s});
+  keel::Rng rng(13);
+  for (int retry = 0; retry < 8; ++retry) {
+    for (int i = 0; i < 1000; ++i) {
+      const Duration d = b.delay(retry, 0s, rng);
+      EXPECT_GE(d, 1s);
+      EXPECT_LT(d, b.ceiling(retry));
+    }
+  }
+}
+
+TEST(Backoff, InvalidMinCeilingNamesTheField) {
+  auto message = [](BackoffOptions o) {
+    try {
+      Backoff b(o);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message({.min_ceiling = -1ms}).find("min_ceiling must be >= 0 (got -1ms)"),
+            std::string::npos);
+  EXPECT_NE(message({.cap = 10s, .min_ceiling = 11s}).find("min_ceiling must be <= cap"),
+            std::string::npos);
+  EXPECT_NE(message({.jitter = Jitter::kDecorrelated, .min_ceiling = 1s})
+                .find("min_ceiling must be 0 with decorrelated jitter (got 1s)"),
+            std::string::npos);
+  EXPECT_EQ(message({.cap = 10s, .min_ceiling = 10s}), "");
+  EXPECT_EQ(message({.jitter = Jitter::kDecorrelated}), "");
 }

@@ -58,8 +58,11 @@ struct PolicySettings {
 
 /// Builds the named policy: naive (3 immediate retries), fixed (the base delay every time),
 /// exponential (no jitter), full-jitter, equal-jitter, decorrelated-jitter, full-jitter+budget,
-/// full-jitter+budget+breaker, one-layer. Throws std::invalid_argument naming the policy and the
-/// known names when `name` is unknown, or when the policy needs a core feature this build lacks.
+/// full-jitter+budget+breaker, one-layer, and three fixed formulas that take only max_attempts and
+/// per_try_timeout from the settings: keel-default (BackoffOptions{}), aws-standard (full jitter,
+/// base 1 s, cap 20 s) and fleet (BackoffOptions::fleet()). Throws std::invalid_argument naming the
+/// policy and the known names when `name` is unknown, or when the policy needs a core feature this
+/// build lacks.
 [[nodiscard]] ClientPolicy make_policy(std::string_view name, const PolicySettings& settings);
 
 /// One policy's outcome in one scenario: what `keel sim run --json` prints per line.
