@@ -12,7 +12,7 @@
 //   latest start    every earlier attempt timed out and every wait was its longest (the ceiling)
 //   fits            latest start + T <= D: even in the worst case the attempt runs to its full
 //                   timeout before the deadline
-// Wait ranges, with ceiling c_n = min(cap, base * multiplier^n) (see backoff.hpp):
+// Wait ranges, with ceiling c_n = clamp(base * multiplier^n, min_ceiling, cap) (see backoff.hpp):
 //   full          [0, c_n)                 mean c_n / 2
 //   equal         [c_n / 2, c_n)           mean 3 c_n / 4
 //   none          c_n                      mean c_n
