@@ -169,6 +169,14 @@ RetryPolicy queue_policy(const QueueOptions& o) {
     throw std::invalid_argument("QueueOptions.max_age must be > 0 (got " +
                                 std::to_string(to_ms(o.max_age)) + "ms)");
   }
+  if (o.dead_letter_retention <= Duration::zero()) {
+    throw std::invalid_argument("QueueOptions.dead_letter_retention must be > 0 (got " +
+                                std::to_string(to_ms(o.dead_letter_retention)) + "ms)");
+  }
+  if (o.dead_letter_warning < Duration::zero()) {
+    throw std::invalid_argument("QueueOptions.dead_letter_warning must be >= 0 (got " +
+                                std::to_string(to_ms(o.dead_letter_warning)) + "ms)");
+  }
   RetryOptions r;
   r.max_attempts = o.max_attempts;
   r.backoff = o.backoff;
