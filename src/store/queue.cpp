@@ -179,6 +179,14 @@ RetryPolicy queue_policy(const QueueOptions& o) {
                    .problem = "must be > 0",
                    .got = format_duration(o.max_age)});
   }
+  if (o.dead_letter_retention <= Duration::zero()) {
+    throw std::invalid_argument("QueueOptions.dead_letter_retention must be > 0 (got " +
+                                std::to_string(to_ms(o.dead_letter_retention)) + "ms)");
+  }
+  if (o.dead_letter_warning < Duration::zero()) {
+    throw std::invalid_argument("QueueOptions.dead_letter_warning must be >= 0 (got " +
+                                std::to_string(to_ms(o.dead_letter_warning)) + "ms)");
+  }
   RetryOptions r;
   r.max_attempts = o.max_attempts;
   r.backoff = o.backoff;

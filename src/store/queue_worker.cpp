@@ -302,6 +302,28 @@ void Worker::slot_loop() {
   cv_.notify_all();
 }
 
+void Worker::prune(Connection& conn) {
+  if (options_.done_retention) {
+    (void)queue_.prune_done(conn, options_.queue, *options_.done_retention);
+  }
+  const Duration retention = queue_.options().dead_letter_retention;
+  if (retention >= kInfinite) return;
+  // A few batches per heartbeat: a large backlog drains over several without starving the
+  // heartbeats of the running jobs' leases.
+  constexpr int kBatch = 1000;
+  constexpr int kBatchesPerHeartbeat = 10;
+  std::int64_t pruned = 0;
+  for (int i = 0; i < kBatchesPerHeartbeat && !stopping_.load(); ++i) {
+    const std::int64_t n = queue_.prune_dead(conn, options_.queue, kBatch);
+    pruned += n;
+    if (n < kBatch) break;
+  }
+  if (pruned == 0) return;
+  log("pruned " + std::to_string(pruned) + " dead job(s) of queue '" + options_.queue +
+      "' past the dead-letter retention (" + format_duration(retention) + ")");
+  if (options_.on_dead_letters_pruned) options_.on_dead_letters_pruned(pruned);
+}
+
 void Worker::heartbeat_loop() {
   std::optional<ConnectionPool::Lease> conn;
   TimePoint last_prune{};
@@ -327,10 +349,9 @@ void Worker::heartbeat_loop() {
         }
       }
       const TimePoint now = queue_.clock().now();
-      if (options_.done_retention && !stopping_.load() &&
-          now - last_prune >= std::chrono::seconds(10)) {
+      if (!stopping_.load() && now - last_prune >= std::chrono::seconds(10)) {
         last_prune = now;
-        (void)queue_.prune_done(**conn, options_.queue, *options_.done_retention);
+        prune(**conn);
       }
     } catch (const std::exception& e) {
       log(std::string("heartbeat failed: ") + e.what());

@@ -1,7 +1,7 @@
 // keel::store::dead_letters on real SQLite files and a real PostgreSQL server, in virtual time
 // (ManualClock): filters by queue, dead reason and time of death; paced replays whose run_at
 // times are spread at the rate and leased at that rate; dry runs that change nothing; discards
-// by filter; and dead jobs that nothing prunes.
+// by filter; and dead jobs that pruning done jobs leaves alone.
 #include "keel/store/dead_letters.hpp"
 
 #include <gtest/gtest.h>
@@ -175,7 +175,7 @@ TEST_P(DlqFilterTest, DiscardByFilterDeletesOnlyTheSelectedJobsAndTheirHistory) 
   EXPECT_TRUE(q.get(*conn_, ready.id).has_value());
 }
 
-// keel has no retention for dead jobs: pruning done jobs never touches them.
+// Without a dead-letter retention nothing prunes dead jobs: pruning done jobs never touches them.
 TEST_P(DlqFilterTest, NothingPrunesDeadJobs) {
   const JobQueue q = make_queue();
   (void)kill(q, "q", "boom");

@@ -219,7 +219,8 @@ TEST_P(JobsProcessTest, BadInputIsRefusedWithAClearMessageAndWritesNothing) {
   EXPECT_NE(r.err.find("--payload: not valid JSON"), std::string::npos) << r.err;
   r = keel({"jobs", "--db", "mysql://x/y", "enqueue", "--queue", "q", "--payload", "{}"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("--db has the scheme 'mysql', which is not supported"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--db has the scheme 'mysql', which is not supported"), std::string::npos)
+      << r.err;
   r = keel({"jobs", "--db", db, "enqueue", "--queue", "no spaces", "--payload", "{}"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--queue"), std::string::npos) << r.err;
@@ -363,6 +364,106 @@ TEST_P(JobsProcessTest, StatsShowJobsWaitingOnTheOpenCircuit) {
   EXPECT_GE(doc["queues"][0]["deferred"].get<std::int64_t>(), 1) << json.out;
   worker->signal(SIGTERM);
   EXPECT_EQ(worker->wait(), 0);
+}
+
+// Scrapes /metrics of a worker started with --metrics-listen 127.0.0.1:0 (port from its log).
+std::string scrape(const Process& worker) {
+  std::string err;
+  std::size_t at = std::string::npos;
+  for (int i = 0; i < 500 && at == std::string::npos; ++i) {
+    err = worker.err();
+    at = err.find("metrics on http://127.0.0.1:");
+    if (at == std::string::npos) std::this_thread::sleep_for(10ms);
+  }
+  if (at == std::string::npos) return "no metrics address in: " + err;
+  const int port = std::stoi(err.substr(at + std::strlen("metrics on http://127.0.0.1:")));
+  httplib::Client client("127.0.0.1", port);
+  const auto res = client.Get("/metrics");
+  return res ? res->body : "no response from the metrics endpoint";
+}
+
+TEST_P(JobsProcessTest, ADeadLetterRetentionReportsExpiringJobsThenPrunesAndCountsThem) {
+  const std::string db = url_text();
+  CmdResult r = keel({"jobs", "--db", db, "enqueue", "--queue", "r", "--payload", "{}"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = keel({"jobs", "--db", db, "work", "--queue", "r", "--exec", "exit 1", "--poll", "10ms",
+            "--exit-when-idle"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead'"), 1);
+
+  // Invalid values exit 2 naming the flag; the warning means nothing without a retention.
+  for (const std::string cmd : {"stats", "work"}) {
+    std::vector<std::string> base = {"jobs", "--db", db, cmd};
+    if (cmd == "work") base.insert(base.end(), {"--queue", "r", "--exec", "true"});
+    auto bad = base;
+    bad.insert(bad.end(), {"--dead-letter-retention", "0s"});
+    r = keel(bad);
+    EXPECT_EQ(r.status, 2) << cmd;
+    EXPECT_NE(r.err.find("--dead-letter-retention"), std::string::npos) << r.err;
+    bad = base;
+    bad.insert(bad.end(), {"--dead-letter-retention", "1h", "--dead-letter-warning", "soon"});
+    r = keel(bad);
+    EXPECT_EQ(r.status, 2) << cmd;
+    EXPECT_NE(r.err.find("--dead-letter-warning"), std::string::npos) << r.err;
+    bad = base;
+    bad.insert(bad.end(), {"--dead-letter-warning", "1h"});
+    r = keel(bad);
+    EXPECT_EQ(r.status, 2) << cmd;
+    EXPECT_NE(r.err.find("--dead-letter-warning: needs --dead-letter-retention"), std::string::npos)
+        << r.err;
+  }
+
+  // Stats: without a retention no EXPIRING column; with one, the job is due within 2h.
+  r = keel({"jobs", "--db", db, "stats"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find("EXPIRING"), std::string::npos) << r.out;
+  r = keel({"jobs", "--db", db, "stats", "--dead-letter-retention", "1h", "--dead-letter-warning",
+            "2h"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("EXPIRING"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expiring: 1 dead jobs are pruned within 2h"), std::string::npos) << r.out;
+  r = keel({"jobs", "--db", db, "stats", "--json", "--dead-letter-retention", "1h"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["queues"][0]["dead_expiring"], 1) << "24h ahead by default, and 1h is left";
+  EXPECT_EQ(doc["dead_letter_expiring"], 1);
+  r = keel({"jobs", "--db", db, "stats", "--json", "--dead-letter-retention", "1h",
+            "--dead-letter-warning", "30m"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["queues"][0]["dead_expiring"], 0) << "30m ahead, and nearly 1h is left";
+  EXPECT_EQ(doc["dead_letter_expiring"], 0);
+
+  // A worker with the same retention exports the gauge, and prunes nothing yet.
+  auto worker = spawn({"jobs", "--db", db, "work", "--queue", "r", "--exec", "true", "--poll",
+                       "10ms", "--lease", "300ms", "--dead-letter-retention", "1h",
+                       "--dead-letter-warning", "2h", "--metrics-listen", "127.0.0.1:0"});
+  std::string body = scrape(*worker);
+  EXPECT_NE(body.find("keel_queue_dead_letter_expiring_jobs{queue=\"r\"} 1"), std::string::npos)
+      << body;
+  EXPECT_NE(body.find("keel_queue_dead_letters_pruned_total{queue=\"r\"} 0"), std::string::npos)
+      << body;
+  worker->signal(SIGTERM);
+  EXPECT_EQ(worker->wait(), 0) << worker->err();
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead'"), 1);
+
+  // A retention the job has outlived: pruned at the first housekeeping, counted and logged.
+  worker = spawn({"jobs", "--db", db, "work", "--queue", "r", "--exec", "true", "--poll", "10ms",
+                  "--lease", "300ms", "--dead-letter-retention", "1ms", "--metrics-listen",
+                  "127.0.0.1:0"});
+  for (int i = 0; i < 500 && count("SELECT COUNT(*) FROM keel_jobs") > 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 0);
+  body = scrape(*worker);
+  EXPECT_NE(body.find("keel_queue_dead_letters_pruned_total{queue=\"r\"} 1"), std::string::npos)
+      << body;
+  EXPECT_NE(body.find("keel_queue_dead_letter_expiring_jobs{queue=\"r\"} 0"), std::string::npos)
+      << body;
+  worker->signal(SIGTERM);
+  EXPECT_EQ(worker->wait(), 0) << worker->err();
+  EXPECT_NE(worker->err().find("pruned 1 dead job(s) of queue 'r'"), std::string::npos)
+      << worker->err();
 }
 
 TEST_P(JobsProcessTest, AnUnwritableDatabaseBacksOffAndExitsNonZero) {

@@ -32,6 +32,27 @@ std::optional<Duration> duration_flag(const char* flag, const std::string& text,
   return *d;
 }
 
+bool dead_letter_flags(const JobsArgs& a, store::QueueOptions& options) {
+  if (a.dead_letter_retention.empty()) {
+    if (!a.dead_letter_warning.empty()) {
+      usage(
+          "--dead-letter-warning: needs --dead-letter-retention (dead jobs are kept forever "
+          "without one)");
+      return false;
+    }
+    return true;
+  }
+  const auto retention = duration_flag("--dead-letter-retention", a.dead_letter_retention, true);
+  if (!retention) return false;
+  options.dead_letter_retention = *retention;
+  if (!a.dead_letter_warning.empty()) {
+    const auto warning = duration_flag("--dead-letter-warning", a.dead_letter_warning, false);
+    if (!warning) return false;
+    options.dead_letter_warning = *warning;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // enqueue
 
@@ -107,42 +128,55 @@ int run_enqueue(const JobsArgs& a) {
 int run_stats(const JobsArgs& a) {
   const auto url = queue_cli::parse_db_flag("jobs", a.db);
   if (!url) return kExitUsage;
+  store::QueueOptions options;
+  if (!dead_letter_flags(a, options)) return kExitUsage;
+  const bool retention = !a.dead_letter_retention.empty();
   if (!queue_cli::database_exists(*url)) {
     return usage("--db: database '" + url->redacted + "' does not exist");
   }
   bool has_schema = false;
   auto conn = queue_cli::open_queue_db_read_only(*url, &has_schema);
-  store::JobQueue queue;
+  store::JobQueue queue(options);
   std::vector<store::QueueStats> stats;
   if (has_schema) stats = queue.stats(*conn);
   std::int64_t depth = 0;
-  for (const auto& s : stats) depth += s.dead;
+  std::int64_t expiring = 0;
+  for (const auto& s : stats) {
+    depth += s.dead;
+    expiring += s.dead_expiring;
+  }
   if (a.json) {
     nlohmann::json out;
     out["queues"] = nlohmann::json::array();
     for (const auto& s : stats) {
-      out["queues"].push_back({{"queue", s.queue},
-                               {"ready", s.ready},
-                               {"running", s.running},
-                               {"retry_scheduled", s.retry_scheduled},
-                               {"done", s.done},
-                               {"dead", s.dead},
-                               {"deferred", s.deferred},
-                               {"oldest_ready_age_seconds",
-                                std::chrono::duration<double>(s.oldest_ready_age).count()}});
+      nlohmann::json q = {
+          {"queue", s.queue},
+          {"ready", s.ready},
+          {"running", s.running},
+          {"retry_scheduled", s.retry_scheduled},
+          {"done", s.done},
+          {"dead", s.dead},
+          {"deferred", s.deferred},
+          {"oldest_ready_age_seconds", std::chrono::duration<double>(s.oldest_ready_age).count()}};
+      if (retention) q["dead_expiring"] = s.dead_expiring;
+      out["queues"].push_back(std::move(q));
     }
     out["dead_letter_depth"] = depth;
+    if (retention) out["dead_letter_expiring"] = expiring;
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("%-24s %8s %8s %16s %10s %8s %9s %18s\n", "QUEUE", "READY", "RUNNING",
-              "RETRY_SCHEDULED", "DONE", "DEAD", "DEFERRED", "OLDEST_READY_AGE");
+  std::printf("%-24s %8s %8s %16s %10s %8s %9s %18s%s\n", "QUEUE", "READY", "RUNNING",
+              "RETRY_SCHEDULED", "DONE", "DEAD", "DEFERRED", "OLDEST_READY_AGE",
+              retention ? "  EXPIRING" : "");
   for (const auto& s : stats) {
-    std::printf("%-24s %8lld %8lld %16lld %10lld %8lld %9lld %18s\n", s.queue.c_str(),
+    std::printf("%-24s %8lld %8lld %16lld %10lld %8lld %9lld %18s", s.queue.c_str(),
                 static_cast<long long>(s.ready), static_cast<long long>(s.running),
                 static_cast<long long>(s.retry_scheduled), static_cast<long long>(s.done),
                 static_cast<long long>(s.dead), static_cast<long long>(s.deferred),
                 format_duration(s.oldest_ready_age).c_str());
+    if (retention) std::printf(" %9lld", static_cast<long long>(s.dead_expiring));
+    std::printf("\n");
   }
   std::int64_t deferred = 0;
   for (const auto& s : stats) deferred += s.deferred;
@@ -153,6 +187,13 @@ int run_stats(const JobsArgs& a) {
         static_cast<long long>(deferred));
   }
   std::printf("dead-letter depth: %lld\n", static_cast<long long>(depth));
+  if (retention) {
+    std::printf(
+        "expiring: %lld dead jobs are pruned within %s (retention %s); replay them first with "
+        "keel dlq replay\n",
+        static_cast<long long>(expiring), format_duration(options.dead_letter_warning).c_str(),
+        format_duration(options.dead_letter_retention).c_str());
+  }
   return 0;
 }
 
@@ -175,6 +216,9 @@ work --exec CMD runs CMD with /bin/sh -c, the payload on stdin and KEEL_IDEMPOTE
 KEEL_ATTEMPT, KEEL_JOB_ID and KEEL_QUEUE in the environment: exit 0 is done, 75 (EX_TEMPFAIL)
 transient, anything else permanent.
 SIGTERM or SIGINT: stop leasing, let running jobs finish within --grace, release the rest.
+Dead jobs stay until replayed or discarded, unless work has --dead-letter-retention D: then it
+deletes those dead for longer than D, after counting the ones due within --dead-letter-warning
+(default 24h) in keel_queue_dead_letter_expiring_jobs (stats with the same flags: EXPIRING).
 
 Exit status: 0 success, 1 database or runtime failure, 2 invalid arguments.)";
 
@@ -241,6 +285,16 @@ Runner add_jobs(CLI::App& app) {
   work->add_option("--max-age", args->max_age,
                    "Dead-letter a job older than this instead of retrying or deferring it "
                    "(default: only attempts count)");
+  const auto dead_letter_options = [&](CLI::App* sub, const char* retention_help) {
+    sub->add_option("--dead-letter-retention", args->dead_letter_retention, retention_help);
+    sub->add_option("--dead-letter-warning", args->dead_letter_warning,
+                    "With --dead-letter-retention: count the dead jobs pruned within this "
+                    "(default 24h)");
+  };
+  dead_letter_options(work,
+                      "Delete dead jobs of the queue that have been dead for longer than this, "
+                      "counting them in keel_queue_dead_letters_pruned_total (default: keep them "
+                      "until replayed or discarded)");
   work->add_flag("--exit-when-idle", args->exit_when_idle,
                  "Exit 0 once nothing is ready, running or scheduled for retry");
   work->add_option("--metrics-listen", args->metrics_listen,
@@ -249,6 +303,9 @@ Runner add_jobs(CLI::App& app) {
 
   CLI::App* stats = jobs->add_subcommand("stats", "Counts per queue and state, dead-letter depth");
   stats->add_flag("--json", args->json, "JSON output");
+  dead_letter_options(stats,
+                      "The workers' dead-letter retention: also show how many dead jobs it "
+                      "prunes within --dead-letter-warning (EXPIRING)");
   stats->callback([cmd] { *cmd = "stats"; });
 
   return [args, cmd]() -> int {

@@ -8,6 +8,7 @@
 
 #include "keel/duration.hpp"
 #include "keel/store/database.hpp"
+#include "keel/store/queue.hpp"
 
 namespace keel::cli::jobs_cli {
 
@@ -37,6 +38,9 @@ struct JobsArgs {
   std::string max_db_outage = "1m";
   bool exit_when_idle = false;
   std::string metrics_listen;
+  // work and stats
+  std::string dead_letter_retention;  // empty: dead jobs are kept
+  std::string dead_letter_warning;    // empty: 24h
   // stats
   bool json = false;
 };
@@ -47,6 +51,11 @@ int usage(const std::string& message);
 /// Parses a duration flag (at least zero, or with `positive` greater than zero); prints the error
 /// naming the flag and returns nullopt otherwise.
 std::optional<Duration> duration_flag(const char* flag, const std::string& text, bool positive);
+
+/// The queue's dead-letter retention and warning window from --dead-letter-retention and
+/// --dead-letter-warning (into `options`); prints the error naming the flag and returns false when
+/// one is invalid, or when the warning is given without a retention.
+bool dead_letter_flags(const JobsArgs& a, store::QueueOptions& options);
 
 int run_enqueue(const JobsArgs& a);
 int run_stats(const JobsArgs& a);

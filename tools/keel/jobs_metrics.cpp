@@ -26,7 +26,8 @@ std::string escape_label(std::string_view v) {
 
 }  // namespace
 
-Metrics::Metrics(std::string queue) : queue_(std::move(queue)) {
+Metrics::Metrics(std::string queue, bool dead_letter_retention)
+    : queue_(std::move(queue)), dead_letter_retention_(dead_letter_retention) {
   for (const char* o : {"success", "transient", "throttled", "ambiguous", "permanent"}) {
     attempts_[o] = 0;
   }
@@ -48,6 +49,11 @@ void Metrics::dead_lettered(std::string_view reason) {
   ++dead_lettered_[reason.starts_with("permanent") ? "permanent"
                    : reason.starts_with("max age") ? "max_age"
                                                    : "attempts_exhausted"];
+}
+
+void Metrics::dead_letters_pruned(std::int64_t n) {
+  std::lock_guard lock(mu_);
+  pruned_ += n;
 }
 
 std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
@@ -90,8 +96,19 @@ std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
     out << "keel_queue_oldest_ready_age_seconds{queue=\"" << escape_label(s.queue) << "\"} "
         << std::chrono::duration<double>(s.oldest_ready_age).count() << '\n';
   }
-  std::lock_guard lock(mu_);
   const std::string q = escape_label(queue_);
+  if (dead_letter_retention_) {
+    // Only the worker's own queue: the one whose dead jobs it prunes.
+    std::int64_t expiring = 0;
+    for (const auto& s : all) {
+      if (s.queue == queue_) expiring = s.dead_expiring;
+    }
+    out << "# HELP keel_queue_dead_letter_expiring_jobs Dead jobs this worker prunes within the "
+           "warning window (past the dead-letter retention by then); replay them first.\n"
+           "# TYPE keel_queue_dead_letter_expiring_jobs gauge\n"
+        << "keel_queue_dead_letter_expiring_jobs{queue=\"" << q << "\"} " << expiring << '\n';
+  }
+  std::lock_guard lock(mu_);
   out << "# HELP keel_queue_attempts_total Job attempts run by this worker, by outcome.\n"
          "# TYPE keel_queue_attempts_total counter\n";
   for (const auto& [outcome, n] : attempts_) {
@@ -110,6 +127,10 @@ std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
   out << "# HELP keel_queue_stale_completions_total Outcomes refused because the lease had "
          "been lost.\n# TYPE keel_queue_stale_completions_total counter\n"
       << "keel_queue_stale_completions_total{queue=\"" << q << "\"} " << stale_ << '\n';
+  out << "# HELP keel_queue_dead_letters_pruned_total Dead jobs this worker deleted because they "
+         "outlived the dead-letter retention.\n# TYPE keel_queue_dead_letters_pruned_total "
+         "counter\n"
+      << "keel_queue_dead_letters_pruned_total{queue=\"" << q << "\"} " << pruned_ << '\n';
   return out.str();
 }
 

@@ -1,6 +1,7 @@
 // What `keel jobs work` reports about itself: the Prometheus metrics served on --metrics-listen
 // (the queue's counts per state from the database, plus this worker's attempts, dead letters,
-// deferrals and stale completions) and one stderr line per breaker opening and closing.
+// deferrals, stale completions and, under a dead-letter retention, the dead jobs about to be
+// pruned and those pruned) and one stderr line per breaker opening and closing.
 // Thread-safety: both classes are safe for concurrent use (a mutex around their counters).
 #pragma once
 
@@ -19,12 +20,17 @@ namespace keel::cli::jobs_cli {
 
 class Metrics {
  public:
-  explicit Metrics(std::string queue);
+  /// `dead_letter_retention`: whether the worker prunes the queue's dead jobs (then the
+  /// expiring gauge is exported for its queue).
+  explicit Metrics(std::string queue, bool dead_letter_retention = false);
 
   void record(const store::WorkerEvent& e);
 
   /// Every move to the dead-letter queue, including a lease that expired on its last attempt.
   void dead_lettered(std::string_view reason);
+
+  /// Dead jobs deleted by the worker because they outlived the dead-letter retention.
+  void dead_letters_pruned(std::int64_t n);
 
   /// The Prometheus text exposition of `stats` (the worker's queue included even when empty)
   /// and of this worker's counters.
@@ -32,11 +38,13 @@ class Metrics {
 
  private:
   std::string queue_;
+  bool dead_letter_retention_ = false;
   mutable std::mutex mu_;
   std::map<std::string, std::int64_t> attempts_;       // guarded by mu_
   std::map<std::string, std::int64_t> dead_lettered_;  // guarded by mu_
   std::int64_t stale_ = 0;                             // guarded by mu_
   std::int64_t deferrals_ = 0;                         // guarded by mu_
+  std::int64_t pruned_ = 0;                            // guarded by mu_
 };
 
 /// Logs one line when a dependency's breaker opens and one when it closes again, with the

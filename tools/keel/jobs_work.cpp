@@ -91,6 +91,8 @@ int run_work(const JobsArgs& a) {
     retain = duration_flag("--retain-done", a.retain_done, false);
     if (!retain) return kExitUsage;
   }
+  store::QueueOptions queue_options;
+  if (!dead_letter_flags(a, queue_options)) return kExitUsage;
   std::string metrics_host;
   int metrics_port = -1;
   if (!a.metrics_listen.empty()) {
@@ -125,8 +127,7 @@ int run_work(const JobsArgs& a) {
                    " (a queue is created by its first enqueue)");
     }
   }
-  Metrics metrics(a.queue);
-  store::QueueOptions queue_options;
+  Metrics metrics(a.queue, queue_options.dead_letter_retention < kInfinite);
   queue_options.backoff = {.base = *base, .cap = *cap};
   queue_options.lease = *lease;
   queue_options.max_age = max_age;
@@ -176,6 +177,7 @@ int run_work(const JobsArgs& a) {
   options.done_retention = retain;
   options.max_database_outage = *max_db_outage;
   options.on_event = [&](const store::WorkerEvent& e) { metrics.record(e); };
+  options.on_dead_letters_pruned = [&](std::int64_t n) { metrics.dead_letters_pruned(n); };
   store::Worker worker(pool, queue, options, handler);
 
   std::unique_ptr<httplib::Server> server;

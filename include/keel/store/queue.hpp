@@ -32,7 +32,11 @@
 // reason. Jobs so wait out an outage of any length; only real attempts, or a max_age the user
 // sets, make a job dead. stats() counts the deferred jobs per queue.
 // Nothing is deleted silently: dead jobs stay until replayed or discarded, and done jobs are
-// deleted only by prune_done() with an explicit retention.
+// deleted only by prune_done() with an explicit retention. A dead-letter retention
+// (QueueOptions::dead_letter_retention, none by default) lets prune_dead() delete dead jobs that
+// have been dead for longer; before they go, dead_expiring() and QueueStats::dead_expiring count
+// the ones due within the warning window (dead_letter_warning), so an alert can fire while they
+// can still be replayed.
 //
 // Times are calendar milliseconds from the injected Clock's wall_now(), so several processes
 // (and hosts with synchronised clocks) agree on lease expiry; tests inject keel::ManualClock and
@@ -45,10 +49,11 @@
 // (src/store/queue_complete.cpp). Operators read a job with get (src/store/queue.cpp) and
 // administer the dead-letter queue by id or by queue with list_dead, replay and discard
 // (src/store/queue_dead_letters.cpp; by filter, with paced replays: keel/store/dead_letters.hpp).
-// Dashboards and housekeeping use stats, dead_depth, queue_exists, idle and prune_done
-// (src/store/queue_stats.cpp). Construction, the schema and its migrations are
-// src/store/queue.cpp; what the files share is src/store/detail/queue_sql.hpp. The long-running
-// consumer built on the worker protocol is keel::store::Worker (keel/store/queue_worker.hpp).
+// Dashboards and housekeeping use stats, dead_depth, dead_expiring, queue_exists, idle,
+// prune_done and prune_dead (src/store/queue_stats.cpp). Construction, the schema and its
+// migrations are src/store/queue.cpp; what the files share is src/store/detail/queue_sql.hpp. The
+// long-running consumer built on the worker protocol is keel::store::Worker
+// (keel/store/queue_worker.hpp).
 //
 // Thread-safety: JobQueue is immutable after construction except for its random generator (which
 // a mutex guards) and the time of its last expired-lease sweep (an atomic); it is safe for
@@ -250,6 +255,9 @@ struct QueueStats {
   /// Age of the oldest job that is due and waiting for a worker (ready or retry_scheduled with
   /// its time reached); zero when none.
   Duration oldest_ready_age{};
+  /// Of dead: jobs that prune_dead() deletes within QueueOptions::dead_letter_warning (those
+  /// already past the retention included); zero when no dead-letter retention is set.
+  std::int64_t dead_expiring = 0;
 };
 
 struct QueueOptions {
@@ -276,6 +284,12 @@ struct QueueOptions {
   /// its last attempt), with the job's id and its dead reason. Must be safe to call from any
   /// thread. Default none.
   std::function<void(std::int64_t job_id, std::string_view dead_reason)> on_dead_letter;
+  /// How long a job stays in the dead-letter queue (since it died) before prune_dead() deletes
+  /// it. Requires: > 0. Default none (kInfinite): dead jobs are kept until replayed or discarded.
+  Duration dead_letter_retention = kInfinite;
+  /// How far ahead dead_expiring in stats() looks: the jobs deleted within this window are
+  /// counted, so that someone can replay them first. Requires: >= 0. Default 24 h.
+  Duration dead_letter_warning = std::chrono::hours(24);
 };
 
 class JobQueue {
@@ -390,6 +404,20 @@ class JobQueue {
   /// retention >= 0, batch >= 1. Throws DatabaseError.
   std::int64_t prune_done(Connection& connection, std::string_view queue, Duration retention,
                           int batch = 1000) const;
+
+  /// Deletes at most `batch` dead jobs (of `queue`, or of all queues when empty) that died more
+  /// than options().dead_letter_retention ago, oldest first, with their history; returns how
+  /// many. Deletes nothing, and returns 0, when no retention is set. A replayed job is not dead
+  /// and is never pruned; if it dies again, its retention starts again. Requires: batch >= 1.
+  /// Throws DatabaseError.
+  std::int64_t prune_dead(Connection& connection, std::string_view queue = {},
+                          int batch = 1000) const;
+
+  /// Dead jobs (of `queue`, or of all queues when empty) that prune_dead() deletes within
+  /// `within` from now, those already past the retention included; 0 when no retention is set.
+  /// Requires: within >= 0. Throws DatabaseError.
+  [[nodiscard]] std::int64_t dead_expiring(Connection& connection, std::string_view queue,
+                                           Duration within) const;
 
   // Configuration.
 

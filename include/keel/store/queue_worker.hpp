@@ -9,6 +9,10 @@
 // running. An outage so costs the breaker's probes, not jobs x attempts. A refusal without an
 // estimate (an empty retry budget) defers only its own job.
 //
+// Housekeeping: the heartbeat thread also deletes the queue's done jobs past done_retention and,
+// when the queue has a dead-letter retention (QueueOptions::dead_letter_retention), its dead jobs
+// past it, reporting each deletion (on_dead_letters_pruned and a log line): never silently.
+//
 // Shutdown (stop(), e.g. on SIGTERM): no new job is leased; running handlers get `grace` to
 // finish and record their outcome; after that the remaining leases are released (the job is
 // ready again for another worker, the attempt recorded as "released"), the handlers' cancel
@@ -79,6 +83,10 @@ struct WorkerOptions {
   /// Delete done jobs of the queue older than this (prune_done), checked every heartbeat;
   /// nullopt keeps them forever. Default nullopt.
   std::optional<Duration> done_retention;
+  /// Called from the heartbeat thread with how many dead jobs of the queue it just deleted
+  /// because they had outlived the queue's QueueOptions::dead_letter_retention (checked every
+  /// heartbeat, at most every 10 s, in batches; each deletion is also logged). Default none.
+  std::function<void(std::int64_t pruned)> on_dead_letters_pruned;
   /// Called after every attempt, from the thread that ran it. Default none.
   std::function<void(const WorkerEvent&)> on_event;
   /// Called with a line when the database fails (the worker keeps going). Default: stderr.
@@ -123,6 +131,8 @@ class Worker {
   void slot_loop();
   void heartbeat_loop();
   void log(const std::string& line) const;
+  // Housekeeping on the heartbeat thread: prune_done and prune_dead, as configured.
+  void prune(Connection& conn);
   // Runs the handler (or, while paused, defers with `pause_report_`) and records the outcome.
   // Runs one job and records its outcome. With `next`, a success is recorded by
   // complete_and_lease and the jobs it leased are put in *next (and heartbeated).
