@@ -220,8 +220,9 @@ TYPED_TEST(HttpClients, TheCeilingBoundsTheDeadlineSent) {
   FaultServer server({.script = "200"});
   server.start();
   TypeParam client(fast(3));
-  const Result r = client.send(
-      {.url = server.url("/thing"), .ceiling = keel::Deadline::after(keel::steady_clock(), seconds(2))});
+  const Result r =
+      client.send({.url = server.url("/thing"),
+                   .ceiling = keel::Deadline::after(keel::steady_clock(), seconds(2))});
   EXPECT_TRUE(r.ok());
   const std::vector<long long> left = deadline_ms(server.arrivals());
   ASSERT_EQ(left.size(), 1u);
