@@ -6,6 +6,9 @@
 //    engine never sleeps past it and does not start an attempt that could not get
 //    min_attempt_time before it.
 //  - Each attempt's timeout is min(per_try_timeout, time left before the deadline).
+//  - The deadline is the earliest of the caller's (CallOptions::deadline), the policy's
+//    overall_timeout and an upper bound handed down from the caller's own caller
+//    (CallOptions::ceiling: the deadline a request handler received, Keel-Deadline-Ms).
 //  - A server's delay (Retry-After) replaces the backoff, capped at retry_after_cap; a delay that
 //    does not fit before the deadline stops the operation with StopReason::kDeadline.
 //  - Ambiguous failures (the request may have taken effect) are retried only when the operation
@@ -76,6 +79,10 @@ enum class StopReason : unsigned char {
 struct AttemptInfo {
   int number = 1;                // 1 for the first attempt
   Duration timeout = kInfinite;  // min(per-try timeout, time left before the deadline)
+  /// The operation's deadline (the earliest of CallOptions::deadline, the policy's
+  /// overall_timeout and CallOptions::ceiling): what an attempt tells its receiver is left
+  /// (Keel-Deadline-Ms, keel/deadline_header.hpp). Infinite when there is none.
+  Deadline deadline = Deadline::infinite();
   [[nodiscard]] bool is_retry() const noexcept { return number > 1; }
 };
 
@@ -179,6 +186,12 @@ struct CallOptions {
   Clock* clock = nullptr;
   /// Combined with the policy's overall_timeout (the earlier wins). Default infinite.
   Deadline deadline = Deadline::infinite();
+  /// An upper bound on the operation's deadline that does not come from this caller: the
+  /// deadline of the incoming request whose handler runs this operation (its Keel-Deadline-Ms,
+  /// keel::store::current_request_deadline()). The engine applies min(deadline,
+  /// overall_timeout, ceiling), so a retry loop inside a handler stops when its caller stops
+  /// waiting. Default infinite (no bound).
+  Deadline ceiling = Deadline::infinite();
   /// Idempotent, or carries an idempotency key. Default false: an ambiguous failure is then not
   /// retried, which is the safe choice for an operation keel knows nothing about.
   bool safe_to_repeat = false;

@@ -162,7 +162,7 @@ RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
     nested_ = true;
     max_attempts_ = 1;
   }
-  deadline_ = call.deadline;
+  deadline_ = call.deadline.min(call.ceiling);
   if (policy.options().overall_timeout < kInfinite) {
     deadline_ =
         deadline_.min(Deadline::at(saturating_add(started_, policy.options().overall_timeout)));
@@ -226,6 +226,7 @@ AttemptStart RetryState::start_attempt() {
   start.proceed = true;
   start.attempt.number = attempts_;
   start.attempt.timeout = opt.per_try_timeout < left ? opt.per_try_timeout : left;
+  start.attempt.deadline = deadline_;
   return start;
 }
 

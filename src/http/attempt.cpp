@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include "keel/deadline_header.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/retry_after.hpp"
@@ -146,6 +147,7 @@ CallOptions OperationGuards::call_options(const Request& request, const RequestT
   CallOptions call;
   call.clock = &clock;
   call.deadline = request.deadline;
+  call.ceiling = request.ceiling;
   call.safe_to_repeat = traits.safe_to_repeat();
   call.budget = budget_;
   call.prior_attempts = request.prior_attempts;
@@ -261,7 +263,8 @@ CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits
   bool has_user_agent = false;
   for (const auto& [name, value] : request.headers) {
     if (same_header_name(name, "User-Agent")) has_user_agent = true;
-    if (same_header_name(name, "Idempotency-Key") || same_header_name(name, "Keel-Attempt")) {
+    if (same_header_name(name, "Idempotency-Key") || same_header_name(name, "Keel-Attempt") ||
+        same_header_name(name, kDeadlineHeader)) {
       continue;
     }
     std::string line = name;
@@ -271,6 +274,12 @@ CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits
   }
   append(headers_, "Keel-Attempt: " + std::to_string(request.prior_attempts + info.number));
   if (!key.empty()) append(headers_, "Idempotency-Key: " + key);
+  if (options.propagate_deadline && !info.deadline.is_infinite()) {
+    // What is left now, as the transfer is set up: the receiver's budget, never more than ours.
+    Clock& clock = options.clock != nullptr ? *options.clock : steady_clock();
+    append(headers_, std::string(kDeadlineHeader) + ": " +
+                         format_deadline_header(info.deadline.remaining(clock.now())));
+  }
   append(headers_, "Expect:");  // no 100-continue round trip
 
   CURL* h = easy_;

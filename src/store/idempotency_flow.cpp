@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
 
 namespace keel::store {
@@ -80,6 +81,31 @@ void log_to_stderr(std::string_view message) {
   std::fprintf(stderr, "keel::store: %.*s\n", static_cast<int>(message.size()), message.data());
 }
 
+thread_local Deadline current_deadline = Deadline::infinite();
+
+/// While alive, current_request_deadline() on this thread returns `deadline`.
+class DeadlineScope {
+ public:
+  explicit DeadlineScope(Deadline deadline) noexcept : saved_(current_deadline) {
+    current_deadline = deadline;
+  }
+  ~DeadlineScope() { current_deadline = saved_; }
+  DeadlineScope(const DeadlineScope&) = delete;
+  DeadlineScope& operator=(const DeadlineScope&) = delete;
+
+ private:
+  Deadline saved_;
+};
+
+/// The answer to a request whose caller's deadline has passed. 400, not 504 or 503: keel's
+/// classifier (and Envoy's, and the common SDKs') retries 408, 425, 429, 5xx and 409 with a key,
+/// and a retry of work nobody waits for is the waste this answer exists to prevent.
+FlowResponse deadline_exceeded(std::string_view when) {
+  return problem(FlowOutcome::kDeadlineExceeded, 400, "Deadline exceeded",
+                 "the caller's deadline (Keel-Deadline-Ms) passed " + std::string(when) +
+                     "; the request was not processed and nothing was stored");
+}
+
 /// The text of the exception being handled (call inside a catch block).
 std::string current_exception_text() {
   try {
@@ -111,6 +137,8 @@ std::string_view to_string(IdempotencyOutcome outcome) noexcept {
       return "error";
     case IdempotencyOutcome::kInvalidBody:
       return "invalid_body";
+    case IdempotencyOutcome::kDeadlineExceeded:
+      return "deadline_exceeded";
   }
   return "unknown";
 }
@@ -143,6 +171,8 @@ std::string_view to_string(FlowOutcome outcome) noexcept {
       return "database_unavailable";
     case FlowOutcome::kCommitInDoubt:
       return "commit_in_doubt";
+    case FlowOutcome::kDeadlineExceeded:
+      return "deadline_exceeded";
   }
   return "unknown";
 }
@@ -170,9 +200,20 @@ IdempotencyOutcome metrics_outcome(FlowOutcome outcome) noexcept {
     case FlowOutcome::kDatabaseUnavailable:
     case FlowOutcome::kCommitInDoubt:
       return IdempotencyOutcome::kError;
+    case FlowOutcome::kDeadlineExceeded:
+      return IdempotencyOutcome::kDeadlineExceeded;
   }
   return IdempotencyOutcome::kError;
 }
+
+Deadline request_deadline(std::optional<std::string_view> header, TimePoint arrival) noexcept {
+  if (!header) return Deadline::infinite();
+  const Expected<Duration> budget = parse_deadline_header(*header);
+  if (!budget) return Deadline::infinite();
+  return Deadline::at(saturating_add(arrival, *budget));
+}
+
+Deadline current_request_deadline() noexcept { return current_deadline; }
 
 std::optional<std::string_view> FlowResponse::header(std::string_view name) const {
   for (const auto& [n, v] : headers) {
@@ -253,6 +294,7 @@ IdempotentRequestFlow::IdempotentRequestFlow(FlowOptions options) : options_(std
   if (options_.transaction_policy == nullptr) {
     options_.transaction_policy = &default_transaction_retry_policy();
   }
+  if (options_.clock == nullptr) options_.clock = &steady_clock();
 }
 
 std::string IdempotentRequestFlow::scope(std::string_view principal) const {
@@ -266,6 +308,8 @@ FlowResponse IdempotentRequestFlow::finish(FlowResponse response) const {
 
 FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
                                         const FlowHandler& handler) const {
+  const auto expired = [&] { return request.deadline.expired(options_.clock->now()); };
+  if (expired()) return finish(deadline_exceeded("before it arrived"));
   const ParsedKey key = parse_idempotency_key(request.idempotency_key, options_.max_key_bytes);
   if (!key.key) {
     return finish(problem(
@@ -294,6 +338,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   Claim claim;
   try {
     lease.emplace(options_.pool->acquire());
+    if (expired()) return finish(deadline_exceeded("while it waited for a database connection"));
     claim = store.claim(**lease, scope, *key.key, fingerprint);
   } catch (const DatabaseError& e) {
     FlowResponse out =
@@ -321,6 +366,14 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     case ClaimStatus::kClaimed:
       break;
   }
+  if (expired()) {
+    try {
+      store.release(**lease, scope, *key.key, claim.token);
+    } catch (const DatabaseError&) {
+      // The lock expires on its own.
+    }
+    return finish(deadline_exceeded("while it claimed its Idempotency-Key"));
+  }
 
   Connection& conn = **lease;
   StoredResponse result;
@@ -328,6 +381,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   bool declined = false;
   TransactionResult tx;
   try {
+    const DeadlineScope deadline_scope(request.deadline);
     tx = with_transaction_retry(
         conn,
         [&](Connection& t) {

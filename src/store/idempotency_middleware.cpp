@@ -3,8 +3,10 @@
 // into the httplib::Response (see keel/store/idempotency_middleware.hpp).
 #include "keel/store/idempotency_middleware.hpp"
 
+#include <iterator>
 #include <stdexcept>
 
+#include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
 
 namespace keel::store {
@@ -66,12 +68,20 @@ std::string bearer_principal(const httplib::Request& request) {
 }
 
 FlowRequest flow_request(const httplib::Request& request, std::string_view principal) {
+  // Arrival: now, as the middleware sees the request (cpp-httplib has read it; an admission
+  // wrapper outside this one has admitted it). A field sent twice is invalid, hence ignored.
+  const auto deadlines = request.headers.equal_range(std::string(kDeadlineHeader));
+  std::optional<std::string_view> deadline_header;
+  if (deadlines.first != deadlines.second && std::next(deadlines.first) == deadlines.second) {
+    deadline_header = deadlines.first->second;
+  }
   return {.method = request.method,
           .path = request.path,
           .idempotency_key = header_view(request, "Idempotency-Key"),
           .content_type = header_view(request, "Content-Type").value_or(""),
           .body = request.body,
-          .principal = principal};
+          .principal = principal,
+          .deadline = request_deadline(deadline_header, steady_clock().now())};
 }
 
 void write_flow_response(const FlowResponse& answer, httplib::Response& response) {

@@ -32,6 +32,7 @@
 
 #include "keel/asio/http_client.hpp"
 #include "keel/breaker.hpp"
+#include "keel/deadline_header.hpp"
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
 #include "keel/latency.hpp"
@@ -60,6 +61,7 @@ struct Config {
   std::function<void(std::string_view)> log = [](std::string_view) {};
   bool adaptive_timeouts = false;
   keel::AdaptiveTimeoutRegistry* timeouts = nullptr;
+  bool propagate_deadline = true;
 };
 
 // Fast backoff so tests spend their time on the network, not on waiting.
@@ -82,6 +84,7 @@ class BlockingDriver {
                  .duplicate_lookup = c.duplicate_lookup,
                  .on_attempt = c.on_attempt,
                  .log = c.log,
+                 .propagate_deadline = c.propagate_deadline,
                  .adaptive_timeouts = c.adaptive_timeouts,
                  .timeouts = c.timeouts}) {}
   Result send(const Request& r) { return client_.send(r); }
@@ -100,6 +103,7 @@ class AsyncDriver {
                                      .duplicate_lookup = c.duplicate_lookup,
                                      .on_attempt = c.on_attempt,
                                      .log = c.log,
+                                     .propagate_deadline = c.propagate_deadline,
                                      .adaptive_timeouts = c.adaptive_timeouts,
                                      .timeouts = c.timeouts}) {}
   Result send(const Request& r) {
@@ -191,6 +195,72 @@ TYPED_TEST(HttpClients, APostCarriesOneGeneratedUuidKeyOnEveryAttempt) {
   const Result next = client.send({.method = "PATCH", .url = server.url("/pay")});
   EXPECT_FALSE(next.idempotency_key.empty());
   EXPECT_NE(next.idempotency_key, key);
+}
+
+// The header's value on each arrival, parsed (-1: absent or invalid).
+std::vector<long long> deadline_ms(const std::vector<Arrival>& arrivals) {
+  std::vector<long long> out;
+  for (const Arrival& a : arrivals) {
+    auto v = keel::http::find_header(a.headers, keel::kDeadlineHeader);
+    auto d = v ? keel::parse_deadline_header(*v) : keel::Expected<keel::Duration>(keel::Error{});
+    out.push_back(d ? std::chrono::duration_cast<milliseconds>(*d).count() : -1);
+  }
+  return out;
+}
+
+TYPED_TEST(HttpClients, EveryAttemptCarriesTheDeadlineLeftWhichShrinksAcrossAttempts) {
+  FaultServer server({.script = "503/delay=20ms*2,200"});
+  server.start();
+  TypeParam client(fast(3));  // overall_timeout 20 s
+  const Result r = client.send({.url = server.url("/thing")});
+  EXPECT_TRUE(r.ok()) << keel::to_string(r.reason);
+  const std::vector<long long> left = deadline_ms(server.arrivals());
+  ASSERT_EQ(left.size(), 3u);
+  EXPECT_GT(left[0], 19000);
+  EXPECT_LE(left[0], 20000);
+  for (std::size_t i = 1; i < left.size(); ++i) {
+    EXPECT_LE(left[i], left[i - 1] - 20) << "attempt " << i + 1 << " after a 20 ms failure";
+  }
+}
+
+TYPED_TEST(HttpClients, TheCeilingBoundsTheDeadlineSent) {
+  FaultServer server({.script = "200"});
+  server.start();
+  TypeParam client(fast(3));
+  const Result r =
+      client.send({.url = server.url("/thing"),
+                   .ceiling = keel::Deadline::after(keel::steady_clock(), seconds(2))});
+  EXPECT_TRUE(r.ok());
+  const std::vector<long long> left = deadline_ms(server.arrivals());
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_GT(left[0], 1000);
+  EXPECT_LE(left[0], 2000);
+}
+
+TYPED_TEST(HttpClients, NoDeadlineSendsNoHeaderAndTheCallersOwnIsDropped) {
+  FaultServer server({.script = "200"});
+  server.start();
+  Config c = fast(2);
+  c.retry.overall_timeout = keel::kInfinite;
+  TypeParam client(c);
+  const Result r =
+      client.send({.url = server.url("/thing"), .headers = {{"keel-deadline-ms", "999"}}});
+  EXPECT_TRUE(r.ok());
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 1u);
+  EXPECT_EQ(header(arrivals[0], keel::kDeadlineHeader), "");
+}
+
+TYPED_TEST(HttpClients, DeadlinePropagationCanBeSwitchedOff) {
+  FaultServer server({.script = "200"});
+  server.start();
+  Config c = fast(2);
+  c.propagate_deadline = false;
+  TypeParam client(c);
+  EXPECT_TRUE(client.send({.url = server.url("/thing")}).ok());
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 1u);
+  EXPECT_EQ(header(arrivals[0], keel::kDeadlineHeader), "");
 }
 
 TYPED_TEST(HttpClients, ACallerKeyIsSentUnchangedAndA500IsRetriedOnce) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -75,6 +76,7 @@ class Flow : public test::BackendTest {
         FlowOptions{.store = &store_,
                     .pool = pool_.get(),
                     .scope_secret = "0123456789abcdef0123456789abcdef",
+                    .clock = &clock_,
                     .on_outcome = [this](IdempotencyOutcome o) { outcomes_.push_back(o); },
                     .log =
                         [this](std::string_view m) {
@@ -326,6 +328,103 @@ TEST_P(Flow, AnotherFrameworkDrivesTheFlowThroughPlainValues) {
   EXPECT_EQ(again.status, 201);
   EXPECT_EQ(again.headers.count("Idempotent-Replayed"), 1u);
   EXPECT_EQ(rows("charges"), 1);
+}
+
+// --- deadline propagation (Keel-Deadline-Ms) ---
+
+TEST_P(Flow, ADeadlinePassedOnArrivalIsRefusedNotExecutedAndNothingIsStored) {
+  FlowRequest req = request("late-1");
+  req.deadline = request_deadline("0", clock_.now());  // no time left when it was sent
+  const FlowResponse r = run(req);
+  EXPECT_EQ(r.outcome, FlowOutcome::kDeadlineExceeded);
+  EXPECT_EQ(r.status, 400) << "a status no retrying layer repeats";
+  EXPECT_EQ(problem(r)["title"], "Deadline exceeded");
+  EXPECT_EQ(handled_, 0);
+  EXPECT_EQ(rows("charges"), 0);
+  EXPECT_EQ(rows("keel_idempotency"), 0);
+  EXPECT_EQ(outcomes_, std::vector{IdempotencyOutcome::kDeadlineExceeded});
+  // The key is free: the same request with time left runs.
+  const FlowResponse again = run(request("late-1"));
+  EXPECT_EQ(again.outcome, FlowOutcome::kExecuted);
+  EXPECT_EQ(handled_, 1);
+}
+
+TEST_P(Flow, ADeadlineThatPassedInTransitIsRefused) {
+  FlowRequest req = request("late-2");
+  req.deadline = request_deadline("500", clock_.now());
+  clock_.advance(501ms);  // queued somewhere before the flow started
+  EXPECT_EQ(run(req).outcome, FlowOutcome::kDeadlineExceeded);
+  EXPECT_EQ(handled_, 0);
+}
+
+// A clock on which every read is one second later than the last: each of the flow's checks sees
+// time pass, as if it had waited for a connection, then for its claim.
+class SteppingClock final : public Clock {
+ public:
+  [[nodiscard]] TimePoint now() const noexcept override {
+    return TimePoint(std::chrono::seconds(reads_.fetch_add(1) + 1));
+  }
+  [[nodiscard]] WallTime wall_now() const noexcept override { return WallTime(); }
+  void sleep_for(Duration) override {}
+
+ private:
+  mutable std::atomic<int> reads_{0};
+};
+
+TEST_P(Flow, ADeadlineThatPassesWhileClaimingReleasesTheClaimAndRunsNothing) {
+  SteppingClock stepping;
+  const IdempotentRequestFlow flow({.store = &store_,
+                                    .pool = pool_.get(),
+                                    .scope_secret = "0123456789abcdef0123456789abcdef",
+                                    .clock = &stepping,
+                                    .log = [](std::string_view) {}});
+  FlowRequest req = request("late-3");
+  // Reads at 1 s (arrival check) and 2 s (connection) are in time; 3 s (after the claim) is not.
+  req.deadline = Deadline::at(TimePoint(2500ms));
+  int handled = 0;
+  const FlowResponse r = flow.run(req, [&](Connection&) {
+    ++handled;
+    return StoredResponse{201, {}, "{}"};
+  });
+  EXPECT_EQ(r.outcome, FlowOutcome::kDeadlineExceeded);
+  EXPECT_NE(problem(r)["detail"].get<std::string>().find("claimed"), std::string::npos);
+  EXPECT_EQ(handled, 0);
+  EXPECT_EQ(rows("keel_idempotency"), 0) << "the claim was released";
+  EXPECT_EQ(claim_elsewhere("late-3").status, ClaimStatus::kClaimed);
+}
+
+TEST_P(Flow, AFutureDeadlineRunsAsUsualAndTheHandlerSeesIt) {
+  FlowRequest req = request("soon-1");
+  req.deadline = request_deadline("30000", clock_.now());
+  std::optional<Deadline> seen;
+  const FlowResponse r = flow_->run(req, [&](Connection& tx) {
+    seen = current_request_deadline();
+    tx.query("INSERT INTO charges (body) VALUES ($1)", {std::string(req.body)});
+    return StoredResponse{201, {}, "{}"};
+  });
+  EXPECT_EQ(r.outcome, FlowOutcome::kExecuted);
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->when(), clock_.now() + 30s);
+  EXPECT_TRUE(current_request_deadline().is_infinite()) << "only while the handler runs";
+  EXPECT_EQ(rows("charges"), 1);
+}
+
+TEST_P(Flow, AMalformedOrAbsentDeadlineIsIgnored) {
+  for (const std::string_view bad : {"-1", "soon", "1.5", "100, 200", "99999999999999"}) {
+    EXPECT_TRUE(request_deadline(bad, clock_.now()).is_infinite()) << bad;
+  }
+  EXPECT_TRUE(request_deadline(std::nullopt, clock_.now()).is_infinite());
+  FlowRequest req = request("odd-1");
+  req.deadline = request_deadline("-1", clock_.now());
+  EXPECT_EQ(run(req).outcome, FlowOutcome::kExecuted);
+  EXPECT_EQ(handled_, 1);
+}
+
+TEST(FlowOutcomes, DeadlineExceededHasItsOwnNameAndCounter) {
+  EXPECT_EQ(to_string(FlowOutcome::kDeadlineExceeded), "deadline_exceeded");
+  EXPECT_EQ(metrics_outcome(FlowOutcome::kDeadlineExceeded), IdempotencyOutcome::kDeadlineExceeded);
+  EXPECT_EQ(to_string(IdempotencyOutcome::kDeadlineExceeded), "deadline_exceeded");
+  EXPECT_EQ(static_cast<int>(IdempotencyOutcome::kDeadlineExceeded), kIdempotencyOutcomes - 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Flow, ::testing::Values(Backend::kSqlite, Backend::kPostgres),

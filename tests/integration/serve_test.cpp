@@ -287,6 +287,35 @@ TEST_P(Serve, BadKeysAndBadChargesAre400AndNotStored) {
   EXPECT_NE(metrics->body.find("keel_charges_created_total 2"), std::string::npos);
 }
 
+TEST_P(Serve, AnExpiredKeelDeadlineIsRefusedWith400AndAnInvalidOneIsIgnored) {
+  ServeProcess server(args());
+  auto c = server.client();
+  httplib::Headers late = headers("late-1");
+  late.emplace("Keel-Deadline-Ms", "0");
+  auto refused = c.Post("/v1/charges", late, kCharge, "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_EQ(refused->get_header_value("Content-Type"), "application/problem+json");
+  EXPECT_NE(refused->body.find("Deadline exceeded"), std::string::npos) << refused->body;
+  EXPECT_EQ(charges(), 0);
+  httplib::Headers odd = headers("late-1");  // the same key: nothing was stored
+  odd.emplace("Keel-Deadline-Ms", "-5");
+  auto ran = c.Post("/v1/charges", odd, kCharge, "application/json");
+  ASSERT_TRUE(ran);
+  EXPECT_EQ(ran->status, 201);
+  httplib::Headers soon = headers("soon-1");
+  soon.emplace("Keel-Deadline-Ms", "30000");
+  auto in_time = c.Post("/v1/charges", soon, kCharge, "application/json");
+  ASSERT_TRUE(in_time);
+  EXPECT_EQ(in_time->status, 201);
+  EXPECT_EQ(charges(), 2);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("keel_idempotency_requests_total{outcome=\"deadline_exceeded\"} 1"),
+            std::string::npos)
+      << metrics->body;
+}
+
 TEST_P(Serve, KillNineMidFlightThenRetryEverythingLosesAndDuplicatesNothing) {
   constexpr int kKeys = 40;
   std::map<std::string, std::string> answered;  // key -> charge id seen before the kill

@@ -77,6 +77,12 @@ struct ClientOptions {
   /// attempt as a permanent failure. Not applied to a Request::body_sink. Requires: >= 1.
   /// Default 256 MiB.
   std::size_t max_response_bytes = kDefaultMaxResponseBytes;
+  /// Whether every attempt of an operation with a finite deadline carries Keel-Deadline-Ms: the
+  /// whole milliseconds left before the operation's deadline when the attempt is set up
+  /// (keel/deadline_header.hpp), so the receiver can refuse work nobody will wait for and bound
+  /// its own retries by it. Never sent for an operation without a deadline. See
+  /// docs/deadlines.md. Default true.
+  bool propagate_deadline = true;
   /// Sent as User-Agent unless the request sets one. Default "keel/0.1".
   std::string user_agent = "keel/0.1";
   /// Time source for deadlines and the waits between attempts (a blocking Client sleeps on it;

@@ -45,7 +45,7 @@ struct Request {
   std::string url;
   /// Extra header fields, sent on every attempt. An Idempotency-Key among them (any case) is the
   /// request's key, as if given in idempotency_key: sent once, and it makes the request safe to
-  /// repeat. Keel-Attempt is the client's own and is dropped. Default none.
+  /// repeat. Keel-Attempt and Keel-Deadline-Ms are the client's own and are dropped. Default none.
   Headers headers;
   /// Request body; sent when non-empty or when the method is POST, PUT or PATCH. Default empty.
   std::string body;
@@ -60,6 +60,11 @@ struct Request {
   /// The caller's deadline, combined with the policy's overall_timeout (the earlier wins).
   /// Default infinite.
   Deadline deadline = Deadline::infinite();
+  /// An upper bound on the operation's deadline from the caller's own caller: in a request
+  /// handler, the incoming request's deadline (keel::store::current_request_deadline(), from
+  /// its Keel-Deadline-Ms). The engine applies the earliest of deadline, the policy's
+  /// overall_timeout and this (CallOptions::ceiling). Default infinite (no bound).
+  Deadline ceiling = Deadline::infinite();
   /// Attempts of this logical operation already made by a durable layer (a job queue's earlier
   /// attempts): the first attempt here is then a retry, asked of the retry budget before it is
   /// sent (CallOptions::prior_attempts), and Keel-Attempt counts on from them. Requires: >= 0.

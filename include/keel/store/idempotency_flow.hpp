@@ -62,13 +62,15 @@ enum class IdempotencyOutcome : unsigned char {
   kNotStored,    // the handler answered an error (4xx/5xx): nothing stored, claim released
   kError,        // database trouble or a handler exception: 500/503, claim released
   kInvalidBody,  // 400: a JSON body over the JSON limits or with a duplicate member
+  // 400: the caller's deadline (Keel-Deadline-Ms) passed before the work began
+  kDeadlineExceeded,
 };
 
 /// How many IdempotencyOutcome values there are (for arrays of counters).
-inline constexpr int kIdempotencyOutcomes = 8;
+inline constexpr int kIdempotencyOutcomes = 9;
 
 /// "executed", "replayed", "in_progress", "mismatch", "invalid_key", "not_stored", "error",
-/// "invalid_body".
+/// "invalid_body", "deadline_exceeded".
 [[nodiscard]] std::string_view to_string(IdempotencyOutcome outcome) noexcept;
 
 /// Which answer the flow gave, and why.
@@ -87,15 +89,18 @@ enum class FlowOutcome : unsigned char {
   kHandlerError,         // 500: the handler threw; claim released
   kDatabaseUnavailable,  // 503 + Retry-After: 1: claiming or the transaction failed
   kCommitInDoubt,        // 500 + Retry-After: 1: the COMMIT's outcome is unknown
+  kDeadlineExceeded,     // 400: FlowRequest::deadline had passed on arrival, or passed while the
+                         // request waited for a connection or its claim; the handler did not
+                         // run, nothing was stored, the claim (if taken) was released
 };
 
 /// "executed", "took_over", "replayed", "in_progress", "claim_lost", "mismatch", "missing_key",
 /// "invalid_key", "invalid_body", "not_stored", "handler_error", "database_unavailable",
-/// "commit_in_doubt".
+/// "commit_in_doubt", "deadline_exceeded".
 [[nodiscard]] std::string_view to_string(FlowOutcome outcome) noexcept;
 
 /// The metrics outcome of `outcome` (kTookOver is kExecuted, kClaimLost kInProgress, kMissingKey
-/// kInvalidKey, the three failures kError).
+/// kInvalidKey, the three failures kError, kDeadlineExceeded kDeadlineExceeded).
 [[nodiscard]] IdempotencyOutcome metrics_outcome(FlowOutcome outcome) noexcept;
 
 /// One incoming request, as the flow reads it. The views must stay valid during run().
@@ -115,7 +120,26 @@ struct FlowRequest {
   /// Who the request authenticates as, verified by the server ("" for nobody); never stored:
   /// keys are scoped by principal_scope(principal, scope_secret).
   std::string_view principal;
+  /// The caller's deadline, on FlowOptions::clock: the request's arrival plus its
+  /// Keel-Deadline-Ms (request_deadline()). A request whose deadline has passed when the flow
+  /// starts, once it has a connection, or once it holds the claim is answered kDeadlineExceeded
+  /// without running the handler. While the handler runs, current_request_deadline() returns it.
+  /// Default infinite: no header, or an invalid one (ignored), and the request runs as always.
+  Deadline deadline = Deadline::infinite();
 };
+
+/// The deadline of a request that arrived at `arrival` carrying Keel-Deadline-Ms `header`
+/// (nullopt: absent): arrival + the budget (keel::parse_deadline_header). Infinite when the
+/// header is absent or invalid: an invalid header is ignored, never a reason to fail the
+/// request.
+[[nodiscard]] Deadline request_deadline(std::optional<std::string_view> header,
+                                        TimePoint arrival) noexcept;
+
+/// The deadline of the request whose handler is running on this thread inside
+/// IdempotentRequestFlow::run (FlowRequest::deadline); infinite outside a handler. Give it to
+/// the handler's own keel calls as their upper bound (keel::http::Request::ceiling,
+/// keel::CallOptions::ceiling) so that their retries stop when the caller stops waiting.
+[[nodiscard]] Deadline current_request_deadline() noexcept;
 
 /// What to answer. Headers include Content-Type (application/octet-stream for a stored response
 /// without one) and, in order, the stored response's own headers, Idempotent-Replayed or
@@ -154,6 +178,9 @@ struct FlowOptions {
   const RetryPolicy* transaction_policy = nullptr;
   /// Isolation of the handler's transaction. Default read committed.
   Isolation isolation = Isolation::kReadCommitted;
+  /// Where FlowRequest::deadline is read against (now). Requires: the clock the deadline was
+  /// made on. Default keel::steady_clock().
+  Clock* clock = nullptr;
   /// Called once per request with its outcome, before run() returns. Default none.
   std::function<void(IdempotencyOutcome)> on_outcome;
   /// Limits on JSON bodies: a body whose first non-blank byte is '{' or '[', or whose

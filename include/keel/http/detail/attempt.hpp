@@ -1,9 +1,9 @@
 // keel::http::detail: the one libcurl attempt that both HTTP clients run, and the steps of an
 // operation they share around it. keel::http::Client drives a CurlAttempt with
 // curl_easy_perform, keel::asio::HttpClient through its curl multi handle on an Asio loop; every
-// HTTP rule of an attempt (the request's header fields, Keel-Attempt and Idempotency-Key, the
-// connect and whole-attempt timeouts, the head and body limits, the body sink, the
-// classification of statuses, Retry-After and libcurl errors) is written here once.
+// HTTP rule of an attempt (the request's header fields, Keel-Attempt, Idempotency-Key and
+// Keel-Deadline-Ms, the connect and whole-attempt timeouts, the head and body limits, the body
+// sink, the classification of statuses, Retry-After and libcurl errors) is written here once.
 //
 // Not part of keel's API: the clients' implementation (keel::http_attempt), subject to change.
 //
@@ -149,11 +149,12 @@ struct Transfer {
 class CurlAttempt {
  public:
   /// Sets `easy` (new, or reset with curl_easy_reset) up for attempt `info` of `request`: URL,
-  /// method and body, header fields with Keel-Attempt and the Idempotency-Key `key` (empty:
-  /// none), User-Agent, connect and whole-attempt timeouts within info.timeout, a fresh
-  /// connection for a request that is not safe to repeat, the head and body limits and the body
-  /// sink of `options`/`request`. Requires: `request` and `options` outlive the attempt. Throws
-  /// std::bad_alloc.
+  /// method and body, header fields with Keel-Attempt, the Idempotency-Key `key` (empty:
+  /// none) and, when options.propagate_deadline and info.deadline is finite, Keel-Deadline-Ms
+  /// (the time info.deadline leaves on options.clock now), User-Agent, connect and
+  /// whole-attempt timeouts within info.timeout, a fresh connection for a request that is not
+  /// safe to repeat, the head and body limits and the body sink of `options`/`request`.
+  /// Requires: `request` and `options` outlive the attempt. Throws std::bad_alloc.
   CurlAttempt(CURL* easy, const Request& request, const RequestTraits& traits,
               const std::string& key, const AttemptInfo& info, const ClientOptions& options);
   CurlAttempt(const CurlAttempt&) = delete;
