@@ -33,7 +33,8 @@ duration ago (90m, 1h, 2.5h). --dry-run lists what would move (for replay, with 
 would be due) and changes nothing. replay --rate N/s (or N/m, N/h) paces the replay: the jobs,
 oldest death first, are made due N per second from now, all in one transaction, so the command
 returns at once and the workers take them at that rate instead of all in the same instant.
-Dead jobs are never pruned: they stay until replayed or discarded.
+Dead jobs stay until replayed or discarded, unless a worker runs with --dead-letter-retention
+(see keel jobs --help).
 
 list, show and depth only read: they open the database read-only and never migrate it, so a
 user who may only read the file can run them.
