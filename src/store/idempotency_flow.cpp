@@ -14,20 +14,14 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "detail/ascii.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
 
 namespace keel::store {
 namespace {
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
-    if (lower(a[i]) != lower(b[i])) return false;
-  }
-  return true;
-}
+using detail::iequals;
 
 /// The stored response as an answer: its headers in order, Content-Type last (and
 /// application/octet-stream when it has none).

@@ -6,20 +6,14 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "detail/ascii.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
 
 namespace keel::store {
 namespace {
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
-    if (lower(a[i]) != lower(b[i])) return false;
-  }
-  return true;
-}
+using detail::iequals;
 
 /// The first value of header `name` (what get_header_value() returns), viewing `request`.
 std::optional<std::string_view> header_view(const httplib::Request& request, const char* name) {

@@ -34,8 +34,8 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
                    .problem = std::string(problem),
                    .got = std::move(got)});
   };
-  if (auto queue = check_queue_name(options_.queue); !queue) {
-    throw_invalid(queue.error().in("queue", kOptions));
+  if (auto checked = check_queue_name(options_.queue); !checked) {
+    throw_invalid(checked.error().in("queue", kOptions));
   }
   if (options_.concurrency < 1) {
     reject("concurrency", "must be >= 1", std::to_string(options_.concurrency));

@@ -10,6 +10,7 @@
 #include <regex>
 #include <stdexcept>
 
+#include "detail/ascii.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/store/idempotency_middleware.hpp"
@@ -19,14 +20,7 @@ namespace {
 
 using HandlerResponse = httplib::Server::HandlerResponse;
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
-    if (lower(a[i]) != lower(b[i])) return false;
-  }
-  return true;
-}
+using detail::iequals;
 
 bool all_digits(std::string_view s) {
   if (s.empty() || s.size() > 19) return false;

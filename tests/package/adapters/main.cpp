@@ -9,6 +9,7 @@
 #include <keel/sim/scenarios.hpp>
 #include <keel/store/database.hpp>
 #include <keel/store/idempotency_middleware.hpp>
+#include <keel/store/webhook_handler.hpp>
 
 int main() {
   keel::http::Client client;  // libcurl initialised, a breaker registry and a budget of its own
@@ -20,9 +21,14 @@ int main() {
   httplib::Request anonymous;  // keel::store_http: the principal of a request without a token
   const bool store_http_ok = keel::store::bearer_principal(anonymous).empty();
   const std::size_t scenarios = keel::sim::scenarios().size();
+  // keel::store_webhook: a handler's client options, built without sending anything.
+  const bool webhook_ok =
+      keel::store::webhook_client_options(std::chrono::seconds(2)).retry.max_attempts == 1;
   const bool http_attempt_ok = keel::http::breaker_key("http://Example.com/") == "example.com:80";
   std::printf("sqlite says %lld, %zu scenarios, max attempts %d\n",
               static_cast<long long>(rows.integer(0, 0)), scenarios,
               client.options().retry.max_attempts);
-  return rows.integer(0, 0) == 42 && scenarios > 0 && store_http_ok && http_attempt_ok ? 0 : 1;
+  return rows.integer(0, 0) == 42 && scenarios > 0 && store_http_ok && http_attempt_ok && webhook_ok
+             ? 0
+             : 1;
 }
