@@ -119,8 +119,8 @@ class [[nodiscard]] Expected<void> {
   [[nodiscard]] bool has_value() const noexcept { return !error_.has_value(); }
   explicit operator bool() const noexcept { return has_value(); }
   /// Requires: !has_value().
-  [[nodiscard]] const Error& error() const& { return *error_; }
-  [[nodiscard]] Error&& error() && { return std::move(*error_); }
+  [[nodiscard]] const Error& error() const& { return assert(!has_value()), *error_; }
+  [[nodiscard]] Error&& error() && { return assert(!has_value()), std::move(*error_); }
 
  private:
   std::optional<Error> error_;

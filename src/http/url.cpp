@@ -1,5 +1,6 @@
 #include "keel/http/url.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace keel::http {
@@ -42,8 +43,18 @@ bool is_host_char(char c) noexcept {
   }
 }
 
+// The URL as a message may show it: any userinfo ("user:secret@") replaced by "***@".
+std::string shown(std::string_view text) {
+  const std::size_t scheme_end = text.find("://");
+  const std::size_t begin = scheme_end == std::string_view::npos ? 0 : scheme_end + 3;
+  const std::size_t end = std::min(text.find_first_of("/?#", begin), text.size());
+  const std::size_t at = text.substr(begin, end - begin).rfind('@');
+  if (at == std::string_view::npos) return std::string(text);
+  return std::string(text.substr(0, begin)) + "***" + std::string(text.substr(begin + at));
+}
+
 Error fail(std::string_view text, std::string problem) {
-  return Error{.field = "URL", .problem = std::move(problem), .got = quote_value(text, 80)};
+  return Error{.field = "URL", .problem = std::move(problem), .got = quote_value(shown(text), 80)};
 }
 
 }  // namespace
@@ -80,7 +91,8 @@ Expected<Url> parse_url(std::string_view text) {
   bool has_port = false;
   if (authority.front() == '[') {  // IPv6 literal
     const auto close = authority.find(']');
-    if (close == std::string_view::npos) return fail(text, "has an IPv6 address with no closing ']'");
+    if (close == std::string_view::npos)
+      return fail(text, "has an IPv6 address with no closing ']'");
     host = authority.substr(0, close + 1);
     const std::string_view inside = host.substr(1, host.size() - 2);
     if (inside.empty() || inside.find(':') == std::string_view::npos) {

@@ -92,7 +92,8 @@ class DeadlineScope {
 };
 
 /// The answer to a request whose caller's deadline has passed. 400, not 504 or 503: keel's
-/// classifier (and Envoy's, and the common SDKs') retries 408, 425, 429, 5xx and 409 with a key,
+/// classifier (and Envoy's, and the common SDKs') retries 408, 425, 429, 502-504, a 500 once and a
+/// 409 with a key,
 /// and a retry of work nobody waits for is the waste this answer exists to prevent.
 FlowResponse deadline_exceeded(std::string_view when) {
   return problem(FlowOutcome::kDeadlineExceeded, 400, "Deadline exceeded",
@@ -200,7 +201,7 @@ IdempotencyOutcome metrics_outcome(FlowOutcome outcome) noexcept {
   return IdempotencyOutcome::kError;
 }
 
-Deadline request_deadline(std::optional<std::string_view> header, TimePoint arrival) noexcept {
+Deadline request_deadline(std::optional<std::string_view> header, TimePoint arrival) {
   if (!header) return Deadline::infinite();
   const Expected<Duration> budget = parse_deadline_header(*header);
   if (!budget) return Deadline::infinite();

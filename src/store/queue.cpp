@@ -180,12 +180,16 @@ RetryPolicy queue_policy(const QueueOptions& o) {
                    .got = format_duration(o.max_age)});
   }
   if (o.dead_letter_retention <= Duration::zero()) {
-    throw std::invalid_argument("QueueOptions.dead_letter_retention must be > 0 (got " +
-                                std::to_string(to_ms(o.dead_letter_retention)) + "ms)");
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "dead_letter_retention",
+                   .problem = "must be > 0",
+                   .got = format_duration(o.dead_letter_retention)});
   }
   if (o.dead_letter_warning < Duration::zero()) {
-    throw std::invalid_argument("QueueOptions.dead_letter_warning must be >= 0 (got " +
-                                std::to_string(to_ms(o.dead_letter_warning)) + "ms)");
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "dead_letter_warning",
+                   .problem = "must be >= 0",
+                   .got = format_duration(o.dead_letter_warning)});
   }
   RetryOptions r;
   r.max_attempts = o.max_attempts;

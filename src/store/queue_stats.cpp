@@ -113,7 +113,12 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
 
 std::int64_t JobQueue::dead_expiring(Connection& connection, std::string_view queue,
                                      Duration within) const {
-  if (within < Duration::zero()) throw std::invalid_argument("dead_expiring: within < 0");
+  if (within < Duration::zero()) {
+    throw_invalid({.context = "keel::store::JobQueue::dead_expiring",
+                   .field = "within",
+                   .problem = "must be >= 0",
+                   .got = format_duration(within)});
+  }
   if (options_.dead_letter_retention >= kInfinite) return 0;
   // Died at or before now - retention + within: pruned by then.
   const std::int64_t before = saturating_add_ms(
@@ -169,7 +174,12 @@ std::int64_t JobQueue::prune_done(Connection& connection, std::string_view queue
 }
 
 std::int64_t JobQueue::prune_dead(Connection& connection, std::string_view queue, int batch) const {
-  if (batch < 1) throw std::invalid_argument("prune_dead: batch must be >= 1");
+  if (batch < 1) {
+    throw_invalid({.context = "keel::store::JobQueue::prune_dead",
+                   .field = "batch",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(batch)});
+  }
   if (options_.dead_letter_retention >= kInfinite) return 0;
   std::int64_t n = 0;
   in_transaction(connection, [&](Connection& tx) {

@@ -135,3 +135,23 @@ TEST(ResponseHead, CollectsTheFinalHeadAndStopsAtTheCap) {
 }
 
 }  // namespace
+
+TEST(ErrorMessages, NeverQuoteCredentials) {
+  // A URL's userinfo is replaced before the URL is quoted.
+  const auto url = parse_url("https://user:s3cret@example.com:99999/x");
+  ASSERT_FALSE(url);
+  EXPECT_EQ(url.error().message().find("s3cret"), std::string::npos) << url.error().message();
+  EXPECT_NE(url.error().message().find("https://***@example.com:99999/x"), std::string::npos)
+      << url.error().message();
+  // A header's value is never quoted: it may be a token.
+  const auto field = keel::http::check_header_field("Authorization", "Bearer tok-secret\r\nX: y");
+  ASSERT_FALSE(field);
+  EXPECT_EQ(field.error().message().find("tok-secret"), std::string::npos)
+      << field.error().message();
+  EXPECT_NE(field.error().message().find("Authorization"), std::string::npos);
+  keel::http::Request request{.method = "GET", .url = "http://h/"};
+  request.headers = {{"Cookie", std::string("session=abc123\x01")}};
+  const auto checked = keel::http::check_request(request);
+  ASSERT_FALSE(checked);
+  EXPECT_EQ(checked.error().message().find("abc123"), std::string::npos);
+}
