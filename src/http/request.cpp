@@ -34,7 +34,8 @@ Expected<std::string> check_request(const Request& request) {
   for (char c : request.method) {
     const auto u = static_cast<unsigned char>(c);
     if (u <= 0x20 || u >= 0x7f) {
-      return Error{.field = "method", .problem = "must be a token", .got = quote_value(request.method, 32)};
+      return Error{
+          .field = "method", .problem = "must be a token", .got = quote_value(request.method, 32)};
     }
   }
   return found;

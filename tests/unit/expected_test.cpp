@@ -16,7 +16,8 @@ TEST(Error, OneMessageFormatNamingFieldProblemAndValue) {
   const Error e{.field = "duration", .problem = "has no unit", .got = "'5'"};
   EXPECT_EQ(e.message(), "duration has no unit (got '5')");
   EXPECT_EQ(e.in("--deadline").message(), "--deadline has no unit (got '5')");
-  EXPECT_EQ(e.in("--deadline", "keel call").message(), "keel call: --deadline has no unit (got '5')");
+  EXPECT_EQ(e.in("--deadline", "keel call").message(),
+            "keel call: --deadline has no unit (got '5')");
   EXPECT_EQ((Error{.field = "URL", .problem = "is empty"}).message(), "URL is empty");
 }
 

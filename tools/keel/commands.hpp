@@ -24,8 +24,8 @@ inline constexpr int kExitUsage = 2;
 inline Expected<std::uint64_t> parse_count(std::string_view flag, std::string_view text,
                                            std::uint64_t min, std::uint64_t max) {
   if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) {
-    return Error{.field = std::string(flag), .problem = "must be a whole number",
-                 .got = quote_value(text)};
+    return Error{
+        .field = std::string(flag), .problem = "must be a whole number", .got = quote_value(text)};
   }
   std::uint64_t v = 0;
   bool overflow = false;
@@ -38,9 +38,10 @@ inline Expected<std::uint64_t> parse_count(std::string_view flag, std::string_vi
     v = v * 10 + digit;
   }
   if (overflow || v < min || v > max) {
-    return Error{.field = std::string(flag),
-                 .problem = "must be between " + std::to_string(min) + " and " + std::to_string(max),
-                 .got = quote_value(text)};
+    return Error{
+        .field = std::string(flag),
+        .problem = "must be between " + std::to_string(min) + " and " + std::to_string(max),
+        .got = quote_value(text)};
   }
   return v;
 }
@@ -55,14 +56,16 @@ inline Expected<double> parse_fraction(std::string_view flag, std::string_view t
       text.find_first_not_of("0123456789.") == std::string_view::npos &&
       (dot == std::string_view::npos || text.find('.', dot + 1) == std::string_view::npos);
   if (!digits_ok || text.size() > 32) {
-    return Error{.field = std::string(flag), .problem = "must be a decimal number",
+    return Error{.field = std::string(flag),
+                 .problem = "must be a decimal number",
                  .got = quote_value(text)};
   }
   const double v = std::stod(std::string(text));
   if (!std::isfinite(v) || v < min || v > max) {
     char range[64];
     std::snprintf(range, sizeof range, "between %g and %g", min, max);
-    return Error{.field = std::string(flag), .problem = "must be " + std::string(range),
+    return Error{.field = std::string(flag),
+                 .problem = "must be " + std::string(range),
                  .got = quote_value(text)};
   }
   return v;
@@ -75,7 +78,8 @@ inline Expected<Duration> parse_duration_flag(std::string_view flag, std::string
   auto d = parse_duration(text);
   if (!d) return d.error().in(flag);
   if (positive && *d <= Duration::zero()) {
-    return Error{.field = std::string(flag), .problem = "must be greater than zero",
+    return Error{.field = std::string(flag),
+                 .problem = "must be greater than zero",
                  .got = quote_value(text)};
   }
   return d;

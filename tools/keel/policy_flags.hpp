@@ -86,7 +86,8 @@ inline std::optional<RetryOptions> parse_policy_flags(const char* command, const
   if (!jitter) {
     flag_error(command, Error{.field = "--jitter",
                               .problem = "must be full, equal, decorrelated or none",
-                              .got = quote_value(f.jitter)}.message());
+                              .got = quote_value(f.jitter)}
+                            .message());
     return std::nullopt;
   }
   const auto max_attempts = parse_count("--max-attempts", f.max_attempts, 1, 2147483647);

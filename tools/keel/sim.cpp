@@ -107,8 +107,9 @@ int run_command(const RunOptions& o) {
     const auto parsed = parse_duration(o.trigger);
     if (!parsed) return usage(parsed.error().in("--trigger").message());
     if (*parsed <= Duration::zero() || *parsed > std::chrono::seconds(40)) {
-      return usage(Error{.field = "--trigger", .problem = "must be in (0s, 40s]",
-                         .got = quote_value(o.trigger)}.message());
+      return usage(Error{
+          .field = "--trigger", .problem = "must be in (0s, 40s]", .got = quote_value(o.trigger)}
+                       .message());
     }
     trigger = *parsed;
   }

@@ -17,8 +17,8 @@
 #include <string_view>
 
 #include "keel/classify.hpp"
-#include "keel/expected.hpp"
 #include "keel/clock.hpp"
+#include "keel/expected.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/url.hpp"
 #include "keel/retry.hpp"

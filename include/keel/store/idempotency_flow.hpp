@@ -132,8 +132,7 @@ struct FlowRequest {
 /// (nullopt: absent): arrival + the budget (keel::parse_deadline_header). Infinite when the
 /// header is absent or invalid: an invalid header is ignored, never a reason to fail the
 /// request.
-[[nodiscard]] Deadline request_deadline(std::optional<std::string_view> header,
-                                        TimePoint arrival);
+[[nodiscard]] Deadline request_deadline(std::optional<std::string_view> header, TimePoint arrival);
 
 /// The deadline of the request whose handler is running on this thread inside
 /// IdempotentRequestFlow::run (FlowRequest::deadline); infinite outside a handler. Give it to
