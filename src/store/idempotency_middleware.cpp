@@ -22,22 +22,9 @@ std::optional<std::string_view> header_view(const httplib::Request& request, con
   return std::string_view(range.first->second);
 }
 
-/// FlowOptions from the middleware's options (the fields they share).
+/// FlowOptions from the middleware's options (the fields they share); IdempotentRequestFlow's
+/// constructor validates them.
 FlowOptions flow_options(const MiddlewareOptions& o) {
-  constexpr std::string_view kOptions = "keel::store::MiddlewareOptions";
-  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
-    throw_invalid({.context = std::string(kOptions),
-                   .field = std::string(field),
-                   .problem = std::string(problem),
-                   .got = std::move(got)});
-  };
-  if (o.store == nullptr) reject("store", "must be set", "null");
-  if (o.pool == nullptr) reject("pool", "must be set", "null");
-  if (!o.scope_secret.empty() && o.scope_secret.size() < 16) {
-    reject("scope_secret", "must be at least 16 bytes",
-           std::to_string(o.scope_secret.size()) + " bytes");
-  }
-  if (o.max_key_bytes < 1) reject("max_key_bytes", "must be >= 1", "0");
   return {.store = o.store,
           .pool = o.pool,
           .scope_secret = o.scope_secret,
