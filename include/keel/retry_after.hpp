@@ -36,6 +36,12 @@ namespace keel {
 /// valid but beyond what a Duration holds. Surrounding spaces and tabs are allowed. Not capped.
 [[nodiscard]] std::optional<Duration> parse_retry_after(std::string_view value, WallTime now);
 
+/// The delta-seconds a server sends for a wait: whole seconds rounded up, and at least 1, since
+/// the header cannot say a sub-second wait and "0" would invite an immediate retry. A negative
+/// or zero wait gives "1"; kInfinite gives the largest value a Duration holds, in seconds. The
+/// one rule every keel receiver (idempotency flow, rate limiter, admission, chaos) answers with.
+[[nodiscard]] std::string format_retry_after(Duration wait);
+
 /// Formats seconds since the epoch as IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT").
 [[nodiscard]] std::string format_http_date(std::int64_t unix_seconds);
 

@@ -1,6 +1,8 @@
 #include "keel/retry_after.hpp"
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 
 namespace keel {
@@ -193,6 +195,11 @@ std::optional<Duration> parse_retry_after(std::string_view value, WallTime now) 
   if (ahead > kMaxSeconds) return kInfinite;
   // Dates are whole seconds; measure from `now` exactly (the sub-second part counts).
   return std::chrono::seconds(ahead) - (now.time_since_epoch() - now_s);
+}
+
+std::string format_retry_after(Duration wait) {
+  const std::int64_t seconds = std::chrono::ceil<std::chrono::seconds>(wait).count();
+  return std::to_string(std::max<std::int64_t>(1, seconds));
 }
 
 std::string format_http_date(std::int64_t unix_seconds) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "keel/expected.hpp"
+#include "keel/retry_after.hpp"
 #include "keel/store/idempotency_middleware.hpp"
 
 namespace keel::store {
@@ -31,9 +32,7 @@ int request_attempt(const httplib::Request& request) {
 }
 
 void write_shed(httplib::Response& response, const Admission& admission) {
-  const auto seconds = std::max<std::int64_t>(
-      1, std::chrono::ceil<std::chrono::seconds>(admission.retry_after()).count());
-  response.set_header("Retry-After", std::to_string(seconds));
+  response.set_header("Retry-After", format_retry_after(admission.retry_after()));
   const bool retry = admission.reason() == ShedReason::kRetryOverLimit;
   write_problem(response, 503, "Overloaded",
                 retry ? "the server is at its concurrency limit and sheds retries first; retry "

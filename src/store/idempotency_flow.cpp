@@ -17,6 +17,7 @@
 #include "detail/ascii.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
+#include "keel/retry_after.hpp"
 
 namespace keel::store {
 namespace {
@@ -48,11 +49,6 @@ FlowResponse problem(FlowOutcome outcome, int status, std::string_view title,
   if (retry_after) out.headers.emplace_back("Retry-After", std::move(*retry_after));
   out.headers.emplace_back("Content-Type", "application/problem+json");
   return out;
-}
-
-std::string seconds_header(Duration d) {
-  return std::to_string(
-      std::max<std::int64_t>(1, std::chrono::ceil<std::chrono::seconds>(d).count()));
 }
 
 /// Whether the body must be held to the JSON limits: it says it is JSON, or looks like it (a
@@ -357,7 +353,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
       return finish(problem(FlowOutcome::kInProgress, 409, "Request in progress",
                             "a request with this Idempotency-Key is still being processed; retry "
                             "after the delay in Retry-After",
-                            seconds_header(claim.retry_after)));
+                            format_retry_after(claim.retry_after)));
     case ClaimStatus::kClaimed:
       break;
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "keel/retry_after.hpp"
 #include "keel/store/idempotency_middleware.hpp"
 
 namespace keel::store {
@@ -54,9 +55,7 @@ Duration RateLimiter::take(Bucket& b, TimePoint now) const {
 }
 
 void write_rate_limited(httplib::Response& response, Duration wait, std::string_view detail) {
-  response.set_header("Retry-After",
-                      std::to_string(std::max<std::int64_t>(
-                          1, std::chrono::ceil<std::chrono::seconds>(wait).count())));
+  response.set_header("Retry-After", format_retry_after(wait));
   write_problem_and_close(response, 429, "Too many requests", detail);
 }
 

@@ -7,6 +7,7 @@
 
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/retry_after.hpp"
 
 namespace keel::testing {
 namespace {
@@ -95,9 +96,7 @@ httplib::Server::HandlerResponse Chaos::pre_routing(const httplib::Request& /*re
   if (!decider_.answer_503()) return httplib::Server::HandlerResponse::Unhandled;
   ++injected_[static_cast<int>(ChaosFault::k503)];
   if (const auto& retry_after = decider_.options().retry_after_503) {
-    response.set_header(
-        "Retry-After",
-        std::to_string(std::chrono::ceil<std::chrono::seconds>(*retry_after).count()));
+    response.set_header("Retry-After", format_retry_after(*retry_after));
   }
   hooks_.answer_503(response, "an injected fault");
   return httplib::Server::HandlerResponse::Handled;

@@ -82,6 +82,21 @@ TEST(HttpDate, FormatRoundTrips) {
   }
 }
 
+TEST(RetryAfter, FormatRoundsUpToWholeSecondsAndNeverSaysZero) {
+  EXPECT_EQ(keel::format_retry_after(0s), "1");
+  EXPECT_EQ(keel::format_retry_after(-5s), "1");
+  EXPECT_EQ(keel::format_retry_after(1ms), "1");
+  EXPECT_EQ(keel::format_retry_after(1s), "1");
+  EXPECT_EQ(keel::format_retry_after(1001ms), "2");
+  EXPECT_EQ(keel::format_retry_after(120s), "120");
+  // What is sent parses back to a wait at least as long as the one asked for.
+  for (keel::Duration wait : {keel::Duration(1ms), keel::Duration(999ms), keel::Duration(61s)}) {
+    EXPECT_GE(*parse_retry_after(keel::format_retry_after(wait), kNow), wait);
+  }
+  EXPECT_EQ(keel::format_retry_after(keel::kInfinite),
+            std::to_string(std::chrono::ceil<std::chrono::seconds>(keel::kInfinite).count()));
+}
+
 TEST(RetryAfter, DateBeyondWhatNanosecondsHoldSaturatesNotOverflows) {
   // Found by the fuzzer: the year 2594 overflowed a nanosecond conversion.
   EXPECT_EQ(parse_retry_after("Sun Nov  6 08:49:37 2594", kNow), keel::kInfinite);
