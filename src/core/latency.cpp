@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "detail/invalid.hpp"
@@ -55,6 +56,20 @@ static_assert(midpoint_of(128) == Duration(128'000 + 1'000));  // [128, 130) us
 
 std::string number(double v) { return detail::format_number(v); }
 
+/// The window's bounds, checked once for the tracker and for the timeout that builds one, with
+/// the context of whichever the caller configured.
+void check_window(const LatencyTrackerOptions& o, std::string_view context) {
+  if (o.window < std::chrono::milliseconds(1) || o.window > std::chrono::hours(24)) {
+    detail::reject(context, "window", "in [1ms, 24h]", format_duration(o.window));
+  }
+  if (o.buckets < 1 || o.buckets > 100) {
+    detail::reject(context, "buckets", "in [1, 100]", std::to_string(o.buckets));
+  }
+  if (o.window / o.buckets < std::chrono::microseconds(1)) {
+    detail::reject(context, "buckets", "at most window / 1us", std::to_string(o.buckets));
+  }
+}
+
 }  // namespace
 
 // The window is detail::StripedTimeWindow (the breaker's and the budget's), with one shared
@@ -64,17 +79,8 @@ std::string number(double v) { return detail::format_number(v); }
 struct LatencyTracker::Window : detail::StripedTimeWindow<kCounters> {};
 
 LatencyTracker::LatencyTracker(LatencyTrackerOptions options) : options_(options) {
-  if (options_.window < std::chrono::milliseconds(1) || options_.window > std::chrono::hours(24)) {
-    detail::reject("LatencyTracker", "window", "in [1ms, 24h]", format_duration(options_.window));
-  }
-  if (options_.buckets < 1 || options_.buckets > 100) {
-    detail::reject("LatencyTracker", "buckets", "in [1, 100]", std::to_string(options_.buckets));
-  }
+  check_window(options_, "LatencyTracker");
   step_ = options_.window / options_.buckets;
-  if (step_ < std::chrono::microseconds(1)) {
-    detail::reject("LatencyTracker", "buckets", "at most window / 1us",
-                   std::to_string(options_.buckets));
-  }
   window_ = std::make_unique<Window>();
   window_->init(options_.buckets);
 }
@@ -152,13 +158,9 @@ LatencyTrackerOptions tracker_options(const AdaptiveTimeoutOptions& o) {
   if (o.min_samples < 1) {
     detail::reject("AdaptiveTimeout", "min_samples", ">= 1", std::to_string(o.min_samples));
   }
-  if (o.window < std::chrono::milliseconds(1) || o.window > std::chrono::hours(24)) {
-    detail::reject("AdaptiveTimeout", "window", "in [1ms, 24h]", format_duration(o.window));
-  }
-  if (o.buckets < 1 || o.buckets > 100) {
-    detail::reject("AdaptiveTimeout", "buckets", "in [1, 100]", std::to_string(o.buckets));
-  }
-  return {.window = o.window, .buckets = o.buckets};
+  const LatencyTrackerOptions window{.window = o.window, .buckets = o.buckets};
+  check_window(window, "AdaptiveTimeout");
+  return window;
 }
 
 }  // namespace
