@@ -400,7 +400,7 @@ def main():
              f" | {date} |")
         if value is not None and value > 1:
             peer_wins.append(f"{workload}: {doc['peer']} ({text})")
-        if peer_key == "cenkalti":
+        if peer_key == "cenkalti" and not workload.startswith("floor"):
             goals.append((f"{workload}, keel / {doc['peer']}", text))
 
     for peer_key, runtime in (("cockatiel", "Node.js"), ("tenacity", "Python"),
