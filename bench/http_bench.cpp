@@ -19,6 +19,9 @@
 //                            src/asio/curl_multi.cpp does: the Asio floor
 //     AsioClientGet          keel::asio::HttpClient with its defaults
 //     AsioClientGetNoGuards  the same without the breaker and the budget
+//     AsioClientGetNoTimeouts  the same with no per-attempt timeout or deadline: no backstop
+//                            timer raced against each attempt (keel::asio::retry's
+//                            parallel_group), no Keel-Deadline-Ms
 //
 // Each benchmark also reports allocs/op: operator new calls per request on the client's thread
 // (keel's and the standard library's; libcurl allocates with malloc, which is not counted; the
@@ -168,7 +171,7 @@ void RawCurlSharedResetGet(benchmark::State& state) {
 BENCHMARK(RawCurlSharedResetGet)->UseRealTime();
 
 // RawCurlSharedResetGet sending the request head keel::http::Client sends for this GET: its
-// User-Agent, Keel-Attempt and Keel-Deadline-Ms (the client's default 10 s overall timeout), with
+// User-Agent, Keel-Attempt and Keel-Deadline-Ms (the client's default 30 s overall timeout), with
 // a header callback as the client has one. The floor for the client's wire format.
 void RawCurlSameRequestGet(benchmark::State& state) {
   const std::string url = server().url("/bench");
@@ -180,7 +183,7 @@ void RawCurlSameRequestGet(benchmark::State& state) {
   for (auto _ : state) {
     curl_slist* headers = curl_slist_append(nullptr, "Keel-Attempt: 1");
     const std::string deadline = std::string(keel::kDeadlineHeader) + ": " +
-                                 keel::format_deadline_header(std::chrono::seconds(10));
+                                 keel::format_deadline_header(std::chrono::seconds(30));
     headers = curl_slist_append(headers, deadline.c_str());
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_SHARE, cache.share);
@@ -424,6 +427,13 @@ void AsioClientGetNoGuards(benchmark::State& state) {
   run_asio_client(state, {.circuit_breakers = false, .retry_budget = false});
 }
 BENCHMARK(AsioClientGetNoGuards)->UseRealTime();
+
+// Not a configuration to recommend (no attempt can time out): it shows what the race of each
+// attempt against its backstop timer costs.
+void AsioClientGetNoTimeouts(benchmark::State& state) {
+  run_asio_client(state, {.retry = {.max_attempts = 3}});
+}
+BENCHMARK(AsioClientGetNoTimeouts)->UseRealTime();
 
 #endif  // KEEL_BENCH_HTTP_ASIO
 
