@@ -14,8 +14,11 @@
 #
 # Rows 4 and 5 (idempotency layer under wrk, job queue against pgbench) come from
 # scripts/bench-serve.sh and scripts/bench-queue.sh when those exist (run with the build directory as
-# their argument and in KEEL_BUILD_DIR, 15 minutes at most, output quoted in the report); row 6 from the simulator's
-# benchmark (keel_bench_sim) when it was built. Missing ones are reported as "not available".
+# their argument and in KEEL_BUILD_DIR, 15 minutes at most, output quoted in the report); row 4's
+# one-client table from bench-serve.sh again with CONNECTIONS=1 WRK_THREADS=1; row 6 from the
+# simulator's benchmark (keel_bench_sim) when it was built; row 7 (both HTTP clients against raw
+# libcurl) from keel_bench_http, its benchmarks in randomly interleaved repetitions. Missing ones
+# are reported as "not available".
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -65,12 +68,14 @@ if ((smoke)); then
   go_iterations=1000
   fleet_clients=200
   min_time=0.001
+  http_min_time=0.001
 else
   node_iterations=200000
   py_iterations=50000
   go_iterations=1000000
   fleet_clients=10000
   min_time=0.5
+  http_min_time=1
 fi
 
 raw="$out/raw"
@@ -180,6 +185,33 @@ for item in serve queue; do
     skip "$item" "not available: scripts/bench-$item.sh does not exist yet"
   fi
 done
+
+# One keep-alive client: the latency of one idempotent POST, with and without the layer and on
+# the minimal server.
+if ((smoke)); then
+  skip serve_1client "not run in smoke mode (needs wrk/PostgreSQL and minutes)"
+elif [[ -x "$root/scripts/bench-serve.sh" ]]; then
+  log "serve, one client: running CONNECTIONS=1 WRK_THREADS=1 scripts/bench-serve.sh"
+  if ! CONNECTIONS=1 WRK_THREADS=1 DURATION=${KEEL_BENCH_SERVE_1CLIENT_DURATION:-5s} \
+    KEEL_BUILD_DIR="$build_dir" timeout 900 "$root/scripts/bench-serve.sh" "$build_dir" \
+    >"$raw/serve_1client.txt" 2>"$raw/serve_1client.stderr.txt"; then
+    skip serve_1client "scripts/bench-serve.sh with one client failed (see raw/serve_1client.stderr.txt)"
+  fi
+else
+  skip serve_1client "not available: scripts/bench-serve.sh does not exist yet"
+fi
+
+# --- HTTP clients against raw libcurl -----------------------------------------------------------
+if [[ -x "$bin/keel_bench_http" ]]; then
+  log "HTTP clients vs raw libcurl: keel_bench_http ($runs interleaved repetitions)"
+  if ! "$bin/keel_bench_http" --benchmark_min_time="$http_min_time" \
+    --benchmark_repetitions="$runs" --benchmark_enable_random_interleaving=true \
+    --benchmark_out="$raw/http.json" --benchmark_out_format=json >"$raw/http.log.txt" 2>&1; then
+    skip http "keel_bench_http failed (see raw/http.log.txt)"
+  fi
+else
+  skip http "not available: keel_bench_http was not built (bench/http_bench.cpp, needs keel::http)"
+fi
 
 # --- simulator -----------------------------------------------------------------------------------
 sim_bench=""

@@ -144,31 +144,159 @@ def spread(values, digits=0):
     return f"{med:.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
 
-def serve_rows(text, emit, mach, date):
-    """Table rows from scripts/bench-serve.sh: '<backend> <mode> <requests/s> <p99> <non-2xx>'."""
+SERVE_LINE = re.compile(r"^(\w+)\s+(no idempotency|idempotency|floor \(httplib\))\s+([\d.]+)"
+                        r"\s+(\S+)\s+(\S+)(?:\s+(\S+))?")
+
+
+def parse_serve(text):
+    """scripts/bench-serve.sh's lines '<backend> <mode> <requests/s> <p99> <non-2xx> [<p50>]' ->
+    {backend: {mode: {"rps", "p99", "non2xx", "p50"}}}."""
     found = {}
     for line in text.splitlines():
-        m = re.match(r"^(\w+)\s+(no idempotency|idempotency)\s+([\d.]+)\s+(\S+)\s+(\S+)", line)
+        m = SERVE_LINE.match(line)
         if m:
-            found.setdefault(m.group(1), {})[m.group(2)] = (float(m.group(3)), m.group(4), m.group(5))
+            found.setdefault(m.group(1), {})[m.group(2)] = {
+                "rps": float(m.group(3)), "p99": m.group(4), "non2xx": m.group(5),
+                "p50": m.group(6)}
+    return found
+
+
+def latency_us(text):
+    """wrk's latency ('205.00us', '1.23ms', '2.00s') in microseconds; None when unreadable."""
+    m = re.match(r"^([\d.]+)(us|ms|s)$", text or "")
+    if not m:
+        return None
+    return float(m.group(1)) * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
+
+
+def serve_rows(text, emit, mach, date, goals):
+    """Table rows from scripts/bench-serve.sh (many connections): with/without the layer, and
+    without the layer against the minimal server (the floor)."""
+    found = parse_serve(text)
     if not found:
         return
-    emit("keel = with the idempotency layer, peer = the same server without it (one wrk run each).")
+    emit("keel = with the idempotency layer, peer = the same server without it (one wrk run each);"
+         " then the server without the layer against the minimal server (bench/serve_floor.cpp, a"
+         " bare cpp-httplib server doing the same single-row insert). Ratio = keel / peer in"
+         " requests/s (below 1: the layer costs that share of the throughput).")
     emit("")
     emit("| workload | keel | peer | ratio | machine | date |")
     emit("| --- | --- | --- | --- | --- | --- |")
     for backend, modes in found.items():
-        if "idempotency" not in modes or "no idempotency" not in modes:
-            continue
-        w, wo = modes["idempotency"], modes["no idempotency"]
-        r = w[0] / wo[0] if wo[0] else float("nan")
-        emit(f"| POST /v1/charges, {backend} | {w[0]:.0f} req/s, p99 {w[1]}, non-2xx {w[2]} |"
-             f" without the layer: {wo[0]:.0f} req/s, p99 {wo[1]}, non-2xx {wo[2]} |"
-             f" {r:.2f} | {mach} | {date} |")
+        w, wo, fl = modes.get("idempotency"), modes.get("no idempotency"), modes.get("floor (httplib)")
+        if w and wo:
+            r = w["rps"] / wo["rps"] if wo["rps"] else float("nan")
+            emit(f"| POST /v1/charges, {backend} | {w['rps']:.0f} req/s, p99 {w['p99']}, non-2xx"
+                 f" {w['non2xx']} | without the layer: {wo['rps']:.0f} req/s, p99 {wo['p99']},"
+                 f" non-2xx {wo['non2xx']} | {r:.2f} | {mach} | {date} |")
+            goals.append((f"receiver, {backend}, many connections: with / without the layer",
+                          f"{r:.2f}"))
+        if wo and fl:
+            r = wo["rps"] / fl["rps"] if fl["rps"] else float("nan")
+            emit(f"| POST /v1/charges, {backend}, without the layer vs the floor | {wo['rps']:.0f}"
+                 f" req/s, p99 {wo['p99']} | floor: {fl['rps']:.0f} req/s, p99 {fl['p99']} |"
+                 f" {r:.2f} | {mach} | {date} |")
+            goals.append((f"receiver, {backend}, many connections: without the layer / floor",
+                          f"{r:.2f}"))
     emit("")
 
 
-def queue_rows(text, emit, mach, date):
+def serve_one_client_rows(text, emit, mach, date, goals):
+    """Table rows from scripts/bench-serve.sh run with one keep-alive connection (CONNECTIONS=1
+    WRK_THREADS=1): p50 per idempotent POST with and without the layer, and against the floor."""
+    found = parse_serve(text)
+    if not found:
+        emit("not available: scripts/bench-serve.sh printed no result lines.")
+        emit("")
+        return
+    emit("One wrk connection, one request at a time: the latency of one idempotent POST. Ratio ="
+         " keel / peer (p50: above 1 the layer adds that factor; requests/s: below 1).")
+    emit("")
+    emit("| workload | keel | peer | ratio | machine | date |")
+    emit("| --- | --- | --- | --- | --- | --- |")
+    for backend, modes in found.items():
+        w, wo, fl = modes.get("idempotency"), modes.get("no idempotency"), modes.get("floor (httplib)")
+        if w and wo:
+            pw, pwo = latency_us(w["p50"]), latency_us(wo["p50"])
+            r50 = f"{pw / pwo:.2f}" if pw and pwo else "n/a"
+            emit(f"| POST /v1/charges p50, 1 client, {backend} | with the layer {w['p50']} |"
+                 f" without {wo['p50']} | {r50} | {mach} | {date} |")
+            r = w["rps"] / wo["rps"] if wo["rps"] else float("nan")
+            emit(f"| POST /v1/charges req/s, 1 client, {backend} | with the layer {w['rps']:.0f} |"
+                 f" without {wo['rps']:.0f} | {r:.2f} | {mach} | {date} |")
+            goals.append((f"receiver, {backend}, 1 client: p50 with / without the layer", r50))
+        if wo and fl:
+            pwo, pfl = latency_us(wo["p50"]), latency_us(fl["p50"])
+            r50 = f"{pwo / pfl:.2f}" if pwo and pfl else "n/a"
+            r = wo["rps"] / fl["rps"] if fl["rps"] else float("nan")
+            emit(f"| without the layer vs the floor, 1 client, {backend} | {wo['rps']:.0f} req/s,"
+                 f" p50 {wo['p50']} | floor {fl['rps']:.0f} req/s, p50 {fl['p50']} | req/s"
+                 f" {r:.2f}, p50 {r50} | {mach} | {date} |")
+            goals.append((f"receiver, {backend}, 1 client: without the layer / floor (req/s)",
+                          f"{r:.2f}"))
+    emit("")
+
+
+# keel_bench_http (bench/http_bench.cpp): each client next to the raw libcurl it is measured
+# against. (label, keel benchmark, raw benchmark, what the raw one is, whether the row is one of
+# the goals (>= 0.95) or a split of the difference).
+HTTP_PAIRS = (
+    ("GET, keel::http::Client vs raw libcurl", "KeelClientGet", "RawCurlGet",
+     "raw libcurl, one easy handle set up once", True),
+    ("GET, keel::http::Client vs raw libcurl, same connection reuse", "KeelClientGet",
+     "RawCurlSharedResetGet", "raw libcurl, handle reset per request, shared connection cache",
+     True),
+    ("GET, keel::http::Client vs raw libcurl, same reuse and request head", "KeelClientGet",
+     "RawCurlSameRequestGet", "raw libcurl, same reuse, sending the client's User-Agent,"
+     " Keel-Attempt and Keel-Deadline-Ms", False),
+    ("GET, keel::http::Client without breaker and budget vs raw libcurl, same reuse",
+     "KeelClientGetNoGuards", "RawCurlSharedResetGet", "raw libcurl, same connection reuse", False),
+    ("GET, keel::asio::HttpClient vs raw curl_multi on an io_context", "AsioClientGet",
+     "RawCurlMultiAsioGet", "raw curl_multi_socket_action loop, one easy handle set up once", True),
+    ("GET, keel::asio::HttpClient without breaker and budget vs raw curl_multi",
+     "AsioClientGetNoGuards", "RawCurlMultiAsioGet", "raw curl_multi loop", False),
+    ("GET, keel::asio::HttpClient without attempt timeouts (no backstop timer raced) vs raw"
+     " curl_multi", "AsioClientGetNoTimeouts", "RawCurlMultiAsioGet", "raw curl_multi loop", False),
+)
+
+
+def http_rows(path, emit, mach, date, goals):
+    samples, items, errors = keel_samples([path])
+
+    def cell(name):
+        name += "/real_time"  # every one of them measures wall time (UseRealTime)
+        s, rate = samples.get(name), items.get(name)
+        if s is None or not rate:
+            return None
+        allocs = "allocs n/a" if s.allocs is None else f"{s.allocs:.3g} allocs/req"
+        return (f"{spread(rate)} req/s; cpu {fmt_ns(s.median('cpu'))}/req; {allocs}",
+                statistics.median(rate), s.median("cpu"))
+
+    emit("One GET at a time over one keep-alive connection to keel::testing::FaultServer on"
+         " 127.0.0.1 (bench/http_bench.cpp), keel and raw libcurl in randomly interleaved"
+         " repetitions. Ratio = keel / raw in requests/s (goal >= 0.95), then raw / keel in the"
+         " client thread's CPU time per request; allocs = operator new calls per request on the"
+         " client's thread (libcurl's malloc not counted).")
+    emit("")
+    emit("| workload | keel | peer | ratio | machine | date |")
+    emit("| --- | --- | --- | --- | --- | --- |")
+    for label, keel_name, raw_name, raw_what, goal in HTTP_PAIRS:
+        k, r = cell(keel_name), cell(raw_name)
+        if k is None or r is None:
+            why = (errors.get(keel_name + "/real_time") or errors.get(raw_name + "/real_time") or
+                   "not measured")
+            emit(f"| {label} | {keel_name}: {why} | {raw_name} | n/a | {mach} | {date} |")
+            continue
+        throughput = k[1] / r[1] if r[1] else float("nan")
+        cpu = r[2] / k[2] if k[2] else float("nan")
+        text = f"req/s {throughput:.2f}, cpu {cpu:.2f}"
+        emit(f"| {label} | {k[0]} | {raw_what}: {r[0]} | {text} | {mach} | {date} |")
+        if goal:
+            goals.append((f"{label} (goal >= 0.95)", text))
+    emit("")
+
+
+def queue_rows(text, emit, mach, date, goals):
     """Table rows from scripts/bench-queue.sh: the pgbench rate, then PostgreSQL and SQLite
     '  batch N  <rate> jobs/s ...' lines."""
     pgbench = re.search(r"pgbench single-row UPDATE[^:]*:\s*([\d.]+)\s*tps", text)
@@ -194,6 +322,8 @@ def queue_rows(text, emit, mach, date):
         if section == "PostgreSQL" and tps:
             emit(f"| queue, PostgreSQL, batch {batch} | {rate:.0f} jobs/s | pgbench {tps:.0f} tps |"
                  f" {rate / tps:.2f} | {mach} | {date} |")
+            goals.append((f"queue, PostgreSQL, batch {batch}: jobs/s / pgbench tps",
+                          f"{rate / tps:.2f}"))
         else:
             emit(f"| queue, {section}, batch {batch} | {rate:.0f} jobs/s | - | - | {mach} | {date} |")
     emit("")
@@ -231,6 +361,7 @@ def main():
          " (all threads, so a runtime's GC and helper threads count against it), which is less"
          " disturbed by other load.")
     emit("")
+    summary_at = len(lines)
     emit("## 1. Decision overhead (ns per call)")
     emit("")
     emit("Same workloads everywhere: `floor` = a bare call that does one uncontended atomic"
@@ -249,6 +380,7 @@ def main():
     for key, docs in by_peer.items():
         peers[key] = merge_peer_runs(docs)
     peer_wins = []
+    goals = []  # (what, ratio text): every ratio of this run, listed again at the top
 
     def row(workload, keel_name, keel_label, peer_key, peer_workload):
         k = keel.get(keel_name)
@@ -273,6 +405,8 @@ def main():
              f" | {date} |")
         if value is not None and value > 1:
             peer_wins.append(f"{workload}: {doc['peer']} ({text})")
+        if peer_key == "cenkalti" and not workload.startswith("floor"):
+            goals.append((f"{workload}, keel / {doc['peer']}", text))
 
     for peer_key, runtime in (("cockatiel", "Node.js"), ("tenacity", "Python"),
                               ("cenkalti", "Go")):
@@ -291,25 +425,38 @@ def main():
     for workload, suffix in (("success", "Success"), ("fail_once", "FailOnce")):
         k = keel.get(f"BM_RetryBreakerBudget_{suffix}")
         if k is not None:
+            # No peer has a budget: the ratio is to keel's own retry only, what the guards cost.
+            alone = keel.get(f"BM_Retry_{suffix}")
+            text = ratio(k, alone)[0] if alone is not None else "n/a"
             emit(f"| {workload}, retry + breaker + budget | keel: {k.cell()} | no peer has a"
-                 f" budget | - | {mach} | {date} |")
+                 f" budget; keel retry only: {alone.cell() if alone else 'n/a'} | {text} | {mach}"
+                 f" | {date} |")
+            goals.append((f"{workload}, retry + breaker + budget / keel retry only", text))
     emit("")
 
     emit("## 2. Circuit breaker under contention")
     emit("")
-    one = keel_items.get("BM_BreakerRecord/real_time/threads:1")
-    two = keel_items.get("BM_BreakerRecord/real_time/threads:2")
-    if one and two:
-        r = statistics.median(two) / statistics.median(one)
-        emit("try_acquire + record(success) into one shared CircuitBreaker (default time window,"
-             " steady clock). No peer: opossum and cockatiel run on one JavaScript thread.")
+    kinds = (("time window", "BM_BreakerRecord", "default 30 s time window, steady clock"),
+             ("count window", "BM_BreakerRecordCountWindow", "a count window of the last 100 calls"))
+    measured = [(label, what, keel_items.get(f"{name}/real_time/threads:1"),
+                 keel_items.get(f"{name}/real_time/threads:2")) for label, name, what in kinds]
+    if any(one and two for _, _, one, two in measured):
+        emit("try_acquire + record(success) into one shared CircuitBreaker, per window kind."
+             " No peer: opossum and cockatiel run on one JavaScript thread. Ratio = calls/s on 2"
+             " threads / on 1 thread (above 1: the breaker scales).")
         emit("")
         emit("| workload | keel | peer | ratio | machine | date |")
         emit("| --- | --- | --- | --- | --- | --- |")
-        emit(f"| breaker record, 1 thread | {spread([v / 1e6 for v in one], 2)} M calls/s | - | -"
-             f" | {mach} | {date} |")
-        emit(f"| breaker record, 2 threads | {spread([v / 1e6 for v in two], 2)} M calls/s | - |"
-             f" 2 threads / 1 thread = {r:.2f} | {mach} | {date} |")
+        for label, what, one, two in measured:
+            if not (one and two):
+                emit(f"| breaker record, {label} | not measured | - | n/a | {mach} | {date} |")
+                continue
+            r = statistics.median(two) / statistics.median(one)
+            emit(f"| breaker record, {label} ({what}), 1 thread | {spread([v / 1e6 for v in one], 2)}"
+                 f" M calls/s | - | - | {mach} | {date} |")
+            emit(f"| breaker record, {label}, 2 threads | {spread([v / 1e6 for v in two], 2)}"
+                 f" M calls/s | - | 2 threads / 1 thread = {r:.2f} | {mach} | {date} |")
+            goals.append((f"breaker record, {label}: 2 threads / 1 thread", f"{r:.2f}"))
         if machine["nproc"] <= 2:
             emit("")
             emit(f"With {machine['nproc']} CPUs shared with everything else on the machine, two"
@@ -348,6 +495,23 @@ def main():
                  f" | {mach} | {date} |")
             if r > 1:
                 peer_wins.append(f"fleet peak: {name} ({r:.2f})")
+        preset = by_name.get("keel fleet preset")
+        if preset is not None:
+            # BackoffOptions::fleet(), for many clients that fail together, against each peer.
+            preset_peak = statistics.median(preset["peak"])
+            ratios = []
+            for name, e in by_name.items():
+                if e["row"]["keel"]:
+                    continue
+                peak = statistics.median(e["peak"])
+                r = preset_peak / peak if peak else float("nan")
+                ratios.append(r)
+                emit(f"| peak arrivals / 100 ms vs {name} | keel fleet preset"
+                     f" (BackoffOptions::fleet()): {spread(preset['peak'])} | {spread(e['peak'])} |"
+                     f" {r:.2f} | {mach} | {date} |")
+            if ratios:
+                goals.append(("fleet peak, keel fleet preset / each peer",
+                              ", ".join(f"{r:.2f}" for r in ratios)))
         emit("")
         emit("All formulas, absolute:")
         emit("")
@@ -370,9 +534,9 @@ def main():
             with open(path, encoding="utf-8") as f:
                 text = f.read().strip()
             if item == "serve":
-                serve_rows(text, emit, mach, date)
+                serve_rows(text, emit, mach, date, goals)
             else:
-                queue_rows(text, emit, mach, date)
+                queue_rows(text, emit, mach, date, goals)
             emit(f"Output of scripts/bench-{item}.sh:")
             emit("")
             emit("```")
@@ -385,6 +549,23 @@ def main():
             emit("")
             emit(reason or "not measured")
         emit("")
+        if item == "serve":
+            emit("### One keep-alive client, and the floor")
+            emit("")
+            path = os.path.join(raw, "serve_1client.txt")
+            reason = skipped(raw, "serve_1client")
+            if reason is None and os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    text = f.read().strip()
+                serve_one_client_rows(text, emit, mach, date, goals)
+                emit("Output of `CONNECTIONS=1 WRK_THREADS=1 scripts/bench-serve.sh`:")
+                emit("")
+                emit("```")
+                emit(text or "(no output)")
+                emit("```")
+            else:
+                emit(reason or "not measured")
+            emit("")
 
     emit("## 6. Simulator")
     emit("")
@@ -405,6 +586,15 @@ def main():
         emit(skipped(raw, "sim") or "not available")
     emit("")
 
+    emit("## 7. HTTP clients vs raw libcurl")
+    emit("")
+    http_path = os.path.join(raw, "http.json")
+    if skipped(raw, "http") is None and os.path.exists(http_path):
+        http_rows(http_path, emit, mach, date, goals)
+    else:
+        emit(skipped(raw, "http") or "not available")
+        emit("")
+
     emit("## Where a peer wins in this run")
     emit("")
     if peer_wins:
@@ -419,6 +609,13 @@ def main():
         emit("Errors reported by keel's benchmarks: " +
              "; ".join(f"{k}: {v}" for k, v in keel_errors.items()))
         emit("")
+
+    summary = ["## Every ratio of this run", "",
+               "Each goal's ratio as the sections below compute it (their notes say which way is"
+               " better).", "", "| what | ratio |", "| --- | --- |"]
+    summary += [f"| {what} | {text} |" for what, text in goals] or ["| (none measured) | |"]
+    summary.append("")
+    lines[summary_at:summary_at] = summary
 
     with open(args.out, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))

@@ -64,6 +64,21 @@ void append(Slist& list, const std::string& line) {
   list.reset(next);
 }
 
+// breaker_key(url), remembered for the last URL this thread asked about: a client sends most
+// requests to a handful of URLs, and the key is a pure function of the URL, so the parse it
+// costs is made once per URL and thread rather than once or twice per operation.
+const std::optional<std::string>& cached_breaker_key(const std::string& url) {
+  thread_local std::string last_url;
+  thread_local std::optional<std::string> last_key;
+  thread_local bool valid = false;
+  if (!valid || url != last_url) {
+    last_key = breaker_key(url);
+    last_url = url;
+    valid = true;
+  }
+  return last_key;
+}
+
 [[noreturn]] void reject(std::string_view type, std::string_view field,
                          std::string_view requirement, const std::string& got) {
   throw_invalid({.context = std::string(type),
@@ -152,7 +167,7 @@ CallOptions OperationGuards::call_options(const Request& request, const RequestT
   call.budget = budget_;
   call.prior_attempts = request.prior_attempts;
   if (breakers_ != nullptr) {
-    const std::optional<std::string> key = breaker_key(request.url);
+    const std::optional<std::string>& key = cached_breaker_key(request.url);
     if (key.has_value()) breaker = breakers_->get(*key);
   }
   call.breaker = breaker.get();
@@ -161,7 +176,7 @@ CallOptions OperationGuards::call_options(const Request& request, const RequestT
 
 std::shared_ptr<AdaptiveTimeout> OperationGuards::adaptive_timeout(const Request& request) const {
   if (timeouts_ == nullptr) return nullptr;
-  const std::optional<std::string> key = breaker_key(request.url);
+  const std::optional<std::string>& key = cached_breaker_key(request.url);
   return key.has_value() ? timeouts_->get(*key) : nullptr;
 }
 
@@ -259,28 +274,43 @@ CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits
     : easy_(easy), traits_(traits), max_header_bytes_(options.max_header_bytes) {
   transfer_.head = ResponseHeadParser(options.max_header_bytes);
   transfer_.max_body = options.max_response_bytes;
+  transfer_.response.headers.reserve(8);  // a typical response's fields, without regrowing
   if (request.body_sink.write) transfer_.sink = &request.body_sink;
+  const std::string& m = request.method;
+  const bool send_body = !request.body.empty() || m == "POST" || m == "PUT" || m == "PATCH";
   bool has_user_agent = false;
+  std::string line;  // each header line in turn (curl_slist_append copies it)
+  line.reserve(64);
   for (const auto& [name, value] : request.headers) {
     if (same_header_name(name, "User-Agent")) has_user_agent = true;
     if (same_header_name(name, "Idempotency-Key") || same_header_name(name, "Keel-Attempt") ||
         same_header_name(name, kDeadlineHeader)) {
       continue;
     }
-    std::string line = name;
+    line.assign(name);
     line += value.empty() ? ";" : ": ";
     line += value;
     append(headers_, line);
   }
-  append(headers_, "Keel-Attempt: " + std::to_string(request.prior_attempts + info.number));
-  if (!key.empty()) append(headers_, "Idempotency-Key: " + key);
+  line.assign("Keel-Attempt: ");
+  line += std::to_string(request.prior_attempts + info.number);
+  append(headers_, line);
+  if (!key.empty()) {
+    line.assign("Idempotency-Key: ");
+    line += key;
+    append(headers_, line);
+  }
   if (options.propagate_deadline && !info.deadline.is_infinite()) {
     // What is left now, as the transfer is set up: the receiver's budget, never more than ours.
     Clock& clock = options.clock != nullptr ? *options.clock : steady_clock();
-    append(headers_, std::string(kDeadlineHeader) + ": " +
-                         format_deadline_header(info.deadline.remaining(clock.now())));
+    line.assign(kDeadlineHeader);
+    line += ": ";
+    line += format_deadline_header(info.deadline.remaining(clock.now()));
+    append(headers_, line);
   }
-  append(headers_, "Expect:");  // no 100-continue round trip
+  // No 100-continue round trip. libcurl only adds "Expect: 100-continue" to a request with a
+  // body, so a request without one needs no header to suppress it.
+  if (send_body) append(headers_, "Expect:");
 
   CURL* h = easy_;
   curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
@@ -298,8 +328,6 @@ CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, to_curl_ms(info.timeout));
   if (!traits.safe_to_repeat()) curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
 
-  const std::string& m = request.method;
-  const bool send_body = !request.body.empty() || m == "POST" || m == "PUT" || m == "PATCH";
   if (m == "HEAD") {
     curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
   } else if (m == "GET" && !send_body) {
