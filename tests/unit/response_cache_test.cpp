@@ -1,5 +1,7 @@
 // keel::http::ResponseCache in virtual time (keel::ManualClock): what is stored, the age limit,
 // the entry and byte bounds with least-recently-used eviction, the key, and concurrent use.
+// Also keel call's head for a stale answer (tools/keel/call_fallback.hpp), in process: one
+// keel call process cannot open a breaker, so the print path is checked here.
 #include "keel/http/response_cache.hpp"
 
 #include <gtest/gtest.h>
@@ -9,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "call_fallback.hpp"
 #include "keel/clock.hpp"
 
 using namespace std::chrono_literals;
@@ -154,6 +157,18 @@ TEST(ResponseCache, ConcurrentStoresAndLookupsStayWithinTheBounds) {
   EXPECT_LE(cache.size(), 16u);
   EXPECT_LE(cache.bytes(), 4096u);
   EXPECT_GT(hits.load(), 0);
+}
+
+TEST(KeelCallHead, AStaleAnswerCarriesAKeelStaleLineAfterItsHeaders) {
+  keel::http::Result r;
+  r.response = ok("body", {{"Content-Type", "text/plain"}});
+  EXPECT_EQ(keel::cli::response_head(r), "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n");
+  r.stale = true;
+  r.stale_age = 1500ms;
+  EXPECT_EQ(keel::cli::response_head(r),
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nKeel-Stale: age=1.5s\r\n\r\n");
+  EXPECT_NE(keel::cli::stale_note(r).find("1.5s old"), std::string::npos);
+  EXPECT_EQ(keel::cli::response_head(keel::http::Result{}), "");
 }
 
 }  // namespace
