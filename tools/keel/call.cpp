@@ -321,10 +321,10 @@ int run_call(const CallArgs& a) {
   if (result.reason == StopReason::kQueued) {
 #if KEEL_CLI_JOBS
     std::fprintf(stderr,
-                 "keel call: queued for later as job %s on queue '%s' in %s (Idempotency-Key "
-                 "%s); keel jobs work --queue %s --deferred delivers it\n",
-                 result.job_id.c_str(), queue->queue().c_str(), queue->database().c_str(),
-                 result.idempotency_key.c_str(), queue->queue().c_str());
+                 "keel call: queued for later as job %s (Idempotency-Key %s); keel jobs --db %s "
+                 "work --queue %s --deferred delivers it\n",
+                 result.job_id.c_str(), result.idempotency_key.c_str(), queue->database().c_str(),
+                 queue->queue().c_str());
 #endif
     std::printf("%s\n", result.job_id.c_str());
     return exit_status(result.reason);
