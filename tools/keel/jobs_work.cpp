@@ -39,7 +39,7 @@ int run_work(const JobsArgs& a) {
   }
   if (const int handlers = !a.deliver.empty() + !a.exec.empty() + a.deferred; handlers != 1) {
     return usage(handlers == 0
-                     ? "work needs a handler: give --deliver URL, --exec CMD or --deferred"
+                     ? "work needs a handler: give --deliver URL or --exec CMD (or --deferred)"
                      : "--deliver, --exec and --deferred are mutually exclusive");
   }
   if (!a.deliver.empty() && !a.deliver.starts_with("http://") &&
