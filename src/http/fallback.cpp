@@ -47,6 +47,9 @@ void defer(DeferredWrites& writes, const Request& request, Result& result) {
   Request copy = request;
   copy.prior_attempts = request.prior_attempts + result.attempts;  // Keel-Attempt counts on
   copy.body_sink = {};
+  // The caller's deadline bound this operation, not the later delivery.
+  copy.deadline = Deadline::infinite();
+  copy.ceiling = Deadline::infinite();
   Expected<std::string> job = Error{.field = "defer", .problem = "failed"};
   try {
     job = writes.defer(copy, result.idempotency_key);

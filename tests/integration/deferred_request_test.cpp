@@ -44,8 +44,8 @@ TEST(DeferredRequestPayload, RoundTripsWithoutTheClientsOwnHeaderFields) {
 }
 
 TEST(DeferredRequestPayload, ABodyThatIsNotUtf8IsStoredInBase64) {
-  for (const std::string body : {std::string("\xff\x00\x01", 3), std::string("\x80"),
-                                 std::string("ab\xc3"), std::string()}) {
+  for (const std::string& body : {std::string("\xff\x00\x01", 3), std::string("\x80"),
+                                  std::string("ab\xc3"), std::string()}) {
     http::Request r = sample();
     r.body = body;
     const std::string payload = encode_deferred_request(r);

@@ -21,7 +21,8 @@ namespace keel::http::detail {
 /// takes the fallback keel::choose_fallback allows, when the options provide it. kServeStale:
 /// the cached answer becomes the result (kSuccess, Result::stale and stale_age; written to the
 /// request's body sink when it has one); with no fresh copy the failure stays. kDefer: a copy
-/// of the request, its prior_attempts counting this operation's attempts, goes to
+/// of the request (its prior_attempts counting this operation's attempts; no deadline, ceiling
+/// or body sink, which belong to this call, not to the later delivery) goes to
 /// options.deferred_writes with the result's Idempotency-Key; stored, the result becomes
 /// kQueued with Result::job_id; refused, the failure stays and Result::error says why.
 void apply_fallbacks(const ClientOptions& options, const Request& request,
