@@ -69,10 +69,14 @@ enum class StopReason : unsigned char {
   kBudgetExhausted,    // the retry budget refused the retry
   kCircuitOpen,        // the dependency's circuit breaker refused the attempt
   kCancelled,          // the caller cancelled the operation
+  /// The operation failed, and its write was handed to a durable queue to be delivered later
+  /// with the same idempotency key (keel/fallback.hpp). Never returned by the engine itself:
+  /// only an adapter's fallback sets it.
+  kQueued,
 };
 
 /// "success", "permanent", "not safe to retry", "attempts exhausted", "deadline",
-/// "budget exhausted", "circuit open", "cancelled".
+/// "budget exhausted", "circuit open", "cancelled", "queued".
 [[nodiscard]] std::string_view to_string(StopReason reason) noexcept;
 
 /// What an attempt is told before it runs.

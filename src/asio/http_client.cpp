@@ -12,6 +12,7 @@
 #include "keel/asio/retry.hpp"
 #include "keel/expected.hpp"
 #include "keel/http/detail/attempt.hpp"
+#include "keel/http/detail/fallback.hpp"
 
 // GCC 12 reports -Wmismatched-new-delete inside Asio's awaitable frames when one coroutine
 // co_awaits another of the same function (send() awaiting the duplicate lookup): Asio allocates
@@ -183,6 +184,7 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
   result.elapsed = r.elapsed;
   if (result.reason == StopReason::kCancelled) result.error = "cancelled";
   http::detail::log_give_up(impl->options, request, result);
+  http::detail::apply_fallbacks(impl->options, request, *traits, result, clock.now());
   if (std::optional<HttpRequest> lookup =
           http::detail::duplicate_lookup(impl->options, request, result)) {
     http::detail::adopt_lookup(result, co_await send(std::move(*lookup), context));

@@ -26,6 +26,8 @@ std::string_view to_string(StopReason reason) noexcept {
       return "circuit open";
     case StopReason::kCancelled:
       return "cancelled";
+    case StopReason::kQueued:
+      return "queued";
   }
   return "unknown";
 }

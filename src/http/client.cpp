@@ -10,6 +10,7 @@
 
 #include "keel/expected.hpp"
 #include "keel/http/detail/attempt.hpp"
+#include "keel/http/detail/fallback.hpp"
 
 namespace keel::http {
 
@@ -155,6 +156,7 @@ Result Client::send(const Request& request) {
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();
   detail::log_give_up(impl.options, request, result);
+  detail::apply_fallbacks(impl.options, request, *traits, result, clock.now());
   // Out of the retry scope: the lookup is an operation of its own, not one layer down.
   if (std::optional<Request> lookup = detail::duplicate_lookup(impl.options, request, result)) {
     detail::adopt_lookup(result, send(*lookup));

@@ -41,19 +41,22 @@ AttemptReport WebhookHandler::operator()(const LeasedJob& job, const std::atomic
   request.prior_attempts = job.attempt - 1;
   request.headers = {{"Content-Type", "application/json"},
                      {"Keel-Job-Attempt", std::to_string(job.attempt)}};
-  const http::Result r = client_->send(request);
+  return report_of(client_->send(request), dependency_);
+}
+
+AttemptReport report_of(const http::Result& r, std::string_view dependency) {
   AttemptReport report;
   report.outcome = r.outcome;
   if (r.ok()) return report;
   if (!r.outcome.attempted()) {
     // Nothing was sent: the queue defers the job without charging an attempt.
     if (r.reason == StopReason::kCircuitOpen) {
-      report.error = "circuit open for " + dependency_;
+      report.error = "circuit open for " + std::string(dependency);
       if (r.outcome.has_server_delay()) {
         report.error += ", next probe in " + format_duration(r.outcome.server_delay);
       }
     } else {
-      report.error = std::string(to_string(r.reason)) + " for " + dependency_;
+      report.error = std::string(to_string(r.reason)) + " for " + std::string(dependency);
     }
     return report;
   }

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "call_fallback.hpp"
 #include "call_spool.hpp"
 #include "commands.hpp"
 #include "keel/backoff.hpp"
@@ -36,6 +37,7 @@ constexpr int kExitAttemptsExhausted = 4;
 constexpr int kExitDeadline = 5;
 constexpr int kExitNotSafe = 6;
 constexpr int kExitBrake = 7;
+constexpr int kExitQueued = 8;
 
 constexpr const char* kCallFooter =
     R"(Durations are a number and a unit: 250ms, 1.5s, 2m, 1h (also ns, us).
@@ -54,6 +56,8 @@ Exit status:
      or PATCH without an idempotency key)
   7  not retried because a brake refused: the retry budget was empty or the host's circuit
      breaker was open
+  8  --queue-on-failure: the request failed as in 4, 5 or 7 and was queued for later; the
+     job id is printed on stdout (`keel jobs work --deferred` delivers it)
 
 Every request carries Keel-Attempt: N. POST and PATCH carry one Idempotency-Key (a random
 UUID, the same on every attempt) unless --idempotency-key off. A key given with
@@ -65,6 +69,14 @@ on a retry after an ambiguous failure (a timeout or reset after sending, a 500),
 success of the earlier attempt: the receiver acted on it and only its answer was lost. The
 duplicate answer is printed, with a note on stderr. On a first attempt, or after any other
 failure, the same answer keeps its meaning (a 409 is then a real conflict).
+
+--queue-on-failure DB (a database URL as keel jobs --db takes it, or a SQLite path) hands
+a request that carries an Idempotency-Key (a POST or PATCH with --idempotency-key auto, or a
+caller's key) to the job queue --defer-queue of DB when the host is down: its breaker is open,
+or the retries gave up on a retryable failure (exit 4, 5 or 7). The call then exits 8 and
+prints the job id; `keel jobs --db DB work --queue deferred-http --deferred` sends it later
+with the same Idempotency-Key, so the receiver applies it once. A request without a key is
+never queued. When the enqueue fails, the call exits as it would have, saying why.
 
 The body is written to -o FILE as it arrives (through a temporary file renamed at the end, so
 only the final attempt's body is kept); for stdout it is spooled to a file in TMPDIR first.)";
@@ -82,6 +94,8 @@ struct CallArgs {
   std::string connect_timeout = "2s";
   std::string idempotency_key = "auto";
   std::string duplicate_is_success;  // STATUS[:TEXT]; empty: off
+  std::string queue_on_failure;      // DB; empty: off
+  std::string defer_queue = "deferred-http";
 };
 
 int usage_error(const std::string& message) {
@@ -106,6 +120,8 @@ int exit_status(StopReason reason) {
       return kExitBrake;
     case StopReason::kCancelled:
       return kExitLocalError;
+    case StopReason::kQueued:
+      return kExitQueued;
   }
   return kExitLocalError;
 }
@@ -273,6 +289,19 @@ int run_call(const CallArgs& a) {
       std::fprintf(stderr, "%s\n", line.c_str());
     };
   }
+#if KEEL_CLI_JOBS
+  std::unique_ptr<QueueOnFailure> queue;
+  if (!a.queue_on_failure.empty()) {
+    auto opened = QueueOnFailure::open(a.queue_on_failure, a.defer_queue);
+    if (!opened) return usage_error(opened.error().message());
+    queue = std::move(*opened);
+    options.deferred_writes = &queue->writes();
+  }
+#else
+  if (!a.queue_on_failure.empty()) {
+    return usage_error("--queue-on-failure: this keel was built without keel::store");
+  }
+#endif
   http::Client client(std::move(options));
   if (const std::string unfit = format_unfit(check_policy(RetryPolicy(*retry)));
       a.verbose && !unfit.empty()) {
@@ -289,15 +318,20 @@ int run_call(const CallArgs& a) {
                  result.outcome.code);
   }
 
+  if (result.reason == StopReason::kQueued) {
+#if KEEL_CLI_JOBS
+    std::fprintf(stderr,
+                 "keel call: queued for later as job %s (Idempotency-Key %s); keel jobs --db %s "
+                 "work --queue %s --deferred delivers it\n",
+                 result.job_id.c_str(), result.idempotency_key.c_str(), queue->database().c_str(),
+                 queue->queue().c_str());
+#endif
+    std::printf("%s\n", result.job_id.c_str());
+    return exit_status(result.reason);
+  }
+  if (result.stale) std::fprintf(stderr, "%s\n", stale_note(result).c_str());
   if (result.response) {
-    std::string head;
-    if (a.include) {
-      head += result.response->status_line + "\r\n";
-      for (const auto& [name, value] : result.response->headers) {
-        head += name + ": " + value + "\r\n";
-      }
-      head += "\r\n";
-    }
+    const std::string head = a.include ? response_head(result) : std::string();
     if (!a.output.empty()) {
       if (!spool.publish(a.output, head)) {
         std::fprintf(stderr, "keel call: --output: cannot write '%s': %s\n", a.output.c_str(),
@@ -313,6 +347,9 @@ int run_call(const CallArgs& a) {
     }
   } else if (!result.error.empty()) {
     std::fprintf(stderr, "keel call: %s\n", result.error.c_str());
+  }
+  if (result.response && !a.queue_on_failure.empty() && !result.error.empty()) {
+    std::fprintf(stderr, "keel call: %s\n", result.error.c_str());  // the enqueue failed
   }
   if (result.attempts == 0 && result.reason == StopReason::kPermanent) {
     return kExitUsage;  // refused by the client before sending (check_request)
@@ -344,6 +381,12 @@ Runner add_call(CLI::App& app) {
   sub->add_option("--duplicate-is-success", a->duplicate_is_success,
                   "After an ambiguous failure, this answer means an earlier attempt took effect")
       ->type_name("STATUS[:TEXT]");
+  sub->add_option("--queue-on-failure", a->queue_on_failure,
+                  "When the host is down, queue a request with an Idempotency-Key for later "
+                  "in DB's job queue (exit 8, the job id on stdout)")
+      ->type_name("DB");
+  sub->add_option("--defer-queue", a->defer_queue, "The queue --queue-on-failure writes to")
+      ->capture_default_str();
   return [a] { return run_call(*a); };
 }
 

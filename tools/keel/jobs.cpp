@@ -212,6 +212,9 @@ are permanent (dead at once). Each job attempt is exactly one HTTP request. When
 circuit breaker is open (or the retry budget is empty) nothing is sent: the job is deferred
 until the next probe without spending an attempt, and the worker pauses leasing until then, so
 jobs wait out an outage of any length (give --max-age to bound it).
+work --deferred sends each job's own HTTP request, queued by keel call --queue-on-failure
+(method, URL, header fields and body), with the job's idempotency key as Idempotency-Key: the
+key of the original call, so the receiver applies it once; its outcomes count as --deliver's.
 work --exec CMD runs CMD with /bin/sh -c, the payload on stdin and KEEL_IDEMPOTENCY_KEY,
 KEEL_ATTEMPT, KEEL_JOB_ID and KEEL_QUEUE in the environment: exit 0 is done, 75 (EX_TEMPFAIL)
 transient, anything else permanent.
@@ -257,6 +260,9 @@ Runner add_jobs(CLI::App& app) {
   work->add_option("--deliver", args->deliver,
                    "POST each payload to URL with the job's Idempotency-Key");
   work->add_option("--exec", args->exec, "Run CMD per job (payload on stdin)");
+  work->add_flag("--deferred", args->deferred,
+                 "Send each job's HTTP request, deferred by keel call --queue-on-failure, with "
+                 "its Idempotency-Key");
   work->add_option("--concurrency", args->concurrency, "Jobs run at once")->capture_default_str();
   work->add_option("--batch", args->batch, "Jobs leased per database round trip")
       ->capture_default_str();

@@ -24,6 +24,7 @@ struct JobsArgs {
   // work
   std::string deliver;
   std::string exec;
+  bool deferred = false;  // each job is a request deferred by keel call --queue-on-failure
   int concurrency = 1;
   int batch = 1;
   std::string lease = "30s";

@@ -1,6 +1,7 @@
 // `keel jobs work`: checks the flags, builds the queue, the handler (keel::store::WebhookHandler
-// for --deliver, keel::store::CommandHandler for --exec) and the keel::store::Worker, serves
-// --metrics-listen and turns SIGTERM and SIGINT into Worker::stop().
+// for --deliver, keel::store::CommandHandler for --exec, keel::store::DeferredRequestHandler for
+// --deferred) and the keel::store::Worker, serves --metrics-listen and turns SIGTERM and SIGINT
+// into Worker::stop().
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
@@ -20,6 +21,7 @@
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
 #include "keel/store/command_handler.hpp"
+#include "keel/store/deferred_request.hpp"
 #include "keel/store/idempotency_middleware.hpp"
 #include "keel/store/queue_worker.hpp"
 #include "keel/store/webhook_handler.hpp"
@@ -35,9 +37,10 @@ int run_work(const JobsArgs& a) {
   if (auto queue = store::check_queue_name(a.queue); !queue) {
     return usage(queue.error().in("--queue").message());
   }
-  if (a.deliver.empty() == a.exec.empty()) {
-    return usage(a.deliver.empty() ? "work needs a handler: give --deliver URL or --exec CMD"
-                                   : "--deliver and --exec are mutually exclusive");
+  if (const int handlers = !a.deliver.empty() + !a.exec.empty() + a.deferred; handlers != 1) {
+    return usage(handlers == 0
+                     ? "work needs a handler: give --deliver URL or --exec CMD (or --deferred)"
+                     : "--deliver, --exec and --deferred are mutually exclusive");
   }
   if (!a.deliver.empty() && !a.deliver.starts_with("http://") &&
       !a.deliver.starts_with("https://")) {
@@ -151,7 +154,7 @@ int run_work(const JobsArgs& a) {
     budget = std::make_unique<RatioBudget>(RatioBudgetOptions{.ratio = *budget_ratio});
   BreakerRegistry breakers;
   BreakerLog breaker_log(breakers);
-  if (!a.deliver.empty()) {
+  if (!a.deliver.empty() || a.deferred) {
     breakers.add_listener([&](std::string_view key, BreakerState from, BreakerState to) {
       breaker_log.on_change(key, from, to);
     });
@@ -162,7 +165,9 @@ int run_work(const JobsArgs& a) {
     client = std::make_unique<http::Client>(options);
   }
   store::JobHandler handler;
-  if (client) {
+  if (a.deferred) {
+    handler = store::DeferredRequestHandler(*client);
+  } else if (client) {
     handler = store::WebhookHandler(*client, a.deliver);
   } else {
     handler = store::CommandHandler(a.exec);

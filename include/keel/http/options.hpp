@@ -31,6 +31,9 @@
 
 namespace keel::http {
 
+class DeferredWrites;  // keel/http/deferred_writes.hpp
+class ResponseCache;   // keel/http/response_cache.hpp
+
 struct ClientOptions {
   /// Retry policy for every request. Defaults: 3 attempts, per-try timeout 10 s, overall
   /// deadline 30 s, full jitter base 100 ms cap 10 s, Retry-After cap 60 s. Its on_retry and
@@ -130,6 +133,17 @@ struct ClientOptions {
   /// AdaptiveTimeoutOptions (p99.9 x 1.25 + 25 ms within [10 ms, 60 s], after 1000 latencies,
   /// over the last 60 s).
   AdaptiveTimeoutRegistryOptions own_timeouts = {};
+  /// Stale while down: the cache every successful GET is stored in, and answered from while the
+  /// host's breaker is open (Result::stale, with its age; never older than the cache's max_age),
+  /// instead of failing with kCircuitOpen (keel/fallback.hpp). Share one between clients.
+  /// Non-owning; Requires: outlives the client. See docs/breakers.md. Default none.
+  ResponseCache* stale_responses = nullptr;
+  /// Queue for later: where a write that carries an idempotency key goes when its dependency is
+  /// down (the breaker is open, or the retries gave up on a transient failure); the call then
+  /// stops with StopReason::kQueued and Result::job_id. When storing it fails, the call reports
+  /// its original failure, with Result::error saying so. Non-owning; Requires: outlives the
+  /// client. See docs/breakers.md. Default none.
+  DeferredWrites* deferred_writes = nullptr;
 
   /// keel::http::Client only: idle easy handles kept for reuse. Requires: >= 1. Default 16.
   /// (keel::asio::HttpClient keeps up to 64.)

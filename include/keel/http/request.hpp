@@ -109,6 +109,16 @@ struct Result {
   std::string error;
   /// The Idempotency-Key sent (generated or the caller's); empty when none.
   std::string idempotency_key;
+  /// The response is a cached earlier answer (ClientOptions::stale_responses), served because
+  /// the host's circuit breaker was open: reason is kSuccess and outcome a success with the
+  /// cached status; attempts counts those made before the breaker refused (usually none).
+  /// Default false.
+  bool stale = false;
+  /// With stale: how long ago the cached answer was received (within the cache's max_age).
+  Duration stale_age{};
+  /// With StopReason::kQueued: the id ClientOptions::deferred_writes stored the request under,
+  /// to be delivered later with idempotency_key. Empty otherwise.
+  std::string job_id;
 
   [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
 };

@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <string>
+#include <string_view>
 
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
@@ -37,6 +38,12 @@ namespace keel::store {
 /// `timeout`), and no give-up line (the queue records every attempt); breakers and budget are
 /// the client's defaults. Requires: timeout > 0.
 [[nodiscard]] http::ClientOptions webhook_client_options(Duration timeout);
+
+/// The report of a job attempt whose request ended with `result`: kNotAttempted with why
+/// nothing was sent when nothing was ("circuit open for HOST:PORT, next probe in 4.9s");
+/// otherwise the outcome, with keel::describe of it, the client's error and the first 200 bytes
+/// of the response body for a failure. `dependency` names the host ("host:port").
+[[nodiscard]] AttemptReport report_of(const http::Result& result, std::string_view dependency);
 
 class WebhookHandler {
  public:

@@ -1,0 +1,47 @@
+// keel::http::DeferredWrites: where a client hands a write it could not deliver now ("queue for
+// later", keel/fallback.hpp). When ClientOptions::deferred_writes points at one, both HTTP
+// clients give it every write that carries an idempotency key and failed because its
+// dependency is down (an open breaker, or retries exhausted on a transient failure); the call
+// then returns StopReason::kQueued with Result::job_id, and the implementation delivers the
+// request later with the same Idempotency-Key, so the receiver sees one logical operation. A
+// write without a key is never handed over.
+//
+// keel::http defines only the interface, so that it depends on no store; the durable
+// implementation is keel::store::QueuedWrites (keel/store/deferred_request.hpp, in
+// keel::store_webhook), a job on a keel::store::JobQueue delivered by
+// keel::store::DeferredRequestHandler (`keel jobs work --deferred`).
+//
+// Thread-safety: implementations must be safe for concurrent use: a blocking Client calls defer
+// from every thread that sends; keel::asio::HttpClient calls it on its executor, where it
+// blocks the loop for as long as it runs (a local database write).
+//
+// Example:
+//   class Outbox : public keel::http::DeferredWrites {
+//     keel::Expected<std::string> defer(const keel::http::Request& r,
+//                                       std::string_view key) override { ... }
+//   };
+//   Outbox outbox;
+//   keel::http::Client client({.deferred_writes = &outbox});
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "keel/expected.hpp"
+#include "keel/http/request.hpp"
+
+namespace keel::http {
+
+class DeferredWrites {
+ public:
+  virtual ~DeferredWrites() = default;
+
+  /// Stores `request` (method, URL, header fields and body) to be sent later with
+  /// `idempotency_key` as its Idempotency-Key. Returns the id under which it was stored (the
+  /// same id for a key already stored), or an Error saying why it could not be stored; the
+  /// client then reports the original failure with that error. Must not throw.
+  [[nodiscard]] virtual Expected<std::string> defer(const Request& request,
+                                                    std::string_view idempotency_key) = 0;
+};
+
+}  // namespace keel::http

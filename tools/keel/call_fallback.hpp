@@ -1,0 +1,77 @@
+// keel call's fallbacks: --queue-on-failure DB (a keel::store::QueuedWrites on that database,
+// the client's ClientOptions::deferred_writes) and what the call prints for an answer that did
+// not come from the server: the job id of a queued request, the Keel-Stale line of a stale one.
+// Part of the keel command, not a library.
+//
+// Thread-safety: not thread-safe; one per call.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
+#include "keel/http/request.hpp"
+
+#if KEEL_CLI_JOBS
+#include "keel/store/database.hpp"
+#include "keel/store/deferred_request.hpp"
+#include "keel/store/queue.hpp"
+#endif
+
+namespace keel::cli {
+
+/// The head `keel call -i` prints before the body: the status line and header fields, and for
+/// a stale answer (Result::stale: cached, served while the host's breaker was open) a
+/// "Keel-Stale: age=1.5s" field after them. Empty when the result has no response.
+inline std::string response_head(const http::Result& result) {
+  if (!result.response) return {};
+  std::string head = result.response->status_line + "\r\n";
+  for (const auto& [name, value] : result.response->headers) head += name + ": " + value + "\r\n";
+  if (result.stale) head += "Keel-Stale: age=" + format_duration(result.stale_age) + "\r\n";
+  head += "\r\n";
+  return head;
+}
+
+/// The note on stderr for a stale answer (with or without -i).
+inline std::string stale_note(const http::Result& result) {
+  return "keel call: the host's circuit breaker is open: this is a cached answer " +
+         format_duration(result.stale_age) + " old";
+}
+
+#if KEEL_CLI_JOBS
+/// The database and queue --queue-on-failure writes a deferred request to.
+class QueueOnFailure {
+ public:
+  /// Opens nothing yet (the database is opened on the first deferral). `db` is a database URL
+  /// as `keel jobs --db` takes it, or a plain SQLite path (no scheme); an Error naming the flag
+  /// when it is malformed.
+  static Expected<std::unique_ptr<QueueOnFailure>> open(const std::string& db,
+                                                        const std::string& queue) {
+    const std::string text = db.find(':') == std::string::npos ? "sqlite:" + db : db;
+    auto url = store::parse_database_url(text);
+    if (!url) return url.error().in("--queue-on-failure");
+    if (auto checked = store::check_queue_name(queue); !checked) {
+      return checked.error().in("--defer-queue");
+    }
+    return std::unique_ptr<QueueOnFailure>(new QueueOnFailure(std::move(*url), queue));
+  }
+
+  [[nodiscard]] http::DeferredWrites& writes() noexcept { return writes_; }
+  [[nodiscard]] const std::string& database() const noexcept { return pool_.url().redacted; }
+  [[nodiscard]] const std::string& queue() const noexcept { return writes_.options().queue; }
+
+ private:
+  QueueOnFailure(store::DatabaseUrl url, const std::string& queue)
+      : pool_(std::move(url), {.max_connections = 1}), writes_(pool_, queue_, {.queue = queue}) {}
+
+  store::ConnectionPool pool_;
+  store::JobQueue queue_;
+  store::QueuedWrites writes_;
+};
+#endif
+
+}  // namespace keel::cli
