@@ -27,9 +27,18 @@ CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, s
   const bool pg = connection.backend() == Backend::kPostgres;
   CompleteResult out;
   if (report.outcome.kind == OutcomeKind::kSuccess) {
-    // One statement, atomic on its own on both backends: the done row is the success's history.
-    out.status = detail::mark_done(connection, job_id, fence, now_ms()) ? CompleteStatus::kDone
-                                                                        : CompleteStatus::kStale;
+    // One UPDATE: the done row is the success's history. On PostgreSQL the statement alone, atomic
+    // on its own; on SQLite in the transaction wrapper, which retries SQLITE_BUSY.
+    bool current = false;
+    if (pg) {
+      current = detail::mark_done(connection, job_id, fence, now_ms());
+    } else {
+      in_transaction(connection, [&](Connection& tx) {
+        current = detail::mark_done(tx, job_id, fence, now_ms());
+        return true;
+      });
+    }
+    out.status = current ? CompleteStatus::kDone : CompleteStatus::kStale;
     return out;
   }
   in_transaction(connection, [&](Connection& tx) {
