@@ -56,8 +56,8 @@ inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t rou
 
 // A success: the job is done. No history row is written for it: the done row keeps what that
 // row would hold (the lease's owner and start, finished_ms, the round and attempt numbers), and
-// get() reads the success from it (success_from_done_row). lease_owner stays set on a done row
-// for that reason; read_job reports it only while the job runs. $2 is now.
+// JobQueue::get() reads the success from it. lease_owner stays set on a done row for that
+// reason; read_job reports it only while the job runs. $2 is now.
 inline constexpr std::string_view kMarkDone =
     " SET state = 'done', lease_expires_ms = NULL, run_at_ms = $2, last_error = NULL,"
     " deferred_reason = NULL, updated_ms = $2, finished_ms = $2";
