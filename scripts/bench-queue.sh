@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Job-queue throughput: jobs per second through enqueue + lease + done (no-op handler, 2 worker
 # threads, each on its own connection), on PostgreSQL as a ratio to pgbench's single-row UPDATE
-# rate measured on the same server in the same run, and on SQLite; each with batch sizes 1, 10
-# and 100 to show what batching gains.
+# rate measured on the same server in the same run, with the WAL bytes written per job, and on
+# SQLite; each with batch sizes 1, 10 and 100 to show what batching gains. Then the table after
+# --bloat-jobs jobs (batch 100, in a schema of their own): keel_jobs' and keel_job_attempts' size
+# with their indexes, and their live and dead tuples.
 #
-#   scripts/bench-queue.sh [--build-dir DIR] [--jobs N] [--seconds S]
+#   scripts/bench-queue.sh [--build-dir DIR] [--jobs N] [--seconds S] [--bloat-jobs N]
 #
 # Needs keel_bench_queue built in DIR (default: build) and Debian's postgresql-15 (pgbench and a
 # throwaway server from scripts/pg-test-server.sh; that server runs with fsync=off and
@@ -16,12 +18,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build"
 jobs=4000
 seconds=10
+bloat_jobs=100000
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
-    *) echo "usage: $0 [--build-dir DIR] [--jobs N] [--seconds S]" >&2; exit 2 ;;
+    --bloat-jobs) bloat_jobs=$2; shift 2 ;;
+    *) echo "usage: $0 [--build-dir DIR] [--jobs N] [--seconds S] [--bloat-jobs N]" >&2; exit 2 ;;
   esac
 done
 bench=$(find "$build" -name keel_bench_queue -type f -perm -u+x | head -n1)
@@ -60,11 +64,30 @@ run() {  # run URL BATCH -> prints the result line, sets $rate
 
 echo
 echo "PostgreSQL (same server), $jobs jobs, 2 workers: enqueue + lease + done per job"
+wal_lsn() { psql "$pg_url" -Atc "SELECT pg_current_wal_insert_lsn()"; }
 for batch in 1 10 100; do
+  before=$(wal_lsn)
   run "$pg_url" "$batch"
+  wal=$(psql "$pg_url" -Atc "SELECT round(pg_wal_lsn_diff('$(wal_lsn)', '$before') / $jobs)")
   ratio=$(awk -v a="$rate" -v b="$pgbench_tps" 'BEGIN { printf "%.2f", a / b }')
-  printf '  batch %-4s %10s jobs/s   %s x the pgbench rate\n' "$batch" "$rate" "$ratio"
+  printf '  batch %-4s %10s jobs/s   %s x the pgbench rate   %s WAL bytes/job\n' "$batch" "$rate" \
+    "$ratio" "$wal"
 done
+
+if ((bloat_jobs > 0)); then
+  psql "$pg_url" -q -c "CREATE SCHEMA bench_bloat"
+  bloat_url="$pg_url?options=-csearch_path%3Dbench_bloat"
+  "$bench" --db "$bloat_url" --jobs "$bloat_jobs" --workers 2 --batch 100 >/dev/null
+  echo
+  echo "table after $bloat_jobs jobs on PostgreSQL (batch 100; autovacuum as configured):"
+  psql "$bloat_url" -At -F ' ' -c "SELECT relname, pg_total_relation_size(relid), n_live_tup,
+      n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'bench_bloat'
+      AND relname IN ('keel_jobs', 'keel_job_attempts') ORDER BY relname" |
+    while read -r name bytes live dead; do
+      printf '  %-18s %8.1f MB with indexes  %9s live  %9s dead tuples\n' "$name" \
+        "$(awk -v b="$bytes" 'BEGIN { print b / 1048576 }')" "$live" "$dead"
+    done
+fi
 
 echo
 echo "SQLite (file in $work, WAL), $jobs jobs, 2 workers"

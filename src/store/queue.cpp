@@ -226,8 +226,10 @@ std::int64_t JobQueue::now_ms() const noexcept {
 }
 
 std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) const {
-  const Rows r = connection.query(
-      "SELECT " + std::string(kJobColumns) + " FROM keel_jobs WHERE id = $1", {job_id});
+  const Rows r = connection.query("SELECT " + std::string(kJobColumns) +
+                                      ", lease_owner, leased_ms, finished_ms"
+                                      " FROM keel_jobs WHERE id = $1",
+                                  {job_id});
   if (r.empty()) return std::nullopt;
   Job job = read_job(r, 0);
   const Rows h = connection.query(
@@ -244,6 +246,20 @@ std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) co
     a.error = optional_text(h, i, 5);
     if (h.cell(i, 6)) a.delay_ms = h.integer(i, 6);
     a.worker = optional_text(h, i, 7);
+    job.history.push_back(std::move(a));
+  }
+  // The success that made the job done is its row, not a history row (detail::kMarkDone). A job
+  // done before that change has its success row already.
+  if (job.state == JobState::kDone &&
+      (job.history.empty() || job.history.back().outcome != "success")) {
+    const std::size_t extra = detail::kJobColumnCount;
+    JobAttempt a;
+    a.round = job.replays;
+    a.attempt = job.attempts;
+    a.finished_ms = r.cell(0, extra + 2) ? r.integer(0, extra + 2) : job.updated_ms;
+    a.started_ms = r.cell(0, extra + 1) ? r.integer(0, extra + 1) : a.finished_ms;
+    a.outcome = "success";
+    a.worker = optional_text(r, 0, extra);
     job.history.push_back(std::move(a));
   }
   return job;

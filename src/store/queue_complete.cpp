@@ -20,31 +20,25 @@ namespace {
 
 std::string_view outcome_name(OutcomeKind kind) { return to_string(kind); }
 
-// PostgreSQL: a success recorded in one statement (the job's update and its history row), atomic
-// on its own. Returns false when the fence is stale.
-bool record_success_pg(Connection& conn, std::int64_t job_id, std::int64_t fence,
-                       std::int64_t now) {
-  const Rows r = conn.query(
-      "WITH done AS (UPDATE keel_jobs SET state = 'done', lease_owner = NULL,"
-      " lease_expires_ms = NULL, run_at_ms = $3, last_error = NULL, updated_ms = $3,"
-      " finished_ms = $3 WHERE id = $1 AND fence = $2 AND state = 'running'"
-      " RETURNING id, replays, attempts, leased_ms, lease_owner)"
-      " INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms, finished_ms, outcome,"
-      " worker) SELECT id, replays, attempts, COALESCE(leased_ms, $3), $3, 'success', lease_owner"
-      " FROM done RETURNING job_id",
-      {job_id, fence, now});
-  return !r.empty();
-}
-
 }  // namespace
 
 CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, std::int64_t fence,
                                   const AttemptReport& report) const {
   const bool pg = connection.backend() == Backend::kPostgres;
   CompleteResult out;
-  if (pg && report.outcome.kind == OutcomeKind::kSuccess) {
-    out.status = record_success_pg(connection, job_id, fence, now_ms()) ? CompleteStatus::kDone
-                                                                        : CompleteStatus::kStale;
+  if (report.outcome.kind == OutcomeKind::kSuccess) {
+    // One UPDATE: the done row is the success's history. On PostgreSQL the statement alone, atomic
+    // on its own; on SQLite in the transaction wrapper, which retries SQLITE_BUSY.
+    bool current = false;
+    if (pg) {
+      current = detail::mark_done(connection, job_id, fence, now_ms());
+    } else {
+      in_transaction(connection, [&](Connection& tx) {
+        current = detail::mark_done(tx, job_id, fence, now_ms());
+        return true;
+      });
+    }
+    out.status = current ? CompleteStatus::kDone : CompleteStatus::kStale;
     return out;
   }
   in_transaction(connection, [&](Connection& tx) {
@@ -68,18 +62,6 @@ CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, s
     const OutcomeKind kind = report.outcome.kind;
     std::string error = report.error;
     if (error.empty() && kind != OutcomeKind::kSuccess) error = describe(report.outcome);
-
-    if (kind == OutcomeKind::kSuccess) {
-      out.status = CompleteStatus::kDone;
-      tx.query(
-          "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
-          " run_at_ms = $2, last_error = NULL, deferred_reason = NULL, updated_ms = $2,"
-          " finished_ms = $2 WHERE id = $1",
-          {job_id, now});
-      insert_attempt(tx, job_id, round, attempts, started, now, outcome_name(kind), {},
-                     std::nullopt, owner);
-      return true;
-    }
 
     // Every retry rule is keel::core's: the queue stores the progress and applies the verdict.
     RetryLimits limits;
@@ -172,20 +154,7 @@ int JobQueue::complete_done(
     current = 0;
     const std::int64_t now = now_ms();
     for (const auto& [id, fence] : id_and_fence) {
-      if (tx.backend() == Backend::kPostgres) {
-        if (record_success_pg(tx, id, fence, now)) ++current;
-        continue;
-      }
-      const Rows r = tx.query(
-          "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
-          " run_at_ms = $3, last_error = NULL, updated_ms = $3, finished_ms = $3"
-          " WHERE id = $1 AND fence = $2 AND state = 'running'"
-          " RETURNING attempts, leased_ms, replays",
-          {id, fence, now});
-      if (r.empty()) continue;
-      ++current;
-      insert_attempt(tx, id, r.integer(0, 2), r.integer(0, 0), r.cell(0, 1) ? r.integer(0, 1) : now,
-                     now, "success", {}, std::nullopt, {});
+      if (detail::mark_done(tx, id, fence, now)) ++current;
     }
     return true;
   });

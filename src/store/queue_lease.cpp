@@ -98,15 +98,10 @@ DoneAndLeased JobQueue::finish_and_lease_due(
         params.emplace_back(done[i].first);
         params.emplace_back(done[i].second);
       }
-      sql +=
-          "), done AS (UPDATE keel_jobs j SET state = 'done', lease_owner = NULL,"
-          " lease_expires_ms = NULL, run_at_ms = $2, last_error = NULL, deferred_reason = NULL,"
-          " updated_ms = $2, finished_ms = $2 FROM v, keel_jobs old WHERE j.id = v.id"
-          " AND j.fence = v.fence AND j.state = 'running' AND old.id = j.id"
-          " RETURNING j.id, j.replays, j.attempts, j.leased_ms, old.lease_owner),"
-          " hist AS (INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms,"
-          " finished_ms, outcome, worker) SELECT id, replays, attempts, COALESCE(leased_ms, $2),"
-          " $2, 'success', lease_owner FROM done RETURNING job_id), ";
+      // The success's history row is the done row itself (detail::kMarkDone).
+      sql += "), done AS (UPDATE keel_jobs j" + std::string(detail::kMarkDone) +
+             " FROM v WHERE j.id = v.id AND j.fence = v.fence AND j.state = 'running'"
+             " RETURNING j.id), ";
     }
     sql += "picked AS (" + pick + " FOR UPDATE SKIP LOCKED), leased AS (UPDATE keel_jobs j" +
            std::string(kSetRunning) +
@@ -114,7 +109,7 @@ DoneAndLeased JobQueue::finish_and_lease_due(
            " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence)"
            " SELECT 1, id, payload, idem_key, attempts, max_attempts, fence FROM leased";
     if (!done.empty()) {
-      sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL FROM hist";
+      sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL FROM done";
     }
     sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
            std::string(kExpired) + ")";
@@ -134,21 +129,7 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       in_transaction(connection, [&](Connection& tx) {
         out.current = 0;
         for (const auto& [id, fence] : done) {
-          // Read first: SQLite's RETURNING gives the new row, and the lease's owner is cleared.
-          const Rows r = tx.query(
-              "SELECT attempts, leased_ms, replays, lease_owner FROM keel_jobs"
-              " WHERE id = $1 AND fence = $2 AND state = 'running'",
-              {id, fence});
-          if (r.empty()) continue;
-          tx.query(
-              "UPDATE keel_jobs SET state = 'done', lease_owner = NULL, lease_expires_ms = NULL,"
-              " run_at_ms = $2, last_error = NULL, deferred_reason = NULL, updated_ms = $2,"
-              " finished_ms = $2 WHERE id = $1",
-              {id, now});
-          ++out.current;
-          insert_attempt(tx, id, r.integer(0, 2), r.integer(0, 0),
-                         r.cell(0, 1) ? r.integer(0, 1) : now, now, "success", {}, std::nullopt,
-                         optional_text(r, 0, 3));
+          if (detail::mark_done(tx, id, fence, now)) ++out.current;
         }
         lease_and_probe(tx);
         return true;

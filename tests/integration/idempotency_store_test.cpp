@@ -164,6 +164,32 @@ TEST_P(Idempotency, ReleasedClaimLetsARetryRunAfresh) {
   EXPECT_FALSE(retry.took_over);
 }
 
+TEST_P(Idempotency, AClaimsAsynchronousCommitReachesNoOtherTransaction) {
+  // PostgreSQL: a claim outside a transaction commits with synchronous_commit off for itself
+  // alone; the session's setting, and a caller's transaction that claims, keep theirs.
+  const bool pg = GetParam() == Backend::kPostgres;
+  if (pg) conn_->execute("SET synchronous_commit = on");
+  const auto setting = [&]() -> std::string {  // SQLite has no such setting
+    return pg ? conn_->query("SELECT current_setting('synchronous_commit')").text(0, 0) : "on";
+  };
+  const Claim first = store_.claim(*conn_, "alice", "k1", fp_);
+  ASSERT_EQ(first.status, ClaimStatus::kClaimed);
+  EXPECT_EQ(setting(), "on");
+  // Visible to another connection at once: a concurrent duplicate is told it is in progress.
+  const auto other = open_database(url());
+  EXPECT_EQ(store_.claim(*other, "alice", "k1", fp_).status, ClaimStatus::kInProgress);
+  ASSERT_TRUE(finish(first, "alice", "k1", "ch_1"));
+  EXPECT_EQ(store_.claim(*other, "alice", "k1", fp_).status, ClaimStatus::kReplay);
+
+  conn_->begin();
+  const Claim inside = store_.claim(*conn_, "alice", "k2", fp_);
+  EXPECT_EQ(inside.status, ClaimStatus::kClaimed);
+  EXPECT_EQ(setting(), "on") << "the caller's commit stays synchronous";
+  conn_->commit();
+  EXPECT_EQ(setting(), "on");
+  EXPECT_EQ(store_.claim(*other, "alice", "k2", fp_).status, ClaimStatus::kInProgress);
+}
+
 TEST_P(Idempotency, KeysAreScopedPerPrincipal) {
   const Claim alice = store_.claim(*conn_, "alice", "k1", fp_);
   ASSERT_TRUE(finish(alice, "alice", "k1", "ch_a"));

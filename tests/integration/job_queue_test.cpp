@@ -133,6 +133,64 @@ TEST_P(JobQueueTest, CompleteAndLeaseRecordsTheSuccessAndLeasesTheNextJobs) {
   EXPECT_EQ(q.get(*conn_, b.id)->history.size(), 0u);
 }
 
+TEST_P(JobQueueTest, ASuccessIsReadFromTheDoneRowAndWritesNoHistoryRow) {
+  JobQueue q = make_queue({.backoff = {.base = 1s, .cap = 1s}});
+  const auto attempt_rows = [&](std::int64_t id) {
+    return count("SELECT COUNT(*) FROM keel_job_attempts WHERE job_id = " + std::to_string(id));
+  };
+  // A first-try success, through complete().
+  const auto a = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  const std::int64_t leased_at = q.now_ms();
+  const auto first = q.lease(*conn_, "q", "worker-a", 1);
+  ASSERT_EQ(first.size(), 1u);
+  clock_.advance(2s);
+  ASSERT_EQ(q.complete(*conn_, a.id, first[0].fence, AttemptReport::success()).status,
+            CompleteStatus::kDone);
+  EXPECT_EQ(attempt_rows(a.id), 0);
+  const auto done = q.get(*conn_, a.id);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->state, JobState::kDone);
+  EXPECT_EQ(done->lease_owner, "") << "a done job holds no lease";
+  ASSERT_EQ(done->history.size(), 1u);
+  EXPECT_EQ(done->history[0].outcome, "success");
+  EXPECT_EQ(done->history[0].worker, "worker-a");
+  EXPECT_EQ(done->history[0].round, 0);
+  EXPECT_EQ(done->history[0].attempt, 1);
+  EXPECT_EQ(done->history[0].started_ms, leased_at);
+  EXPECT_EQ(done->history[0].finished_ms, leased_at + 2000);
+  EXPECT_EQ(done->history[0].error, "");
+  EXPECT_FALSE(done->history[0].delay_ms.has_value());
+
+  // A success after a failure, through complete_done(): the failure's row, then the success.
+  const auto b = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  const auto try1 = q.lease(*conn_, "q", "worker-a", 1);
+  ASSERT_EQ(try1.size(), 1u);
+  ASSERT_EQ(q.complete(*conn_, b.id, try1[0].fence, {.outcome = Outcome::transient()}).status,
+            CompleteStatus::kRetryScheduled);
+  clock_.advance(1s);
+  const auto try2 = q.lease(*conn_, "q", "worker-b", 1);
+  ASSERT_EQ(try2.size(), 1u);
+  EXPECT_EQ(q.complete_done(*conn_, {{b.id, try2[0].fence}}), 1);
+  EXPECT_EQ(attempt_rows(b.id), 1);
+  const auto retried = q.get(*conn_, b.id);
+  ASSERT_EQ(retried->history.size(), 2u);
+  EXPECT_EQ(retried->history[0].outcome, "transient");
+  EXPECT_EQ(retried->history[1].outcome, "success");
+  EXPECT_EQ(retried->history[1].attempt, 2);
+  EXPECT_EQ(retried->history[1].worker, "worker-b");
+
+  // A job done before the success was read from its row has the success's history row, and the
+  // row's lease owner cleared: it is not reported twice.
+  conn_->query(
+      "INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms, finished_ms, outcome,"
+      " worker) VALUES ($1, 0, 1, $2, $3, 'success', 'worker-a')",
+      {a.id, leased_at, leased_at + 2000});
+  conn_->query("UPDATE keel_jobs SET lease_owner = NULL WHERE id = $1", {a.id});
+  const auto older = q.get(*conn_, a.id);
+  ASSERT_EQ(older->history.size(), 1u);
+  EXPECT_EQ(older->history[0].worker, "worker-a");
+}
+
 TEST_P(JobQueueTest, CompleteAndLeaseReapsAnExpiredLeaseWhenShortOfWork) {
   JobQueue q = make_queue({.lease = 10s});
   const auto a = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});

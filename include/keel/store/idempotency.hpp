@@ -2,8 +2,10 @@
 //
 // A request carrying an Idempotency-Key is an operation identified by (scope, key), where scope
 // is the authenticated principal. The flow (what keel::store's HTTP middleware does):
-//   1. claim(): insert an in_progress record with a lock expiry, committed on its own. The
-//      database's primary key on (scope, key) decides who wins a race, never a read-then-insert.
+//   1. claim(): insert an in_progress record with a lock expiry, committed on its own (on
+//      PostgreSQL outside a transaction, without waiting for the WAL flush: a claim a crash
+//      loses is harmless, see docs/idempotency.md). The database's primary key on (scope, key)
+//      decides who wins a race, never a read-then-insert.
 //   2. run the handler inside a transaction on the same connection;
 //   3. complete() in that same transaction stores the response with the handler's business
 //      writes, and the transaction commits once: both happen or neither does.

@@ -140,6 +140,7 @@ struct Job {
   int max_attempts = 0;
   /// Calendar ms: when it is due (ready, retry_scheduled) or its lease expires (running).
   std::int64_t run_at_ms = 0;
+  /// The worker holding the lease while the job runs; empty in every other state.
   std::string lease_owner;
   std::optional<std::int64_t> lease_expires_ms;
   /// The fencing token of the current (or last) lease.

@@ -54,6 +54,24 @@ inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t rou
        worker.empty() ? Value() : Value(worker)});
 }
 
+// A success: the job is done. No history row is written for it: the done row keeps what that
+// row would hold (the lease's owner and start, finished_ms, the round and attempt numbers), and
+// JobQueue::get() reads the success from it. lease_owner stays set on a done row for that
+// reason; read_job reports it only while the job runs. $2 is now.
+inline constexpr std::string_view kMarkDone =
+    " SET state = 'done', lease_expires_ms = NULL, run_at_ms = $2, last_error = NULL,"
+    " deferred_reason = NULL, updated_ms = $2, finished_ms = $2";
+
+// Records the success of the lease (job_id, fence) in one statement, atomic on its own; false
+// when the fence is stale (the lease was lost).
+[[nodiscard]] inline bool mark_done(Connection& conn, std::int64_t job_id, std::int64_t fence,
+                                    std::int64_t now) {
+  const Rows r = conn.query("UPDATE keel_jobs" + std::string(kMarkDone) +
+                                " WHERE id = $1 AND fence = $3 AND state = 'running'",
+                            {job_id, now, fence});
+  return r.affected() == 1;
+}
+
 // " AND queue = $N" or nothing, for the commands that take an optional queue.
 [[nodiscard]] inline std::string queue_filter(std::string_view queue, int param) {
   return queue.empty() ? std::string() : " AND queue = $" + std::to_string(param);
@@ -64,6 +82,9 @@ inline constexpr std::string_view kJobColumns =
     "id, queue, payload, idem_key, state, attempts, max_attempts, run_at_ms, lease_owner,"
     " lease_expires_ms, fence, dead_reason, last_error, replays, created_ms, updated_ms,"
     " deferred_reason, deferrals";
+
+// How many columns kJobColumns names.
+inline constexpr std::size_t kJobColumnCount = 18;
 
 // Row i of a SELECT of kJobColumns, without its history.
 [[nodiscard]] inline Job read_job(const Rows& r, std::size_t i) {
@@ -76,7 +97,8 @@ inline constexpr std::string_view kJobColumns =
   j.attempts = static_cast<int>(r.integer(i, 5));
   j.max_attempts = static_cast<int>(r.integer(i, 6));
   j.run_at_ms = r.integer(i, 7);
-  j.lease_owner = optional_text(r, i, 8);
+  // A done row keeps its last lease's owner for its history (kMarkDone); the job has no lease.
+  if (j.state == JobState::kRunning) j.lease_owner = optional_text(r, i, 8);
   if (r.cell(i, 9)) j.lease_expires_ms = r.integer(i, 9);
   j.fence = r.integer(i, 10);
   j.dead_reason = optional_text(r, i, 11);
