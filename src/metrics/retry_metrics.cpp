@@ -25,6 +25,20 @@ std::string label_value(std::string_view words) {
   return out;
 }
 
+Scrape& Scrape::counter(const std::string& name, const std::string& help, prometheus::Labels labels,
+                        double value) {
+  prometheus::BuildCounter().Name(name).Help(help).Register(registry_).Add(labels).Increment(value);
+  return *this;
+}
+
+Scrape& Scrape::gauge(const std::string& name, const std::string& help, prometheus::Labels labels,
+                      double value) {
+  prometheus::BuildGauge().Name(name).Help(help).Register(registry_).Add(labels).Set(value);
+  return *this;
+}
+
+std::string Scrape::text() const { return serialize({&registry_}); }
+
 namespace {
 const prometheus::Histogram::BucketBoundaries& attempt_buckets() {
   static const prometheus::Histogram::BucketBoundaries buckets{1, 2, 3, 4, 5, 6, 8, 10};

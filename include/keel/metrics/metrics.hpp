@@ -57,6 +57,25 @@ inline constexpr const char* kContentType = "text/plain; version=0.0.4";
 /// "attempts_exhausted", "half-open" -> "half_open").
 [[nodiscard]] std::string label_value(std::string_view words);
 
+/// One scrape's metrics from values read at scrape time (a queue's depths from its database,
+/// counters a program keeps itself), in a registry of their own, serialised by prometheus-cpp.
+/// Counter families come first, then gauges (prometheus-cpp's order). Not thread-safe; one per
+/// scrape.
+class Scrape {
+ public:
+  /// Adds one series of a counter (gauge) family, registering the family on first use.
+  Scrape& counter(const std::string& name, const std::string& help, prometheus::Labels labels,
+                  double value);
+  Scrape& gauge(const std::string& name, const std::string& help, prometheus::Labels labels,
+                double value);
+  [[nodiscard]] const prometheus::Registry& registry() const noexcept { return registry_; }
+  /// serialize({&registry()}).
+  [[nodiscard]] std::string text() const;
+
+ private:
+  prometheus::Registry registry_;
+};
+
 class RetryMetrics final : public EventSink {
  public:
   /// Registers the families above with `registry`. Throws what prometheus-cpp throws when a
