@@ -230,7 +230,9 @@ fi
 # --- event stream: the success path without and with subscribers --------------------------------
 if [[ -x "$bin/keel_bench_events" ]]; then
   log "event stream: keel_bench_events ($runs runs)"
+  # Interleaved repetitions: the variants share the machine's load, so their ratios hold.
   "$bin/keel_bench_events" --benchmark_repetitions="$runs" --benchmark_min_time="$min_time" \
+    --benchmark_enable_random_interleaving=true \
     --benchmark_out="$raw/events.json" --benchmark_out_format=json >"$raw/events.log.txt" 2>&1
 else
   skip events "not available: keel_bench_events was not built (bench/events_bench.cpp)"
