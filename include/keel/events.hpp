@@ -7,10 +7,12 @@
 // `keel call -v`: an outcome is keel::describe(outcome), a decision "retry in 200ms" or
 // "stop: attempts exhausted" (format_decision), a reason keel::to_string(StopReason).
 //
-// Subscribers are EventSinks (or callbacks), at most kMaxSubscribers at once. Publishing takes no
-// lock and allocates nothing: with no subscriber it is one atomic load and a branch; with some, a
-// walk over a fixed array of atomic sink pointers and one virtual call per sink, on the thread
-// that publishes. Subscribing and unsubscribing take a mutex (they are configuration changes).
+// Subscribers are EventSinks (or callbacks), at most kMaxSubscribers at once, each for the event
+// kinds it asks for (an EventMask; kOutcomeEvents leaves out kAttemptStarted, so a counting sink
+// costs a success one event, not two). Publishing takes no lock and allocates nothing: for a kind
+// nobody asked for it is one atomic load and a branch; otherwise a walk over a fixed array of
+// atomic sink pointers and one virtual call per sink, on the thread that publishes. Subscribing and
+// unsubscribing take a mutex (they are configuration changes).
 //
 // Lifetime rule for sinks: the stream shares ownership of every sink it was given. After
 // unsubscribe() returns, a publish that starts later does not call the sink, but one already
@@ -106,6 +108,16 @@ class EventSink {
   virtual void on_event(const Event& event) = 0;
 };
 
+/// A set of event kinds, for a sink that needs only some: bit (1 << kind).
+using EventMask = std::uint32_t;
+[[nodiscard]] constexpr EventMask event_mask(EventKind kind) noexcept {
+  return EventMask{1} << static_cast<unsigned>(kind);
+}
+inline constexpr EventMask kAllEvents = 0x1f;
+/// Every kind but kAttemptStarted: what counting sinks (metrics) need. A success then publishes
+/// one event, not two.
+inline constexpr EventMask kOutcomeEvents = kAllEvents & ~event_mask(EventKind::kAttemptStarted);
+
 /// A subscription, for unsubscribe(). 0 is "none" (subscribe() refused: every slot is taken).
 using SubscriptionId = std::uint64_t;
 
@@ -119,11 +131,14 @@ class EventStream {
   EventStream(const EventStream&) = delete;
   EventStream& operator=(const EventStream&) = delete;
 
-  /// Adds a sink; events published from now on reach it. Returns its id, or 0 when
-  /// kMaxSubscribers sinks are subscribed already (or `sink` is null).
-  [[nodiscard]] SubscriptionId subscribe(std::shared_ptr<EventSink> sink);
+  /// Adds a sink for the events of `kinds`; those published from now on reach it. Returns its
+  /// id, or 0 when kMaxSubscribers sinks are subscribed already (or `sink` is null). An event
+  /// kind no sink asked for is not even built by the publishers.
+  [[nodiscard]] SubscriptionId subscribe(std::shared_ptr<EventSink> sink,
+                                         EventMask kinds = kAllEvents);
   /// As above, for a callback (the same contract as EventSink::on_event).
-  [[nodiscard]] SubscriptionId subscribe(std::function<void(const Event&)> callback);
+  [[nodiscard]] SubscriptionId subscribe(std::function<void(const Event&)> callback,
+                                         EventMask kinds = kAllEvents);
   /// Removes a subscription (no-op for an unknown or already removed id). Publishes that start
   /// after it returns do not reach the sink; see the lifetime rule above.
   void unsubscribe(SubscriptionId id);
@@ -136,29 +151,39 @@ class EventStream {
   [[nodiscard]] std::size_t subscribers() const noexcept {
     return static_cast<std::size_t>(subscribers_.load(std::memory_order_relaxed));
   }
-  /// Whether publish() would call anyone: test it before building an event.
   [[nodiscard]] bool has_subscribers() const noexcept {
     return subscribers_.load(std::memory_order_relaxed) != 0;
   }
-  /// Calls every subscribed sink with `event`, on this thread. No lock, no allocation.
+  /// Whether a sink wants events of `kind`: test it before building an event.
+  [[nodiscard]] bool wants(EventKind kind) const noexcept {
+    return (wanted_.load(std::memory_order_relaxed) & event_mask(kind)) != 0;
+  }
+  /// Calls every sink subscribed to the event's kind, on this thread. No lock, no allocation.
   void publish(const Event& event) const {
-    if (has_subscribers()) deliver(event);
+    if (wants(event.kind)) deliver(event);
   }
 
  private:
   void deliver(const Event& event) const {
+    const EventMask bit = event_mask(event.kind);
     const int used = used_.load(std::memory_order_acquire);
     for (int i = 0; i < used; ++i) {
-      if (EventSink* sink = slots_[static_cast<std::size_t>(i)].load(std::memory_order_acquire)) {
+      const auto slot = static_cast<std::size_t>(i);
+      EventSink* sink = slots_[slot].load(std::memory_order_acquire);
+      if (sink != nullptr && (masks_[slot].load(std::memory_order_relaxed) & bit) != 0) {
         sink->on_event(event);
       }
     }
   }
 
   std::atomic<int> subscribers_{0};
+  std::atomic<EventMask> wanted_{0};  // the union of the subscribed sinks' masks
   // Slots [0, used_) may hold a sink; publish reads each with one acquire load.
   std::atomic<int> used_{0};
   std::array<std::atomic<EventSink*>, kMaxSubscribers> slots_{};
+  // Each slot's kinds, stored before its sink pointer (a publisher that sees the pointer sees
+  // its mask; while a slot is reused, a publish under way may filter one event by either).
+  std::array<std::atomic<EventMask>, kMaxSubscribers> masks_{};
 
   std::mutex mu_;
   std::array<std::shared_ptr<EventSink>, kMaxSubscribers> owned_;  // guarded by mu_

@@ -83,13 +83,14 @@ class CallbackSink final : public EventSink {
 EventStream::EventStream() = default;
 EventStream::~EventStream() = default;
 
-SubscriptionId EventStream::subscribe(std::shared_ptr<EventSink> sink) {
+SubscriptionId EventStream::subscribe(std::shared_ptr<EventSink> sink, EventMask kinds) {
   if (sink == nullptr) return 0;
   const std::lock_guard lock(mu_);
   for (std::size_t i = 0; i < kMaxSubscribers; ++i) {
     if (ids_[i] != 0) continue;
     const SubscriptionId id = next_id_++;
     ids_[i] = id;
+    masks_[i].store(kinds & kAllEvents, std::memory_order_relaxed);
     // Published with release: a publisher that sees the pointer sees the constructed sink.
     slots_[i].store(sink.get(), std::memory_order_release);
     owned_[i] = std::move(sink);
@@ -98,14 +99,16 @@ SubscriptionId EventStream::subscribe(std::shared_ptr<EventSink> sink) {
       used_.store(used, std::memory_order_release);
     }
     subscribers_.fetch_add(1, std::memory_order_release);
+    wanted_.store(wanted_.load(std::memory_order_relaxed) | (kinds & kAllEvents),
+                  std::memory_order_release);
     return id;
   }
   return 0;
 }
 
-SubscriptionId EventStream::subscribe(std::function<void(const Event&)> callback) {
+SubscriptionId EventStream::subscribe(std::function<void(const Event&)> callback, EventMask kinds) {
   if (!callback) return 0;
-  return subscribe(std::make_shared<CallbackSink>(std::move(callback)));
+  return subscribe(std::make_shared<CallbackSink>(std::move(callback)), kinds);
 }
 
 void EventStream::unsubscribe(SubscriptionId id) {
@@ -116,6 +119,11 @@ void EventStream::unsubscribe(SubscriptionId id) {
     slots_[i].store(nullptr, std::memory_order_release);
     subscribers_.fetch_sub(1, std::memory_order_release);
     ids_[i] = 0;
+    EventMask wanted = 0;
+    for (std::size_t j = 0; j < kMaxSubscribers; ++j) {
+      if (ids_[j] != 0) wanted |= masks_[j].load(std::memory_order_relaxed);
+    }
+    wanted_.store(wanted, std::memory_order_release);
     // A publish under way may still be calling it: keep it alive (the lifetime rule).
     retired_.push_back(std::move(owned_[i]));
     return;
@@ -132,7 +140,7 @@ void EventStream::reclaim() {
 
 void publish_breaker_transitions(BreakerRegistry& registry, EventStream& stream) {
   registry.add_listener([&stream](std::string_view key, BreakerState from, BreakerState to) {
-    if (!stream.has_subscribers()) return;
+    if (!stream.wants(EventKind::kBreakerTransition)) return;
     Event e;
     e.kind = EventKind::kBreakerTransition;
     e.key = key;

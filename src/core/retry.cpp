@@ -306,7 +306,7 @@ Decision RetryState::next(const Outcome& outcome) {
 // Events: each builds its Event only when someone listens.
 
 void RetryState::publish_started() const {
-  if (!events_->has_subscribers()) return;
+  if (!events_->wants(EventKind::kAttemptStarted)) return;
   Event e;
   e.kind = EventKind::kAttemptStarted;
   e.operation = policy_->options().operation;
@@ -316,7 +316,7 @@ void RetryState::publish_started() const {
 
 void RetryState::publish_finished(const Decision& decision) {
   finished_ = attempts_;
-  if (!events_->has_subscribers()) return;
+  if (!events_->wants(EventKind::kAttemptFinished)) return;
   Event e;
   e.kind = EventKind::kAttemptFinished;
   e.operation = policy_->options().operation;
@@ -329,7 +329,7 @@ void RetryState::publish_finished(const Decision& decision) {
 }
 
 void RetryState::publish_refused(const Outcome& failure) const {
-  if (!events_->has_subscribers()) return;
+  if (!events_->wants(EventKind::kBudgetRefused)) return;
   Event e;
   e.kind = EventKind::kBudgetRefused;
   e.operation = policy_->options().operation;
@@ -344,7 +344,7 @@ void RetryState::publish_stop(StopReason reason, bool ended_attempt) {
     d.reason = reason;
     publish_finished(d);
   }
-  if (reason == StopReason::kSuccess || !events_->has_subscribers()) return;
+  if (reason == StopReason::kSuccess || !events_->wants(EventKind::kGaveUp)) return;
   Event e;
   e.kind = EventKind::kGaveUp;
   e.operation = policy_->options().operation;

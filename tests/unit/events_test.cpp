@@ -215,6 +215,27 @@ TEST(EventStream, FormatDecisionIsTheVerboseWording) {
   EXPECT_EQ(keel::to_string(EventKind::kGaveUp), "gave up");
 }
 
+TEST(EventStream, SinksGetOnlyTheKindsTheyAskedFor) {
+  Harness h;  // h.seen takes every kind
+  std::vector<EventKind> outcomes;
+  const auto id =
+      h.stream.subscribe([&](const Event& e) { outcomes.push_back(e.kind); }, keel::kOutcomeEvents);
+  ASSERT_NE(id, 0U);
+  EXPECT_TRUE(h.stream.wants(EventKind::kAttemptStarted));
+  const keel::RetryPolicy policy(h.options());
+  (void)run(policy, {Outcome::transient(), Outcome::success()}, h.call());
+  EXPECT_EQ(outcomes,
+            (std::vector<EventKind>{EventKind::kAttemptFinished, EventKind::kAttemptFinished}));
+  EXPECT_EQ(h.seen.events.size(), 4U);
+
+  h.stream.unsubscribe(h.id);  // only the outcome sink is left: nobody wants the starts
+  EXPECT_FALSE(h.stream.wants(EventKind::kAttemptStarted));
+  EXPECT_TRUE(h.stream.wants(EventKind::kGaveUp));
+  h.stream.unsubscribe(id);
+  EXPECT_FALSE(h.stream.wants(EventKind::kGaveUp));
+  EXPECT_EQ(keel::kOutcomeEvents & keel::event_mask(EventKind::kAttemptStarted), 0U);
+}
+
 TEST(EventStream, AtMostKMaxSubscribersAndSlotsAreReused) {
   keel::EventStream stream;
   std::vector<keel::SubscriptionId> ids;

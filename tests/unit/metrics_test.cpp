@@ -21,7 +21,7 @@ TEST(RetryMetrics, CountsRetriesGiveUpsAndAttemptsPerOperation) {
   prometheus::Registry registry;
   auto metrics = std::make_shared<keel::metrics::RetryMetrics>(registry);
   keel::EventStream events;
-  ASSERT_NE(events.subscribe(metrics), 0U);
+  ASSERT_NE(events.subscribe(metrics, keel::kOutcomeEvents), 0U);
   keel::ManualClock clock;
   keel::Rng rng(3);
   keel::CallOptions call;

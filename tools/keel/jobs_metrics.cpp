@@ -120,7 +120,7 @@ std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
 
 EventStream& Metrics::watch(BreakerRegistry& breakers, const RetryBudget* budget) {
   retry_metrics_ = std::make_shared<metrics::RetryMetrics>(registry_);
-  (void)events_.subscribe(retry_metrics_);
+  (void)events_.subscribe(retry_metrics_, kOutcomeEvents);
   publish_breaker_transitions(breakers, events_);
   breakers_ = &breakers;
   budget_ = budget;

@@ -25,7 +25,7 @@
 // Example:
 //   prometheus::Registry registry;
 //   auto metrics = std::make_shared<keel::metrics::RetryMetrics>(registry);
-//   (void)events.subscribe(metrics);                        // a keel::EventStream
+//   (void)events.subscribe(metrics, keel::kOutcomeEvents);  // a keel::EventStream
 //   // on GET /metrics:
 //   metrics->observe(keel::health_snapshot(breakers, {{"payments", &budget}}));
 //   res.set_content(keel::metrics::serialize({&registry}), keel::metrics::kContentType);
@@ -82,6 +82,7 @@ class RetryMetrics final : public EventSink {
   /// family of the same name is registered already with another type.
   explicit RetryMetrics(prometheus::Registry& registry);
 
+  /// Every kind but kAttemptStarted is counted: subscribe with keel::kOutcomeEvents.
   void on_event(const Event& event) override;
 
   /// Sets the breaker and budget gauges from `health` (call it before each scrape).
