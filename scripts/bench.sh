@@ -17,8 +17,9 @@
 # their argument and in KEEL_BUILD_DIR, 15 minutes at most, output quoted in the report); row 4's
 # one-client table from bench-serve.sh again with CONNECTIONS=1 WRK_THREADS=1; row 6 from the
 # simulator's benchmark (keel_bench_sim) when it was built; row 7 (both HTTP clients against raw
-# libcurl) from keel_bench_http, its benchmarks in randomly interleaved repetitions. Missing ones
-# are reported as "not available".
+# libcurl) from keel_bench_http, its benchmarks in randomly interleaved repetitions; row 8 (the
+# event stream on the success path) from keel_bench_events. Missing ones are reported as "not
+# available".
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -224,6 +225,17 @@ if [[ -n "$sim_bench" ]]; then
     --benchmark_out="$raw/sim.json" --benchmark_out_format=json >"$raw/sim.log.txt" 2>&1
 else
   skip sim "not available: no keel_bench_sim* program was built (bench/sim_bench.cpp)"
+fi
+
+# --- event stream: the success path without and with subscribers --------------------------------
+if [[ -x "$bin/keel_bench_events" ]]; then
+  log "event stream: keel_bench_events ($runs runs)"
+  # Interleaved repetitions: the variants share the machine's load, so their ratios hold.
+  "$bin/keel_bench_events" --benchmark_repetitions="$runs" --benchmark_min_time="$min_time" \
+    --benchmark_enable_random_interleaving=true \
+    --benchmark_out="$raw/events.json" --benchmark_out_format=json >"$raw/events.log.txt" 2>&1
+else
+  skip events "not available: keel_bench_events was not built (bench/events_bench.cpp)"
 fi
 
 # --- report --------------------------------------------------------------------------------------

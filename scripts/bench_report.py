@@ -2,7 +2,7 @@
 """Turns the raw results of scripts/bench.sh into bench/results/latest.md.
 
 Reads RAW/machine.json, RAW/keel_compare.json (Google Benchmark), RAW/peer_*.json (the programs
-in bench/peers/), RAW/fleet_*.json (keel_bench_fleet, one per seed), RAW/sim.json, RAW/serve.txt,
+in bench/peers/), RAW/fleet_*.json (keel_bench_fleet, one per seed), RAW/sim.json, RAW/events.json, RAW/serve.txt,
 RAW/queue.txt and RAW/*.skip (why something was not measured). Every figure is the median of the
 runs, with [min-max] as the spread. Ratios are keel / peer: below 1 keel is faster (or, for the
 fleet, hits the dependency less hard).
@@ -329,6 +329,36 @@ def queue_rows(text, emit, mach, date, goals):
     emit("")
 
 
+def events_rows(raw, emit):
+    """Section 8: keel_bench_events, each variant next to the success path without a stream."""
+    emit("## 8. Event stream on the success path")
+    emit("")
+    path = os.path.join(raw, "events.json")
+    if not os.path.exists(path):
+        emit(skipped(raw, "events") or "not available")
+        emit("")
+        return
+    samples, _, errors = keel_samples([path])
+    emit("keel::retry of a call that succeeds first time (steady clock), with the events it"
+         " publishes (attempt started, attempt finished) going nowhere, to a stream nobody listens"
+         " to, and to one or two subscribers. The goal: one subscriber adds at most 10% (cpu).")
+    emit("")
+    emit("| benchmark | time per call | vs no stream (cpu) |")
+    emit("| --- | --- | --- |")
+    for name, s in samples.items():
+        threads = name.rsplit("/", 1)[1] if "/threads:" in name else "threads:1"
+        base = samples.get(f"BM_Events_Success_NoStream/{threads}")
+        if base is None:
+            base = samples.get("BM_Events_Success_NoStream/threads:1")
+        versus = "n/a"
+        if base is not None and base.median("cpu") and s.median("cpu") is not None:
+            versus = f"{100.0 * (s.median('cpu') / base.median('cpu') - 1.0):+.1f}%"
+        emit(f"| {name} | {s.cell()} | {versus} |")
+    for name, why in errors.items():
+        emit(f"| {name} | error: {why} | |")
+    emit("")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--raw", required=True, help="directory written by scripts/bench.sh")
@@ -594,6 +624,8 @@ def main():
     else:
         emit(skipped(raw, "http") or "not available")
         emit("")
+
+    events_rows(raw, emit)
 
     emit("## Where a peer wins in this run")
     emit("")

@@ -118,6 +118,10 @@ struct BreakerSnapshot {
   std::int64_t slow = 0;      // in the window
   Duration open_remaining{};  // until half-open, when open
   int consecutive_trips = 0;
+  /// failures / calls in the window; 0 when the window is empty.
+  [[nodiscard]] double failure_rate() const noexcept {
+    return calls > 0 ? static_cast<double>(failures) / static_cast<double>(calls) : 0.0;
+  }
 };
 
 class CircuitBreaker {

@@ -59,6 +59,8 @@
 
 namespace keel {
 
+class EventStream;  // keel/events.hpp
+
 /// Why an operation stopped. Every brake has its own value so callers can switch on it.
 enum class StopReason : unsigned char {
   kSuccess,            // the last attempt succeeded
@@ -128,6 +130,11 @@ struct RetryOptions {
   std::function<void(const RetryEvent&)> on_retry;
   /// Called once when the operation stops without success. Default none.
   std::function<void(const GiveUpEvent&)> on_give_up;
+  /// Where the operations of this policy publish their attempts, budget refusals and give-ups
+  /// (keel/events.hpp). Non-owning; Requires: outlives the policy. Default none.
+  EventStream* events = nullptr;
+  /// Names the operations of this policy in their events (Event::operation). Default empty.
+  std::string operation;
 };
 
 /// Validated, immutable retry configuration, shared by many operations.
@@ -330,6 +337,11 @@ class RetryState {
 
  private:
   Decision stop(StopReason reason);
+  // Event publishing (keel/events.hpp), called only when events_ is set.
+  void publish_started() const;
+  void publish_finished(const Decision& decision);
+  void publish_refused(const Outcome& failure) const;
+  void publish_stop(StopReason reason, bool ended_attempt);
 
   const RetryPolicy* policy_;
   Clock* clock_;
@@ -351,6 +363,8 @@ class RetryState {
   bool stopped_ = false;
   bool in_attempt_ = false;
   StopReason reason_ = StopReason::kSuccess;
+  EventStream* events_ = nullptr;
+  int finished_ = 0;  // the last attempt whose kAttemptFinished event was published
 };
 
 /// The result of keel::retry: the last attempt's value, its outcome and why the loop stopped.

@@ -5,6 +5,7 @@
 
 #include "detail/invalid.hpp"
 #include "keel/duration.hpp"
+#include "keel/events.hpp"
 
 namespace keel {
 
@@ -164,6 +165,7 @@ RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
     nested_ = true;
     max_attempts_ = 1;
   }
+  events_ = policy.options().events;
   deadline_ = call.deadline.min(call.ceiling);
   if (policy.options().overall_timeout < kInfinite) {
     deadline_ =
@@ -172,6 +174,7 @@ RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
 }
 
 Decision RetryState::stop(StopReason reason) {
+  if (events_ != nullptr) publish_stop(reason, !in_attempt_ && finished_ < attempts_);
   stopped_ = true;
   in_attempt_ = false;
   reason_ = reason;
@@ -207,6 +210,7 @@ AttemptStart RetryState::start_attempt() {
   if (attempts_ == 0 && prior_attempts_ > 0 && budget_ != nullptr) {
     budget_permit_ = budget_->try_acquire_retry(Outcome::transient());
     if (!budget_permit_.granted) {
+      if (events_ != nullptr) publish_refused(Outcome::transient());
       start.reason = stop(StopReason::kBudgetExhausted).reason;
       return start;
     }
@@ -229,6 +233,7 @@ AttemptStart RetryState::start_attempt() {
   start.attempt.number = attempts_;
   start.attempt.timeout = opt.per_try_timeout < left ? opt.per_try_timeout : left;
   start.attempt.deadline = deadline_;
+  if (events_ != nullptr) publish_started();
   return start;
 }
 
@@ -276,7 +281,10 @@ Decision RetryState::next(const Outcome& outcome) {
   // Last: the budget is charged only for a retry that will happen.
   if (budget_ != nullptr) {
     budget_permit_ = budget_->try_acquire_retry(outcome);
-    if (!budget_permit_.granted) return stop(StopReason::kBudgetExhausted);
+    if (!budget_permit_.granted) {
+      if (events_ != nullptr) publish_refused(outcome);
+      return stop(StopReason::kBudgetExhausted);
+    }
   }
 
   limited_retries_ = verdict.progress.limited_retries;
@@ -293,7 +301,60 @@ Decision RetryState::next(const Outcome& outcome) {
   Decision d;
   d.retry = true;
   d.delay = verdict.delay;
+  if (events_ != nullptr) publish_finished(d);
   return d;
+}
+
+// Events: each builds its Event only when someone listens.
+
+void RetryState::publish_started() const {
+  if (!events_->wants(EventKind::kAttemptStarted)) return;
+  Event e;
+  e.kind = EventKind::kAttemptStarted;
+  e.operation = policy_->options().operation;
+  e.attempt = attempts_;
+  events_->publish(e);
+}
+
+void RetryState::publish_finished(const Decision& decision) {
+  finished_ = attempts_;
+  if (!events_->wants(EventKind::kAttemptFinished)) return;
+  Event e;
+  e.kind = EventKind::kAttemptFinished;
+  e.operation = policy_->options().operation;
+  e.attempt = attempts_;
+  e.outcome = last_;
+  e.will_retry = decision.retry;
+  e.delay = decision.delay;
+  e.reason = decision.reason;
+  events_->publish(e);
+}
+
+void RetryState::publish_refused(const Outcome& failure) const {
+  if (!events_->wants(EventKind::kBudgetRefused)) return;
+  Event e;
+  e.kind = EventKind::kBudgetRefused;
+  e.operation = policy_->options().operation;
+  e.attempt = attempts_;
+  e.outcome = failure;
+  events_->publish(e);
+}
+
+void RetryState::publish_stop(StopReason reason, bool ended_attempt) {
+  if (ended_attempt) {
+    Decision d;
+    d.reason = reason;
+    publish_finished(d);
+  }
+  if (reason == StopReason::kSuccess || !events_->wants(EventKind::kGaveUp)) return;
+  Event e;
+  e.kind = EventKind::kGaveUp;
+  e.operation = policy_->options().operation;
+  e.attempt = attempts_;
+  e.outcome = last_;
+  e.reason = reason;
+  e.elapsed = elapsed();
+  events_->publish(e);
 }
 
 }  // namespace keel

@@ -22,6 +22,7 @@
 #include "commands.hpp"
 #include "keel/backoff.hpp"
 #include "keel/duration.hpp"
+#include "keel/events.hpp"
 #include "keel/http/client.hpp"
 #include "keel/policy_check.hpp"
 #include "policy_flags.hpp"
@@ -280,12 +281,8 @@ int run_call(const CallArgs& a) {
                          std::string(e.method) + " " + std::string(e.url) + " -> " +
                          describe(e.outcome);
       if (!e.error.empty()) line += " [" + std::string(e.error) + "]";
-      line += " in " + format_duration(e.took);
-      if (e.will_retry) {
-        line += "; retry in " + format_duration(e.delay);
-      } else {
-        line += "; stop: " + std::string(to_string(e.reason));
-      }
+      line += " in " + format_duration(e.took) + "; " +
+              format_decision(e.will_retry, e.delay, e.reason);  // the events' words
       std::fprintf(stderr, "%s\n", line.c_str());
     };
   }

@@ -1,4 +1,5 @@
-// `keel jobs work`'s Prometheus metrics and breaker log lines (see jobs_metrics.hpp).
+// `keel jobs work`'s Prometheus metrics (through prometheus-cpp; jobs_metrics_text.cpp without
+// it) and breaker log lines (see jobs_metrics.hpp).
 #include "jobs_metrics.hpp"
 
 #include <chrono>
@@ -7,25 +8,11 @@
 #include <utility>
 
 #include "keel/duration.hpp"
+#if KEEL_CLI_METRICS
+#include "keel/metrics/metrics.hpp"
+#endif
 
 namespace keel::cli::jobs_cli {
-namespace {
-
-std::string escape_label(std::string_view v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
-}  // namespace
-
 Metrics::Metrics(std::string queue, bool dead_letter_retention)
     : queue_(std::move(queue)), dead_letter_retention_(dead_letter_retention) {
   for (const char* o : {"success", "transient", "throttled", "ambiguous", "permanent"}) {
@@ -56,9 +43,8 @@ void Metrics::dead_letters_pruned(std::int64_t n) {
   pruned_ += n;
 }
 
+#if KEEL_CLI_METRICS
 std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
-  std::ostringstream out;
-  out << "# HELP keel_queue_jobs Jobs by queue and state.\n# TYPE keel_queue_jobs gauge\n";
   bool have_own = false;
   for (const auto& s : stats) have_own = have_own || s.queue == queue_;
   std::vector<store::QueueStats> all = stats;
@@ -67,72 +53,80 @@ std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
     empty.queue = queue_;
     all.push_back(empty);
   }
+  metrics::Scrape scrape;
   for (const auto& s : all) {
-    const std::string q = escape_label(s.queue);
     const std::pair<const char*, std::int64_t> states[] = {{"ready", s.ready},
                                                            {"running", s.running},
                                                            {"retry_scheduled", s.retry_scheduled},
                                                            {"done", s.done},
                                                            {"dead", s.dead}};
     for (const auto& [state, n] : states) {
-      out << "keel_queue_jobs{queue=\"" << q << "\",state=\"" << state << "\"} " << n << '\n';
+      scrape.gauge("keel_queue_jobs", "Jobs by queue and state.",
+                   {{"queue", s.queue}, {"state", state}}, static_cast<double>(n));
     }
   }
-  out << "# HELP keel_queue_dead_letter_depth Jobs in the dead-letter queue (0 when empty).\n"
-         "# TYPE keel_queue_dead_letter_depth gauge\n";
   for (const auto& s : all) {
-    out << "keel_queue_dead_letter_depth{queue=\"" << escape_label(s.queue) << "\"} " << s.dead
-        << '\n';
+    scrape.gauge("keel_queue_dead_letter_depth", "Jobs in the dead-letter queue (0 when empty).",
+                 {{"queue", s.queue}}, static_cast<double>(s.dead));
   }
-  out << "# HELP keel_queue_deferred_jobs Jobs waiting because a breaker or budget refused them "
-         "(not because an attempt failed).\n# TYPE keel_queue_deferred_jobs gauge\n";
   for (const auto& s : all) {
-    out << "keel_queue_deferred_jobs{queue=\"" << escape_label(s.queue) << "\"} " << s.deferred
-        << '\n';
+    scrape.gauge("keel_queue_deferred_jobs",
+                 "Jobs waiting because a breaker or budget refused them (not because an attempt "
+                 "failed).",
+                 {{"queue", s.queue}}, static_cast<double>(s.deferred));
   }
-  out << "# HELP keel_queue_oldest_ready_age_seconds Age of the oldest job waiting for a "
-         "worker.\n# TYPE keel_queue_oldest_ready_age_seconds gauge\n";
   for (const auto& s : all) {
-    out << "keel_queue_oldest_ready_age_seconds{queue=\"" << escape_label(s.queue) << "\"} "
-        << std::chrono::duration<double>(s.oldest_ready_age).count() << '\n';
+    scrape.gauge("keel_queue_oldest_ready_age_seconds",
+                 "Age of the oldest job waiting for a worker.", {{"queue", s.queue}},
+                 std::chrono::duration<double>(s.oldest_ready_age).count());
   }
-  const std::string q = escape_label(queue_);
   if (dead_letter_retention_) {
     // Only the worker's own queue: the one whose dead jobs it prunes.
     std::int64_t expiring = 0;
     for (const auto& s : all) {
       if (s.queue == queue_) expiring = s.dead_expiring;
     }
-    out << "# HELP keel_queue_dead_letter_expiring_jobs Dead jobs this worker prunes within the "
-           "warning window (past the dead-letter retention by then); replay them first.\n"
-           "# TYPE keel_queue_dead_letter_expiring_jobs gauge\n"
-        << "keel_queue_dead_letter_expiring_jobs{queue=\"" << q << "\"} " << expiring << '\n';
+    scrape.gauge("keel_queue_dead_letter_expiring_jobs",
+                 "Dead jobs this worker prunes within the warning window (past the dead-letter "
+                 "retention by then); replay them first.",
+                 {{"queue", queue_}}, static_cast<double>(expiring));
   }
   std::lock_guard lock(mu_);
-  out << "# HELP keel_queue_attempts_total Job attempts run by this worker, by outcome.\n"
-         "# TYPE keel_queue_attempts_total counter\n";
   for (const auto& [outcome, n] : attempts_) {
-    out << "keel_queue_attempts_total{queue=\"" << q << "\",outcome=\"" << outcome << "\"} " << n
-        << '\n';
+    scrape.counter("keel_queue_attempts_total", "Job attempts run by this worker, by outcome.",
+                   {{"queue", queue_}, {"outcome", outcome}}, static_cast<double>(n));
   }
-  out << "# HELP keel_queue_dead_lettered_total Jobs this worker moved to the dead-letter "
-         "queue, by reason.\n# TYPE keel_queue_dead_lettered_total counter\n";
   for (const auto& [reason, n] : dead_lettered_) {
-    out << "keel_queue_dead_lettered_total{queue=\"" << q << "\",reason=\"" << reason << "\"} " << n
-        << '\n';
+    scrape.counter("keel_queue_dead_lettered_total",
+                   "Jobs this worker moved to the dead-letter queue, by reason.",
+                   {{"queue", queue_}, {"reason", reason}}, static_cast<double>(n));
   }
-  out << "# HELP keel_queue_deferrals_total Jobs this worker deferred without sending (a brake "
-         "refused).\n# TYPE keel_queue_deferrals_total counter\n"
-      << "keel_queue_deferrals_total{queue=\"" << q << "\"} " << deferrals_ << '\n';
-  out << "# HELP keel_queue_stale_completions_total Outcomes refused because the lease had "
-         "been lost.\n# TYPE keel_queue_stale_completions_total counter\n"
-      << "keel_queue_stale_completions_total{queue=\"" << q << "\"} " << stale_ << '\n';
-  out << "# HELP keel_queue_dead_letters_pruned_total Dead jobs this worker deleted because they "
-         "outlived the dead-letter retention.\n# TYPE keel_queue_dead_letters_pruned_total "
-         "counter\n"
-      << "keel_queue_dead_letters_pruned_total{queue=\"" << q << "\"} " << pruned_ << '\n';
-  return out.str();
+  scrape.counter("keel_queue_deferrals_total",
+                 "Jobs this worker deferred without sending (a brake refused).",
+                 {{"queue", queue_}}, static_cast<double>(deferrals_));
+  scrape.counter("keel_queue_stale_completions_total",
+                 "Outcomes refused because the lease had been lost.", {{"queue", queue_}},
+                 static_cast<double>(stale_));
+  scrape.counter("keel_queue_dead_letters_pruned_total",
+                 "Dead jobs this worker deleted because they outlived the dead-letter retention.",
+                 {{"queue", queue_}}, static_cast<double>(pruned_));
+  std::string text = scrape.text();
+  if (retry_metrics_ != nullptr) {
+    retry_metrics_->observe(health_snapshot(*breakers_, {{"webhook", budget_}}));
+    text += metrics::serialize({&registry_});
+  }
+  return text;
 }
+
+EventStream& Metrics::watch(BreakerRegistry& breakers, const RetryBudget* budget) {
+  retry_metrics_ = std::make_shared<metrics::RetryMetrics>(registry_);
+  (void)events_.subscribe(retry_metrics_, kOutcomeEvents);
+  publish_breaker_transitions(breakers, events_);
+  breakers_ = &breakers;
+  budget_ = budget;
+  return events_;
+}
+#endif
 
 void BreakerLog::on_change(std::string_view key, BreakerState from, BreakerState to) {
   const TimePoint now = steady_clock().now();

@@ -123,7 +123,9 @@ struct Result {
   [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
 };
 
-/// Passed to ClientOptions::on_attempt after every attempt.
+/// Passed to ClientOptions::on_attempt after every attempt. The fields and words are those of
+/// keel::Event's kAttemptFinished (keel/events.hpp): the outcome, and the decision as
+/// keel::format_decision writes it.
 struct AttemptEvent {
   std::string_view method;
   std::string_view url;
