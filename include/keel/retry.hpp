@@ -97,7 +97,7 @@ struct RetryEvent {
 /// Passed to on_give_up when an operation stops for any reason but success.
 struct GiveUpEvent {
   int attempts = 0;
-  Duration elapsed{};
+  Duration elapsed{};  // RetryState::elapsed() when it stopped
   StopReason reason = StopReason::kAttemptsExhausted;
   Outcome last;  // the last attempt's outcome (default for a stop before any attempt)
 };
@@ -178,6 +178,32 @@ class RetryScope {
 
 /// Keel retry loops running around the caller: in `context` when given, else on this thread.
 [[nodiscard]] int retry_depth(const RetryContext* context = nullptr) noexcept;
+
+namespace detail {
+// This thread's retry depth. Inline, with a constant initializer, so that the retry loop's
+// scope and depth check are a plain thread-local access where they are used.
+inline thread_local constinit int t_retry_depth = 0;
+}  // namespace detail
+
+inline RetryScope::RetryScope(RetryContext* context) noexcept : context_(context) {
+  if (context_ != nullptr) {
+    context_->enter();
+  } else {
+    ++detail::t_retry_depth;
+  }
+}
+
+inline RetryScope::~RetryScope() {
+  if (context_ != nullptr) {
+    context_->leave();
+  } else {
+    --detail::t_retry_depth;
+  }
+}
+
+inline int retry_depth(const RetryContext* context) noexcept {
+  return context != nullptr ? context->depth() : detail::t_retry_depth;
+}
 
 /// Per-call inputs that are not policy: where time and randomness come from, the caller's
 /// deadline, and whether the operation is safe to repeat.
@@ -310,7 +336,13 @@ class RetryState {
   void cancel();
 
   [[nodiscard]] int attempts() const noexcept { return attempts_; }
-  [[nodiscard]] Duration elapsed() const noexcept { return clock_->now() - started_; }
+  /// Time since the operation started. The engine reads the clock at construction only when
+  /// the operation has a deadline or a per-try timeout; otherwise nothing needs the time until
+  /// an attempt fails, and elapsed() counts from the end of that attempt (zero until then, so a
+  /// first-try success reads no clock at all).
+  [[nodiscard]] Duration elapsed() const noexcept {
+    return timed_ ? clock_->now() - started_ : Duration::zero();
+  }
   [[nodiscard]] Deadline deadline() const noexcept { return deadline_; }
   [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
   /// The last outcome passed to next(); kNotAttempted before any (with the breaker's retry_in
@@ -346,6 +378,7 @@ class RetryState {
   bool nested_ = false;
   bool stopped_ = false;
   bool in_attempt_ = false;
+  bool timed_ = false;  // started_ holds a clock read
   StopReason reason_ = StopReason::kSuccess;
 };
 
@@ -358,6 +391,8 @@ struct RetryResult {
   Outcome outcome;
   StopReason reason = StopReason::kSuccess;
   int attempts = 0;
+  /// From the start to the stop (RetryState::elapsed): without a deadline or a per-try timeout
+  /// it counts from the end of the first failed attempt, and is zero for a first-try success.
   Duration elapsed{};
   [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
 };
@@ -396,7 +431,8 @@ requires std::is_invocable_r_v < Outcome, Classify&, const detail::attempt_resul
     state.clock().sleep_for(decision.delay);
   }
   result.attempts = state.attempts();
-  result.outcome = state.last_outcome();
+  // After an attempt the outcome is already state.last_outcome(); copy it only when none ran.
+  if (result.attempts == 0) result.outcome = state.last_outcome();
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();
   return result;

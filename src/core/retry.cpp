@@ -44,30 +44,6 @@ std::string format_give_up(const GiveUpEvent& e, std::string_view what) {
 }
 
 namespace {
-thread_local int t_retry_depth = 0;
-}  // namespace
-
-RetryScope::RetryScope(RetryContext* context) noexcept : context_(context) {
-  if (context_ != nullptr) {
-    context_->enter();
-  } else {
-    ++t_retry_depth;
-  }
-}
-
-RetryScope::~RetryScope() {
-  if (context_ != nullptr) {
-    context_->leave();
-  } else {
-    --t_retry_depth;
-  }
-}
-
-int retry_depth(const RetryContext* context) noexcept {
-  return context != nullptr ? context->depth() : t_retry_depth;
-}
-
-namespace {
 void require(bool ok, const char* field, const char* requirement, Duration got) {
   if (!ok) detail::reject("RetryPolicy", field, requirement, format_duration(got));
 }
@@ -151,8 +127,7 @@ RetryVerdict decide_retry(const RetryPolicy& policy, const RetryLimits& limits,
 RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
     : policy_(&policy),
       clock_(call.clock != nullptr ? call.clock : &steady_clock()),
-      rng_(call.rng != nullptr ? call.rng : &thread_rng()),
-      started_(clock_->now()),
+      rng_(call.rng),  // thread_rng() is looked up at the first retry decision
       max_attempts_(policy.options().max_attempts),
       prior_attempts_(call.prior_attempts > 0 ? call.prior_attempts : 0),
       budget_(call.budget),
@@ -163,9 +138,16 @@ RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
     max_attempts_ = 1;
   }
   deadline_ = call.deadline.min(call.ceiling);
-  if (policy.options().overall_timeout < kInfinite) {
-    deadline_ =
-        deadline_.min(Deadline::at(saturating_add(started_, policy.options().overall_timeout)));
+  const RetryOptions& opt = policy.options();
+  // The time of the start is needed only for a deadline or a per-try timeout (elapsed() then
+  // counts from here); otherwise next() reads the clock first when an attempt fails.
+  if (!deadline_.is_infinite() || opt.overall_timeout < kInfinite ||
+      opt.per_try_timeout < kInfinite) {
+    started_ = clock_->now();
+    timed_ = true;
+  }
+  if (opt.overall_timeout < kInfinite) {
+    deadline_ = deadline_.min(Deadline::at(saturating_add(started_, opt.overall_timeout)));
   }
 }
 
@@ -255,6 +237,11 @@ Decision RetryState::next(const Outcome& outcome) {
   // A success stops whatever the limits (decide_retry's first rule): skip building them, and the
   // deadline's clock read.
   if (outcome.kind == OutcomeKind::kSuccess) return stop(StopReason::kSuccess);
+  if (!timed_) {
+    started_ = clock_->now();
+    timed_ = true;
+  }
+  if (rng_ == nullptr) rng_ = &thread_rng();
 
   RetryLimits limits;
   limits.max_attempts = max_attempts_;
