@@ -223,10 +223,7 @@ struct CircuitBreaker::Window {
 CircuitBreaker::CircuitBreaker(BreakerOptions options)
     : options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : &steady_clock()),
-      // The same monotonic time, at the 1-4 ms resolution a window of second-long buckets
-      // needs, for a few ns instead of a steady read's ~25 (only for the process's steady clock:
-      // any other clock, a ManualClock for one, places calls by its own time).
-      window_clock_(clock_ == &steady_clock() ? &coarse_clock() : clock_) {
+      window_clock_(clock_) {
   const BreakerOptions& o = options_;
   if (o.window_calls < 1 || o.window_calls > 100000) {
     reject("window_calls", "in [1, 100000]", std::to_string(o.window_calls));
@@ -276,6 +273,12 @@ CircuitBreaker::CircuitBreaker(BreakerOptions options)
       reject("window_buckets", "at most window_length / 1us", std::to_string(o.window_buckets));
     }
     w.time.init(o.window_buckets);
+    // Buckets of 100 ms or more do not need more than the kernel tick's resolution (1-10 ms):
+    // on the process's steady clock they are placed by the coarse one, the same monotonic time
+    // for a few ns instead of ~25. Any other clock (a ManualClock) places calls by its own time.
+    if (clock_ == &steady_clock() && w.step >= std::chrono::milliseconds(100)) {
+      window_clock_ = &coarse_clock();
+    }
   } else {
     w.init_count(o.window_calls);
   }
