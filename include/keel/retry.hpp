@@ -43,6 +43,7 @@
 #include <atomic>
 #include <chrono>
 #include <concepts>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
@@ -425,7 +426,11 @@ requires std::is_invocable_r_v < Outcome, Classify&, const detail::attempt_resul
   const RetryScope scope(call.context);  // loops started inside fn are nested in this one
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
     result.value.emplace(detail::invoke_attempt(fn, start.attempt));
-    result.outcome = std::invoke(classify, std::as_const(*result.value));
+    const Outcome outcome = std::invoke(classify, std::as_const(*result.value));
+    // Whole (the compiler's member copy overlaps its two halves), as RetryState::next copies it:
+    // its loads then match these stores instead of waiting for them to reach the cache.
+    static_assert(std::is_trivially_copyable_v<Outcome>);
+    std::memcpy(&result.outcome, &outcome, sizeof(Outcome));
     const Decision decision = state.next(result.outcome);
     if (!decision.retry) break;
     state.clock().sleep_for(decision.delay);

@@ -1,5 +1,6 @@
 #include "keel/retry.hpp"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -230,7 +231,7 @@ Decision RetryState::next(const Outcome& outcome) {
     return d;
   }
   in_attempt_ = false;
-  last_ = outcome;
+  std::memcpy(&last_, &outcome, sizeof(Outcome));  // whole, as keel::retry stores it
   if (breaker_ != nullptr) breaker_->record(breaker_permit_, outcome);
   if (budget_ != nullptr) budget_->record(outcome, budget_permit_);
   budget_permit_ = {};
