@@ -2,8 +2,8 @@
 // (construct state, start_attempt, next) and of one retry decision, next to the floor measured in
 // the same run: one steady-clock read plus one uncontended atomic increment. Without a deadline
 // or a per-try timeout a first-try success reads no clock; the _Deadline variants show what the
-// reads a deadline needs cost (RetryState: at the start and before the attempt; keel::retry also
-// for RetryResult::elapsed).
+// reads a deadline needs cost (RetryState driven by hand: at the start and before the attempt;
+// keel::retry: at the start, which its first deadline check reuses, and for elapsed).
 #include <benchmark/benchmark.h>
 
 #include <atomic>

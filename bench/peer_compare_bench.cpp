@@ -147,8 +147,8 @@ void BM_Retry_Success_CoarseClock(benchmark::State& state) {
 }
 BENCHMARK(BM_Retry_Success_CoarseClock);
 // As BM_Retry_Success with an overall timeout of 15 min, cenkalti's default MaxElapsedTime (its
-// Reset reads the clock once): keel reads the steady clock at the start, before the attempt and
-// for RetryResult::elapsed.
+// Reset reads the clock once): keel reads the steady clock at the start (which the first
+// deadline check reuses) and for RetryResult::elapsed.
 void BM_Retry_Success_Deadline(benchmark::State& state) {
   static const keel::RetryPolicy with_deadline(
       {.max_attempts = 3, .overall_timeout = std::chrono::minutes(15)});

@@ -320,6 +320,13 @@ class RetryState {
  public:
   explicit RetryState(const RetryPolicy& policy, const CallOptions& call = {});
 
+  /// Tag for a driver that calls start_attempt() right after constructing the state.
+  struct StartsAtOnce {};
+  /// As above; the first start_attempt() checks the deadline against the clock read made here
+  /// (when there is a deadline) instead of reading the clock again. keel::retry uses it; a
+  /// driver that may start its first attempt later must not.
+  RetryState(const RetryPolicy& policy, const CallOptions& call, StartsAtOnce);
+
   /// Checks the deadline, then the circuit breaker, before an attempt. When it may proceed,
   /// returns the attempt's number and timeout; otherwise the reason to stop (kDeadline,
   /// kCircuitOpen; the give-up hook has been called).
@@ -379,7 +386,8 @@ class RetryState {
   bool nested_ = false;
   bool stopped_ = false;
   bool in_attempt_ = false;
-  bool timed_ = false;  // started_ holds a clock read
+  bool timed_ = false;         // started_ holds a clock read
+  bool start_is_now_ = false;  // StartsAtOnce: the first attempt starts at started_
   StopReason reason_ = StopReason::kSuccess;
 };
 
@@ -422,7 +430,7 @@ requires std::is_invocable_r_v < Outcome, Classify&, const detail::attempt_resul
                                                                   const CallOptions& call = {}) {
   using T = detail::attempt_result_t<Fn>;
   RetryResult<T> result;
-  RetryState state(policy, call);
+  RetryState state(policy, call, RetryState::StartsAtOnce{});
   const RetryScope scope(call.context);  // loops started inside fn are nested in this one
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
     result.value.emplace(detail::invoke_attempt(fn, start.attempt));

@@ -152,6 +152,11 @@ RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
   }
 }
 
+RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call, StartsAtOnce)
+    : RetryState(policy, call) {
+  start_is_now_ = timed_;
+}
+
 Decision RetryState::stop(StopReason reason) {
   stopped_ = true;
   in_attempt_ = false;
@@ -177,7 +182,10 @@ AttemptStart RetryState::start_attempt() {
   }
   const RetryOptions& opt = policy_->options();
   // Without a deadline the time left is infinite whatever the time: no clock read.
-  const Duration left = deadline_.is_infinite() ? kInfinite : deadline_.remaining(clock_->now());
+  const Duration left =
+      deadline_.is_infinite()
+          ? kInfinite
+          : deadline_.remaining(start_is_now_ && attempts_ == 0 ? started_ : clock_->now());
   if (left <= Duration::zero() || (attempts_ > 0 && left < opt.min_attempt_time)) {
     if (budget_ != nullptr) budget_->cancel(budget_permit_);
     budget_permit_ = {};

@@ -93,6 +93,34 @@ TEST(RetryClock, AnOverallTimeoutIsMeasuredFromTheStart) {
   EXPECT_GE(h.clock.reads(), 1);
 }
 
+// keel::retry starts its first attempt as it constructs the state: with a deadline it reads the
+// clock at the start and for elapsed, not a third time for the first deadline check.
+TEST(RetryClock, WithADeadlineKeelRetryReadsAtTheStartAndForElapsed) {
+  Harness h;
+  const RetryPolicy policy({.max_attempts = 3, .overall_timeout = 10s});
+  auto r = keel::retry(policy, TimedScript{h.clock, 0s, {Outcome::success()}}, h.call());
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(h.clock.reads(), 2);
+}
+
+// A state driven by hand checks the deadline at the first start_attempt() itself: time that
+// passed since construction counts.
+TEST(RetryClock, AHandDrivenStateChecksTheDeadlineWhenTheFirstAttemptStarts) {
+  Harness h;
+  const RetryPolicy policy({.max_attempts = 3});
+  keel::RetryState late(policy, h.call(keel::Deadline::after(h.clock, 1s)));
+  h.clock.advance(2s);
+  const keel::AttemptStart start = late.start_attempt();
+  EXPECT_FALSE(start.proceed);
+  EXPECT_EQ(start.reason, keel::StopReason::kDeadline);
+
+  keel::RetryState soon(policy, h.call(keel::Deadline::after(h.clock, 1s)));
+  h.clock.advance(400ms);
+  const keel::AttemptStart first = soon.start_attempt();
+  ASSERT_TRUE(first.proceed);
+  EXPECT_EQ(first.attempt.timeout, 600ms);
+}
+
 TEST(RetryClock, ACallersDeadlineIsMeasuredFromTheStart) {
   Harness h;
   const RetryPolicy policy({.max_attempts = 3});
