@@ -3,8 +3,11 @@
 // the same run: one steady-clock read plus one uncontended atomic increment.
 //
 // Each benchmark reports allocs/op and clock_reads/op (counted in a separate, untimed call with
-// counting clocks: steady reads and coarse reads apart). With several threads, items_per_second
-// is the aggregate throughput of all of them.
+// counting clocks: steady reads and coarse reads apart). A counting clock is not
+// keel::steady_clock() itself, so for the breaker on the steady clock (kTimeSteady) the count
+// shows one steady read where the timed run, on keel::steady_clock(), makes one coarse read (the
+// breaker places its window by the coarse clock; see BreakerOptions::clock). With several
+// threads, items_per_second is the aggregate throughput of all of them.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
