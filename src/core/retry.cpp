@@ -239,7 +239,8 @@ Decision RetryState::next(const Outcome& outcome) {
     return d;
   }
   in_attempt_ = false;
-  std::memcpy(&last_, &outcome, sizeof(Outcome));  // whole, as keel::retry stores it
+  // Whole, as keel::retry stores it (and never onto itself: next(last_outcome()) is allowed).
+  if (&outcome != &last_) std::memcpy(&last_, &outcome, sizeof(Outcome));
   if (breaker_ != nullptr) breaker_->record(breaker_permit_, outcome);
   if (budget_ != nullptr) budget_->record(outcome, budget_permit_);
   budget_permit_ = {};
