@@ -3,8 +3,11 @@
 // the same run: one steady-clock read plus one uncontended atomic increment.
 //
 // Each benchmark reports allocs/op and clock_reads/op (counted in a separate, untimed call with
-// counting clocks: steady reads and coarse reads apart). With several threads, items_per_second
-// is the aggregate throughput of all of them.
+// counting clocks: steady reads and coarse reads apart). A counting clock is not
+// keel::steady_clock() itself, so for the breaker on the steady clock (kTimeSteady) the count
+// shows one steady read where the timed run, on keel::steady_clock(), makes one coarse read (the
+// breaker places its window by the coarse clock; see BreakerOptions::clock). With several
+// threads, items_per_second is the aggregate throughput of all of them.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -121,7 +124,7 @@ BENCHMARK(BM_ClockRead_Coarse);
 
 enum class Driver {
   kStateMachine,  // RetryState driven by hand, as an event loop does
-  kRetryHelper,   // keel::retry (adds a clock read for RetryResult::elapsed, and the scope)
+  kRetryHelper,   // keel::retry (adds the retry scope; no clock read without a deadline)
 };
 
 template <Driver kDriver>
@@ -183,7 +186,8 @@ BENCHMARK_TEMPLATE(BM_Guarded, Driver::kStateMachine, BudgetKind::kThrottle,
     ->Threads(1)
     ->Threads(2)
     ->UseRealTime();
-// The same on the precise clock, and the count window (shared ring index: contended).
+// The same on the steady clock (its window placed by the coarse clock), and the count window
+// (ring slots handed out in runs per thread).
 BENCHMARK_TEMPLATE(BM_Guarded, Driver::kStateMachine, BudgetKind::kTokenBucket,
                    BreakerKind::kTimeSteady)
     ->Threads(1)
@@ -193,9 +197,18 @@ BENCHMARK_TEMPLATE(BM_Guarded, Driver::kStateMachine, BudgetKind::kTokenBucket, 
     ->Threads(1)
     ->Threads(2)
     ->UseRealTime();
-// The same guarded call through keel::retry.
+// The same guarded call through keel::retry, with each breaker window kind.
 BENCHMARK_TEMPLATE(BM_Guarded, Driver::kRetryHelper, BudgetKind::kTokenBucket,
                    BreakerKind::kTimeCoarse)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime();
+BENCHMARK_TEMPLATE(BM_Guarded, Driver::kRetryHelper, BudgetKind::kTokenBucket,
+                   BreakerKind::kTimeSteady)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime();
+BENCHMARK_TEMPLATE(BM_Guarded, Driver::kRetryHelper, BudgetKind::kTokenBucket, BreakerKind::kCount)
     ->Threads(1)
     ->Threads(2)
     ->UseRealTime();

@@ -90,7 +90,10 @@ struct BreakerOptions {
   /// Default 30 s.
   Duration half_open_timeout = std::chrono::seconds(30);
   /// Where time comes from. keel::coarse_clock() suffices for second-long windows and is much
-  /// cheaper to read. Default keel::steady_clock(). Requires: outlives the breaker.
+  /// cheaper to read. Default keel::steady_clock(); with it, record() places a call in a time
+  /// window's buckets of 100 ms or more by keel::coarse_clock() (the same monotonic time at the
+  /// kernel tick's resolution, 1-10 ms), while breaks, trial timeouts and slow calls keep the
+  /// steady clock's precision. Requires: outlives the breaker.
   Clock* clock = nullptr;
   /// Called on every state change, on the thread that made it, with no lock held. Default none.
   std::function<void(BreakerState from, BreakerState to)> on_state_change;
@@ -173,6 +176,7 @@ class CircuitBreaker {
 
   BreakerOptions options_;
   Clock* clock_;
+  Clock* window_clock_;  // places calls in a time window's buckets (see BreakerOptions::clock)
   TimePoint origin_{};
   std::int64_t failure_ppm_ = 0;
   std::int64_t slow_ppm_ = 0;

@@ -89,7 +89,9 @@ struct RatioBudgetOptions {
   /// Default 10.
   int buckets = 10;
   /// Where time comes from. keel::coarse_clock() is precise enough for second-long windows and
-  /// much cheaper to read. Default keel::steady_clock().
+  /// much cheaper to read. Default keel::steady_clock(); with it, steps of 100 ms or more are
+  /// read from keel::coarse_clock() (the same monotonic time at the kernel tick's resolution,
+  /// 1-10 ms).
   Clock* clock = nullptr;
 };
 

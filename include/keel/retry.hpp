@@ -43,6 +43,7 @@
 #include <atomic>
 #include <chrono>
 #include <concepts>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
@@ -103,7 +104,7 @@ struct RetryEvent {
 /// Passed to on_give_up when an operation stops for any reason but success.
 struct GiveUpEvent {
   int attempts = 0;
-  Duration elapsed{};
+  Duration elapsed{};  // RetryState::elapsed() when it stopped
   StopReason reason = StopReason::kAttemptsExhausted;
   Outcome last;  // the last attempt's outcome (default for a stop before any attempt)
 };
@@ -189,6 +190,32 @@ class RetryScope {
 
 /// Keel retry loops running around the caller: in `context` when given, else on this thread.
 [[nodiscard]] int retry_depth(const RetryContext* context = nullptr) noexcept;
+
+namespace detail {
+// This thread's retry depth. Inline, with a constant initializer, so that the retry loop's
+// scope and depth check are a plain thread-local access where they are used.
+inline thread_local constinit int t_retry_depth = 0;
+}  // namespace detail
+
+inline RetryScope::RetryScope(RetryContext* context) noexcept : context_(context) {
+  if (context_ != nullptr) {
+    context_->enter();
+  } else {
+    ++detail::t_retry_depth;
+  }
+}
+
+inline RetryScope::~RetryScope() {
+  if (context_ != nullptr) {
+    context_->leave();
+  } else {
+    --detail::t_retry_depth;
+  }
+}
+
+inline int retry_depth(const RetryContext* context) noexcept {
+  return context != nullptr ? context->depth() : detail::t_retry_depth;
+}
 
 /// Per-call inputs that are not policy: where time and randomness come from, the caller's
 /// deadline, and whether the operation is safe to repeat.
@@ -304,6 +331,13 @@ class RetryState {
  public:
   explicit RetryState(const RetryPolicy& policy, const CallOptions& call = {});
 
+  /// Tag for a driver that calls start_attempt() right after constructing the state.
+  struct StartsAtOnce {};
+  /// As above; the first start_attempt() checks the deadline against the clock read made here
+  /// (when there is a deadline) instead of reading the clock again. keel::retry uses it; a
+  /// driver that may start its first attempt later must not.
+  RetryState(const RetryPolicy& policy, const CallOptions& call, StartsAtOnce);
+
   /// Checks the deadline, then the circuit breaker, before an attempt. When it may proceed,
   /// returns the attempt's number and timeout; otherwise the reason to stop (kDeadline,
   /// kCircuitOpen; the give-up hook has been called).
@@ -321,7 +355,13 @@ class RetryState {
   void cancel();
 
   [[nodiscard]] int attempts() const noexcept { return attempts_; }
-  [[nodiscard]] Duration elapsed() const noexcept { return clock_->now() - started_; }
+  /// Time since the operation started. The engine reads the clock at construction only when
+  /// the operation has a deadline or a per-try timeout; otherwise nothing needs the time until
+  /// an attempt fails, and elapsed() counts from the end of that attempt (zero until then, so a
+  /// first-try success reads no clock at all).
+  [[nodiscard]] Duration elapsed() const noexcept {
+    return timed_ ? clock_->now() - started_ : Duration::zero();
+  }
   [[nodiscard]] Deadline deadline() const noexcept { return deadline_; }
   [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
   /// The last outcome passed to next(); kNotAttempted before any (with the breaker's retry_in
@@ -362,6 +402,8 @@ class RetryState {
   bool nested_ = false;
   bool stopped_ = false;
   bool in_attempt_ = false;
+  bool timed_ = false;         // started_ holds a clock read
+  bool start_is_now_ = false;  // StartsAtOnce: the first attempt starts at started_
   StopReason reason_ = StopReason::kSuccess;
   EventStream* events_ = nullptr;
   int finished_ = 0;  // the last attempt whose kAttemptFinished event was published
@@ -376,6 +418,8 @@ struct RetryResult {
   Outcome outcome;
   StopReason reason = StopReason::kSuccess;
   int attempts = 0;
+  /// From the start to the stop (RetryState::elapsed): without a deadline or a per-try timeout
+  /// it counts from the end of the first failed attempt, and is zero for a first-try success.
   Duration elapsed{};
   [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
 };
@@ -404,17 +448,22 @@ requires std::is_invocable_r_v < Outcome, Classify&, const detail::attempt_resul
                                                                   const CallOptions& call = {}) {
   using T = detail::attempt_result_t<Fn>;
   RetryResult<T> result;
-  RetryState state(policy, call);
+  RetryState state(policy, call, RetryState::StartsAtOnce{});
   const RetryScope scope(call.context);  // loops started inside fn are nested in this one
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
     result.value.emplace(detail::invoke_attempt(fn, start.attempt));
-    result.outcome = std::invoke(classify, std::as_const(*result.value));
+    const Outcome outcome = std::invoke(classify, std::as_const(*result.value));
+    // Whole (the compiler's member copy overlaps its two halves), as RetryState::next copies it:
+    // its loads then match these stores instead of waiting for them to reach the cache.
+    static_assert(std::is_trivially_copyable_v<Outcome>);
+    std::memcpy(&result.outcome, &outcome, sizeof(Outcome));
     const Decision decision = state.next(result.outcome);
     if (!decision.retry) break;
     state.clock().sleep_for(decision.delay);
   }
   result.attempts = state.attempts();
-  result.outcome = state.last_outcome();
+  // After an attempt the outcome is already state.last_outcome(); copy it only when none ran.
+  if (result.attempts == 0) result.outcome = state.last_outcome();
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();
   return result;

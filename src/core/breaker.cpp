@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "detail/invalid.hpp"
+#include "detail/stripe.hpp"
 #include "detail/time_window.hpp"
 #include "keel/duration.hpp"
 
@@ -99,7 +100,12 @@ constexpr std::uint64_t pack(const Trials& t) noexcept {
 //    stripes (no shared cache line written on the success path); failures and slow calls to the
 //    bucket and to running totals.
 //  - kCount: a ring of window_calls one-byte slots; each call replaces the oldest slot and the
-//    totals change by the difference.
+//    totals change by the difference. A thread takes ring slots in runs of `run` consecutive
+//    indices, claimed from the shared head once per run and then handed out from its stripe's
+//    own cache line, so that threads do not all write one index. One thread fills the ring
+//    exactly in order; with several, each may hold up to run - 1 claimed slots not yet written,
+//    which keep an older call meanwhile. A call whose slot already holds the same code writes
+//    nothing (a healthy dependency's successes leave the ring's cache lines shared).
 struct CircuitBreaker::Window {
   static constexpr std::uint8_t kCall = 1, kFailure = 2, kSlow = 4;
   static constexpr int kFailures = 0, kSlowCalls = 1;  // the time window's shared counters
@@ -109,8 +115,15 @@ struct CircuitBreaker::Window {
   Duration step{};
   detail::StripedTimeWindow<2> time;
   // kCount
+  // A stripe's claimed run: [first slot index:56][slots handed out:8].
+  struct alignas(64) Run {
+    std::atomic<std::uint64_t> word{0};  // nothing claimed yet: 0 of a run of 0 handed out
+  };
   int size = 0;
+  std::uint64_t run = 1;  // slots claimed at a time, in [1, 8]
+  int stripes = 1;
   std::unique_ptr<std::atomic<std::uint8_t>[]> ring;
+  std::unique_ptr<Run[]> runs;
   alignas(64) std::atomic<std::uint64_t> head{0};
   alignas(64) std::atomic<std::int64_t> ring_calls{0};
   alignas(64) std::atomic<std::int64_t> ring_failures{0};
@@ -135,13 +148,45 @@ struct CircuitBreaker::Window {
     if (is_slow) time.add_shared(i, kSlowCalls, 1);
   }
 
+  void init_count(int calls) {
+    size = calls;
+    run = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(calls) / 16, 1, 8);
+    stripes = detail::stripe_count();
+    ring = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size));
+    for (int i = 0; i < size; ++i) ring[static_cast<std::size_t>(i)].store(0);
+    runs = std::make_unique<Run[]>(static_cast<std::size_t>(stripes));
+  }
+
+  // The next ring index for the calling thread: the next slot of its stripe's run, or the first
+  // of a new run claimed from the head. Two threads that share a stripe take turns by
+  // compare-and-swap (a run one of them claimed in vain is skipped).
+  std::uint64_t take_index() noexcept {
+    Run& r = runs[detail::stripe_id() & static_cast<std::uint32_t>(stripes - 1)];
+    std::uint64_t w = r.word.load(std::memory_order_relaxed);
+    for (;;) {
+      const std::uint64_t taken = w & 0xff;
+      if (taken != 0 && taken < run) {
+        if (r.word.compare_exchange_weak(w, w + 1, std::memory_order_relaxed)) {
+          return (w >> 8) + taken;
+        }
+        continue;
+      }
+      const std::uint64_t first = head.fetch_add(run, std::memory_order_relaxed);
+      if (r.word.compare_exchange_strong(w, (first << 8) | 1, std::memory_order_relaxed)) {
+        return first;
+      }
+    }
+  }
+
   void add_count(bool failure, bool is_slow) noexcept {
     const std::uint8_t code =
         static_cast<std::uint8_t>(kCall | (failure ? kFailure : 0) | (is_slow ? kSlow : 0));
-    const auto i = static_cast<std::size_t>(head.fetch_add(1, std::memory_order_relaxed) %
-                                            static_cast<std::uint64_t>(size));
+    const auto i = static_cast<std::size_t>(take_index() % static_cast<std::uint64_t>(size));
+    // The totals do not change when the slot already holds this code (the common all-success
+    // case): then nothing is written.
+    if (ring[i].load(std::memory_order_acquire) == code) return;
     const std::uint8_t old = ring[i].exchange(code, std::memory_order_acq_rel);
-    if (old == code) return;  // the totals do not change (the common all-success case)
+    if (old == code) return;
     apply(old, -1);
     apply(code, +1);
   }
@@ -177,7 +222,8 @@ struct CircuitBreaker::Window {
 
 CircuitBreaker::CircuitBreaker(BreakerOptions options)
     : options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : &steady_clock()) {
+      clock_(options_.clock != nullptr ? options_.clock : &steady_clock()),
+      window_clock_(clock_) {
   const BreakerOptions& o = options_;
   if (o.window_calls < 1 || o.window_calls > 100000) {
     reject("window_calls", "in [1, 100000]", std::to_string(o.window_calls));
@@ -227,10 +273,14 @@ CircuitBreaker::CircuitBreaker(BreakerOptions options)
       reject("window_buckets", "at most window_length / 1us", std::to_string(o.window_buckets));
     }
     w.time.init(o.window_buckets);
+    // Buckets of 100 ms or more do not need more than the kernel tick's resolution (1-10 ms):
+    // on the process's steady clock they are placed by the coarse one, the same monotonic time
+    // for a few ns instead of ~25. Any other clock (a ManualClock) places calls by its own time.
+    if (clock_ == &steady_clock() && w.step >= std::chrono::milliseconds(100)) {
+      window_clock_ = &coarse_clock();
+    }
   } else {
-    w.size = o.window_calls;
-    w.ring = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(w.size));
-    for (int i = 0; i < w.size; ++i) w.ring[static_cast<std::size_t>(i)].store(0);
+    w.init_count(o.window_calls);
   }
   origin_ = clock_->now();
   state_word_.store(make_word(BreakerState::kClosed, 0, 0), std::memory_order_release);
@@ -384,8 +434,7 @@ void CircuitBreaker::record_closed(const BreakerPermit& /*permit*/, bool failure
   Window& win = *window_;
   std::int64_t now_step = 0;
   if (win.kind == BreakerWindow::kTime) {
-    if (now == TimePoint::min()) now = clock_->now();
-    const Duration since = now - origin_;
+    const Duration since = (now == TimePoint::min() ? window_clock_->now() : now) - origin_;
     now_step = since <= Duration::zero() ? 0 : since / win.step;
     win.add_time(now_step, failure, slow);
   } else {

@@ -50,6 +50,11 @@ RatioBudget::RatioBudget(RatioBudgetOptions options)
   if (step_ < std::chrono::microseconds(1)) {
     reject("RatioBudget", "buckets", "at most window / 1us", std::to_string(options_.buckets));
   }
+  // Steps of 100 ms or more are placed by the coarse clock when the budget is on the process's
+  // steady clock: the same monotonic time at the kernel tick's resolution, a few ns a read.
+  if (clock_ == &steady_clock() && step_ >= std::chrono::milliseconds(100)) {
+    clock_ = &coarse_clock();
+  }
   deposit_milli_ = std::llround(options_.ratio * kMilli);
   const double window_s = std::chrono::duration<double>(options_.window).count();
   reserve_milli_ = std::llround(options_.reserve_per_second * window_s * kMilli);

@@ -1,5 +1,6 @@
 #include "keel/retry.hpp"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -44,30 +45,6 @@ std::string format_give_up(const GiveUpEvent& e, std::string_view what) {
           std::string(to_string(e.reason));
   if (e.attempts > 0) line += " (last: " + describe(e.last) + ")";
   return line;
-}
-
-namespace {
-thread_local int t_retry_depth = 0;
-}  // namespace
-
-RetryScope::RetryScope(RetryContext* context) noexcept : context_(context) {
-  if (context_ != nullptr) {
-    context_->enter();
-  } else {
-    ++t_retry_depth;
-  }
-}
-
-RetryScope::~RetryScope() {
-  if (context_ != nullptr) {
-    context_->leave();
-  } else {
-    --t_retry_depth;
-  }
-}
-
-int retry_depth(const RetryContext* context) noexcept {
-  return context != nullptr ? context->depth() : t_retry_depth;
 }
 
 namespace {
@@ -154,8 +131,7 @@ RetryVerdict decide_retry(const RetryPolicy& policy, const RetryLimits& limits,
 RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
     : policy_(&policy),
       clock_(call.clock != nullptr ? call.clock : &steady_clock()),
-      rng_(call.rng != nullptr ? call.rng : &thread_rng()),
-      started_(clock_->now()),
+      rng_(call.rng),  // thread_rng() is looked up at the first retry decision
       max_attempts_(policy.options().max_attempts),
       prior_attempts_(call.prior_attempts > 0 ? call.prior_attempts : 0),
       budget_(call.budget),
@@ -167,10 +143,22 @@ RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call)
   }
   events_ = policy.options().events;
   deadline_ = call.deadline.min(call.ceiling);
-  if (policy.options().overall_timeout < kInfinite) {
-    deadline_ =
-        deadline_.min(Deadline::at(saturating_add(started_, policy.options().overall_timeout)));
+  const RetryOptions& opt = policy.options();
+  // The time of the start is needed only for a deadline or a per-try timeout (elapsed() then
+  // counts from here); otherwise next() reads the clock first when an attempt fails.
+  if (!deadline_.is_infinite() || opt.overall_timeout < kInfinite ||
+      opt.per_try_timeout < kInfinite) {
+    started_ = clock_->now();
+    timed_ = true;
   }
+  if (opt.overall_timeout < kInfinite) {
+    deadline_ = deadline_.min(Deadline::at(saturating_add(started_, opt.overall_timeout)));
+  }
+}
+
+RetryState::RetryState(const RetryPolicy& policy, const CallOptions& call, StartsAtOnce)
+    : RetryState(policy, call) {
+  start_is_now_ = timed_;
 }
 
 Decision RetryState::stop(StopReason reason) {
@@ -199,7 +187,10 @@ AttemptStart RetryState::start_attempt() {
   }
   const RetryOptions& opt = policy_->options();
   // Without a deadline the time left is infinite whatever the time: no clock read.
-  const Duration left = deadline_.is_infinite() ? kInfinite : deadline_.remaining(clock_->now());
+  const Duration left =
+      deadline_.is_infinite()
+          ? kInfinite
+          : deadline_.remaining(start_is_now_ && attempts_ == 0 ? started_ : clock_->now());
   if (left <= Duration::zero() || (attempts_ > 0 && left < opt.min_attempt_time)) {
     if (budget_ != nullptr) budget_->cancel(budget_permit_);
     budget_permit_ = {};
@@ -255,13 +246,19 @@ Decision RetryState::next(const Outcome& outcome) {
     return d;
   }
   in_attempt_ = false;
-  last_ = outcome;
+  // Whole, as keel::retry stores it (and never onto itself: next(last_outcome()) is allowed).
+  if (&outcome != &last_) std::memcpy(&last_, &outcome, sizeof(Outcome));
   if (breaker_ != nullptr) breaker_->record(breaker_permit_, outcome);
   if (budget_ != nullptr) budget_->record(outcome, budget_permit_);
   budget_permit_ = {};
   // A success stops whatever the limits (decide_retry's first rule): skip building them, and the
   // deadline's clock read.
   if (outcome.kind == OutcomeKind::kSuccess) return stop(StopReason::kSuccess);
+  if (!timed_) {
+    started_ = clock_->now();
+    timed_ = true;
+  }
+  if (rng_ == nullptr) rng_ = &thread_rng();
 
   RetryLimits limits;
   limits.max_attempts = max_attempts_;

@@ -404,6 +404,93 @@ TEST(Breaker, HalfOpenAdmitsExactlyTheTrialsAcrossThreads) {
   }
 }
 
+// A count window larger than 16 calls hands out its slots in runs; one thread still fills it in
+// order, so exactly window_calls successes replace the oldest failures one by one.
+TEST(Breaker, CountWindowOfRunsSlidesExactlyOnOneThread) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 100,
+                          .minimum_calls = 100,
+                          .failure_rate_threshold = 1.0,
+                          .clock = &clock});
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(call(b, kF));
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(call(b, kS));
+  EXPECT_EQ(b.snapshot().calls, 100);
+  EXPECT_EQ(b.snapshot().failures, 50);
+  for (int i = 1; i <= 50; ++i) {
+    ASSERT_TRUE(call(b, kS));
+    ASSERT_EQ(b.snapshot().failures, 50 - i) << "after " << i << " more successes";
+  }
+  EXPECT_EQ(b.snapshot().calls, 100);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+}
+
+TEST(Breaker, CountWindowUnderRealThreadsKeepsItsTotalsConsistent) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 100,
+                          .minimum_calls = 1000000,  // never trips: the totals are under test
+                          .clock = &clock});
+  std::vector<std::thread> threads;
+  threads.reserve(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20000; ++i) {
+        const auto p = b.try_acquire();
+        b.record(p, (i + t) % 3 == 0 ? kF : kS);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const auto mixed = b.snapshot();
+  EXPECT_EQ(mixed.calls, 100);
+  EXPECT_GE(mixed.failures, 0);
+  EXPECT_LE(mixed.failures, 100);
+  // One thread's window_calls successes, plus one run (at most 8) for the slots it had claimed
+  // before, replace every failure.
+  for (int i = 0; i < 108; ++i) ASSERT_TRUE(call(b, kS));
+  EXPECT_EQ(b.snapshot().calls, 100);
+  EXPECT_EQ(b.snapshot().failures, 0);
+}
+
+TEST(Breaker, CountWindowTripsUnderRealThreads) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 100,
+                          .minimum_calls = 20,
+                          .failure_rate_threshold = 0.5,
+                          .break_duration = 1h,
+                          .max_break_duration = 1h,
+                          .clock = &clock});
+  std::vector<std::thread> threads;
+  threads.reserve(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) {
+        const auto p = b.try_acquire();
+        if (p) b.record(p, kF);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+}
+
+// On the default (steady) clock a time window places calls by the coarse clock: every call is
+// still counted in the window, and a trip opens the breaker for its break.
+TEST(Breaker, DefaultClockTimeWindowCountsEveryCall) {
+  keel::CircuitBreaker b({.minimum_calls = 10, .failure_rate_threshold = 0.5});
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(call(b, kS));
+  EXPECT_EQ(b.snapshot().calls, 10);
+  for (int i = 0; i < 9; ++i) ASSERT_TRUE(call(b, kF));
+  EXPECT_EQ(b.snapshot().calls, 19);
+  EXPECT_EQ(b.snapshot().failures, 9);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  ASSERT_TRUE(call(b, kF));  // 10 of 20 failed
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_GT(b.retry_in(), 4s);  // the default 5 s break, from the steady clock
+}
+
 // ---------------------------------------------------------------------------------------------
 // Registry
 

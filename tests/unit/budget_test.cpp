@@ -235,6 +235,19 @@ TEST(RatioBudget, TheEngineInterfaceDepositsOnFirstAttempts) {
   EXPECT_EQ(budget.model(), "ratio");
 }
 
+// On the default (steady) clock the budget's 1 s steps are read from the coarse clock: deposits
+// and withdrawals still meet in the same window.
+TEST(RatioBudget, OnTheDefaultClockDepositsAndWithdrawalsMeet) {
+  keel::RatioBudget b({.ratio = 0.1, .reserve_per_second = 0});
+  for (int i = 0; i < 30; ++i) b.on_first_attempt();
+  EXPECT_EQ(b.available(), 3.0);
+  EXPECT_TRUE(b.try_acquire_retry(Outcome::transient()));
+  EXPECT_TRUE(b.try_acquire_retry(Outcome::transient()));
+  EXPECT_TRUE(b.try_acquire_retry(Outcome::transient()));
+  EXPECT_FALSE(b.try_acquire_retry(Outcome::transient()));
+  EXPECT_EQ(b.available(), 0.0);
+}
+
 TEST(RatioBudget, RejectsInvalidOptionsNamingTheField) {
   try {
     keel::RatioBudget b({.ratio = -0.1});
