@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "call_fallback.hpp"
+#include "call_hedge.hpp"
 #include "call_spool.hpp"
 #include "commands.hpp"
 #include "keel/backoff.hpp"
 #include "keel/duration.hpp"
-#include "keel/hedge.hpp"
 #include "keel/http/client.hpp"
 #include "keel/policy_check.hpp"
 #include "policy_flags.hpp"
@@ -107,31 +107,6 @@ struct CallArgs {
   std::string max_hedges;            // N; empty: 1
 };
 
-// --hedge DELAY [--max-hedges N]: the hedging options, nullopt without --hedge; false when a
-// value is invalid (the message is printed).
-std::optional<std::optional<HedgeOptions>> parse_hedge_flags(const CallArgs& a) {
-  if (a.hedge.empty()) {
-    if (a.max_hedges.empty()) return std::optional<HedgeOptions>();
-    flag_error("call", Error{.field = "--max-hedges",
-                             .problem = "needs --hedge DELAY",
-                             .got = quote_value(a.max_hedges)}
-                           .message());
-    return std::nullopt;
-  }
-  const auto delay = duration_flag("call", "--hedge", a.hedge, true);
-  if (!delay) return std::nullopt;
-  HedgeOptions hedge{.delay = *delay};
-  if (!a.max_hedges.empty()) {
-    auto n = parse_count("--max-hedges", a.max_hedges, 1, HedgePolicy::kMaxHedges);
-    if (!n) {
-      flag_error("call", n.error().message());
-      return std::nullopt;
-    }
-    hedge.max_hedges = static_cast<int>(*n);
-  }
-  return std::optional<HedgeOptions>(hedge);
-}
-
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "keel call: %s\n", message.c_str());
   return kExitUsage;
@@ -208,7 +183,7 @@ int run_call(const CallArgs& a) {
   if (!retry) return kExitUsage;
   const auto connect = duration_flag("call", "--connect-timeout", a.connect_timeout, true);
   if (!connect) return kExitUsage;
-  const auto hedge = parse_hedge_flags(a);
+  const auto hedge = parse_hedge_flags(a.hedge, a.max_hedges);
   if (!hedge) return kExitUsage;
   std::optional<DuplicateFlag> duplicate;
   if (!a.duplicate_is_success.empty()) {
