@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "curl_multi.hpp"
+#include "hedged_send.hpp"
 #include "keel/asio/retry.hpp"
 #include "keel/expected.hpp"
 #include "keel/http/detail/attempt.hpp"
@@ -45,6 +46,7 @@ struct HttpClient::Impl {
         classifier(options.classifier),
         duplicate(options.duplicate_success),
         guards(options) {
+    if (options.hedge) hedge.emplace(*options.hedge);
     http::detail::check_options(options, "keel::asio::HttpClientOptions");
     if (options.max_host_connections < 0) {
       throw_invalid({.context = "keel::asio::HttpClientOptions",
@@ -113,6 +115,7 @@ struct HttpClient::Impl {
   HttpClassifier classifier;
   std::optional<DuplicateSuccessRule> duplicate;  // from options.duplicate_success
   http::detail::OperationGuards guards;
+  std::optional<HedgePolicy> hedge;  // from options.hedge
   static constexpr std::size_t kMaxIdleHandles = 64;
   std::vector<Easy> idle;  // handles of finished attempts, kept for reuse (executor-only)
   std::shared_ptr<detail::CurlMulti> multi;
@@ -171,8 +174,36 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
                                  decision);
   };
 
-  RetryResult<AttemptResult> r = co_await detail::retry_loop<AttemptResult>(
-      impl->executor, impl->policy, op, classify, call, observer, kTimeoutGrace);
+  // A hedged operation runs its rounds' attempts at once (hedged_send.hpp); the others are
+  // keel::asio::retry's loop.
+  std::optional<RetryState> hedged_state;
+  std::optional<HedgeState> hedge;
+  if (impl->hedge) {
+    hedged_state.emplace(impl->policy, call);
+    hedge.emplace(&*impl->hedge, impl->policy, call, *hedged_state);
+  }
+  RetryResult<AttemptResult> r;
+  if (hedge && hedge->enabled()) {
+    // The attempts run at once: each collects its body in memory, the winner's goes to the sink.
+    std::optional<HttpRequest> unsunk;
+    if (request.body_sink.write) {
+      unsunk.emplace(request);
+      unsunk->body_sink = {};
+    }
+    const HttpRequest& sent = unsunk ? *unsunk : request;
+    auto hedged_op = [&](const AttemptInfo& info) {
+      return impl->attempt(sent, *traits, result.idempotency_key, info, clock, timeout.get());
+    };
+    std::optional<RetryScope> scope;  // loops started in a hook are nested in this one
+    if (context != nullptr) scope.emplace(context);
+    r = co_await detail::hedged_loop(
+        impl->executor, *impl->hedge, *hedge, *hedged_state,
+        {impl->options, request, impl->duplicate ? &*impl->duplicate : nullptr, timeout.get()},
+        hedged_op);
+  } else {
+    r = co_await detail::retry_loop<AttemptResult>(impl->executor, impl->policy, op, classify, call,
+                                                   observer, kTimeoutGrace);
+  }
 
   if (r.value) {
     result.response = std::move(r.value->response);

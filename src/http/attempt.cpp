@@ -268,6 +268,41 @@ void log_give_up(const ClientOptions& options, const Request& request, const Res
   }
 }
 
+Duration hedge_delay(const HedgePolicy& policy, const AdaptiveTimeout* timeout,
+                     TimePoint now) noexcept {
+  return policy.delay(timeout != nullptr ? &timeout->tracker() : nullptr, now);
+}
+
+HedgeVerdict finish_hedged_attempt(HedgeState& hedge, RetryState& retry, const HedgedAttempt& done,
+                                   AttemptResult attempt, const ClientOptions& options,
+                                   const Request& request, const DuplicateSuccessRule* duplicate,
+                                   AdaptiveTimeout* timeout, Result& result) {
+  const OutcomeKind kind = attempt.outcome.kind;
+  const bool ends =
+      hedge.in_flight() == 1 || kind == OutcomeKind::kSuccess || kind == OutcomeKind::kPermanent;
+  const Request::BodySink& sink = request.body_sink;
+  const bool to_sink = ends && attempt.response.has_value() && sink.write;
+  if (to_sink && !((!sink.restart || sink.restart()) && sink.write(attempt.response->body))) {
+    attempt.outcome = Outcome::permanent();
+    attempt.error = "the response body could not be written (body sink failed)";
+    attempt.response.reset();
+  }
+  apply_duplicate_success(duplicate, retry.last_outcome(), attempt);
+  record_latency(timeout, attempt, done.took, done.ended);
+  if (to_sink && attempt.response.has_value()) attempt.response->body.clear();  // in the sink
+  const HedgeVerdict verdict = hedge.finish(done.index, attempt.outcome);
+  Decision goes_on;
+  goes_on.retry = true;
+  report_attempt(options, request, done.number, attempt.outcome, attempt.error, done.took,
+                 verdict.done ? verdict.decision : goes_on);
+  if (verdict.done) {
+    result.outcome = attempt.outcome;
+    result.response = std::move(attempt.response);
+    result.error = std::move(attempt.error);
+  }
+  return verdict;
+}
+
 CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits& traits,
                          const std::string& key, const AttemptInfo& info,
                          const ClientOptions& options)

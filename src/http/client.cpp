@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "hedged_send.hpp"
 #include "keel/expected.hpp"
+#include "keel/hedge.hpp"
 #include "keel/http/detail/attempt.hpp"
 #include "keel/http/detail/fallback.hpp"
 
@@ -21,6 +23,7 @@ struct Client::Impl {
         classifier(options.classifier),
         duplicate(options.duplicate_success),
         guards(options) {
+    if (options.hedge) hedge.emplace(*options.hedge);
     detail::check_options(options, "keel::http::ClientOptions");
     if (options.max_idle_handles < 1) {
       throw_invalid({.context = "keel::http::ClientOptions",
@@ -94,11 +97,29 @@ struct Client::Impl {
     return attempt.finish(curl_easy_perform(h), classifier, clock);
   }
 
+  int send_hedged(const Request& request, const RequestTraits& traits, Result& result,
+                  AdaptiveTimeout* timeout, Clock& clock, HedgeState& hedging, RetryState& state) {
+    const detail::HedgedOperation op{.request = request,
+                                     .traits = traits,
+                                     .key = result.idempotency_key,
+                                     .options = options,
+                                     .classifier = classifier,
+                                     .duplicate = duplicate ? &*duplicate : nullptr,
+                                     .timeout = timeout,
+                                     .clock = clock,
+                                     .share = share,
+                                     .acquire = [this] { return acquire(); },
+                                     .release = [this](CURL* h) { release(h); }};
+    return detail::send_hedged(op, *hedge, hedging, state, multis, result);
+  }
+
   ClientOptions options;
   RetryPolicy policy;
   HttpClassifier classifier;
   std::optional<DuplicateSuccessRule> duplicate;  // from options.duplicate_success
   detail::OperationGuards guards;
+  std::optional<HedgePolicy> hedge;  // from options.hedge
+  detail::MultiPool multis;          // for hedged operations
   CURLSH* share = nullptr;
   std::array<std::mutex, CURL_LOCK_DATA_LAST> share_locks;  // one per shared kind
   std::mutex idle_mutex;
@@ -129,8 +150,13 @@ Result Client::send(const Request& request) {
   const CallOptions call = impl.guards.call_options(request, *traits, clock, breaker);
   const std::shared_ptr<AdaptiveTimeout> timeout = impl.guards.adaptive_timeout(request);
   RetryState state(impl.policy, call);
+  int hedged_sent = 0;  // requests a hedged operation sent
   {
     RetryScope scope;  // a keel operation started from a hook is one layer down
+    HedgeState hedge(impl.hedge ? &*impl.hedge : nullptr, impl.policy, call, state);
+    if (hedge.enabled())
+      hedged_sent = impl.send_hedged(request, *traits, result, timeout.get(), clock, hedge, state);
+    // After a hedged operation the engine has stopped: this loop runs no attempt.
     for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
       const TimePoint began = clock.now();
       const AttemptInfo info = detail::adapt_attempt(start.attempt, timeout.get(), began);
@@ -151,7 +177,7 @@ Result Client::send(const Request& request) {
       clock.sleep_for(decision.delay);
     }
   }
-  result.attempts = state.attempts();
+  result.attempts = hedged_sent > 0 ? hedged_sent : state.attempts();
   if (result.attempts == 0) result.outcome = state.last_outcome();  // kNotAttempted
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();

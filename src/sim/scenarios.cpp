@@ -203,6 +203,20 @@ const std::vector<Definition>& definitions() {
                   brooker_policies()},
                  Scenario{},
                  {}});
+    d.push_back({{"hedge-tail",
+                  "1,000 safe requests/s for 30 s, 3% of attempts slow (300 ms to 1.2 s, "
+                  "else lognormal around 8 ms): a hedge after 30 ms cuts p99 to the fast "
+                  "path's, for about 3% more load",
+                  hedge_policies()},
+                 Scenario{},
+                 {}});
+    d.push_back({{"hedge-brownout",
+                  "hedge-tail with half of all attempts slow from t=10 s to t=20 s: unbudgeted "
+                  "hedges add half again to the load of a struggling dependency, hedges "
+                  "charged to a 10% budget stay within it",
+                  hedge_policies()},
+                 Scenario{},
+                 {}});
     return d;
   }();
   return defs;
@@ -240,6 +254,14 @@ const Definition& definition(std::string_view name) {
                  .got = quote_value(name)});
 }
 
+HedgeTailConfig hedge_brownout_config() {
+  HedgeTailConfig c;
+  c.brownout_start = seconds(10);
+  c.brownout_end = seconds(20);
+  c.brownout_slow_fraction = 0.5;
+  return c;
+}
+
 Report report_of(const Scenario& s, std::string_view policy, std::uint64_t seed, Result r) {
   Report out;
   out.scenario = s.name;
@@ -258,8 +280,20 @@ Report report_of(const Scenario& s, std::string_view policy, std::uint64_t seed,
 Report run_scenario(std::string_view scenario, std::string_view policy, std::uint64_t seed) {
   const Definition& d = definition(scenario);
   if (d.info.name == "brooker") return run_brooker(policy, BrookerConfig{}, seed);
+  if (d.info.name == "hedge-tail") return run_hedge_tail(policy, HedgeTailConfig{}, seed);
+  if (d.info.name == "hedge-brownout") {
+    Report r = run_hedge_tail(policy, hedge_brownout_config(), seed);
+    r.scenario = "hedge-brownout";
+    return r;
+  }
   const ClientPolicy p = make_policy(policy, d.settings);
   return report_of(d.scenario, policy, seed, run(d.scenario, p, seed));
+}
+
+const std::vector<std::string>& scenario_policies(std::string_view scenario) {
+  if (scenario == "brooker") return brooker_policies();
+  if (scenario == "hedge-tail" || scenario == "hedge-brownout") return hedge_policies();
+  return policy_names();
 }
 
 Report run_blip(std::string_view policy, Duration trigger, std::uint64_t seed) {

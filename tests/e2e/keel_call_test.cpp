@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -284,6 +285,77 @@ TEST(KeelCall, HelpDocumentsTheExitStatuses) {
 }
 
 // `keel upstream` as a process: read its port from stdout, call it, read its log, stop it.
+// --hedge: the first request hangs, the hedge sent after the delay answers at once.
+TEST(KeelCallHedge, AHedgeAnswersWhenTheFirstAttemptHangs) {
+  FaultServer server({.script = "hang,200/body=hedged"});
+  server.start();
+  const auto began = std::chrono::steady_clock::now();
+  const ProcessRun r = keel(call({"--hedge", "100ms", server.url("/slow")}));
+  const auto took = std::chrono::steady_clock::now() - began;
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "hedged\n");
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 2u);
+  // In either order: on a busy machine the hedge can reach the server first (and hang).
+  std::vector<std::string> attempts = {header(arrivals[0], "Keel-Attempt"),
+                                       header(arrivals[1], "Keel-Attempt")};
+  std::sort(attempts.begin(), attempts.end());
+  EXPECT_EQ(attempts, (std::vector<std::string>{"1", "2"}));
+  // The answer came after about the delay, not after the first attempt's 10 s timeout.
+  EXPECT_LT(took, std::chrono::seconds(5));
+}
+
+TEST(KeelCallHedge, APostWithItsKeyIsHedgedWithTheSameKey) {
+  FaultServer server({.script = "hang,201/body=created"});
+  server.start();
+  const ProcessRun r = keel(call({"-X", "POST", "-d", "amount=5", "--idempotency-key", "pay-42",
+                                  "--hedge", "100ms", server.url("/pay")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "created\n");
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 2u);
+  EXPECT_EQ(header(arrivals[0], "Idempotency-Key"), "pay-42");
+  EXPECT_EQ(header(arrivals[1], "Idempotency-Key"), "pay-42");
+  EXPECT_EQ(arrivals[1].body, "amount=5");
+}
+
+TEST(KeelCallHedge, APostWithoutAKeyIsNeverHedged) {
+  FaultServer server({.script = "200/delay=400ms/body=slow"});
+  server.start();
+  const ProcessRun r = keel(call({"-X", "POST", "-d", "x", "--idempotency-key", "off", "--hedge",
+                                  "50ms", server.url("/pay")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "slow\n");
+  EXPECT_EQ(server.arrivals().size(), 1u);
+}
+
+TEST(KeelCallHedge, AnAnswerBeforeTheDelaySendsNoHedge) {
+  FaultServer server({.script = "200"});
+  server.start();
+  const ProcessRun r = keel(call({"--hedge", "2s", "--max-hedges", "3", server.url("/")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(server.arrivals().size(), 1u);
+}
+
+TEST(KeelCallHedge, BadHedgeFlagsExitTwoNamingTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--hedge", "5"}, "keel call: --hedge has no unit"},
+      {{"--hedge", "0ms"}, "keel call: --hedge must be greater than zero (got '0ms')"},
+      {{"--hedge", "100ms", "--max-hedges", "0"},
+       "keel call: --max-hedges must be between 1 and 10 (got '0')"},
+      {{"--hedge", "100ms", "--max-hedges", "x"},
+       "keel call: --max-hedges must be a whole number (got 'x')"},
+      {{"--max-hedges", "2"}, "keel call: --max-hedges needs --hedge DELAY (got '2')"},
+  };
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> args = flags;
+    args.push_back("http://127.0.0.1:1/");
+    const ProcessRun r = keel(call(args));
+    EXPECT_EQ(r.status, 2) << message;
+    EXPECT_TRUE(r.err.starts_with(message)) << r.err;
+  }
+}
+
 TEST(KeelUpstream, ServesTheScriptAndReportsWhatItSaw) {
   int pipe_fds[2];
   ASSERT_EQ(::pipe(pipe_fds), 0);

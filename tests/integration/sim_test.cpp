@@ -203,9 +203,9 @@ TEST(SimSharesCore, BudgetAndBreakerAreCoresOwnStopReasons) {
 TEST(SimScenarios, ListsEveryScenarioWithItsPolicies) {
   std::vector<std::string> names;
   for (const auto& s : keel::sim::scenarios()) names.push_back(s.name);
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"worked-example", "worked-example-feedback", "herd",
-                                      "fleet-herd", "layers", "blip", "blip-shed", "brooker"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"worked-example", "worked-example-feedback", "herd",
+                                             "fleet-herd", "layers", "blip", "blip-shed", "brooker",
+                                             "hedge-tail", "hedge-brownout"}));
   ASSERT_NE(keel::sim::find_scenario("layers"), nullptr);
   EXPECT_EQ(keel::sim::find_scenario("nope"), nullptr);
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "call_fallback.hpp"
+#include "call_hedge.hpp"
 #include "call_spool.hpp"
 #include "commands.hpp"
 #include "keel/backoff.hpp"
@@ -79,6 +80,12 @@ prints the job id; `keel jobs --db DB work --queue deferred-http --deferred` sen
 with the same Idempotency-Key, so the receiver applies it once. A request without a key is
 never queued. When the enqueue fails, the call exits as it would have, saying why.
 
+--hedge DELAY sends another attempt of a request that is safe to repeat (GET, HEAD, PUT,
+DELETE, OPTIONS, or a POST or PATCH with its Idempotency-Key; the same key on every attempt)
+when the one in flight has not answered after DELAY, up to --max-hedges at once (default 1);
+the first good answer wins and the others are cancelled. Each hedge is charged to the retry
+budget like a retry: when the budget is empty no hedge is sent and the call waits.
+
 The body is written to -o FILE as it arrives (through a temporary file renamed at the end, so
 only the final attempt's body is kept); for stdout it is spooled to a file in TMPDIR first.)";
 
@@ -97,6 +104,8 @@ struct CallArgs {
   std::string duplicate_is_success;  // STATUS[:TEXT]; empty: off
   std::string queue_on_failure;      // DB; empty: off
   std::string defer_queue = "deferred-http";
+  std::string hedge;                 // DELAY; empty: no hedging
+  std::string max_hedges;            // N; empty: 1
 };
 
 int usage_error(const std::string& message) {
@@ -175,6 +184,8 @@ int run_call(const CallArgs& a) {
   if (!retry) return kExitUsage;
   const auto connect = duration_flag("call", "--connect-timeout", a.connect_timeout, true);
   if (!connect) return kExitUsage;
+  const auto hedge = parse_hedge_flags(a.hedge, a.max_hedges);
+  if (!hedge) return kExitUsage;
   std::optional<DuplicateFlag> duplicate;
   if (!a.duplicate_is_success.empty()) {
     auto parsed = parse_duplicate_flag(a.duplicate_is_success);
@@ -264,6 +275,7 @@ int run_call(const CallArgs& a) {
   http::ClientOptions options;
   options.retry = *retry;
   options.connect_timeout = *connect;
+  options.hedge = *hedge;
   if (duplicate) {
     // The body goes to the spool, not to memory: the predicate reads the attempt's body there.
     options.duplicate_success =
@@ -384,6 +396,11 @@ Runner add_call(CLI::App& app) {
       ->type_name("DB");
   sub->add_option("--defer-queue", a->defer_queue, "The queue --queue-on-failure writes to")
       ->capture_default_str();
+  sub->add_option("--hedge", a->hedge,
+                  "Send another attempt when none has answered after DELAY (safe requests only)")
+      ->type_name("DELAY");
+  sub->add_option("--max-hedges", a->max_hedges, "Hedges in flight at once, with --hedge (1-10)")
+      ->type_name("N");
   return [a] { return run_call(*a); };
 }
 

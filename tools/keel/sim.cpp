@@ -57,6 +57,19 @@ bool write_file_atomically(const std::string& path, const std::string& content,
   return true;
 }
 
+// The hedging scenarios: the requests' latency and the load hedges added.
+void print_latencies(const std::vector<sim::Report>& reports) {
+  std::printf("\n%-28s %10s %10s %11s\n", "policy", "p50", "p99", "extra load");
+  for (const auto& r : reports) {
+    const auto& m = r.summary;
+    const auto ms = [](const std::optional<Duration>& d) {
+      return d ? format_duration(std::chrono::round<std::chrono::microseconds>(*d)) : "-";
+    };
+    std::printf("%-28s %10s %10s %10.1f%%\n", r.policy.c_str(), ms(m.p50_latency).c_str(),
+                ms(m.p99_latency).c_str(), (m.amplification - 1.0) * 100.0);
+  }
+}
+
 void print_table(const std::vector<sim::Report>& reports) {
   std::printf("%-28s %10s %10s %7s %12s %9s %9s %10s %12s\n", "policy", "first", "calls", "ampl",
               "offered/s", "peak", "peak-retry", "recovered", "completion");
@@ -91,9 +104,8 @@ int run_command(const RunOptions& o) {
     return usage("--scenario: unknown scenario '" + o.scenario + "' (known: " + known + ")");
   }
   const std::vector<std::string> policies = o.policies.empty() ? info->policies : o.policies;
-  const bool brooker = info->name == "brooker";
   for (const auto& p : policies) {
-    const auto& known = brooker ? sim::brooker_policies() : sim::policy_names();
+    const auto& known = sim::scenario_policies(info->name);
     if (std::find(known.begin(), known.end(), p) == known.end()) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -139,6 +151,7 @@ int run_command(const RunOptions& o) {
     std::printf("scenario %s (seed %llu): %s\n\n", info->name.c_str(),
                 static_cast<unsigned long long>(*seed), info->description.c_str());
     print_table(reports);
+    if (&sim::scenario_policies(info->name) == &sim::hedge_policies()) print_latencies(reports);
     for (const auto& r : reports) {
       if (!r.stops_recovering_at) continue;
       if (*r.stops_recovering_at) {

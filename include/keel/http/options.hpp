@@ -23,6 +23,7 @@
 #include "keel/budget.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
+#include "keel/hedge.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/request.hpp"
 #include "keel/latency.hpp"
@@ -144,6 +145,17 @@ struct ClientOptions {
   /// its original failure, with Result::error saying so. Non-owning; Requires: outlives the
   /// client. See docs/breakers.md. Default none.
   DeferredWrites* deferred_writes = nullptr;
+  /// Hedged requests (keel/hedge.hpp, docs/hedging.md): when an attempt of a safe-to-repeat
+  /// request (an idempotent method, or a write with its Idempotency-Key; never a POST without
+  /// one) is still in flight after hedge->delay, another is sent with the same key, up to
+  /// max_hedges at once; the first good answer wins and the others are cancelled. Every hedge
+  /// draws on the retry budget (refused: not sent, the call waits for the attempt in flight),
+  /// the breaker sees every attempt's outcome, and an operation one retrying layer down does
+  /// not hedge. With latency_quantile and adaptive_timeouts, the delay is that quantile of the
+  /// host's measured latencies. A hedged operation collects each attempt's body in memory (up
+  /// to max_response_bytes) and hands the winner's to a Request::body_sink when it wins. Throws
+  /// std::invalid_argument when the client is built with invalid options. Default none.
+  std::optional<HedgeOptions> hedge;
 
   /// keel::http::Client only: idle easy handles kept for reuse. Requires: >= 1. Default 16.
   /// (keel::asio::HttpClient keeps up to 64.)

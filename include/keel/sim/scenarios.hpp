@@ -119,6 +119,42 @@ struct BrookerConfig {
 [[nodiscard]] Report run_brooker(std::string_view policy, const BrookerConfig& config,
                                  std::uint64_t seed);
 
+/// The hedging experiment (scenarios hedge-tail and hedge-brownout): an open stream of
+/// safe-to-repeat requests (Poisson arrivals) whose attempts take lognormal(median, sigma), or,
+/// with probability slow_fraction (brownout_slow_fraction between brownout_start and
+/// brownout_end), uniform in [slow_min, slow_max]. Each request is a keel::RetryState with a
+/// keel::HedgeState; hedges draw on a keel::RatioBudget under the hedge+budget policy.
+struct HedgeTailConfig {
+  double rate_per_s = 1000;                         // requests per second
+  Duration duration = std::chrono::seconds(30);     // of arrivals
+  Duration slice = std::chrono::milliseconds(100);  // of the time series
+  Duration median = std::chrono::milliseconds(8);   // of a fast attempt
+  double sigma = 0.35;                              // lognormal shape of a fast attempt
+  double slow_fraction = 0.03;                      // attempts in the tail
+  Duration slow_min = std::chrono::milliseconds(300);
+  Duration slow_max = std::chrono::milliseconds(1200);
+  Duration brownout_start{};  // none by default
+  Duration brownout_end{};
+  double brownout_slow_fraction = 0.5;
+  Duration hedge_delay = std::chrono::milliseconds(30);  // about p99.5 of a fast attempt
+  int max_hedges = 1;
+  double budget_ratio = 0.1;         // hedges per request (RatioBudgetOptions::ratio)
+  double reserve_per_second = 10.0;  // RatioBudgetOptions::reserve_per_second
+};
+
+/// "no-hedge", "hedge" (no budget), "hedge+budget" (hedges charged to a 10% RatioBudget).
+[[nodiscard]] const std::vector<std::string>& hedge_policies();
+
+/// Runs the hedging experiment for one of hedge_policies(): summary.p50_latency and
+/// p99_latency are those of the requests, amplification - 1 the extra load hedging added,
+/// wasted the losing attempts the dependency served anyway.
+[[nodiscard]] Report run_hedge_tail(std::string_view policy, const HedgeTailConfig& config,
+                                    std::uint64_t seed);
+
+/// The policies `keel sim run --scenario` accepts for the named scenario: brooker_policies(),
+/// hedge_policies() or policy_names().
+[[nodiscard]] const std::vector<std::string>& scenario_policies(std::string_view scenario);
+
 /// The explorer page's model: a fleet of clients that all call at t = 0 into an outage, then a
 /// healthy dependency of the given capacity. Every field is validated by explorer_scenario().
 struct ExplorerParams {

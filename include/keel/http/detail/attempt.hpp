@@ -27,6 +27,7 @@
 #include "keel/budget.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
+#include "keel/hedge.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/options.hpp"
 #include "keel/http/request.hpp"
@@ -133,6 +134,33 @@ void apply_duplicate_success(const DuplicateSuccessRule* rule, const Outcome& pr
 /// Makes `found`, the result of the lookup, the result of the operation that ended as a
 /// duplicate with `result` (see ClientOptions::duplicate_lookup).
 void adopt_lookup(Result& result, Result found);
+
+/// The hedging delay of a round: the policy's latency quantile of the host's measured latencies
+/// (`timeout`'s tracker; nullptr: none) at `now`, else its fixed delay.
+[[nodiscard]] Duration hedge_delay(const HedgePolicy& policy, const AdaptiveTimeout* timeout,
+                                   TimePoint now) noexcept;
+
+/// What a hedged operation knows while one attempt of a round finishes.
+struct HedgedAttempt {
+  int index = 0;   // its slot in the round (HedgeState)
+  int number = 1;  // its number among the operation's requests (Keel-Attempt)
+  Duration took{};
+  TimePoint ended{};
+};
+
+/// One attempt of a hedged round finished: when it ends the round (an answer, or the last in
+/// flight), its body goes to request.body_sink (restart, then write; a sink that fails makes it
+/// a permanent failure); then the duplicate-success rule (`duplicate`, nullptr: none; against
+/// the engine's last outcome), the host's latency (`timeout`, nullptr: none),
+/// HedgeState::finish, the on_attempt hook (an attempt that does not end the round is reported
+/// with will_retry and no delay: the operation goes on), and, when it ends the round, its
+/// outcome, response and error moved into `result`. Returns HedgeState::finish's verdict.
+[[nodiscard]] HedgeVerdict finish_hedged_attempt(HedgeState& hedge, RetryState& retry,
+                                                 const HedgedAttempt& done, AttemptResult attempt,
+                                                 const ClientOptions& options,
+                                                 const Request& request,
+                                                 const DuplicateSuccessRule* duplicate,
+                                                 AdaptiveTimeout* timeout, Result& result);
 
 /// What libcurl writes into during one attempt (the header and body callbacks' state).
 struct Transfer {
