@@ -1,5 +1,4 @@
-// The payments API's /metrics through prometheus-cpp (keel::metrics::Scrape); the names, labels
-// and help texts are those of payments_metrics_text.cpp, the build without prometheus-cpp.
+// The payments API's /metrics through prometheus-cpp (keel::metrics::Scrape).
 #include <string>
 
 #include "keel/metrics/metrics.hpp"

@@ -1,5 +1,5 @@
-// `keel jobs work`'s Prometheus metrics (through prometheus-cpp; jobs_metrics_text.cpp without
-// it) and breaker log lines (see jobs_metrics.hpp).
+// `keel jobs work`'s Prometheus metrics (through prometheus-cpp, keel::metrics) and breaker log
+// lines (see jobs_metrics.hpp).
 #include "jobs_metrics.hpp"
 
 #include <chrono>
@@ -8,9 +8,7 @@
 #include <utility>
 
 #include "keel/duration.hpp"
-#if KEEL_CLI_METRICS
 #include "keel/metrics/metrics.hpp"
-#endif
 
 namespace keel::cli::jobs_cli {
 Metrics::Metrics(std::string queue, bool dead_letter_retention)
@@ -43,7 +41,6 @@ void Metrics::dead_letters_pruned(std::int64_t n) {
   pruned_ += n;
 }
 
-#if KEEL_CLI_METRICS
 std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
   bool have_own = false;
   for (const auto& s : stats) have_own = have_own || s.queue == queue_;
@@ -126,7 +123,6 @@ EventStream& Metrics::watch(BreakerRegistry& breakers, const RetryBudget* budget
   budget_ = budget;
   return events_;
 }
-#endif
 
 void BreakerLog::on_change(std::string_view key, BreakerState from, BreakerState to) {
   const TimePoint now = steady_clock().now();

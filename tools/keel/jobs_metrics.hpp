@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -14,12 +15,8 @@
 
 #include "keel/breaker.hpp"
 #include "keel/budget.hpp"
-#if KEEL_CLI_METRICS
-#include <memory>
-
 #include "keel/events.hpp"
 #include "keel/metrics/metrics.hpp"
-#endif
 #include "keel/store/queue.hpp"
 #include "keel/store/queue_worker.hpp"
 
@@ -43,14 +40,12 @@ class Metrics {
   /// and of this worker's counters.
   [[nodiscard]] std::string render(const std::vector<store::QueueStats>& stats) const;
 
-#if KEEL_CLI_METRICS
   /// Adds the webhook client's retries, give-ups and breakers to the metrics
   /// (keel::metrics::RetryMetrics), with the breakers' and the budget's state read at each
   /// scrape. Returns the stream to set as the client's RetryOptions::events. Requires: called
   /// once; `breakers` and `budget` (may be null) outlive the scrapes and this object outlives
   /// `breakers`.
   [[nodiscard]] EventStream& watch(BreakerRegistry& breakers, const RetryBudget* budget);
-#endif
 
  private:
   std::string queue_;
@@ -61,13 +56,11 @@ class Metrics {
   std::int64_t stale_ = 0;                             // guarded by mu_
   std::int64_t deferrals_ = 0;                         // guarded by mu_
   std::int64_t pruned_ = 0;                            // guarded by mu_
-#if KEEL_CLI_METRICS
   EventStream events_;
   prometheus::Registry registry_;
   std::shared_ptr<metrics::RetryMetrics> retry_metrics_;
   const BreakerRegistry* breakers_ = nullptr;
   const RetryBudget* budget_ = nullptr;
-#endif
 };
 
 /// Logs one line when a dependency's breaker opens and one when it closes again, with the

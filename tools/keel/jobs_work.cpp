@@ -162,10 +162,8 @@ int run_work(const JobsArgs& a) {
     options.breakers = &breakers;
     options.retry_budget = budget != nullptr;
     options.budget = budget.get();
-#if KEEL_CLI_METRICS
     options.retry.events = &metrics.watch(breakers, budget.get());  // retries, breakers, budget
     options.retry.operation = "webhook";
-#endif
     client = std::make_unique<http::Client>(options);
   }
   store::JobHandler handler;

@@ -11,9 +11,7 @@
 #include <keel/store/idempotency_middleware.hpp>
 #include <keel/store/webhook_handler.hpp>
 
-#if KEEL_CONSUMER_METRICS
 int consumer_metrics();
-#endif
 
 int main() {
   keel::http::Client client;  // libcurl initialised, a breaker registry and a budget of its own
@@ -32,9 +30,7 @@ int main() {
   std::printf("sqlite says %lld, %zu scenarios, max attempts %d\n",
               static_cast<long long>(rows.integer(0, 0)), scenarios,
               client.options().retry.max_attempts);
-#if KEEL_CONSUMER_METRICS
   if (consumer_metrics() != 0) return 1;  // metrics.cpp
-#endif
   return rows.integer(0, 0) == 42 && scenarios > 0 && store_http_ok && http_attempt_ok && webhook_ok
              ? 0
              : 1;

@@ -1,4 +1,4 @@
-// keel::metrics from an install built with prometheus-cpp: the event sink registers with a
+// keel::metrics from an install: the event sink registers with a
 // registry and the text comes out of prometheus-cpp's serializer.
 #include <keel/metrics/metrics.hpp>
 #include <memory>
