@@ -238,6 +238,16 @@ else
   skip events "not available: keel_bench_events was not built (bench/events_bench.cpp)"
 fi
 
+# --- hedging: on but not triggered, next to off -----------------------------------------------------
+if [[ -x "$bin/keel_bench_hedge" ]]; then
+  log "hedging: keel_bench_hedge ($runs runs)"
+  "$bin/keel_bench_hedge" --benchmark_repetitions="$runs" --benchmark_min_time="$min_time" \
+    --benchmark_enable_random_interleaving=true \
+    --benchmark_out="$raw/hedge.json" --benchmark_out_format=json >"$raw/hedge.log.txt" 2>&1
+else
+  skip hedge "not available: keel_bench_hedge was not built (bench/hedge_bench.cpp)"
+fi
+
 # --- report --------------------------------------------------------------------------------------
 python3 "$root/scripts/bench_report.py" --raw "$raw" --out "$out/latest.md"
 log "wrote $out/latest.md"

@@ -329,7 +329,42 @@ def queue_rows(text, emit, mach, date, goals):
     emit("")
 
 
-def events_rows(raw, emit):
+def hedge_rows(raw, emit, goals):
+    """Section 9: keel_bench_hedge, each client with hedging on but never triggered next to the
+    same client without it."""
+    emit("## 9. Hedging enabled but not triggered")
+    emit("")
+    path = os.path.join(raw, "hedge.json")
+    if not os.path.exists(path):
+        emit(skipped(raw, "hedge") or "not available")
+        emit("")
+        return
+    samples, _, errors = keel_samples([path])
+    emit("One GET at a time to a loopback server that answers at once (bench/hedge_bench.cpp), with"
+         " ClientOptions::hedge set to a delay no answer reaches, next to the same client without"
+         " it, in randomly interleaved repetitions. Ratio = hedged / not hedged (goal: within 10%,"
+         " so <= 1.10).")
+    emit("")
+    emit("| client | without hedging | hedging on, not triggered | ratio (wall, cpu) |")
+    emit("| --- | --- | --- | --- |")
+    for label, plain, hedged in (("keel::http::Client", "BlockingGet", "BlockingGetHedgeNotTriggered"),
+                                 ("keel::asio::HttpClient", "AsyncGet", "AsyncGetHedgeNotTriggered")):
+        a = samples.get(plain + "/real_time") or samples.get(plain)
+        b = samples.get(hedged + "/real_time") or samples.get(hedged)
+        if a is None or b is None:
+            emit(f"| {label} | not available | not available | - |")
+            continue
+        wall = b.median("wall") / a.median("wall") if a.median("wall") else None
+        cpu = b.median("cpu") / a.median("cpu") if a.median("cpu") else None
+        text = f"wall {wall:.2f}" + (f", cpu {cpu:.2f}" if cpu is not None else "")
+        emit(f"| {label} | {a.cell()} | {b.cell()} | {text} |")
+        goals.append((f"hedging on but not triggered / off, {label} (goal <= 1.10)", text))
+    for name, why in errors.items():
+        emit(f"| {name} | error: {why} | | |")
+    emit("")
+
+
+def events_rows(raw, emit, goals):
     """Section 8: keel_bench_events, each variant next to the success path without a stream."""
     emit("## 8. Event stream on the success path")
     emit("")
@@ -354,6 +389,10 @@ def events_rows(raw, emit):
         if base is not None and base.median("cpu") and s.median("cpu") is not None:
             versus = f"{100.0 * (s.median('cpu') / base.median('cpu') - 1.0):+.1f}%"
         emit(f"| {name} | {s.cell()} | {versus} |")
+        if name in ("BM_Events_Success_OneOutcomeSubscriber/threads:1",
+                    "BM_Events_Success_NoSubscriber/threads:1") and versus != "n/a":
+            what = "one outcome subscriber" if "Outcome" in name else "a stream, no subscriber"
+            goals.append((f"event stream, {what} / no stream, 1 thread, cpu (goal <= +10%)", versus))
     for name, why in errors.items():
         emit(f"| {name} | error: {why} | |")
     emit("")
@@ -625,7 +664,8 @@ def main():
         emit(skipped(raw, "http") or "not available")
         emit("")
 
-    events_rows(raw, emit)
+    events_rows(raw, emit, goals)
+    hedge_rows(raw, emit, goals)
 
     emit("## Where a peer wins in this run")
     emit("")
