@@ -7,7 +7,7 @@
 namespace {
 std::atomic<std::uint64_t> g_allocations{0};
 thread_local std::uint64_t t_allocations = 0;
-}
+}  // namespace
 
 namespace keel::bench {
 std::uint64_t allocations() noexcept { return g_allocations.load(std::memory_order_relaxed); }

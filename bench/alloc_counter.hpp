@@ -11,4 +11,4 @@ namespace keel::bench {
 [[nodiscard]] std::uint64_t allocations() noexcept;
 /// operator new calls made by the calling thread so far.
 [[nodiscard]] std::uint64_t thread_allocations() noexcept;
-}
+}  // namespace keel::bench

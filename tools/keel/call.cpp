@@ -104,8 +104,8 @@ struct CallArgs {
   std::string duplicate_is_success;  // STATUS[:TEXT]; empty: off
   std::string queue_on_failure;      // DB; empty: off
   std::string defer_queue = "deferred-http";
-  std::string hedge;                 // DELAY; empty: no hedging
-  std::string max_hedges;            // N; empty: 1
+  std::string hedge;       // DELAY; empty: no hedging
+  std::string max_hedges;  // N; empty: 1
 };
 
 int usage_error(const std::string& message) {
