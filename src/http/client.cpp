@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hedged_send.hpp"
+#include "idle_pool.hpp"
 #include "keel/expected.hpp"
 #include "keel/hedge.hpp"
 #include "keel/http/detail/attempt.hpp"
@@ -43,8 +44,7 @@ struct Client::Impl {
   }
 
   ~Impl() {
-    for (CURL* h : idle) curl_easy_cleanup(h);
-    idle.clear();
+    idle.clear();  // the easy handles use the share: free them first
     curl_share_cleanup(share);
   }
 
@@ -57,30 +57,8 @@ struct Client::Impl {
     self->share_locks[static_cast<std::size_t>(data) % self->share_locks.size()].unlock();
   }
 
-  CURL* acquire() {
-    {
-      std::lock_guard<std::mutex> guard(idle_mutex);
-      if (!idle.empty()) {
-        CURL* h = idle.back();
-        idle.pop_back();
-        return h;
-      }
-    }
-    CURL* h = curl_easy_init();
-    if (h == nullptr) throw std::runtime_error("keel::http: curl_easy_init failed");
-    return h;
-  }
-
-  void release(CURL* h) {
-    {
-      std::lock_guard<std::mutex> guard(idle_mutex);
-      if (static_cast<int>(idle.size()) < options.max_idle_handles) {
-        idle.push_back(h);
-        return;
-      }
-    }
-    curl_easy_cleanup(h);
-  }
+  CURL* acquire() { return idle.acquire(); }
+  void release(CURL* h) { idle.release(h); }
 
   detail::AttemptResult run_attempt(const Request& request, const RequestTraits& traits,
                                     const std::string& key, const AttemptInfo& info, Clock& clock) {
@@ -122,8 +100,8 @@ struct Client::Impl {
   detail::MultiPool multis;          // for hedged operations
   CURLSH* share = nullptr;
   std::array<std::mutex, CURL_LOCK_DATA_LAST> share_locks;  // one per shared kind
-  std::mutex idle_mutex;
-  std::vector<CURL*> idle;  // GUARDED_BY(idle_mutex)
+  detail::IdlePool<CURL> idle{static_cast<std::size_t>(options.max_idle_handles), &curl_easy_init,
+                              &curl_easy_cleanup, "curl_easy_init"};
 };
 
 Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

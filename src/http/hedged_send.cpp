@@ -11,7 +11,6 @@
 namespace keel::http::detail {
 namespace {
 
-constexpr std::size_t kMaxIdleMultis = 8;
 constexpr std::size_t kSlots = HedgePolicy::kMaxHedges + 1;
 // The longest single wait in curl_multi_poll: libcurl's own timeouts end it sooner, this only
 // bounds a wait on a clock that is not the system's.
@@ -26,35 +25,6 @@ struct Slot {
 };
 
 }  // namespace
-
-MultiPool::~MultiPool() {
-  for (CURLM* m : idle_) curl_multi_cleanup(m);
-}
-
-CURLM* MultiPool::acquire() {
-  {
-    std::lock_guard<std::mutex> guard(mutex_);
-    if (!idle_.empty()) {
-      CURLM* m = idle_.back();
-      idle_.pop_back();
-      return m;
-    }
-  }
-  CURLM* m = curl_multi_init();
-  if (m == nullptr) throw std::runtime_error("keel::http: curl_multi_init failed");
-  return m;
-}
-
-void MultiPool::release(CURLM* multi) noexcept {
-  {
-    std::lock_guard<std::mutex> guard(mutex_);
-    if (idle_.size() < kMaxIdleMultis) {
-      idle_.push_back(multi);
-      return;
-    }
-  }
-  curl_multi_cleanup(multi);
-}
 
 int send_hedged(const HedgedOperation& op, const HedgePolicy& policy, HedgeState& hedge,
                 RetryState& retry, MultiPool& multis, Result& result) {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "idle_pool.hpp"
 #include "keel/hedge.hpp"
 #include "keel/http/detail/attempt.hpp"
 #include "keel/http/options.hpp"
@@ -24,22 +25,13 @@
 
 namespace keel::http::detail {
 
-/// Idle libcurl multi handles, kept for the next hedged operation.
-class MultiPool {
+/// Idle libcurl multi handles, kept for the next hedged operation (up to 8).
+class MultiPool : public IdlePool<CURLM> {
  public:
-  MultiPool() = default;
-  ~MultiPool();
-  MultiPool(const MultiPool&) = delete;
-  MultiPool& operator=(const MultiPool&) = delete;
-
-  /// An idle handle, or a new one. Throws std::runtime_error when libcurl cannot make one.
-  [[nodiscard]] CURLM* acquire();
-  /// Keeps `multi` (with no transfer in it) for reuse, up to a few; frees the others.
-  void release(CURLM* multi) noexcept;
-
- private:
-  std::mutex mutex_;
-  std::vector<CURLM*> idle_;  // GUARDED_BY(mutex_)
+  MultiPool()
+      : IdlePool(
+            8, &curl_multi_init, +[](CURLM* m) noexcept { curl_multi_cleanup(m); },
+            "curl_multi_init") {}
 };
 
 /// What a hedged operation runs with: the request and the client's parts. Non-owning.
