@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
 #include "keel/http/client.hpp"
 #include "keel/testing/fault_server.hpp"
@@ -22,6 +23,7 @@
 namespace {
 
 using keel::StopReason;
+using keel::http::ClientOptions;
 using keel::http::Request;
 using keel::http::Result;
 using keel::test::RawHttpServer;
@@ -31,67 +33,19 @@ using keel::testing::FaultServer;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-struct Config {
-  keel::RetryOptions retry = {.max_attempts = 3,
-                              .per_try_timeout = seconds(5),
-                              .overall_timeout = seconds(20),
-                              .backoff = {.base = milliseconds(1), .cap = milliseconds(5)}};
-  std::size_t max_header_bytes = keel::http::kDefaultMaxHeaderBytes;
-  std::size_t max_response_bytes = keel::http::kDefaultMaxResponseBytes;
-};
-
-class BlockingDriver {
- public:
-  static constexpr const char* kName = "blocking";
-  explicit BlockingDriver(const Config& c = {})
-      : client_({.retry = c.retry,
-                 .log = [](std::string_view) {},
-                 .max_header_bytes = c.max_header_bytes,
-                 .max_response_bytes = c.max_response_bytes}) {}
-  Result send(const Request& r) { return client_.send(r); }
-
- private:
-  keel::http::Client client_;
-};
-
-class AsyncDriver {
- public:
-  static constexpr const char* kName = "async";
-  explicit AsyncDriver(const Config& c = {})
-      : client_(io_.get_executor(), {.retry = c.retry,
-                                     .log = [](std::string_view) {},
-                                     .max_header_bytes = c.max_header_bytes,
-                                     .max_response_bytes = c.max_response_bytes}) {}
-  Result send(const Request& r) {
-    std::optional<Result> out;
-    std::exception_ptr error;
-    ::asio::co_spawn(io_, client_.send(r), [&](std::exception_ptr e, Result v) {
-      error = e;
-      if (!e) out = std::move(v);
-    });
-    io_.restart();
-    io_.run_for(seconds(30));
-    if (error) std::rethrow_exception(error);
-    EXPECT_TRUE(out.has_value()) << "the operation did not complete";
-    return out.value_or(Result{});
-  }
-
- private:
-  ::asio::io_context io_;
-  keel::asio::HttpClient client_;
-};
+// Fast retries and no give-up lines; the size limits at their defaults.
+ClientOptions options() {
+  return {.retry = {.max_attempts = 3,
+                    .per_try_timeout = seconds(5),
+                    .overall_timeout = seconds(20),
+                    .backoff = {.base = milliseconds(1), .cap = milliseconds(5)}},
+          .log = [](std::string_view) {}};
+}
 
 template <class Driver>
 class HttpClientsInput : public ::testing::Test {};
 
-struct DriverNames {
-  template <class T>
-  static std::string GetName(int) {
-    return T::kName;
-  }
-};
-using Drivers = ::testing::Types<BlockingDriver, AsyncDriver>;
-TYPED_TEST_SUITE(HttpClientsInput, Drivers, DriverNames);
+TYPED_TEST_SUITE(HttpClientsInput, keel::test::HttpDrivers, keel::test::HttpDriverNames);
 
 // Every Idempotency-Key field of an arrival, whatever the case of its name.
 std::vector<std::string> keys_of(const Arrival& a) {
@@ -108,7 +62,7 @@ TYPED_TEST(HttpClientsInput, AKeyInTheHeadersIsTheRequestsKeySentOnceOnEveryAtte
     for (const bool generate : {true, false}) {
       FaultServer server({.script = "drop,200"});
       server.start();
-      TypeParam client;
+      TypeParam client(options());
       Request request{.method = "POST", .url = server.url("/pay"), .body = "{}"};
       request.headers = {{"X-Trace", "t"}, {name, "charge-7"}};
       request.generate_idempotency_key = generate;
@@ -126,7 +80,7 @@ TYPED_TEST(HttpClientsInput, AKeyInTheHeadersIsTheRequestsKeySentOnceOnEveryAtte
   // The same key in the field and a header, or twice in the headers, is one key.
   FaultServer server({.script = "200"});
   server.start();
-  TypeParam client;
+  TypeParam client(options());
   Request request{.method = "POST", .url = server.url("/pay"), .idempotency_key = "k"};
   request.headers = {{"idempotency-key", "k"}, {"Idempotency-Key", "k"}};
   EXPECT_TRUE(client.send(request).ok());
@@ -170,7 +124,7 @@ TYPED_TEST(HttpClientsInput, InvalidRequestsAreRefusedBeforeAnyAttempt) {
     r.headers = {{name, value}};
     bad.push_back(r);
   }
-  TypeParam client;
+  TypeParam client(options());
   for (const Request& r : bad) {
     const Result result = client.send(r);
     EXPECT_EQ(result.reason, StopReason::kPermanent) << r.url;
@@ -197,7 +151,7 @@ TYPED_TEST(HttpClientsInput, AnOversizedResponseHeadIsALocalErrorNotRetried) {
   const std::string medium = "X-Medium: " + std::string(80 * 1024, 'm') + "\r\n";
   for (const std::string& extra : {big_line, big_retry_after, many, medium}) {
     RawHttpServer server({{response_head(503, 2, extra) + "ok"}});
-    TypeParam client;
+    TypeParam client(options());
     const Result r = client.send({.url = server.url()});
     EXPECT_EQ(r.reason, StopReason::kPermanent) << extra.substr(0, 20);
     EXPECT_EQ(r.attempts, 1) << extra.substr(0, 20);
@@ -209,7 +163,7 @@ TYPED_TEST(HttpClientsInput, AnOversizedResponseHeadIsALocalErrorNotRetried) {
   // Just under the limit is taken.
   RawHttpServer server(
       {{response_head(200, 2, "X-Ok: " + std::string(60 * 1024, 'o') + "\r\n") + "ok"}});
-  TypeParam client;
+  TypeParam client(options());
   const Result r = client.send({.url = server.url()});
   EXPECT_TRUE(r.ok()) << r.error;
 }
@@ -220,7 +174,7 @@ TYPED_TEST(HttpClientsInput, AnAbsurdRetryAfterRunsIntoTheDeadlineInsteadOfABurs
     RawHttpServer server(
         {{response_head(503, 2, std::string("Retry-After: ") + value + "\r\n") + "no"},
          {response_head(200, 2) + "ok"}});
-    Config c;
+    ClientOptions c = options();
     c.retry.overall_timeout = seconds(5);
     c.retry.retry_after_cap = seconds(60);
     TypeParam client(c);
@@ -233,7 +187,7 @@ TYPED_TEST(HttpClientsInput, AnAbsurdRetryAfterRunsIntoTheDeadlineInsteadOfABurs
 TYPED_TEST(HttpClientsInput, ABodyOverMaxResponseBytesIsALocalError) {
   for (const std::uint64_t size : {std::uint64_t{1} << 20 | 1, std::uint64_t{3} << 20}) {
     RawHttpServer server({{response_head(200, size), size}});
-    Config c;
+    ClientOptions c = options();
     c.max_response_bytes = std::size_t{1} << 20;
     TypeParam client(c);
     const Result r = client.send({.url = server.url()});
@@ -242,7 +196,7 @@ TYPED_TEST(HttpClientsInput, ABodyOverMaxResponseBytesIsALocalError) {
     EXPECT_NE(r.error.find("max_response_bytes"), std::string::npos) << r.error;
   }
   RawHttpServer server({{response_head(200, std::size_t{1} << 20), std::size_t{1} << 20}});
-  Config c;
+  ClientOptions c = options();
   c.max_response_bytes = std::size_t{1} << 20;
   TypeParam client(c);
   const Result r = client.send({.url = server.url()});
@@ -255,7 +209,7 @@ TYPED_TEST(HttpClientsInput, ABodySinkGetsOnlyTheFinalAttemptsBody) {
   RawHttpServer server({{response_head(503, 100000), 100000, 'a'},
                         {response_head(502, 3), 3, 'b'},
                         {response_head(200, 5000000), 5000000, 'c'}});
-  Config c;
+  ClientOptions c = options();
   c.max_response_bytes = 1000;  // not applied to a sink
   TypeParam client(c);
   std::string got;

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
 #include "keel/breaker.hpp"
 #include "keel/deadline_header.hpp"
@@ -40,9 +41,12 @@
 
 namespace {
 
+using keel::test::header;
+
 using keel::OutcomeKind;
 using keel::OutcomeSource;
 using keel::StopReason;
+using keel::http::ClientOptions;
 using keel::http::Request;
 using keel::http::Result;
 using keel::testing::Arrival;
@@ -50,84 +54,15 @@ using keel::testing::FaultServer;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// What both clients are configured with in this suite.
-struct Config {
-  keel::RetryOptions retry;
-  keel::HttpClassifierOptions classifier;
-  std::optional<keel::DuplicateSuccessOptions> duplicate_success;
-  std::function<std::optional<Request>(const Request&, const keel::http::Response&)>
-      duplicate_lookup;
-  std::function<void(const keel::http::AttemptEvent&)> on_attempt;
-  std::function<void(std::string_view)> log = [](std::string_view) {};
-  bool adaptive_timeouts = false;
-  keel::AdaptiveTimeoutRegistry* timeouts = nullptr;
-  bool propagate_deadline = true;
-};
-
 // Fast backoff so tests spend their time on the network, not on waiting.
-Config fast(int attempts = 3) {
-  Config c;
+ClientOptions fast(int attempts = 3) {
+  ClientOptions c;
+  c.log = [](std::string_view) {};
   c.retry.max_attempts = attempts;
   c.retry.per_try_timeout = seconds(5);
   c.retry.overall_timeout = seconds(20);
   c.retry.backoff = {.base = milliseconds(1), .cap = milliseconds(5)};
   return c;
-}
-
-class BlockingDriver {
- public:
-  static constexpr const char* kName = "blocking";
-  explicit BlockingDriver(const Config& c)
-      : client_({.retry = c.retry,
-                 .classifier = c.classifier,
-                 .duplicate_success = c.duplicate_success,
-                 .duplicate_lookup = c.duplicate_lookup,
-                 .on_attempt = c.on_attempt,
-                 .log = c.log,
-                 .propagate_deadline = c.propagate_deadline,
-                 .adaptive_timeouts = c.adaptive_timeouts,
-                 .timeouts = c.timeouts}) {}
-  Result send(const Request& r) { return client_.send(r); }
-
- private:
-  keel::http::Client client_;
-};
-
-class AsyncDriver {
- public:
-  static constexpr const char* kName = "async";
-  explicit AsyncDriver(const Config& c)
-      : client_(io_.get_executor(), {.retry = c.retry,
-                                     .classifier = c.classifier,
-                                     .duplicate_success = c.duplicate_success,
-                                     .duplicate_lookup = c.duplicate_lookup,
-                                     .on_attempt = c.on_attempt,
-                                     .log = c.log,
-                                     .propagate_deadline = c.propagate_deadline,
-                                     .adaptive_timeouts = c.adaptive_timeouts,
-                                     .timeouts = c.timeouts}) {}
-  Result send(const Request& r) {
-    std::optional<Result> out;
-    std::exception_ptr error;
-    ::asio::co_spawn(io_, client_.send(r), [&](std::exception_ptr e, Result v) {
-      error = e;
-      if (!e) out = std::move(v);
-    });
-    io_.restart();
-    io_.run_for(seconds(30));
-    if (error) std::rethrow_exception(error);
-    EXPECT_TRUE(out.has_value()) << "the operation did not complete";
-    return out.value_or(Result{});
-  }
-
- private:
-  ::asio::io_context io_;
-  keel::asio::HttpClient client_;
-};
-
-std::string header(const Arrival& a, std::string_view name) {
-  auto v = keel::http::find_header(a.headers, name);
-  return v ? std::string(*v) : std::string();
 }
 
 // A port on 127.0.0.1 with nothing listening: bound, read back, then closed.
@@ -146,14 +81,7 @@ int closed_port() {
 template <class Driver>
 class HttpClients : public ::testing::Test {};
 
-struct DriverNames {
-  template <class T>
-  static std::string GetName(int) {
-    return T::kName;
-  }
-};
-using Drivers = ::testing::Types<BlockingDriver, AsyncDriver>;
-TYPED_TEST_SUITE(HttpClients, Drivers, DriverNames);
+TYPED_TEST_SUITE(HttpClients, keel::test::HttpDrivers, keel::test::HttpDriverNames);
 
 TYPED_TEST(HttpClients, TransientStatusesAreRetriedAndEachAttemptIsNumbered) {
   FaultServer server({.script = "503,502,200"});
@@ -240,7 +168,7 @@ TYPED_TEST(HttpClients, TheCeilingBoundsTheDeadlineSent) {
 TYPED_TEST(HttpClients, NoDeadlineSendsNoHeaderAndTheCallersOwnIsDropped) {
   FaultServer server({.script = "200"});
   server.start();
-  Config c = fast(2);
+  ClientOptions c = fast(2);
   c.retry.overall_timeout = keel::kInfinite;
   TypeParam client(c);
   const Result r =
@@ -254,7 +182,7 @@ TYPED_TEST(HttpClients, NoDeadlineSendsNoHeaderAndTheCallersOwnIsDropped) {
 TYPED_TEST(HttpClients, DeadlinePropagationCanBeSwitchedOff) {
   FaultServer server({.script = "200"});
   server.start();
-  Config c = fast(2);
+  ClientOptions c = fast(2);
   c.propagate_deadline = false;
   TypeParam client(c);
   EXPECT_TRUE(client.send({.url = server.url("/thing")}).ok());
@@ -314,7 +242,7 @@ TYPED_TEST(HttpClients, RetryAfterAsAnHttpDateIsHonoured) {
 TYPED_TEST(HttpClients, RetryAfterBeyondTheDeadlineStopsWithDeadline) {
   FaultServer server({.script = "503/retry-after=30,200"});
   server.start();
-  Config c = fast();
+  ClientOptions c = fast();
   c.retry.overall_timeout = seconds(2);
   TypeParam client(c);
   const Result r = client.send({.url = server.url("/")});
@@ -326,7 +254,7 @@ TYPED_TEST(HttpClients, RetryAfterBeyondTheDeadlineStopsWithDeadline) {
 TYPED_TEST(HttpClients, TheDeadlineCutsAHungAttemptAndNoOtherStarts) {
   FaultServer server({.script = "hang"});
   server.start();
-  Config c = fast(5);
+  ClientOptions c = fast(5);
   c.retry.per_try_timeout = seconds(10);
   TypeParam client(c);
   const Result r =
@@ -341,7 +269,7 @@ TYPED_TEST(HttpClients, TheDeadlineCutsAHungAttemptAndNoOtherStarts) {
 TYPED_TEST(HttpClients, PerTryTimeoutEndsAHungAttemptAndTheRetrySucceeds) {
   FaultServer server({.script = "hang,200"});
   server.start();
-  Config c = fast(3);
+  ClientOptions c = fast(3);
   c.retry.per_try_timeout = milliseconds(300);
   std::vector<keel::Outcome> outcomes;
   c.on_attempt = [&](const keel::http::AttemptEvent& e) { outcomes.push_back(e.outcome); };
@@ -360,7 +288,7 @@ TYPED_TEST(HttpClients, AdaptiveTimeoutsDropFromTheStaticTimeoutToTheMeasuredLat
   FaultServer server({.script = "200/delay=20ms*20,hang"});
   server.start();
   keel::AdaptiveTimeoutRegistry timeouts({.timeout = {.min_samples = 20}});
-  Config c = fast(1);
+  ClientOptions c = fast(1);
   c.retry.per_try_timeout = seconds(10);
   c.adaptive_timeouts = true;
   c.timeouts = &timeouts;
@@ -442,8 +370,8 @@ TYPED_TEST(HttpClients, AnAmbiguousPostWithKeyIsRetriedWithTheSameKey) {
 // The receiver creates the resource on the first request and the answer is lost; the retry, with
 // the same key, meets "already exists". With the duplicate-success rule that is the first try's
 // success.
-Config already_exists(int attempts = 3) {
-  Config c = fast(attempts);
+ClientOptions already_exists(int attempts = 3) {
+  ClientOptions c = fast(attempts);
   c.duplicate_success = keel::DuplicateSuccessOptions{
       .statuses = {409}, .body = keel::body_contains("already exists")};
   return c;
@@ -453,7 +381,7 @@ TYPED_TEST(HttpClients, AnAlreadyExistsAfterADroppedResponseIsTheFirstTrysSucces
   FaultServer server({.script = "drop,409/body=name already exists"});
   server.start();
   std::vector<keel::Outcome> observed;
-  Config c = already_exists();
+  ClientOptions c = already_exists();
   c.on_attempt = [&](const keel::http::AttemptEvent& e) { observed.push_back(e.outcome); };
   TypeParam client(c);
   const Result r = client.send({.method = "POST", .url = server.url("/videos"), .body = "v"});
@@ -524,7 +452,7 @@ TYPED_TEST(HttpClients, WithoutTheRuleAnAlreadyExistsAfterADropIsNotASuccess) {
 TYPED_TEST(HttpClients, TheLookupFetchesTheResourceADuplicateFoundAlreadyThere) {
   FaultServer server({.script = "drop,409/body=name already exists,200/body=the video"});
   server.start();
-  Config c = already_exists();
+  ClientOptions c = already_exists();
   int lookups = 0;
   c.duplicate_lookup = [&](const Request& sent,
                            const keel::http::Response& duplicate) -> std::optional<Request> {
@@ -568,7 +496,7 @@ TYPED_TEST(HttpClients, TheLookupFetchesTheResourceADuplicateFoundAlreadyThere) 
 }
 
 TYPED_TEST(HttpClients, ADuplicateSuccessRuleWithAnInvalidStatusIsRejected) {
-  Config c = fast();
+  ClientOptions c = fast();
   c.duplicate_success = keel::DuplicateSuccessOptions{.statuses = {201}};
   EXPECT_THROW(TypeParam client(c), std::invalid_argument);
 }
@@ -576,7 +504,7 @@ TYPED_TEST(HttpClients, ADuplicateSuccessRuleWithAnInvalidStatusIsRejected) {
 TYPED_TEST(HttpClients, TheBodyHookTurnsAnErrorInsideA200IntoARetry) {
   FaultServer server({.script = "200/body=error:busy,200/body=done"});
   server.start();
-  Config c = fast();
+  ClientOptions c = fast();
   c.classifier.body = [](int status, std::string_view body) -> std::optional<keel::Outcome> {
     if (status == 200 && body.starts_with("error")) return keel::Outcome::transient();
     return std::nullopt;
@@ -591,7 +519,7 @@ TYPED_TEST(HttpClients, TheBodyHookTurnsAnErrorInsideA200IntoARetry) {
 TYPED_TEST(HttpClients, EveryAttemptIsObservedAndGivingUpLogsOneLine) {
   FaultServer server({.script = "503"});
   server.start();
-  Config c = fast(3);
+  ClientOptions c = fast(3);
   std::vector<int> numbers;
   std::vector<bool> will_retry;
   std::vector<std::string> lines;
@@ -650,7 +578,7 @@ TEST(AsioHttpClient, CancellingDuringAnAttemptRemovesTheTransferAndReportsCancel
   FaultServer server({.script = "hang"});
   server.start();
   ::asio::io_context io;
-  Config c = fast(3);
+  ClientOptions c = fast(3);
   HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log});
   const Result r = send_and_cancel(io, client, {.url = server.url("/hang")}, milliseconds(100));
   EXPECT_EQ(r.reason, StopReason::kCancelled);
@@ -664,7 +592,7 @@ TEST(AsioHttpClient, CancellingDuringTheWaitStopsBeforeTheNextAttempt) {
   FaultServer server({.script = "503/retry-after=30,200"});
   server.start();
   ::asio::io_context io;
-  Config c = fast(3);
+  ClientOptions c = fast(3);
   c.retry.overall_timeout = seconds(120);
   HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log});
   const Result r = send_and_cancel(io, client, {.url = server.url("/")}, milliseconds(200));
@@ -687,7 +615,7 @@ TEST(AsioHttpClient, APerHostBreakerStopsCallsToTheFailingHostOnly) {
                                               .minimum_calls = 4,
                                               .break_duration = seconds(60)}});
   ::asio::io_context io;
-  Config c = fast(2);
+  ClientOptions c = fast(2);
   HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log, .breakers = &breakers});
   ASSERT_TRUE(client.options().circuit_breakers);
   std::vector<StopReason> reasons;
@@ -723,7 +651,7 @@ TEST(AsioHttpClient, TheOwnRetryBudgetLimitsRetriesAcrossOperations) {
   FaultServer server({.script = "503"});
   server.start();
   ::asio::io_context io;
-  Config c = fast(3);
+  ClientOptions c = fast(3);
   HttpClient client(io.get_executor(), {.retry = c.retry,
                                         .log = c.log,
                                         .circuit_breakers = false,
@@ -753,7 +681,7 @@ TEST(AsioHttpClient, CancellingAQueuedTransferTakesItOutOfTheQueue) {
   FaultServer server({.script = "hang"});
   server.start();
   ::asio::io_context io;
-  Config c = fast(1);
+  ClientOptions c = fast(1);
   HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log, .max_transfers = 1});
   ::asio::cancellation_signal first_cancel;
   ::asio::cancellation_signal second_cancel;
@@ -849,7 +777,7 @@ class FlakyUpstream {
 TEST(AsioHttpClient, AThousandConcurrentRetryingCallsOnOneThread) {
   FlakyUpstream upstream;
   ::asio::io_context io(1);
-  Config c = fast(3);
+  ClientOptions c = fast(3);
   c.retry.per_try_timeout = seconds(10);
   c.retry.overall_timeout = seconds(60);
   HttpClient client(io.get_executor(),

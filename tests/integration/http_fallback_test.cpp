@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
 #include "keel/breaker.hpp"
 #include "keel/http/client.hpp"
@@ -25,45 +26,14 @@
 
 namespace {
 
+using keel::test::header;
+
 using keel::StopReason;
 using keel::http::ClientOptions;
 using keel::http::Request;
 using keel::http::Result;
 using keel::testing::FaultServer;
 using namespace std::chrono_literals;
-
-class BlockingDriver {
- public:
-  static constexpr const char* kName = "blocking";
-  explicit BlockingDriver(const ClientOptions& o) : client_(o) {}
-  Result send(const Request& r) { return client_.send(r); }
-
- private:
-  keel::http::Client client_;
-};
-
-class AsyncDriver {
- public:
-  static constexpr const char* kName = "async";
-  explicit AsyncDriver(const ClientOptions& o) : client_(io_.get_executor(), o) {}
-  Result send(const Request& r) {
-    std::optional<Result> out;
-    std::exception_ptr error;
-    ::asio::co_spawn(io_, client_.send(r), [&](std::exception_ptr e, Result v) {
-      error = e;
-      if (!e) out = std::move(v);
-    });
-    io_.restart();
-    io_.run_for(30s);
-    if (error) std::rethrow_exception(error);
-    EXPECT_TRUE(out.has_value()) << "the operation did not complete";
-    return out.value_or(Result{});
-  }
-
- private:
-  ::asio::io_context io_;
-  keel::asio::HttpClient client_;
-};
 
 // An in-memory DeferredWrites: records what it was given; refuses when told to.
 class Outbox final : public keel::http::DeferredWrites {
@@ -106,22 +76,10 @@ keel::BreakerRegistry tripping_breakers() {
                                             .break_duration = 60s}});
 }
 
-std::string header(const keel::testing::Arrival& a, std::string_view name) {
-  auto v = keel::http::find_header(a.headers, name);
-  return v ? std::string(*v) : std::string();
-}
-
 template <class Driver>
 class HttpFallbacks : public ::testing::Test {};
 
-struct DriverNames {
-  template <class T>
-  static std::string GetName(int) {
-    return T::kName;
-  }
-};
-using Drivers = ::testing::Types<BlockingDriver, AsyncDriver>;
-TYPED_TEST_SUITE(HttpFallbacks, Drivers, DriverNames);
+TYPED_TEST_SUITE(HttpFallbacks, keel::test::HttpDrivers, keel::test::HttpDriverNames);
 
 TYPED_TEST(HttpFallbacks, AnOpenBreakerServesTheCachedAnswerNoOlderThanMaxAge) {
   FaultServer server({.script = "200/body=v1,503"});

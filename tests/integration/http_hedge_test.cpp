@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
 #include "keel/breaker.hpp"
 #include "keel/budget.hpp"
@@ -50,40 +51,6 @@ ClientOptions hedged(milliseconds delay, int max_hedges = 1) {
   o.hedge = keel::HedgeOptions{.delay = delay, .max_hedges = max_hedges};
   return o;
 }
-
-class BlockingDriver {
- public:
-  static constexpr const char* kName = "blocking";
-  explicit BlockingDriver(ClientOptions o) : client_(std::move(o)) {}
-  Result send(const Request& r) { return client_.send(r); }
-
- private:
-  keel::http::Client client_;
-};
-
-class AsyncDriver {
- public:
-  static constexpr const char* kName = "async";
-  explicit AsyncDriver(ClientOptions o) : client_(io_.get_executor(), std::move(o)) {}
-  Result send(const Request& r) {
-    std::optional<Result> out;
-    std::exception_ptr error;
-    ::asio::co_spawn(io_, client_.send(r), [&](std::exception_ptr e, Result v) {
-      error = e;
-      if (!e) out = std::move(v);
-    });
-    io_.restart();
-    io_.run_for(seconds(30));
-    if (error) std::rethrow_exception(error);
-    EXPECT_TRUE(out.has_value()) << "the operation did not complete";
-    EXPECT_EQ(client_.transfers_in_flight(), 0u);
-    return out.value_or(Result{});
-  }
-
- private:
-  ::asio::io_context io_;
-  keel::asio::HttpClient client_;
-};
 
 // An HTTP server on 127.0.0.1 (cpp-httplib, a thread per connection) that answers each request
 // by its Keel-Attempt: hang until the server is destroyed, or wait `delay` and answer `status`
@@ -170,14 +137,7 @@ const AttemptServer::Answer kHang{.hang = true};
 template <class Driver>
 class HttpHedging : public ::testing::Test {};
 
-struct DriverNames {
-  template <class T>
-  static std::string GetName(int) {
-    return T::kName;
-  }
-};
-using Drivers = ::testing::Types<BlockingDriver, AsyncDriver>;
-TYPED_TEST_SUITE(HttpHedging, Drivers, DriverNames);
+TYPED_TEST_SUITE(HttpHedging, keel::test::HttpDrivers, keel::test::HttpDriverNames);
 
 TYPED_TEST(HttpHedging, AHedgeAnswersWhileTheFirstAttemptHangs) {
   AttemptServer server({.body = "fast"}, {{1, kHang}});
