@@ -137,16 +137,4 @@ std::uint64_t Chaos::injected(ChaosFault fault) const noexcept {
   return injected_[static_cast<int>(fault)].load();
 }
 
-std::string Chaos::prometheus_text() const {
-  std::string out =
-      "# HELP keel_chaos_injected_total Faults injected by --chaos flags.\n"
-      "# TYPE keel_chaos_injected_total counter\n";
-  for (const ChaosFault fault :
-       {ChaosFault::k503, ChaosFault::kDelay, ChaosFault::kHang, ChaosFault::kDrop}) {
-    out += "keel_chaos_injected_total{fault=\"" + std::string(to_string(fault)) + "\"} " +
-           std::to_string(injected(fault)) + "\n";
-  }
-  return out;
-}
-
 }  // namespace keel::testing

@@ -20,6 +20,7 @@
 #include "commands.hpp"
 #include "keel/admission.hpp"
 #include "keel/duration.hpp"
+#include "keel/metrics/metrics.hpp"
 #include "keel/store/admission_middleware.hpp"
 #include "keel/store/idempotency_middleware.hpp"
 #include "keel/store/rate_limiter.hpp"
@@ -55,6 +56,18 @@ struct ServeOptions {
   double chaos_drop = 0;
   std::uint64_t chaos_seed = 1;
 };
+
+// keel_chaos_injected_total{fault}: what the --chaos-* flags injected so far.
+std::string chaos_metrics(const testing::Chaos& chaos) {
+  metrics::Scrape scrape;
+  for (const testing::ChaosFault fault : {testing::ChaosFault::k503, testing::ChaosFault::kDelay,
+                                          testing::ChaosFault::kHang, testing::ChaosFault::kDrop}) {
+    scrape.counter("keel_chaos_injected_total", "Faults injected by --chaos flags.",
+                   {{"fault", std::string(testing::to_string(fault))}},
+                   static_cast<double>(chaos.injected(fault)));
+  }
+  return scrape.text();
+}
 
 int usage_error(const Error& error) {
   std::fprintf(stderr, "keel serve: %s\n", error.message().c_str());
@@ -219,7 +232,7 @@ int run_serve(const ServeOptions& o) {
        .after_commit = [&](const httplib::Request& req) { (void)chaos.after_commit(req); },
        .extra_metrics =
            [&] {
-             std::string text = chaos.prometheus_text();
+             std::string text = chaos_metrics(chaos);
              if (admission_limiter) {
                text += payments::render_admission(admission_limiter->stats());
              }

@@ -7,7 +7,7 @@
 // generator (std::mt19937_64), so a seed replays the same sequence of decisions for the same
 // sequence of calls; a fraction of 0 draws nothing. Chaos applies the decisions to a server
 // through the hooks it installs (pre_routing(), wrap(), after_commit()) and counts each fault
-// kind it injected (injected(), prometheus_text()).
+// kind it injected (injected(); keel serve exports them as keel_chaos_injected_total).
 //
 // The answer to an injected 503 and the dropping of a connection are the server's: Chaos calls
 // the hooks ChaosHooks gives (keel serve passes keel::store's write_problem_and_close() and
@@ -127,8 +127,6 @@ class Chaos {
 
   /// Faults of this kind injected so far.
   [[nodiscard]] std::uint64_t injected(ChaosFault fault) const noexcept;
-  /// The counters in the Prometheus text format: keel_chaos_injected_total{fault="..."}.
-  [[nodiscard]] std::string prometheus_text() const;
 
  private:
   ChaosDecider decider_;
