@@ -202,7 +202,7 @@ Runner add_sim(CLI::App& app) {
                 "recover from (a sweep in 250 ms steps up to 20s)");
   Runner serve = add_sim_serve(*sim);
 
-  return [sim, list, run, run_opts, serve]() -> int {
+  return [list, run, run_opts, serve]() -> int {
     if (list->parsed()) {
       for (const auto& s : sim::scenarios()) {
         std::printf("%-24s %s\n", s.name.c_str(), s.description.c_str());
