@@ -10,7 +10,7 @@ command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ is not installed" >&2;
 cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$build" >/dev/null
 # json_check gets longer inputs: its corpus holds deep-nesting seeds.
-for target in retry_after duration json_check url header_arg response_head database_url idempotency_key explorer_query; do
+for target in retry_after duration deadline_header json_check url header_arg response_head database_url idempotency_key explorer_query; do
   max_len=256
   if [ "$target" = json_check ]; then max_len=8192; fi
   corpus="$build/corpus-$target"
