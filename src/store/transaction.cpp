@@ -69,7 +69,14 @@ TransactionResult with_transaction_retry(Connection& connection,
       throw;
     }
   }
-  return result;  // the deadline stopped it before an attempt; status holds the last failure
+  if (result.attempts == 0) {
+    // The engine refused the first transaction (the call's deadline or ceiling had passed, or
+    // its breaker was open): nothing ran, and nothing was committed.
+    result.status = TransactionStatus::kFailed;
+    result.outcome = state.last_outcome();
+    result.error = "not started: " + std::string(to_string(state.stop_reason()));
+  }
+  return result;  // the deadline stopped a retry; status holds the last failure
 }
 
 }  // namespace keel::store

@@ -106,6 +106,59 @@ TEST_P(TransactionRetry, PermanentErrorIsNotRetried) {
   EXPECT_FALSE(conn->in_transaction());
 }
 
+// What the database says when a transaction lost a race: retried by with_transaction_retry.
+DatabaseError lost_race(Backend backend) {
+  DatabaseError::Details details{.backend = backend};
+  if (backend == Backend::kPostgres) {
+    details.sqlstate = "40001";  // serialization_failure
+  } else {
+    details.sqlite_code = 5;  // SQLITE_BUSY
+  }
+  return DatabaseError("lost a race", details);
+}
+
+TEST_P(TransactionRetry, ADeadlineThatHasPassedRunsNothingAndSaysSo) {
+  auto conn = open_database(url());
+  ManualClock clock;
+  int runs = 0;
+  const TransactionResult r =
+      with_transaction_retry(*conn,
+                             [&](Connection& tx) {
+                               ++runs;
+                               tx.query("UPDATE accounts SET balance = 0");
+                               return true;
+                             },
+                             default_transaction_retry_policy(), Isolation::kReadCommitted,
+                             {.clock = &clock, .ceiling = Deadline::at(clock.now())});
+  EXPECT_EQ(runs, 0);
+  EXPECT_EQ(r.status, TransactionStatus::kFailed) << "not committed: nothing ran";
+  EXPECT_EQ(r.attempts, 0);
+  EXPECT_FALSE(r.outcome.attempted());
+  EXPECT_NE(r.error.find("deadline"), std::string::npos) << r.error;
+  EXPECT_FALSE(conn->in_transaction());
+  EXPECT_EQ(conn->query("SELECT SUM(balance) FROM accounts").integer(0, 0), 2000);
+}
+
+TEST_P(TransactionRetry, TheCeilingStopsTheRetriesOfALostRace) {
+  auto conn = open_database(url());
+  ManualClock clock;
+  int runs = 0;
+  // Each transaction takes 300 ms and loses its race; 500 ms are left.
+  const TransactionResult r =
+      with_transaction_retry(*conn,
+                             [&](Connection&) -> bool {
+                               ++runs;
+                               clock.advance(300ms);
+                               throw lost_race(GetParam());
+                             },
+                             default_transaction_retry_policy(), Isolation::kReadCommitted,
+                             {.clock = &clock, .ceiling = Deadline::at(clock.now() + 500ms)});
+  EXPECT_EQ(runs, 2) << "the policy allows 5; the deadline passed during the second";
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_EQ(r.status, TransactionStatus::kFailed);
+  EXPECT_EQ(r.outcome.kind, OutcomeKind::kTransient);
+}
+
 TEST_P(TransactionRetry, OtherExceptionsRollBackAndPropagate) {
   auto conn = open_database(url());
   EXPECT_THROW((void)with_transaction_retry(*conn,

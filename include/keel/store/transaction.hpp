@@ -56,7 +56,11 @@ struct TransactionResult {
 /// Runs fn between BEGIN (at `isolation`) and COMMIT, retrying as described above. fn returns
 /// true to commit, false to roll back. Exceptions other than DatabaseError thrown by fn roll the
 /// transaction back and propagate. Requires: no transaction open on `connection`; the policy
-/// outlives the call. `call` supplies the clock (sleeps between attempts) and random generator.
+/// outlives the call. `call` supplies the clock (sleeps between attempts) and random generator,
+/// and may bound the retries with a deadline or a ceiling (a request handler passes
+/// current_request_deadline()); when the first transaction cannot start (the deadline has passed,
+/// or call.breaker is open) fn never runs and the result is kFailed with 0 attempts, an outcome
+/// that is not attempted and an error naming the stop reason.
 [[nodiscard]] TransactionResult with_transaction_retry(
     Connection& connection, const std::function<bool(Connection&)>& fn,
     const RetryPolicy& policy = default_transaction_retry_policy(),
