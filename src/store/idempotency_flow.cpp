@@ -389,7 +389,9 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
           }
           return true;
         },
-        *options_.transaction_policy, options_.isolation);
+        *options_.transaction_policy, options_.isolation,
+        // The caller's deadline bounds the transaction's retries too: nobody waits past it.
+        {.clock = options_.clock, .ceiling = request.deadline});
   } catch (...) {
     FlowResponse out = problem(FlowOutcome::kHandlerError, 500, "Handler failed",
                                "the request failed on the server; nothing was stored");
@@ -427,6 +429,10 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   }
   if (tx.status == TransactionStatus::kRolledBack && declined) {
     return finish(stored_answer(FlowOutcome::kNotStored, result));
+  }
+  if (tx.status == TransactionStatus::kFailed && expired()) {
+    options_.log("the transaction of " + what + " failed: " + tx.error);
+    return finish(deadline_exceeded("while its transaction ran"));
   }
   const bool in_doubt = tx.status == TransactionStatus::kCommitInDoubt;
   FlowResponse out =

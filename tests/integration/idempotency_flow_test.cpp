@@ -393,6 +393,30 @@ TEST_P(Flow, ADeadlineThatPassesWhileClaimingReleasesTheClaimAndRunsNothing) {
   EXPECT_EQ(claim_elsewhere("late-3").status, ClaimStatus::kClaimed);
 }
 
+TEST_P(Flow, ADeadlineThatPassesWhileTheTransactionIsRetriedStopsTheRetries) {
+  FlowRequest req = request("late-4");
+  req.deadline = request_deadline("500", clock_.now());
+  DatabaseError::Details lost{.backend = GetParam()};
+  if (GetParam() == Backend::kPostgres) {
+    lost.sqlstate = "40001";  // serialization_failure: with_transaction_retry retries it
+  } else {
+    lost.sqlite_code = 5;  // SQLITE_BUSY
+  }
+  int handled = 0;
+  // Each run of the handler takes 300 ms and loses a race; the policy would allow 5 runs.
+  const FlowResponse r = flow_->run(req, [&](Connection&) -> StoredResponse {
+    ++handled;
+    clock_.advance(300ms);
+    throw DatabaseError("lost a race", lost);
+  });
+  EXPECT_EQ(handled, 2);
+  EXPECT_EQ(r.outcome, FlowOutcome::kDeadlineExceeded);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(problem(r)["detail"].get<std::string>().find("transaction"), std::string::npos);
+  EXPECT_EQ(rows("keel_idempotency"), 0) << "the claim was released";
+  EXPECT_EQ(claim_elsewhere("late-4").status, ClaimStatus::kClaimed);
+}
+
 TEST_P(Flow, AFutureDeadlineRunsAsUsualAndTheHandlerSeesIt) {
   FlowRequest req = request("soon-1");
   req.deadline = request_deadline("30000", clock_.now());
