@@ -428,8 +428,8 @@ void AsioClientGetNoGuards(benchmark::State& state) {
 }
 BENCHMARK(AsioClientGetNoGuards)->UseRealTime();
 
-// Not a configuration to recommend (no attempt can time out): it shows what the race of each
-// attempt against its backstop timer costs.
+// Not a configuration to recommend (no attempt can time out): no transfer carries a backstop, so
+// the driver's sweep timer is never armed.
 void AsioClientGetNoTimeouts(benchmark::State& state) {
   run_asio_client(state, {.retry = {.max_attempts = 3}});
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <system_error>
+#include <vector>
 
 namespace keel::asio::detail {
 
@@ -30,7 +31,7 @@ struct CurlMulti::Watch {
 };
 
 CurlMulti::CurlMulti(::asio::any_io_executor executor)
-    : executor_(std::move(executor)), timer_(executor_) {}
+    : executor_(std::move(executor)), timer_(executor_), sweep_(executor_) {}
 
 std::shared_ptr<CurlMulti> CurlMulti::create(::asio::any_io_executor executor,
                                              long max_host_connections, std::size_t max_transfers) {
@@ -64,8 +65,9 @@ CurlMulti::~CurlMulti() {
   watches_.clear();
 }
 
-void CurlMulti::start(CURL* easy, std::unique_ptr<PendingTransfer> pending) {
-  pending_[easy] = Entry{std::move(pending), false};
+void CurlMulti::start(CURL* easy, std::unique_ptr<PendingTransfer> pending, Backstop backstop) {
+  pending_[easy] = Entry{std::move(pending), false, backstop};
+  if (backstop != kNoBackstop && !sweeping_) arm_sweep();
   if (max_transfers_ == 0 || added_ < max_transfers_) {
     add(easy);
   } else {
@@ -98,6 +100,11 @@ void CurlMulti::finished(CURL* easy, CURLcode code, bool from_cancellation) {
   }
   auto pending = std::move(it->second.pending);
   pending_.erase(it);
+  // Nothing left to sweep: do not keep the executor busy for it.
+  if (pending_.empty() && sweeping_) {
+    sweeping_ = false;
+    sweep_.cancel();
+  }
   pending->complete(code, from_cancellation);
 }
 
@@ -107,6 +114,32 @@ void CurlMulti::promote() {
     waiting_.pop_front();
     add(next);
   }
+}
+
+void CurlMulti::arm_sweep() {
+  sweeping_ = true;
+  sweep_.expires_after(kBackstopSweep);
+  sweep_.async_wait([weak = weak_from_this()](const std::error_code& ec) {
+    if (ec) return;
+    if (auto alive = weak.lock()) alive->sweep();
+  });
+}
+
+void CurlMulti::sweep() {
+  sweeping_ = false;
+  const Backstop now = std::chrono::steady_clock::now();
+  std::vector<CURL*> late;
+  bool more = false;
+  for (const auto& [easy, entry] : pending_) {
+    if (entry.backstop <= now) {
+      late.push_back(easy);
+    } else if (entry.backstop != kNoBackstop) {
+      more = true;
+    }
+  }
+  for (CURL* easy : late) finished(easy, CURLE_ABORTED_BY_CALLBACK, false);
+  if (!late.empty()) promote();
+  if (more) arm_sweep();
 }
 
 void CurlMulti::abort(CURL* easy, bool from_cancellation) {

@@ -4,6 +4,12 @@
 // wake-up is one steady_timer, and readiness is reported back with curl_multi_socket_action. No
 // thread is ever blocked: a transfer in flight is a registration in the reactor.
 //
+// The backstop: a transfer may carry a time by which it must have ended whatever libcurl does
+// (its attempt's timeout plus a grace; libcurl's own transfer timeout normally ends it first).
+// One sweep timer, armed every kBackstopSweep while such a transfer is in flight, aborts those
+// past their time. It costs nothing per transfer beyond storing the time, where a timer raced
+// against every transfer costs a coroutine, a parallel group and several allocations.
+//
 // Thread-safety: not thread-safe. Every member, and every async_perform, runs on the executor
 // given at creation (one thread, or a strand).
 #pragma once
@@ -17,6 +23,7 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <type_traits>
@@ -36,6 +43,13 @@ class PendingTransfer {
 
 class CurlMulti : public std::enable_shared_from_this<CurlMulti> {
  public:
+  using Backstop = std::chrono::steady_clock::time_point;
+  /// No backstop.
+  static constexpr Backstop kNoBackstop = Backstop::max();
+  /// How often transfers are checked against their backstop while one is in flight: a transfer
+  /// is aborted at most this long after its backstop.
+  static constexpr std::chrono::milliseconds kBackstopSweep{50};
+
   /// Throws std::runtime_error when libcurl cannot create a multi handle.
   /// `max_transfers` > 0: at most that many transfers in libcurl at once, the others wait in
   /// a FIFO here (libcurl's own queue re-examines every waiting transfer whenever a connection
@@ -47,8 +61,9 @@ class CurlMulti : public std::enable_shared_from_this<CurlMulti> {
   CurlMulti& operator=(const CurlMulti&) = delete;
 
   [[nodiscard]] const ::asio::any_io_executor& executor() const noexcept { return executor_; }
-  /// Adds the easy handle; `pending` is completed once when the transfer ends or is aborted.
-  void start(CURL* easy, std::unique_ptr<PendingTransfer> pending);
+  /// Adds the easy handle; `pending` is completed once when the transfer ends or is aborted
+  /// (with CURLE_ABORTED_BY_CALLBACK once `backstop` has passed, waiting for a slot included).
+  void start(CURL* easy, std::unique_ptr<PendingTransfer> pending, Backstop backstop);
   /// Removes a transfer in flight and completes it with CURLE_ABORTED_BY_CALLBACK. No-op for a
   /// handle that is not in flight.
   void abort(CURL* easy, bool from_cancellation);
@@ -67,15 +82,20 @@ class CurlMulti : public std::enable_shared_from_this<CurlMulti> {
   void add(CURL* easy);
   void finished(CURL* easy, CURLcode code, bool from_cancellation);
   void promote();
+  void arm_sweep();
+  void sweep();
 
   struct Entry {
     std::unique_ptr<PendingTransfer> pending;
     bool added = false;  // in libcurl (else waiting in waiting_)
+    Backstop backstop = kNoBackstop;
   };
 
   ::asio::any_io_executor executor_;
   CURLM* multi_ = nullptr;
   ::asio::steady_timer timer_;
+  ::asio::steady_timer sweep_;
+  bool sweeping_ = false;  // sweep_ is armed
   std::unordered_map<curl_socket_t, std::shared_ptr<Watch>> watches_;
   std::unordered_map<CURL*, Entry> pending_;
   std::deque<CURL*> waiting_;
@@ -104,11 +124,13 @@ class PendingHandler final : public PendingTransfer {
 };
 
 /// Runs `easy` to completion on `multi`; completes with the transfer's CURLcode
-/// (CURLE_ABORTED_BY_CALLBACK when cancelled through the token's cancellation slot).
+/// (CURLE_ABORTED_BY_CALLBACK when cancelled through the token's cancellation slot, or once
+/// `backstop` has passed).
 template <class Token>
-auto async_perform(const std::shared_ptr<CurlMulti>& multi, CURL* easy, Token&& token) {
+auto async_perform(const std::shared_ptr<CurlMulti>& multi, CURL* easy,
+                   CurlMulti::Backstop backstop, Token&& token) {
   return ::asio::async_initiate<Token, void(CURLcode)>(
-      [](auto handler, std::shared_ptr<CurlMulti> m, CURL* e) {
+      [backstop](auto handler, std::shared_ptr<CurlMulti> m, CURL* e) {
         using Handler = std::decay_t<decltype(handler)>;
         auto slot = ::asio::get_associated_cancellation_slot(handler);
         auto work =
@@ -118,8 +140,10 @@ auto async_perform(const std::shared_ptr<CurlMulti>& multi, CURL* easy, Token&& 
             if (auto alive = weak.lock()) alive->abort(e, /*from_cancellation=*/true);
           });
         }
-        m->start(e, std::make_unique<PendingHandler<Handler, decltype(work)>>(
-                        std::move(handler), std::move(work), slot));
+        m->start(e,
+                 std::make_unique<PendingHandler<Handler, decltype(work)>>(std::move(handler),
+                                                                           std::move(work), slot),
+                 backstop);
       },
       token, multi, easy);
 }

@@ -33,7 +33,8 @@ using Easy = std::unique_ptr<CURL, EasyDeleter>;
 
 using http::detail::AttemptResult;
 
-// libcurl's transfer timeout fires first; the race in keel::asio::retry is only a backstop.
+// libcurl's transfer timeout fires first; CurlMulti aborts a transfer this long after it, as a
+// backstop. The retry loop runs the attempts without a timer race of its own (kNoRace).
 constexpr Duration kTimeoutGrace = std::chrono::milliseconds(250);
 
 }  // namespace
@@ -83,12 +84,21 @@ struct HttpClient::Impl {
     http::detail::CurlAttempt attempt(h, request, traits, key, info, options);
     std::optional<AttemptResult> refused = attempt.start();
     if (refused) co_return std::move(*refused);
-    const CURLcode rc = co_await detail::async_perform(multi, h, ::asio::use_awaitable);
+    // libcurl ends the transfer at info.timeout; the backstop, kTimeoutGrace later, in case it
+    // does not.
+    const detail::CurlMulti::Backstop backstop =
+        info.timeout >= kInfinite
+            ? detail::CurlMulti::kNoBackstop
+            : std::chrono::steady_clock::now() +
+                  detail::to_timer_duration(saturating_add(info.timeout, kTimeoutGrace));
+    const CURLcode rc = co_await detail::async_perform(multi, h, backstop, ::asio::use_awaitable);
     if (rc == CURLE_ABORTED_BY_CALLBACK && !attempt.response_refused()) {
-      // Cancelled by keel (the backstop timeout) or by the caller; the retry loop knows which.
+      // Aborted by the backstop, or cancelled by the caller (the loop then reports kCancelled).
       AttemptResult out;
       out.outcome = attempt_timeout_outcome();
-      out.error = "cancelled";
+      out.error = std::chrono::steady_clock::now() >= backstop
+                      ? "timed out: no answer within the attempt's timeout"
+                      : "cancelled";
       co_return out;
     }
     AttemptResult out = attempt.finish(rc, classifier, clock);
@@ -202,7 +212,7 @@ std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->mul
         hedged_op);
   } else {
     r = co_await detail::retry_loop<AttemptResult>(impl->executor, impl->policy, op, classify, call,
-                                                   observer, kTimeoutGrace);
+                                                   observer, detail::kNoRace);
   }
 
   if (r.value) {

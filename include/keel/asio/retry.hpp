@@ -128,14 +128,19 @@ template <class T, class Op>
   co_return std::optional<T>(co_await std::invoke(op, std::as_const(info)));
 }
 
-/// Runs op(info), racing it against `timer` when the attempt's timeout is finite. Exceptions of
-/// the op propagate unless it lost the race (it was then cancelled by keel).
+/// The `grace` of an op that ends itself at its attempt's timeout, with a backstop of its own
+/// (keel::asio::HttpClient's libcurl transfers): run_attempt runs it without a race.
+inline constexpr Duration kNoRace = kInfinite;
+
+/// Runs op(info), racing it against `timer` when the attempt's timeout is finite (and `grace` is
+/// not kNoRace). Exceptions of the op propagate unless it lost the race (it was then cancelled by
+/// keel).
 template <class T, class Op>
 ::asio::awaitable<AttemptRun<T>> run_attempt(::asio::any_io_executor ex,
                                              ::asio::steady_timer& timer, Op& op, AttemptInfo info,
                                              Duration grace) {
   AttemptRun<T> run;
-  if (info.timeout >= kInfinite) {
+  if (info.timeout >= kInfinite || grace >= kNoRace) {
     run.value = co_await run_op<T>(op, info);
     co_return run;
   }
@@ -167,7 +172,8 @@ struct NoObserver {
 /// The loop shared by the public overloads and keel::asio::HttpClient. `observer(attempt,
 /// outcome, decision, took)` is called after every attempt that completed or timed out.
 /// `grace` is added to the attempt's timeout before the race cancels it (an op that enforces the
-/// timeout itself, like a libcurl transfer, then reports its own, better classified, timeout).
+/// timeout itself, like a libcurl transfer, then reports its own, better classified, timeout);
+/// kNoRace runs each attempt without the race.
 template <class T, class Op, class Classify, class Observer = NoObserver>
 ::asio::awaitable<RetryResult<T>> retry_loop(::asio::any_io_executor ex, const RetryPolicy& policy,
                                              Op op, Classify classify, CallOptions call,
