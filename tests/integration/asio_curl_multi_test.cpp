@@ -15,6 +15,7 @@
 #include <string>
 
 #include "curl_multi.hpp"
+#include "loopback_socket.hpp"
 
 namespace {
 
@@ -22,30 +23,7 @@ using keel::asio::detail::CurlMulti;
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
-// A socket on 127.0.0.1 that listens and never accepts.
-class SilentListener {
- public:
-  SilentListener() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(::listen(fd_, 16), 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-  }
-  ~SilentListener() { ::close(fd_); }
-  SilentListener(const SilentListener&) = delete;
-  SilentListener& operator=(const SilentListener&) = delete;
-  [[nodiscard]] std::string url() const {
-    return "http://127.0.0.1:" + std::to_string(port_) + "/";
-  }
-
- private:
-  int fd_;
-  int port_ = 0;
-};
+using SilentListener = keel::test::LoopbackSocket;  // listens, never accepts
 
 struct EasyDeleter {
   void operator()(CURL* h) const noexcept { curl_easy_cleanup(h); }

@@ -38,6 +38,7 @@
 #include "keel/http/client.hpp"
 #include "keel/latency.hpp"
 #include "keel/testing/fault_server.hpp"
+#include "loopback_socket.hpp"
 
 namespace {
 
@@ -65,18 +66,7 @@ ClientOptions fast(int attempts = 3) {
   return c;
 }
 
-// A port on 127.0.0.1 with nothing listening: bound, read back, then closed.
-int closed_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using keel::test::closed_port;
 
 template <class Driver>
 class HttpClients : public ::testing::Test {};

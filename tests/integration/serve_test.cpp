@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "keel/store/database.hpp"
+#include "loopback_socket.hpp"
 #include "test_support.hpp"
 
 extern char** environ;
@@ -847,15 +848,8 @@ TEST_P(Serve, AmbiguousFramingIs400AndClosesTheConnection) {
 
 TEST(ServePort, JobsMetricsListenOnAPortInUseIsAnErrorNamingTheAddress) {
   // A plain listening socket (no SO_REUSEPORT) holds the port.
-  const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(holder, 4), 0);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  test::LoopbackSocket holder;
+  const std::string address = holder.address();
   test::TempDir dir;
   const std::string db = "sqlite:" + (dir.path() / "jobs.db").string();
   const std::string keel = std::string(KEEL_BINARY) + " jobs --db " + db;
@@ -868,7 +862,7 @@ TEST(ServePort, JobsMetricsListenOnAPortInUseIsAnErrorNamingTheAddress) {
   char buf[256];
   while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
   const int status = pclose(p);
-  ::close(holder);
+  holder.close();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
   EXPECT_NE(out.find(address), std::string::npos) << out;
 }
