@@ -20,17 +20,11 @@
 #include "keel/hedge.hpp"
 #include "keel/http/client.hpp"
 #include "keel/testing/fault_server.hpp"
+#include "loopback_upstream.hpp"
 
 namespace {
 
-keel::testing::FaultServer& server() {
-  static auto* s = [] {
-    auto* srv = new keel::testing::FaultServer({.script = "200"});
-    srv->start();
-    return srv;
-  }();
-  return *s;
-}
+using keel::bench::server;
 
 keel::http::ClientOptions options(bool hedge) {
   keel::http::ClientOptions o;  // defaults: breakers and budget on

@@ -44,6 +44,7 @@
 #include "keel/deadline_header.hpp"
 #include "keel/http/client.hpp"
 #include "keel/testing/fault_server.hpp"
+#include "loopback_upstream.hpp"
 
 #if KEEL_BENCH_HTTP_ASIO
 #include <poll.h>
@@ -62,14 +63,7 @@
 
 namespace {
 
-keel::testing::FaultServer& server() {
-  static auto* s = [] {
-    auto* srv = new keel::testing::FaultServer({.script = "200"});
-    srv->start();
-    return srv;
-  }();
-  return *s;
-}
+using keel::bench::server;
 
 size_t discard_into(char* data, size_t size, size_t count, void* user) {
   static_cast<std::string*>(user)->append(data, size * count);
@@ -77,6 +71,17 @@ size_t discard_into(char* data, size_t size, size_t count, void* user) {
 }
 
 size_t ignore_header(char*, size_t size, size_t count, void*) { return size * count; }
+
+// What every raw row sets on its handle: the URL, no signals, the body appended to `body`, and
+// the client's default connect and transfer timeouts.
+void set_raw_get(CURL* h, const std::string& url, std::string& body) {
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &discard_into);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+}
 
 // Counts operator new calls from construction to finish() and reports them per iteration.
 class AllocationsPerRequest {
@@ -99,12 +104,7 @@ void RawCurlGet(benchmark::State& state) {
   const std::string url = server().url("/bench");
   CURL* h = curl_easy_init();
   std::string body;
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &discard_into);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+  set_raw_get(h, url, body);
   AllocationsPerRequest allocs(state);
   for (auto _ : state) {
     body.clear();
@@ -152,12 +152,7 @@ void RawCurlSharedResetGet(benchmark::State& state) {
   for (auto _ : state) {
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_SHARE, cache.share);
-    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &discard_into);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+    set_raw_get(h, url, body);
     body.clear();
     if (curl_easy_perform(h) != CURLE_OK) {
       state.SkipWithError("curl_easy_perform failed");
@@ -187,15 +182,10 @@ void RawCurlSameRequestGet(benchmark::State& state) {
     headers = curl_slist_append(headers, deadline.c_str());
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_SHARE, cache.share);
-    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    set_raw_get(h, url, body);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(h, CURLOPT_USERAGENT, user_agent.c_str());
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &discard_into);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &ignore_header);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
     body.clear();
     const CURLcode rc = curl_easy_perform(h);
     curl_slist_free_all(headers);
@@ -373,12 +363,7 @@ void RawCurlMultiAsioGet(benchmark::State& state) {
   RawMulti multi(io);
   CURL* h = curl_easy_init();
   std::string body;
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &discard_into);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+  set_raw_get(h, url, body);
   AllocationsPerRequest allocs(state);
   for (auto _ : state) {
     body.clear();
