@@ -320,7 +320,7 @@ void RetryState::publish_finished(const Decision& decision) {
   e.kind = EventKind::kAttemptFinished;
   e.operation = policy_->options().operation;
   e.attempt = attempts_;
-  e.outcome = last_;
+  std::memcpy(&e.outcome, &last_, sizeof(Outcome));  // whole, as next() stores it
   e.will_retry = decision.retry;
   e.delay = decision.delay;
   e.reason = decision.reason;
