@@ -2,7 +2,8 @@
 # Job-queue throughput: jobs per second through enqueue + lease + done (no-op handler, 2 worker
 # threads, each on its own connection), on PostgreSQL as a ratio to pgbench's single-row UPDATE
 # rate measured on the same server in the same run, with the WAL bytes written per job, and on
-# SQLite; each with batch sizes 1, 10 and 100 to show what batching gains. Then the table after
+# SQLite; each with batch sizes 1, 10 and 100 to show what batching gains, and SQLite unbatched
+# with glibc's heap trimming off. Then the table after
 # --bloat-jobs jobs (batch 100, in a schema of their own): keel_jobs' and keel_job_attempts' size
 # with their indexes, and their live and dead tuples.
 #
@@ -95,3 +96,11 @@ for batch in 1 10 100; do
   run "sqlite:$work/queue-$batch.db" "$batch"
   printf '  batch %-4s %10s jobs/s\n' "$batch" "$rate"
 done
+
+# The same unbatched run with glibc's heap trimming off: SQLite allocates and frees a temporary
+# b-tree's page cache in most of a job's statements, and glibc then hands the top of the worker
+# thread's heap back to the kernel (madvise) only to fault it in again (docs/queue.md).
+echo
+echo "SQLite with heap trimming off (MALLOC_TRIM_THRESHOLD_=67108864), $jobs jobs, 2 workers"
+MALLOC_TRIM_THRESHOLD_=67108864 run "sqlite:$work/queue-no-trim.db" 1
+printf '  batch %-4s %10s jobs/s\n' 1 "$rate"

@@ -305,6 +305,8 @@ def queue_rows(text, emit, mach, date, goals):
     for line in text.splitlines():
         if line.startswith("PostgreSQL"):
             section = "PostgreSQL"
+        elif line.startswith("SQLite with heap trimming off"):
+            section = "SQLite, heap trimming off"
         elif line.startswith("SQLite"):
             section = "SQLite"
         m = re.match(r"^\s+batch\s+(\d+)\s+([\d.]+)\s+jobs/s", line)
