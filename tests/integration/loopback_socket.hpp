@@ -21,7 +21,9 @@ class LoopbackSocket {
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    if (listen) EXPECT_EQ(::listen(fd_, backlog), 0);
+    if (listen) {
+      EXPECT_EQ(::listen(fd_, backlog), 0);
+    }
     socklen_t len = sizeof addr;
     EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
     port_ = ntohs(addr.sin_port);
