@@ -40,7 +40,7 @@ class SqliteConnection final : public Connection {
       // WAL lets readers run beside the one writer; synchronous=NORMAL keeps every committed
       // transaction across a process crash (only a power loss can drop the last few).
       if (!options.read_only) {
-        execute("PRAGMA journal_mode=WAL");
+        execute_waiting_while_busy("PRAGMA journal_mode=WAL");
         execute("PRAGMA synchronous=NORMAL");
       }
       execute("PRAGMA foreign_keys=ON");
@@ -197,6 +197,25 @@ class SqliteConnection final : public Connection {
     }
     statements_.emplace(key, stmt);
     return stmt;
+  }
+
+  // Runs sql, and while it fails with SQLITE_BUSY waits as the busy handler does and runs it
+  // again. For the statements SQLite answers SQLITE_BUSY at once, without calling the handler:
+  // switching a new database to WAL needs an exclusive lock, and when two connections open the
+  // same new file at once, each holds the shared lock the other must see gone.
+  void execute_waiting_while_busy(std::string_view sql) {
+    for (int count = 0;; ++count) {
+      try {
+        execute(sql);
+        return;
+      } catch (const DatabaseError& e) {
+        const bool busy = (e.details().sqlite_code & 0xff) == SQLITE_BUSY;
+        if (!busy || busy_timeout_ <= std::chrono::milliseconds::zero() ||
+            on_busy(this, count) == 0) {
+          throw;
+        }
+      }
+    }
   }
 
   // Called by SQLite while another connection holds the lock this one needs; returns nonzero to

@@ -10,9 +10,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <latch>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "keel/store/database.hpp"
 
@@ -39,6 +44,28 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+/// Runs body on `threads` threads released together; returns what each exception said, one
+/// line per failed thread ("" when none threw).
+inline std::string run_at_once(int threads, const std::function<void()>& body) {
+  std::latch start(threads);
+  std::mutex mu;
+  std::string errors;
+  std::vector<std::thread> running;
+  for (int i = 0; i < threads; ++i) {
+    running.emplace_back([&] {
+      start.arrive_and_wait();
+      try {
+        body();
+      } catch (const std::exception& e) {
+        const std::lock_guard lock(mu);
+        errors += std::string(e.what()) + "\n";
+      }
+    });
+  }
+  for (auto& t : running) t.join();
+  return errors;
+}
 
 /// The test server's base URL, or nullopt when no server was provided.
 inline std::optional<std::string> postgres_base_url() {
