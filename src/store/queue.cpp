@@ -80,6 +80,24 @@ constexpr Migration kMigrations[] = {
     // of the queue (PostgreSQL's plan); this partial index holds only the leasable rows.
     {"CREATE INDEX keel_jobs_ready ON keel_jobs (queue, run_at_ms, id)"
      " WHERE state IN ('ready', 'retry_scheduled');"},
+    // 4, SQLite only: the CHECK on state as comparisons joined by OR. SQLite checks a list of
+    // more than two values with a temporary b-tree, whose page cache every write to keel_jobs
+    // then allocated and freed (docs/queue.md). Its CHECKs cannot be altered, and a rebuild of
+    // keel_jobs would fire the history's ON DELETE CASCADE, so the stored definition is edited
+    // as SQLite documents for a change that leaves the stored rows valid (both forms accept the
+    // same five values). writable_schema=RESET rereads the schema on this connection; creating
+    // and dropping a table changes the schema cookie, so every other connection rereads it too.
+    {"PRAGMA writable_schema = ON;"
+     "UPDATE sqlite_master SET sql = replace(sql,"
+     " 'CHECK (state IN  (''ready'', ''running'', ''retry_scheduled'', ''done'', ''dead''))',"
+     " 'CHECK (state = ''ready'' OR state = ''running'' OR state = ''retry_scheduled''"
+     " OR state = ''done'' OR state = ''dead'')')"
+     " WHERE type = 'table' AND name = 'keel_jobs';"
+     "PRAGMA writable_schema = RESET;"
+     "CREATE TABLE keel_schema_reread (x INTEGER);"
+     "DROP TABLE keel_schema_reread;",
+     // PostgreSQL checks the list without a temporary structure: nothing to do.
+     "SELECT 1"},
 };
 
 #undef KEEL_QUEUE_SCHEMA_V1

@@ -73,9 +73,11 @@ DoneAndLeased JobQueue::finish_and_lease_due(
   const std::int64_t now = now_ms();
   const std::int64_t expires = now + to_ms(options_.lease);
   DoneAndLeased out;
-  const std::string pick =
-      "SELECT id FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
-      " AND run_at_ms <= $2 ORDER BY run_at_ms, id LIMIT $4";
+  // The due jobs of queue $1 at time $2, in lease order.
+  constexpr std::string_view kDue =
+      " FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
+      " AND run_at_ms <= $2 ORDER BY run_at_ms, id";
+  // What a lease does to a job: $2 is now, $3 the worker, $5 the lease's expiry.
   constexpr std::string_view kSetRunning =
       " SET state = 'running', attempts = attempts + 1, fence = fence + 1, lease_owner = $3,"
       " leased_ms = $2, lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2";
@@ -103,7 +105,8 @@ DoneAndLeased JobQueue::finish_and_lease_due(
              " FROM v WHERE j.id = v.id AND j.fence = v.fence AND j.state = 'running'"
              " RETURNING j.id), ";
     }
-    sql += "picked AS (" + pick + " FOR UPDATE SKIP LOCKED), leased AS (UPDATE keel_jobs j" +
+    sql += "picked AS (SELECT id" + std::string(kDue) +
+           " LIMIT $4 FOR UPDATE SKIP LOCKED), leased AS (UPDATE keel_jobs j" +
            std::string(kSetRunning) +
            " FROM picked WHERE j.id = picked.id"
            " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence)"
@@ -116,25 +119,27 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     leased = connection.query(sql, params);
     first = 1;
   } else {
-    const std::string lease_sql =
-        "UPDATE keel_jobs" + std::string(kSetRunning) + " WHERE id IN (" + pick +
-        ") RETURNING id, payload, idem_key, attempts, max_attempts, fence";
-    const auto lease_and_probe = [&](Connection& c) {
-      leased = c.query(lease_sql, {queue, now, worker, limit, expires});
-      *expired_waiting = !c.query(kExpired, {queue, now}).empty();
-    };
-    if (done.empty()) {
-      lease_and_probe(connection);
-    } else {
-      in_transaction(connection, [&](Connection& tx) {
-        out.current = 0;
-        for (const auto& [id, fence] : done) {
-          if (detail::mark_done(tx, id, fence, now)) ++out.current;
-        }
-        lease_and_probe(tx);
-        return true;
-      });
-    }
+    // The due rows are read, then updated one by one, in one write transaction: the same
+    // effect as the UPDATE ... WHERE id IN (SELECT ...) RETURNING that PostgreSQL runs, without
+    // the two temporary b-trees SQLite builds for those (docs/queue.md). The rows read show the
+    // job before kSetRunning: the lease's attempt and fence are one more.
+    static const std::string pick =
+        "SELECT id, payload, idem_key, attempts + 1, max_attempts, fence + 1" + std::string(kDue) +
+        " LIMIT $3";
+    static const std::string set_running =
+        "UPDATE keel_jobs" + std::string(kSetRunning) + " WHERE id = $4 AND queue = $1";
+    in_transaction(connection, [&](Connection& tx) {
+      out.current = 0;
+      for (const auto& [id, fence] : done) {
+        if (detail::mark_done(tx, id, fence, now)) ++out.current;
+      }
+      leased = tx.query(pick, {queue, now, limit});
+      for (std::size_t i = 0; i < leased.size(); ++i) {
+        tx.query(set_running, {queue, now, worker, leased.integer(i, 0), expires});
+      }
+      *expired_waiting = !tx.query(kExpired, {queue, now}).empty();
+      return true;
+    });
   }
   if (pg) *expired_waiting = false;
   out.leased.reserve(leased.size());

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
 
 #include "detail/queue_sql.hpp"
 #include "keel/duration.hpp"
@@ -55,7 +57,20 @@ constexpr std::string_view kInsertJob =
     "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
     " fence, replays, created_ms, updated_ms)"
     " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)"
-    " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id";
+    " ON CONFLICT (queue, idem_key) DO NOTHING";
+
+// Inserts one job row with kInsertJob's parameters: its id, or nullopt when the (queue, key) was
+// already there. SQLite reads the id from the connection rather than by RETURNING, whose
+// temporary b-tree costs a single job a page cache allocated and freed (docs/queue.md).
+std::optional<std::int64_t> insert_job_row(Connection& conn, std::span<const Value> params) {
+  if (conn.backend() == Backend::kPostgres) {
+    const Rows r = conn.query(std::string(kInsertJob) + " RETURNING id", params);
+    if (r.empty()) return std::nullopt;
+    return r.integer(0, 0);
+  }
+  if (conn.query(kInsertJob, params).affected() == 0) return std::nullopt;
+  return conn.query("SELECT last_insert_rowid()").integer(0, 0);
+}
 
 // The id of the job already enqueued under (queue, key): the request was a repeat.
 void find_existing(Connection& conn, const std::string& queue, const std::string& key,
@@ -74,10 +89,9 @@ void find_existing(Connection& conn, const std::string& queue, const std::string
 void insert_job(Connection& tx, const EnqueueRequest& request, const std::string& key,
                 int max_attempts, std::int64_t now, EnqueueResult& out) {
   const std::int64_t run_at = now + to_ms(request.delay);
-  const Rows inserted =
-      tx.query(kInsertJob, {request.queue, request.payload, key, max_attempts, run_at, now});
-  if (!inserted.empty()) {
-    out.id = inserted.integer(0, 0);
+  const Value params[] = {request.queue, request.payload, key, max_attempts, run_at, now};
+  if (const auto id = insert_job_row(tx, params)) {
+    out.id = *id;
     out.created = true;
     return;
   }
@@ -91,8 +105,7 @@ void insert_job(Connection& tx, const EnqueueRequest& request, const std::string
 bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, const std::string& key,
                            int max_attempts, std::int64_t now, EnqueueResult& out) {
   const std::int64_t run_at = now + to_ms(request.delay);
-  const std::initializer_list<Value> params = {request.queue, request.payload, key,
-                                               max_attempts,  run_at,          now};
+  const Value params[] = {request.queue, request.payload, key, max_attempts, run_at, now};
   if (conn.backend() == Backend::kPostgres) {
     // The foreign key is checked at the end of the statement, after the queue CTE's insert.
     const Rows r = conn.query(
@@ -100,7 +113,7 @@ bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, cons
         " ON CONFLICT (name) DO NOTHING),"
         " ins AS (" +
             std::string(kInsertJob) +
-            ") SELECT id, 1 FROM ins UNION ALL SELECT id, 0 FROM keel_jobs"
+            " RETURNING id) SELECT id, 1 FROM ins UNION ALL SELECT id, 0 FROM keel_jobs"
             " WHERE queue = $1 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)",
         params);
     if (r.empty()) {
@@ -112,15 +125,15 @@ bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, cons
     out.created = r.integer(0, 1) == 1;
     return true;
   }
-  Rows inserted;
+  std::optional<std::int64_t> id;
   try {
-    inserted = conn.query(kInsertJob, params);
+    id = insert_job_row(conn, params);
   } catch (const DatabaseError& e) {
     if (e.details().sqlite_code == SQLITE_CONSTRAINT_FOREIGNKEY) return false;
     throw;
   }
-  if (!inserted.empty()) {
-    out.id = inserted.integer(0, 0);
+  if (id) {
+    out.id = *id;
     out.created = true;
     return true;
   }

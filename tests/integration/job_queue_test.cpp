@@ -650,6 +650,97 @@ TEST_P(JobQueueTest, AWorkerPausesLeasingWhileTheBrakeRefuses) {
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done' AND attempts = 1"), 3);
 }
 
+TEST_P(JobQueueTest, TheStateCheckAcceptsTheFiveStatesAndNothingElse) {
+  JobQueue q = make_queue();
+  const auto job = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  ASSERT_TRUE(job.ok());
+  for (const char* state : {"ready", "running", "retry_scheduled", "done", "dead"}) {
+    EXPECT_NO_THROW(conn_->query("UPDATE keel_jobs SET state = $1 WHERE id = $2", {state, job.id}))
+        << state;
+  }
+  for (const char* state : {"bogus", "Ready", "", "done "}) {
+    EXPECT_THROW(conn_->query("UPDATE keel_jobs SET state = $1 WHERE id = $2", {state, job.id}),
+                 DatabaseError)
+        << state;
+  }
+}
+
+// How many temporary b-trees SQLite would build to run sql (EXPLAIN's OpenEphemeral), compiled
+// against the connection's schema now: each call's text is new, so the connection's statement
+// cache never hands back a listing compiled against a schema since replaced (SQLite checks a
+// statement's schema when it runs, not when EXPLAIN lists it).
+int temp_btrees(Connection& conn, const std::string& sql) {
+  static int calls = 0;
+  const Rows plan = conn.query("EXPLAIN " + sql + " -- " + std::to_string(++calls));
+  int n = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) n += plan.text(i, 1) == "OpenEphemeral";
+  return n;
+}
+
+constexpr const char* kWriteJob = "UPDATE keel_jobs SET state = 'done' WHERE id = 1";
+constexpr const char* kInsertJob =
+    "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
+    " fence, replays, created_ms, updated_ms) VALUES ('q', '{}', 'k', 'ready', 0, 1, 0, 0, 0, 0, "
+    "0)";
+
+TEST(SqliteJobQueueSchema, WritingAJobBuildsNoTemporaryBTree) {
+  test::TempDir dir;
+  auto conn = open_database(parse_database_url("sqlite:" + (dir.path() / "q.db").string()).value());
+  JobQueue::migrate(*conn);
+  EXPECT_EQ(temp_btrees(*conn, kWriteJob), 0);
+  EXPECT_EQ(temp_btrees(*conn, kInsertJob), 0);
+  // What the check used to cost: a five-value IN list is one.
+  EXPECT_EQ(temp_btrees(*conn, "SELECT 1 WHERE 'a' IN ('a', 'b', 'c', 'd', 'e')"), 1);
+}
+
+// A database from before schema version 4 has the CHECK as an IN list: the migration rewrites it,
+// keeps every job and its history, and connections open at the time reread the schema.
+TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) {
+  test::TempDir dir;
+  const auto url = parse_database_url("sqlite:" + (dir.path() / "q.db").string()).value();
+  auto conn = open_database(url);
+  JobQueue::migrate(*conn);
+  ManualClock clock;
+  JobQueue q({.clock = &clock, .seed = 1});
+  const auto job = q.enqueue(*conn, {.queue = "q", .payload = R"({"n":1})", .key = "k-1"});
+  auto leased = q.lease(*conn, "q", "w", 1);
+  ASSERT_EQ(leased.size(), 1u);
+  ASSERT_EQ(
+      q.complete(*conn, leased[0].id, leased[0].fence, {.outcome = Outcome::transient()}).status,
+      CompleteStatus::kRetryScheduled);
+  // Back to version 3's form, as an older keel left it.
+  conn->execute(
+      "PRAGMA writable_schema = ON;"
+      "UPDATE sqlite_master SET sql = replace(sql,"
+      " 'CHECK (state = ''ready'' OR state = ''running'' OR state = ''retry_scheduled''"
+      " OR state = ''done'' OR state = ''dead'')',"
+      " 'CHECK (state IN  (''ready'', ''running'', ''retry_scheduled'', ''done'', ''dead''))')"
+      " WHERE type = 'table' AND name = 'keel_jobs';"
+      "PRAGMA writable_schema = RESET;"
+      "UPDATE keel_schema SET version = 3 WHERE component = 'queue';");
+  conn.reset();
+  auto old = open_database(url);
+  ASSERT_EQ(temp_btrees(*old, kWriteJob), 1) << "the test did not restore the older form";
+  auto upgrading = open_database(url);
+  JobQueue::migrate(*upgrading);
+  EXPECT_EQ(schema_version(*upgrading, "queue"), 4);
+  EXPECT_EQ(temp_btrees(*upgrading, kWriteJob), 0);
+  // A connection open during the migration sees the change at its next transaction.
+  EXPECT_EQ(old->query("SELECT COUNT(*) FROM keel_jobs").integer(0, 0), 1);
+  EXPECT_EQ(temp_btrees(*old, kWriteJob), 0) << "a connection open during the migration";
+  const Rows sql =
+      upgrading->query("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'keel_jobs'");
+  EXPECT_NE(sql.text(0, 0).find("state = 'retry_scheduled' OR"), std::string::npos);
+  EXPECT_EQ(sql.text(0, 0).find(" IN "), std::string::npos);
+  EXPECT_THROW(old->query("UPDATE keel_jobs SET state = 'bogus'"), DatabaseError);
+  const auto after = q.get(*upgrading, job.id);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->state, JobState::kRetryScheduled);
+  EXPECT_EQ(after->payload, R"({"n":1})");
+  ASSERT_EQ(after->history.size(), 1u);
+  EXPECT_EQ(upgrading->query("PRAGMA integrity_check").text(0, 0), "ok");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, JobQueueTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          test::backend_name);

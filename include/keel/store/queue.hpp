@@ -320,7 +320,8 @@ class JobQueue {
   // inside lease() (src/store/queue_lease.cpp).
 
   /// Leases up to `limit` due jobs of `queue` for options().lease, oldest due first, each with a
-  /// new fencing token and its attempt count incremented, in one statement. When that does not
+  /// new fencing token and its attempt count incremented, in one statement on PostgreSQL (one
+  /// write transaction on SQLite). When that does not
   /// fill `limit` (and at least every quarter lease), jobs whose lease expired are moved back to
   /// ready (or to dead on their last attempt) with the lost attempt recorded, and leased too.
   /// Requires: limit >= 1. Throws DatabaseError.
@@ -438,7 +439,7 @@ class JobQueue {
   [[nodiscard]] DoneAndLeased finish_and_lease_due(
       Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
       std::string_view queue, std::string_view worker, int limit, bool* expired_waiting) const;
-  // Leases up to `limit` due jobs in one statement.
+  // Leases up to `limit` due jobs (finish_and_lease_due with nothing done).
   [[nodiscard]] std::vector<LeasedJob> lease_due(Connection& connection, std::string_view queue,
                                                  std::string_view worker, int limit) const;
 
