@@ -118,15 +118,17 @@ TEST(KeelCallInput, InvalidUrlsExitTwoAtOnceNamingTheProblem) {
       {"", "empty"},
   };
   for (const auto& [url, problem] : cases) {
+    // "At once": a keel that tried to connect would wait out the 20 s connect timeout, while a
+    // sanitizer build on a busy machine can take a second or more just to start and exit.
     const auto began = std::chrono::steady_clock::now();
-    const KeelRun r = run_keel(call({url}));
+    const KeelRun r = run_keel(call({"--connect-timeout", "20s", url}));
     const auto took = std::chrono::steady_clock::now() - began;
     EXPECT_EQ(r.status, 2) << url << ": " << r.err;
     EXPECT_NE(r.err.find("URL"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(problem), std::string::npos) << url << ": " << r.err;
     EXPECT_EQ(r.err.find("attempt"), std::string::npos)
         << "no attempt for " << url << ": " << r.err;
-    EXPECT_LT(took, std::chrono::seconds(2)) << url;
+    EXPECT_LT(took, std::chrono::seconds(10)) << url;
   }
   // Schemes are case-insensitive.
   FaultServer server({.script = "200/body=up"});
@@ -211,13 +213,20 @@ constexpr std::uint64_t kBig = std::uint64_t{300} << 20;  // 300 MiB
 // build starts several times larger than a release build.
 constexpr long kGrowthLimitKiB = 32 * 1024;
 
+// These tests are about memory, not time: a sanitizer build writing 300 MiB on a busy machine
+// may take longer than keel call's default per-try timeout (9 s).
+std::vector<std::string> call_big(std::vector<std::string> extra) {
+  extra.insert(extra.begin(), {"--per-try-timeout", "120s", "--deadline", "300s"});
+  return call(std::move(extra));
+}
+
 // The peak RSS of the same call with a 1 KiB body, sent to the same place.
 long baseline_peak_kib(const std::vector<std::string>& output_flags,
                        const keel::test::KeelRunOptions& options = {}) {
   RawHttpServer small({{response_head(200, 1024), 1024, 'b'}});
   std::vector<std::string> extra = output_flags;
   extra.push_back(small.url("/small"));
-  const KeelRun r = run_keel(call(extra), options);
+  const KeelRun r = run_keel(call_big(extra), options);
   EXPECT_EQ(r.status, 0) << r.err;
   return r.peak_rss_kib;
 }
@@ -227,7 +236,7 @@ TEST(KeelCallBigResponse, OutputFileIsStreamedAndHoldsOnlyTheFinalAttempt) {
   RawHttpServer server(
       {{response_head(503, 1 << 20), 1 << 20, 'a'}, {response_head(200, kBig), kBig, 'c'}});
   const std::string file = dir.file("big.bin");
-  const KeelRun r = run_keel(call({"-o", file, server.url("/big")}));
+  const KeelRun r = run_keel(call_big({"-o", file, server.url("/big")}));
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "");
   EXPECT_EQ(std::filesystem::file_size(file), kBig);
@@ -251,7 +260,7 @@ TEST(KeelCallBigResponse, StdoutIsStreamedWithBoundedMemory) {
   TempDir dir;
   RawHttpServer server({{response_head(200, kBig), kBig, 'd'}});
   const std::string out = dir.file("stdout");
-  const KeelRun r = run_keel(call({"-i", server.url("/big")}), {.stdout_path = out});
+  const KeelRun r = run_keel(call_big({"-i", server.url("/big")}), {.stdout_path = out});
   EXPECT_EQ(r.status, 0) << r.err;
   const std::string head = response_head(200, kBig);
   EXPECT_EQ(std::filesystem::file_size(out), head.size() + kBig);
