@@ -106,21 +106,31 @@ TEST_P(JobsProcessTest, WorkersKilledAtRandomAndRestartedLoseNothingAndDuplicate
   std::vector<std::unique_ptr<Process>> workers;
   workers.push_back(spawn(args));
   workers.push_back(spawn(args));  // two worker processes at once: the fleet case
+  // The kills land at random points of the progress read from the database, all before 70% of
+  // the jobs are done, rather than after fixed sleeps: however fast or slow the machine drains
+  // the queue, every kill finds the fleet with work in hand.
+  constexpr int kKills = 6;
   int kills = 0;
-  const auto start = std::chrono::steady_clock::now();
-  while (kills < 6 && std::chrono::steady_clock::now() - start < 30s) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 300));
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  for (int k = 0; k < kKills; ++k) {
+    const std::int64_t at = (k + 1) * 100 + static_cast<std::int64_t>(rng() % 80);
+    while (count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'") < at &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(20ms);
+    }
     auto& victim = workers[rng() % workers.size()];
-    if (victim->poll()) break;  // the queue drained already
+    if (victim->poll()) break;  // it exited: the queue drained already
     victim->signal(SIGKILL);
-    EXPECT_EQ(victim->wait(), 128 + SIGKILL);
+    const int status = victim->wait();
+    if (status == 0) break;  // it drained the queue and exited before the kill landed
+    EXPECT_EQ(status, 128 + SIGKILL) << victim->err();
     ++kills;
     victim = spawn(args);
   }
   // Let them drain. A worker exits 0 when nothing is ready, running or scheduled; a lease held by
   // a killed worker keeps the queue busy until it expires and is taken over.
   for (auto& w : workers) EXPECT_EQ(w->wait(), 0) << w->err();
-  EXPECT_GE(kills, 3) << "the queue drained before the workers could be killed";
+  EXPECT_EQ(kills, kKills) << "the queue drained before the workers could be killed";
   const CmdResult again = keel(args);  // in case both exited while a lease was being reaped
   ASSERT_EQ(again.status, 0) << again.err;
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 1000);
@@ -300,20 +310,33 @@ TEST_P(JobsProcessTest, ExecHandlerSeesKeyAndAttemptAndSigtermLetsTheJobFinish) 
   CmdResult r = keel({"jobs", "--db", db, "enqueue", "--queue", "x", "--payload", R"({"v":1})",
                       "--key", "k-exec"});
   ASSERT_EQ(r.status, 0) << r.err;
-  // Attempt 1 fails with EX_TEMPFAIL, attempt 2 sleeps (SIGTERM arrives) and succeeds.
+  // Attempt 1 fails with EX_TEMPFAIL. Attempt 2 waits for the test to create `release`, which it
+  // does only after the worker has taken SIGTERM, so the job is certainly in flight at the signal
+  // however slow the machine. The wait is bounded (about 30 s) and fails the attempt if `release`
+  // never comes: a test that stops early leaves no shell behind for long, and a lost release
+  // cannot pass for a finished job.
+  const std::string release = (dir().path() / "release").string();
+  const std::string wait_for_release = "i=0; while [ ! -e " + release +
+                                       " ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; " +
+                                       "[ -e " + release + " ]";
   const std::string cmd = "read -r body; echo \"$KEEL_IDEMPOTENCY_KEY $KEEL_ATTEMPT $body\" >> " +
-                          log.string() + "; [ \"$KEEL_ATTEMPT\" = 1 ] && exit 75; sleep 0.5";
+                          log.string() + "; [ \"$KEEL_ATTEMPT\" = 1 ] && exit 75; " +
+                          wait_for_release;
   auto worker = spawn({"jobs", "--db", db, "work", "--queue", "x", "--exec", cmd, "--backoff-base",
                        "10ms", "--backoff-cap", "10ms", "--poll", "10ms", "--grace", "20s",
                        "--metrics-listen", "127.0.0.1:0"});
-  // Wait for the second attempt to start, then ask the worker to stop.
-  for (int i = 0; i < 500; ++i) {
+  const auto read_log = [&] {
     std::ifstream in(log);
-    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (all.find(" 2 ") != std::string::npos) break;
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  // Wait for the second attempt to start.
+  for (const auto until = std::chrono::steady_clock::now() + 30s;
+       read_log().find(" 2 ") == std::string::npos && std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(10ms);
   }
-  // Scrape the metrics while it runs.
+  ASSERT_NE(read_log().find(" 2 "), std::string::npos) << "the second attempt did not start\n"
+                                                       << read_log() << worker->err();
+  // Scrape the metrics while it runs (it cannot finish before `release` exists).
   const std::string err = worker->err();
   const auto at = err.find("metrics on http://127.0.0.1:");
   ASSERT_NE(at, std::string::npos) << err;
@@ -330,11 +353,17 @@ TEST_P(JobsProcessTest, ExecHandlerSeesKeyAndAttemptAndSigtermLetsTheJobFinish) 
   EXPECT_NE(res->body.find("keel_queue_dead_lettered_total{queue=\"x\",reason=\"permanent\"} 0"),
             std::string::npos);
   EXPECT_NE(res->body.find("keel_queue_oldest_ready_age_seconds{queue=\"x\"}"), std::string::npos);
+  // Ask the worker to stop; once it says it is stopping, let the job finish within the grace.
   worker->signal(SIGTERM);
+  for (const auto until = std::chrono::steady_clock::now() + 30s;
+       worker->err().find("SIGTERM: stopping") == std::string::npos &&
+       std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_NE(worker->err().find("SIGTERM: stopping"), std::string::npos) << worker->err();
+  std::ofstream(release).close();
   EXPECT_EQ(worker->wait(), 0) << worker->err();
-  std::ifstream in(log);
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(all, "k-exec 1 {\"v\":1}\nk-exec 2 {\"v\":1}\n");
+  EXPECT_EQ(read_log(), "k-exec 1 {\"v\":1}\nk-exec 2 {\"v\":1}\n");
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 1)
       << "the running job should finish within the grace period";
 }

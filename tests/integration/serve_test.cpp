@@ -376,19 +376,44 @@ TEST_P(Serve, KillNineMidFlightThenRetryEverythingLosesAndDuplicatesNothing) {
 }
 
 TEST_P(Serve, RateLimitAnswers429WithRetryAfter) {
+  // 2/s, so bursts of 2. Of alice's eight requests, sent at once, at most 2 + 2 x (seconds from
+  // the first to arrive to the last) are admitted: at least one is refused unless they arrive
+  // over 3 s apart. (Sent one after another, none would be refused on a machine where each took
+  // half a second.) A lower rate would not do: a principal's first request draws from one bucket
+  // that all new principals share, of the same burst, and bob needs the token alice leaves in it.
   ServeProcess server(args({"--rate-limit", "2/s"}));
-  auto c = server.client();
+  constexpr int kRequests = 8;  // no more than the server's threads
+  struct Answer {
+    int status = 0;
+    std::string retry_after;
+  };
+  std::vector<Answer> answers(kRequests);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = server.client();
+      ++ready;
+      while (ready.load() < kRequests) std::this_thread::yield();
+      auto r =
+          c.Post("/v1/charges", headers("rl-" + std::to_string(i)), kCharge, "application/json");
+      if (!r) return;
+      answers[i].status = r->status;
+      answers[i].retry_after = r->get_header_value("Retry-After");
+    });
+  }
+  for (auto& t : threads) t.join();
   int limited = 0;
-  for (int i = 0; i < 6; ++i) {
-    auto r = c.Post("/v1/charges", headers("rl-" + std::to_string(i)), kCharge, "application/json");
-    ASSERT_TRUE(r);
-    if (r->status == 429) {
+  for (const Answer& a : answers) {
+    ASSERT_TRUE(a.status == 201 || a.status == 429) << a.status;
+    if (a.status == 429) {
       ++limited;
-      EXPECT_GE(std::stoi(r->get_header_value("Retry-After")), 1);
+      EXPECT_GE(std::stoi(a.retry_after), 1);
     }
   }
   EXPECT_GE(limited, 1);
   // Another principal has its own bucket.
+  auto c = server.client();
   auto bob = c.Post("/v1/charges", headers("rl-bob", "bob"), kCharge, "application/json");
   ASSERT_TRUE(bob);
   EXPECT_EQ(bob->status, 201);
@@ -416,23 +441,26 @@ TEST_P(Serve, SigtermStopsCleanly) {
 }
 
 TEST_P(Serve, SigtermLetsInFlightRequestsFinish) {
-  ServeProcess server(args({"--chaos-delay-fraction", "1", "--chaos-delay", "700ms"}));
+  // The delay is long enough that the request is still in it when SIGTERM follows the scrape
+  // that saw it start, even on a slow machine.
+  ServeProcess server(args({"--chaos-delay-fraction", "1", "--chaos-delay", "2s"}));
   std::optional<int> status;
   std::thread request([&] {
     auto r = server.client().Post("/v1/charges", headers("inflight"), kCharge, "application/json");
     if (r) status = r->status;
   });
-  // Wait until the request is inside the server (its injected delay has started).
+  // Wait (bounded) until the request is inside the server (its injected delay has started).
   auto c = server.client();
-  for (int i = 0; i < 1000; ++i) {
+  bool inside = false;
+  for (const auto until = std::chrono::steady_clock::now() + 20s;
+       !inside && std::chrono::steady_clock::now() < until;) {
     auto m = c.Get("/metrics");
-    if (m && m->body.find("keel_chaos_injected_total{fault=\"delay\"} 1") != std::string::npos) {
-      break;
-    }
-    std::this_thread::sleep_for(2ms);
+    inside = m && m->body.find("keel_chaos_injected_total{fault=\"delay\"} 1") != std::string::npos;
+    if (!inside) std::this_thread::sleep_for(2ms);
   }
   const int exit_status = server.terminate(SIGTERM);
   request.join();
+  ASSERT_TRUE(inside) << "the request was never seen inside the server before SIGTERM";
   ASSERT_TRUE(status.has_value()) << "the in-flight request was cut off";
   EXPECT_EQ(*status, 201);
   EXPECT_TRUE(WIFEXITED(exit_status));
@@ -441,12 +469,14 @@ TEST_P(Serve, SigtermLetsInFlightRequestsFinish) {
 }
 
 TEST_P(Serve, MaxConcurrencyShedsRetriesBeforeAnyFirstAttempt) {
-  // Every request takes 300 ms. Two first attempts and six retries arrive together. Retries are
+  // Every request takes 2 s. Two first attempts and six retries arrive together. Retries are
   // admitted only while fewer than 2 requests are in flight, first attempts while fewer than
   // 2 + 2: at most two retries can ever be in flight, so no first attempt is ever refused, and
-  // of the retries all but at most two are.
+  // of the retries all but at most two are. "Together" means within those 2 s of the first
+  // admitted ones: a retry arriving after they finished would be admitted, so the delay is long
+  // enough to hold a slow machine's spread of arrivals.
   ServeProcess server(args({"--max-concurrency", "2", "--admission-queue", "2",
-                            "--chaos-delay-fraction", "1", "--chaos-delay", "300ms"}));
+                            "--chaos-delay-fraction", "1", "--chaos-delay", "2s"}));
   constexpr int kFirst = 2;
   constexpr int kRetries = 6;
   struct Answer {
@@ -526,9 +556,10 @@ TEST_P(Serve, AdaptiveLatencyCutsTheLimitAfterSlowRequests) {
 
 TEST_P(Serve, MaxConcurrencyShedsFirstAttemptsPastTheQueueBound) {
   // --admission-queue 0: one limit for all. Three first attempts at once on a limit of 1: the
-  // ones that find it taken are refused with reason over_capacity.
+  // ones that find it taken are refused with reason over_capacity. Each admitted one takes 2 s,
+  // long enough that the three arrive while the first is still in flight even on a slow machine.
   ServeProcess server(args({"--max-concurrency", "1", "--admission-queue", "0",
-                            "--chaos-delay-fraction", "1", "--chaos-delay", "300ms"}));
+                            "--chaos-delay-fraction", "1", "--chaos-delay", "2s"}));
   std::atomic<int> ok{0};
   std::atomic<int> refused{0};
   std::atomic<int> ready{0};
