@@ -47,7 +47,7 @@ std::string header(const Arrival& a, std::string_view name) {
   return v ? std::string(*v) : std::string();
 }
 
-using keel::test::closed_port;
+using keel::test::ClosedPort;
 
 // The server's arrivals once it has recorded at least `n` of them, or after 5 s. Each connection
 // has its own server thread, which records a request once it has read it: after a client gave up
@@ -223,12 +223,11 @@ TEST(HttpClient, PerTryTimeoutEndsAHungAttemptAndTheRetrySucceeds) {
 }
 
 TEST(HttpClient, ConnectRefusedPostIsRetriedBecauseNothingWasSent) {
-  const int port = closed_port();
+  const ClosedPort closed;  // refuses connections until the test ends
   ClientOptions o = fast_options(3);
   Client client(o);
-  const Result r = client.send({.method = "POST",
-                                .url = "http://127.0.0.1:" + std::to_string(port) + "/pay",
-                                .generate_idempotency_key = false});
+  const Result r =
+      client.send({.method = "POST", .url = closed.url("/pay"), .generate_idempotency_key = false});
   EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted);
   EXPECT_EQ(r.attempts, 3);
   EXPECT_EQ(r.outcome.kind, OutcomeKind::kTransient);

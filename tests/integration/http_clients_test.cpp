@@ -67,7 +67,7 @@ ClientOptions fast(int attempts = 3) {
   return c;
 }
 
-using keel::test::closed_port;
+using keel::test::ClosedPort;
 
 // The server's arrivals once it has recorded at least `n` of them, or after 5 s. Each connection
 // has its own server thread, which records a request once it has read it: after a client gave up
@@ -341,11 +341,10 @@ TYPED_TEST(HttpClients, AdaptiveTimeoutsDropFromTheStaticTimeoutToTheMeasuredLat
 }
 
 TYPED_TEST(HttpClients, ARefusedConnectionIsRetriedEvenForAPostWithoutKey) {
-  const int port = closed_port();
+  const ClosedPort closed;  // refuses connections until the test ends
   TypeParam client(fast(3));
-  const Result r = client.send({.method = "POST",
-                                .url = "http://127.0.0.1:" + std::to_string(port) + "/pay",
-                                .generate_idempotency_key = false});
+  const Result r =
+      client.send({.method = "POST", .url = closed.url("/pay"), .generate_idempotency_key = false});
   EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted);
   EXPECT_EQ(r.attempts, 3);
   EXPECT_EQ(r.outcome.kind, OutcomeKind::kTransient);

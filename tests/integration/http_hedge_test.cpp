@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -53,12 +54,13 @@ ClientOptions hedged(milliseconds delay, int max_hedges = 1) {
 }
 
 // An HTTP server on 127.0.0.1 (cpp-httplib, a thread per connection) that answers each request
-// by its Keel-Attempt: hang until the server is destroyed, or wait `delay` and answer `status`
-// with `body`. Records what it saw.
+// by its Keel-Attempt: hang until the server is destroyed; or wait until release() (at most 5 s,
+// then answer all the same), or `delay`, and answer `status` with `body`. Records what it saw.
 class AttemptServer {
  public:
   struct Answer {
     bool hang = false;
+    bool held = false;  // answered once the test calls release()
     keel::Duration delay{};
     int status = 200;
     std::string body = "ok";
@@ -77,6 +79,7 @@ class AttemptServer {
         std::lock_guard<std::mutex> lock(mutex_);
         seen_.push_back({attempt, req.get_header_value("Idempotency-Key"), req.body});
       }
+      arrived_.notify_all();
       const auto found = by_attempt_.find(std::atoi(attempt.c_str()));
       const Answer& a = found != by_attempt_.end() ? found->second : otherwise_;
       std::unique_lock<std::mutex> lock(mutex_);
@@ -84,12 +87,20 @@ class AttemptServer {
         released_.wait_for(lock, seconds(20), [this] { return stopping_; });
         return;  // the client has long gone
       }
+      if (a.held) {
+        released_.wait_for(lock, seconds(5), [this] { return stopping_ || release_; });
+      }
       released_.wait_for(lock, a.delay, [this] { return stopping_; });
       res.status = a.status;
       res.set_content(a.body, "text/plain");
     };
     server_.Get(".*", handle);
     server_.Post(".*", handle);
+    // A thread for every connection a test here can open (cpp-httplib's default is 8). A handler
+    // keeps its thread until its answer is due, after the client has dropped the connection, and
+    // an idle keep-alive connection keeps one too: with too few, a hedge's new connection would
+    // wait for a thread until an earlier attempt's delay ran out.
+    server_.new_task_queue = [] { return new httplib::ThreadPool(32); };
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
@@ -112,12 +123,29 @@ class AttemptServer {
     std::lock_guard<std::mutex> lock(mutex_);
     return seen_;
   }
-  // The Keel-Attempt values seen, sorted.
-  [[nodiscard]] std::vector<std::string> attempts() const {
+  // What it saw once it has seen at least `n` requests, or after 5 s. Each connection has its
+  // own server thread, which records a request once it has read it: when the client returns
+  // after another attempt won, the thread of one that never got an answer may not have got
+  // that far yet.
+  [[nodiscard]] std::vector<Seen> seen_at_least(std::size_t n) const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    arrived_.wait_for(lock, seconds(5), [&] { return seen_.size() >= n; });
+    return seen_;
+  }
+  // The Keel-Attempt values seen (once there are at least `n`, or after 5 s), sorted.
+  [[nodiscard]] std::vector<std::string> attempts(std::size_t n = 0) const {
     std::vector<std::string> out;
-    for (const Seen& s : seen()) out.push_back(s.attempt);
+    for (const Seen& s : seen_at_least(n)) out.push_back(s.attempt);
     std::sort(out.begin(), out.end());
     return out;
+  }
+  // Lets the held answers go.
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      release_ = true;
+    }
+    released_.notify_all();
   }
 
  private:
@@ -128,11 +156,34 @@ class AttemptServer {
   std::thread thread_;
   mutable std::mutex mutex_;
   std::condition_variable released_;
+  mutable std::condition_variable arrived_;
   bool stopping_ = false;   // GUARDED_BY(mutex_)
+  bool release_ = false;    // GUARDED_BY(mutex_)
   std::vector<Seen> seen_;  // GUARDED_BY(mutex_)
 };
 
 const AttemptServer::Answer kHang{.hang = true};
+
+// Runs `then` on `timer`'s executor once `ready()` holds, checked every 5 ms: for what only
+// another thread shows, such as the server having read a request. After 10 s it records a
+// failure and runs `then` all the same, so that the test ends instead of hanging.
+void when(::asio::steady_timer& timer, std::function<bool()> ready, std::function<void()> then,
+          std::chrono::steady_clock::time_point give_up = std::chrono::steady_clock::now() +
+                                                          seconds(10)) {
+  timer.expires_after(milliseconds(5));
+  timer.async_wait([&timer, ready = std::move(ready), then = std::move(then),
+                    give_up](std::error_code ec) mutable {
+    if (ec) return;
+    if (!ready()) {
+      if (std::chrono::steady_clock::now() < give_up) {
+        when(timer, std::move(ready), std::move(then), give_up);
+        return;
+      }
+      ADD_FAILURE() << "what the test waited for did not happen within 10 s";
+    }
+    then();
+  });
+}
 
 template <class Driver>
 class HttpHedging : public ::testing::Test {};
@@ -152,7 +203,7 @@ TYPED_TEST(HttpHedging, AHedgeAnswersWhileTheFirstAttemptHangs) {
   EXPECT_EQ(r.attempts, 2);
   EXPECT_GE(r.elapsed, milliseconds(100));
   EXPECT_LT(r.elapsed, seconds(5));  // not the hung attempt's 10 s timeout
-  EXPECT_EQ(server.attempts(), (std::vector<std::string>{"1", "2"}));
+  EXPECT_EQ(server.attempts(2), (std::vector<std::string>{"1", "2"}));
   // The winner is reported; the cancelled attempt is not.
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].attempt, 2);
@@ -166,7 +217,7 @@ TYPED_TEST(HttpHedging, APostWithItsKeyIsHedgedWithTheSameKey) {
       {.method = "POST", .url = server.url("/pay"), .body = "amount=5", .idempotency_key = "k-1"});
   EXPECT_TRUE(r.ok()) << r.error;
   EXPECT_EQ(r.idempotency_key, "k-1");
-  const auto seen = server.seen();
+  const auto seen = server.seen_at_least(2);
   ASSERT_EQ(seen.size(), 2u);
   for (const auto& s : seen) {
     EXPECT_EQ(s.key, "k-1");
@@ -218,7 +269,7 @@ TYPED_TEST(HttpHedging, UpToMaxHedgesGoOneDelayApart) {
   EXPECT_EQ(r.response->body, "third");
   EXPECT_EQ(r.attempts, 3);
   EXPECT_GE(r.elapsed, milliseconds(100));
-  EXPECT_EQ(server.attempts(), (std::vector<std::string>{"1", "2", "3"}));
+  EXPECT_EQ(server.attempts(3), (std::vector<std::string>{"1", "2", "3"}));
 }
 
 TYPED_TEST(HttpHedging, TheBreakerSeesTheWinnerAndNotTheCancelledAttempt) {
@@ -235,10 +286,15 @@ TYPED_TEST(HttpHedging, TheBreakerSeesTheWinnerAndNotTheCancelledAttempt) {
 }
 
 TYPED_TEST(HttpHedging, AFailedHedgeWaitsForTheAttemptInFlight) {
-  AttemptServer server({.status = 503}, {{1, {.delay = milliseconds(300), .body = "first"}}});
+  // Attempt 1 is answered once the client has taken the hedge's 503 (on_attempt reports it), so
+  // the hedge has failed while attempt 1 is in flight however long its new connection took.
+  AttemptServer server({.status = 503}, {{1, {.held = true, .body = "first"}}});
   keel::BreakerRegistry breakers;
   ClientOptions o = hedged(milliseconds(50));
   o.breakers = &breakers;
+  o.on_attempt = [&](const keel::http::AttemptEvent& e) {
+    if (e.attempt == 2) server.release();
+  };
   TypeParam client(o);
   const Result r = client.send({.method = "GET", .url = server.url("/")});
   EXPECT_TRUE(r.ok()) << r.error;
@@ -284,7 +340,9 @@ TEST(HttpHedgingBlocking, OneLayerDownDoesNotHedge) {
 }
 
 TEST(HttpHedgingBlocking, ThreadsShareTheClientsHedgedOperations) {
-  AttemptServer server({}, {{1, {.delay = milliseconds(150)}}});
+  // Each hedge, sent at 20 ms, wins when it is answered before its attempt 1 is, at 3 s (the
+  // per-try timeout is 10 s). Destroying the server ends the cancelled attempts' waits.
+  AttemptServer server({}, {{1, {.delay = seconds(3)}}});
   keel::http::Client client(hedged(milliseconds(20)));
   constexpr int kThreads = 4;
   constexpr int kEach = 3;
@@ -327,12 +385,15 @@ TEST(HttpHedgingAsync, CancellingAHedgedOperationStopsEveryAttempt) {
   ::asio::co_spawn(io, client.send({.method = "GET", .url = server.url("/")}),
                    ::asio::bind_cancellation_slot(
                        cancel.slot(), [&](std::exception_ptr, Result r) { out = std::move(r); }));
-  ::asio::steady_timer timer(io, milliseconds(300));
-  timer.async_wait([&](std::error_code) {
-    EXPECT_EQ(client.transfers_in_flight(), 2u);
-    cancel.emit(::asio::cancellation_type::terminal);
-  });
-  io.run_for(seconds(10));
+  // Cancelled once the server holds both requests (it answers neither): attempt 1 and the hedge.
+  ::asio::steady_timer poll(io);
+  when(
+      poll, [&] { return server.seen().size() >= 2; },
+      [&] {
+        EXPECT_EQ(client.transfers_in_flight(), 2u);
+        cancel.emit(::asio::cancellation_type::terminal);
+      });
+  io.run_for(seconds(20));
   ASSERT_TRUE(out.has_value());
   EXPECT_EQ(out->reason, StopReason::kCancelled);
   EXPECT_EQ(out->attempts, 2);

@@ -1,5 +1,5 @@
 // A TCP socket of the test's own on an ephemeral port of 127.0.0.1, for what a server cannot
-// show: a port that refuses connections (closed_port), a port held by another listener, or a
+// show: a port that refuses connections (ClosedPort), a port held by another listener, or a
 // peer that never answers (the kernel completes handshakes from the backlog; nobody accepts).
 #pragma once
 
@@ -48,10 +48,19 @@ class LoopbackSocket {
   int port_ = 0;
 };
 
-/// A port on 127.0.0.1 with nothing listening: bound, read back, then closed.
-inline int closed_port() {
-  LoopbackSocket s(/*listen=*/false);
-  return s.port();
-}
+/// A port on 127.0.0.1 that refuses connections for as long as this object lives: a socket bound
+/// to it that never listens. Linux answers a SYN to such a port with a RST (connection refused),
+/// and the bound socket keeps the port reserved: no other socket (a server of a test running in
+/// parallel, a client's ephemeral port) can take it meanwhile, as one could once a probe socket
+/// had been closed.
+class ClosedPort {
+ public:
+  [[nodiscard]] int port() const noexcept { return socket_.port(); }
+  /// "http://127.0.0.1:PORT" + `path`.
+  [[nodiscard]] std::string url(const std::string& path = "/") const { return socket_.url(path); }
+
+ private:
+  LoopbackSocket socket_{/*listen=*/false};
+};
 
 }  // namespace keel::test
