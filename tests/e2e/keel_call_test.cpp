@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "integration/loopback_socket.hpp"
 #include "keel/testing/fault_server.hpp"
 #include "run_keel.hpp"
 
@@ -231,11 +232,8 @@ TEST(KeelCall, OutputWritesTheBodyToAFile) {
 }
 
 TEST(KeelCall, ConnectionRefusedIsRetriedAndExitsFour) {
-  FaultServer server;
-  server.start();
-  const std::string url = server.url("/");
-  server.stop();  // nothing listens on the port any more
-  const ProcessRun r = keel(call({"-d", "x", "--idempotency-key", "off", url}));
+  const keel::test::ClosedPort closed;
+  const ProcessRun r = keel(call({"-d", "x", "--idempotency-key", "off", closed.url("/")}));
   EXPECT_EQ(r.status, 4) << r.err;
   EXPECT_NE(r.err.find("gave up after 3 attempts"), std::string::npos) << r.err;
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "integration/loopback_socket.hpp"
 #include "keel/testing/fault_server.hpp"
 #include "raw_http_server.hpp"
 #include "run_keel.hpp"
@@ -283,10 +284,8 @@ TEST(KeelCallBigResponse, AFailedCallLeavesNoOutputFile) {
   EXPECT_EQ(r.status, 4) << r.err;
   // The final (503) response is still written, as without -o it is printed.
   EXPECT_EQ(std::filesystem::file_size(file), 1000u);
-  FaultServer gone;
-  gone.start();
+  const keel::test::ClosedPort gone;
   const std::string url = gone.url("/");
-  gone.stop();
   const std::string none = dir.file("none");
   EXPECT_EQ(run_keel(call({"--max-attempts", "1", "-o", none, url})).status, 4);
   EXPECT_FALSE(std::filesystem::exists(none));
