@@ -20,9 +20,12 @@
 #include "keel/http/client.hpp"
 #include "keel/testing/fault_server.hpp"
 #include "loopback_socket.hpp"
+#include "waiting.hpp"
 
 namespace keel::http {
 namespace {
+
+using keel::test::arrivals_at_least;
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
@@ -48,19 +51,6 @@ std::string header(const Arrival& a, std::string_view name) {
 }
 
 using keel::test::ClosedPort;
-
-// The server's arrivals once it has recorded at least `n` of them, or after 5 s. Each connection
-// has its own server thread, which records a request once it has read it: after a client gave up
-// on a request that got no answer, that thread may not have got that far yet.
-std::vector<Arrival> arrivals_at_least(const FaultServer& server, std::size_t n) {
-  const auto give_up = std::chrono::steady_clock::now() + seconds(5);
-  std::vector<Arrival> arrivals = server.arrivals();
-  while (arrivals.size() < n && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(milliseconds(5));
-    arrivals = server.arrivals();
-  }
-  return arrivals;
-}
 
 TEST(HttpClient, RetriesTransientStatusesAndCountsAttemptsInKeelAttempt) {
   FaultServer server({.script = "503,502,200"});

@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "asio_waiting.hpp"
 #include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
 #include "keel/breaker.hpp"
@@ -42,6 +43,9 @@
 #include "loopback_socket.hpp"
 
 namespace {
+
+using keel::test::arrivals_at_least;
+using keel::test::when;
 
 using keel::test::header;
 
@@ -68,19 +72,6 @@ ClientOptions fast(int attempts = 3) {
 }
 
 using keel::test::ClosedPort;
-
-// The server's arrivals once it has recorded at least `n` of them, or after 5 s. Each connection
-// has its own server thread, which records a request once it has read it: after a client gave up
-// on a request that got no answer, that thread may not have got that far yet.
-std::vector<Arrival> arrivals_at_least(const FaultServer& server, std::size_t n) {
-  const auto give_up = std::chrono::steady_clock::now() + seconds(5);
-  std::vector<Arrival> arrivals = server.arrivals();
-  while (arrivals.size() < n && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(milliseconds(5));
-    arrivals = server.arrivals();
-  }
-  return arrivals;
-}
 
 template <class Driver>
 class HttpClients : public ::testing::Test {};
@@ -579,27 +570,6 @@ Result send_cancellable(::asio::io_context& io, HttpClient& client, Request requ
   io.run_for(seconds(20));
   EXPECT_TRUE(out.has_value()) << "the operation did not complete";
   return out.value_or(Result{});
-}
-
-// Runs `then` on `timer`'s executor once `ready()` holds, checked every 5 ms: for what only
-// another thread shows, such as the server having read a request. After 10 s it records a
-// failure and runs `then` all the same, so that the test ends instead of hanging.
-void when(::asio::steady_timer& timer, std::function<bool()> ready, std::function<void()> then,
-          std::chrono::steady_clock::time_point give_up = std::chrono::steady_clock::now() +
-                                                          seconds(10)) {
-  timer.expires_after(milliseconds(5));
-  timer.async_wait([&timer, ready = std::move(ready), then = std::move(then),
-                    give_up](std::error_code ec) mutable {
-    if (ec) return;
-    if (!ready()) {
-      if (std::chrono::steady_clock::now() < give_up) {
-        when(timer, std::move(ready), std::move(then), give_up);
-        return;
-      }
-      ADD_FAILURE() << "what the test waited for did not happen within 10 s";
-    }
-    then();
-  });
 }
 
 TEST(AsioHttpClient, CancellingDuringAnAttemptRemovesTheTransferAndReportsCancelled) {

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "asio_waiting.hpp"
 #include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
 #include "keel/breaker.hpp"
@@ -34,6 +35,8 @@
 #include "keel/http/client.hpp"
 
 namespace {
+
+using keel::test::when;
 
 using keel::StopReason;
 using keel::http::ClientOptions;
@@ -163,27 +166,6 @@ class AttemptServer {
 };
 
 const AttemptServer::Answer kHang{.hang = true};
-
-// Runs `then` on `timer`'s executor once `ready()` holds, checked every 5 ms: for what only
-// another thread shows, such as the server having read a request. After 10 s it records a
-// failure and runs `then` all the same, so that the test ends instead of hanging.
-void when(::asio::steady_timer& timer, std::function<bool()> ready, std::function<void()> then,
-          std::chrono::steady_clock::time_point give_up = std::chrono::steady_clock::now() +
-                                                          seconds(10)) {
-  timer.expires_after(milliseconds(5));
-  timer.async_wait([&timer, ready = std::move(ready), then = std::move(then),
-                    give_up](std::error_code ec) mutable {
-    if (ec) return;
-    if (!ready()) {
-      if (std::chrono::steady_clock::now() < give_up) {
-        when(timer, std::move(ready), std::move(then), give_up);
-        return;
-      }
-      ADD_FAILURE() << "what the test waited for did not happen within 10 s";
-    }
-    then();
-  });
-}
 
 template <class Driver>
 class HttpHedging : public ::testing::Test {};
