@@ -11,8 +11,21 @@
 
 namespace keel::store {
 
+namespace {
+
+// Every PostgreSQL error names its SQLSTATE, whoever wrote the message.
+std::string with_sqlstate(const std::string& message, const DatabaseError::Details& details) {
+  if (details.backend != Backend::kPostgres || details.sqlstate.empty() ||
+      message.find("SQLSTATE " + details.sqlstate) != std::string::npos) {
+    return message;
+  }
+  return message + " (SQLSTATE " + details.sqlstate + ")";
+}
+
+}  // namespace
+
 DatabaseError::DatabaseError(const std::string& message, Details details)
-    : std::runtime_error(message), details_(std::move(details)) {}
+    : std::runtime_error(with_sqlstate(message, details)), details_(std::move(details)) {}
 
 Outcome DatabaseError::outcome() const noexcept {
   if (details_.backend == Backend::kPostgres) {

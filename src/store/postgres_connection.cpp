@@ -150,7 +150,7 @@ class PostgresConnection final : public Connection {
     std::string sqlstate = state != nullptr ? state : (lost ? "08006" : "XX000");
     std::string reason = trim(r ? PQresultErrorMessage(r.get()) : PQerrorMessage(conn_));
     if (reason.empty()) reason = trim(PQerrorMessage(conn_));
-    throw DatabaseError("PostgreSQL: " + reason + " (SQLSTATE " + sqlstate + ")",
+    throw DatabaseError("PostgreSQL: " + reason,  // the constructor appends the SQLSTATE
                         {.backend = Backend::kPostgres,
                          .sqlstate = std::move(sqlstate),
                          .during_commit = during_commit,

@@ -98,6 +98,12 @@ constexpr Migration kMigrations[] = {
      "DROP TABLE keel_schema_reread;",
      // PostgreSQL checks the list without a temporary structure: nothing to do.
      "SELECT 1"},
+    // 5: an attempt is charged when its handler starts, not when its job is leased. started_ms
+    // is set by the start (a lease that starts the job, or JobQueue::start) and is NULL for a job
+    // leased in a batch and not started yet, which a sweep or a release gives back uncharged.
+    // Jobs running under the old rules were charged at their lease: they count as started.
+    {"ALTER TABLE keel_jobs ADD COLUMN started_ms BIGINT;"
+     "UPDATE keel_jobs SET started_ms = COALESCE(leased_ms, updated_ms) WHERE state = 'running';"},
 };
 
 #undef KEEL_QUEUE_SCHEMA_V1
@@ -245,7 +251,7 @@ std::int64_t JobQueue::now_ms() const noexcept {
 
 std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) const {
   const Rows r = connection.query("SELECT " + std::string(kJobColumns) +
-                                      ", lease_owner, leased_ms, finished_ms"
+                                      ", lease_owner, COALESCE(started_ms, leased_ms), finished_ms"
                                       " FROM keel_jobs WHERE id = $1",
                                   {job_id});
   if (r.empty()) return std::nullopt;

@@ -2,6 +2,7 @@
 // heartbeat and release, and the sweep that takes expired leases back (a dead worker's jobs).
 // Recording an attempt's outcome is queue_complete.cpp.
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include "detail/queue_sql.hpp"
@@ -10,9 +11,8 @@
 
 namespace keel::store {
 
-using detail::clip;
+using detail::in_statement;
 using detail::in_transaction;
-using detail::insert_attempt;
 using detail::optional_text;
 using detail::to_ms;
 
@@ -30,33 +30,36 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
     reaped = 0;
     dead.clear();
     const std::int64_t now = now_ms();
-    // Leases that expired: the worker died or stalled. Record the lost attempt; the job is ready
-    // again, or dead when that was its last attempt. The new fence locks the old worker out.
-    const Rows expired = tx.query(
-        std::string("SELECT id, attempts, max_attempts, leased_ms, lease_owner, replays"
-                    " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2"
-                    " ORDER BY run_at_ms LIMIT $3") +
-            (pg ? " FOR UPDATE SKIP LOCKED" : ""),
-        {queue, now, kReapBatch});
+    // Leases that expired: the worker died or stalled. Rows are taken in id order, as every
+    // statement of the queue that locks several rows takes them, so sweeps never deadlock.
+    const Rows expired =
+        tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
+                     " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2"
+                     " ORDER BY id LIMIT $3" +
+                     (pg ? " FOR UPDATE SKIP LOCKED" : ""),
+                 {queue, now, kReapBatch});
     for (std::size_t i = 0; i < expired.size(); ++i) {
       const std::int64_t id = expired.integer(i, 0);
-      const std::int64_t attempts = expired.integer(i, 1);
-      const std::int64_t max_attempts = expired.integer(i, 2);
-      const std::string owner = optional_text(expired, i, 4);
-      const std::string error = "lease held by " + owner + " expired (no heartbeat)";
-      const bool exhausted = attempts >= max_attempts;
-      tx.query(
-          "UPDATE keel_jobs SET state = $2, fence = fence + 1, lease_owner = NULL,"
-          " lease_expires_ms = NULL, run_at_ms = $3, last_error = $4, dead_reason = $5,"
-          " updated_ms = $3, finished_ms = $6 WHERE id = $1",
-          {id, exhausted ? "dead" : "ready", now, error,
-           exhausted ? Value("attempts exhausted: " + error) : Value(),
-           exhausted ? Value(now) : Value()});
-      insert_attempt(tx, id, expired.integer(i, 5), attempts,
-                     expired.cell(i, 3) ? expired.integer(i, 3) : now, now, "lease_expired", error,
-                     std::nullopt, owner);
-      if (exhausted) dead.emplace_back(id, "attempts exhausted: " + error);
       ++reaped;
+      if (!expired.cell(i, 9)) {
+        // Leased in a batch, never started: nothing ran, nothing is charged. Back to ready at
+        // the time it was leased, so it keeps its place in the queue; the new fence locks the
+        // old worker out.
+        tx.query(
+            "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
+            " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
+            " WHERE id = $1",
+            {id, now});
+        continue;
+      }
+      // Its handler had started: the attempt is charged, its outcome unknown, and core decides
+      // what follows, as for any failed attempt.
+      const std::string owner = optional_text(expired, i, 4);
+      const AttemptReport crash{.outcome = Outcome::ambiguous(),
+                                .error = "the worker died while running it (the lease held by " +
+                                         owner + " expired without a heartbeat)"};
+      const CompleteResult r = settle(tx, expired, i, crash, "lease_expired", now);
+      if (r.status == CompleteStatus::kDead) dead.emplace_back(id, r.dead_reason);
     }
     return true;
   });
@@ -68,8 +71,10 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
 
 DoneAndLeased JobQueue::finish_and_lease_due(
     Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
-    std::string_view queue, std::string_view worker, int limit, bool* expired_waiting) const {
+    std::string_view queue, std::string_view worker, int limit, int start,
+    bool* expired_waiting) const {
   const bool pg = connection.backend() == Backend::kPostgres;
+  const bool start_all = start >= limit;
   const std::int64_t now = now_ms();
   const std::int64_t expires = now + to_ms(options_.lease);
   DoneAndLeased out;
@@ -77,19 +82,27 @@ DoneAndLeased JobQueue::finish_and_lease_due(
   constexpr std::string_view kDue =
       " FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
       " AND run_at_ms <= $2 ORDER BY run_at_ms, id";
-  // What a lease does to a job: $2 is now, $3 the worker, $5 the lease's expiry.
+  // What a lease does to a job: $2 is now, $3 the worker, $5 the lease's expiry. Whether it
+  // starts the attempt (counts it, started_ms set) is added per statement below.
   constexpr std::string_view kSetRunning =
-      " SET state = 'running', attempts = attempts + 1, fence = fence + 1, lease_owner = $3,"
+      " SET state = 'running', fence = fence + 1, lease_owner = $3,"
       " leased_ms = $2, lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2";
   constexpr std::string_view kExpired =
       "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2 LIMIT 1";
   Rows leased;
-  std::size_t first = 0;  // column of the leased rows' id
+  std::size_t first = 0;            // column of the leased rows' id
+  std::int64_t sqlite_started = 0;  // SQLite: the highest id the lease started
   if (pg) {
     // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path. Its rows:
     // kind 1 = a leased job, kind 0 = how many successes were current, kind 2 = an expired
     // lease is waiting.
     std::vector<Value> params = {queue, now, worker, limit, expires};
+    // The started jobs: all, or the `start` lowest ids of those picked ($6).
+    std::string started = "TRUE";
+    if (!start_all) {
+      params.emplace_back(start);
+      started = "j.id IN (SELECT id FROM picked ORDER BY id LIMIT $6)";
+    }
     std::string sql = "WITH ";
     if (!done.empty()) {
       sql += "v (id, fence) AS (VALUES ";
@@ -107,16 +120,23 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     }
     sql += "picked AS (SELECT id" + std::string(kDue) +
            " LIMIT $4 FOR UPDATE SKIP LOCKED), leased AS (UPDATE keel_jobs j" +
-           std::string(kSetRunning) +
-           " FROM picked WHERE j.id = picked.id"
-           " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence)"
-           " SELECT 1, id, payload, idem_key, attempts, max_attempts, fence FROM leased";
+           std::string(kSetRunning) + ", attempts = attempts + CASE WHEN " + started +
+           " THEN 1 ELSE 0 END, started_ms = CASE WHEN " + started +
+           " THEN $2::bigint END FROM picked WHERE j.id = picked.id"
+           " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence,"
+           " j.started_ms)"
+           " SELECT 1, id, payload, idem_key,"
+           " attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END, max_attempts, fence,"
+           " CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM leased";
     if (!done.empty()) {
-      sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL FROM done";
+      sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL, NULL FROM done";
     }
-    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
+    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
            std::string(kExpired) + ")";
-    leased = connection.query(sql, params);
+    in_statement(connection, [&](Connection& c) {
+      leased = c.query(sql, params);
+      return true;
+    });
     first = 1;
   } else {
     // The due rows are read, then updated one by one, in one write transaction: the same
@@ -126,17 +146,30 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     static const std::string pick =
         "SELECT id, payload, idem_key, attempts + 1, max_attempts, fence + 1" + std::string(kDue) +
         " LIMIT $3";
-    static const std::string set_running =
-        "UPDATE keel_jobs" + std::string(kSetRunning) + " WHERE id = $4 AND queue = $1";
+    // $6: started_ms (NULL: not started), $7: 1 when the lease starts the attempt.
+    static const std::string set_running = "UPDATE keel_jobs" + std::string(kSetRunning) +
+                                           ", started_ms = $6, attempts = attempts + $7"
+                                           " WHERE id = $4 AND queue = $1";
     in_transaction(connection, [&](Connection& tx) {
       out.current = 0;
       for (const auto& [id, fence] : done) {
         if (detail::mark_done(tx, id, fence, now)) ++out.current;
       }
       leased = tx.query(pick, {queue, now, limit});
+      // The started ones are the `start` lowest ids, as on PostgreSQL.
+      std::vector<std::int64_t> ids;
+      for (std::size_t i = 0; i < leased.size(); ++i) ids.push_back(leased.integer(i, 0));
+      std::sort(ids.begin(), ids.end());
+      const std::int64_t last_started =
+          start_all || ids.empty() ? std::numeric_limits<std::int64_t>::max()
+          : start == 0             ? std::numeric_limits<std::int64_t>::min()
+                                   : ids[std::min<std::size_t>(ids.size(), start) - 1];
       for (std::size_t i = 0; i < leased.size(); ++i) {
-        tx.query(set_running, {queue, now, worker, leased.integer(i, 0), expires});
+        const bool starts = leased.integer(i, 0) <= last_started;
+        tx.query(set_running, {queue, now, worker, leased.integer(i, 0), expires,
+                               starts ? Value(now) : Value(), starts ? 1 : 0});
       }
+      sqlite_started = last_started;
       *expired_waiting = !tx.query(kExpired, {queue, now}).empty();
       return true;
     });
@@ -158,29 +191,36 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     job.max_attempts = static_cast<int>(leased.integer(i, first + 4));
     job.fence = leased.integer(i, first + 5);
     job.lease_expires_ms = expires;
+    job.started = pg ? leased.integer(i, first + 6) == 1 : job.id <= sqlite_started;
     out.leased.push_back(std::move(job));
   }
   return out;
 }
 
 std::vector<LeasedJob> JobQueue::lease_due(Connection& connection, std::string_view queue,
-                                           std::string_view worker, int limit) const {
+                                           std::string_view worker, int limit, int start) const {
   bool expired_waiting = false;
-  return finish_and_lease_due(connection, {}, queue, worker, limit, &expired_waiting).leased;
+  return finish_and_lease_due(connection, {}, queue, worker, limit, start, &expired_waiting).leased;
 }
 
 DoneAndLeased JobQueue::complete_and_lease(
     Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
-    std::string_view queue, std::string_view worker, int limit) const {
+    std::string_view queue, std::string_view worker, int limit, int start) const {
   if (limit < 1) {
     throw_invalid({.context = "keel::store::JobQueue::complete_and_lease",
                    .field = "limit",
                    .problem = "must be >= 1",
                    .got = std::to_string(limit)});
   }
+  if (start < 0) {
+    throw_invalid({.context = "keel::store::JobQueue::complete_and_lease",
+                   .field = "start",
+                   .problem = "must be >= 0",
+                   .got = std::to_string(start)});
+  }
   bool expired_waiting = false;
   DoneAndLeased out =
-      finish_and_lease_due(connection, done, queue, worker, limit, &expired_waiting);
+      finish_and_lease_due(connection, done, queue, worker, limit, start, &expired_waiting);
   // Expired leases are reaped when one is waiting and the due jobs did not fill the request, or
   // at most every quarter lease while they do (so a busy queue still reclaims them promptly).
   // The statement above said whether one is waiting: no reaping transaction when none is.
@@ -190,7 +230,10 @@ DoneAndLeased JobQueue::complete_and_lease(
       (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4)) {
     last_reap_ms_.store(now);
     if (reap_expired(connection, queue) > 0 && short_of_work) {
-      auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.leased.size()));
+      int started = 0;
+      for (const LeasedJob& job : out.leased) started += job.started ? 1 : 0;
+      auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.leased.size()),
+                            std::max(0, std::min(start, kStartAll) - started));
       for (auto& job : more) out.leased.push_back(std::move(job));
     }
   }
@@ -200,44 +243,79 @@ DoneAndLeased JobQueue::complete_and_lease(
 }
 
 std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view queue,
-                                       std::string_view worker, int limit) const {
+                                       std::string_view worker, int limit, int start) const {
   if (limit < 1) {
     throw_invalid({.context = "keel::store::JobQueue::lease",
                    .field = "limit",
                    .problem = "must be >= 1",
                    .got = std::to_string(limit)});
   }
-  return complete_and_lease(connection, {}, queue, worker, limit).leased;
+  return complete_and_lease(connection, {}, queue, worker, limit, start).leased;
+}
+
+bool JobQueue::start(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
+  bool current = false;
+  in_statement(connection, [&](Connection& c) {
+    const std::int64_t now = now_ms();
+    const Rows r = c.query(
+        "UPDATE keel_jobs SET attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0"
+        " END, started_ms = COALESCE(started_ms, $3), lease_expires_ms = $4, run_at_ms = $4,"
+        " updated_ms = $3 WHERE id = $1 AND fence = $2 AND state = 'running'",
+        {job_id, fence, now, now + to_ms(options_.lease)});
+    current = r.affected() == 1;
+    return true;
+  });
+  return current;
 }
 
 bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
-  const std::int64_t now = now_ms();
-  const std::int64_t expires = now + to_ms(options_.lease);
-  const Rows r = connection.query(
-      "UPDATE keel_jobs SET lease_expires_ms = $3, run_at_ms = $3, updated_ms = $4"
-      " WHERE id = $1 AND fence = $2 AND state = 'running'",
-      {job_id, fence, expires, now});
-  return r.affected() == 1;
+  bool current = false;
+  in_statement(connection, [&](Connection& c) {
+    const std::int64_t now = now_ms();
+    const std::int64_t expires = now + to_ms(options_.lease);
+    const Rows r = c.query(
+        "UPDATE keel_jobs SET lease_expires_ms = $3, run_at_ms = $3, updated_ms = $4"
+        " WHERE id = $1 AND fence = $2 AND state = 'running'",
+        {job_id, fence, expires, now});
+    current = r.affected() == 1;
+    return true;
+  });
+  return current;
 }
 
 bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t fence,
                        std::string_view why) const {
+  const bool pg = connection.backend() == Backend::kPostgres;
   bool released = false;
+  CompleteResult result;
   in_transaction(connection, [&](Connection& tx) {
+    released = false;
+    result = CompleteResult{};
     const std::int64_t now = now_ms();
-    const Rows r = tx.query(
-        "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
-        " lease_expires_ms = NULL, run_at_ms = $3, last_error = $4, updated_ms = $3"
-        " WHERE id = $1 AND fence = $2 AND state = 'running'"
-        " RETURNING attempts, leased_ms, replays",
-        {job_id, fence, now, clip(why)});
-    released = !r.empty();
-    if (released) {
-      insert_attempt(tx, job_id, r.integer(0, 2), r.integer(0, 0),
-                     r.cell(0, 1) ? r.integer(0, 1) : now, now, "released", why, std::nullopt, {});
+    const Rows row = tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
+                                  " FROM keel_jobs WHERE id = $1 AND fence = $2"
+                                  " AND state = 'running'" +
+                                  (pg ? " FOR UPDATE" : ""),
+                              {job_id, fence});
+    if (row.empty()) return false;
+    released = true;
+    if (!row.cell(0, 9)) {
+      // Never started: ready again at once, in its place, not charged.
+      tx.query(
+          "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
+          " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
+          " WHERE id = $1",
+          {job_id, now});
+      return true;
     }
+    // Its handler ran and may have had an effect: charged as a crash is.
+    result = settle(tx, row, 0, {.outcome = Outcome::ambiguous(), .error = std::string(why)},
+                    "released", now);
     return true;
   });
+  if (result.status == CompleteStatus::kDead && options_.on_dead_letter) {
+    options_.on_dead_letter(job_id, result.dead_reason);
+  }
   return released;
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <random>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -22,11 +23,25 @@ std::string default_worker_id() {
          new_job_key().substr(0, 8);
 }
 
+// The wait between failed leases while the database is out: full jitter under ceilings that
+// start at the poll interval and double up to 5 s (the poll interval when that is longer).
+BackoffOptions database_backoff(Duration poll) {
+  const Duration base = poll > Duration::zero() ? poll : std::chrono::milliseconds(100);
+  return {.base = base, .cap = std::max<Duration>(base, std::chrono::seconds(5))};
+}
+
 }  // namespace
 
 Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,
                JobHandler handler)
-    : pool_(pool), queue_(queue), options_(std::move(options)), handler_(std::move(handler)) {
+    : pool_(pool),
+      queue_(queue),
+      options_(std::move(options)),
+      handler_(std::move(handler)),
+      db_backoff_(database_backoff(options_.poll_interval)),
+      rng_(options_.seed != 0
+               ? options_.seed
+               : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
   constexpr std::string_view kOptions = "keel::store::WorkerOptions";
   const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
     throw_invalid({.context = std::string(kOptions),
@@ -137,10 +152,11 @@ Duration Worker::database_failed(const std::string& what) {
     log("giving up: " + failure());
     stop();
   }
-  // Back off: the poll interval doubling with each failure, at most 5 s.
-  Duration wait = options_.poll_interval;
-  for (int i = 1; i < failures && wait < std::chrono::seconds(5); ++i) wait *= 2;
-  return std::min<Duration>(wait, std::chrono::seconds(5));
+  // Back off with core's full jitter (ceilings: the poll interval doubling, at most 5 s), so a
+  // fleet of workers that lost the database together does not come back in lockstep.
+  std::lock_guard lock(mu_);
+  db_delay_ = db_backoff_.delay(failures - 1, db_delay_, rng_);
+  return db_delay_;
 }
 
 void Worker::database_ok() {
@@ -156,6 +172,7 @@ void Worker::database_ok() {
     }
     db_failures_ = 0;
     db_failing_since_ns_ = 0;
+    db_delay_ = Duration::zero();
   }
   if (!line.empty()) log(line);
 }
@@ -168,6 +185,21 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJ
     std::lock_guard lock(mu_);
     report = pause_report_;
   } else {
+    if (!job.started && !queue_.start(conn, job.id, job.fence)) {
+      // The lease was lost while the job waited in this batch: another worker has it.
+      {
+        std::lock_guard lock(mu_);
+        active_.erase(job.id);
+      }
+      log("job " + std::to_string(job.id) + ": lease lost before it started; not run");
+      if (options_.on_event) {
+        WorkerEvent event;
+        event.job = job;
+        event.result.status = CompleteStatus::kStale;
+        options_.on_event(event);
+      }
+      return;
+    }
     try {
       report = handler_(job, cancel_);
     } catch (const std::exception& e) {
@@ -187,7 +219,7 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJ
       paused_for() == Duration::zero()) {
     // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
     DoneAndLeased step = queue_.complete_and_lease(conn, {{job.id, job.fence}}, options_.queue,
-                                                   options_.worker_id, options_.batch);
+                                                   options_.worker_id, options_.batch, 1);
     {
       std::lock_guard lock(mu_);
       for (const LeasedJob& j : step.leased) active_[j.id] = j.fence;
@@ -226,7 +258,9 @@ void Worker::slot_loop() {
           conn.reset();
           conn.emplace(pool_.acquire());
         }
-        jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch);
+        // Only the first job starts with the lease; each of the others starts (and is charged)
+        // right before its handler runs, so a crash charges only the job that was running.
+        jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch, 1);
         if (jobs.empty() && options_.exit_when_idle && queue_.idle(**conn, options_.queue)) {
           stop();
           break;
@@ -376,6 +410,16 @@ std::int64_t Worker::run() {
     // Stopping: running handlers have the grace period to finish.
     cv_.wait_for(lock, options_.grace, [&] { return slots_running_ == 0; });
   }
+  // The grace is over: handlers are told to stop (an --exec command's process group is killed)
+  // before their leases are given back, so no job is ready for another worker while its first
+  // run is still going. A handler that returns within the second after that records its outcome
+  // (cancelled, an attempt); the leases of the others are released, each charged as the attempt
+  // it was.
+  cancel_.store(true);
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(1), [&] { return slots_running_ == 0; });
+  }
   std::map<std::int64_t, std::int64_t> remaining;
   {
     std::lock_guard lock(mu_);
@@ -394,7 +438,6 @@ std::int64_t Worker::run() {
           " (they expire and the jobs run again)");
     }
   }
-  cancel_.store(true);
   for (std::thread& t : slots) t.join();
   {
     std::lock_guard lock(mu_);

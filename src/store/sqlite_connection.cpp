@@ -225,6 +225,10 @@ class SqliteConnection final : public Connection {
   // (keel serve's 16 threads) the unlucky ones waited hundreds of milliseconds. This one sleeps
   // 100 us, then 200, 400, 800 us, then 1 ms per try, until busy_timeout has passed since the
   // first call of this wait. Throughput is the same; the tail is shorter (docs/idempotency.md).
+  // It is the one wait in src/ that computes its own delays, and it stays here because it is a
+  // lock wait inside one statement, called by SQLite with the lock's state, not a retry: a
+  // statement still busy after busy_timeout fails, and retrying its transaction is
+  // with_transaction_retry's decision, with keel::core's jittered backoff.
   static int on_busy(void* self_ptr, int count) {
     auto* self = static_cast<SqliteConnection*>(self_ptr);
     const auto now = std::chrono::steady_clock::now();

@@ -26,10 +26,14 @@ const RetryPolicy& default_transaction_retry_policy() {
   return policy;
 }
 
-TransactionResult with_transaction_retry(Connection& connection,
-                                         const std::function<bool(Connection&)>& fn,
-                                         const RetryPolicy& policy, Isolation isolation,
-                                         const CallOptions& call) {
+namespace {
+
+// The one retry loop for the store's atomic units: a BEGIN ... COMMIT transaction, or (wrap
+// false) a single statement in autocommit, which is a transaction of its own and is re-run
+// whole in the same way. keel::core's RetryState decides every retry and its jittered delay.
+TransactionResult run_with_retry(Connection& connection, const std::function<bool(Connection&)>& fn,
+                                 const RetryPolicy& policy, Isolation isolation,
+                                 const CallOptions& call, bool wrap) {
   TransactionResult result;
   CallOptions options = call;
   options.safe_to_repeat = false;  // an ambiguous outcome (commit in doubt) is never re-run
@@ -37,14 +41,14 @@ TransactionResult with_transaction_retry(Connection& connection,
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
     result.attempts = start.attempt.number;
     try {
-      connection.begin(isolation);
+      if (wrap) connection.begin(isolation);
       if (!fn(connection)) {
-        connection.rollback();
+        if (wrap) connection.rollback();
         result.status = TransactionStatus::kRolledBack;
         result.outcome = Outcome::success();
         return result;
       }
-      connection.commit();
+      if (wrap) connection.commit();
       result.status = TransactionStatus::kCommitted;
       result.outcome = Outcome::success();
       result.error.clear();
@@ -55,7 +59,10 @@ TransactionResult with_transaction_retry(Connection& connection,
       result.outcome = e.outcome();
       result.error = e.what();
       result.sqlstate = e.details().sqlstate;
-      if (e.details().during_commit && result.outcome.kind == OutcomeKind::kAmbiguous) {
+      // An autocommit statement's connection lost mid-statement may have committed: in doubt.
+      const bool lost_mid_statement = !wrap && e.details().connection_lost;
+      if ((e.details().during_commit && result.outcome.kind == OutcomeKind::kAmbiguous) ||
+          lost_mid_statement) {
         result.status = TransactionStatus::kCommitInDoubt;
         return result;
       }
@@ -78,5 +85,24 @@ TransactionResult with_transaction_retry(Connection& connection,
   }
   return result;  // the deadline stopped a retry; status holds the last failure
 }
+
+}  // namespace
+
+TransactionResult with_transaction_retry(Connection& connection,
+                                         const std::function<bool(Connection&)>& fn,
+                                         const RetryPolicy& policy, Isolation isolation,
+                                         const CallOptions& call) {
+  return run_with_retry(connection, fn, policy, isolation, call, true);
+}
+
+namespace detail {
+
+TransactionResult with_statement_retry(Connection& connection,
+                                       const std::function<bool(Connection&)>& fn) {
+  return run_with_retry(connection, fn, default_transaction_retry_policy(),
+                        Isolation::kReadCommitted, {}, false);
+}
+
+}  // namespace detail
 
 }  // namespace keel::store

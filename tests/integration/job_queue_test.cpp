@@ -204,10 +204,19 @@ TEST_P(JobQueueTest, CompleteAndLeaseReapsAnExpiredLeaseWhenShortOfWork) {
   clock_.advance(6s);  // a's lease has expired, b's has not
   const auto r = q.complete_and_lease(*conn_, {{b.id, lb[0].fence}}, "q", "worker-b", 1);
   EXPECT_EQ(r.current, 1);
-  ASSERT_EQ(r.leased.size(), 1u);
-  EXPECT_EQ(r.leased[0].id, a.id);
-  EXPECT_EQ(r.leased[0].attempt, 2);
-  EXPECT_EQ(q.get(*conn_, a.id)->history[0].outcome, "lease_expired");
+  // a's worker died while running it: the attempt is charged and a backoff scheduled, as for
+  // any failed attempt (full jitter under the 1 s base).
+  const auto stored = q.get(*conn_, a.id);
+  ASSERT_EQ(stored->history.size(), 1u);
+  EXPECT_EQ(stored->history[0].outcome, "lease_expired");
+  ASSERT_TRUE(stored->history[0].delay_ms.has_value());
+  EXPECT_LT(*stored->history[0].delay_ms, 1000);
+  EXPECT_EQ(stored->state, r.leased.empty() ? JobState::kRetryScheduled : JobState::kRunning);
+  clock_.advance(1s);
+  const auto again = r.leased.empty() ? q.lease(*conn_, "q", "worker-b", 1) : r.leased;
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].id, a.id);
+  EXPECT_EQ(again[0].attempt, 2);
 }
 
 TEST_P(JobQueueTest, InvalidRequestsAreRefusedAndWriteNothing) {
@@ -278,8 +287,12 @@ TEST_P(JobQueueTest, ExpiredLeaseIsTakenOverAndTheStaleWorkerIsFencedOut) {
   EXPECT_TRUE(q.lease(*conn_, "q", "worker-b", 1).empty()) << "leased twice";
   clock_.advance(29s);
   EXPECT_TRUE(q.lease(*conn_, "q", "worker-b", 1).empty()) << "lease ended early";
-  clock_.advance(2s);  // worker-a died: no heartbeat
-  auto b = q.lease(*conn_, "q", "worker-b", 1);
+  clock_.advance(2s);                            // worker-a died: no heartbeat
+  auto b = q.lease(*conn_, "q", "worker-b", 1);  // sweeps the lease: a backoff before the retry
+  if (b.empty()) {
+    clock_.advance(1s);
+    b = q.lease(*conn_, "q", "worker-b", 1);
+  }
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].id, job.id);
   EXPECT_GT(b[0].fence, a[0].fence);
@@ -491,17 +504,26 @@ TEST_P(JobQueueTest, WorkerReleasesJobsStillRunningAfterTheGracePeriod) {
                   self->stop();  // SIGTERM arrives while the slow job runs
                   while (!cancel.load()) std::this_thread::yield();
                   slow_cancelled = true;
+                  // Ignores the cancel until its lease is released (a second later).
+                  while (self->released() == 0) std::this_thread::sleep_for(1ms);
                   return AttemptReport::success();
                 });
   self = &worker;
   (void)worker.run();
   EXPECT_TRUE(slow_cancelled.load());
   EXPECT_EQ(worker.released(), 1);
-  const auto rows = conn_->query("SELECT idem_key, state FROM keel_jobs ORDER BY idem_key");
-  // The slow job is ready for another worker; its late success was refused (fenced).
+  const auto rows =
+      conn_->query("SELECT idem_key, state, attempts, id FROM keel_jobs ORDER BY idem_key");
+  // The slow job's handler ran past the grace: its attempt is charged as a crash's is, and it is
+  // scheduled for a retry by another worker; its late success was refused (fenced).
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows.text(1, 0), "slow");
-  EXPECT_EQ(rows.text(1, 1), "ready");
+  EXPECT_EQ(rows.text(1, 1), "retry_scheduled");
+  EXPECT_EQ(rows.integer(1, 2), 1);
+  const auto slow = q.get(*conn_, rows.integer(1, 3));
+  ASSERT_EQ(slow->history.size(), 1u);
+  EXPECT_EQ(slow->history[0].outcome, "released");
+  EXPECT_EQ(slow->history[0].error, "worker stopped; grace period over");
   // The fast one (leased first: due at the same time, ids in order) finished before the stop.
   EXPECT_EQ(rows.text(0, 1), "done");
   EXPECT_EQ(started.load(), 2);
@@ -615,8 +637,120 @@ TEST_P(JobQueueTest, EveryMoveToTheDeadLetterQueueIsReportedIncludingAnExpiredLa
   EXPECT_TRUE(q.lease(*conn_, "q", "w", 1).empty());
   ASSERT_EQ(reasons.size(), 2u);
   EXPECT_EQ(reasons[0], "permanent: 400");
-  EXPECT_NE(reasons[1].find("attempts exhausted: lease held by w expired"), std::string::npos)
+  EXPECT_NE(reasons[1].find("attempts exhausted (1 of 1): the worker died while running it"),
+            std::string::npos)
       << reasons[1];
+}
+
+TEST_P(JobQueueTest, ACrashChargesOnlyTheJobsWhoseAttemptStarted) {
+  JobQueue q = make_queue({.lease = 10s});
+  std::vector<std::int64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back(q.enqueue(*conn_, {.queue = "q", .payload = "{}"}).id);
+  }
+  // A batch of 4 of which the lease starts 1; the worker starts the second, then dies.
+  const auto batch = q.lease(*conn_, "q", "w1", 4, 1);
+  ASSERT_EQ(batch.size(), 4u);
+  EXPECT_TRUE(batch[0].started);
+  for (std::size_t i = 1; i < 4; ++i) {
+    EXPECT_FALSE(batch[i].started) << i;
+    EXPECT_EQ(batch[i].attempt, 1) << "the attempt it will be when it starts";
+  }
+  EXPECT_EQ(count("SELECT SUM(attempts) FROM keel_jobs"), 1);
+  ASSERT_TRUE(q.start(*conn_, batch[1].id, batch[1].fence));
+  ASSERT_TRUE(q.start(*conn_, batch[1].id, batch[1].fence)) << "start is idempotent";
+  EXPECT_EQ(count("SELECT SUM(attempts) FROM keel_jobs"), 2);
+  clock_.advance(11s);
+  const auto next = q.lease(*conn_, "q", "w2", 4);
+  // The two unstarted jobs are ready again as they were, and leased at once; the two started
+  // ones are charged and wait for their backoff.
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(next[0].id, ids[2]);
+  EXPECT_EQ(next[1].id, ids[3]);
+  EXPECT_EQ(next[0].attempt, 1);
+  EXPECT_EQ(next[1].attempt, 1);
+  for (int i = 0; i < 2; ++i) {
+    const auto job = q.get(*conn_, ids[i]);
+    EXPECT_EQ(job->state, JobState::kRetryScheduled) << i;
+    EXPECT_EQ(job->attempts, 1) << i;
+    ASSERT_EQ(job->history.size(), 1u) << i;
+    EXPECT_EQ(job->history[0].outcome, "lease_expired");
+    EXPECT_NE(job->history[0].error.find("the worker died while running it"), std::string::npos);
+  }
+  EXPECT_TRUE(q.get(*conn_, ids[2])->history.empty()) << "an unstarted job has no lost attempt";
+  // The first worker comes back: its lease is gone and it may not start the job.
+  EXPECT_FALSE(q.start(*conn_, batch[2].id, batch[2].fence));
+}
+
+TEST_P(JobQueueTest, AReleaseChargesAStartedJobSoNothingLoopsUnseen) {
+  std::vector<std::string> reasons;
+  JobQueue q = make_queue(
+      {.max_attempts = 3,
+       .backoff = {.base = 1ms, .cap = 1ms},
+       .on_dead_letter = [&](std::int64_t, std::string_view why) { reasons.emplace_back(why); }});
+  const auto job = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  // Released before it started (a shutdown with the job still waiting in a batch): not charged,
+  // however often it happens.
+  for (int i = 0; i < 5; ++i) {
+    const auto l = q.lease(*conn_, "q", "w", 1, 0);
+    ASSERT_EQ(l.size(), 1u);
+    ASSERT_TRUE(q.release(*conn_, l[0].id, l[0].fence, "worker stopping; not started"));
+  }
+  EXPECT_EQ(q.get(*conn_, job.id)->attempts, 0);
+  EXPECT_EQ(q.get(*conn_, job.id)->state, JobState::kReady);
+  // A handler that outlives the grace on every shutdown: each release is an attempt, and the
+  // third is the last.
+  for (int i = 0; i < 3; ++i) {
+    clock_.advance(10ms);
+    const auto l = q.lease(*conn_, "q", "w", 1);
+    ASSERT_EQ(l.size(), 1u) << i;
+    ASSERT_TRUE(q.release(*conn_, l[0].id, l[0].fence, "worker stopped; grace period over"));
+  }
+  const auto stored = q.get(*conn_, job.id);
+  EXPECT_EQ(stored->state, JobState::kDead);
+  EXPECT_EQ(stored->attempts, 3);
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0], "attempts exhausted (3 of 3): worker stopped; grace period over");
+}
+
+TEST_P(JobQueueTest, ManyWorkerThreadsDrainOneQueueWithoutDeadlocksOrLeaseExpiries) {
+  // Real time: the worker's threads and the database decide the interleaving.
+  const int jobs = GetParam() == Backend::kPostgres ? 3000 : 600;
+  JobQueue q({.lease = 30s, .seed = 3});
+  {
+    std::vector<EnqueueRequest> batch;
+    for (int i = 0; i < jobs; ++i) batch.push_back({.queue = "q", .payload = "{}"});
+    for (const auto& r : q.enqueue_many(*conn_, batch)) ASSERT_TRUE(r.ok()) << r.error;
+  }
+  for (const int threads : {8, 16}) {
+    if (threads == 16) {
+      conn_->execute("UPDATE keel_jobs SET state = 'ready', attempts = 0, run_at_ms = 0");
+    }
+    ConnectionPool pool(url(), {.max_connections = threads + 2});
+    std::mutex mu;
+    std::vector<std::string> lines;
+    Worker worker(
+        pool, q,
+        {.queue = "q",
+         .concurrency = threads,
+         .poll_interval = 5ms,
+         .exit_when_idle = true,
+         .log =
+             [&](std::string_view line) {
+               std::lock_guard lock(mu);
+               lines.emplace_back(line);
+             }},
+        [](const LeasedJob&, const std::atomic<bool>&) { return AttemptReport::success(); });
+    EXPECT_EQ(worker.run(), jobs) << threads << " threads";
+    std::string log;
+    for (const auto& l : lines) log += l + "\n";
+    EXPECT_EQ(log.find("40P01"), std::string::npos) << log;
+    EXPECT_EQ(log.find("deadlock"), std::string::npos) << log;
+    EXPECT_TRUE(lines.empty()) << log;
+    EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done' AND attempts = 1"), jobs)
+        << threads << " threads: a job ran more than once";
+    EXPECT_EQ(count("SELECT COUNT(*) FROM keel_job_attempts"), 0) << threads << " threads";
+  }
 }
 
 TEST_P(JobQueueTest, AWorkerPausesLeasingWhileTheBrakeRefuses) {
@@ -708,8 +842,12 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
   ASSERT_EQ(
       q.complete(*conn, leased[0].id, leased[0].fence, {.outcome = Outcome::transient()}).status,
       CompleteStatus::kRetryScheduled);
+  // A job running when the upgrade comes was charged at its lease under the old rules.
+  (void)q.enqueue(*conn, {.queue = "q", .payload = R"({"n":2})", .key = "k-2"});
+  ASSERT_EQ(q.lease(*conn, "q", "w", 1).size(), 1u);
   // Back to version 3's form, as an older keel left it.
   conn->execute(
+      "ALTER TABLE keel_jobs DROP COLUMN started_ms;"
       "PRAGMA writable_schema = ON;"
       "UPDATE sqlite_master SET sql = replace(sql,"
       " 'CHECK (state = ''ready'' OR state = ''running'' OR state = ''retry_scheduled''"
@@ -723,10 +861,16 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
   ASSERT_EQ(temp_btrees(*old, kWriteJob), 1) << "the test did not restore the older form";
   auto upgrading = open_database(url);
   JobQueue::migrate(*upgrading);
-  EXPECT_EQ(schema_version(*upgrading, "queue"), 4);
+  EXPECT_EQ(schema_version(*upgrading, "queue"), 5);
   EXPECT_EQ(temp_btrees(*upgrading, kWriteJob), 0);
+  // Version 5: the running job counts as started, so a crash now still charges it.
+  EXPECT_EQ(upgrading
+                ->query("SELECT COUNT(*) FROM keel_jobs WHERE state = 'running'"
+                        " AND started_ms IS NOT NULL")
+                .integer(0, 0),
+            1);
   // A connection open during the migration sees the change at its next transaction.
-  EXPECT_EQ(old->query("SELECT COUNT(*) FROM keel_jobs").integer(0, 0), 1);
+  EXPECT_EQ(old->query("SELECT COUNT(*) FROM keel_jobs").integer(0, 0), 2);
   EXPECT_EQ(temp_btrees(*old, kWriteJob), 0) << "a connection open during the migration";
   const Rows sql =
       upgrading->query("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'keel_jobs'");

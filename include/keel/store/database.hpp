@@ -87,6 +87,8 @@ class DatabaseError : public std::runtime_error {
     bool connection_lost = false;
   };
 
+  /// what() is `message`, followed by " (SQLSTATE xxxxx)" for a PostgreSQL error whose
+  /// message does not name its SQLSTATE already.
   DatabaseError(const std::string& message, Details details);
 
   [[nodiscard]] const Details& details() const noexcept { return details_; }

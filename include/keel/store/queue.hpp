@@ -8,15 +8,28 @@
 //   ready ──lease──> running ──success──────────────────────────> done
 //     ^                 │ ──transient, attempts left──> retry_scheduled ──(due)──> leased again
 //     │                 │ ──permanent, or attempts exhausted──> dead (the dead-letter queue)
-//     └──replay─────────┴── lease expired (worker died) / released on shutdown ──> ready
+//     ├──replay─────────┤ ──started, then lease expired (worker died) / released after grace
+//     │                 │      ──> retry_scheduled or dead, as any failed attempt
+//     └─────────────────┴── not started, then lease expired / released ──> ready, not charged
 //
 // Leases: lease() takes due jobs (PostgreSQL: UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
 // LOCKED), so concurrent workers never wait on or share a row; SQLite: one short write
 // transaction) and stamps each with a lease expiry and a new fencing token. heartbeat() extends a
-// lease. A worker that dies stops heartbeating; once its lease expires the next lease() call
-// records the lost attempt in the job's history ("lease_expired") and makes the job ready again
-// (or dead, when that was its last attempt). complete() and heartbeat() are fenced: a worker
-// whose lease was taken over gets kStale and its late outcome is not recorded.
+// lease. complete(), start(), heartbeat() and release() are fenced: a worker whose lease was
+// taken over gets kStale (or false) and its late outcome is not recorded.
+//
+// An attempt is charged when it starts, not when its job is leased. A job leased in a batch
+// waits with its worker until start() says its handler is about to run (a lease can start some
+// of its jobs itself: the `start` argument); only then does its attempt count. A worker that
+// dies stops heartbeating; once its lease expires, the next lease() call sweeps the job: a job
+// whose attempt had started is charged that attempt, as a failure whose outcome is unknown
+// (ambiguous: jobs carry keys, so repeating is safe), and keel::core's decide_retry decides what
+// follows exactly as for a failure the handler reported: a backoff with jitter, or dead when the
+// attempts or max_age are spent, with a reason that says the worker died while running it. A
+// job leased but not started goes back to ready uncharged, as it was. release() (shutdown) does
+// the same: a started job whose handler outlived the grace is charged like a crash; a job
+// released before it started is not. No path makes a job ready again without one of these two
+// rules, so a job that crashes its worker on every attempt reaches the dead-letter queue.
 //
 // Outcomes are keel::Outcome values, and what follows from each is decided by keel::core's
 // decide_retry, under exactly the rules every in-memory retry loop uses: success → done;
@@ -171,9 +184,12 @@ struct LeasedJob {
   /// This attempt's number (1 for the first).
   int attempt = 0;
   int max_attempts = 0;
-  /// The fencing token to pass to heartbeat(), complete() and release().
+  /// The fencing token to pass to start(), heartbeat(), complete() and release().
   std::int64_t fence = 0;
   std::int64_t lease_expires_ms = 0;
+  /// Whether the lease started this attempt (it counts, and a crash from now on charges it).
+  /// false: call JobQueue::start() right before running the handler.
+  bool started = true;
 };
 
 struct EnqueueRequest {
@@ -319,23 +335,34 @@ class JobQueue {
   // Worker protocol, leases: taking, extending and giving back jobs; expired leases are swept
   // inside lease() (src/store/queue_lease.cpp).
 
+  /// For lease()'s and complete_and_lease()'s `start`: every leased job starts at once.
+  static constexpr int kStartAll = 1 << 30;
+
   /// Leases up to `limit` due jobs of `queue` for options().lease, oldest due first, each with a
-  /// new fencing token and its attempt count incremented, in one statement on PostgreSQL (one
-  /// write transaction on SQLite). When that does not
-  /// fill `limit` (and at least every quarter lease), jobs whose lease expired are moved back to
-  /// ready (or to dead on their last attempt) with the lost attempt recorded, and leased too.
-  /// Requires: limit >= 1. Throws DatabaseError.
+  /// new fencing token, in one statement on PostgreSQL (one write transaction on SQLite). The
+  /// `start` jobs with the lowest ids start their attempt with the lease (LeasedJob::started;
+  /// the default: all of them); the others wait for start(). When the due jobs do not fill
+  /// `limit` (and at least every quarter lease), expired leases are swept as described above and
+  /// the jobs they make ready are leased too. Requires: limit >= 1, start >= 0. Throws
+  /// DatabaseError.
   [[nodiscard]] std::vector<LeasedJob> lease(Connection& connection, std::string_view queue,
-                                             std::string_view worker, int limit = 1) const;
+                                             std::string_view worker, int limit = 1,
+                                             int start = kStartAll) const;
 
   /// Records the success of each leased job in `done` (id, fence) and leases up to `limit` due
   /// jobs of `queue` for `worker`: a busy worker's step in one statement on PostgreSQL (one
   /// transaction on SQLite) instead of a completion and a lease. The same records as complete()
   /// with a success report for each current job, then the same leases as lease(). `done` may be
-  /// empty (then it is lease()). Requires: limit >= 1. Throws DatabaseError.
+  /// empty (then it is lease()). Requires: limit >= 1, start >= 0. Throws DatabaseError.
   [[nodiscard]] DoneAndLeased complete_and_lease(
       Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
-      std::string_view queue, std::string_view worker, int limit = 1) const;
+      std::string_view queue, std::string_view worker, int limit = 1, int start = kStartAll) const;
+
+  /// Starts the attempt of a leased job whose lease did not start it (LeasedJob::started false):
+  /// from now on the attempt counts, and a crash charges it. Call it right before the handler
+  /// runs. Also extends the lease. Idempotent for a started job. Returns false when the token is
+  /// stale (the lease was lost): do not run the handler. Throws DatabaseError.
+  [[nodiscard]] bool start(Connection& connection, std::int64_t job_id, std::int64_t fence) const;
 
   /// Extends the lease to now + options().lease. Returns false when the token is stale (the
   /// lease was taken over, or the job released): the worker no longer owns the job. Throws
@@ -343,8 +370,11 @@ class JobQueue {
   [[nodiscard]] bool heartbeat(Connection& connection, std::int64_t job_id,
                                std::int64_t fence) const;
 
-  /// Gives a leased job back (shutdown): ready again at once, the attempt recorded as "released"
-  /// with `why`. Returns false when the token was stale. Throws DatabaseError.
+  /// Gives a leased job back (shutdown). A job whose attempt had not started is ready again at
+  /// once and not charged. A started job (its handler ran, e.g. past a shutdown's grace) is
+  /// charged that attempt as a failure with an unknown outcome, recorded as "released" with
+  /// `why`, and decide_retry schedules its retry or makes it dead, as for a crash. Returns false
+  /// when the token was stale. Throws DatabaseError.
   bool release(Connection& connection, std::int64_t job_id, std::int64_t fence,
                std::string_view why) const;
 
@@ -431,17 +461,27 @@ class JobQueue {
  private:
   // Worker protocol internals (src/store/queue_lease.cpp).
 
-  // Moves expired leases of `queue` back to ready (or dead); returns how many.
+  // Sweeps expired leases of `queue`: unstarted jobs back to ready uncharged, started ones
+  // charged through settle(); returns how many jobs it moved.
   std::int64_t reap_expired(Connection& connection, std::string_view queue) const;
+  // Records a finished (or lost) attempt of a running job read with detail::kSettleColumns (row
+  // i of `row`) inside the caller's transaction: keel::core's decide_retry chooses retry,
+  // deferral or dead, and the history row is named `history` (the outcome's kind when empty).
+  // The caller reports a kDead result to on_dead_letter after its commit.
+  [[nodiscard]] CompleteResult settle(Connection& tx, const Rows& row, std::size_t i,
+                                      const AttemptReport& report, std::string_view history,
+                                      std::int64_t now) const;
   // Records the successes in `done` and leases up to `limit` due jobs: one statement on
   // PostgreSQL, which also says whether an expired lease is waiting to be reaped
   // (*expired_waiting); SQLite asks that with a second query.
   [[nodiscard]] DoneAndLeased finish_and_lease_due(
       Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
-      std::string_view queue, std::string_view worker, int limit, bool* expired_waiting) const;
+      std::string_view queue, std::string_view worker, int limit, int start,
+      bool* expired_waiting) const;
   // Leases up to `limit` due jobs (finish_and_lease_due with nothing done).
   [[nodiscard]] std::vector<LeasedJob> lease_due(Connection& connection, std::string_view queue,
-                                                 std::string_view worker, int limit) const;
+                                                 std::string_view worker, int limit,
+                                                 int start) const;
 
   QueueOptions options_;
   RetryPolicy policy_;  // the retry rules decide_retry applies (max attempts, backoff, caps)

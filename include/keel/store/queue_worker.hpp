@@ -13,11 +13,19 @@
 // when the queue has a dead-letter retention (QueueOptions::dead_letter_retention), its dead jobs
 // past it, reporting each deletion (on_dead_letters_pruned and a log line): never silently.
 //
-// Shutdown (stop(), e.g. on SIGTERM): no new job is leased; running handlers get `grace` to
-// finish and record their outcome; after that the remaining leases are released (the job is
-// ready again for another worker, the attempt recorded as "released"), the handlers' cancel
-// flag is raised, and run() returns once the handlers have returned. A handler that outlives the
-// grace period cannot record its outcome: its lease's token is stale.
+// Batches: a slot leases `batch` jobs and runs them one after another. Only the first starts
+// with the lease; each of the others is started (JobQueue::start: its attempt counts from then)
+// right before its handler runs, so a worker that dies mid-batch is charged only for the jobs
+// whose handlers were running (at most `concurrency`); the rest go back to ready uncharged when
+// their leases expire.
+//
+// Shutdown (stop(), e.g. on SIGTERM): no new job is leased; jobs leased but not started are
+// released at once, uncharged; running handlers get `grace` to finish and record their outcome.
+// After that the handlers' cancel flag is raised, and those that return within a second record
+// their (cancelled) attempt; the leases of the others are released, each charged as a failed
+// attempt whose outcome is unknown ("released": the handler ran), with the retry or dead letter
+// keel::core decides, and run() returns once the handlers have returned. A handler that
+// outlives that cannot record its outcome: its lease's token is stale.
 //
 // Thread-safety: run() is called once, from one thread; stop() may be called from any thread
 // (not from a signal handler: block the signals and call it from a thread that waits for them).
@@ -41,6 +49,8 @@
 #include <optional>
 #include <string>
 
+#include "keel/backoff.hpp"
+#include "keel/random.hpp"
 #include "keel/store/database.hpp"
 #include "keel/store/queue.hpp"
 
@@ -92,10 +102,15 @@ struct WorkerOptions {
   /// Called with a line when the database fails (the worker keeps going). Default: stderr.
   std::function<void(std::string_view)> log;
   /// When leasing has failed without a break for this long (a full disk, a read-only or lost
-  /// database), run() stops and failed() says why. While it fails, the worker backs off (the
-  /// poll interval doubling up to 5 s) and logs the first failure and then one line per 10 s.
+  /// database), run() stops and failed() says why. While it fails, the worker backs off with
+  /// keel::core's full jitter (ceilings from the poll interval doubling up to 5 s, so workers
+  /// that lost the database together come back spread out) and logs the first failure and then
+  /// one line per 10 s.
   /// Requires: > 0. Default none (kInfinite): keep trying.
   Duration max_database_outage = kInfinite;
+  /// Seed for the jitter of the database-outage backoff; 0 seeds from std::random_device.
+  /// Default 0.
+  std::uint64_t seed = 0;
 };
 
 class Worker {
@@ -160,6 +175,7 @@ class Worker {
   int db_failures_ = 0;
   std::int64_t db_failing_since_ns_ = 0;
   std::int64_t db_logged_ns_ = 0;
+  Duration db_delay_{};  // the last outage wait (guarded by mu_)
   std::string failure_;  // guarded by mu_
 
   std::mutex mu_;
@@ -171,6 +187,8 @@ class Worker {
   /// The report of the deferral that paused leasing, applied to jobs leased before it.
   /// Guarded by mu_.
   AttemptReport pause_report_;
+  Backoff db_backoff_;  // the database-outage wait (immutable)
+  Rng rng_;             // its jitter; guarded by mu_
 };
 
 }  // namespace keel::store

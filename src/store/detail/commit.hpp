@@ -12,12 +12,15 @@
 
 namespace keel::store::detail {
 
-inline void commit_or_throw(Connection& conn, std::string_view what,
-                            const std::function<bool(Connection&)>& fn) {
-  const TransactionResult r = with_transaction_retry(conn, fn);
-  if (r.status == TransactionStatus::kCommitted || r.status == TransactionStatus::kRolledBack) {
-    return;
-  }
+// Runs fn, which runs ONE statement, atomic on its own, as with_transaction_retry runs a
+// transaction: re-run whole on 40001/40P01 or a busy database, after core's jittered delay, and
+// in doubt (never re-run) when the connection is lost mid-statement. Without BEGIN and COMMIT:
+// one round trip. Implemented in transaction.cpp, beside the transaction's loop.
+TransactionResult with_statement_retry(Connection& connection,
+                                       const std::function<bool(Connection&)>& fn);
+
+[[noreturn]] inline void throw_failed(Connection& conn, std::string_view what,
+                                      const TransactionResult& r) {
   DatabaseError::Details details;
   details.backend = conn.backend();
   details.sqlstate = r.sqlstate;
@@ -25,6 +28,32 @@ inline void commit_or_throw(Connection& conn, std::string_view what,
   throw DatabaseError(
       std::string(what) + " transaction " + std::string(to_string(r.status)) + ": " + r.error,
       details);
+}
+
+inline void commit_or_throw(Connection& conn, std::string_view what,
+                            const std::function<bool(Connection&)>& fn) {
+  const TransactionResult r = with_transaction_retry(conn, fn);
+  if (r.status == TransactionStatus::kCommitted || r.status == TransactionStatus::kRolledBack) {
+    return;
+  }
+  throw_failed(conn, what, r);
+}
+
+// Runs fn, which runs one statement, retried as a whole transaction is. On a backend whose
+// statements run in autocommit with row locks (PostgreSQL) that is the statement alone; SQLite
+// takes its write lock at BEGIN IMMEDIATE, so there it runs in a transaction whose busy waits
+// the retry covers. Throws DatabaseError naming `what` when it cannot commit.
+inline void statement_or_throw(Connection& conn, std::string_view what,
+                               const std::function<bool(Connection&)>& fn) {
+  if (conn.backend() != Backend::kPostgres) {
+    commit_or_throw(conn, what, fn);
+    return;
+  }
+  const TransactionResult r = with_statement_retry(conn, fn);
+  if (r.status == TransactionStatus::kCommitted || r.status == TransactionStatus::kRolledBack) {
+    return;
+  }
+  throw_failed(conn, what, r);
 }
 
 }  // namespace keel::store::detail

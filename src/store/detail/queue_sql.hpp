@@ -36,6 +36,11 @@ inline void in_transaction(Connection& conn, const std::function<bool(Connection
   commit_or_throw(conn, "job queue", fn);
 }
 
+// Runs fn, one statement atomic on its own, retried as a transaction is (statement_or_throw).
+inline void in_statement(Connection& conn, const std::function<bool(Connection&)>& fn) {
+  statement_or_throw(conn, "job queue", fn);
+}
+
 [[nodiscard]] inline std::string optional_text(const Rows& rows, std::size_t row, std::size_t col) {
   const auto& cell = rows.cell(row, col);
   return cell ? *cell : std::string();
@@ -58,9 +63,17 @@ inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t rou
 // row would hold (the lease's owner and start, finished_ms, the round and attempt numbers), and
 // JobQueue::get() reads the success from it. lease_owner stays set on a done row for that
 // reason; read_job reports it only while the job runs. $2 is now.
+// A success reported for a job whose attempt was not started (JobQueue::start) starts and
+// charges it here.
 inline constexpr std::string_view kMarkDone =
-    " SET state = 'done', lease_expires_ms = NULL, run_at_ms = $2, last_error = NULL,"
-    " deferred_reason = NULL, updated_ms = $2, finished_ms = $2";
+    " SET state = 'done', attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END,"
+    " started_ms = COALESCE(started_ms, $2), lease_expires_ms = NULL, run_at_ms = $2,"
+    " last_error = NULL, deferred_reason = NULL, updated_ms = $2, finished_ms = $2";
+
+// The columns JobQueue::settle reads of a running job, in its order (its `i`th row).
+inline constexpr std::string_view kSettleColumns =
+    "id, attempts, max_attempts, leased_ms, lease_owner, replays, limited_retries, prev_delay_ms,"
+    " created_ms, started_ms";
 
 // Records the success of the lease (job_id, fence) in one statement, atomic on its own; false
 // when the fence is stale (the lease was lost).

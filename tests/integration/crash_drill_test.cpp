@@ -1,0 +1,204 @@
+// The queue's edges, as a user meets them: `keel jobs work --exec` whose poison job SIGKILLs its
+// own worker, with batches of 1, 10 and 100, on SQLite and PostgreSQL. A crash charges only the
+// job that was running: every other job of the crashed batch runs once, uncharged, and the poison
+// job reaches the dead-letter queue through keel::core's retry rules (attempts or max age) with a
+// reason that says the worker died while running it.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "jobs_process_support.hpp"
+#include "keel/store/queue.hpp"
+
+namespace keel::store {
+namespace {
+
+using namespace std::chrono_literals;
+
+using test_jobs::CmdResult;
+
+struct DrillCase {
+  Backend backend;
+  int batch;
+};
+
+std::string case_name(const ::testing::TestParamInfo<DrillCase>& info) {
+  return std::string(info.param.backend == Backend::kSqlite ? "Sqlite" : "Postgres") + "Batch" +
+         std::to_string(info.param.batch);
+}
+
+// BackendTest's database for a DrillCase parameter.
+class DrillBase : public ::testing::TestWithParam<DrillCase> {
+ protected:
+  void SetUp() override {
+    if (GetParam().backend == Backend::kSqlite) {
+      url_ = "sqlite:" + (dir_.path() / "test.db").string();
+    } else {
+      const auto url = test::postgres_url();
+      if (!url) GTEST_SKIP() << "no PostgreSQL test server (run through ctest)";
+      url_ = *url;
+    }
+  }
+  [[nodiscard]] const std::string& url_text() const { return url_; }
+  [[nodiscard]] DatabaseUrl url() const { return parse_database_url(url_).value(); }
+  [[nodiscard]] const test::TempDir& dir() const { return dir_; }
+
+ private:
+  test::TempDir dir_;
+  std::string url_;
+};
+
+class CrashDrillTest : public test_jobs::JobsHarness<DrillBase> {
+ protected:
+  // Enqueues `n` jobs on queue "drill", job `poison_at` (0-based) poisoned: its command kills
+  // the worker that runs it. Returns the keys in order.
+  std::vector<std::string> enqueue(int n, int poison_at) {
+    std::vector<std::string> keys;
+    auto conn = open_database(url());
+    JobQueue::migrate(*conn);
+    JobQueue q;
+    std::vector<EnqueueRequest> batch;
+    for (int i = 0; i < n; ++i) {
+      keys.push_back("job-" + std::to_string(i));
+      batch.push_back(
+          {.queue = "drill",
+           .payload = i == poison_at ? R"({"poison":true})" : R"({"n":)" + std::to_string(i) + "}",
+           .key = keys.back()});
+    }
+    for (const auto& r : q.enqueue_many(*conn, batch)) EXPECT_TRUE(r.ok()) << r.error;
+    return keys;
+  }
+
+  // The command: the poison job SIGKILLs the worker (its parent) before any effect; every other
+  // job appends its key to effects.log.
+  [[nodiscard]] std::string command() const {
+    return "read -r body; case \"$body\" in *poison*) kill -9 $PPID; exit 75;; esac; "
+           "echo \"$KEEL_IDEMPOTENCY_KEY\" >> " +
+           effects().string();
+  }
+  [[nodiscard]] std::filesystem::path effects() const { return dir().path() / "effects.log"; }
+
+  std::map<std::string, int> effect_counts() const {
+    std::map<std::string, int> out;
+    std::ifstream in(effects());
+    for (std::string line; std::getline(in, line);) ++out[line];
+    return out;
+  }
+
+  // Runs workers one after another until one exits because the queue is idle; returns the exit
+  // statuses. Bounded: at most `max_runs` workers.
+  std::vector<int> run_workers(const std::vector<std::string>& extra, int max_runs) {
+    std::vector<int> statuses;
+    for (int i = 0; i < max_runs; ++i) {
+      std::vector<std::string> args = {"jobs",
+                                       "--db",
+                                       url_text(),
+                                       "work",
+                                       "--queue",
+                                       "drill",
+                                       "--exec",
+                                       command(),
+                                       "--batch",
+                                       std::to_string(GetParam().batch),
+                                       "--lease",
+                                       "700ms",
+                                       "--poll",
+                                       "10ms",
+                                       "--backoff-base",
+                                       "10ms",
+                                       "--backoff-cap",
+                                       "50ms",
+                                       "--exit-when-idle"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      const CmdResult r = keel(args);
+      statuses.push_back(r.status);
+      if (r.status == 0) break;
+      EXPECT_EQ(r.status, 128 + SIGKILL) << "a worker exited other than by the poison's SIGKILL\n"
+                                         << r.err;
+    }
+    return statuses;
+  }
+};
+
+TEST_P(CrashDrillTest, APoisonJobThatKillsItsWorkerChargesOnlyItself) {
+  const int batch = GetParam().batch;
+  const int n = std::max(30, 2 * batch + 5);
+  const int poison_at = batch == 1 ? 7 : batch / 2;  // mid-batch: jobs before and after it
+  const auto keys = enqueue(n, poison_at);
+  const std::vector<int> statuses =
+      run_workers({"--max-attempts", "3", "--concurrency", "1"}, /*max_runs=*/8);
+  ASSERT_FALSE(statuses.empty());
+  EXPECT_EQ(statuses.back(), 0) << "the queue never drained";
+  int crashes = 0;
+  for (int s : statuses) crashes += s == 128 + SIGKILL ? 1 : 0;
+  EXPECT_EQ(crashes, 3) << "the poison job runs once per attempt, three attempts";
+
+  const auto effects = effect_counts();
+  for (int i = 0; i < n; ++i) {
+    if (i == poison_at) continue;
+    EXPECT_EQ(effects.count(keys[i]) ? effects.at(keys[i]) : 0, 1) << keys[i] << " ran "
+                                                                   << "other than once";
+  }
+  EXPECT_EQ(effects.count(keys[poison_at]), 0u);
+  // Only the poison job was charged: every other job done on its first attempt.
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done' AND attempts = 1"), n - 1);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead'"), 1);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_job_attempts WHERE outcome = 'lease_expired'"), 3);
+  auto conn = open_database(url());
+  JobQueue q;
+  const auto dead = q.list_dead(*conn, "drill");
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].idempotency_key, keys[poison_at]);
+  EXPECT_EQ(dead[0].attempts, 3);
+  EXPECT_NE(dead[0].dead_reason.find("attempts exhausted (3 of 3)"), std::string::npos)
+      << dead[0].dead_reason;
+  EXPECT_NE(dead[0].dead_reason.find("the worker died while running it"), std::string::npos)
+      << dead[0].dead_reason;
+}
+
+TEST_P(CrashDrillTest, ACrashLoopingJobIsDeadWithinItsMaxAge) {
+  const auto keys = enqueue(GetParam().batch + 3, 1);
+  // 25 attempts would take minutes of crashes; a max age of 2 s ends them. The lease is 700 ms,
+  // so at most a few crashes fit.
+  const std::vector<int> statuses =
+      run_workers({"--max-attempts", "25", "--max-age", "2s"}, /*max_runs=*/12);
+  ASSERT_FALSE(statuses.empty());
+  EXPECT_EQ(statuses.back(), 0) << "the queue never drained";
+  EXPECT_LT(statuses.size(), 12u);
+  auto conn = open_database(url());
+  JobQueue q;
+  const auto dead = q.list_dead(*conn, "drill");
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].idempotency_key, keys[1]);
+  EXPECT_NE(dead[0].dead_reason.find("max age 2s reached"), std::string::npos)
+      << dead[0].dead_reason;
+  EXPECT_NE(dead[0].dead_reason.find("the worker died while running it"), std::string::npos)
+      << dead[0].dead_reason;
+  // The crashes were spaced by the queue's backoff: each lease_expired attempt scheduled one.
+  const Rows h = conn->query(
+      "SELECT delay_ms FROM keel_job_attempts WHERE outcome = 'lease_expired' AND job_id = $1"
+      " ORDER BY id",
+      {dead[0].id});
+  ASSERT_GE(h.size(), 1u);
+  for (std::size_t i = 0; i + 1 < h.size(); ++i) {
+    EXPECT_TRUE(h.cell(i, 0).has_value()) << "a crash made the job ready without a backoff";
+  }
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done' AND attempts = 1"),
+            GetParam().batch + 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, CrashDrillTest,
+    ::testing::Values(DrillCase{Backend::kSqlite, 1}, DrillCase{Backend::kSqlite, 10},
+                      DrillCase{Backend::kSqlite, 100}, DrillCase{Backend::kPostgres, 1},
+                      DrillCase{Backend::kPostgres, 10}, DrillCase{Backend::kPostgres, 100}),
+    case_name);
+
+}  // namespace
+}  // namespace keel::store
