@@ -470,6 +470,15 @@ TEST_P(JobsProcessTest, ExecTimeoutKillsAHungCommandsGroupAndRecordsATransientFa
       << "the hung command's grandchild outlived its timeout";
 }
 
+TEST_P(JobsProcessTest, WorkHelpSaysWhatEachExitOfAnExecCommandMeans) {
+  const CmdResult r = keel({"jobs", "work", "--help"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (const char* says : {"Exit 0 is", "75 (EX_TEMPFAIL) is transient", "is permanent",
+                           "death by a signal", "than --timeout", "(default: none)"}) {
+    EXPECT_NE(r.out.find(says), std::string::npos) << says << "\n" << r.out;
+  }
+}
+
 TEST_P(JobsProcessTest, StatsShowJobsWaitingOnTheOpenCircuit) {
   Receiver api;
   api.set_outage(Receiver::kDown503);
