@@ -25,6 +25,7 @@
 
 #include "jobs_process_support.hpp"
 #include "keel/store/queue.hpp"
+#include "waiting.hpp"
 
 namespace keel::store {
 namespace {
@@ -36,6 +37,39 @@ using test_jobs::Process;
 using test_jobs::Receiver;
 
 class JobsProcessTest : public test_jobs::JobsHarness<test::BackendTest> {};
+
+// Times are asserted only in the optimised build without a sanitizer; the others only check that
+// the worker exits.
+#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+constexpr bool kTimingAsserted = true;
+#else
+constexpr bool kTimingAsserted = false;
+#endif
+
+// An --exec command whose grandchild (a shell started in the background, its sleep one generation
+// further) sleeps `delay_s` seconds then appends the attempt number to `effect`; the command
+// writes the grandchild's pid to `pid_file` (written whole: through a rename) and waits for it.
+// `prefix` runs first (a condition that skips the rest, say).
+std::string grandchild_command(const std::filesystem::path& dir, const std::string& delay_s,
+                               const std::string& prefix = "") {
+  const std::string effect = (dir / "effect").string();
+  const std::string tmp = (dir / "pid.tmp").string();
+  const std::string pid_file = (dir / "pid").string();
+  return prefix + "sh -c 'sleep " + delay_s + "; echo $KEEL_ATTEMPT >> " + effect +
+         "' & echo $! > " + tmp + " && mv " + tmp + " " + pid_file + "; wait";
+}
+
+pid_t read_pid(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  pid_t pid = -1;
+  in >> pid;
+  return pid;
+}
+
+std::string read_text(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 TEST_P(JobsProcessTest, ThousandJobsThroughThirtyPercent503sAreAppliedExactlyOnce) {
   Receiver receiver;
@@ -366,6 +400,83 @@ TEST_P(JobsProcessTest, ExecHandlerSeesKeyAndAttemptAndSigtermLetsTheJobFinish) 
   EXPECT_EQ(read_log(), "k-exec 1 {\"v\":1}\nk-exec 2 {\"v\":1}\n");
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 1)
       << "the running job should finish within the grace period";
+}
+
+TEST_P(JobsProcessTest, SigtermKillsAnExecCommandsGrandchildAndTheNextWorkerRunsTheJobOnce) {
+  const std::string db = url_text();
+  CmdResult r = keel({"jobs", "--db", db, "enqueue", "--queue", "g", "--payload", "{}"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::filesystem::path effect = dir().path() / "effect";
+  const std::filesystem::path pid_file = dir().path() / "pid";
+  const std::string cmd = grandchild_command(dir().path(), "1");
+  auto worker = spawn({"jobs", "--db", db, "work", "--queue", "g", "--exec", cmd, "--grace",
+                       "200ms", "--poll", "10ms"});
+  ASSERT_TRUE(test::wait_until([&] { return std::filesystem::exists(pid_file); }, 30s))
+      << "the command did not start\n"
+      << worker->err();
+  const auto started = std::chrono::steady_clock::now();
+  const pid_t grandchild = read_pid(pid_file);
+  ASSERT_GT(grandchild, 0);
+  worker->signal(SIGTERM);
+  const auto signalled = std::chrono::steady_clock::now();
+  EXPECT_TRUE(test::wait_until([&] { return worker->poll(); }, 30s)) << worker->err();
+  const auto took = std::chrono::steady_clock::now() - signalled;
+  EXPECT_EQ(worker->wait(), 0) << worker->err();
+  if (kTimingAsserted) {
+    EXPECT_LT(took, 200ms + 1s) << "the worker outlived its grace by more than 1 s";
+  }
+  EXPECT_TRUE(test::wait_until([&] { return test::process_gone(grandchild); }, 2s))
+      << "the command's grandchild outlived the worker";
+  // Past the grandchild's delay (1 s from its start, plus a margin): no effect.
+  const auto past_delay = std::chrono::duration_cast<std::chrono::milliseconds>(
+      started + 1500ms - std::chrono::steady_clock::now());
+  EXPECT_FALSE(
+      test::wait_until([&] { return std::filesystem::exists(effect); }, std::max(past_delay, 0ms)))
+      << "the killed job applied its effect: " << read_text(effect);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 0);
+
+  // Another worker runs the job, once.
+  std::filesystem::remove(pid_file);
+  r = keel({"jobs", "--db", db, "work", "--queue", "g", "--exec", cmd, "--poll", "10ms",
+            "--backoff-base", "10ms", "--backoff-cap", "10ms", "--exit-when-idle"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 1);
+  const std::string applied = read_text(effect);
+  EXPECT_EQ(std::count(applied.begin(), applied.end(), '\n'), 1) << applied;
+}
+
+TEST_P(JobsProcessTest, ExecTimeoutKillsAHungCommandsGroupAndRecordsATransientFailure) {
+  const std::string db = url_text();
+  CmdResult r = keel(
+      {"jobs", "--db", db, "enqueue", "--queue", "t", "--payload", "{}", "--max-attempts", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // Attempt 1 hangs (its grandchild sleeps 30 s); attempt 2 succeeds at once.
+  const std::string cmd =
+      grandchild_command(dir().path(), "30", "[ \"$KEEL_ATTEMPT\" = 1 ] || exit 0; ");
+  const auto start = std::chrono::steady_clock::now();
+  r = keel({"jobs", "--db", db, "work", "--queue", "t", "--exec", cmd, "--timeout", "300ms",
+            "--poll", "10ms", "--backoff-base", "10ms", "--backoff-cap", "10ms",
+            "--exit-when-idle"});
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_LT(took, 20s) << "the hung command was not cut at its timeout";
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 1);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_job_attempts WHERE attempt = 1 AND outcome = "
+                  "'transient' AND error = 'timed out after 300ms'"),
+            1);
+  const pid_t grandchild = read_pid(dir().path() / "pid");
+  ASSERT_GT(grandchild, 0);
+  EXPECT_TRUE(test::wait_until([&] { return test::process_gone(grandchild); }, 2s))
+      << "the hung command's grandchild outlived its timeout";
+}
+
+TEST_P(JobsProcessTest, WorkHelpSaysWhatEachExitOfAnExecCommandMeans) {
+  const CmdResult r = keel({"jobs", "work", "--help"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (const char* says : {"Exit 0 is", "75 (EX_TEMPFAIL) is transient", "is permanent",
+                           "death by a signal", "than --timeout", "(default: none)"}) {
+    EXPECT_NE(r.out.find(says), std::string::npos) << says << "\n" << r.out;
+  }
 }
 
 TEST_P(JobsProcessTest, StatsShowJobsWaitingOnTheOpenCircuit) {

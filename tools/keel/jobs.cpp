@@ -215,10 +215,15 @@ jobs wait out an outage of any length (give --max-age to bound it).
 work --deferred sends each job's own HTTP request, queued by keel call --queue-on-failure
 (method, URL, header fields and body), with the job's idempotency key as Idempotency-Key: the
 key of the original call, so the receiver applies it once; its outcomes count as --deliver's.
-work --exec CMD runs CMD with /bin/sh -c, the payload on stdin and KEEL_IDEMPOTENCY_KEY,
-KEEL_ATTEMPT, KEEL_JOB_ID and KEEL_QUEUE in the environment: exit 0 is done, 75 (EX_TEMPFAIL)
-transient, anything else permanent.
-SIGTERM or SIGINT: stop leasing, let running jobs finish within --grace, release the rest.
+work --exec CMD runs CMD with /bin/sh -c in a process group of its own, the payload on stdin
+and KEEL_IDEMPOTENCY_KEY, KEEL_ATTEMPT, KEEL_JOB_ID and KEEL_QUEUE in the environment. Exit 0 is
+done; 75 (EX_TEMPFAIL) is transient (retried with backoff); any other exit status is permanent
+(dead at once); death by a signal (the OOM killer, a crash, a kill) is transient; a run longer
+than --timeout, when given, is killed and transient ("timed out after D"). No process of the
+group outlives its job's attempt: whatever the shell leaves running is killed (SIGTERM, then
+SIGKILL after 250 ms).
+SIGTERM or SIGINT: stop leasing, let running jobs finish within --grace, release the rest; an
+--exec command still running then has its process group killed the same way.
 Dead jobs stay until replayed or discarded, unless work has --dead-letter-retention D: then it
 deletes those dead for longer than D, after counting the ones due within --dead-letter-warning
 (default 24h) in keel_queue_dead_letter_expiring_jobs (stats with the same flags: EXPIRING).
@@ -276,8 +281,10 @@ Runner add_jobs(CLI::App& app) {
       ->capture_default_str();
   work->add_option("--poll", args->poll, "Wait between polls of an empty queue")
       ->capture_default_str();
-  work->add_option("--timeout", args->timeout, "--deliver: timeout of one HTTP request")
-      ->capture_default_str();
+  work->add_option("--timeout", args->timeout,
+                   "Limit of one attempt: one HTTP request of --deliver or --deferred (default "
+                   "30s); one run of an --exec command, killed with its process group (default: "
+                   "none)");
   work->add_option("--retain-done", args->retain_done,
                    "Delete done jobs older than this (default: keep them)");
   work->add_option("--retry-budget", args->retry_budget,

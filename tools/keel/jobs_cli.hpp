@@ -12,6 +12,9 @@
 
 namespace keel::cli::jobs_cli {
 
+/// --timeout's default for --deliver and --deferred (one HTTP request); --exec has none.
+inline constexpr const char* kDeliverTimeout = "30s";
+
 struct JobsArgs {
   std::string db = std::string(store::kDefaultDatabaseUrl);
   // enqueue
@@ -32,7 +35,9 @@ struct JobsArgs {
   std::string backoff_cap = "1h";
   std::string grace = "10s";
   std::string poll = "100ms";
-  std::string timeout = "30s";
+  // One attempt's limit. Empty (not given): kDeliverTimeout for --deliver and --deferred, none
+  // for --exec, whose commands may legitimately run long.
+  std::string timeout;
   std::string retain_done;
   std::string max_age;
   std::string retry_budget = "0.1";

@@ -1,7 +1,8 @@
 // `keel jobs work`: checks the flags, builds the queue, the handler (keel::store::WebhookHandler
 // for --deliver, keel::store::CommandHandler for --exec, keel::store::DeferredRequestHandler for
 // --deferred) and the keel::store::Worker, serves --metrics-listen and turns SIGTERM and SIGINT
-// into Worker::stop().
+// into Worker::stop(). --timeout is a per-request limit for the HTTP handlers (default 30 s) and
+// a per-run limit for --exec only when given.
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
@@ -66,7 +67,12 @@ int run_work(const JobsArgs& a) {
   if (!grace) return kExitUsage;
   const auto poll = duration_flag("--poll", a.poll, true);
   if (!poll) return kExitUsage;
-  const auto timeout = duration_flag("--timeout", a.timeout, true);
+  // --timeout bounds one HTTP request of --deliver and --deferred (30 s unless given) and, only
+  // when given, one run of an --exec command: a command that has always run long is not cut
+  // short by a default it never had.
+  const bool timeout_given = !a.timeout.empty();
+  const auto timeout =
+      duration_flag("--timeout", timeout_given ? a.timeout : kDeliverTimeout, true);
   if (!timeout) return kExitUsage;
   // The queue's retries draw on a ratio budget (retries <= RATIO x first attempts in 10 s, plus
   // 10 a second): it refills with time, so a deferred job is never stuck behind it.
@@ -172,7 +178,7 @@ int run_work(const JobsArgs& a) {
   } else if (client) {
     handler = store::WebhookHandler(*client, a.deliver);
   } else {
-    handler = store::CommandHandler(a.exec);
+    handler = store::CommandHandler(a.exec, {.timeout = timeout_given ? *timeout : kInfinite});
   }
   store::WorkerOptions options;
   options.queue = a.queue;
