@@ -237,8 +237,11 @@ DoneAndLeased JobQueue::complete_and_lease(
       for (auto& job : more) out.leased.push_back(std::move(job));
     }
   }
-  std::sort(out.leased.begin(), out.leased.end(),
-            [](const LeasedJob& x, const LeasedJob& y) { return x.id < y.id; });
+  // Started jobs first (a worker runs them in this order, and a started job charged for an
+  // attempt should not wait behind jobs that may crash its worker), then by id.
+  std::sort(out.leased.begin(), out.leased.end(), [](const LeasedJob& x, const LeasedJob& y) {
+    return x.started != y.started ? x.started : x.id < y.id;
+  });
   return out;
 }
 

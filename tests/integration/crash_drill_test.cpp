@@ -56,9 +56,9 @@ class DrillBase : public ::testing::TestWithParam<DrillCase> {
 
 class CrashDrillTest : public test_jobs::JobsHarness<DrillBase> {
  protected:
-  // Enqueues `n` jobs on queue "drill", job `poison_at` (0-based) poisoned: its command kills
-  // the worker that runs it. Returns the keys in order.
-  std::vector<std::string> enqueue(int n, int poison_at) {
+  // Enqueues `n` jobs on queue "drill" with `max_attempts` each, job `poison_at` (0-based)
+  // poisoned: its command kills the worker that runs it. Returns the keys in order.
+  std::vector<std::string> enqueue(int n, int poison_at, int max_attempts) {
     std::vector<std::string> keys;
     auto conn = open_database(url());
     JobQueue::migrate(*conn);
@@ -69,7 +69,8 @@ class CrashDrillTest : public test_jobs::JobsHarness<DrillBase> {
       batch.push_back(
           {.queue = "drill",
            .payload = i == poison_at ? R"({"poison":true})" : R"({"n":)" + std::to_string(i) + "}",
-           .key = keys.back()});
+           .key = keys.back(),
+           .max_attempts = max_attempts});
     }
     for (const auto& r : q.enqueue_many(*conn, batch)) EXPECT_TRUE(r.ok()) << r.error;
     return keys;
@@ -78,7 +79,8 @@ class CrashDrillTest : public test_jobs::JobsHarness<DrillBase> {
   // The command: the poison job SIGKILLs the worker (its parent) before any effect; every other
   // job appends its key to effects.log.
   [[nodiscard]] std::string command() const {
-    return "read -r body; case \"$body\" in *poison*) kill -9 $PPID; exit 75;; esac; "
+    return "read -r body; echo \"$PPID $body\" >> " + (dir().path() / "trace").string() +
+           "; case \"$body\" in *poison*) kill -9 $PPID; exit 75;; esac; "
            "echo \"$KEEL_IDEMPOTENCY_KEY\" >> " +
            effects().string();
   }
@@ -118,23 +120,44 @@ class CrashDrillTest : public test_jobs::JobsHarness<DrillBase> {
       args.insert(args.end(), extra.begin(), extra.end());
       const CmdResult r = keel(args);
       statuses.push_back(r.status);
+      last_err_ += r.err;
       if (r.status == 0) break;
       EXPECT_EQ(r.status, 128 + SIGKILL) << "a worker exited other than by the poison's SIGKILL\n"
                                          << r.err;
     }
     return statuses;
   }
+
+  std::string trace() const {
+    std::ifstream in(dir().path() / "trace");
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  std::string jobs_dump() {
+    auto conn = open_database(url());
+    const Rows r = conn->query(
+        "SELECT id, state, attempts, started_ms, last_error, lease_owner FROM keel_jobs ORDER BY "
+        "id");
+    std::string out;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      out += r.text(i, 0) + " " + r.text(i, 1) + " " + r.text(i, 2) + " " +
+             (r.cell(i, 3) ? "started" : "-") + " " + (r.cell(i, 4) ? *r.cell(i, 4) : "") + " " +
+             (r.cell(i, 5) ? *r.cell(i, 5) : "") + "\n";
+    }
+    return out;
+  }
+  std::string last_err_;  // the last worker's stderr, for failure messages
 };
 
 TEST_P(CrashDrillTest, APoisonJobThatKillsItsWorkerChargesOnlyItself) {
   const int batch = GetParam().batch;
   const int n = std::max(30, 2 * batch + 5);
   const int poison_at = batch == 1 ? 7 : batch / 2;  // mid-batch: jobs before and after it
-  const auto keys = enqueue(n, poison_at);
-  const std::vector<int> statuses =
-      run_workers({"--max-attempts", "3", "--concurrency", "1"}, /*max_runs=*/8);
+  const auto keys = enqueue(n, poison_at, 3);
+  const std::vector<int> statuses = run_workers({"--concurrency", "1"}, /*max_runs=*/8);
   ASSERT_FALSE(statuses.empty());
-  EXPECT_EQ(statuses.back(), 0) << "the queue never drained";
+  EXPECT_EQ(statuses.back(), 0) << "the queue never drained; the last worker said:\n"
+                                << last_err_ << "\ntrace:\n"
+                                << trace() << jobs_dump();
   int crashes = 0;
   for (int s : statuses) crashes += s == 128 + SIGKILL ? 1 : 0;
   EXPECT_EQ(crashes, 3) << "the poison job runs once per attempt, three attempts";
@@ -163,11 +186,10 @@ TEST_P(CrashDrillTest, APoisonJobThatKillsItsWorkerChargesOnlyItself) {
 }
 
 TEST_P(CrashDrillTest, ACrashLoopingJobIsDeadWithinItsMaxAge) {
-  const auto keys = enqueue(GetParam().batch + 3, 1);
+  const auto keys = enqueue(GetParam().batch + 3, 1, 25);
   // 25 attempts would take minutes of crashes; a max age of 2 s ends them. The lease is 700 ms,
   // so at most a few crashes fit.
-  const std::vector<int> statuses =
-      run_workers({"--max-attempts", "25", "--max-age", "2s"}, /*max_runs=*/12);
+  const std::vector<int> statuses = run_workers({"--max-age", "2s"}, /*max_runs=*/12);
   ASSERT_FALSE(statuses.empty());
   EXPECT_EQ(statuses.back(), 0) << "the queue never drained";
   EXPECT_LT(statuses.size(), 12u);

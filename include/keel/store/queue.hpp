@@ -254,7 +254,7 @@ struct CompleteResult {
 struct DoneAndLeased {
   /// How many of the finished jobs were current (the stale ones are skipped).
   int current = 0;
-  /// The jobs leased next, by id (as JobQueue::lease returns them).
+  /// The jobs leased next, in the order to run them (as JobQueue::lease returns them).
   std::vector<LeasedJob> leased;
 };
 
@@ -341,7 +341,8 @@ class JobQueue {
   /// Leases up to `limit` due jobs of `queue` for options().lease, oldest due first, each with a
   /// new fencing token, in one statement on PostgreSQL (one write transaction on SQLite). The
   /// `start` jobs with the lowest ids start their attempt with the lease (LeasedJob::started;
-  /// the default: all of them); the others wait for start(). When the due jobs do not fill
+  /// the default: all of them); the others wait for start(). The jobs come started first, then
+  /// by id: the order to run them in. When the due jobs do not fill
   /// `limit` (and at least every quarter lease), expired leases are swept as described above and
   /// the jobs they make ready are leased too. Requires: limit >= 1, start >= 0. Throws
   /// DatabaseError.
