@@ -181,8 +181,9 @@ struct EnqueueRequest {
   std::string queue;
   /// Requires: a JSON document.
   std::string payload;
-  /// The job's idempotency key; empty: a new UUID (new_job_key). Requires: at most 255
-  /// characters, no control characters.
+  /// The job's idempotency key; empty: a new UUID (new_job_key). Requires: a key under keel's
+  /// one rule (keel::check_idempotency_key: 1 to 255 bytes of visible ASCII without '"', ',' or
+  /// '%', bare or quoted); stored in its canonical form, so "k" and k are one job.
   std::string key;
   /// Attempts before the job is dead. 0: QueueOptions::max_attempts. Requires: >= 0.
   int max_attempts = 0;
@@ -193,6 +194,7 @@ struct EnqueueRequest {
 struct EnqueueResult {
   /// The new job, or the existing one with the same key on the same queue.
   std::int64_t id = 0;
+  /// The key stored: the request's in its canonical form, or the UUID made for it.
   std::string idempotency_key;
   /// false: a job with this key already existed on this queue and nothing was written.
   bool created = true;
