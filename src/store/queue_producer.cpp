@@ -3,7 +3,6 @@
 #include <sqlite3.h>
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 
@@ -11,6 +10,7 @@
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/idempotency_key.hpp"
+#include "keel/store/json_check.hpp"
 #include "keel/store/queue.hpp"
 
 namespace keel::store {
@@ -23,14 +23,35 @@ namespace {
 // Jobs per multi-row INSERT in enqueue_many (6 parameters each, under both backends' limits).
 constexpr std::size_t kEnqueueChunk = 500;
 
+// Nothing when the payload may be stored: JSON that passes the receiver's check_json with its
+// default limits (nesting depth 64, no member named twice in one object), so that a job is not
+// dead at its first delivery for a body the receiver refuses.
+Expected<void> check_payload(const std::string& payload) {
+  const JsonLimits limits;
+  const JsonCheck checked = check_json(payload, limits);
+  switch (checked.status) {
+    case JsonStatus::kValid:
+      return {};
+    case JsonStatus::kNotJson:
+      return Error{.field = "payload", .problem = "is not valid JSON", .got = quote_value(payload)};
+    case JsonStatus::kTooDeep:
+      return Error{.field = "payload",
+                   .problem = "nests arrays or objects deeper than the limit of " +
+                              std::to_string(limits.max_depth) +
+                              " levels (keel::store::JsonLimits::max_depth, a receiver's check)",
+                   .got = quote_value(payload)};
+    case JsonStatus::kDuplicateKey:
+      break;
+  }
+  return Error{
+      .field = "payload", .problem = "is refused: " + checked.detail, .got = quote_value(payload)};
+}
+
 // The request's key in its canonical form (keel/idempotency_key.hpp; empty: none given, a UUID
 // is made) when the request may be written, else what is wrong with it.
 Expected<std::string> check_request(const EnqueueRequest& request) {
   if (auto queue = check_queue_name(request.queue); !queue) return std::move(queue).error();
-  if (nlohmann::json::parse(request.payload, nullptr, false).is_discarded()) {
-    return Error{
-        .field = "payload", .problem = "is not valid JSON", .got = quote_value(request.payload)};
-  }
+  if (auto payload = check_payload(request.payload); !payload) return std::move(payload).error();
   std::string key;
   if (!request.key.empty()) {
     // The rule every client and the receiver apply: a key stored here is sent, and read at the
