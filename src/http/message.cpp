@@ -46,24 +46,8 @@ std::optional<std::string_view> find_header(const Headers& headers,
   return std::nullopt;
 }
 
-Expected<void> check_idempotency_key(std::string_view key) {
-  const auto fail = [key](std::string problem) {
-    return Error{
-        .field = "Idempotency-Key", .problem = std::move(problem), .got = quote_value(key)};
-  };
-  if (key.empty()) return fail("is empty");
-  if (key.size() > kMaxIdempotencyKeyBytes) {
-    return fail("is " + std::to_string(key.size()) + " bytes, more than " +
-                std::to_string(kMaxIdempotencyKeyBytes));
-  }
-  for (char c : key) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u >= 0x7f) {
-      return fail("contains a control or non-ASCII character (" + describe_byte(u) + ")");
-    }
-  }
-  if (key.front() == ' ' || key.back() == ' ') return fail("starts or ends with a space");
-  return {};
+Expected<std::string> check_idempotency_key(std::string_view key) {
+  return keel::check_idempotency_key(key).to_expected();
 }
 
 Expected<void> check_header_field(std::string_view name, std::string_view value) {

@@ -17,19 +17,24 @@ std::optional<std::string> breaker_key(const std::string& url) {
 
 Expected<std::string> check_request(const Request& request) {
   if (auto url = parse_url(request.url); !url) return std::move(url).error();
-  std::string found = request.idempotency_key;
+  // The key in its canonical form: "k" and k given twice are one key, sent bare.
+  std::string found;
+  if (!request.idempotency_key.empty()) {
+    auto key = check_idempotency_key(request.idempotency_key);
+    if (!key) return std::move(key).error();
+    found = std::move(*key);
+  }
   for (const auto& [name, value] : request.headers) {
     if (auto field = check_header_field(name, value); !field) return std::move(field).error();
     if (!same_header_name(name, "Idempotency-Key")) continue;
-    if (!found.empty() && found != value) {
+    auto key = check_idempotency_key(value);
+    if (!key) return std::move(key).error();
+    if (!found.empty() && found != *key) {
       return Error{.field = "Idempotency-Key",
                    .problem = "is given twice with different values " + quote_value(found),
                    .got = quote_value(value)};
     }
-    found = value;
-  }
-  if (!found.empty() || !request.idempotency_key.empty()) {
-    if (auto key = check_idempotency_key(found); !key) return std::move(key).error();
+    found = std::move(*key);
   }
   for (char c : request.method) {
     const auto u = static_cast<unsigned char>(c);

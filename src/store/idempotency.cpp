@@ -5,11 +5,13 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/idempotency_key.hpp"
 #include "keel/store/json_check.hpp"
 
 namespace keel::store {
@@ -123,65 +125,35 @@ ParsedKey parse_idempotency_key(std::optional<std::string_view> header, std::siz
     out.detail = "this request requires an Idempotency-Key header";
     return out;
   }
-  std::string_view v = *header;
-  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-  std::string key;
-  if (!v.empty() && v.front() == '"') {
-    // RFC 8941 sf-string: printable ASCII, with \" and \\ the only escapes.
-    bool closed = false;
-    std::size_t i = 1;
-    for (; i < v.size(); ++i) {
-      const char c = v[i];
-      if (c == '\\') {
-        if (i + 1 >= v.size() || (v[i + 1] != '"' && v[i + 1] != '\\')) {
-          out.error = KeyError::kMalformed;
-          out.detail = "Idempotency-Key quoted string has an invalid escape";
-          return out;
-        }
-        key += v[++i];
-      } else if (c == '"') {
-        closed = true;
-        break;
-      } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-        out.error = KeyError::kControlCharacter;
-        out.detail = "Idempotency-Key contains a control character";
-        return out;
-      } else if (static_cast<unsigned char>(c) > 0x7e) {
-        out.error = KeyError::kMalformed;
-        out.detail = "Idempotency-Key quoted string contains a non-ASCII character";
-        return out;
-      } else {
-        key += c;
-      }
-    }
-    if (!closed || i + 1 != v.size()) {
-      out.error = KeyError::kMalformed;
-      out.detail = "Idempotency-Key quoted string is not closed, or has text after it";
-      return out;
-    }
-  } else {
-    for (const char c : v) {
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-        out.error = KeyError::kControlCharacter;
-        out.detail = "Idempotency-Key contains a control character";
-        return out;
-      }
-    }
-    key.assign(v);
-  }
-  if (key.empty()) {
-    out.error = KeyError::kEmpty;
-    out.detail = "Idempotency-Key is empty";
-    return out;
-  }
-  if (key.size() > max_bytes) {
+  // The rule is keel's one rule (keel/idempotency_key.hpp); max_bytes can only lower its limit.
+  IdempotencyKeyCheck checked = check_idempotency_key(*header);
+  const std::size_t limit = std::min(max_bytes, kMaxIdempotencyKeyBytes);
+  if (checked.ok() && checked.key.size() > limit) {
     out.error = KeyError::kTooLong;
-    out.detail = "Idempotency-Key is " + std::to_string(key.size()) + " bytes long; the limit is " +
-                 std::to_string(max_bytes) + " bytes";
+    out.detail = "Idempotency-Key is " + std::to_string(checked.key.size()) +
+                 " bytes long; the limit is " + std::to_string(limit) + " bytes";
     return out;
   }
-  out.key = std::move(key);
+  if (checked.ok()) {
+    out.key = std::move(checked.key);
+    return out;
+  }
+  switch (checked.problem) {
+    case IdempotencyKeyProblem::kEmpty:
+      out.error = KeyError::kEmpty;
+      break;
+    case IdempotencyKeyProblem::kTooLong:
+      out.error = KeyError::kTooLong;
+      break;
+    case IdempotencyKeyProblem::kControlCharacter:
+      out.error = KeyError::kControlCharacter;
+      break;
+    default:  // a space, a non-ASCII byte, '"', ',' or '%', a malformed quoted string
+      out.error = KeyError::kMalformed;
+      break;
+  }
+  // The problem without the value: the detail goes back to a client that may log it.
+  out.detail = "Idempotency-Key " + checked.error.problem;
   return out;
 }
 

@@ -3,13 +3,14 @@
 #include <sqlite3.h>
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 
 #include "detail/queue_sql.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/idempotency_key.hpp"
+#include "keel/store/json_check.hpp"
 #include "keel/store/queue.hpp"
 
 namespace keel::store {
@@ -22,24 +23,42 @@ namespace {
 // Jobs per multi-row INSERT in enqueue_many (6 parameters each, under both backends' limits).
 constexpr std::size_t kEnqueueChunk = 500;
 
-// Nothing when the request may be written, else what is wrong with it.
-Expected<void> check_request(const EnqueueRequest& request) {
+// Nothing when the payload may be stored: JSON that passes the receiver's check_json with its
+// default limits (nesting depth 64, no member named twice in one object), so that a job is not
+// dead at its first delivery for a body the receiver refuses.
+Expected<void> check_payload(const std::string& payload) {
+  const JsonLimits limits;
+  const JsonCheck checked = check_json(payload, limits);
+  switch (checked.status) {
+    case JsonStatus::kValid:
+      return {};
+    case JsonStatus::kNotJson:
+      return Error{.field = "payload", .problem = "is not valid JSON", .got = quote_value(payload)};
+    case JsonStatus::kTooDeep:
+      return Error{.field = "payload",
+                   .problem = "nests arrays or objects deeper than the limit of " +
+                              std::to_string(limits.max_depth) +
+                              " levels (keel::store::JsonLimits::max_depth, a receiver's check)",
+                   .got = quote_value(payload)};
+    case JsonStatus::kDuplicateKey:
+      break;
+  }
+  return Error{
+      .field = "payload", .problem = "is refused: " + checked.detail, .got = quote_value(payload)};
+}
+
+// The request's key in its canonical form (keel/idempotency_key.hpp; empty: none given, a UUID
+// is made) when the request may be written, else what is wrong with it.
+Expected<std::string> check_request(const EnqueueRequest& request) {
   if (auto queue = check_queue_name(request.queue); !queue) return std::move(queue).error();
-  if (nlohmann::json::parse(request.payload, nullptr, false).is_discarded()) {
-    return Error{
-        .field = "payload", .problem = "is not valid JSON", .got = quote_value(request.payload)};
-  }
-  if (request.key.size() > 255) {
-    return Error{.field = "idempotency key",
-                 .problem = "must be at most 255 characters",
-                 .got = quote_value(request.key)};
-  }
-  for (char c : request.key) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      return Error{.field = "idempotency key",
-                   .problem = "must not contain a control character",
-                   .got = quote_value(request.key)};
-    }
+  if (auto payload = check_payload(request.payload); !payload) return std::move(payload).error();
+  std::string key;
+  if (!request.key.empty()) {
+    // The rule every client and the receiver apply: a key stored here is sent, and read at the
+    // receiver, as this same key; "k" and k are one job.
+    IdempotencyKeyCheck checked = check_idempotency_key(request.key);
+    if (!checked.ok()) return std::move(checked.error).in("idempotency key");
+    key = std::move(checked.key);
   }
   if (request.max_attempts < 0) {
     return Error{.field = "max_attempts",
@@ -50,7 +69,7 @@ Expected<void> check_request(const EnqueueRequest& request) {
     return Error{
         .field = "delay", .problem = "must be >= 0", .got = format_duration(request.delay)};
   }
-  return {};
+  return key;
 }
 
 constexpr std::string_view kInsertJob =
@@ -151,16 +170,17 @@ EnqueueResult JobQueue::enqueue(Connection& connection, const EnqueueRequest& re
 std::vector<EnqueueResult> JobQueue::enqueue_many(
     Connection& connection, const std::vector<EnqueueRequest>& requests) const {
   std::vector<EnqueueResult> out(requests.size());
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    if (auto checked = check_request(requests[i]); !checked) {
+  std::vector<std::string> keys;
+  keys.reserve(requests.size());
+  for (const EnqueueRequest& request : requests) {
+    auto checked = check_request(request);
+    if (!checked) {
       const std::string why = checked.error().message();
       for (EnqueueResult& r : out) r.error = why;
       return out;
     }
+    keys.push_back(checked->empty() ? new_job_key() : std::move(*checked));
   }
-  std::vector<std::string> keys;
-  keys.reserve(requests.size());
-  for (const EnqueueRequest& r : requests) keys.push_back(r.key.empty() ? new_job_key() : r.key);
   const std::int64_t now = now_ms();
   const auto max_attempts_of = [&](const EnqueueRequest& r) {
     return r.max_attempts > 0 ? r.max_attempts : options_.max_attempts;

@@ -50,6 +50,9 @@ TEST(KeelCallInput, TheUsersKeyIsTheOneSentOnceOnEveryAttempt) {
       {"-d", "x", "-H", "Idempotency-Key:   charge-1  ", "--idempotency-key", "auto"},
       {"-d", "x", "--idempotency-key", "charge-1"},
       {"-X", "DELETE", "-H", "Idempotency-Key: charge-1", "-H", "idempotency-key: charge-1"},
+      // One key in its canonical form: "charge-1" is charge-1 (keel/idempotency_key.hpp).
+      {"-d", "x", "--idempotency-key", "\"charge-1\""},
+      {"-X", "POST", "-H", "Idempotency-Key: \"charge-1\"", "--idempotency-key", "charge-1"},
   };
   for (const auto& c : cases) {
     FaultServer server({.script = "drop,200"});
@@ -84,6 +87,12 @@ TEST(KeelCallInput, BadKeysAndConflictingKeysExitTwoBeforeSending) {
       {{"-d", "x", "--idempotency-key", "a\nb"}, "--idempotency-key"},
       {{"-d", "x", "-H", "Idempotency-Key: a\x7f"}, "--header"},
       {{"-d", "x", "-H", "Idempotency-Key:"}, "--header"},
+      // What keel serve would refuse (dead on the first attempt) is refused here.
+      {{"-d", "x", "--idempotency-key", "\"open"}, "--idempotency-key"},
+      {{"-d", "x", "--idempotency-key", "\"a\"b"}, "--idempotency-key"},
+      {{"-d", "x", "-H", "Idempotency-Key: a b"}, "--header"},
+      {{"-d", "x", "-H", "Idempotency-Key: a,b"}, "--header"},
+      {{"-d", "x", "--idempotency-key", "caf\xc3\xa9"}, "--idempotency-key"},
       {{"-H", "X-A: v\r\nX-Injected: 1"}, "--header"},
       {{"-H", "Bad Name: v"}, "--header"},
       {{"-H", ": v"}, "--header"},

@@ -236,6 +236,29 @@ TEST_P(JobQueueTest, InvalidRequestsAreRefusedAndWriteNothing) {
   EXPECT_THROW(JobQueue({.lease = 0s}), std::invalid_argument);
 }
 
+// The queue checks a payload as a receiver does (check_json, default limits): a job whose body a
+// receiver refuses would be dead at its first delivery.
+TEST_P(JobQueueTest, PayloadsPastTheReceiversNestingLimitAreRefusedNamingIt) {
+  JobQueue q = make_queue();
+  const auto nested = [](int depth) {
+    return std::string(static_cast<std::size_t>(depth), '[') +
+           std::string(static_cast<std::size_t>(depth), ']');
+  };
+  EXPECT_TRUE(q.enqueue(*conn_, {.queue = "q", .payload = nested(64)}).ok());
+  const EnqueueResult deep = q.enqueue(*conn_, {.queue = "q", .payload = nested(65)});
+  EXPECT_FALSE(deep.ok());
+  EXPECT_NE(deep.error.find("payload nests arrays or objects deeper than the limit of 64 levels"),
+            std::string::npos)
+      << deep.error;
+  EXPECT_FALSE(q.enqueue(*conn_, {.queue = "q", .payload = nested(100000)}).ok());
+  const auto batch = q.enqueue_many(
+      *conn_, {{.queue = "q", .payload = "{}"}, {.queue = "q", .payload = nested(65)}});
+  EXPECT_NE(batch[0].error.find("64 levels"), std::string::npos);
+  const EnqueueResult twice = q.enqueue(*conn_, {.queue = "q", .payload = R"({"a":1,"a":2})"});
+  EXPECT_NE(twice.error.find("member \"a\" more than once"), std::string::npos) << twice.error;
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 1);
+}
+
 // Invalid configuration is refused with "CONTEXT: FIELD PROBLEM (got VALUE)", the context being
 // the fully qualified type or function.
 TEST_P(JobQueueTest, InvalidConfigurationNamesTheTypeTheFieldAndTheValue) {

@@ -88,13 +88,14 @@ TEST(HeaderField, ParsesCurlsFormAndRefusesInjection) {
   }
 }
 
-TEST(IdempotencyKey, AtMost255VisibleBytes) {
-  EXPECT_TRUE(keel::http::check_idempotency_key("charge-1"));
+TEST(IdempotencyKey, AtMost255VisibleBytesSentInCanonicalForm) {
+  EXPECT_EQ(keel::http::check_idempotency_key("charge-1"), "charge-1");
   EXPECT_TRUE(keel::http::check_idempotency_key(std::string(255, 'k')));
-  EXPECT_TRUE(keel::http::check_idempotency_key("a key with spaces"));
+  EXPECT_EQ(keel::http::check_idempotency_key("\"charge-1\""), "charge-1");
   for (const std::string& bad :
        {std::string(), std::string(256, 'k'), std::string("a\nb"), std::string("a\tb"),
-        std::string("\x7f"), std::string(" k"), std::string("k "), std::string("caf\xc3\xa9")}) {
+        std::string("\x7f"), std::string(" k"), std::string("k "), std::string("caf\xc3\xa9"),
+        std::string("a key with spaces"), std::string("\"open"), std::string("a,b")}) {
     const auto checked = keel::http::check_idempotency_key(bad);
     ASSERT_FALSE(checked) << bad;
     EXPECT_EQ(checked.error().field, "Idempotency-Key") << bad;

@@ -216,14 +216,15 @@ int run_call(const CallArgs& a) {
     auto field = http::parse_header_field(h);
     if (!field) return usage_error("--header: " + field.error().message());
     if (http::same_header_name(field->first, "Idempotency-Key")) {
-      if (auto key = http::check_idempotency_key(field->second); !key) {
+      auto key = http::check_idempotency_key(field->second);  // canonical: "k" is k
+      if (!key) {
         return usage_error("--header: " + key.error().message());
       }
-      if (!header_key.empty() && header_key != field->second) {
+      if (!header_key.empty() && header_key != *key) {
         return usage_error("--header: two different Idempotency-Key headers ('" + header_key +
                            "' and '" + field->second + "')");
       }
-      header_key = field->second;
+      header_key = std::move(*key);
       continue;  // sent once, as the request's key
     }
     request.headers.push_back(std::move(*field));
@@ -242,16 +243,17 @@ int run_call(const CallArgs& a) {
     request.generate_idempotency_key = a.idempotency_key == "auto";
     request.idempotency_key = header_key;  // a key given with -H is sent even with off
   } else {
-    if (auto key = http::check_idempotency_key(a.idempotency_key); !key) {
+    auto key = http::check_idempotency_key(a.idempotency_key);
+    if (!key) {
       Error e = key.error().in("--idempotency-key");
       e.problem += " (give a KEY, auto or off)";
       return usage_error(e.message());
     }
-    if (!header_key.empty() && header_key != a.idempotency_key) {
+    if (!header_key.empty() && header_key != *key) {
       return usage_error("--idempotency-key: '" + a.idempotency_key +
                          "' conflicts with --header 'Idempotency-Key: " + header_key + "'");
     }
-    request.idempotency_key = a.idempotency_key;
+    request.idempotency_key = std::move(*key);
   }
   // With auto, make the key here (as the client would) so that -v can show it up front.
   if (request.idempotency_key.empty() && request.generate_idempotency_key &&

@@ -1,9 +1,9 @@
-// `keel jobs --db URL enqueue|work|stats`: the durable job queue from the shell
+// `keel jobs --db URL enqueue|work|stats|check-keys`: the durable job queue from the shell
 // (keel::store::JobQueue and keel::store::Worker). A worker delivers each job as a webhook
 // (--deliver URL: keel::store::WebhookHandler, a single HTTP attempt per job attempt: the queue
 // is the retrying layer) or runs a command (--exec CMD: keel::store::CommandHandler), and can
 // export Prometheus metrics. This file holds the flags, enqueue and stats; work is in
-// jobs_work.cpp.
+// jobs_work.cpp, check-keys in jobs_keys.cpp.
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -13,7 +13,7 @@
 
 #include "jobs_cli.hpp"
 #include "keel/duration.hpp"
-#include "keel/http/request.hpp"
+#include "keel/idempotency_key.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {
@@ -228,7 +228,13 @@ Dead jobs stay until replayed or discarded, unless work has --dead-letter-retent
 deletes those dead for longer than D, after counting the ones due within --dead-letter-warning
 (default 24h) in keel_queue_dead_letter_expiring_jobs (stats with the same flags: EXPIRING).
 
-Exit status: 0 success, 1 database or runtime failure, 2 invalid arguments.)";
+check-keys lists the jobs whose idempotency key the key rule (1 to 255 bytes of visible ASCII
+without '"', ',' or '%', bare or quoted as "KEY", read bare) refuses, or reads as another form
+('"abc"' is 'abc', one request to a receiver when a job with 'abc' is on the same queue); it
+changes nothing and exits 3 when it lists any.
+
+Exit status: 0 success, 1 database or runtime failure, 2 invalid arguments, 3 check-keys found
+jobs.)";
 
 }  // namespace
 
@@ -236,7 +242,8 @@ Runner add_jobs(CLI::App& app) {
   using namespace jobs_cli;
   auto args = std::make_shared<JobsArgs>();
   auto cmd = std::make_shared<std::string>();
-  CLI::App* jobs = app.add_subcommand("jobs", "The durable job queue: enqueue, work, stats");
+  CLI::App* jobs =
+      app.add_subcommand("jobs", "The durable job queue: enqueue, work, stats, check-keys");
   jobs->footer(kJobsFooter);
   jobs->fallthrough();
   jobs->require_subcommand(1);
@@ -252,8 +259,8 @@ Runner add_jobs(CLI::App& app) {
   enqueue
       ->add_option("--key", args->key, "Idempotency key (default: a new UUID, stored with the job)")
       ->check([](const std::string& key) {
-        const auto checked = http::check_idempotency_key(key);
-        return checked ? std::string() : checked.error().message();  // CLI11: empty is valid
+        const IdempotencyKeyCheck checked = check_idempotency_key(key);
+        return checked.ok() ? std::string() : checked.error.message();  // CLI11: empty is valid
       });
   enqueue->add_option("--max-attempts", args->max_attempts, "Attempts before the job is dead")
       ->capture_default_str();
@@ -321,11 +328,18 @@ Runner add_jobs(CLI::App& app) {
                       "prunes within --dead-letter-warning (EXPIRING)");
   stats->callback([cmd] { *cmd = "stats"; });
 
+  CLI::App* check_keys = jobs->add_subcommand(
+      "check-keys", "List jobs whose key clients and receivers refuse or read as another key");
+  check_keys->add_option("--queue", args->queue, "Only this queue (default: all)");
+  check_keys->add_flag("--json", args->json, "JSON output");
+  check_keys->callback([cmd] { *cmd = "check-keys"; });
+
   return [args, cmd]() -> int {
     try {
       if (*cmd == "enqueue") return run_enqueue(*args);
       if (*cmd == "work") return run_work(*args);
       if (*cmd == "stats") return run_stats(*args);
+      if (*cmd == "check-keys") return run_check_keys(*args);
     } catch (const store::DatabaseError& e) {
       return failure("jobs", std::string("database error: ") + e.what());
     }

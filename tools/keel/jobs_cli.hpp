@@ -1,6 +1,6 @@
-// `keel jobs`: its flags (JobsArgs, filled by add_jobs in jobs.cpp) and its three commands,
-// enqueue and stats in jobs.cpp and work in jobs_work.cpp. Each prints its own errors and returns
-// the exit status.
+// `keel jobs`: its flags (JobsArgs, filled by add_jobs in jobs.cpp) and its four commands,
+// enqueue and stats in jobs.cpp, work in jobs_work.cpp and check-keys in jobs_keys.cpp. Each
+// prints its own errors and returns the exit status.
 #pragma once
 
 #include <optional>
@@ -17,7 +17,7 @@ inline constexpr const char* kDeliverTimeout = "30s";
 
 struct JobsArgs {
   std::string db = std::string(store::kDefaultDatabaseUrl);
-  // enqueue
+  // enqueue, work (required) and check-keys (optional)
   std::string queue;
   std::string payload;
   std::string payloads_from;
@@ -47,7 +47,7 @@ struct JobsArgs {
   // work and stats
   std::string dead_letter_retention;  // empty: dead jobs are kept
   std::string dead_letter_warning;    // empty: 24h
-  // stats
+  // stats and check-keys
   bool json = false;
 };
 
@@ -66,5 +66,9 @@ bool dead_letter_flags(const JobsArgs& a, store::QueueOptions& options);
 int run_enqueue(const JobsArgs& a);
 int run_stats(const JobsArgs& a);
 int run_work(const JobsArgs& a);
+
+/// Exit status of check-keys when it lists jobs.
+inline constexpr int kExitKeysFound = 3;
+int run_check_keys(const JobsArgs& a);
 
 }  // namespace keel::cli::jobs_cli

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "keel/expected.hpp"
+#include "keel/idempotency_key.hpp"
 
 namespace keel::http {
 
@@ -34,12 +35,14 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 /// Whether two header names are the same (ASCII case-insensitive).
 [[nodiscard]] bool same_header_name(std::string_view a, std::string_view b) noexcept;
 
-/// Longest Idempotency-Key accepted, in bytes.
-inline constexpr std::size_t kMaxIdempotencyKeyBytes = 255;
+/// Longest Idempotency-Key accepted, in bytes (keel/idempotency_key.hpp).
+using keel::kMaxIdempotencyKeyBytes;
 
-/// Whether `key` is a usable Idempotency-Key (1 to 255 bytes of visible ASCII or spaces, not
-/// starting or ending with a space); the Error (field "Idempotency-Key") says why not.
-[[nodiscard]] Expected<void> check_idempotency_key(std::string_view key);
+/// The key a client sends for `key`: its canonical form under keel's one key rule
+/// (keel::check_idempotency_key: 1 to 255 bytes of visible ASCII without '"', ',' or '%', bare
+/// or as an RFC 8941 quoted string, sent bare); the Error (field "Idempotency-Key") says why
+/// `key` is not a key.
+[[nodiscard]] Expected<std::string> check_idempotency_key(std::string_view key);
 
 /// Whether name/value can be sent as a request header field: the name a token (RFC 9110
 /// section 5.6.2), the value without CR, LF, NUL or other control characters but tab; the Error

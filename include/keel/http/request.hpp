@@ -50,9 +50,9 @@ struct Request {
   /// Request body; sent when non-empty or when the method is POST, PUT or PATCH. Default empty.
   std::string body;
   /// Sent as Idempotency-Key on every attempt when non-empty (for example a key stored on a job
-  /// record). Requires: empty or valid by check_idempotency_key, and the same as any
-  /// Idempotency-Key in headers. Default empty: the client generates one for POST and PATCH
-  /// when generate_idempotency_key is true.
+  /// record), in its canonical form ("k" is sent as k). Requires: empty or valid by
+  /// check_idempotency_key, and the same key as any Idempotency-Key in headers. Default empty:
+  /// the client generates one for POST and PATCH when generate_idempotency_key is true.
   std::string idempotency_key;
   /// Whether to generate a key for a POST or PATCH that has none (in idempotency_key or
   /// headers). A caller's key is always sent. Default true.
@@ -86,8 +86,9 @@ struct Request {
 /// Checks a request before any attempt: its URL (parse_url), its header fields
 /// (check_header_field) and its Idempotency-Key (check_idempotency_key), and finds the caller's
 /// key: Request::idempotency_key or an Idempotency-Key header (any case). Returns the caller's
-/// key (empty when none) when the request can be sent; otherwise an Error saying why it cannot
-/// (two different keys, for instance). Both clients run it first in send().
+/// key in its canonical form (keel/idempotency_key.hpp; empty when none), the form sent, when
+/// the request can be sent; otherwise an Error saying why it cannot (an invalid key, two
+/// different keys). Both clients run it first in send().
 [[nodiscard]] Expected<std::string> check_request(const Request& request);
 
 /// What send() returns: errors are values.

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "keel/clock.hpp"
+#include "keel/idempotency_key.hpp"
 #include "keel/store/database.hpp"
 #include "keel/store/json_check.hpp"
 
@@ -71,12 +72,18 @@ struct ParsedKey {
   std::string detail;
 };
 
-/// The default longest key, in bytes (not characters: 128 Cyrillic letters are 256 bytes).
-inline constexpr std::size_t kMaxKeyLength = 255;
+/// The default longest key, in bytes: keel's one limit (keel::kMaxIdempotencyKeyBytes).
+inline constexpr std::size_t kMaxKeyLength = kMaxIdempotencyKeyBytes;
 
-/// Parses an Idempotency-Key header value (nullopt: the header is absent). Accepts a bare token or
-/// an RFC 8941 sf-string ("..." with \" and \\ escapes). Refuses: absent, empty, longer than
-/// `max_bytes` bytes, any control character, a malformed quoted string. Requires: max_bytes >= 1.
+/// Parses an Idempotency-Key header value (nullopt: the header is absent) under keel's one key
+/// rule (keel::check_idempotency_key, keel/idempotency_key.hpp): a bare key or an RFC 8941
+/// sf-string ("..." with \" and \\ escapes) of 1 to 255 bytes of visible ASCII without '"',
+/// ',' or '%', read as its canonical (bare) form, so "k" and k are one key. The value is taken
+/// as the server hands it over (without the whitespace around a field value); nothing more is
+/// trimmed. Refuses: absent (kMissing), empty (kEmpty), longer than `max_bytes` bytes or than
+/// 255 (kTooLong: a max_bytes above 255 does not raise the rule's limit), a control character
+/// (kControlCharacter), anything else the rule refuses (kMalformed); `detail` says which, without
+/// quoting the value. Requires: max_bytes >= 1.
 [[nodiscard]] ParsedKey parse_idempotency_key(std::optional<std::string_view> header,
                                               std::size_t max_bytes = kMaxKeyLength);
 

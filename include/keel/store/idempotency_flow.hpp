@@ -187,7 +187,8 @@ struct FlowOptions {
   /// or is answered 400 problem+json naming the limit or the duplicated member, before anything is
   /// parsed, claimed or stored. A body not valid JSON is left to the handler. Default depth 64.
   JsonLimits json_limits;
-  /// Longest Idempotency-Key, in bytes. Requires: >= 1. Default kMaxKeyLength (255).
+  /// Longest Idempotency-Key, in bytes: lowers keel's limit of 255 (keel/idempotency_key.hpp),
+  /// never raises it. Requires: >= 1. Default kMaxKeyLength (255).
   std::size_t max_key_bytes = kMaxKeyLength;
   /// Where the text of handler exceptions and database errors goes (also in
   /// FlowResponse.error): clients receive a generic detail only. Default: one line on stderr.
