@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "keel/store/dead_letters.hpp"
+#include "keel/store/deferred_request.hpp"
 #include "keel/store/json_check.hpp"
 #include "queue_cli.hpp"
 
@@ -170,9 +171,10 @@ std::optional<std::vector<std::int64_t>> parse_ids(const std::vector<std::string
 constexpr std::size_t kMaxShownDepth = 64;
 
 // The payload as JSON text for --json: the payload itself, compact, when it is JSON nested no
-// deeper than kMaxShownDepth, otherwise the payload as a JSON string. Linear in the payload's
-// size.
-std::string payload_json(const std::string& payload) {
+// deeper than kMaxShownDepth, otherwise the payload as a JSON string; a deferred request's
+// credentials redacted. Linear in the payload's size.
+std::string payload_json(const std::string& stored) {
+  const std::string payload = store::redact_deferred_request(stored);
   constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
   if (store::json_nesting_depth(payload, kMaxShownDepth) <= kMaxShownDepth) {
     const nlohmann::json parsed = nlohmann::json::parse(payload, nullptr, false);
@@ -313,7 +315,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
     std::printf("attempts: %d of %d (replayed %d times)\n", job->attempts, job->max_attempts,
                 job->replays);
     if (!job->dead_reason.empty()) std::printf("dead: %s\n", job->dead_reason.c_str());
-    std::printf("payload: %s\nhistory:\n", job->payload.c_str());
+    std::printf("payload: %s\nhistory:\n", store::redact_deferred_request(job->payload).c_str());
     for (const auto& h : job->history) {
       std::string line = "  " + format_ms(h.started_ms) + "  ";
       if (h.round > 0) line += "replay " + std::to_string(h.round) + " ";
