@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "keel/random.hpp"
+#include "keel/retry_after.hpp"
 #include "keel/store/transaction.hpp"
 
 namespace payments {
@@ -197,7 +199,8 @@ PaymentsApi::PaymentsApi(PaymentsApiOptions options) : options_(std::move(option
                                      ++metrics_->charges_created;
                                      if (options_.after_commit) options_.after_commit(req);
                                    },
-                               .json_limits = options_.json_limits});
+                               .json_limits = options_.json_limits,
+                               .retry_after_spread = options_.retry_after_spread});
 }
 
 PaymentsApi::~PaymentsApi() = default;
@@ -311,7 +314,7 @@ void PaymentsApi::install(httplib::Server& server) {
     res.set_content(text, "text/plain; version=0.0.4");
   });
   server.set_exception_handler(
-      [prefix](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+      [prefix, this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown error";
         try {
           std::rethrow_exception(ep);
@@ -322,7 +325,8 @@ void PaymentsApi::install(httplib::Server& server) {
         // The text goes to the log, never to the client.
         std::fprintf(stderr, "%s: %s %s failed: %s\n", prefix.c_str(), req.method.c_str(),
                      req.path.c_str(), what.c_str());
-        res.set_header("Retry-After", "1");
+        res.set_header("Retry-After", keel::format_retry_after(keel::spread_retry_after(
+                                          options_.retry_after_spread, keel::thread_rng())));
         store::write_problem(res, 503, "Internal error", "the request failed on the server");
       });
 }

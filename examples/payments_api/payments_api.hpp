@@ -103,6 +103,9 @@ struct PaymentsApiOptions {
   std::string scope_secret;
   /// Limits of the JSON bodies. Default keel::store::JsonLimits{}.
   keel::store::JsonLimits json_limits;
+  /// The idempotency layer's MiddlewareOptions::retry_after_spread: Retry-After of its 503 and
+  /// 500 answers uniform over 1..N seconds. Requires: 1 to 3600. Default 3.
+  int retry_after_spread = 3;
   /// Serve POST /v1/charges without the idempotency layer (for comparison). Default false.
   bool no_idempotency = false;
   /// Counters to update. Default none (the API keeps its own).

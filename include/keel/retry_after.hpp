@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "keel/clock.hpp"
+#include "keel/random.hpp"
 
 namespace keel {
 
@@ -41,6 +42,16 @@ namespace keel {
 /// or zero wait gives "1"; kInfinite gives the largest value a Duration holds, in seconds. The
 /// one rule every keel receiver (idempotency flow, rate limiter, admission, chaos) answers with.
 [[nodiscard]] std::string format_retry_after(Duration wait);
+
+/// Largest spread_retry_after() accepts: an hour.
+inline constexpr int kMaxRetryAfterSpread = 3600;
+
+/// A server's Retry-After for a failure every waiting client meets at once (its database is
+/// down, a commit is in doubt): whole seconds drawn uniformly from 1..max_seconds by `gen`, so
+/// that the clients told to wait come back spread out instead of together. Requires:
+/// 1 <= max_seconds <= kMaxRetryAfterSpread (a value outside is clamped into it).
+/// Example: keel::format_retry_after(keel::spread_retry_after(3, keel::thread_rng()))  // "1".."3"
+[[nodiscard]] std::chrono::seconds spread_retry_after(int max_seconds, BitGenRef gen);
 
 /// Formats seconds since the epoch as IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT").
 [[nodiscard]] std::string format_http_date(std::int64_t unix_seconds);

@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 
 namespace keel {
 namespace {
@@ -200,6 +201,16 @@ std::optional<Duration> parse_retry_after(std::string_view value, WallTime now) 
 std::string format_retry_after(Duration wait) {
   const std::int64_t seconds = std::chrono::ceil<std::chrono::seconds>(wait).count();
   return std::to_string(std::max<std::int64_t>(1, seconds));
+}
+
+std::chrono::seconds spread_retry_after(int max_seconds, BitGenRef gen) {
+  const auto n = static_cast<std::uint64_t>(std::clamp(max_seconds, 1, kMaxRetryAfterSpread));
+  // Rejection sampling: uniform over 0..n-1 without the bias of a plain modulo.
+  const std::uint64_t limit =
+      std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % n;
+  std::uint64_t draw = gen();
+  while (draw >= limit) draw = gen();
+  return std::chrono::seconds(1 + static_cast<std::int64_t>(draw % n));
 }
 
 std::string format_http_date(std::int64_t unix_seconds) {

@@ -50,7 +50,7 @@ void defer(DeferredWrites& writes, const Request& request, Result& result) {
   // The caller's deadline bound this operation, not the later delivery.
   copy.deadline = Deadline::infinite();
   copy.ceiling = Deadline::infinite();
-  Expected<std::string> job = Error{.field = "defer", .problem = "failed"};
+  Expected<Deferral> job = Error{.field = "defer", .problem = "failed"};
   try {
     job = writes.defer(copy, result.idempotency_key);
   } catch (const std::exception& e) {  // the interface says it must not throw; nothing is lost
@@ -61,8 +61,20 @@ void defer(DeferredWrites& writes, const Request& request, Result& result) {
     result.error += "queueing the request for later failed: " + job.error().message();
     return;
   }
+  if (job->status == DeferralStatus::kKeyConflict) {
+    if (!result.error.empty()) result.error += "; ";
+    result.error += "not queued for later: Idempotency-Key '" + result.idempotency_key +
+                    "' is already queued as job " + job->job_id +
+                    " with a different request (method, URL, header fields or body); use a new "
+                    "key for a new request";
+    result.job_id = std::move(job->job_id);
+    result.deferral = DeferralStatus::kKeyConflict;
+    return;
+  }
   result.reason = StopReason::kQueued;
-  result.job_id = std::move(*job);
+  result.job_id = std::move(job->job_id);
+  result.deferral = job->status == DeferralStatus::kAlreadyQueued ? DeferralStatus::kAlreadyQueued
+                                                                  : DeferralStatus::kQueued;
 }
 
 }  // namespace

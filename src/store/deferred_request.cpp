@@ -2,6 +2,7 @@
 // delivery (see keel/store/deferred_request.hpp).
 #include "keel/store/deferred_request.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <exception>
@@ -9,8 +10,10 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "keel/http/message.hpp"
+#include "keel/store/json_check.hpp"
 #include "keel/store/webhook_handler.hpp"
 
 namespace keel::store {
@@ -76,6 +79,29 @@ bool is_client_header(std::string_view name) {
          http::same_header_name(name, "Keel-Job-Attempt");
 }
 
+std::string lower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+// The names in a payload's "secret_headers" (strings only; anything else is ignored).
+std::vector<std::string> secret_names_of(const nlohmann::json& doc) {
+  std::vector<std::string> names;
+  const auto it = doc.find("secret_headers");
+  if (it == doc.end() || !it->is_array()) return names;
+  for (const auto& name : *it) {
+    if (name.is_string()) names.push_back(name.get<std::string>());
+  }
+  return names;
+}
+
+// A deferred request nests three deep ({"headers": [[...]]}); a payload nested deeper is not
+// one, and is never handed to the (recursive) parser.
+constexpr std::size_t kDeferredRequestDepth = 3;
+
 Error bad_payload(std::string problem) {
   return Error{.context = "keel::store::decode_deferred_request",
                .field = "payload",
@@ -84,7 +110,61 @@ Error bad_payload(std::string problem) {
 
 }  // namespace
 
-std::string encode_deferred_request(const http::Request& request) {
+bool is_credential_header(std::string_view name, std::span<const std::string> also) {
+  if (http::same_header_name(name, "Authorization") ||
+      http::same_header_name(name, "Proxy-Authorization") ||
+      http::same_header_name(name, "Cookie")) {
+    return true;
+  }
+  return std::any_of(also.begin(), also.end(),
+                     [name](const std::string& n) { return http::same_header_name(name, n); });
+}
+
+std::string deferred_request_fingerprint(const http::Request& request,
+                                         std::span<const std::string> secret_headers) {
+  std::vector<std::pair<std::string, std::string>> headers;
+  for (const auto& [name, value] : request.headers) {
+    if (is_client_header(name) || is_credential_header(name, secret_headers)) continue;
+    headers.emplace_back(lower(name), value);
+  }
+  std::stable_sort(headers.begin(), headers.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  nlohmann::json doc = nlohmann::json::array();
+  doc.push_back(request.method);
+  doc.push_back(request.url);
+  nlohmann::json fields = nlohmann::json::array();
+  for (auto& [name, value] : headers) fields.push_back({std::move(name), std::move(value)});
+  doc.push_back(std::move(fields));
+  doc.push_back(base64_encode(request.body));  // any bytes
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string redact_deferred_request(std::string_view payload) {
+  if (payload.find(kVersionField) == std::string_view::npos ||
+      json_nesting_depth(payload, kDeferredRequestDepth) > kDeferredRequestDepth) {
+    return std::string(payload);
+  }
+  nlohmann::json doc = nlohmann::json::parse(payload, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains(kVersionField)) {
+    return std::string(payload);
+  }
+  const std::vector<std::string> also = secret_names_of(doc);
+  const auto headers = doc.find("headers");
+  if (headers == doc.end() || !headers->is_array()) return std::string(payload);
+  bool redacted = false;
+  for (auto& h : *headers) {
+    if (h.is_array() && h.size() == 2 && h[0].is_string() &&
+        is_credential_header(h[0].get<std::string>(), also)) {
+      h[1] = kRedacted;
+      redacted = true;
+    }
+  }
+  if (!redacted) return std::string(payload);
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string encode_deferred_request(const http::Request& request,
+                                    std::span<const std::string> secret_headers) {
   nlohmann::json doc;
   doc[std::string(kVersionField)] = 1;
   doc["method"] = request.method;
@@ -95,6 +175,11 @@ std::string encode_deferred_request(const http::Request& request) {
   }
   doc["headers"] = std::move(headers);
   doc["prior_attempts"] = request.prior_attempts;
+  if (!secret_headers.empty()) {
+    nlohmann::json names = nlohmann::json::array();
+    for (const std::string& name : secret_headers) names.push_back(name);
+    doc["secret_headers"] = std::move(names);
+  }
   doc["body"] = request.body;
   try {
     return doc.dump();
@@ -155,6 +240,11 @@ QueuedWrites::QueuedWrites(ConnectionPool& pool, const JobQueue& queue, QueuedWr
   if (auto checked = check_queue_name(options_.queue); !checked) {
     throw_invalid(checked.error().in("queue", "keel::store::QueuedWritesOptions"));
   }
+  for (const std::string& name : options_.secret_headers) {
+    if (auto checked = http::check_header_field(name, ""); !checked) {
+      throw_invalid(checked.error().in("secret_headers", "keel::store::QueuedWritesOptions"));
+    }
+  }
   if (options_.max_attempts < 0) {
     throw_invalid({.context = "keel::store::QueuedWritesOptions",
                    .field = "max_attempts",
@@ -163,21 +253,41 @@ QueuedWrites::QueuedWrites(ConnectionPool& pool, const JobQueue& queue, QueuedWr
   }
 }
 
-Expected<std::string> QueuedWrites::defer(const http::Request& request,
-                                          std::string_view idempotency_key) {
+Expected<http::Deferral> QueuedWrites::defer(const http::Request& request,
+                                             std::string_view idempotency_key) {
   try {
     auto conn = pool_->acquire();
     JobQueue::migrate(*conn);
-    const EnqueueResult r = queue_->enqueue(*conn, {.queue = options_.queue,
-                                                    .payload = encode_deferred_request(request),
-                                                    .key = std::string(idempotency_key),
-                                                    .max_attempts = options_.max_attempts});
+    const EnqueueResult r = queue_->enqueue(
+        *conn, {.queue = options_.queue,
+                .payload = encode_deferred_request(request, options_.secret_headers),
+                .key = std::string(idempotency_key),
+                .max_attempts = options_.max_attempts});
     if (!r.ok()) {
       return Error{.context = "keel::store::QueuedWrites",
                    .field = "enqueue",
                    .problem = "refused: " + r.error};
     }
-    return std::to_string(r.id);
+    http::Deferral out{.status = http::DeferralStatus::kQueued, .job_id = std::to_string(r.id)};
+    if (r.created) return out;
+    // The key is queued already: the same request, or another one under the same key.
+    out.status = http::DeferralStatus::kAlreadyQueued;
+    const std::optional<Job> existing = queue_->get(*conn, r.id);
+    if (!existing) return out;  // delivered and pruned since: nothing to compare with
+    auto stored = decode_deferred_request(existing->payload);
+    std::vector<std::string> secret = options_.secret_headers;
+    if (stored &&
+        json_nesting_depth(existing->payload, kDeferredRequestDepth) <= kDeferredRequestDepth) {
+      const auto doc = nlohmann::json::parse(existing->payload, nullptr, false);
+      if (doc.is_object()) {
+        for (std::string& name : secret_names_of(doc)) secret.push_back(std::move(name));
+      }
+    }
+    if (!stored || deferred_request_fingerprint(*stored, secret) !=
+                       deferred_request_fingerprint(request, secret)) {
+      out.status = http::DeferralStatus::kKeyConflict;
+    }
+    return out;
   } catch (const std::exception& e) {
     return Error{.context = "keel::store::QueuedWrites",
                  .field = "enqueue",

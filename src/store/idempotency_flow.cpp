@@ -11,12 +11,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "detail/ascii.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
+#include "keel/random.hpp"
 #include "keel/retry_after.hpp"
 
 namespace keel::store {
@@ -39,6 +42,15 @@ FlowResponse stored_answer(FlowOutcome outcome, const StoredResponse& stored) {
   out.headers.emplace_back("Content-Type", std::move(content_type));
   return out;
 }
+
+// FlowOptions::random as a generator BitGenRef takes.
+struct FunctionBits {
+  using result_type = std::uint64_t;
+  static constexpr result_type min() noexcept { return 0; }
+  static constexpr result_type max() noexcept { return std::numeric_limits<result_type>::max(); }
+  result_type operator()() const { return (*random)(); }
+  const std::function<std::uint64_t()>* random;
+};
 
 FlowResponse problem(FlowOutcome outcome, int status, std::string_view title,
                      std::string_view detail, std::optional<std::string> retry_after = {}) {
@@ -282,6 +294,10 @@ IdempotentRequestFlow::IdempotentRequestFlow(FlowOptions options) : options_(std
   if (options_.max_key_bytes < 1) {
     reject("max_key_bytes", "must be >= 1", "0");
   }
+  if (options_.retry_after_spread < 1 || options_.retry_after_spread > kMaxRetryAfterSpread) {
+    reject("retry_after_spread", "must be from 1 to 3600 (seconds)",
+           std::to_string(options_.retry_after_spread));
+  }
   if (options_.transaction_policy == nullptr) {
     options_.transaction_policy = &default_transaction_retry_policy();
   }
@@ -290,6 +306,16 @@ IdempotentRequestFlow::IdempotentRequestFlow(FlowOptions options) : options_(std
 
 std::string IdempotentRequestFlow::scope(std::string_view principal) const {
   return principal_scope(principal, options_.scope_secret);
+}
+
+std::string IdempotentRequestFlow::spread_retry_after_value(Duration wait) const {
+  FunctionBits bits{&options_.random};
+  const std::chrono::seconds extra =
+      options_.random ? keel::spread_retry_after(options_.retry_after_spread, bits)
+                      : keel::spread_retry_after(options_.retry_after_spread, thread_rng());
+  // The floor is `wait`, at least the one second a Retry-After can say; the draw goes above it.
+  const Duration floor = std::max<Duration>(wait, std::chrono::seconds(1));
+  return format_retry_after(saturating_add(floor, extra - std::chrono::seconds(1)));
 }
 
 FlowResponse IdempotentRequestFlow::finish(FlowResponse response) const {
@@ -334,7 +360,8 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   } catch (const DatabaseError& e) {
     FlowResponse out =
         problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
-                "the idempotency store is unavailable; retry after the delay in Retry-After", "1");
+                "the idempotency store is unavailable; retry after the delay in Retry-After",
+                spread_retry_after_value(Duration::zero()));
     out.error = std::string("claiming an Idempotency-Key failed: ") + e.what();
     options_.log(out.error);
     return finish(std::move(out));
@@ -353,7 +380,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
       return finish(problem(FlowOutcome::kInProgress, 409, "Request in progress",
                             "a request with this Idempotency-Key is still being processed; retry "
                             "after the delay in Retry-After",
-                            format_retry_after(claim.retry_after)));
+                            spread_retry_after_value(claim.retry_after)));
     case ClaimStatus::kClaimed:
       break;
   }
@@ -413,7 +440,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     return finish(problem(FlowOutcome::kClaimLost, 409, "Request in progress",
                           "this request's claim on the Idempotency-Key expired and was taken "
                           "over; retry to receive the outcome",
-                          "1"));
+                          spread_retry_after_value(Duration::zero())));
   }
   // Not stored: release the claim so that a retry runs afresh. After a commit in doubt the
   // release is harmless: it only deletes a record still in progress.
@@ -439,9 +466,10 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
       in_doubt ? problem(FlowOutcome::kCommitInDoubt, 500, "Commit in doubt",
                          "the outcome of the commit is unknown; retry with the same "
                          "Idempotency-Key to receive it",
-                         "1")
+                         spread_retry_after_value(Duration::zero()))
                : problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
-                         "the database is unavailable; retry after the delay in Retry-After", "1");
+                         "the database is unavailable; retry after the delay in Retry-After",
+                         spread_retry_after_value(Duration::zero()));
   out.error = "the transaction of " + what + " failed: " + tx.error;
   options_.log(out.error);
   return finish(std::move(out));

@@ -33,6 +33,8 @@ FlowOptions flow_options(const MiddlewareOptions& o) {
           .on_outcome = o.on_outcome,
           .json_limits = o.json_limits,
           .max_key_bytes = o.max_key_bytes,
+          .retry_after_spread = o.retry_after_spread,
+          .random = o.random,
           .log = o.log};
 }
 

@@ -8,6 +8,7 @@
 
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <random>
 #include <stdexcept>
 
@@ -209,11 +210,20 @@ RetryPolicy queue_policy(const QueueOptions& o) {
                    .problem = "must be > 0",
                    .got = format_duration(o.dead_letter_retention)});
   }
-  if (o.dead_letter_warning < Duration::zero()) {
+  if (o.dead_letter_warning && *o.dead_letter_warning < Duration::zero()) {
     throw_invalid({.context = std::string(kOptions),
                    .field = "dead_letter_warning",
                    .problem = "must be >= 0",
-                   .got = format_duration(o.dead_letter_warning)});
+                   .got = format_duration(*o.dead_letter_warning)});
+  }
+  if (o.dead_letter_warning && o.dead_letter_retention < kInfinite &&
+      *o.dead_letter_warning >= o.dead_letter_retention) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "dead_letter_warning",
+                   .problem = "must be shorter than dead_letter_retention (" +
+                              format_duration(o.dead_letter_retention) +
+                              "), or dead jobs are pruned before it can warn",
+                   .got = format_duration(*o.dead_letter_warning)});
   }
   RetryOptions r;
   r.max_attempts = o.max_attempts;
@@ -237,6 +247,10 @@ JobQueue::JobQueue(QueueOptions options)
                    .field = "lease",
                    .problem = "must be > 0",
                    .got = format_duration(options_.lease)});
+  }
+  if (!options_.dead_letter_warning) {
+    options_.dead_letter_warning =
+        std::min<Duration>(std::chrono::hours(24), options_.dead_letter_retention / 2);
   }
 }
 

@@ -99,7 +99,7 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
   if (options_.dead_letter_retention < kInfinite) {
     const std::int64_t before =
         saturating_add_ms(saturating_add_ms(now, -to_ms(options_.dead_letter_retention)),
-                          to_ms(options_.dead_letter_warning));
+                          to_ms(options_.dead_letter_warning.value_or(Duration::zero())));
     const Rows expiring =
         connection.query("SELECT queue, COUNT(*) FROM keel_jobs WHERE state = 'dead' AND " +
                              std::string(kDiedMs) + " <= $1 GROUP BY queue",

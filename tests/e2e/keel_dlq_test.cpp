@@ -6,11 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "keel/store/database.hpp"
 #include "keel/store/dead_letters.hpp"
 #include "run_keel.hpp"
 
@@ -247,6 +249,67 @@ TEST(KeelDlq, InvalidFiltersExitTwoAndMissingIdsThree) {
   EXPECT_EQ(r.out, "1\n");
   EXPECT_NE(r.err.find("not in the dead-letter queue (skipped): 99"), std::string::npos);
   EXPECT_EQ(depth(db, "hooks"), "0\n");
+}
+
+// Payloads as anything may have stored them (an older keel, a script, SQL), deeply nested: dlq
+// show and list, text and --json, exit 0 with output a small multiple of the payload's size, in
+// time linear in it (no recursive parse or print: a payload nested too deep for that is shown
+// as a JSON string). Measured before: 20 KB nested 10,000 deep gave 200 MB of --json; 200 KB
+// crashed (SIGSEGV).
+TEST(KeelDlq, DeeplyNestedPayloadsAreShownInLinearSpaceWithoutCrashing) {
+  TempDir dir;
+  const std::string db = make_db(dir);
+  const auto store_payload = [&db](const std::string& payload) {
+    auto conn = keel::store::open_database(keel::store::parse_database_url(db).value());
+    (void)conn->query(
+        "UPDATE keel_jobs SET payload = $1, state = 'dead', dead_reason = 'permanent: test'"
+        " WHERE id = 1",
+        {payload});
+  };
+  for (const std::size_t depth :
+       {std::size_t{10'000}, std::size_t{100'000}, std::size_t{200'000}}) {
+    for (const std::string& payload :
+         {std::string(depth, '[') + std::string(depth, ']'),
+          std::string(depth / 2, '[') + std::string(depth / 2, '{'),  // unbalanced, not JSON
+          [depth] {
+            std::string nested;
+            for (std::size_t i = 0; i < depth / 8; ++i) nested += "{\"a\":[";
+            return nested + "1";  // cut short: not JSON either
+          }()}) {
+      store_payload(payload);
+      for (const std::vector<std::string>& args :
+           std::vector<std::vector<std::string>>{{"dlq", "--db", db, "show", "1", "--json"},
+                                                 {"dlq", "--db", db, "list", "--json"},
+                                                 {"dlq", "--db", db, "show", "1"},
+                                                 {"dlq", "--db", db, "list"}}) {
+        const std::string out = dir.file("out.txt");
+        const auto start = std::chrono::steady_clock::now();
+        const KeelRun r = run_keel(args, {.stdout_path = out});
+        const auto took = std::chrono::steady_clock::now() - start;
+        const std::string what = args[3] + (args.back() == "--json" ? " --json" : "") + " of " +
+                                 std::to_string(payload.size()) + " bytes";
+        EXPECT_EQ(r.status, 0) << what << ": " << r.err;
+        const auto size = std::filesystem::file_size(out);
+        EXPECT_LE(size, 2 * payload.size() + 4096) << what;
+        EXPECT_LT(took, std::chrono::seconds(10)) << what;
+        if (args[3] == "show" && args.back() == "--json" && payload[0] == '[') {
+          EXPECT_NE(slurp(out).find("\"payload\": \"" + payload.substr(0, 16)), std::string::npos)
+              << what << ": shown as a JSON string";
+        }
+      }
+    }
+  }
+  // A payload within the depth limit is shown as JSON, compact, after the job's fields.
+  store_payload(R"({"order": [1, {"id": 7}]})");
+  const KeelRun shown = run_keel({"dlq", "--db", db, "show", "1", "--json"});
+  EXPECT_EQ(shown.status, 0) << shown.err;
+  EXPECT_NE(shown.out.find(R"("payload": {"order":[1,{"id":7}]})"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find(R"("dead_reason": "permanent: test")"), std::string::npos) << shown.out;
+  const KeelRun listed = run_keel({"dlq", "--db", db, "list", "--json"});
+  EXPECT_EQ(listed.status, 0) << listed.err;
+  EXPECT_NE(listed.out.find("[\n  {\n    \"attempts\""), std::string::npos) << listed.out;
+  EXPECT_NE(listed.out.find(R"(    "payload": {"order":[1,{"id":7}]})"), std::string::npos)
+      << listed.out;
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 
+#include "keel/duration.hpp"
 #include "keel/store/queue.hpp"
 #include "keel/store/queue_worker.hpp"
 #include "test_support.hpp"
@@ -182,6 +184,48 @@ TEST_P(DeadLetterRetentionTest, InvalidRetentionsAreRefusedWhenTheQueueIsBuilt) 
   EXPECT_THROW(JobQueue({.dead_letter_warning = -1s}), std::invalid_argument);
   const JobQueue q = make_queue({.dead_letter_retention = 1h, .dead_letter_warning = 0s});
   EXPECT_THROW((void)q.dead_expiring(*conn_, "q", -1s), std::invalid_argument);
+}
+
+TEST_P(DeadLetterRetentionTest, AWarningWindowAsLongAsTheRetentionIsRefusedNamingBoth) {
+  for (const auto& [retention, warning] :
+       {std::pair<Duration, Duration>{1ms, 24h}, {1h, 1h}, {kWeek, kWeek + 2h}}) {
+    try {
+      const JobQueue q({.dead_letter_retention = retention, .dead_letter_warning = warning});
+      ADD_FAILURE() << format_duration(retention) << " / " << format_duration(warning);
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("dead_letter_warning"), std::string::npos) << what;
+      EXPECT_NE(what.find("dead_letter_retention (" + format_duration(retention) + ")"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("(got " + format_duration(warning) + ")"), std::string::npos) << what;
+    }
+  }
+  // Shorter is fine; without a retention any window is (nothing is pruned).
+  EXPECT_NO_THROW(JobQueue({.dead_letter_retention = 1h, .dead_letter_warning = 59min}));
+  EXPECT_NO_THROW(JobQueue({.dead_letter_warning = kWeek}));
+}
+
+TEST_P(DeadLetterRetentionTest, TheDefaultWarningWindowIsADayOrHalfTheRetention) {
+  EXPECT_EQ(JobQueue().options().dead_letter_warning, 24h);
+  EXPECT_EQ(JobQueue({.dead_letter_retention = kWeek}).options().dead_letter_warning, 24h);
+  EXPECT_EQ(JobQueue({.dead_letter_retention = 48h}).options().dead_letter_warning, 24h);
+  EXPECT_EQ(JobQueue({.dead_letter_retention = 2h}).options().dead_letter_warning, 1h);
+  EXPECT_EQ(JobQueue({.dead_letter_retention = 1ms}).options().dead_letter_warning, 500us);
+  EXPECT_EQ(JobQueue({.dead_letter_retention = 2h, .dead_letter_warning = 90min})
+                .options()
+                .dead_letter_warning,
+            90min)
+      << "an explicit window is kept";
+  // With a 2 h retention, a job dead for 61 min is within the default 1 h window: counted before
+  // it goes.
+  const JobQueue q = make_queue({.dead_letter_retention = 2h});
+  (void)kill(q);
+  clock_.advance(59min);
+  EXPECT_EQ(expiring_in_stats(q, "q"), 0);
+  clock_.advance(2min);
+  EXPECT_EQ(expiring_in_stats(q, "q"), 1);
+  EXPECT_EQ(q.prune_dead(*conn_, "q"), 0) << "counted, not yet pruned";
 }
 
 TEST_P(DeadLetterRetentionTest, TheWorkerPrunesPastTheRetentionAndReportsIt) {

@@ -17,6 +17,12 @@ namespace {
 using test_jobs::CmdResult;
 using test_jobs::Receiver;
 
+// A job id as printed on stdout, without its newline.
+std::string trimmed(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  return text;
+}
+
 class DeferredCall : public test_jobs::JobsHarness<test::BackendTest> {
  protected:
   // keel call with fast retries: three attempts, a few milliseconds apart.
@@ -109,7 +115,82 @@ TEST_P(DeferredCall, TheSameKeyQueuedTwiceIsOneJob) {
   ASSERT_EQ(first.status, 8) << first.err;
   ASSERT_EQ(second.status, 8) << second.err;
   EXPECT_EQ(first.out, second.out) << "the queue deduplicates by key";
+  EXPECT_NE(second.err.find("already queued as job " + trimmed(first.out)), std::string::npos)
+      << second.err;
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 1);
+}
+
+TEST_P(DeferredCall, AnotherRequestUnderAKeyAlreadyQueuedIsRefusedWithExit9) {
+  Receiver api;
+  api.set_outage(Receiver::kDown503);
+  const std::string hook = api.url("/hook");
+  const CmdResult first = call(call_db(), hook, {"--idempotency-key", "charge-42"});
+  ASSERT_EQ(first.status, 8) << first.err;
+  const std::vector<std::string> fast = {
+      "call", "--max-attempts",     "2",       "--backoff-base",    "1ms",       "--backoff-cap",
+      "5ms",  "--queue-on-failure", call_db(), "--idempotency-key", "charge-42", "-X"};
+  const auto with = [&](std::vector<std::string> tail) {
+    std::vector<std::string> args = fast;
+    args.insert(args.end(), tail.begin(), tail.end());
+    return keel(args);
+  };
+  for (const auto& tail : std::vector<std::vector<std::string>>{
+           {"POST", "-H", "Content-Type: application/json", "-d", R"({"amount":500})", hook},
+           {"POST", "-H", "Content-Type: application/json", "-H", "X-Tenant: other", "-d",
+            R"({"amount":5})", hook},
+           {"POST", "-H", "Content-Type: application/json", "-d", R"({"amount":5})",
+            api.url("/always503")}}) {
+    const CmdResult other = with(tail);
+    EXPECT_EQ(other.status, 9) << tail[0] << " " << tail.back() << ": " << other.err;
+    EXPECT_NE(
+        other.err.find("already queued as job " + trimmed(first.out) + " with a different request"),
+        std::string::npos)
+        << other.err;
+    EXPECT_TRUE(other.out.empty() || other.out == "busy") << "no job id on stdout: " << other.out;
+  }
+  // The same request again, with a fresh credential: still the one job.
+  const CmdResult same = with({"POST", "-H", "Content-Type: application/json", "-H",
+                               "Authorization: Bearer fresh", "-d", R"({"amount":5})", hook});
+  EXPECT_EQ(same.status, 8) << same.err;
+  EXPECT_EQ(same.out, first.out);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 1);
+  auto conn = open_database(url());
+  const Rows payload = conn->query("SELECT payload FROM keel_jobs");
+  EXPECT_NE(payload.text(0, 0).find(R"({\"amount\":5})"), std::string::npos)
+      << "the first request is the one kept: " << payload.text(0, 0);
+  const CmdResult help = keel({"call", "--help"});
+  EXPECT_NE(help.out.find("  9  --queue-on-failure"), std::string::npos) << help.out;
+}
+
+TEST_P(DeferredCall, CredentialsOfAQueuedRequestAreNeverShownByTheDeadLetterViews) {
+  Receiver api;
+  api.set_outage(Receiver::kDown503);
+  const CmdResult queued =
+      call(call_db(), api.url("/hook"),
+           {"-H", "Authorization: Bearer tok-s3cret", "-H", "Cookie: session=cookie-s3cret", "-H",
+            "X-Api-Key: key-s3cret", "--secret-header", "x-api-key", "-H", "X-Tenant: acme"});
+  ASSERT_EQ(queued.status, 8) << queued.err;
+  const std::string id = trimmed(queued.out);
+  {
+    auto conn = open_database(url());
+    const Rows payload = conn->query("SELECT payload FROM keel_jobs");
+    EXPECT_NE(payload.text(0, 0).find("tok-s3cret"), std::string::npos)
+        << "stored, for the delivery (the docs say so)";
+    (void)conn->query("UPDATE keel_jobs SET state = 'dead', dead_reason = 'permanent: test'");
+  }
+  for (const std::vector<std::string>& view :
+       std::vector<std::vector<std::string>>{{"dlq", "--db", url_text(), "show", id},
+                                             {"dlq", "--db", url_text(), "show", id, "--json"},
+                                             {"dlq", "--db", url_text(), "list"},
+                                             {"dlq", "--db", url_text(), "list", "--json"}}) {
+    const CmdResult r = keel(view);
+    ASSERT_EQ(r.status, 0) << view[3] << ": " << r.err;
+    EXPECT_EQ(r.out.find("s3cret"), std::string::npos) << view[3] << ": " << r.out;
+    if (view[3] == "show" || view.back() == "--json") {
+      EXPECT_NE(r.out.find("[redacted]"), std::string::npos) << view[3] << ": " << r.out;
+      EXPECT_NE(r.out.find("acme"), std::string::npos) << "other fields are shown: " << r.out;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DeferredCall,

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "keel/http/client.hpp"
 #include "keel/store/webhook_handler.hpp"
@@ -81,16 +82,99 @@ TEST(QueuedWrites, EnqueuesUnderTheKeyMigratingTheSchemaAndDeduplicates) {
   QueuedWrites writes(pool, queue, {.max_attempts = 7});
   const auto id = writes.defer(sample(), "k-1");
   ASSERT_TRUE(id) << id.error().message();
+  EXPECT_EQ(id->status, http::DeferralStatus::kQueued);
   const auto again = writes.defer(sample(), "k-1");
   ASSERT_TRUE(again);
-  EXPECT_EQ(*again, *id);
+  EXPECT_EQ(again->job_id, id->job_id);
+  EXPECT_EQ(again->status, http::DeferralStatus::kAlreadyQueued);
   auto conn = pool.acquire();
-  const auto job = queue.get(*conn, std::stoll(*id));
+  const auto job = queue.get(*conn, std::stoll(id->job_id));
   ASSERT_TRUE(job);
   EXPECT_EQ(job->queue, "deferred-http");
   EXPECT_EQ(job->idempotency_key, "k-1");
   EXPECT_EQ(job->max_attempts, 7);
   EXPECT_THROW(QueuedWrites(pool, queue, {.queue = "no spaces"}), std::invalid_argument);
+}
+
+TEST(QueuedWrites, ADifferentRequestUnderAKeyAlreadyQueuedIsAConflictAndNotStored) {
+  test::TempDir dir;
+  ConnectionPool pool(parse_database_url("sqlite:" + (dir.path() / "q.db").string()).value());
+  JobQueue queue;
+  QueuedWrites writes(pool, queue, {.secret_headers = {"X-Api-Key"}});
+  http::Request first = sample();
+  first.headers.emplace_back("Authorization", "Bearer old-token");
+  first.headers.emplace_back("x-api-key", "old-key");
+  const auto id = writes.defer(first, "k-1");
+  ASSERT_TRUE(id) << id.error().message();
+  ASSERT_EQ(id->status, http::DeferralStatus::kQueued);
+
+  // The same request: credentials refreshed, header fields in another order and case, more
+  // attempts made: still the same operation.
+  http::Request same = sample();
+  same.headers = {{"x-tenant", "acme"},
+                  {"content-type", "application/json"},
+                  {"Authorization", "Bearer new-token"},
+                  {"X-Api-Key", "new-key"}};
+  same.prior_attempts = 9;
+  const auto again = writes.defer(same, "k-1");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, http::DeferralStatus::kAlreadyQueued);
+  EXPECT_EQ(again->job_id, id->job_id);
+
+  const auto changed = [](auto&& change) {
+    http::Request r = sample();
+    change(r);
+    return r;
+  };
+  for (const http::Request& other :
+       {changed([](http::Request& r) { r.body = R"({"name":"Zoe"})"; }),
+        changed([](http::Request& r) { r.method = "POST"; }),
+        changed([](http::Request& r) { r.url += "?v=2"; }),
+        changed([](http::Request& r) { r.headers[3].second = "other-tenant"; })}) {
+    const auto conflict = writes.defer(other, "k-1");
+    ASSERT_TRUE(conflict) << conflict.error().message();
+    EXPECT_EQ(conflict->status, http::DeferralStatus::kKeyConflict) << other.method << other.url;
+    EXPECT_EQ(conflict->job_id, id->job_id);
+  }
+  auto conn = pool.acquire();
+  const auto job = queue.get(*conn, std::stoll(id->job_id));
+  ASSERT_TRUE(job);
+  const auto stored = decode_deferred_request(job->payload);
+  ASSERT_TRUE(stored);
+  EXPECT_EQ(stored->body, sample().body) << "the first request is the one kept";
+  EXPECT_EQ(queue.stats(*conn).front().ready, 1) << "one job";
+}
+
+TEST(DeferredRequestPayload, CredentialsAreStoredForTheDeliveryAndRedactedForOperators) {
+  http::Request r = sample();
+  r.headers.emplace_back("authorization", "Bearer s3cret-token");
+  r.headers.emplace_back("Proxy-Authorization", "Basic cHJveHk=");
+  r.headers.emplace_back("Cookie", "session=s3cret-cookie");
+  r.headers.emplace_back("X-Api-Key", "s3cret-key");
+  const std::vector<std::string> secret = {"x-api-key"};
+  const std::string payload = encode_deferred_request(r, secret);
+  const auto decoded = decode_deferred_request(payload);
+  ASSERT_TRUE(decoded);
+  EXPECT_EQ(http::find_header(decoded->headers, "Authorization").value_or(""),
+            "Bearer s3cret-token")
+      << "the delivery needs it";
+  EXPECT_EQ(http::find_header(decoded->headers, "X-Api-Key").value_or(""), "s3cret-key");
+
+  const std::string shown = redact_deferred_request(payload);
+  for (const char* secret_text : {"s3cret", "cHJveHk="}) {
+    EXPECT_EQ(shown.find(secret_text), std::string::npos) << shown;
+  }
+  const auto redacted = decode_deferred_request(shown);
+  ASSERT_TRUE(redacted) << "still a deferred request";
+  EXPECT_EQ(http::find_header(redacted->headers, "Cookie").value_or(""), kRedacted);
+  EXPECT_EQ(http::find_header(redacted->headers, "X-Tenant").value_or(""), "acme");
+  EXPECT_EQ(redacted->body, r.body);
+
+  // Anything else is shown as it is, however it is nested.
+  for (const std::string& other : {std::string("not json"), std::string(R"({"a":1})"),
+                                   std::string(100000, '[') + "\"keel_deferred_request\""}) {
+    EXPECT_EQ(redact_deferred_request(other), other);
+  }
 }
 
 TEST(QueuedWrites, ADatabaseThatCannotBeOpenedIsAnErrorNotAnException) {

@@ -42,15 +42,19 @@ class Outbox final : public keel::http::DeferredWrites {
     Request request;
     std::string key;
   };
-  keel::Expected<std::string> defer(const Request& request, std::string_view key) override {
+  keel::Expected<keel::http::Deferral> defer(const Request& request,
+                                             std::string_view key) override {
     std::lock_guard lock(mu);
     if (refuse) return keel::Error{.field = "the outbox", .problem = "is full"};
+    if (answer) return *answer;
     deferred.push_back({request, std::string(key)});
-    return "job-" + std::to_string(deferred.size());
+    return keel::http::Deferral{.status = keel::http::DeferralStatus::kQueued,
+                                .job_id = "job-" + std::to_string(deferred.size())};
   }
   std::mutex mu;
-  bool refuse = false;             // guarded by mu
-  std::vector<Deferred> deferred;  // guarded by mu
+  bool refuse = false;                         // guarded by mu
+  std::optional<keel::http::Deferral> answer;  // guarded by mu: what defer() says instead
+  std::vector<Deferred> deferred;              // guarded by mu
 };
 
 // Fast retries, no give-up lines, a breaker that opens once its last two calls failed and stays
@@ -249,6 +253,43 @@ TYPED_TEST(HttpFallbacks, AFailedEnqueueReturnsTheOriginalFailureSayingSo) {
       << r.error;
   ASSERT_TRUE(r.response);
   EXPECT_EQ(r.response->status, 503) << "the last response is kept";
+}
+
+TYPED_TEST(HttpFallbacks, AKeyAlreadyQueuedIsQueuedOnceAndAnotherRequestUnderItIsNot) {
+  FaultServer server({.script = "503"});
+  server.start();
+  keel::BreakerRegistry breakers;
+  Outbox outbox;
+  ClientOptions o = options(breakers);
+  o.deferred_writes = &outbox;
+  TypeParam client(o);
+  const Request post{
+      .method = "POST", .url = server.url("/charges"), .body = "{}", .idempotency_key = "charge-1"};
+  const Result first = client.send(post);
+  EXPECT_EQ(first.reason, StopReason::kQueued);
+  EXPECT_EQ(first.deferral, keel::http::DeferralStatus::kQueued);
+  {
+    std::lock_guard lock(outbox.mu);
+    outbox.answer = keel::http::Deferral{.status = keel::http::DeferralStatus::kAlreadyQueued,
+                                         .job_id = "job-1"};
+  }
+  const Result again = client.send(post);
+  EXPECT_EQ(again.reason, StopReason::kQueued);
+  EXPECT_EQ(again.deferral, keel::http::DeferralStatus::kAlreadyQueued);
+  EXPECT_EQ(again.job_id, "job-1");
+  {
+    std::lock_guard lock(outbox.mu);
+    outbox.answer =
+        keel::http::Deferral{.status = keel::http::DeferralStatus::kKeyConflict, .job_id = "job-1"};
+  }
+  const Result other = client.send(post);
+  EXPECT_EQ(other.reason, StopReason::kAttemptsExhausted) << "the original failure stands";
+  EXPECT_EQ(other.deferral, keel::http::DeferralStatus::kKeyConflict);
+  EXPECT_EQ(other.job_id, "job-1") << "the job that holds the key";
+  EXPECT_NE(other.error.find("not queued for later: Idempotency-Key 'charge-1' is already queued "
+                             "as job job-1 with a different request"),
+            std::string::npos)
+      << other.error;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdint>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -12,7 +13,10 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "keel/random.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {
@@ -168,7 +172,9 @@ TEST_P(Flow, AKeyHeldByAnotherRequestIs409WithTheLockTimeLeft) {
   const FlowResponse r = run(request("k1"));
   EXPECT_EQ(r.outcome, FlowOutcome::kInProgress);
   EXPECT_EQ(r.status, 409);
-  EXPECT_EQ(r.header("Retry-After"), "20");
+  // The lock's 20 s left, plus 0..2 s of spread (retry_after_spread 3).
+  EXPECT_GE(std::stoi(std::string(r.header("Retry-After").value_or("0"))), 20);
+  EXPECT_LE(std::stoi(std::string(r.header("Retry-After").value_or("0"))), 22);
   EXPECT_EQ(problem(r)["status"], 409);
   EXPECT_EQ(problem(r)["title"], "Request in progress");
   EXPECT_EQ(handled_, 0);
@@ -296,7 +302,8 @@ TEST_P(Flow, AHandlerWhoseClaimIsTakenOverMeanwhileIs409AndStoresNothing) {
   });
   EXPECT_EQ(r.outcome, FlowOutcome::kClaimLost);
   EXPECT_EQ(r.status, 409);
-  EXPECT_EQ(r.header("Retry-After"), "1");
+  const std::string retry_after(r.header("Retry-After").value_or(""));
+  EXPECT_TRUE(retry_after == "1" || retry_after == "2" || retry_after == "3") << retry_after;
   EXPECT_EQ(problem(r)["status"], 409);
   EXPECT_EQ(metrics_outcome(r.outcome), IdempotencyOutcome::kInProgress);
   EXPECT_EQ(rows("charges"), 0);
@@ -471,11 +478,59 @@ TEST(FlowDatabase, AnUnreachableStoreIs503WithRetryAfterAndNoDatabaseText) {
                });
   EXPECT_EQ(r.outcome, FlowOutcome::kDatabaseUnavailable);
   EXPECT_EQ(r.status, 503);
-  EXPECT_EQ(r.header("Retry-After"), "1");
+  const std::string retry_after(r.header("Retry-After").value_or(""));
+  EXPECT_TRUE(retry_after == "1" || retry_after == "2" || retry_after == "3") << retry_after;
   EXPECT_EQ(r.body.find("missing"), std::string::npos) << r.body;
   EXPECT_FALSE(r.error.empty());
   EXPECT_EQ(logged, r.error);
   EXPECT_FALSE(ran);
+}
+
+// The clients refused together are not told to come back together: N refusals of a database
+// that is down carry Retry-After values spread over 1..retry_after_spread, from the injected
+// generator (the same seed, the same values).
+TEST(FlowDatabase, RefusedRequestsAreToldToComeBackAtSpreadTimes) {
+  test::TempDir dir;
+  ConnectionPool pool(
+      parse_database_url("sqlite:" + (dir.path() / "missing" / "db.sqlite").string()).value());
+  const IdempotencyStore store;
+  const auto answers = [&](int spread, std::uint64_t seed) {
+    keel::Rng rng(seed);
+    std::mutex mu;
+    const IdempotentRequestFlow flow({.store = &store,
+                                      .pool = &pool,
+                                      .retry_after_spread = spread,
+                                      .random =
+                                          [&] {
+                                            std::lock_guard lock(mu);
+                                            return rng();
+                                          },
+                                      .log = [](std::string_view) {}});
+    std::map<std::string, int> seen;
+    std::vector<std::string> in_order;
+    for (int i = 0; i < 60; ++i) {
+      const FlowResponse r =
+          flow.run({.method = "POST", .path = "/v1/charges", .idempotency_key = "k1", .body = "x"},
+                   [](Connection&) { return StoredResponse{}; });
+      EXPECT_EQ(r.outcome, FlowOutcome::kDatabaseUnavailable);
+      const std::string value(r.header("Retry-After").value_or(""));
+      ++seen[value];
+      in_order.push_back(value);
+    }
+    return std::pair{seen, in_order};
+  };
+  const auto [seen, in_order] = answers(3, 42);
+  EXPECT_EQ(seen.size(), 3u) << "1, 2 and 3 all told";
+  for (const auto& [value, n] : seen) {
+    EXPECT_TRUE(value == "1" || value == "2" || value == "3") << value;
+    EXPECT_GE(n, 8) << value << ": roughly a third of 60 each";
+  }
+  EXPECT_EQ(answers(3, 42).second, in_order) << "one seed, one sequence";
+  const auto wide = answers(10, 7).first;
+  EXPECT_GE(wide.size(), 8u);
+  const auto one = answers(1, 7).first;
+  EXPECT_EQ(one.size(), 1u);
+  EXPECT_EQ(one.begin()->first, "1") << "a spread of 1 is the old fixed answer";
 }
 
 TEST(FlowOptionsCheck, InvalidOptionsAreRefusedByName) {
@@ -492,6 +547,15 @@ TEST(FlowOptionsCheck, InvalidOptionsAreRefusedByName) {
                std::invalid_argument);
   EXPECT_THROW(IdempotentRequestFlow({.store = &store, .pool = &pool, .max_key_bytes = 0}),
                std::invalid_argument);
+  for (const int spread : {0, -1, 3601}) {
+    try {
+      const IdempotentRequestFlow flow(
+          {.store = &store, .pool = &pool, .retry_after_spread = spread});
+      FAIL() << spread;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("retry_after_spread"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(FlowOutcomeNames, EveryOutcomeHasANameAndAMetricsOutcome) {

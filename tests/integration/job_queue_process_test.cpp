@@ -552,33 +552,47 @@ TEST_P(JobsProcessTest, ADeadLetterRetentionReportsExpiringJobsThenPrunesAndCoun
     EXPECT_EQ(r.status, 2) << cmd;
     EXPECT_NE(r.err.find("--dead-letter-warning: needs --dead-letter-retention"), std::string::npos)
         << r.err;
+    // A window as long as the retention would only count jobs already gone.
+    for (const char* warning : {"1h", "2h"}) {
+      bad = base;
+      bad.insert(bad.end(), {"--dead-letter-retention", "1h", "--dead-letter-warning", warning});
+      r = keel(bad);
+      EXPECT_EQ(r.status, 2) << cmd << " " << warning;
+      EXPECT_NE(
+          r.err.find("--dead-letter-warning must be shorter than --dead-letter-retention (1h)"),
+          std::string::npos)
+          << r.err;
+      EXPECT_NE(r.err.find(std::string("(got '") + warning + "')"), std::string::npos) << r.err;
+    }
   }
 
-  // Stats: without a retention no EXPIRING column; with one, the job is due within 2h.
+  // Stats: without a retention no EXPIRING column; with one, the job (dead for more than 10 ms
+  // by now) is due within a window 10 ms shorter than the retention.
   r = keel({"jobs", "--db", db, "stats"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out.find("EXPIRING"), std::string::npos) << r.out;
   r = keel({"jobs", "--db", db, "stats", "--dead-letter-retention", "1h", "--dead-letter-warning",
-            "2h"});
+            "3599.99s"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("EXPIRING"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("expiring: 1 dead jobs are pruned within 2h"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expiring: 1 dead jobs are pruned within "), std::string::npos) << r.out;
   r = keel({"jobs", "--db", db, "stats", "--json", "--dead-letter-retention", "1h"});
   ASSERT_EQ(r.status, 0) << r.err;
   auto doc = nlohmann::json::parse(r.out);
-  EXPECT_EQ(doc["queues"][0]["dead_expiring"], 1) << "24h ahead by default, and 1h is left";
-  EXPECT_EQ(doc["dead_letter_expiring"], 1);
-  r = keel({"jobs", "--db", db, "stats", "--json", "--dead-letter-retention", "1h",
-            "--dead-letter-warning", "30m"});
-  ASSERT_EQ(r.status, 0) << r.err;
-  doc = nlohmann::json::parse(r.out);
-  EXPECT_EQ(doc["queues"][0]["dead_expiring"], 0) << "30m ahead, and nearly 1h is left";
+  EXPECT_EQ(doc["queues"][0]["dead_expiring"], 0)
+      << "half the retention (30m) ahead by default, and nearly 1h is left";
   EXPECT_EQ(doc["dead_letter_expiring"], 0);
+  r = keel({"jobs", "--db", db, "stats", "--dead-letter-retention", "2h"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("within 1h (retention 2h)"), std::string::npos) << r.out;
+  r = keel({"jobs", "--db", db, "stats", "--dead-letter-retention", "168h"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("within 24h (retention 168h)"), std::string::npos) << r.out;
 
   // A worker with the same retention exports the gauge, and prunes nothing yet.
   auto worker = spawn({"jobs", "--db", db, "work", "--queue", "r", "--exec", "true", "--poll",
                        "10ms", "--lease", "300ms", "--dead-letter-retention", "1h",
-                       "--dead-letter-warning", "2h", "--metrics-listen", "127.0.0.1:0"});
+                       "--dead-letter-warning", "3599.99s", "--metrics-listen", "127.0.0.1:0"});
   std::string body = scrape(*worker);
   EXPECT_NE(body.find("keel_queue_dead_letter_expiring_jobs{queue=\"r\"} 1"), std::string::npos)
       << body;

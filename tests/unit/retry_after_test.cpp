@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
+#include "keel/random.hpp"
 #include "keel/retry.hpp"
 
 using namespace std::chrono_literals;
@@ -152,4 +156,47 @@ TEST(RetryAfter, AnOutOfRangeValueIsCappedAndRunsIntoTheDeadline) {
       }
     }
   }
+}
+
+// The receiver's spread Retry-After: every value of 1..N, each about 1/N of the time (a
+// chi-square bound at a fixed seed), the same sequence from the same seed, and the edges.
+TEST(SpreadRetryAfter, IsUniformOverOneToNSeconds) {
+  for (const int n : {1, 2, 3, 5, 10}) {
+    keel::Rng rng(42);
+    constexpr int kDraws = 30000;
+    std::vector<int> counts(static_cast<std::size_t>(n) + 1, 0);
+    for (int i = 0; i < kDraws; ++i) {
+      const std::chrono::seconds s = keel::spread_retry_after(n, rng);
+      ASSERT_GE(s.count(), 1) << n;
+      ASSERT_LE(s.count(), n) << n;
+      ++counts[static_cast<std::size_t>(s.count())];
+    }
+    const double expected = static_cast<double>(kDraws) / n;
+    double chi2 = 0;
+    for (int v = 1; v <= n; ++v) {
+      EXPECT_GT(counts[static_cast<std::size_t>(v)], 0) << "value " << v << " of 1.." << n;
+      const double d = counts[static_cast<std::size_t>(v)] - expected;
+      chi2 += d * d / expected;
+    }
+    // The 99.9th percentile of chi-square with 9 degrees of freedom is 27.9.
+    EXPECT_LT(chi2, 27.9) << "n = " << n;
+  }
+}
+
+TEST(SpreadRetryAfter, EverySeedGivesEveryValueAndOneSeedOneSequence) {
+  // Over many seeds, the first draw alone takes every value of 1..3.
+  std::array<int, 4> first{};
+  for (std::uint64_t seed = 1; seed <= 300; ++seed) {
+    keel::Rng rng(seed);
+    ++first[static_cast<std::size_t>(keel::spread_retry_after(3, rng).count())];
+  }
+  for (int v = 1; v <= 3; ++v) EXPECT_GT(first[static_cast<std::size_t>(v)], 60) << v;
+  keel::Rng a(7);
+  keel::Rng b(7);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(keel::spread_retry_after(3, a), keel::spread_retry_after(3, b));
+  }
+  keel::Rng rng(1);
+  EXPECT_EQ(keel::spread_retry_after(0, rng), 1s) << "clamped to 1";
+  EXPECT_LE(keel::spread_retry_after(1 << 30, rng), 3600s) << "clamped to an hour";
 }

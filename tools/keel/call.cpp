@@ -40,6 +40,7 @@ constexpr int kExitDeadline = 5;
 constexpr int kExitNotSafe = 6;
 constexpr int kExitBrake = 7;
 constexpr int kExitQueued = 8;
+constexpr int kExitKeyQueuedDifferently = 9;
 
 constexpr const char* kCallFooter =
     R"(Durations are a number and a unit: 250ms, 1.5s, 2m, 1h (also ns, us).
@@ -59,7 +60,11 @@ Exit status:
   7  not retried because a brake refused: the retry budget was empty or the host's circuit
      breaker was open
   8  --queue-on-failure: the request failed as in 4, 5 or 7 and was queued for later; the
-     job id is printed on stdout (`keel jobs work --deferred` delivers it)
+     job id is printed on stdout (`keel jobs work --deferred` delivers it), or the same
+     request was already queued under its Idempotency-Key ("already queued as job N")
+  9  --queue-on-failure: the request failed as in 4, 5 or 7 and was NOT queued because its
+     Idempotency-Key is already queued with a different request (method, URL, header fields
+     or body); the existing job id is printed on stderr. Use a new key for a new request
 
 Every request carries Keel-Attempt: N. POST and PATCH carry one Idempotency-Key (a random
 UUID, the same on every attempt) unless --idempotency-key off. A key given with
@@ -79,6 +84,10 @@ or the retries gave up on a retryable failure (exit 4, 5 or 7). The call then ex
 prints the job id; `keel jobs --db DB work --queue deferred-http --deferred` sends it later
 with the same Idempotency-Key, so the receiver applies it once. A request without a key is
 never queued. When the enqueue fails, the call exits as it would have, saying why.
+The queued request keeps its header fields, credentials included (Authorization,
+Proxy-Authorization, Cookie and each --secret-header NAME), in the queue's database, so that
+the delivery carries them: protect that database like the credentials. keel dlq shows them
+as [redacted], and they are not compared when the same key is queued again.
 
 --hedge DELAY sends another attempt of a request that is safe to repeat (GET, HEAD, PUT,
 DELETE, OPTIONS, or a POST or PATCH with its Idempotency-Key; the same key on every attempt)
@@ -106,6 +115,8 @@ struct CallArgs {
   std::string defer_queue = "deferred-http";
   std::string hedge;       // DELAY; empty: no hedging
   std::string max_hedges;  // N; empty: 1
+  // --secret-header NAME, repeatable: credentials besides Authorization, Cookie.
+  std::vector<std::string> secret_headers;
 };
 
 int usage_error(const std::string& message) {
@@ -303,7 +314,7 @@ int run_call(const CallArgs& a) {
 #if KEEL_CLI_JOBS
   std::unique_ptr<QueueOnFailure> queue;
   if (!a.queue_on_failure.empty()) {
-    auto opened = QueueOnFailure::open(a.queue_on_failure, a.defer_queue);
+    auto opened = QueueOnFailure::open(a.queue_on_failure, a.defer_queue, a.secret_headers);
     if (!opened) return usage_error(opened.error().message());
     queue = std::move(*opened);
     options.deferred_writes = &queue->writes();
@@ -332,8 +343,10 @@ int run_call(const CallArgs& a) {
   if (result.reason == StopReason::kQueued) {
 #if KEEL_CLI_JOBS
     std::fprintf(stderr,
-                 "keel call: queued for later as job %s (Idempotency-Key %s); keel jobs --db %s "
+                 "keel call: %s as job %s (Idempotency-Key %s); keel jobs --db %s "
                  "work --queue %s --deferred delivers it\n",
+                 result.deferral == http::DeferralStatus::kAlreadyQueued ? "already queued"
+                                                                         : "queued for later",
                  result.job_id.c_str(), result.idempotency_key.c_str(), queue->database().c_str(),
                  queue->queue().c_str());
 #endif
@@ -362,6 +375,7 @@ int run_call(const CallArgs& a) {
   if (result.response && !a.queue_on_failure.empty() && !result.error.empty()) {
     std::fprintf(stderr, "keel call: %s\n", result.error.c_str());  // the enqueue failed
   }
+  if (result.deferral == http::DeferralStatus::kKeyConflict) return kExitKeyQueuedDifferently;
   if (result.attempts == 0 && result.reason == StopReason::kPermanent) {
     return kExitUsage;  // refused by the client before sending (check_request)
   }
@@ -398,6 +412,11 @@ Runner add_call(CLI::App& app) {
       ->type_name("DB");
   sub->add_option("--defer-queue", a->defer_queue, "The queue --queue-on-failure writes to")
       ->capture_default_str();
+  sub->add_option("--secret-header", a->secret_headers,
+                  "A header field that carries a credential (besides Authorization, "
+                  "Proxy-Authorization and Cookie): redacted where keel shows a queued request "
+                  "(repeatable)")
+      ->type_name("NAME");
   sub->add_option("--hedge", a->hedge,
                   "Send another attempt when none has answered after DELAY (safe requests only)")
       ->type_name("DELAY");

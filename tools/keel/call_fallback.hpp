@@ -11,9 +11,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/http/message.hpp"
 #include "keel/http/request.hpp"
 
 #if KEEL_CLI_JOBS
@@ -49,15 +51,23 @@ class QueueOnFailure {
   /// Opens nothing yet (the database is opened on the first deferral). `db` is a database URL
   /// as `keel jobs --db` takes it, or a plain SQLite path (no scheme); an Error naming the flag
   /// when it is malformed.
-  static Expected<std::unique_ptr<QueueOnFailure>> open(const std::string& db,
-                                                        const std::string& queue) {
+  /// `secret_headers`: --secret-header's names (QueuedWritesOptions::secret_headers).
+  static Expected<std::unique_ptr<QueueOnFailure>> open(
+      const std::string& db, const std::string& queue,
+      const std::vector<std::string>& secret_headers = {}) {
     const std::string text = db.find(':') == std::string::npos ? "sqlite:" + db : db;
     auto url = store::parse_database_url(text);
     if (!url) return url.error().in("--queue-on-failure");
     if (auto checked = store::check_queue_name(queue); !checked) {
       return checked.error().in("--defer-queue");
     }
-    return std::unique_ptr<QueueOnFailure>(new QueueOnFailure(std::move(*url), queue));
+    for (const std::string& name : secret_headers) {
+      if (auto checked = http::check_header_field(name, ""); !checked) {
+        return checked.error().in("--secret-header");
+      }
+    }
+    return std::unique_ptr<QueueOnFailure>(
+        new QueueOnFailure(std::move(*url), queue, secret_headers));
   }
 
   [[nodiscard]] http::DeferredWrites& writes() noexcept { return writes_; }
@@ -65,8 +75,10 @@ class QueueOnFailure {
   [[nodiscard]] const std::string& queue() const noexcept { return writes_.options().queue; }
 
  private:
-  QueueOnFailure(store::DatabaseUrl url, const std::string& queue)
-      : pool_(std::move(url), {.max_connections = 1}), writes_(pool_, queue_, {.queue = queue}) {}
+  QueueOnFailure(store::DatabaseUrl url, const std::string& queue,
+                 const std::vector<std::string>& secret_headers)
+      : pool_(std::move(url), {.max_connections = 1}),
+        writes_(pool_, queue_, {.queue = queue, .secret_headers = secret_headers}) {}
 
   store::ConnectionPool pool_;
   store::JobQueue queue_;

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "keel/store/dead_letters.hpp"
+#include "keel/store/deferred_request.hpp"
+#include "keel/store/json_check.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {
@@ -164,6 +166,43 @@ std::optional<std::vector<std::int64_t>> parse_ids(const std::vector<std::string
   return ids;
 }
 
+// Payloads nested deeper than this are shown as a JSON string: the depth is found by a linear
+// pre-scan, so that no payload, however it was stored, reaches a recursive parser or printer.
+constexpr std::size_t kMaxShownDepth = 64;
+
+// The payload as JSON text for --json: the payload itself, compact, when it is JSON nested no
+// deeper than kMaxShownDepth, otherwise the payload as a JSON string; a deferred request's
+// credentials redacted. Linear in the payload's size.
+std::string payload_json(const std::string& stored) {
+  const std::string payload = store::redact_deferred_request(stored);
+  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
+  if (store::json_nesting_depth(payload, kMaxShownDepth) <= kMaxShownDepth) {
+    const nlohmann::json parsed = nlohmann::json::parse(payload, nullptr, false);
+    if (!parsed.is_discarded()) return parsed.dump(-1, ' ', false, kReplace);
+  }
+  return nlohmann::json(payload).dump(-1, ' ', false, kReplace);
+}
+
+// A job for --json: `fields` (a JSON object, without the payload) indented by two spaces per
+// level, with "payload" added as its last member in payload_json's compact form, every line
+// after the first indented by `margin` more. The payload is spliced in as text, never parsed
+// or printed recursively, so the output is linear in its size.
+std::string job_text(const nlohmann::json& fields, const std::string& payload,
+                     const std::string& margin = {}) {
+  std::string text = fields.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  text.resize(text.size() - 2);  // "\n}"
+  text += ",\n  \"payload\": " + payload_json(payload) + "\n}";
+  if (margin.empty()) return text;
+  std::string out;
+  out.reserve(text.size() + text.size() / 16);
+  for (const char c : text) {
+    out += c;
+    if (c == '\n') out += margin;
+  }
+  return out;
+}
+
+// A job's fields for --json, without its payload (job_text adds it).
 nlohmann::json job_json(const store::Job& j) {
   nlohmann::json out = {{"id", j.id},
                         {"queue", j.queue},
@@ -176,8 +215,6 @@ nlohmann::json job_json(const store::Job& j) {
                         {"last_error", j.last_error},
                         {"created", format_ms(j.created_ms)},
                         {"updated", format_ms(j.updated_ms)}};
-  const nlohmann::json payload = nlohmann::json::parse(j.payload, nullptr, false);
-  out["payload"] = payload.is_discarded() ? nlohmann::json(j.payload) : payload;
   return out;
 }
 
@@ -236,9 +273,12 @@ int run(const std::string& cmd, const DlqArgs& a) {
     const std::vector<store::Job> dead =
         has_schema ? queue.list_dead(*conn, a.queue, 100000) : std::vector<store::Job>{};
     if (a.json) {
-      nlohmann::json out = nlohmann::json::array();
-      for (const auto& j : dead) out.push_back(job_json(j));
-      std::printf("%s\n", out.dump(2).c_str());
+      std::string out = dead.empty() ? "[]" : "[";
+      for (std::size_t i = 0; i < dead.size(); ++i) {
+        out += (i == 0 ? "\n  " : ",\n  ") + job_text(job_json(dead[i]), dead[i].payload, "  ");
+      }
+      if (!dead.empty()) out += "\n]";
+      std::printf("%s\n", out.c_str());
       return 0;
     }
     std::printf("%-8s %-16s %-9s %-24s %s\n", "ID", "QUEUE", "ATTEMPTS", "DIED", "REASON");
@@ -266,7 +306,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
              {"delay_ms", h.delay_ms ? nlohmann::json(*h.delay_ms) : nlohmann::json()},
              {"worker", h.worker}});
       }
-      std::printf("%s\n", out.dump(2).c_str());
+      std::printf("%s\n", job_text(out, job->payload).c_str());
       return 0;
     }
     std::printf("job %lld on queue '%s': %s\n", static_cast<long long>(job->id), job->queue.c_str(),
@@ -275,7 +315,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
     std::printf("attempts: %d of %d (replayed %d times)\n", job->attempts, job->max_attempts,
                 job->replays);
     if (!job->dead_reason.empty()) std::printf("dead: %s\n", job->dead_reason.c_str());
-    std::printf("payload: %s\nhistory:\n", job->payload.c_str());
+    std::printf("payload: %s\nhistory:\n", store::redact_deferred_request(job->payload).c_str());
     for (const auto& h : job->history) {
       std::string line = "  " + format_ms(h.started_ms) + "  ";
       if (h.round > 0) line += "replay " + std::to_string(h.round) + " ";

@@ -48,6 +48,15 @@ bool dead_letter_flags(const JobsArgs& a, store::QueueOptions& options) {
   if (!a.dead_letter_warning.empty()) {
     const auto warning = duration_flag("--dead-letter-warning", a.dead_letter_warning, false);
     if (!warning) return false;
+    if (*warning >= *retention) {
+      usage(Error{.field = "--dead-letter-warning",
+                  .problem = "must be shorter than --dead-letter-retention (" +
+                             a.dead_letter_retention +
+                             "): dead jobs would be pruned before it could warn",
+                  .got = quote_value(a.dead_letter_warning)}
+                .message());
+      return false;
+    }
     options.dead_letter_warning = *warning;
   }
   return true;
@@ -191,7 +200,8 @@ int run_stats(const JobsArgs& a) {
     std::printf(
         "expiring: %lld dead jobs are pruned within %s (retention %s); replay them first with "
         "keel dlq replay\n",
-        static_cast<long long>(expiring), format_duration(options.dead_letter_warning).c_str(),
+        static_cast<long long>(expiring),
+        format_duration(*queue.options().dead_letter_warning).c_str(),
         format_duration(options.dead_letter_retention).c_str());
   }
   return 0;
@@ -226,7 +236,8 @@ SIGTERM or SIGINT: stop leasing, let running jobs finish within --grace, release
 --exec command still running then has its process group killed the same way.
 Dead jobs stay until replayed or discarded, unless work has --dead-letter-retention D: then it
 deletes those dead for longer than D, after counting the ones due within --dead-letter-warning
-(default 24h) in keel_queue_dead_letter_expiring_jobs (stats with the same flags: EXPIRING).
+W in keel_queue_dead_letter_expiring_jobs (stats with the same flags: EXPIRING). W must be
+shorter than D; by default it is 24h, or D/2 when D is shorter than 48h.
 
 check-keys lists the jobs whose idempotency key the key rule (1 to 255 bytes of visible ASCII
 without '"', ',' or '%', bare or quoted as "KEY", read bare) refuses, or reads as another form
@@ -308,8 +319,8 @@ Runner add_jobs(CLI::App& app) {
   const auto dead_letter_options = [&](CLI::App* sub, const char* retention_help) {
     sub->add_option("--dead-letter-retention", args->dead_letter_retention, retention_help);
     sub->add_option("--dead-letter-warning", args->dead_letter_warning,
-                    "With --dead-letter-retention: count the dead jobs pruned within this "
-                    "(default 24h)");
+                    "With --dead-letter-retention: count the dead jobs pruned within this; "
+                    "shorter than the retention (default 24h, at most half the retention)");
   };
   dead_letter_options(work,
                       "Delete dead jobs of the queue that have been dead for longer than this, "

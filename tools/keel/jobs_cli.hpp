@@ -46,7 +46,7 @@ struct JobsArgs {
   std::string metrics_listen;
   // work and stats
   std::string dead_letter_retention;  // empty: dead jobs are kept
-  std::string dead_letter_warning;    // empty: 24h
+  std::string dead_letter_warning;    // empty: min(24h, retention / 2)
   // stats and check-keys
   bool json = false;
 };

@@ -45,6 +45,7 @@ struct ServeOptions {
   std::string adaptive_latency;
   std::string max_body_bytes = "1048576";
   std::string max_json_depth = "64";
+  std::string retry_after_spread = "3";
   bool reuse_port = false;
   bool no_idempotency = false;
   double chaos_503 = 0;
@@ -141,6 +142,8 @@ int run_serve(const ServeOptions& o) {
   const auto max_depth = parse_count("--max-json-depth", o.max_json_depth, 1, 10000);
   if (!max_depth) return usage_error(max_depth.error());
   const store::JsonLimits json_limits{.max_depth = static_cast<std::size_t>(*max_depth)};
+  const auto spread = parse_count("--retry-after-spread", o.retry_after_spread, 1, 3600);
+  if (!spread) return usage_error(spread.error());
   std::string scope_secret;
   if (!o.scope_secret_file.empty()) {
     std::ifstream in(o.scope_secret_file, std::ios::binary);
@@ -226,6 +229,7 @@ int run_serve(const ServeOptions& o) {
        .idempotency = &idempotency,
        .scope_secret = scope_secret,
        .json_limits = json_limits,
+       .retry_after_spread = static_cast<int>(*spread),
        .no_idempotency = o.no_idempotency,
        .metrics = &metrics,
        .guard = guarded,
@@ -356,6 +360,11 @@ Runner add_serve(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--max-json-depth", o->max_json_depth,
                   "Deepest nesting of JSON arrays and objects in a request body (400 beyond)")
+      ->capture_default_str();
+  sub->add_option("--retry-after-spread", o->retry_after_spread,
+                  "Retry-After of the answers every client meets at once (database "
+                  "unavailable, commit in doubt): whole seconds uniform over 1..N")
+      ->type_name("N")
       ->capture_default_str();
   sub->add_flag("--reuse-port", o->reuse_port,
                 "Share the listening port with other processes (SO_REUSEPORT); without it a port "

@@ -17,8 +17,8 @@
 //
 // Example:
 //   class Outbox : public keel::http::DeferredWrites {
-//     keel::Expected<std::string> defer(const keel::http::Request& r,
-//                                       std::string_view key) override { ... }
+//     keel::Expected<keel::http::Deferral> defer(const keel::http::Request& r,
+//                                                std::string_view key) override { ... }
 //   };
 //   Outbox outbox;
 //   keel::http::Client client({.deferred_writes = &outbox});
@@ -32,16 +32,29 @@
 
 namespace keel::http {
 
+/// What defer() did: stored the request, found it stored already, or found another request
+/// under the same key.
+struct Deferral {
+  /// kQueued, kAlreadyQueued or kKeyConflict (never kNone).
+  DeferralStatus status = DeferralStatus::kQueued;
+  /// The id of the job stored under the key: the new one, or the one already there.
+  std::string job_id;
+};
+
 class DeferredWrites {
  public:
   virtual ~DeferredWrites() = default;
 
   /// Stores `request` (method, URL, header fields and body) to be sent later with
-  /// `idempotency_key` as its Idempotency-Key. Returns the id under which it was stored (the
-  /// same id for a key already stored), or an Error saying why it could not be stored; the
-  /// client then reports the original failure with that error. Must not throw.
-  [[nodiscard]] virtual Expected<std::string> defer(const Request& request,
-                                                    std::string_view idempotency_key) = 0;
+  /// `idempotency_key` as its Idempotency-Key. Returns kQueued and the id under which it was
+  /// stored; kAlreadyQueued and the existing id when the same request (method, URL, body and
+  /// the header fields that are not credentials) is already stored under that key; kKeyConflict
+  /// and the existing id when a different one is: the client then reports the original failure,
+  /// saying so (one key is one operation: a second, different write under it would never be
+  /// delivered). An Error saying why nothing could be stored; the client then reports the
+  /// original failure with that error. Must not throw.
+  [[nodiscard]] virtual Expected<Deferral> defer(const Request& request,
+                                                 std::string_view idempotency_key) = 0;
 };
 
 }  // namespace keel::http

@@ -91,6 +91,15 @@ struct Request {
 /// different keys). Both clients run it first in send().
 [[nodiscard]] Expected<std::string> check_request(const Request& request);
 
+/// What ClientOptions::deferred_writes did with a failed write (Result::deferral).
+enum class DeferralStatus : unsigned char {
+  kNone,           // not handed over, or the hand-over failed (Result::error says why)
+  kQueued,         // stored as a new job (StopReason::kQueued, Result::job_id)
+  kAlreadyQueued,  // the same request was already stored under this key (kQueued, its job_id)
+  kKeyConflict,    // a different request is stored under this key: not queued; the original
+                   // failure stands, Result::job_id is the existing job and error says so
+};
+
 /// What send() returns: errors are values.
 struct Result {
   /// The last attempt's response; empty when no attempt got one (network failure, or no attempt
@@ -118,8 +127,11 @@ struct Result {
   /// With stale: how long ago the cached answer was received (within the cache's max_age).
   Duration stale_age{};
   /// With StopReason::kQueued: the id ClientOptions::deferred_writes stored the request under,
-  /// to be delivered later with idempotency_key. Empty otherwise.
+  /// to be delivered later with idempotency_key. With DeferralStatus::kKeyConflict: the id of
+  /// the other request stored under that key. Empty otherwise.
   std::string job_id;
+  /// What the deferred writes did with the request. Default kNone.
+  DeferralStatus deferral = DeferralStatus::kNone;
 
   [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
 };

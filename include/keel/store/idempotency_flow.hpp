@@ -36,6 +36,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -78,8 +79,9 @@ enum class FlowOutcome : unsigned char {
   kExecuted,             // the handler ran, its response was stored and committed
   kTookOver,             // the same, on a key whose previous claim's lock had expired
   kReplayed,             // the stored response, with Idempotent-Replayed: true
-  kInProgress,           // 409 + Retry-After: another request holds the key
-  kClaimLost,            // 409 + Retry-After: 1: this request's claim expired and was taken
+  kInProgress,           // 409 + Retry-After: another request holds the key (the lock's expiry
+                         // plus 0..N-1 s, FlowOptions::retry_after_spread)
+  kClaimLost,            // 409 + Retry-After 1..N s: this request's claim expired and was taken
                          // over while the handler ran; its writes were rolled back
   kMismatch,             // 422: the key was used with a different method, path or body
   kMissingKey,           // 400: no Idempotency-Key header
@@ -87,8 +89,8 @@ enum class FlowOutcome : unsigned char {
   kInvalidBody,          // 400: a JSON body over the JSON limits or with a duplicate member
   kNotStored,            // the handler's own 4xx/5xx: answered, not stored, claim released
   kHandlerError,         // 500: the handler threw; claim released
-  kDatabaseUnavailable,  // 503 + Retry-After: 1: claiming or the transaction failed
-  kCommitInDoubt,        // 500 + Retry-After: 1: the COMMIT's outcome is unknown
+  kDatabaseUnavailable,  // 503 + Retry-After 1..N s: claiming or the transaction failed
+  kCommitInDoubt,        // 500 + Retry-After 1..N s: the COMMIT's outcome is unknown
   kDeadlineExceeded,     // 400: FlowRequest::deadline had passed on arrival, or passed while the
                          // request waited for a connection or its claim; the handler did not
                          // run, nothing was stored, the claim (if taken) was released
@@ -190,6 +192,15 @@ struct FlowOptions {
   /// Longest Idempotency-Key, in bytes: lowers keel's limit of 255 (keel/idempotency_key.hpp),
   /// never raises it. Requires: >= 1. Default kMaxKeyLength (255).
   std::size_t max_key_bytes = kMaxKeyLength;
+  /// N of the Retry-After sent when every waiting client meets the same failure (503 database
+  /// unavailable, 500 commit in doubt, 409 claim lost): whole seconds uniform over 1..N
+  /// (keel::spread_retry_after), so that those clients do not all come back in the same
+  /// second; a 409 in progress answers the lock's expiry plus 0..N-1 s. Requires: 1 to 3600.
+  /// Default 3.
+  int retry_after_spread = 3;
+  /// The random bits of that spread; called from every thread that runs the flow. Default
+  /// (empty): the calling thread's keel::thread_rng(). Tests give a seeded generator.
+  std::function<std::uint64_t()> random;
   /// Where the text of handler exceptions and database errors goes (also in
   /// FlowResponse.error): clients receive a generic detail only. Default: one line on stderr.
   std::function<void(std::string_view message)> log;
@@ -233,6 +244,8 @@ class IdempotentRequestFlow {
 
  private:
   [[nodiscard]] FlowResponse finish(FlowResponse response) const;
+  // A Retry-After of max(wait, 1 s) plus a draw from 0..retry_after_spread-1 seconds.
+  [[nodiscard]] std::string spread_retry_after_value(Duration wait) const;
 
   FlowOptions options_;
 };

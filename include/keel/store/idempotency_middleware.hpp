@@ -49,7 +49,8 @@ void write_problem(httplib::Response& response, int status, std::string_view tit
                    std::string_view detail);
 
 /// The FlowOptions of the IdempotentRequestFlow underneath (store, pool, scope_secret,
-/// transaction_policy, isolation, on_outcome, json_limits, max_key_bytes, log), plus the two
+/// transaction_policy, isolation, on_outcome, json_limits, max_key_bytes, retry_after_spread,
+/// random, log), plus the two
 /// cpp-httplib hooks principal and after_commit.
 struct MiddlewareOptions {
   /// The record store. Required (non-null).
@@ -83,6 +84,13 @@ struct MiddlewareOptions {
   /// Longest Idempotency-Key, in bytes: lowers keel's limit of 255 (keel/idempotency_key.hpp),
   /// never raises it. Requires: >= 1. Default kMaxKeyLength (255).
   std::size_t max_key_bytes = kMaxKeyLength;
+  /// N of the Retry-After of answers every waiting client meets at once (503 database
+  /// unavailable, 500 commit in doubt, 409 claim lost): whole seconds uniform over 1..N; a 409
+  /// in progress answers the lock's expiry plus 0..N-1 s. Requires: 1 to 3600. Default 3.
+  int retry_after_spread = 3;
+  /// The random bits of that spread, called from cpp-httplib's worker threads. Default (empty):
+  /// the calling thread's keel::thread_rng().
+  std::function<std::uint64_t()> random;
   /// Where the text of handler exceptions and database errors goes: clients receive a generic
   /// detail only. Default: one line on stderr.
   std::function<void(std::string_view message)> log;

@@ -309,8 +309,11 @@ struct QueueOptions {
   /// it. Requires: > 0. Default none (kInfinite): dead jobs are kept until replayed or discarded.
   Duration dead_letter_retention = kInfinite;
   /// How far ahead dead_expiring in stats() looks: the jobs deleted within this window are
-  /// counted, so that someone can replay them first. Requires: >= 0. Default 24 h.
-  Duration dead_letter_warning = std::chrono::hours(24);
+  /// counted, so that someone can replay them first. Requires: >= 0, and shorter than
+  /// dead_letter_retention (a window as long as the retention would count jobs already gone by
+  /// the time anyone looks). Default none: min(24 h, dead_letter_retention / 2), filled in by
+  /// the JobQueue, so its options() always hold the window in force.
+  std::optional<Duration> dead_letter_warning;
 };
 
 class JobQueue {
