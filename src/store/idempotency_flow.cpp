@@ -327,6 +327,12 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
                                         const FlowHandler& handler) const {
   const auto expired = [&] { return request.deadline.expired(options_.clock->now()); };
   if (expired()) return finish(deadline_exceeded("before it arrived"));
+  if (request.idempotency_key && request.idempotency_key_fields > 1) {
+    return finish(problem(FlowOutcome::kInvalidKey, 400, "Invalid Idempotency-Key",
+                          "the request has " + std::to_string(request.idempotency_key_fields) +
+                              " Idempotency-Key header fields; send exactly one (servers and "
+                              "intermediaries disagree about which of several applies)"));
+  }
   const ParsedKey key = parse_idempotency_key(request.idempotency_key, options_.max_key_bytes);
   if (!key.key) {
     return finish(problem(

@@ -61,6 +61,7 @@ FlowRequest flow_request(const httplib::Request& request, std::string_view princ
   return {.method = request.method,
           .path = request.path,
           .idempotency_key = header_view(request, "Idempotency-Key"),
+          .idempotency_key_fields = request.get_header_value_count("Idempotency-Key"),
           .content_type = header_view(request, "Content-Type").value_or(""),
           .body = request.body,
           .principal = principal,

@@ -216,6 +216,22 @@ TEST_P(Flow, AnInvalidKeyIs400AndClaimsNothing) {
   EXPECT_EQ(rows("keel_idempotency"), 0);
 }
 
+TEST_P(Flow, TwoIdempotencyKeyFieldsAre400AndClaimNothing) {
+  FlowRequest req = request("key-a");
+  req.idempotency_key_fields = 2;
+  const FlowResponse r = run(req);
+  EXPECT_EQ(r.outcome, FlowOutcome::kInvalidKey);
+  EXPECT_EQ(r.status, 400);
+  const std::string detail = problem(r)["detail"].get<std::string>();
+  EXPECT_NE(detail.find("2 Idempotency-Key header fields"), std::string::npos) << detail;
+  EXPECT_EQ(outcomes_, std::vector{IdempotencyOutcome::kInvalidKey});
+  EXPECT_EQ(handled_, 0);
+  EXPECT_EQ(rows("keel_idempotency"), 0);
+  // One field with that key runs.
+  req.idempotency_key_fields = 1;
+  EXPECT_EQ(run(req).outcome, FlowOutcome::kExecuted);
+}
+
 TEST_P(Flow, AJsonBodyOverTheLimitsIs400BeforeAnythingIsClaimed) {
   const FlowResponse deep = run(request("k1", std::string(100, '[') + std::string(100, ']')));
   EXPECT_EQ(deep.outcome, FlowOutcome::kInvalidBody);

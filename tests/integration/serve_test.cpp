@@ -317,6 +317,31 @@ TEST_P(Serve, AnExpiredKeelDeadlineIsRefusedWith400AndAnInvalidOneIsIgnored) {
       << metrics->body;
 }
 
+TEST_P(Serve, TwoIdempotencyKeysOrACommaInOneAre400AndNotStored) {
+  ServeProcess server(args());
+  auto c = server.client();
+  httplib::Headers two = headers("first-key");
+  two.emplace("Idempotency-Key", "second-key");
+  auto both = c.Post("/v1/charges", two, kCharge, "application/json");
+  ASSERT_TRUE(both);
+  EXPECT_EQ(both->status, 400);
+  EXPECT_EQ(both->get_header_value("Content-Type"), "application/problem+json");
+  EXPECT_NE(both->body.find("2 Idempotency-Key header fields"), std::string::npos) << both->body;
+  auto comma = c.Post("/v1/charges", headers("first-key, second-key"), kCharge, "application/json");
+  ASSERT_TRUE(comma);
+  EXPECT_EQ(comma->status, 400);
+  EXPECT_EQ(comma->get_header_value("Content-Type"), "application/problem+json");
+  EXPECT_EQ(charges(), 0);
+  // Nothing was stored under either key: each runs afresh on its own.
+  for (const std::string key : {"first-key", "second-key"}) {
+    auto one = c.Post("/v1/charges", headers(key), kCharge, "application/json");
+    ASSERT_TRUE(one);
+    EXPECT_EQ(one->status, 201) << key;
+    EXPECT_FALSE(one->has_header("Idempotent-Replayed")) << key;
+  }
+  EXPECT_EQ(charges(), 2);
+}
+
 TEST_P(Serve, KillNineMidFlightThenRetryEverythingLosesAndDuplicatesNothing) {
   constexpr int kKeys = 40;
   std::map<std::string, std::string> answered;  // key -> charge id seen before the kill

@@ -85,7 +85,8 @@ enum class FlowOutcome : unsigned char {
                          // over while the handler ran; its writes were rolled back
   kMismatch,             // 422: the key was used with a different method, path or body
   kMissingKey,           // 400: no Idempotency-Key header
-  kInvalidKey,           // 400: an empty, too long or malformed key
+  kInvalidKey,           // 400: an empty, too long or malformed key, or two Idempotency-Key
+                         // header fields
   kInvalidBody,          // 400: a JSON body over the JSON limits or with a duplicate member
   kNotStored,            // the handler's own 4xx/5xx: answered, not stored, claim released
   kHandlerError,         // 500: the handler threw; claim released
@@ -114,6 +115,11 @@ struct FlowRequest {
   std::string_view path;
   /// The Idempotency-Key header's value; nullopt when the header is absent.
   std::optional<std::string_view> idempotency_key;
+  /// How many Idempotency-Key header fields the request carried (an adapter counts them; its
+  /// framework usually hands over only the first). More than one is refused with 400
+  /// kInvalidKey: an intermediary that reads the last field, or joins them, disagrees with one
+  /// that reads the first about which key applies. Default 1.
+  std::size_t idempotency_key_fields = 1;
   /// The Content-Type header's value, "" when absent (decides, with the body's first byte,
   /// whether the JSON limits apply).
   std::string_view content_type;
