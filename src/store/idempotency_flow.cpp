@@ -99,15 +99,18 @@ class DeadlineScope {
   Deadline saved_;
 };
 
-/// The answer to a request whose caller's deadline has passed. 400, not 504 or 503: keel's
-/// classifier (and Envoy's, and the common SDKs') retries 408, 425, 429, 502-504, a 500 once and a
-/// 409 with a key,
-/// and a retry of work nobody waits for is the waste this answer exists to prevent.
-FlowResponse deadline_exceeded(std::string_view when) {
+}  // namespace
+
+// 400, not 504 or 503: keel's classifier (and Envoy's, and the common SDKs') retries 408, 425,
+// 429, 502-504, a 500 once and a 409 with a key, and a retry of work nobody waits for is the
+// waste this answer exists to prevent.
+FlowResponse deadline_exceeded_response(std::string_view when) {
   return problem(FlowOutcome::kDeadlineExceeded, 400, "Deadline exceeded",
                  "the caller's deadline (Keel-Deadline-Ms) passed " + std::string(when) +
                      "; the request was not processed and nothing was stored");
 }
+
+namespace {
 
 /// The text of the exception being handled (call inside a catch block).
 std::string current_exception_text() {
@@ -326,7 +329,7 @@ FlowResponse IdempotentRequestFlow::finish(FlowResponse response) const {
 FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
                                         const FlowHandler& handler) const {
   const auto expired = [&] { return request.deadline.expired(options_.clock->now()); };
-  if (expired()) return finish(deadline_exceeded("before it arrived"));
+  if (expired()) return finish(deadline_exceeded_response("before it arrived"));
   if (request.idempotency_key && request.idempotency_key_fields > 1) {
     return finish(problem(FlowOutcome::kInvalidKey, 400, "Invalid Idempotency-Key",
                           "the request has " + std::to_string(request.idempotency_key_fields) +
@@ -361,7 +364,8 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   Claim claim;
   try {
     lease.emplace(options_.pool->acquire());
-    if (expired()) return finish(deadline_exceeded("while it waited for a database connection"));
+    if (expired())
+      return finish(deadline_exceeded_response("while it waited for a database connection"));
     claim = store.claim(**lease, scope, *key.key, fingerprint);
   } catch (const DatabaseError& e) {
     FlowResponse out =
@@ -396,7 +400,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     } catch (const DatabaseError&) {
       // The lock expires on its own.
     }
-    return finish(deadline_exceeded("while it claimed its Idempotency-Key"));
+    return finish(deadline_exceeded_response("while it claimed its Idempotency-Key"));
   }
 
   Connection& conn = **lease;
@@ -465,7 +469,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   }
   if (tx.status == TransactionStatus::kFailed && expired()) {
     options_.log("the transaction of " + what + " failed: " + tx.error);
-    return finish(deadline_exceeded("while its transaction ran"));
+    return finish(deadline_exceeded_response("while its transaction ran"));
   }
   const bool in_doubt = tx.status == TransactionStatus::kCommitInDoubt;
   FlowResponse out =

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "detail/ascii.hpp"
+#include "detail/close_after_answer.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
 
@@ -50,14 +51,30 @@ std::string bearer_principal(const httplib::Request& request) {
   return principal_from_authorization(header_view(request, "Authorization"));
 }
 
-FlowRequest flow_request(const httplib::Request& request, std::string_view principal) {
-  // Arrival: now, as the middleware sees the request (cpp-httplib has read it; an admission
-  // wrapper outside this one has admitted it). A field sent twice is invalid, hence ignored.
+Deadline request_deadline(const httplib::Request& request, TimePoint arrival) {
+  // A field sent twice is invalid, hence ignored.
   const auto deadlines = request.headers.equal_range(std::string(kDeadlineHeader));
   std::optional<std::string_view> deadline_header;
   if (deadlines.first != deadlines.second && std::next(deadlines.first) == deadlines.second) {
     deadline_header = deadlines.first->second;
   }
+  return request_deadline(deadline_header, arrival);
+}
+
+httplib::Server::HandlerResponse refuse_expired_deadline(const httplib::Request& request,
+                                                         httplib::Response& response) {
+  const TimePoint now = steady_clock().now();
+  if (!request_deadline(request, now).expired(now)) {
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+  write_flow_response(deadline_exceeded_response("before it arrived"), response);
+  detail::close_after_answer(response);
+  return httplib::Server::HandlerResponse::Handled;
+}
+
+FlowRequest flow_request(const httplib::Request& request, std::string_view principal) {
+  // Arrival: now, as the middleware sees the request (cpp-httplib has read it; an admission
+  // wrapper outside this one has admitted it).
   return {.method = request.method,
           .path = request.path,
           .idempotency_key = header_view(request, "Idempotency-Key"),
@@ -65,7 +82,7 @@ FlowRequest flow_request(const httplib::Request& request, std::string_view princ
           .content_type = header_view(request, "Content-Type").value_or(""),
           .body = request.body,
           .principal = principal,
-          .deadline = request_deadline(deadline_header, steady_clock().now())};
+          .deadline = request_deadline(request, steady_clock().now())};
 }
 
 void write_flow_response(const FlowResponse& answer, httplib::Response& response) {

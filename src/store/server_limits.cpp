@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "detail/ascii.hpp"
+#include "detail/close_after_answer.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/store/idempotency_middleware.hpp"
@@ -125,22 +126,27 @@ void validate(const ServerLimits& limits) {
   }
 }
 
-void write_problem_and_close(httplib::Response& response, int status, std::string_view title,
-                             std::string_view detail) {
-  write_problem(response, status, title, detail);
+void detail::close_after_answer(httplib::Response& response) {
   // cpp-httplib keeps a connection open unless the request asked otherwise; a content provider
   // that reports failure after writing the whole body makes it close the connection once the
   // answer is out, so unread request bytes are never parsed as another request.
   auto body = std::make_shared<std::string>(std::move(response.body));
+  const std::string content_type = response.get_header_value("Content-Type");
   response.body.clear();
   response.headers.erase("Content-Type");
   response.set_header("Connection", "close");
   response.set_content_provider(
-      body->size(), "application/problem+json",
+      body->size(), content_type,
       [body](std::size_t offset, std::size_t length, httplib::DataSink& sink) {
         sink.write(body->data() + offset, length);
         return false;
       });
+}
+
+void write_problem_and_close(httplib::Response& response, int status, std::string_view title,
+                             std::string_view detail) {
+  write_problem(response, status, title, detail);
+  detail::close_after_answer(response);
 }
 
 HandlerResponse refuse_unsafe_request(const httplib::Request& request, httplib::Response& response,

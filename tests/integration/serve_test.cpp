@@ -342,6 +342,32 @@ TEST_P(Serve, TwoIdempotencyKeysOrACommaInOneAre400AndNotStored) {
   EXPECT_EQ(charges(), 2);
 }
 
+TEST_P(Serve, PassedDeadlinesAre400BeforeTheRateLimitAndSpendNoToken) {
+  // 1/s: a burst of 1. Before, the second passed-deadline request got a retryable 429.
+  ServeProcess server(args({"--rate-limit", "1/s"}));
+  auto c = server.client();
+  for (int i = 0; i < 5; ++i) {
+    httplib::Headers late = headers("late-" + std::to_string(i));
+    late.emplace("Keel-Deadline-Ms", "0");
+    auto r = c.Post("/v1/charges", late, kCharge, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << i;
+    EXPECT_FALSE(r->has_header("Retry-After")) << i;
+    EXPECT_NE(r->body.find("Deadline exceeded"), std::string::npos) << r->body;
+  }
+  // The bucket's one token is still there.
+  auto good = c.Post("/v1/charges", headers("on-time"), kCharge, "application/json");
+  ASSERT_TRUE(good);
+  EXPECT_EQ(good->status, 201) << good->body;
+  EXPECT_EQ(charges(), 1);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("keel_idempotency_requests_total{outcome=\"deadline_exceeded\"} 5"),
+            std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find("keel_rate_limited_total 0"), std::string::npos) << metrics->body;
+}
+
 TEST_P(Serve, KillNineMidFlightThenRetryEverythingLosesAndDuplicatesNothing) {
   constexpr int kKeys = 40;
   std::map<std::string, std::string> answered;  // key -> charge id seen before the kill

@@ -188,12 +188,19 @@ int run_serve(const ServeOptions& o) {
   const int threads = o.threads;
   server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
 
-  // Limits, framing checks and an exclusive port come first; then the rate limit and the chaos.
+  // The order of the checks every /v1 request meets, decided here: limits, framing checks and an
+  // exclusive port first; then a deadline that passed before the request arrived (400, before
+  // it can spend a rate-limit token or an admission slot: it is not retryable, a 429 would be);
+  // then the rate limit and the chaos.
   store::ServerLimits limits{.max_body_bytes = static_cast<std::size_t>(*max_body),
                              .reuse_port = o.reuse_port,
                              .routes = payments::routes()};
   limits.pre_routing = [&](const httplib::Request& req, httplib::Response& res) {
     if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (store::refuse_expired_deadline(req, res) == httplib::Server::HandlerResponse::Handled) {
+      ++metrics.outcomes[static_cast<int>(store::IdempotencyOutcome::kDeadlineExceeded)];
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (limiter) {
       const Duration wait = limiter->admit(payments::scope_of(req, scope_secret));
       metrics.rate_limit_principals = limiter->size();

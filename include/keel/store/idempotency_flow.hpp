@@ -228,6 +228,12 @@ inline constexpr std::string_view kAnonymousScope = "anonymous";
 [[nodiscard]] std::string principal_from_authorization(
     std::optional<std::string_view> authorization);
 
+/// The flow's answer to a request whose caller's deadline has passed: 400 problem+json "Deadline
+/// exceeded", outcome kDeadlineExceeded, `when` saying when it passed ("before it arrived"). For a
+/// server that checks the deadline before the flow runs (ahead of its rate limiter), so that both
+/// refusals are the same answer.
+[[nodiscard]] FlowResponse deadline_exceeded_response(std::string_view when);
+
 /// The body of an RFC 9457 problem: {"type":"about:blank", "title", "status", "detail"}, to be
 /// sent as application/problem+json.
 [[nodiscard]] std::string problem_json(int status, std::string_view title, std::string_view detail);

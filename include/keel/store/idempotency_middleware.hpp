@@ -126,9 +126,24 @@ class IdempotencyMiddleware {
   IdempotentRequestFlow flow_;
 };
 
-/// The flow's request for `request`: its method, path, Idempotency-Key, Content-Type and body,
-/// and `principal`. The result views `request`'s strings: use it while `request` lives.
+/// The flow's request for `request`: its method, path, Idempotency-Key and how many header fields
+/// carried one (two are refused by the flow), Content-Type and body, `principal`, and the deadline
+/// of its Keel-Deadline-Ms counted from now. The result views `request`'s strings: use it while
+/// `request` lives.
 [[nodiscard]] FlowRequest flow_request(const httplib::Request& request, std::string_view principal);
+
+/// The deadline `request` carries: its Keel-Deadline-Ms counted from `arrival`
+/// (request_deadline() of the value). Infinite when the header is absent, sent twice or invalid.
+[[nodiscard]] Deadline request_deadline(const httplib::Request& request, TimePoint arrival);
+
+/// For a pre-routing handler, ahead of anything a request spends (a rate-limit token, an
+/// admission slot): when `request`'s deadline has already passed on arrival (Keel-Deadline-Ms:
+/// 0), writes the flow's answer (deadline_exceeded_response(): 400 problem+json "Deadline
+/// exceeded"), closes the connection once it is written (the body is not read) and returns
+/// Handled; otherwise Unhandled. A request refused here never reaches the flow or its on_outcome:
+/// count it where this is called.
+[[nodiscard]] httplib::Server::HandlerResponse refuse_expired_deadline(
+    const httplib::Request& request, httplib::Response& response);
 
 /// Writes `answer` (status, headers, body; Content-Type through set_content) into `response`.
 void write_flow_response(const FlowResponse& answer, httplib::Response& response);
