@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "keel/store/database.hpp"
 #include "loopback_socket.hpp"
@@ -1019,6 +1020,23 @@ TEST(ServeFlags, BadValuesExit2NamingTheFlag) {
     const auto [code, out] = run_refused(args);
     EXPECT_EQ(code, 2) << args << ": " << out;
     EXPECT_NE(out.find(flag), std::string::npos) << args << ": " << out;
+  }
+}
+
+TEST(ServeFlags, AFlagWithoutTheFlagItNeedsExits2NamingBoth) {
+  // Each was silently ignored before.
+  for (const auto& [args, flag, needed] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--admission-queue 4", "--admission-queue", "--max-concurrency"},
+           {"--admission-queue 0", "--admission-queue", "--max-concurrency"},
+           {"--adaptive-latency 100ms", "--adaptive-latency", "--max-concurrency"},
+           {"--rate-limit-principals 64", "--rate-limit-principals", "--rate-limit"},
+           {"--chaos-503-retry-after 1s", "--chaos-503-retry-after", "--chaos-503"},
+           {"--chaos-delay 1s", "--chaos-delay", "--chaos-delay-fraction"},
+           {"--chaos-hang 1s", "--chaos-hang", "--chaos-hang-fraction"}}) {
+    const auto [code, out] = run_refused(args);
+    EXPECT_EQ(code, 2) << args << ": " << out;
+    EXPECT_NE(out.find(flag + " needs " + needed), std::string::npos) << args << ": " << out;
   }
 }
 

@@ -56,6 +56,10 @@ struct ServeOptions {
   std::string chaos_hang = "1m";
   double chaos_drop = 0;
   std::uint64_t chaos_seed = 1;
+  // Whether these flags, which have defaults, were given (each needs another flag).
+  bool given_rate_limit_principals = false;
+  bool given_chaos_delay = false;
+  bool given_chaos_hang = false;
 };
 
 // keel_chaos_injected_total{fault}: what the --chaos-* flags injected so far.
@@ -120,6 +124,27 @@ int run_serve(const ServeOptions& o) {
       return usage_error("--rate-limit", "must be a positive rate like 100/s", o.rate_limit);
     }
     rate = r;
+  }
+  // Flags that only mean something with another.
+  if (o.admission_queue >= 0 && o.max_concurrency <= 0) {
+    return usage_error("--admission-queue", "needs --max-concurrency (the queue is beyond it)",
+                       std::to_string(o.admission_queue));
+  }
+  if (o.given_rate_limit_principals && o.rate_limit.empty()) {
+    return usage_error("--rate-limit-principals", "needs --rate-limit (the buckets it bounds)",
+                       std::to_string(o.rate_limit_principals));
+  }
+  if (!o.chaos_503_retry_after.empty() && !(o.chaos_503 > 0)) {
+    return usage_error("--chaos-503-retry-after", "needs --chaos-503 (the answers it is sent with)",
+                       o.chaos_503_retry_after);
+  }
+  if (o.given_chaos_delay && !(o.chaos_delay_fraction > 0)) {
+    return usage_error("--chaos-delay", "needs --chaos-delay-fraction (the requests it delays)",
+                       o.chaos_delay);
+  }
+  if (o.given_chaos_hang && !(o.chaos_hang_fraction > 0)) {
+    return usage_error("--chaos-hang", "needs --chaos-hang-fraction (the requests that hang)",
+                       o.chaos_hang);
   }
   const std::size_t colon = o.listen.rfind(':');
   int port = -1;
@@ -337,11 +362,12 @@ Runner add_serve(CLI::App& app) {
                   "How long a claim holds a key before another request may take it over")
       ->capture_default_str();
   sub->add_option("--rate-limit", o->rate_limit, "Per-principal limit, e.g. 100/s (429 beyond)");
-  sub->add_option("--rate-limit-principals", o->rate_limit_principals,
-                  "Most principals with a rate-limit bucket of their own (least recently used "
-                  "evicted; others share one bucket)")
-      ->check(CLI::Range(1, 10000000))
-      ->capture_default_str();
+  CLI::Option* rate_limit_principals =
+      sub->add_option("--rate-limit-principals", o->rate_limit_principals,
+                      "Most principals with a rate-limit bucket of their own (least recently used "
+                      "evicted; others share one bucket)")
+          ->check(CLI::Range(1, 10000000))
+          ->capture_default_str();
   sub->add_option("--scope-secret-file", o->scope_secret_file,
                   "File holding the key (>= 16 bytes) of the HMAC that hashes principals before "
                   "they are stored (default: a key kept in the database)");
@@ -385,16 +411,23 @@ Runner add_serve(CLI::App& app) {
   sub->add_option("--chaos-delay-fraction", o->chaos_delay_fraction,
                   "Fraction of /v1 requests delayed by --chaos-delay")
       ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--chaos-delay", o->chaos_delay, "Injected delay")->capture_default_str();
+  CLI::Option* chaos_delay =
+      sub->add_option("--chaos-delay", o->chaos_delay, "Injected delay")->capture_default_str();
   sub->add_option("--chaos-hang-fraction", o->chaos_hang_fraction,
                   "Fraction of /v1 requests that hang for --chaos-hang (or until shutdown)")
       ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--chaos-hang", o->chaos_hang, "How long a hang lasts")->capture_default_str();
+  CLI::Option* chaos_hang = sub->add_option("--chaos-hang", o->chaos_hang, "How long a hang lasts")
+                                ->capture_default_str();
   sub->add_option("--chaos-drop-after-commit", o->chaos_drop,
                   "Fraction of committed charges whose response is dropped (connection closed)")
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--chaos-seed", o->chaos_seed, "Seed for the fault injection");
-  return [o] { return run_serve(*o); };
+  return [o, rate_limit_principals, chaos_delay, chaos_hang] {
+    o->given_rate_limit_principals = rate_limit_principals->count() > 0;
+    o->given_chaos_delay = chaos_delay->count() > 0;
+    o->given_chaos_hang = chaos_hang->count() > 0;
+    return run_serve(*o);
+  };
 }
 
 }  // namespace keel::cli
