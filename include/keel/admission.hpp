@@ -72,9 +72,11 @@ struct AdmissionOptions {
   /// limit was in use adds 1; it stays in [min_concurrency, max_concurrency]. First attempts are
   /// shed at the current limit + queue_bound. Requires: >= 0. Default 0 (a fixed limit).
   Duration latency_threshold = Duration::zero();
-  /// Lowest adaptive limit. Requires: in [1, max_concurrency]. Default 1.
+  /// Lowest adaptive limit. Requires: in [1, max_concurrency]; the default unless
+  /// latency_threshold > 0. Default 1.
   std::int64_t min_concurrency = 1;
-  /// Multiplicative decrease of the adaptive limit. Requires: in [0.5, 1). Default 0.9.
+  /// Multiplicative decrease of the adaptive limit. Requires: in [0.5, 1); the default unless
+  /// latency_threshold > 0. Default 0.9.
   double backoff_ratio = 0.9;
 };
 

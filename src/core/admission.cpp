@@ -80,6 +80,18 @@ AdmissionLimiter::AdmissionLimiter(AdmissionOptions options) : options_(options)
   if (!(options_.backoff_ratio >= 0.5 && options_.backoff_ratio < 1.0)) {
     reject("backoff_ratio", "in [0.5, 1)", std::to_string(options_.backoff_ratio));
   }
+  // The adaptive limit's own settings mean nothing without it: a caller who set them expects
+  // an adaptive limit and would silently get a fixed one.
+  if (options_.latency_threshold == Duration::zero()) {
+    if (options_.min_concurrency != AdmissionOptions{}.min_concurrency) {
+      reject("min_concurrency", "left at its default without latency_threshold > 0",
+             std::to_string(options_.min_concurrency));
+    }
+    if (options_.backoff_ratio != AdmissionOptions{}.backoff_ratio) {
+      reject("backoff_ratio", "left at its default without latency_threshold > 0",
+             std::to_string(options_.backoff_ratio));
+    }
+  }
   limit_.store(options_.max_concurrency, std::memory_order_relaxed);
 }
 

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "keel/expected.hpp"
 #include "keel/retry_after.hpp"
 #include "keel/store/idempotency_middleware.hpp"
 
@@ -12,6 +14,18 @@ namespace keel::store {
 
 RateLimiter::RateLimiter(double rate, std::size_t capacity)
     : rate_(rate), burst_(std::max(1.0, rate)), capacity_(capacity), shared_{burst_, {}} {
+  if (!(rate > 0) || !std::isfinite(rate)) {
+    throw_invalid({.context = "keel::store::RateLimiter",
+                   .field = "rate",
+                   .problem = "must be > 0 and finite",
+                   .got = std::to_string(rate)});
+  }
+  if (capacity < 1) {
+    throw_invalid({.context = "keel::store::RateLimiter",
+                   .field = "capacity",
+                   .problem = "must be >= 1",
+                   .got = "0"});
+  }
   shared_.last = steady_clock().now();
 }
 

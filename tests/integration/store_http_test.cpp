@@ -16,9 +16,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "keel/store/idempotency_middleware.hpp"
 #include "keel/store/json_check.hpp"
+#include "keel/store/rate_limiter.hpp"
 #include "test_support.hpp"
 
 #if defined(__SANITIZE_THREAD__)
@@ -614,6 +617,22 @@ TEST(ServerLimitsPort, InvalidLimitsNameTheField) {
     EXPECT_NE(std::string(e.what()).find("max_body_bytes"), std::string::npos);
   }
   EXPECT_THROW(apply_server_limits(s, {.keep_alive_timeout = 0s}), std::invalid_argument);
+}
+
+TEST(RateLimiterOptions, InvalidOptionsNameTheField) {
+  // A capacity of 0 used to evict from an empty table on the first new principal.
+  for (const auto& [rate, capacity, field] :
+       std::vector<std::tuple<double, std::size_t, std::string>>{
+           {0.0, 10, "rate"}, {-1.0, 10, "rate"}, {1.0, 0, "capacity"}}) {
+    try {
+      RateLimiter limiter(rate, capacity);
+      ADD_FAILURE() << field;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  }
+  RateLimiter one(1.0, 1);
+  EXPECT_EQ(one.admit("p:a"), Duration::zero());
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ namespace {
 using namespace std::chrono_literals;
 using keel::Admission;
 using keel::AdmissionLimiter;
+using keel::AdmissionOptions;
 using keel::ShedReason;
 
 TEST(AdmissionLimiter, ShedsRetriesAtTheLimitAndFirstAttemptsAtTheQueueBound) {
@@ -255,6 +256,25 @@ TEST(AdmissionLimiter, AFixedLimitIgnoresLatencies) {
                std::invalid_argument);
   EXPECT_THROW(AdmissionLimiter({.backoff_ratio = 1.0}), std::invalid_argument);
   EXPECT_THROW(AdmissionLimiter({.latency_threshold = -1ms}), std::invalid_argument);
+}
+
+TEST(AdmissionLimiter, AdaptiveSettingsWithoutALatencyThresholdAreRefused) {
+  for (const AdmissionOptions& options :
+       {AdmissionOptions{.min_concurrency = 2}, AdmissionOptions{.backoff_ratio = 0.5}}) {
+    try {
+      AdmissionLimiter limiter(options);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(options.min_concurrency != 1 ? "min_concurrency" : "backoff_ratio"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("latency_threshold"), std::string::npos) << what;
+    }
+  }
+  // With the threshold they are the adaptive limit's settings.
+  EXPECT_NO_THROW(
+      AdmissionLimiter({.latency_threshold = 100ms, .min_concurrency = 2, .backoff_ratio = 0.5}));
 }
 
 TEST(AttemptNumber, ReadsEachHeader) {

@@ -33,7 +33,8 @@ namespace keel::store {
 
 class RateLimiter {
  public:
-  /// Requires: rate > 0, capacity >= 1.
+  /// Requires: rate > 0 and finite, capacity >= 1. Throws std::invalid_argument naming the field
+  /// otherwise.
   RateLimiter(double rate, std::size_t capacity);
   /// Zero when admitted; otherwise how long until a token is available.
   [[nodiscard]] Duration admit(const std::string& scope);
