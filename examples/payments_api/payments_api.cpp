@@ -245,8 +245,9 @@ void PaymentsApi::install(httplib::Server& server) {
 
   if (options_.no_idempotency) {
     server.Post(
-        "/v1/charges", guarded([this, create_charge, after_commit, prefix](
-                                   const httplib::Request& req, httplib::Response& res) {
+        "/v1/charges",
+        store::read_whole_body(guarded([this, create_charge, after_commit, prefix](
+                                           const httplib::Request& req, httplib::Response& res) {
           auto conn = options_.pool->acquire();
           StoredResponse out;
           const auto tx = store::with_transaction_retry(*conn, [&](Connection& t) {
@@ -265,9 +266,9 @@ void PaymentsApi::install(httplib::Server& server) {
           res.set_content(out.body,
                           out.status < 400 ? "application/json" : "application/problem+json");
           if (tx.committed()) after_commit(req, res);
-        }));
+        })));
   } else {
-    server.Post("/v1/charges", guarded(middleware_->wrap(create_charge)));
+    server.Post("/v1/charges", store::read_whole_body(guarded(middleware_->wrap(create_charge))));
   }
 
   server.Get(R"(/v1/charges/([A-Za-z0-9_]+))",

@@ -208,6 +208,47 @@ HandlerResponse refuse_unsafe_request(const httplib::Request& request, httplib::
   return HandlerResponse::Unhandled;
 }
 
+httplib::Server::HandlerWithContentReader read_whole_body(httplib::Server::Handler handler) {
+  return [handler = std::move(handler)](const httplib::Request& request,
+                                        httplib::Response& response,
+                                        const httplib::ContentReader& reader) {
+    // A copy whose body this handler reads: cpp-httplib reads it the same way (its payload limit
+    // included) but skips its own form-urlencoded limit, which is read_content()'s alone.
+    httplib::Request copy = request;
+    bool read = false;
+    if (request.is_multipart_form_data()) {
+      httplib::MultipartFormDataItems items;
+      read = reader(
+          [&](const httplib::MultipartFormData& file) {
+            items.push_back(file);
+            return true;
+          },
+          [&](const char* data, std::size_t length) {
+            items.back().content.append(data, length);
+            return true;
+          });
+      for (auto& item : items) copy.files.emplace(item.name, std::move(item));
+    } else {
+      read = reader([&](const char* data, std::size_t length) {
+        copy.body.append(data, length);
+        return true;
+      });
+      if (request.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) ==
+          0) {
+        httplib::detail::parse_query_text(copy.body, copy.params);
+      }
+    }
+    if (!read) {
+      const int status = response.status == 413 ? 413 : 400;
+      write_problem_and_close(response, status, title_of(status),
+                              status == 413 ? "the request body is over the server's limit"
+                                            : "the request body could not be read");
+      return;
+    }
+    handler(copy, response);
+  };
+}
+
 void apply_server_limits(httplib::Server& server, ServerLimits limits) {
   validate(limits);
   server.set_payload_max_length(limits.max_body_bytes);

@@ -12,11 +12,12 @@
 //
 // Example:
 //   keel::store::IdempotencyMiddleware idem({.store = &store, .pool = &pool});
-//   server.Post("/v1/charges", idem.wrap([](const httplib::Request& req,
-//                                           keel::store::Connection& tx) {
-//     tx.query("INSERT INTO charges ...", {...});
-//     return keel::store::StoredResponse{201, {{"Content-Type", "application/json"}}, body};
-//   }));
+//   server.Post("/v1/charges", keel::store::read_whole_body(idem.wrap(
+//                                  [](const httplib::Request& req, keel::store::Connection& tx) {
+//                                    tx.query("INSERT INTO charges ...", {...});
+//                                    return keel::store::StoredResponse{
+//                                        201, {{"Content-Type", "application/json"}}, body};
+//                                  })));
 #pragma once
 
 #include <httplib.h>
@@ -221,9 +222,21 @@ void validate(const ServerLimits& limits);
 ///   httplib::Server server;
 ///   keel::store::apply_server_limits(server, {.max_body_bytes = 64 * 1024,
 ///                                             .routes = {{"/v1/charges", "POST"}}});
-///   server.Post("/v1/charges", idem.wrap(handler));
+///   server.Post("/v1/charges", keel::store::read_whole_body(idem.wrap(handler)));
 ///   if (!server.bind_to_port("127.0.0.1", 8080)) ...  // in use: fails, never shares
 void apply_server_limits(httplib::Server& server, ServerLimits limits);
+
+/// `handler` as a route that reads its own body, for Post(), Put(), Patch() and Delete(): the
+/// body is read through cpp-httplib's ContentReader, under set_payload_max_length() (so under
+/// ServerLimits::max_body_bytes) like any other, and `handler` gets a copy of the request with
+/// it (a form-urlencoded body parsed into params, a multipart one into files, as cpp-httplib
+/// does). What it avoids: cpp-httplib answers a form-urlencoded body over 8,192 bytes with 413
+/// whatever the payload limit (CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH, compiled into
+/// Debian's libcpp-httplib, so no definition in keel can raise it), and that is curl's and
+/// `keel call -d`'s default Content-Type. A body that cannot be read is answered 400 (413 over
+/// the payload limit) problem+json and the connection closed; `handler` does not run.
+[[nodiscard]] httplib::Server::HandlerWithContentReader read_whole_body(
+    httplib::Server::Handler handler);
 
 /// Shuts down the accepted socket that `request` arrived on, found by its address pair in
 /// /proc/self/fd (cpp-httplib does not expose it; Linux only, linear in the open descriptors).
