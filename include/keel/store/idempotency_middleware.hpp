@@ -6,6 +6,21 @@
 // IdempotentRequestFlow (keel/store/idempotency_flow.hpp, no cpp-httplib), which servers on other
 // frameworks drive directly.
 //
+// The adapter counts the Idempotency-Key header fields (cpp-httplib hands a handler only the
+// first), so that two of them are refused with 400 by the flow rather than one used silently.
+//
+// What this adapter does not protect against (cpp-httplib 0.11.4, measured on keel serve with 16
+// worker threads); put a proxy that buffers whole requests in front if these matter:
+//   - Slow clients hold threads: the read timeout bounds each recv(), not a request. 20
+//     connections sending one header line a second hold all 16 workers indefinitely (/healthz
+//     times out); a bigger pool only raises the number of connections needed.
+//   - No HTTP/1.1 pipelining: each request is read through a fresh 4 KiB buffer, so requests
+//     written in the same packet after the first are dropped and the connection closes at the
+//     keep-alive timeout.
+//   - Form bodies: cpp-httplib answers a form-urlencoded body over 8,192 bytes with 413 whatever
+//     set_payload_max_length() says (CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH, compiled
+//     into Debian's libcpp-httplib), unless the route is registered through read_whole_body().
+//
 // Thread-safety: the returned handler is safe to call from cpp-httplib's worker threads at once;
 // each call takes its own connection from the pool. The options' store, pool and hooks must
 // outlive it and be safe for concurrent use.
@@ -169,10 +184,12 @@ void write_flow_response(const FlowResponse& answer, httplib::Response& response
 /// 414...) get
 /// problem+json bodies through set_error_handler(); a known path with a wrong method is answered
 /// 405 with an Allow header when the path is listed in `routes`.
-/// Not covered (cpp-httplib 0.11 limits): a read timeout bounds each recv(), not a whole request,
-/// so a client trickling one byte per interval holds a worker indefinitely; pipelined requests
-/// after the first in one segment are dropped (each request reads through a fresh buffer);
-/// an obs-folded line without a colon is dropped by cpp-httplib before a handler can see it.
+/// Not covered (cpp-httplib 0.11 limits, see the top of this file): a read timeout bounds each
+/// recv(), not a whole request, so a client trickling one byte per interval holds a worker
+/// indefinitely; pipelined requests after the first in one packet are dropped (each request
+/// reads through a fresh buffer); a form-urlencoded body over 8,192 bytes is 413 unless its route
+/// reads its own body (read_whole_body()); an obs-folded line without a colon is dropped by
+/// cpp-httplib before a handler can see it.
 struct ServerLimits {
   /// Largest request body in bytes. Requires: >= 1. Default 1 MiB.
   std::size_t max_body_bytes = std::size_t{1} << 20;
