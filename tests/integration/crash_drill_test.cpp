@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "jobs_process_support.hpp"
@@ -23,39 +24,18 @@ using namespace std::chrono_literals;
 
 using test_jobs::CmdResult;
 
-struct DrillCase {
-  Backend backend;
-  int batch;
-};
+// (backend, batch size).
+using DrillCase = std::tuple<Backend, int>;
 
 std::string case_name(const ::testing::TestParamInfo<DrillCase>& info) {
-  return std::string(info.param.backend == Backend::kSqlite ? "Sqlite" : "Postgres") + "Batch" +
-         std::to_string(info.param.batch);
+  return std::string(std::get<0>(info.param) == Backend::kSqlite ? "Sqlite" : "Postgres") +
+         "Batch" + std::to_string(std::get<1>(info.param));
 }
 
-// BackendTest's database for a DrillCase parameter.
-class DrillBase : public ::testing::TestWithParam<DrillCase> {
+class CrashDrillTest : public test_jobs::JobsHarness<test::BackendParamTest<DrillCase>> {
  protected:
-  void SetUp() override {
-    if (GetParam().backend == Backend::kSqlite) {
-      url_ = "sqlite:" + (dir_.path() / "test.db").string();
-    } else {
-      const auto url = test::postgres_url();
-      if (!url) GTEST_SKIP() << "no PostgreSQL test server (run through ctest)";
-      url_ = *url;
-    }
-  }
-  [[nodiscard]] const std::string& url_text() const { return url_; }
-  [[nodiscard]] DatabaseUrl url() const { return parse_database_url(url_).value(); }
-  [[nodiscard]] const test::TempDir& dir() const { return dir_; }
+  [[nodiscard]] int batch() const { return std::get<1>(GetParam()); }
 
- private:
-  test::TempDir dir_;
-  std::string url_;
-};
-
-class CrashDrillTest : public test_jobs::JobsHarness<DrillBase> {
- protected:
   // Enqueues `n` jobs on queue "drill" with `max_attempts` each, job `poison_at` (0-based)
   // poisoned: its command kills the worker that runs it. Returns the keys in order.
   std::vector<std::string> enqueue(int n, int poison_at, int max_attempts) {
@@ -107,7 +87,7 @@ class CrashDrillTest : public test_jobs::JobsHarness<DrillBase> {
                                        "--exec",
                                        command(),
                                        "--batch",
-                                       std::to_string(GetParam().batch),
+                                       std::to_string(batch()),
                                        "--lease",
                                        "700ms",
                                        "--poll",
@@ -135,8 +115,8 @@ class CrashDrillTest : public test_jobs::JobsHarness<DrillBase> {
   std::string jobs_dump() {
     auto conn = open_database(url());
     const Rows r = conn->query(
-        "SELECT id, state, attempts, started_ms, last_error, lease_owner FROM keel_jobs ORDER BY "
-        "id");
+        "SELECT id, state, attempts, started_ms, last_error, lease_owner FROM keel_jobs"
+        " ORDER BY id");
     std::string out;
     for (std::size_t i = 0; i < r.size(); ++i) {
       out += r.text(i, 0) + " " + r.text(i, 1) + " " + r.text(i, 2) + " " +
@@ -145,13 +125,13 @@ class CrashDrillTest : public test_jobs::JobsHarness<DrillBase> {
     }
     return out;
   }
-  std::string last_err_;  // the last worker's stderr, for failure messages
+  std::string last_err_;  // every worker's stderr, for failure messages
 };
 
 TEST_P(CrashDrillTest, APoisonJobThatKillsItsWorkerChargesOnlyItself) {
-  const int batch = GetParam().batch;
-  const int n = std::max(30, 2 * batch + 5);
-  const int poison_at = batch == 1 ? 7 : batch / 2;  // mid-batch: jobs before and after it
+  const int size = batch();
+  const int n = std::max(30, 2 * size + 5);
+  const int poison_at = size == 1 ? 7 : size / 2;  // mid-batch: jobs before and after it
   const auto keys = enqueue(n, poison_at, 3);
   const std::vector<int> statuses = run_workers({"--concurrency", "1"}, /*max_runs=*/8);
   ASSERT_FALSE(statuses.empty());
@@ -186,7 +166,7 @@ TEST_P(CrashDrillTest, APoisonJobThatKillsItsWorkerChargesOnlyItself) {
 }
 
 TEST_P(CrashDrillTest, ACrashLoopingJobIsDeadWithinItsMaxAge) {
-  const auto keys = enqueue(GetParam().batch + 3, 1, 25);
+  const auto keys = enqueue(batch() + 3, 1, 25);
   // 25 attempts would take minutes of crashes; a max age of 2 s ends them. The lease is 700 ms,
   // so at most a few crashes fit.
   const std::vector<int> statuses = run_workers({"--max-age", "2s"}, /*max_runs=*/12);
@@ -212,7 +192,7 @@ TEST_P(CrashDrillTest, ACrashLoopingJobIsDeadWithinItsMaxAge) {
     EXPECT_TRUE(h.cell(i, 0).has_value()) << "a crash made the job ready without a backoff";
   }
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done' AND attempts = 1"),
-            GetParam().batch + 2);
+            batch() + 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -43,29 +43,8 @@ std::string name_of(Down d) {
   return "unknown";
 }
 
-// A fixture over (backend, ...) with BackendTest's database handling.
-template <class Param>
-class BackendParamTest : public ::testing::TestWithParam<Param> {
- protected:
-  void SetUp() override {
-    if (std::get<0>(this->GetParam()) == Backend::kSqlite) {
-      url_ = "sqlite:" + (dir_.path() / "test.db").string();
-    } else {
-      const auto url = test::postgres_url();
-      if (!url) GTEST_SKIP() << "no PostgreSQL test server (run through ctest)";
-      url_ = *url;
-    }
-  }
-  [[nodiscard]] const std::string& url_text() const { return url_; }
-  [[nodiscard]] DatabaseUrl url() const { return parse_database_url(url_).value(); }
-  [[nodiscard]] const test::TempDir& dir() const { return dir_; }
-
- private:
-  test::TempDir dir_;
-  std::string url_;
-};
-
-class OutageDrill : public test_jobs::JobsHarness<BackendParamTest<std::tuple<Backend, Down>>> {};
+class OutageDrill
+    : public test_jobs::JobsHarness<test::BackendParamTest<std::tuple<Backend, Down>>> {};
 
 TEST_P(OutageDrill, JobsWaitOutAnOutageLongerThanTheirRetriesAndDrainAfterIt) {
   const Down down = std::get<1>(GetParam());
@@ -160,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(
 // ---------------------------------------------------------------------------------------------
 // 30% 503s with SIGKILLed workers, over many seeds.
 
-class CrashDrill : public test_jobs::JobsHarness<BackendParamTest<std::tuple<Backend, int>>> {};
+class CrashDrill : public test_jobs::JobsHarness<test::BackendParamTest<std::tuple<Backend, int>>> {
+};
 
 TEST_P(CrashDrill, ThirtyPercent503sAndKilledWorkersLoseNothingAndKillNothing) {
   const int seed = std::get<1>(GetParam());

@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "keel/store/database.hpp"
@@ -102,6 +103,29 @@ inline std::optional<std::string> postgres_url() {
 inline std::string backend_name(const ::testing::TestParamInfo<store::Backend>& info) {
   return info.param == store::Backend::kSqlite ? "Sqlite" : "Postgres";
 }
+
+/// A fixture over a tuple parameter whose first element is the backend, with BackendTest's
+/// database handling: each test a fresh database, url().
+template <class Param>
+class BackendParamTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    if (std::get<0>(this->GetParam()) == store::Backend::kSqlite) {
+      url_ = "sqlite:" + (dir_.path() / "test.db").string();
+    } else {
+      const auto url = postgres_url();
+      if (!url) GTEST_SKIP() << "no PostgreSQL test server (run through ctest)";
+      url_ = *url;
+    }
+  }
+  [[nodiscard]] const std::string& url_text() const { return url_; }
+  [[nodiscard]] store::DatabaseUrl url() const { return store::parse_database_url(url_).value(); }
+  [[nodiscard]] const TempDir& dir() const { return dir_; }
+
+ private:
+  TempDir dir_;
+  std::string url_;
+};
 
 /// A fixture giving each test a fresh database of the parameter's backend: url().
 class BackendTest : public ::testing::TestWithParam<store::Backend> {
