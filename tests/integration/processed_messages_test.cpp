@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "keel/store/queue.hpp"
 #include "test_support.hpp"
 #ifdef KEEL_TEST_METRICS
 #include "keel/metrics/processed_messages.hpp"
@@ -174,6 +175,27 @@ TEST_P(ProcessedMessagesTest, ClaimRunsInsideTheCallersTransaction) {
   EXPECT_TRUE(records.contains(*conn_, "evt-1").value());
   EXPECT_EQ(records.process(*conn_, "evt-1", write_effect("evt-1"))->status,
             ProcessStatus::kDuplicate);
+}
+
+// The outbox inside a consumer: the job enqueued by the effect commits with the record, once.
+TEST_P(ProcessedMessagesTest, AJobEnqueuedByTheEffectCommitsWithTheRecord) {
+  ProcessedMessages records = make_records();
+  JobQueue::migrate(*conn_);
+  JobQueue queue({.clock = &clock_, .seed = 3});
+  const auto effect = [&](bool commit) {
+    return [&, commit](Connection& tx) {
+      tx.query("INSERT INTO effects (message, n) VALUES ('evt-1', 1)");
+      const auto job =
+          queue.enqueue_in(tx, {.queue = "receipts", .payload = "{}", .key = "receipt-evt-1"});
+      return job.ok() && commit;
+    };
+  };
+  EXPECT_EQ(records.process(*conn_, "evt-1", effect(false))->status, ProcessStatus::kRolledBack);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 0);
+  EXPECT_EQ(records.process(*conn_, "evt-1", effect(true))->status, ProcessStatus::kProcessed);
+  EXPECT_EQ(records.process(*conn_, "evt-1", effect(true))->status, ProcessStatus::kDuplicate);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 1);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM effects"), 1);
 }
 
 TEST_P(ProcessedMessagesTest, ConcurrentDeliveriesOfOneIdRunOneEffect) {
