@@ -422,6 +422,16 @@ class JobQueue {
   [[nodiscard]] CompleteResult complete(Connection& connection, std::int64_t job_id,
                                         std::int64_t fence, const AttemptReport& report) const;
 
+  /// Records the success of a leased job inside the caller's open transaction, fenced by the
+  /// lease's token in that same transaction: the job is done if and only if the caller's
+  /// transaction commits, together with whatever else it wrote (a handler's effect). Returns
+  /// false when the token is stale (the lease was lost or taken over): roll the transaction back,
+  /// since another worker owns the job. On PostgreSQL the job's row stays locked from this call
+  /// to the commit, so no sweep or other worker can take the lease over in between: call it last.
+  /// Requires: a transaction open on `tx` (else std::invalid_argument). Throws DatabaseError.
+  /// (src/store/queue_complete_tx.cpp.)
+  [[nodiscard]] bool complete_in(Connection& tx, std::int64_t job_id, std::int64_t fence) const;
+
   /// Records successes for several leased jobs in one transaction (batching for throughput);
   /// returns how many were current (the stale ones are skipped). Throws DatabaseError.
   [[nodiscard]] int complete_done(
