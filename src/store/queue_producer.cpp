@@ -167,25 +167,31 @@ EnqueueResult JobQueue::enqueue(Connection& connection, const EnqueueRequest& re
   return std::move(r.front());
 }
 
+namespace {
+
+// The message of a request refused because of the connection's transaction state.
+std::vector<EnqueueResult> refused(std::size_t n, std::string why) {
+  std::vector<EnqueueResult> out(n);
+  for (EnqueueResult& r : out) r.error = why;
+  return out;
+}
+
+}  // namespace
+
 std::vector<EnqueueResult> JobQueue::enqueue_many(
     Connection& connection, const std::vector<EnqueueRequest>& requests) const {
+  if (connection.in_transaction()) {
+    // Its own BEGIN would fail (SQLite) or only warn and then COMMIT the caller's work early
+    // (PostgreSQL).
+    return refused(requests.size(),
+                   "keel::store::JobQueue::enqueue: connection has a transaction open; enqueue "
+                   "inside it with enqueue_in, or commit it first");
+  }
   std::vector<EnqueueResult> out(requests.size());
   std::vector<std::string> keys;
-  keys.reserve(requests.size());
-  for (const EnqueueRequest& request : requests) {
-    auto checked = check_request(request);
-    if (!checked) {
-      const std::string why = checked.error().message();
-      for (EnqueueResult& r : out) r.error = why;
-      return out;
-    }
-    keys.push_back(checked->empty() ? new_job_key() : std::move(*checked));
-  }
+  if (!check_requests(requests, keys, out)) return out;
   const std::int64_t now = now_ms();
-  const auto max_attempts_of = [&](const EnqueueRequest& r) {
-    return r.max_attempts > 0 ? r.max_attempts : options_.max_attempts;
-  };
-  if (requests.size() == 1 && !connection.in_transaction()) {
+  if (requests.size() == 1) {
     out[0].idempotency_key = keys[0];
     if (enqueue_one_statement(connection, requests[0], keys[0], max_attempts_of(requests[0]), now,
                               out[0])) {
@@ -193,77 +199,122 @@ std::vector<EnqueueResult> JobQueue::enqueue_many(
     }
   }
   in_transaction(connection, [&](Connection& tx) {
-    // Each queue's row once per batch, then the jobs.
-    std::vector<std::string_view> queues;
-    for (const EnqueueRequest& r : requests) {
-      if (std::find(queues.begin(), queues.end(), r.queue) != queues.end()) continue;
-      queues.push_back(r.queue);
-      tx.query(
-          "INSERT INTO keel_queues (name, created_ms) VALUES ($1, $2)"
-          " ON CONFLICT (name) DO NOTHING",
-          {r.queue, now});
-    }
-    if (requests.size() == 1) {
-      insert_job(tx, requests[0], keys[0], max_attempts_of(requests[0]), now, out[0]);
-      out[0].idempotency_key = keys[0];
-      return true;
-    }
-    // The jobs in multi-row INSERTs (one statement per kEnqueueChunk jobs); a key that was
-    // already there is looked up.
-    for (std::size_t from = 0; from < requests.size(); from += kEnqueueChunk) {
-      const std::size_t to = std::min(requests.size(), from + kEnqueueChunk);
-      std::string sql =
-          "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts,"
-          " run_at_ms, fence, replays, created_ms, updated_ms) VALUES ";
-      std::vector<Value> params;
-      params.reserve((to - from) * 6);
-      for (std::size_t i = from; i < to; ++i) {
-        const auto p = [&](int k) { return "$" + std::to_string(params.size() + k); };
-        sql += (i > from ? ", (" : "(") + p(1) + ", " + p(2) + ", " + p(3) + ", 'ready', 0, " +
-               p(4) + ", " + p(5) + ", 0, 0, " + p(6) + ", " + p(6) + ")";
-        params.emplace_back(requests[i].queue);
-        params.emplace_back(requests[i].payload);
-        params.emplace_back(keys[i]);
-        params.emplace_back(max_attempts_of(requests[i]));
-        params.emplace_back(now + to_ms(requests[i].delay));
-        params.emplace_back(now);
-      }
-      sql += " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id, queue, idem_key";
-      const Rows inserted = tx.query(sql, params);
-      std::vector<std::pair<std::string, std::int64_t>> created;  // queue + '\n' + key, id
-      created.reserve(inserted.size());
-      for (std::size_t r = 0; r < inserted.size(); ++r) {
-        created.emplace_back(inserted.text(r, 1) + '\n' + inserted.text(r, 2),
-                             inserted.integer(r, 0));
-      }
-      for (std::size_t i = from; i < to; ++i) {
-        out[i].idempotency_key = keys[i];
-        const std::string name = requests[i].queue + '\n' + keys[i];
-        const auto hit = std::find_if(created.begin(), created.end(),
-                                      [&](const auto& c) { return c.first == name; });
-        if (hit != created.end()) {
-          // The first request with this key created the job; a repeat in the batch gets its id.
-          out[i].id = hit->second;
-          out[i].created = true;
-          hit->first.clear();
-          continue;
-        }
-        const auto earlier = std::find_if(
-            out.begin() + static_cast<std::ptrdiff_t>(from),
-            out.begin() + static_cast<std::ptrdiff_t>(i),
-            [&](const EnqueueResult& e) { return e.idempotency_key == keys[i] && e.id != 0; });
-        if (earlier != out.begin() + static_cast<std::ptrdiff_t>(i) &&
-            requests[static_cast<std::size_t>(earlier - out.begin())].queue == requests[i].queue) {
-          out[i].id = earlier->id;
-          out[i].created = false;
-          continue;
-        }
-        find_existing(tx, requests[i].queue, keys[i], out[i]);
-      }
-    }
+    write_jobs(tx, requests, keys, now, out);
     return true;
   });
   return out;
+}
+
+EnqueueResult JobQueue::enqueue_in(Connection& tx, const EnqueueRequest& request) const {
+  std::vector<EnqueueResult> r = enqueue_many_in(tx, {request});
+  return std::move(r.front());
+}
+
+std::vector<EnqueueResult> JobQueue::enqueue_many_in(
+    Connection& tx, const std::vector<EnqueueRequest>& requests) const {
+  if (!tx.in_transaction()) {
+    return refused(requests.size(),
+                   "keel::store::JobQueue::enqueue_in: connection has no transaction open; "
+                   "begin the transaction the jobs belong to, or use enqueue");
+  }
+  std::vector<EnqueueResult> out(requests.size());
+  std::vector<std::string> keys;
+  if (!check_requests(requests, keys, out)) return out;
+  write_jobs(tx, requests, keys, now_ms(), out);
+  return out;
+}
+
+bool JobQueue::check_requests(const std::vector<EnqueueRequest>& requests,
+                              std::vector<std::string>& keys,
+                              std::vector<EnqueueResult>& out) const {
+  keys.reserve(requests.size());
+  for (const EnqueueRequest& request : requests) {
+    auto checked = check_request(request);
+    if (!checked) {
+      const std::string why = checked.error().message();
+      for (EnqueueResult& r : out) r.error = why;
+      return false;
+    }
+    keys.push_back(checked->empty() ? new_job_key() : std::move(*checked));
+  }
+  return true;
+}
+
+int JobQueue::max_attempts_of(const EnqueueRequest& request) const noexcept {
+  return request.max_attempts > 0 ? request.max_attempts : options_.max_attempts;
+}
+
+void JobQueue::write_jobs(Connection& tx, const std::vector<EnqueueRequest>& requests,
+                          const std::vector<std::string>& keys, std::int64_t now,
+                          std::vector<EnqueueResult>& out) const {
+  // Each queue's row once per batch, then the jobs.
+  std::vector<std::string_view> queues;
+  for (const EnqueueRequest& r : requests) {
+    if (std::find(queues.begin(), queues.end(), r.queue) != queues.end()) continue;
+    queues.push_back(r.queue);
+    tx.query(
+        "INSERT INTO keel_queues (name, created_ms) VALUES ($1, $2)"
+        " ON CONFLICT (name) DO NOTHING",
+        {r.queue, now});
+  }
+  if (requests.size() == 1) {
+    insert_job(tx, requests[0], keys[0], max_attempts_of(requests[0]), now, out[0]);
+    out[0].idempotency_key = keys[0];
+    return;
+  }
+  // The jobs in multi-row INSERTs (one statement per kEnqueueChunk jobs); a key that was
+  // already there is looked up.
+  for (std::size_t from = 0; from < requests.size(); from += kEnqueueChunk) {
+    const std::size_t to = std::min(requests.size(), from + kEnqueueChunk);
+    std::string sql =
+        "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts,"
+        " run_at_ms, fence, replays, created_ms, updated_ms) VALUES ";
+    std::vector<Value> params;
+    params.reserve((to - from) * 6);
+    for (std::size_t i = from; i < to; ++i) {
+      const auto p = [&](int k) { return "$" + std::to_string(params.size() + k); };
+      sql += (i > from ? ", (" : "(") + p(1) + ", " + p(2) + ", " + p(3) + ", 'ready', 0, " + p(4) +
+             ", " + p(5) + ", 0, 0, " + p(6) + ", " + p(6) + ")";
+      params.emplace_back(requests[i].queue);
+      params.emplace_back(requests[i].payload);
+      params.emplace_back(keys[i]);
+      params.emplace_back(max_attempts_of(requests[i]));
+      params.emplace_back(now + to_ms(requests[i].delay));
+      params.emplace_back(now);
+    }
+    sql += " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id, queue, idem_key";
+    const Rows inserted = tx.query(sql, params);
+    std::vector<std::pair<std::string, std::int64_t>> created;  // queue + '\n' + key, id
+    created.reserve(inserted.size());
+    for (std::size_t r = 0; r < inserted.size(); ++r) {
+      created.emplace_back(inserted.text(r, 1) + '\n' + inserted.text(r, 2),
+                           inserted.integer(r, 0));
+    }
+    for (std::size_t i = from; i < to; ++i) {
+      out[i].idempotency_key = keys[i];
+      const std::string name = requests[i].queue + '\n' + keys[i];
+      const auto hit = std::find_if(created.begin(), created.end(),
+                                    [&](const auto& c) { return c.first == name; });
+      if (hit != created.end()) {
+        // The first request with this key created the job; a repeat in the batch gets its id.
+        out[i].id = hit->second;
+        out[i].created = true;
+        hit->first.clear();
+        continue;
+      }
+      const auto earlier = std::find_if(
+          out.begin() + static_cast<std::ptrdiff_t>(from),
+          out.begin() + static_cast<std::ptrdiff_t>(i),
+          [&](const EnqueueResult& e) { return e.idempotency_key == keys[i] && e.id != 0; });
+      if (earlier != out.begin() + static_cast<std::ptrdiff_t>(i) &&
+          requests[static_cast<std::size_t>(earlier - out.begin())].queue == requests[i].queue) {
+        out[i].id = earlier->id;
+        out[i].created = false;
+        continue;
+      }
+      find_existing(tx, requests[i].queue, keys[i], out[i]);
+    }
+  }
 }
 
 }  // namespace keel::store

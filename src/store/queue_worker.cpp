@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "detail/worker_tx.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 
@@ -80,6 +81,18 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
         std::max(Duration(std::chrono::milliseconds(1)), queue_.options().lease / 3);
   }
   if (options_.worker_id.empty()) options_.worker_id = default_worker_id();
+}
+
+Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,
+               TransactionalJobHandler handler)
+    // handler_ is never called when tx_handler_ is set; it only passes the check above.
+    : Worker(pool, queue, std::move(options),
+             [](const LeasedJob&, const std::atomic<bool>&) { return AttemptReport{}; }) {
+  if (!handler) {
+    throw_invalid(
+        {.context = "keel::store::Worker", .field = "handler", .problem = "must not be empty"});
+  }
+  tx_handler_ = std::move(handler);
 }
 
 Worker::~Worker() = default;
@@ -180,6 +193,7 @@ void Worker::database_ok() {
 void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJob>* next) {
   const TimePoint start = queue_.clock().now();
   AttemptReport report;
+  std::optional<CompleteStatus> settled;  // recorded in the handler's transaction already
   if (paused_for() > Duration::zero()) {
     // Leased before a refusal paused the worker: defer it the same way, sending nothing.
     std::lock_guard lock(mu_);
@@ -201,7 +215,20 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJ
       return;
     }
     try {
-      report = handler_(job, cancel_);
+      if (tx_handler_) {
+        // The handler's writes and the success in one transaction (queue_worker_tx.cpp).
+        const detail::TransactionalAttempt attempt =
+            detail::run_transactional_attempt(conn, queue_, job, tx_handler_, cancel_, [&] {
+              std::lock_guard lock(mu_);
+              active_.erase(job.id);
+            });
+        report = attempt.report;
+        if (attempt.done || attempt.stale) {
+          settled = attempt.done ? CompleteStatus::kDone : CompleteStatus::kStale;
+        }
+      } else {
+        report = handler_(job, cancel_);
+      }
     } catch (const std::exception& e) {
       report.outcome = Outcome::permanent();
       report.error = std::string("handler threw: ") + e.what();
@@ -215,8 +242,10 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJ
   event.job = job;
   event.report = report;
   event.took = queue_.clock().now() - start;
-  if (next != nullptr && report.outcome.kind == OutcomeKind::kSuccess && !stopping_.load() &&
-      paused_for() == Duration::zero()) {
+  if (settled) {
+    event.result.status = *settled;
+  } else if (next != nullptr && report.outcome.kind == OutcomeKind::kSuccess && !stopping_.load() &&
+             paused_for() == Duration::zero()) {
     // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
     DoneAndLeased step = queue_.complete_and_lease(conn, {{job.id, job.fence}}, options_.queue,
                                                    options_.worker_id, options_.batch, 1);

@@ -72,7 +72,9 @@
 // a mutex guards) and the time of its last expired-lease sweep (an atomic); it is safe for
 // concurrent use. Each call uses the Connection it is given (one thread per connection). Every
 // call that writes runs in its own transaction or single statement: requires no transaction open
-// on the connection.
+// on the connection. The exceptions are enqueue_in and enqueue_many_in, which write in the
+// caller's open transaction, so that a job commits with the caller's other writes or not at all
+// (the transactional outbox).
 //
 // Example:
 //   keel::store::JobQueue queue({.backoff = {.base = 1s, .cap = 1h}});
@@ -335,9 +337,36 @@ class JobQueue {
 
   /// Several enqueues in one transaction (batching for throughput): all requests are checked
   /// first, and when one is invalid nothing is written and every result carries that error.
-  /// Throws DatabaseError.
+  /// Requires: no transaction open on `connection` (else every result's error says so, naming
+  /// enqueue_in, and nothing is written). Throws DatabaseError.
   [[nodiscard]] std::vector<EnqueueResult> enqueue_many(
       Connection& connection, const std::vector<EnqueueRequest>& requests) const;
+
+  /// Enqueues inside the caller's own transaction (the transactional outbox): the same checks
+  /// and statements as enqueue(), without BEGIN or COMMIT, so the job exists if and only if the
+  /// caller's transaction commits, together with the caller's other writes; a rollback leaves
+  /// no job and no key behind. A key already enqueued returns the existing job (created false),
+  /// as enqueue() does; a concurrent enqueue of the same key waits on the (queue, key) index
+  /// until the other transaction ends. Invalid requests are refused with EnqueueResult::error
+  /// and write nothing. Requires: a transaction open on `tx` (the caller's; else the error says
+  /// so and nothing is written); on SQLite, one begun with Connection::begin (BEGIN IMMEDIATE),
+  /// so that the write lock is taken before the caller's first read. Throws DatabaseError; a
+  /// lost race (40001, 40P01, SQLITE_BUSY) must be retried by running the caller's whole
+  /// transaction again, as with_transaction_retry does.
+  ///
+  /// Example:
+  ///   auto r = keel::store::with_transaction_retry(*conn, [&](keel::store::Connection& tx) {
+  ///     tx.query("INSERT INTO orders (id, total) VALUES ($1, $2)", {order_id, total});
+  ///     auto job = queue.enqueue_in(tx, {.queue = "receipts", .payload = receipt,
+  ///                                      .key = "receipt-" + order_id});
+  ///     return job.ok();                 // false rolls back the order with the job
+  ///   });
+  [[nodiscard]] EnqueueResult enqueue_in(Connection& tx, const EnqueueRequest& request) const;
+
+  /// Several enqueue_in() in the caller's transaction, with enqueue_many()'s checks and
+  /// statements. Requires and throws as enqueue_in().
+  [[nodiscard]] std::vector<EnqueueResult> enqueue_many_in(
+      Connection& tx, const std::vector<EnqueueRequest>& requests) const;
 
   // Worker protocol, leases: taking, extending and giving back jobs; expired leases are swept
   // inside lease() (src/store/queue_lease.cpp).
@@ -392,6 +421,16 @@ class JobQueue {
   /// Records an attempt's outcome, fenced by the lease's token. Throws DatabaseError.
   [[nodiscard]] CompleteResult complete(Connection& connection, std::int64_t job_id,
                                         std::int64_t fence, const AttemptReport& report) const;
+
+  /// Records the success of a leased job inside the caller's open transaction, fenced by the
+  /// lease's token in that same transaction: the job is done if and only if the caller's
+  /// transaction commits, together with whatever else it wrote (a handler's effect). Returns
+  /// false when the token is stale (the lease was lost or taken over): roll the transaction back,
+  /// since another worker owns the job. On PostgreSQL the job's row stays locked from this call
+  /// to the commit, so no sweep or other worker can take the lease over in between: call it last.
+  /// Requires: a transaction open on `tx` (else std::invalid_argument). Throws DatabaseError.
+  /// (src/store/queue_complete_tx.cpp.)
+  [[nodiscard]] bool complete_in(Connection& tx, std::int64_t job_id, std::int64_t fence) const;
 
   /// Records successes for several leased jobs in one transaction (batching for throughput);
   /// returns how many were current (the stale ones are skipped). Throws DatabaseError.
@@ -467,6 +506,18 @@ class JobQueue {
   [[nodiscard]] std::int64_t now_ms() const noexcept;
 
  private:
+  // Producer internals (src/store/queue_producer.cpp).
+
+  // Checks every request and fills `keys` with their canonical (or new) keys; false, with every
+  // result's error set, when one is invalid.
+  bool check_requests(const std::vector<EnqueueRequest>& requests, std::vector<std::string>& keys,
+                      std::vector<EnqueueResult>& out) const;
+  [[nodiscard]] int max_attempts_of(const EnqueueRequest& request) const noexcept;
+  // Writes checked requests in the transaction open on `tx` (its own or the caller's).
+  void write_jobs(Connection& tx, const std::vector<EnqueueRequest>& requests,
+                  const std::vector<std::string>& keys, std::int64_t now,
+                  std::vector<EnqueueResult>& out) const;
+
   // Worker protocol internals (src/store/queue_lease.cpp).
 
   // Sweeps expired leases of `queue`: unstarted jobs back to ready uncharged, started ones

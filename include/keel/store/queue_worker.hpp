@@ -38,6 +38,15 @@
 //         return keel::store::AttemptReport{.outcome = send_email(job.payload)};
 //       });
 //   worker.run();   // until worker.stop()
+//
+// A handler whose effect is a write in the same database takes the job's transaction instead
+// (TransactionalJobHandler), so its writes and the job's completion commit together:
+//   keel::store::Worker worker(pool, queue, {.queue = "ledger"},
+//       [](keel::store::Connection& tx, const keel::store::LeasedJob& job,
+//          const std::atomic<bool>&) {
+//         tx.query("INSERT INTO ledger (job, body) VALUES ($1, $2)", {job.id, job.payload});
+//         return keel::store::AttemptReport::success();
+//       });
 #pragma once
 
 #include <atomic>
@@ -60,6 +69,18 @@ namespace keel::store {
 /// the grace period): stop as soon as possible. Must be safe to call from several threads.
 using JobHandler =
     std::function<AttemptReport(const LeasedJob& job, const std::atomic<bool>& cancel)>;
+
+/// Runs one attempt of a job inside a transaction on the worker's connection, `tx`: what the
+/// handler writes through `tx` commits together with the job's success (JobQueue::complete_in,
+/// fenced by the lease's token in the same transaction), or not at all. A success whose lease
+/// was lost meanwhile is rolled back, writes included, and recorded as stale; a failure rolls its
+/// writes back and is recorded as any attempt's. A lost race (40001, 40P01, SQLite busy) runs the
+/// handler again in a new transaction, so it must write only through `tx` and call nothing it
+/// cannot repeat. On SQLite the transaction holds the database's write lock while the handler
+/// runs (heartbeats and other workers wait): keep such handlers short. Must be safe to call from
+/// several threads.
+using TransactionalJobHandler = std::function<AttemptReport(Connection& tx, const LeasedJob& job,
+                                                            const std::atomic<bool>& cancel)>;
 
 /// Reported after each attempt (and for each lease lost or released).
 struct WorkerEvent {
@@ -119,6 +140,11 @@ class Worker {
   /// Requires: pool, queue and handler outlive the worker; the pool allows at least
   /// concurrency + 1 connections.
   Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options, JobHandler handler);
+  /// The same worker with a transactional handler (TransactionalJobHandler above): each job's
+  /// writes and its completion commit in one transaction. The busy path that records a success
+  /// and leases the next jobs in one statement is not used: the success commits with the writes.
+  Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,
+         TransactionalJobHandler handler);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -161,6 +187,7 @@ class Worker {
   const JobQueue& queue_;
   WorkerOptions options_;
   JobHandler handler_;
+  TransactionalJobHandler tx_handler_;  // set instead of handler_ by the second constructor
 
   std::atomic<bool> stopping_{false};
   std::atomic<bool> cancel_{false};
