@@ -84,10 +84,15 @@ int main(int argc, char** argv) {
                        "INSERT INTO accounts (id, cents) VALUES ('acct-1', 0), ('acct-2', 0),"
                        " ('acct-3', 0);"}});
     }
-    store::ProcessedMessages records({.consumer = "ledger"});
     std::mutex injected_mu;
     std::set<std::string> fail_once;  // guarded by injected_mu: event ids whose first try fails
+    const auto inject_failure = [&](const std::string& id) {
+      const std::lock_guard lock(injected_mu);
+      return fail_once.erase(id) == 1;
+    };
 
+    // --- README.md example ---
+    store::ProcessedMessages records({.consumer = "ledger"});
     httplib::Server server;
     server.Post("/webhooks", [&](const httplib::Request& req, httplib::Response& res) {
       const std::string id = req.get_header_value("Webhook-Id");
@@ -106,9 +111,7 @@ int main(int argc, char** argv) {
           const auto updated =
               tx.query("UPDATE accounts SET cents = cents + $1 WHERE id = $2", {cents, account});
           if (updated.affected() != 1) return false;  // unknown account: roll back
-          const std::lock_guard lock(injected_mu);
-          if (fail_once.erase(id) == 1)
-            throw std::runtime_error("injected failure after the write");
+          if (inject_failure(id)) throw std::runtime_error("injected failure after the write");
           return true;
         });
         if (!r) return reply(res, 400, {{"error", r.error().message()}});
@@ -128,6 +131,7 @@ int main(int argc, char** argv) {
         return reply(res, 500, {{"error", e.what()}});
       }
     });
+    // --- end of the README.md example ---
     const int port = server.bind_to_any_port("127.0.0.1");
     if (port <= 0) {
       std::fprintf(stderr, "cannot bind 127.0.0.1\n");
