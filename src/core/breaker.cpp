@@ -561,6 +561,22 @@ void CircuitBreaker::reset() noexcept {
   window_->clear();
 }
 
+void CircuitBreaker::force_open(Duration break_for) noexcept {
+  if (break_for < Duration::zero()) break_for = Duration::zero();
+  std::uint64_t w = state_word_.load(std::memory_order_acquire);
+  for (;;) {
+    const TimePoint now = clock_->now();
+    const std::uint64_t next =
+        make_word(BreakerState::kOpen, gen_of(w) + 1, to_ticks(saturating_add(now, break_for)));
+    if (state_word_.compare_exchange_weak(w, next, std::memory_order_acq_rel)) break;
+  }
+  consecutive_trips_.fetch_add(1, std::memory_order_acq_rel);
+  const BreakerState from = state_of(w);
+  if (from != BreakerState::kOpen && options_.on_state_change) {
+    options_.on_state_change(from, BreakerState::kOpen);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // BreakerRegistry
 
