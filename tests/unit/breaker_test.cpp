@@ -347,8 +347,10 @@ TEST(Breaker, ForceOpenReplacesTheBreakOfAnOpenOrHalfOpenBreaker) {
   EXPECT_EQ(b.state(), BreakerState::kOpen);
   b.record(trial, kS);  // the lost round's trial does not close it
   EXPECT_EQ(b.state(), BreakerState::kOpen);
-  b.force_open(-1s);  // a break already over: the next call is a trial
+  clock.advance(1500us);  // off the millisecond grid: a break already over must not round up
+  b.force_open(-1s);      // a break already over: the next call is a trial
   EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  EXPECT_EQ(b.retry_in(), 0ns);
   const auto next = b.try_acquire();
   ASSERT_TRUE(next);
   EXPECT_TRUE(next.trial);
