@@ -58,7 +58,9 @@ struct PolicySettings {
 
 /// Builds the named policy: naive (3 immediate retries), fixed (the base delay every time),
 /// exponential (no jitter), full-jitter, equal-jitter, decorrelated-jitter, full-jitter+budget,
-/// full-jitter+budget+breaker, one-layer, and three fixed formulas that take only max_attempts and
+/// full-jitter+budget+breaker, full-jitter+breaker (a breaker per process, no budget),
+/// full-jitter+shared-breaker (the same breakers shared by the fleet: SharedBreakers with its
+/// default 500 ms propagation), one-layer, and three fixed formulas that take only max_attempts and
 /// per_try_timeout from the settings: keel-default (BackoffOptions{}), aws-standard (full jitter,
 /// base 1 s, cap 20 s) and fleet (BackoffOptions::fleet()). Throws std::invalid_argument naming the
 /// policy and the known names when `name` is unknown, or when the policy needs a core feature this
@@ -91,6 +93,10 @@ struct Report {
 
 /// The blip scenario with a capacity drop of `trigger` instead of the default.
 [[nodiscard]] Report run_blip(std::string_view policy, Duration trigger, std::uint64_t seed);
+
+/// The fleet-outage scenario (500 pods, a dependency down from t = 10 s) with an outage of
+/// `outage` instead of the default 20 s; recovery is measured from its end.
+[[nodiscard]] Report run_fleet_outage(std::string_view policy, Duration outage, std::uint64_t seed);
 
 /// The shortest trigger in {step, 2*step, ...} up to `limit` after which `policy` does not
 /// recover in the blip scenario; nullopt when it recovers from every trigger up to `limit`.
