@@ -354,6 +354,18 @@ std::optional<Duration> blip_threshold(std::string_view policy, Duration step, D
   return std::nullopt;
 }
 
+Report run_explorer_query(const ExplorerQuery& q) {
+  if (!q.fleet_breakers) return run_explorer(q.params, q.seed);
+  if (q.params.outage < Duration::zero() || q.params.outage > seconds(60)) {
+    throw_invalid({.context = "keel::sim::ExplorerParams",
+                   .field = "outage",
+                   .problem = "must be in [0s, 60s]",
+                   .got = format_duration(q.params.outage)});
+  }
+  return run_fleet_outage(*q.fleet_breakers ? "full-jitter+shared-breaker" : "full-jitter+breaker",
+                          q.params.outage, q.seed);
+}
+
 Report run_explorer(const ExplorerParams& p, std::uint64_t seed) {
   const auto bad = [](std::string_view field, std::string_view requirement, std::string got) {
     throw_invalid({.context = "keel::sim::ExplorerParams",

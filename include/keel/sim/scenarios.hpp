@@ -179,9 +179,13 @@ struct ExplorerParams {
 /// nullopt when absent (an absent one keeps its default). Numbers must be plain decimal in
 /// range; booleans 0, 1, true or false. Returns the parameters, or an Error naming the first bad
 /// parameter and its value ("fleet must be in [1, 100000] (got '500000')").
+/// With `fleet_breakers=per-pod` or `fleet_breakers=shared` the query asks for the fleet-outage
+/// scenario instead (its outage lasting outage_s; the other parameters are not used), with
+/// breakers per pod or shared by the fleet: fleet_breakers is then false or true.
 struct ExplorerQuery {
   ExplorerParams params;
   std::uint64_t seed = 1;
+  std::optional<bool> fleet_breakers;
 };
 [[nodiscard]] Expected<ExplorerQuery> parse_explorer_query(
     const std::function<std::optional<std::string>(std::string_view name)>& get);
@@ -189,6 +193,10 @@ struct ExplorerQuery {
 /// Runs the explorer model (30 s, 100 ms slices). Throws std::invalid_argument naming the
 /// parameter when one is out of range.
 [[nodiscard]] Report run_explorer(const ExplorerParams& params, std::uint64_t seed);
+
+/// Runs what an explorer query asks for: the explorer model, or the fleet-outage scenario with
+/// the query's outage (full-jitter+breaker, or full-jitter+shared-breaker when shared).
+[[nodiscard]] Report run_explorer_query(const ExplorerQuery& query);
 
 /// One line of JSON (no newline) with the fields documented in docs/simulator.md: scenario,
 /// policy, first_attempts, total_calls, amplification, offered_per_s, peak_per_slice, slice_ms,
