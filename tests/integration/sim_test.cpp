@@ -452,6 +452,31 @@ TEST(SimFleet, SharedBreakersOfASingleProcessAreItsOwnBreaker) {
   EXPECT_THROW((void)keel::sim::run(s, policy, kSeed), std::invalid_argument);
 }
 
+TEST(SimExplorer, FleetBreakersQueryRunsTheFleetOutage) {
+  const auto query = [](std::string value) {
+    return keel::sim::parse_explorer_query([value](std::string_view name) {
+      if (name == "fleet_breakers") return std::optional<std::string>(value);
+      if (name == "outage_s") return std::optional<std::string>("20");
+      return std::optional<std::string>();
+    });
+  };
+  const auto shared = query("shared");
+  ASSERT_TRUE(shared);
+  ASSERT_TRUE(shared->fleet_breakers);
+  EXPECT_TRUE(*shared->fleet_breakers);
+  const Report r = keel::sim::run_explorer_query(*shared);
+  EXPECT_EQ(r.scenario, "fleet-outage");
+  EXPECT_EQ(r.policy, "full-jitter+shared-breaker");
+  EXPECT_EQ(r.summary.outage_calls,
+            run_scenario("fleet-outage", "full-jitter+shared-breaker", 1).summary.outage_calls);
+  const auto per_pod = query("per-pod");
+  ASSERT_TRUE(per_pod);
+  EXPECT_EQ(keel::sim::run_explorer_query(*per_pod).policy, "full-jitter+breaker");
+  const auto bad = query("both");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("fleet_breakers"), std::string::npos);
+}
+
 TEST(SimReport, JsonLineHasTheDocumentedFields) {
   const auto r = run_scenario("layers", "exponential", kSeed);
   const std::string line = keel::sim::to_json_line(r);
