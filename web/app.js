@@ -3,7 +3,9 @@
 // B dashed) with their summaries side by side. Requests are debounced, and a late answer never
 // overwrites a newer one. document.body.dataset carries what the browser test reads: A's peak
 // and peak retries (peak, peakRetries), B's (peakB, peakRetriesB), and how long the last draw
-// took (drawMs).
+// took (drawMs), and the breakers' figures (outageCalls, probes; outageCallsB, probesB). The
+// "shared breakers (fleet)" box switches both runs to the fleet-outage scenario: A with a breaker
+// per pod, B with the breakers shared by the fleet.
 (function () {
   'use strict';
   const fields = ['fleet', 'capacity', 'outage_s', 'attempts', 'base_ms'];
@@ -16,6 +18,11 @@
   // The query of policy `which` ('a' or 'b'): the shared fields, and that policy's toggles.
   function query(which) {
     const params = new URLSearchParams();
+    if ($('shared').checked) {
+      params.set('fleet_breakers', which === 'a' ? 'per-pod' : 'shared');
+      params.set('outage_s', $('outage_s-value').value.trim());
+      return params;
+    }
     for (const f of fields) params.set(f, $(f + '-value').value.trim());
     for (const t of toggles) {
       params.set(t, $(which === 'a' ? t : 'b_' + t).checked ? '1' : '0');
@@ -38,7 +45,7 @@
     const opts = {
       width: width,
       height: 420,
-      title: 'calls per 100 ms slice (A solid, B dashed)',
+      title: 'calls per ' + a.slice_ms + ' ms slice (A solid, B dashed)',
       scales: { x: { time: false } },
       axes: [{ label: 'time (s)' }, { label: 'calls', size: 60 }],
       series: [
@@ -65,6 +72,10 @@
     $('total-' + which).textContent = data.total_calls;
     $('amplification-' + which).textContent = data.amplification.toFixed(2) + 'x';
     $('ops-' + which).textContent = data.ops_succeeded + ' / ' + data.ops_failed;
+    $('outage-calls-' + which).textContent = data.outage_calls;
+    $('probes-' + which).textContent = data.probes;
+    $('ops-recovery-' + which).textContent =
+        data.ops_recovery_s === null ? 'never' : data.ops_recovery_s + ' s';
   }
 
   function render(a, b, ms) {
@@ -81,6 +92,10 @@
     d.peakRetries = String(a.peak_retries_per_slice);
     d.peakB = String(b.peak_per_slice);
     d.peakRetriesB = String(b.peak_retries_per_slice);
+    d.outageCalls = String(a.outage_calls);
+    d.outageCallsB = String(b.outage_calls);
+    d.probes = String(a.probes);
+    d.probesB = String(b.probes);
     d.drawMs = drawMs.toFixed(1);
     d.renders = String(Number(d.renders || 0) + 1);
     d.state = 'ready';
@@ -130,6 +145,7 @@
       schedule();
     });
   }
+  $('shared').addEventListener('change', schedule);
   for (const t of toggles) {
     $(t).addEventListener('change', schedule);
     $('b_' + t).addEventListener('change', schedule);

@@ -160,6 +160,14 @@ class CircuitBreaker {
   [[nodiscard]] BreakerSnapshot snapshot() const noexcept;
   /// Forces the closed state with an empty window.
   void reset() noexcept;
+  /// Forces the open state for `break_for` from now, whatever the state: for a fleet whose
+  /// processes share what their breakers learn (another process's breaker for this dependency
+  /// opened, or the fleet's one probe failed), so this process stops calling without tripping
+  /// on its own calls. It counts as a trip (consecutive_trips + 1); on_state_change is called
+  /// unless the breaker was already open. When the break is over the breaker goes half-open as
+  /// after any trip. A break <= 0 leaves the breaker open with its break already over (the next
+  /// call is a half-open trial).
+  void force_open(Duration break_for) noexcept;
 
   [[nodiscard]] const BreakerOptions& options() const noexcept { return options_; }
 

@@ -561,6 +561,30 @@ void CircuitBreaker::reset() noexcept {
   window_->clear();
 }
 
+void CircuitBreaker::force_open(Duration break_for) noexcept {
+  if (break_for < Duration::zero()) break_for = Duration::zero();
+  std::uint64_t w = state_word_.load(std::memory_order_acquire);
+  for (;;) {
+    const TimePoint now = clock_->now();
+    // A break that is already over ends at the current millisecond, rounded down (to_ticks
+    // rounds up, which would refuse calls for up to 1 ms more).
+    std::uint64_t ticks = 0;
+    if (break_for > Duration::zero()) {
+      ticks = to_ticks(saturating_add(now, break_for));
+    } else if (now > origin_) {
+      const auto ms = static_cast<std::uint64_t>((now - origin_).count() / 1'000'000);
+      ticks = ms > kTicksMask ? kTicksMask : ms;
+    }
+    const std::uint64_t next = make_word(BreakerState::kOpen, gen_of(w) + 1, ticks);
+    if (state_word_.compare_exchange_weak(w, next, std::memory_order_acq_rel)) break;
+  }
+  consecutive_trips_.fetch_add(1, std::memory_order_acq_rel);
+  const BreakerState from = state_of(w);
+  if (from != BreakerState::kOpen && options_.on_state_change) {
+    options_.on_state_change(from, BreakerState::kOpen);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // BreakerRegistry
 

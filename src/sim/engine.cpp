@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keel/admission.hpp"
+#include "keel/breaker.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/random.hpp"
@@ -40,6 +41,7 @@ enum class EventType : std::uint8_t {
   kServiceDone,   // a server finishes a request
   kTimeout,       // an attempt reaches its per-attempt timeout
   kCapacityEdge,  // capacity changes (drop window start or end): serve the queue
+  kFleetWord,     // shared breakers: a break (op 0) or a close (op 1) reaches the other processes
 };
 
 struct Event {
@@ -99,6 +101,15 @@ class Engine {
     if (p.make_call_context) {
       for (auto& ctx : processes_) ctx = p.make_call_context(clock_);
     }
+    watched_.resize(processes_.size());
+    for (std::size_t i = 0; i < processes_.size(); ++i) {
+      if (processes_[i]) watched_[i].breaker = processes_[i]->breaker();
+    }
+    if (p.shared_breakers) {
+      shared_ = true;
+      propagation_ns_ = p.shared_breakers->propagation.count();
+    }
+    if (s.clients.random_process) process_rng_.emplace(seed * 0x2545f4914f6cdd1dULL + 5);
     one_retrying_layer_ = p.one_retrying_layer;
     if (s.dependency.admission_limit > 0) {
       admission_rng_ = Rng(seed * 0xd6e8feb86659fd93ULL + 4);
@@ -153,6 +164,9 @@ class Engine {
         }
         case EventType::kCapacityEdge:
           serve_queue(ev.at);
+          break;
+        case EventType::kFleetWord:
+          fleet_word(ev.attempt_id, ev.op == 1);
           break;
       }
     }
@@ -235,7 +249,12 @@ class Engine {
   }
 
   void start_top_level(std::int64_t at) {
-    const auto process = static_cast<std::int32_t>(next_process_++ % processes_.size());
+    const auto process =
+        process_rng_ ? static_cast<std::int32_t>(std::min(
+                           processes_.size() - 1,
+                           static_cast<std::size_t>(uniform01(*process_rng_) *
+                                                    static_cast<double>(processes_.size()))))
+                     : static_cast<std::int32_t>(next_process_++ % processes_.size());
     const std::uint32_t index = new_op(0, process, kNone);
     ++slice_at(at).first_attempts;
     ++first_attempts_;
@@ -244,7 +263,19 @@ class Engine {
 
   void begin_attempt(std::uint32_t index) {
     Op* op = &ops_[index];
+    if (shared_ && fleet_open_ && !probe_claimed_ && op->layer == 0 && now() >= probe_at_ &&
+        watched_[static_cast<std::size_t>(op->process)].breaker != nullptr) {
+      claim_probe(static_cast<std::size_t>(op->process));
+    }
     const AttemptStart start = op->state->start_attempt();
+    CircuitBreaker* breaker =
+        op->layer == 0 ? watched_[static_cast<std::size_t>(op->process)].breaker : nullptr;
+    if (breaker != nullptr) {
+      // A half-open breaker admits only trials: an attempt that proceeds now is a probe.
+      if (start.proceed && breaker->state() == BreakerState::kHalfOpen) ++probes_;
+      watch(static_cast<std::size_t>(op->process));
+      op = &ops_[index];
+    }
     if (!start.proceed) {
       finish(index);
       return;
@@ -286,6 +317,9 @@ class Engine {
       }
     }
     const Decision d = op.state->next(outcome);
+    if (op.layer == 0 && watched_[static_cast<std::size_t>(op.process)].breaker != nullptr) {
+      watch(static_cast<std::size_t>(op.process));
+    }
     if (d.retry) {
       op.attempt_id = ++attempt_counter_;
       schedule(now() + d.delay.count(), EventType::kAttempt, index, op.attempt_id);
@@ -320,6 +354,116 @@ class Engine {
     }
   }
 
+  // --- breakers: what each process's breaker did, and the fleet's shared breaker -----------
+
+  // What the engine last saw of a process's breaker. Breakers change state only inside a
+  // RetryState's start_attempt() and next() (and when the fleet forces them), so looking after
+  // each of those sees every break: consecutive_trips grows by one per opening.
+  struct Watched {
+    CircuitBreaker* breaker = nullptr;
+    BreakerState state = BreakerState::kClosed;
+    int trips = 0;
+    std::uint32_t adopted = 0;  // the fleet break this process was forced into (0: none)
+  };
+
+  void look(Watched& w) {
+    const BreakerSnapshot snap = w.breaker->snapshot();
+    w.state = snap.state;
+    w.trips = snap.consecutive_trips;
+  }
+
+  void watch(std::size_t process) {
+    Watched& w = watched_[process];
+    const BreakerState before = w.state;
+    const int trips_before = w.trips;
+    const BreakerSnapshot snap = w.breaker->snapshot();
+    w.state = snap.state;
+    w.trips = snap.consecutive_trips;
+    if (snap.consecutive_trips > trips_before) {
+      if (!shared_) {
+        ++breaker_opens_;
+        return;
+      }
+      fleet_opened(process, snap.open_remaining);
+    } else if (shared_ && before != BreakerState::kClosed && snap.state == BreakerState::kClosed) {
+      fleet_closed();
+    }
+  }
+
+  // A process's breaker opened by itself. The prober's re-open (a failed probe) or the first
+  // opening while the fleet is closed starts a fleet break; anyone else adopts the current one.
+  void fleet_opened(std::size_t process, Duration open_remaining) {
+    if (!fleet_open_ || process == prober_) {
+      fleet_open_ = true;
+      prober_ = process;
+      probe_claimed_ = false;
+      ++fleet_break_;
+      ++breaker_opens_;
+      probe_at_ = now() + open_remaining.count();
+      watched_[process].adopted = fleet_break_;
+      schedule(now() + propagation_ns_, EventType::kFleetWord, 0, fleet_break_);
+      return;
+    }
+    watched_[process].adopted = 0;  // opened by itself after its hold ran out: hold it again
+    hold(process);
+  }
+
+  // The fleet shares one probe time: the first process to call after it sends the fleet's one
+  // probe (in the real design, the process that claims the probe in the shared store). When that
+  // is not the process whose break set the time, the probe moves: the claimer's breaker is
+  // forced open with its break over (its call is the half-open trial) and the former prober is
+  // held open like every other process.
+  void claim_probe(std::size_t process) {
+    probe_claimed_ = true;
+    if (process == prober_) return;
+    const std::size_t former = prober_;
+    prober_ = process;
+    if (former != kNoProcess) {
+      watched_[former].adopted = 0;
+      hold(former);
+    }
+    Watched& w = watched_[process];
+    w.breaker->force_open(Duration::zero());
+    w.adopted = fleet_break_;
+    look(w);
+  }
+
+  // The fleet's probe (or, after a lost word, any process's) closed a breaker.
+  void fleet_closed() {
+    if (!fleet_open_) return;
+    fleet_open_ = false;
+    prober_ = kNoProcess;
+    ++fleet_break_;
+    schedule(now() + propagation_ns_, EventType::kFleetWord, 1, fleet_break_);
+  }
+
+  // Keeps a non-probing process open until the probe's answer reaches it: the fleet's probe time
+  // plus the breaker's half_open_timeout and the propagation (a safety net, then it probes).
+  void hold(std::size_t process) {
+    Watched& w = watched_[process];
+    if (w.adopted == fleet_break_) return;
+    const std::int64_t until =
+        probe_at_ + w.breaker->options().half_open_timeout.count() + propagation_ns_;
+    w.breaker->force_open(Duration(until - now()));
+    w.adopted = fleet_break_;
+    look(w);
+  }
+
+  void fleet_word(std::uint32_t id, bool close) {
+    if (id != fleet_break_) return;  // overtaken by a newer break or close
+    for (std::size_t i = 0; i < watched_.size(); ++i) {
+      Watched& w = watched_[i];
+      if (w.breaker == nullptr) continue;
+      if (close) {
+        if (w.breaker->state() != BreakerState::kClosed) w.breaker->reset();
+        w.adopted = 0;
+        look(w);
+      } else if (i != prober_) {
+        hold(i);
+      }
+    }
+  }
+
   // --- the dependency --------------------------------------------------------------------
 
   std::int64_t server_limit(std::int64_t t) const {
@@ -344,6 +488,7 @@ class Engine {
   void arrive(std::uint32_t index, std::uint32_t attempt_id, std::int64_t t, bool retry) {
     const auto& dep = s_.dependency;
     if (dep.outage.contains(Duration(t))) {
+      ++outage_calls_;
       deliver(index, Outcome::transient());
       return;
     }
@@ -457,6 +602,23 @@ class Engine {
       const Duration at(static_cast<std::int64_t>(*healthy_from) * slice_ns_);
       m.recovery = at > s_.trigger_end ? at - s_.trigger_end : Duration::zero();
     }
+    std::optional<std::size_t> ops_healthy_from;
+    for (std::size_t i = slices_.size(); i-- > first;) {
+      const Slice& sl = slices_[i];
+      const std::int64_t ended = sl.ops_succeeded + sl.ops_failed;
+      if (ended > 0 &&
+          static_cast<double>(sl.ops_succeeded) < s_.healthy_ratio * static_cast<double>(ended)) {
+        break;
+      }
+      ops_healthy_from = i;
+    }
+    if (ops_healthy_from) {
+      const Duration at(static_cast<std::int64_t>(*ops_healthy_from) * slice_ns_);
+      m.ops_recovery = at > s_.trigger_end ? at - s_.trigger_end : Duration::zero();
+    }
+    m.outage_calls = outage_calls_;
+    m.probes = probes_;
+    m.breaker_opens = breaker_opens_;
     if (!latencies_.empty()) {
       auto pick = [&](double q) {
         const auto k = static_cast<std::size_t>(q * static_cast<double>(latencies_.size() - 1));
@@ -499,6 +661,19 @@ class Engine {
   std::vector<std::uint32_t> free_;
   std::vector<std::unique_ptr<CallContext>> processes_;
   std::size_t next_process_ = 0;
+  std::optional<Rng> process_rng_;  // random_process: which process an operation goes to
+  static constexpr std::size_t kNoProcess = static_cast<std::size_t>(-1);
+  std::vector<Watched> watched_;  // per process
+  bool shared_ = false;
+  std::int64_t propagation_ns_ = 0;
+  bool fleet_open_ = false;
+  std::size_t prober_ = kNoProcess;
+  bool probe_claimed_ = false;     // a process has taken this break's probe
+  std::uint32_t fleet_break_ = 0;  // grows with every fleet break and close
+  std::int64_t probe_at_ = 0;      // the prober's break ends here (ns)
+  std::int64_t outage_calls_ = 0;
+  std::int64_t probes_ = 0;
+  std::int64_t breaker_opens_ = 0;
   std::uint32_t attempt_counter_ = 0;
   std::vector<Slice> slices_;
   std::vector<std::int64_t> latencies_;
@@ -566,6 +741,12 @@ void validate(const Scenario& s) {
 
 Result run(const Scenario& scenario, const ClientPolicy& policy, std::uint64_t seed) {
   validate(scenario);
+  if (policy.shared_breakers && policy.shared_breakers->propagation < Duration::zero()) {
+    throw_invalid({.context = "keel::sim::ClientPolicy",
+                   .field = "shared_breakers.propagation",
+                   .problem = "must be >= 0",
+                   .got = format_duration(policy.shared_breakers->propagation)});
+  }
   Engine engine(scenario, policy, seed);
   return engine.run();
 }

@@ -66,6 +66,19 @@ Expected<ExplorerQuery> parse_explorer_query(const Getter& get) {
   p.budget = r.boolean("budget", p.budget);
   p.breaker = r.boolean("breaker", p.breaker);
   q.seed = r.number<std::uint64_t>("seed", 1, 0, ~std::uint64_t{0});
+  if (!r.error) {
+    if (const std::optional<std::string> v = get("fleet_breakers")) {
+      if (*v == "per-pod") {
+        q.fleet_breakers = false;
+      } else if (*v == "shared") {
+        q.fleet_breakers = true;
+      } else {
+        r.error = Error{.field = "fleet_breakers",
+                        .problem = "must be per-pod or shared",
+                        .got = quote_value(*v)};
+      }
+    }
+  }
   if (r.error) return *std::move(r.error);
   return q;
 }

@@ -44,6 +44,7 @@ class CoreCallContext final : public CallContext {
     call.budget = budget_.get();
     call.breaker = breaker_.get();
   }
+  [[nodiscard]] CircuitBreaker* breaker() override { return breaker_.get(); }
   [[nodiscard]] int breaker_state() const override {
     if (!breaker_) return -1;
     switch (breaker_->state()) {
@@ -88,6 +89,8 @@ const std::vector<std::string>& policy_names() {
                                                  "decorrelated-jitter",
                                                  "full-jitter+budget",
                                                  "full-jitter+budget+breaker",
+                                                 "full-jitter+breaker",
+                                                 "full-jitter+shared-breaker",
                                                  "one-layer",
                                                  "keel-default",
                                                  "aws-standard",
@@ -128,6 +131,13 @@ ClientPolicy make_policy(std::string_view name, const PolicySettings& s) {
   } else if (name == "full-jitter+budget+breaker") {
     p.retry = backoff_options(s, Jitter::kFull);
     add_guards(p, true, true, s.budget_ratio);
+  } else if (name == "full-jitter+breaker") {
+    p.retry = backoff_options(s, Jitter::kFull);
+    add_guards(p, false, true, s.budget_ratio);
+  } else if (name == "full-jitter+shared-breaker") {
+    p.retry = backoff_options(s, Jitter::kFull);
+    add_guards(p, false, true, s.budget_ratio);
+    p.shared_breakers = SharedBreakers{};
   } else if (name == "one-layer") {
     p.retry = backoff_options(s, Jitter::kFull);
     p.one_retrying_layer = true;

@@ -15,4 +15,7 @@ namespace keel::sim {
 /// The blip scenario with a capacity drop lasting `trigger`.
 [[nodiscard]] Scenario blip_scenario(Duration trigger);
 
+/// The fleet-outage scenario with an outage lasting `outage`.
+[[nodiscard]] Scenario fleet_outage_scenario(Duration outage);
+
 }  // namespace keel::sim

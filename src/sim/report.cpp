@@ -37,6 +37,11 @@ nlohmann::ordered_json summary_json(const Report& r) {
   j["ops_succeeded"] = m.ops_succeeded;
   j["ops_failed"] = m.ops_failed;
   j["wasted"] = m.wasted;
+  j["outage_calls"] = m.outage_calls;
+  j["probes"] = m.probes;
+  j["breaker_opens"] = m.breaker_opens;
+  j["ops_recovery_s"] = m.ops_recovery ? nlohmann::ordered_json(round3(seconds(*m.ops_recovery)))
+                                       : nlohmann::ordered_json(nullptr);
   j["p50_ms"] = m.p50_latency ? nlohmann::ordered_json(round3(millis(*m.p50_latency)))
                               : nlohmann::ordered_json(nullptr);
   j["p99_ms"] = m.p99_latency ? nlohmann::ordered_json(round3(millis(*m.p99_latency)))

@@ -111,6 +111,29 @@ Scenario blip_scenario(Duration trigger) {
   return s;
 }
 
+// Seed 003's fleet: kFleetPods pods behind a load balancer (each operation goes to a pod at
+// random), together kFleetOutageRate operations/s (one per pod per second) against a dependency
+// with capacity to spare, which refuses every request at once from t = 10 s for `outage`.
+constexpr int kFleetPods = 500;
+constexpr double kFleetOutageRate = 500;
+constexpr Duration kFleetOutageStart = seconds(10);
+
+Scenario fleet_outage_scenario(Duration outage) {
+  Scenario s;
+  s.name = "fleet-outage";
+  s.clients.arrivals_per_s = kFleetOutageRate;
+  s.clients.processes = kFleetPods;
+  s.clients.random_process = true;
+  s.dependency.capacity_per_s = 2000;
+  s.dependency.service_time = milliseconds(10);
+  s.dependency.queue_limit = 200;
+  s.dependency.outage = {kFleetOutageStart, kFleetOutageStart + outage};
+  s.duration = kFleetOutageStart + outage + seconds(20);
+  s.slice = milliseconds(500);
+  s.trigger_end = kFleetOutageStart + outage;
+  return s;
+}
+
 namespace {
 
 // The blip with receiver-side shedding (keel::AdmissionLimiter at the dependency): at most
@@ -196,6 +219,13 @@ const std::vector<Definition>& definitions() {
                   .base = milliseconds(100),
                   .cap = seconds(2),
                   .per_try_timeout = milliseconds(300)}});
+    d.push_back({{"fleet-outage",
+                  "seed 003's fleet: 500 pods, 1 operation/s each, the dependency refuses "
+                  "everything for 20 s: per-pod breakers each learn and probe alone, shared "
+                  "breakers open together and send one probe per break",
+                  {"full-jitter+breaker", "full-jitter+shared-breaker"}},
+                 fleet_outage_scenario(seconds(20)),
+                 {.max_attempts = 4, .base = milliseconds(200), .cap = seconds(2)}});
     d.push_back({{"brooker",
                   "AWS 2015 contention experiment: 100 clients race to update one row with "
                   "optimistic concurrency (network normal(10 ms, 2 ms) per hop, base 5 ms, cap "
@@ -303,6 +333,13 @@ Report run_blip(std::string_view policy, Duration trigger, std::uint64_t seed) {
   return report_of(s, policy, seed, run(s, p, seed));
 }
 
+Report run_fleet_outage(std::string_view policy, Duration outage, std::uint64_t seed) {
+  const Definition& d = definition("fleet-outage");
+  const Scenario s = fleet_outage_scenario(outage);
+  const ClientPolicy p = make_policy(policy, d.settings);
+  return report_of(s, policy, seed, run(s, p, seed));
+}
+
 std::optional<Duration> blip_threshold(std::string_view policy, Duration step, Duration limit,
                                        std::uint64_t seed) {
   if (step <= Duration::zero()) {
@@ -315,6 +352,18 @@ std::optional<Duration> blip_threshold(std::string_view policy, Duration step, D
     if (!run_blip(policy, t, seed).summary.recovered) return t;
   }
   return std::nullopt;
+}
+
+Report run_explorer_query(const ExplorerQuery& q) {
+  if (!q.fleet_breakers) return run_explorer(q.params, q.seed);
+  if (q.params.outage < Duration::zero() || q.params.outage > seconds(60)) {
+    throw_invalid({.context = "keel::sim::ExplorerParams",
+                   .field = "outage",
+                   .problem = "must be in [0s, 60s]",
+                   .got = format_duration(q.params.outage)});
+  }
+  return run_fleet_outage(*q.fleet_breakers ? "full-jitter+shared-breaker" : "full-jitter+breaker",
+                          q.params.outage, q.seed);
 }
 
 Report run_explorer(const ExplorerParams& p, std::uint64_t seed) {

@@ -96,6 +96,29 @@ TEST_F(KeelSim, RunJsonPrintsOneObjectPerPolicy) {
   EXPECT_NE(ls[2].find("\"seed\":3"), std::string::npos);
 }
 
+TEST_F(KeelSim, FleetOutageComparesPerPodAndSharedBreakers) {
+  ProcessResult r = keel({"sim", "run", "--scenario", "fleet-outage"}, dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* text : {"full-jitter+breaker", "full-jitter+shared-breaker", "outage calls",
+                           "probes", "ops recovery"}) {
+    EXPECT_NE(r.out.find(text), std::string::npos) << text << " in " << r.out;
+  }
+  r = keel({"sim", "run", "--scenario", "fleet-outage", "--trigger", "11m", "--json"}, dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto ls = lines(r.out);
+  ASSERT_EQ(ls.size(), 2u) << r.out;
+  for (const auto& line : ls) {
+    for (const char* field :
+         {"\"outage_calls\":", "\"probes\":", "\"breaker_opens\":", "\"ops_recovery_s\":"}) {
+      EXPECT_NE(line.find(field), std::string::npos) << field << " in " << line;
+    }
+  }
+  EXPECT_NE(ls[1].find("\"policy\":\"full-jitter+shared-breaker\""), std::string::npos);
+  r = keel({"sim", "run", "--scenario", "fleet-outage", "--trigger", "16m"}, dir_);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--trigger"), std::string::npos) << r.err;
+}
+
 TEST_F(KeelSim, BlipThresholdFindsTheTriggerNaiveDoesNotRecoverFrom) {
   const ProcessResult r = keel(
       {"sim", "run", "--scenario", "blip", "--policy", "naive", "--threshold", "--json"}, dir_);

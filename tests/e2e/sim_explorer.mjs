@@ -1,7 +1,8 @@
 // The storm explorer in a real browser: Debian's headless Chromium driven by playwright-core.
 // Starts `keel sim serve` on a free loopback port, checks that two policies are drawn on the same
 // axes with their summaries side by side, moves the fleet slider, toggles jitter off and on (A)
-// and the budget (B), types a bad value, and saves a screenshot. Prints how long each redraw took
+// and the budget (B), types a bad value, switches to the fleet of 500 pods with breakers per pod
+// (A) and shared (B) and back, and saves a screenshot. Prints how long each redraw took
 // (change to new chart, and the chart drawing alone); times are reported, never asserted.
 //   node tests/e2e/sim_explorer.mjs KEEL_BINARY SCREENSHOT.png
 // Exits 0 when every check passed; prints "N passed, M failed".
@@ -71,6 +72,10 @@ try {
     peakB: Number(document.body.dataset.peakB),
     peakRetriesB: Number(document.body.dataset.peakRetriesB),
     drawMs: Number(document.body.dataset.drawMs),
+    outageCalls: Number(document.body.dataset.outageCalls),
+    outageCallsB: Number(document.body.dataset.outageCallsB),
+    probes: Number(document.body.dataset.probes),
+    probesB: Number(document.body.dataset.probesB),
     state: document.body.dataset.state,
   }));
   const redraws = [];
@@ -133,6 +138,27 @@ try {
         `an out-of-range fleet shows the endpoint's 400 message: "${message}"`);
   await afterRedraw(() => page.locator('#fleet-value').fill('3000'), 'fleet back to 3000');
   check(!(await page.locator('#error').isVisible()), 'a valid value clears the message');
+
+  const explorer = await state();
+  await afterRedraw(() => page.locator('#outage_s-value').fill('20'), 'outage 20 s');
+  const fleet = await afterRedraw(() => page.locator('#shared').check(), 'shared breakers on');
+  const fleetNames = [await page.locator('#policy-a').innerText(),
+                      await page.locator('#policy-b').innerText()];
+  check(fleetNames[0] === 'full-jitter+breaker' && fleetNames[1] === 'full-jitter+shared-breaker',
+        `the fleet: breakers per pod (A) against shared (B): ${fleetNames.join(' | ')}`);
+  check(fleet.outageCalls > 0 && 3 * fleet.outageCallsB <= fleet.outageCalls,
+        `shared breakers send under a third of the calls to the dead dependency ` +
+        `(${fleet.outageCalls} -> ${fleet.outageCallsB})`);
+  check(fleet.probesB > 0 && 100 * fleet.probesB <= fleet.probes,
+        `one probe per break for the fleet (${fleet.probes} -> ${fleet.probesB})`);
+  check(fleet.peak !== explorer.peak || fleet.outageCalls !== explorer.outageCalls,
+        'the numbers change with the box');
+  await page.screenshot({ path: screenshot.replace(/\.png$/, '') + '-fleet.png', fullPage: true });
+  const back = await afterRedraw(() => page.locator('#shared').uncheck(), 'shared breakers off');
+  check(back.probesB === 0 && /^full-jitter/.test(await page.locator('#policy-a').innerText()) &&
+        !(await page.locator('#policy-b').innerText()).includes('breaker'),
+        'unchecking the box brings back policies A and B');
+  await afterRedraw(() => page.locator('#outage_s-value').fill('5'), 'outage back to 5 s');
 
   await afterRedraw(() => page.locator('#jitter').uncheck(), 'jitter off for the screenshot');
   const sorted = [...redraws].sort((x, y) => x - y);

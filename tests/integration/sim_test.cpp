@@ -203,9 +203,10 @@ TEST(SimSharesCore, BudgetAndBreakerAreCoresOwnStopReasons) {
 TEST(SimScenarios, ListsEveryScenarioWithItsPolicies) {
   std::vector<std::string> names;
   for (const auto& s : keel::sim::scenarios()) names.push_back(s.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"worked-example", "worked-example-feedback", "herd",
-                                             "fleet-herd", "layers", "blip", "blip-shed", "brooker",
-                                             "hedge-tail", "hedge-brownout"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"worked-example", "worked-example-feedback", "herd",
+                                      "fleet-herd", "layers", "blip", "blip-shed", "fleet-outage",
+                                      "brooker", "hedge-tail", "hedge-brownout"}));
   ASSERT_NE(keel::sim::find_scenario("layers"), nullptr);
   EXPECT_EQ(keel::sim::find_scenario("nope"), nullptr);
 }
@@ -378,14 +379,113 @@ TEST(SimExplorer, OutOfRangeParametersAreRejectedNamingTheParameter) {
   EXPECT_THROW((void)keel::sim::run_explorer(p, kSeed), std::invalid_argument);
 }
 
+// --- fleet-outage: breakers per pod against breakers the fleet shares ------------------------
+
+constexpr const char* kPerPod = "full-jitter+breaker";
+constexpr const char* kShared = "full-jitter+shared-breaker";
+
+// Over 20 seeds the shared breakers send at most a third of the per-pod breakers' calls to the
+// dead dependency during a 20 s outage (measured 0.12-0.22 over seeds 1-30: what is left is the
+// burst before the first pod trips and the 500 ms the word takes), and at most a twentieth over
+// seed 003's eleven minutes (measured 1/46 on seed 1), where the per-pod probes dominate.
+TEST(SimFleet, SharedBreakersSendFarFewerCallsToTheDeadDependency) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const auto pod = run_scenario("fleet-outage", kPerPod, seed).summary;
+    const auto shared = run_scenario("fleet-outage", kShared, seed).summary;
+    EXPECT_GT(pod.outage_calls, 9000) << "seed " << seed;
+    EXPECT_LE(shared.outage_calls * 3, pod.outage_calls) << "seed " << seed;
+  }
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    const auto pod = keel::sim::run_fleet_outage(kPerPod, 11min, seed).summary;
+    const auto shared = keel::sim::run_fleet_outage(kShared, 11min, seed).summary;
+    EXPECT_LE(shared.outage_calls * 20, pod.outage_calls) << "seed " << seed;
+  }
+}
+
+// One probe per break for the whole fleet: every fleet break ends with exactly one half-open
+// trial (the run ends after the dependency is back, so the last probe closed it), one break per
+// 2 s of outage; the per-pod breakers probe once per pod per break.
+TEST(SimFleet, SharedBreakersSendExactlyOneProbePerBreak) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const auto pod = run_scenario("fleet-outage", kPerPod, seed).summary;
+    const auto shared = run_scenario("fleet-outage", kShared, seed).summary;
+    EXPECT_EQ(shared.probes, shared.breaker_opens) << "seed " << seed;
+    EXPECT_GE(shared.breaker_opens, 8) << "seed " << seed;
+    EXPECT_LE(shared.breaker_opens, 11) << "seed " << seed;  // 20 s of outage / 2 s breaks + 1
+    EXPECT_EQ(pod.probes, pod.breaker_opens) << "seed " << seed;
+    EXPECT_GE(pod.probes, 100 * shared.probes) << "seed " << seed;
+  }
+}
+
+// Recovery of the operations after the dependency returns: a shared break ends at most 2 s after
+// the return and the close reaches every pod 500 ms later (3 s with the 500 ms slice); per-pod
+// breakers close pod by pod. Measured over seeds 1-30: shared 1.0-1.5 s, per-pod 1.5-2.0 s.
+TEST(SimFleet, SharedBreakersRecoverNoLaterThanPerPodBreakersOnAverage) {
+  double pod_total = 0;
+  double shared_total = 0;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const auto pod = run_scenario("fleet-outage", kPerPod, seed).summary;
+    const auto shared = run_scenario("fleet-outage", kShared, seed).summary;
+    ASSERT_TRUE(pod.ops_recovery) << "seed " << seed;
+    ASSERT_TRUE(shared.ops_recovery) << "seed " << seed;
+    EXPECT_LE(*shared.ops_recovery, 3s) << "seed " << seed;
+    pod_total += std::chrono::duration<double>(*pod.ops_recovery).count();
+    shared_total += std::chrono::duration<double>(*shared.ops_recovery).count();
+  }
+  EXPECT_LE(shared_total, pod_total);
+}
+
+// Sharing among one process changes nothing; the propagation is validated.
+TEST(SimFleet, SharedBreakersOfASingleProcessAreItsOwnBreaker) {
+  keel::sim::Scenario s = healthy_scenario();
+  s.dependency.outage = {2s, 5s};
+  s.trigger_end = 5s;
+  const keel::sim::PolicySettings settings{};
+  const auto alone = keel::sim::run(s, keel::sim::make_policy(kPerPod, settings), kSeed).summary;
+  auto policy = keel::sim::make_policy(kShared, settings);
+  const auto shared = keel::sim::run(s, policy, kSeed).summary;
+  EXPECT_EQ(shared.total_calls, alone.total_calls);
+  EXPECT_EQ(shared.outage_calls, alone.outage_calls);
+  EXPECT_EQ(shared.probes, alone.probes);
+  EXPECT_GT(alone.outage_calls, 0);
+  policy.shared_breakers->propagation = -1ms;
+  EXPECT_THROW((void)keel::sim::run(s, policy, kSeed), std::invalid_argument);
+}
+
+TEST(SimExplorer, FleetBreakersQueryRunsTheFleetOutage) {
+  const auto query = [](std::string value) {
+    return keel::sim::parse_explorer_query([value](std::string_view name) {
+      if (name == "fleet_breakers") return std::optional<std::string>(value);
+      if (name == "outage_s") return std::optional<std::string>("20");
+      return std::optional<std::string>();
+    });
+  };
+  const auto shared = query("shared");
+  ASSERT_TRUE(shared);
+  ASSERT_TRUE(shared->fleet_breakers);
+  EXPECT_TRUE(*shared->fleet_breakers);
+  const Report r = keel::sim::run_explorer_query(*shared);
+  EXPECT_EQ(r.scenario, "fleet-outage");
+  EXPECT_EQ(r.policy, "full-jitter+shared-breaker");
+  EXPECT_EQ(r.summary.outage_calls,
+            run_scenario("fleet-outage", "full-jitter+shared-breaker", 1).summary.outage_calls);
+  const auto per_pod = query("per-pod");
+  ASSERT_TRUE(per_pod);
+  EXPECT_EQ(keel::sim::run_explorer_query(*per_pod).policy, "full-jitter+breaker");
+  const auto bad = query("both");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("fleet_breakers"), std::string::npos);
+}
+
 TEST(SimReport, JsonLineHasTheDocumentedFields) {
   const auto r = run_scenario("layers", "exponential", kSeed);
   const std::string line = keel::sim::to_json_line(r);
-  for (const char* field : {"\"scenario\":\"layers\"", "\"policy\":\"exponential\"",
-                            "\"first_attempts\":1", "\"total_calls\":27", "\"amplification\":27.0",
-                            "\"offered_per_s\":", "\"peak_per_slice\":", "\"slice_ms\":100.0",
-                            "\"peak_retries_per_slice\":", "\"bottom_calls\":27",
-                            "\"recovered\":", "\"recovery_s\":", "\"completion_ms\":null"}) {
+  for (const char* field :
+       {"\"scenario\":\"layers\"", "\"policy\":\"exponential\"", "\"first_attempts\":1",
+        "\"total_calls\":27", "\"amplification\":27.0", "\"offered_per_s\":", "\"peak_per_slice\":",
+        "\"slice_ms\":100.0", "\"peak_retries_per_slice\":", "\"bottom_calls\":27",
+        "\"recovered\":", "\"recovery_s\":", "\"completion_ms\":null", "\"outage_calls\":0",
+        "\"probes\":0", "\"breaker_opens\":0", "\"ops_recovery_s\":"}) {
     EXPECT_NE(line.find(field), std::string::npos) << field << " in " << line;
   }
   EXPECT_EQ(line.find('\n'), std::string::npos);

@@ -294,6 +294,71 @@ TEST(Breaker, ResetClosesItWithAnEmptyWindow) {
   EXPECT_TRUE(call(b, kS));
 }
 
+TEST(Breaker, ForceOpenStopsCallsForTheGivenBreakThenProbes) {
+  keel::ManualClock clock;
+  std::vector<std::pair<BreakerState, BreakerState>> changes;
+  keel::CircuitBreaker b({.minimum_calls = 5,
+                          .break_duration = 5s,
+                          .clock = &clock,
+                          .on_state_change = [&](BreakerState from, BreakerState to) {
+                            changes.emplace_back(from, to);
+                          }});
+  ASSERT_TRUE(call(b, kS));
+  b.force_open(3s);  // another process's breaker opened: this one stops without tripping itself
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_EQ(b.snapshot().open_remaining, 3s);
+  EXPECT_EQ(b.snapshot().consecutive_trips, 1);
+  EXPECT_EQ(b.retry_in(), 3s);
+  clock.advance(3s - 1ms);
+  EXPECT_FALSE(b.try_acquire());
+  clock.advance(1ms);
+  const auto trial = b.try_acquire();  // the forced break is over: one half-open trial
+  ASSERT_TRUE(trial);
+  EXPECT_TRUE(trial.trial);
+  EXPECT_FALSE(b.try_acquire());
+  b.record(trial, kS);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  const std::vector<std::pair<BreakerState, BreakerState>> expected = {
+      {BreakerState::kClosed, BreakerState::kOpen},
+      {BreakerState::kOpen, BreakerState::kHalfOpen},
+      {BreakerState::kHalfOpen, BreakerState::kClosed}};
+  EXPECT_EQ(changes, expected);
+}
+
+TEST(Breaker, ForceOpenReplacesTheBreakOfAnOpenOrHalfOpenBreaker) {
+  keel::ManualClock clock;
+  int changes = 0;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 1,
+                          .minimum_calls = 1,
+                          .break_duration = 2s,
+                          .clock = &clock,
+                          .on_state_change = [&](BreakerState, BreakerState) { ++changes; }});
+  ASSERT_TRUE(call(b, kF));  // tripped by itself: open for 2 s
+  ASSERT_EQ(changes, 1);
+  b.force_open(10s);  // the fleet's break is longer: open -> open, no state change reported
+  EXPECT_EQ(changes, 1);
+  EXPECT_EQ(b.snapshot().open_remaining, 10s);
+  EXPECT_EQ(b.snapshot().consecutive_trips, 2);
+  clock.advance(10s);
+  const auto trial = b.try_acquire();  // half-open, its trial out
+  ASSERT_TRUE(trial);
+  b.force_open(4s);  // the fleet's probe failed elsewhere: half-open -> open
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  b.record(trial, kS);  // the lost round's trial does not close it
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  clock.advance(1500us);  // off the millisecond grid: a break already over must not round up
+  b.force_open(-1s);      // a break already over: the next call is a trial
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  EXPECT_EQ(b.retry_in(), 0ns);
+  const auto next = b.try_acquire();
+  ASSERT_TRUE(next);
+  EXPECT_TRUE(next.trial);
+  b.reset();  // the fleet closed
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(b.snapshot().consecutive_trips, 0);
+}
+
 TEST(Breaker, RejectsInvalidOptionsNamingTheField) {
   const auto message = [](keel::BreakerOptions o) -> std::string {
     try {

@@ -70,6 +70,28 @@ void print_latencies(const std::vector<sim::Report>& reports) {
   }
 }
 
+// The fleet-outage scenario: what the breakers let through while the dependency was down, and
+// how long after it returned the operations succeeded again.
+void print_breakers(const std::vector<sim::Report>& reports) {
+  std::printf("\n%-28s %14s %8s %8s %14s\n", "policy", "outage calls", "probes", "breaks",
+              "ops recovery");
+  for (const auto& r : reports) {
+    const auto& m = r.summary;
+    const std::string recovery =
+        m.ops_recovery ? format_duration(std::chrono::round<std::chrono::milliseconds>(
+                             std::chrono::duration_cast<Duration>(*m.ops_recovery)))
+                       : "never";
+    std::printf("%-28s %14lld %8lld %8lld %14s\n", r.policy.c_str(),
+                static_cast<long long>(m.outage_calls), static_cast<long long>(m.probes),
+                static_cast<long long>(m.breaker_opens), recovery.c_str());
+  }
+  std::printf(
+      "(outage calls: attempts that reached the dependency while it was down; probes: half-open "
+      "trials; breaks: a pod's breaker opening by itself, or with shared breakers the fleet's; "
+      "ops recovery: from the dependency's return until every slice has >= 90%% of its "
+      "operations succeeding)\n");
+}
+
 void print_table(const std::vector<sim::Report>& reports) {
   std::printf("%-28s %10s %10s %7s %12s %9s %9s %10s %12s\n", "policy", "first", "calls", "ampl",
               "offered/s", "peak", "peak-retry", "recovered", "completion");
@@ -114,13 +136,20 @@ int run_command(const RunOptions& o) {
     }
   }
   std::optional<Duration> trigger;
+  const bool fleet_outage = info->name == "fleet-outage";
   if (!o.trigger.empty()) {
-    if (info->name != "blip") return usage("--trigger applies to the blip scenario only");
+    if (info->name != "blip" && !fleet_outage) {
+      return usage("--trigger applies to the blip and fleet-outage scenarios only");
+    }
     const auto parsed = parse_duration(o.trigger);
     if (!parsed) return usage(parsed.error().in("--trigger").message());
-    if (*parsed <= Duration::zero() || *parsed > std::chrono::seconds(40)) {
-      return usage(Error{
-          .field = "--trigger", .problem = "must be in (0s, 40s]", .got = quote_value(o.trigger)}
+    // blip up to 40 s; fleet-outage up to 15 min (seed 003's outage lasted eleven minutes).
+    const Duration limit =
+        fleet_outage ? Duration(std::chrono::minutes(15)) : Duration(std::chrono::seconds(40));
+    if (*parsed <= Duration::zero() || *parsed > limit) {
+      return usage(Error{.field = "--trigger",
+                         .problem = fleet_outage ? "must be in (0s, 15m]" : "must be in (0s, 40s]",
+                         .got = quote_value(o.trigger)}
                        .message());
     }
     trigger = *parsed;
@@ -135,8 +164,13 @@ int run_command(const RunOptions& o) {
   std::vector<sim::Report> reports;
   for (const auto& p : policies) {
     try {
-      reports.push_back(trigger ? sim::run_blip(p, *trigger, *seed)
-                                : sim::run_scenario(info->name, p, *seed));
+      if (trigger && fleet_outage) {
+        reports.push_back(sim::run_fleet_outage(p, *trigger, *seed));
+      } else if (trigger) {
+        reports.push_back(sim::run_blip(p, *trigger, *seed));
+      } else {
+        reports.push_back(sim::run_scenario(info->name, p, *seed));
+      }
       if (o.threshold) {
         reports.back().stops_recovering_at =
             sim::blip_threshold(p, kThresholdStep, kThresholdLimit, *seed);
@@ -152,6 +186,7 @@ int run_command(const RunOptions& o) {
                 static_cast<unsigned long long>(*seed), info->description.c_str());
     print_table(reports);
     if (&sim::scenario_policies(info->name) == &sim::hedge_policies()) print_latencies(reports);
+    if (fleet_outage) print_breakers(reports);
     for (const auto& r : reports) {
       if (!r.stops_recovering_at) continue;
       if (*r.stops_recovering_at) {
@@ -196,7 +231,8 @@ Runner add_sim(CLI::App& app) {
                   "Render the time series with gnuplot to FILE.svg or FILE.png (one panel per "
                   "policy, same axes)");
   run->add_option("--trigger", run_opts->trigger,
-                  "blip only: how long capacity stays halved (default 5s)");
+                  "blip: how long capacity stays halved (default 5s); fleet-outage: how long "
+                  "the dependency is down (default 20s)");
   run->add_flag("--threshold", run_opts->threshold,
                 "blip only: also find, per policy, the shortest capacity drop it does not "
                 "recover from (a sweep in 250 ms steps up to 20s)");

@@ -3,6 +3,7 @@
 // engine:
 //   GET /api/sim?fleet=1000&capacity=5000&outage_s=5&attempts=5&base_ms=1000&jitter=1&budget=0
 //               &breaker=0[&seed=1]
+//   GET /api/sim?fleet_breakers=per-pod|shared&outage_s=20[&seed=1]   (the fleet-outage scenario)
 // answers the run's summary and time series, or 400 {"error": "..."} naming the bad parameter.
 #include <httplib.h>
 #include <signal.h>
@@ -125,8 +126,7 @@ int serve(const ServeOptions& o) {
         res.set_content(json_error(q.error().message()), "application/json");
         return;
       }
-      res.set_content(sim::to_json_with_series(sim::run_explorer(q->params, q->seed)),
-                      "application/json");
+      res.set_content(sim::to_json_with_series(sim::run_explorer_query(*q)), "application/json");
     } catch (const std::exception& e) {  // the engine's std::invalid_argument
       res.status = 400;
       res.set_content(json_error(e.what()), "application/json");

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/breaker.hpp"
 #include "keel/clock.hpp"
 #include "keel/retry.hpp"
 
@@ -98,9 +99,12 @@ struct ClientConfig {
   /// Fixed population: this many clients each start one operation at t = 0. Requires: >= 0.
   /// Default 0 (open loop).
   std::int64_t population = 0;
-  /// Independent client processes; operations are spread over them round-robin, and each has
-  /// its own budget and breaker. Requires: >= 1. Default 1.
+  /// Independent client processes (pods); operations are spread over them round-robin, and each
+  /// has its own budget and breaker. Requires: >= 1. Default 1.
   int processes = 1;
+  /// Each operation goes to a process drawn uniformly at random (a load balancer's spread, from
+  /// its own seeded generator) instead of round-robin. Default false.
+  bool random_process = false;
   /// Layers of services between the client and the dependency, each retrying with the same
   /// policy (1: the client calls the dependency directly). Requires: in [1, 8]. Default 1.
   int layers = 1;
@@ -116,6 +120,26 @@ class CallContext {
   virtual void apply(CallOptions& call, int layer) = 0;
   /// 0 closed, 1 open, 2 half-open; -1 when the context has no breaker.
   [[nodiscard]] virtual int breaker_state() const { return -1; }
+  /// The breaker apply() hands to the process's calls to the dependency; nullptr for none.
+  [[nodiscard]] virtual CircuitBreaker* breaker() { return nullptr; }
+};
+
+/// Breakers a fleet shares (the processes of a run learn from each other through a shared
+/// store, as keel's PostgreSQL-shared breakers do). When one process's breaker opens by itself
+/// (a trip, or a failed half-open probe), that process becomes the fleet's prober and every other
+/// process's breaker is forced open (CircuitBreaker::force_open) `propagation` later, until the
+/// prober's probe time plus the breaker's half_open_timeout (a safety net: by then the probe's
+/// answer has normally arrived). The fleet shares that one probe time: the first process to call
+/// after it takes the probe (its breaker is forced open with the break over, so its call is the
+/// half-open trial, and the former prober is held like the rest), so the fleet sends one probe per
+/// break; when the probe closes its breaker, every other breaker is closed (reset) `propagation`
+/// later; when the probe fails, the new break is propagated the same way. A process whose own
+/// breaker trips while the fleet is already open adopts the fleet's break at once. Each process
+/// keeps its own core CircuitBreaker: only these forced transitions are added.
+struct SharedBreakers {
+  /// How long the word takes to reach the other processes. Requires: >= 0 and < the breaker's
+  /// break_duration. Default 500 ms (the real design's bound is 1 s).
+  Duration propagation = std::chrono::milliseconds(500);
 };
 
 /// How each client retries: a name and core's RetryOptions (its on_retry and on_give_up hooks are
@@ -131,6 +155,9 @@ struct ClientPolicy {
   /// kSingleAttempt). When false, every layer retries as configured (NestedRetries::kRetry) and
   /// the layers multiply. Default false.
   bool one_retrying_layer = false;
+  /// The processes' breakers (CallContext::breaker) behave as one fleet breaker; see
+  /// SharedBreakers. Default none: each process's breaker decides alone.
+  std::optional<SharedBreakers> shared_breakers;
 };
 
 struct Scenario {
@@ -181,8 +208,16 @@ struct Summary {
   std::int64_t ops_succeeded = 0;
   std::int64_t ops_failed = 0;
   std::int64_t wasted = 0;
-  bool recovered = false;               // every slice from some point after trigger_end was healthy
-  std::optional<Duration> recovery;     // from trigger_end to the first slice of that healthy run
+  std::int64_t outage_calls = 0;     // attempts that reached the dependency during its outage
+  std::int64_t probes = 0;           // attempts admitted as a breaker's half-open trial
+  std::int64_t breaker_opens = 0;    // breaks: a process's breaker opening by itself (a trip or a
+                                     // failed probe); with shared breakers, the fleet's breaks
+  bool recovered = false;            // every slice from some point after trigger_end was healthy
+  std::optional<Duration> recovery;  // from trigger_end to the first slice of that healthy run
+  /// The same for operations: from trigger_end to the first slice from which every slice has at
+  /// least healthy_ratio of the top-level operations that ended in it succeeding (an operation
+  /// refused by an open breaker counts as failed). nullopt when that never happens.
+  std::optional<Duration> ops_recovery;
   std::optional<Duration> p50_latency;  // of successful top-level operations
   std::optional<Duration> p99_latency;
   std::int64_t events = 0;  // events processed (for benchmarks)

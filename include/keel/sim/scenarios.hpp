@@ -58,7 +58,9 @@ struct PolicySettings {
 
 /// Builds the named policy: naive (3 immediate retries), fixed (the base delay every time),
 /// exponential (no jitter), full-jitter, equal-jitter, decorrelated-jitter, full-jitter+budget,
-/// full-jitter+budget+breaker, one-layer, and three fixed formulas that take only max_attempts and
+/// full-jitter+budget+breaker, full-jitter+breaker (a breaker per process, no budget),
+/// full-jitter+shared-breaker (the same breakers shared by the fleet: SharedBreakers with its
+/// default 500 ms propagation), one-layer, and three fixed formulas that take only max_attempts and
 /// per_try_timeout from the settings: keel-default (BackoffOptions{}), aws-standard (full jitter,
 /// base 1 s, cap 20 s) and fleet (BackoffOptions::fleet()). Throws std::invalid_argument naming the
 /// policy and the known names when `name` is unknown, or when the policy needs a core feature this
@@ -91,6 +93,10 @@ struct Report {
 
 /// The blip scenario with a capacity drop of `trigger` instead of the default.
 [[nodiscard]] Report run_blip(std::string_view policy, Duration trigger, std::uint64_t seed);
+
+/// The fleet-outage scenario (500 pods, a dependency down from t = 10 s) with an outage of
+/// `outage` instead of the default 20 s; recovery is measured from its end.
+[[nodiscard]] Report run_fleet_outage(std::string_view policy, Duration outage, std::uint64_t seed);
 
 /// The shortest trigger in {step, 2*step, ...} up to `limit` after which `policy` does not
 /// recover in the blip scenario; nullopt when it recovers from every trigger up to `limit`.
@@ -173,9 +179,13 @@ struct ExplorerParams {
 /// nullopt when absent (an absent one keeps its default). Numbers must be plain decimal in
 /// range; booleans 0, 1, true or false. Returns the parameters, or an Error naming the first bad
 /// parameter and its value ("fleet must be in [1, 100000] (got '500000')").
+/// With `fleet_breakers=per-pod` or `fleet_breakers=shared` the query asks for the fleet-outage
+/// scenario instead (its outage lasting outage_s; the other parameters are not used), with
+/// breakers per pod or shared by the fleet: fleet_breakers is then false or true.
 struct ExplorerQuery {
   ExplorerParams params;
   std::uint64_t seed = 1;
+  std::optional<bool> fleet_breakers;
 };
 [[nodiscard]] Expected<ExplorerQuery> parse_explorer_query(
     const std::function<std::optional<std::string>(std::string_view name)>& get);
@@ -183,6 +193,10 @@ struct ExplorerQuery {
 /// Runs the explorer model (30 s, 100 ms slices). Throws std::invalid_argument naming the
 /// parameter when one is out of range.
 [[nodiscard]] Report run_explorer(const ExplorerParams& params, std::uint64_t seed);
+
+/// Runs what an explorer query asks for: the explorer model, or the fleet-outage scenario with
+/// the query's outage (full-jitter+breaker, or full-jitter+shared-breaker when shared).
+[[nodiscard]] Report run_explorer_query(const ExplorerQuery& query);
 
 /// One line of JSON (no newline) with the fields documented in docs/simulator.md: scenario,
 /// policy, first_attempts, total_calls, amplification, offered_per_s, peak_per_slice, slice_ms,
