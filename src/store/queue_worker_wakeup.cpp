@@ -28,7 +28,13 @@ void Worker::wake() {
 }
 
 WorkerWakeups Worker::wakeup_counts() const {
+  int idle = 0;
+  {
+    std::lock_guard lock(const_cast<std::mutex&>(mu_));
+    idle = idle_slots_;
+  }
   return {.listening = listening_.load(),
+          .idle = idle,
           .listens = listens_.load(),
           .notifications = notifications_.load(),
           .local = local_wakeups_.load(),
@@ -53,8 +59,12 @@ Worker::IdleEnd Worker::idle_wait(Connection& conn, std::uint64_t seen) {
   }
   std::unique_lock lock(mu_);
   const auto woken = [&] { return stopping_.load() || wake_epoch_ != seen; };
+  ++idle_slots_;
   while (idle_poller_ && !woken()) cv_.wait(lock, [&] { return woken() || !idle_poller_; });
-  if (woken()) return IdleEnd::kWoken;
+  if (woken()) {
+    --idle_slots_;
+    return IdleEnd::kWoken;
+  }
   idle_poller_ = true;
   IdleEnd end = IdleEnd::kPoll;
   for (;;) {
@@ -90,6 +100,7 @@ Worker::IdleEnd Worker::idle_wait(Connection& conn, std::uint64_t seen) {
     if (!listening_.load()) break;  // polling: lease now
   }
   idle_poller_ = false;
+  --idle_slots_;
   lock.unlock();
   cv_.notify_all();  // another idle slot takes the role
   return end;
@@ -117,9 +128,14 @@ void Worker::stop_wakeups() {
 void Worker::listen_loop() {
   int failures = 0;
   Duration delay{};
+  std::string payload;  // "SCHEMA.QUEUE": this worker's jobs
   while (!stopping_.load()) {
     std::unique_ptr<detail::Listener> listener;
     try {
+      if (payload.empty()) {
+        auto conn = pool_.acquire();
+        payload = detail::jobs_schema(*conn) + "." + options_.queue;
+      }
       listener = detail::open_listener(pool_.url());
       {
         std::lock_guard lock(mu_);
@@ -135,7 +151,7 @@ void Worker::listen_loop() {
       wake();
       while (!stopping_.load()) {
         for (const detail::Notification& n : listener->wait(kInfinite)) {
-          if (n.payload != options_.queue) continue;  // another queue's job
+          if (n.payload != payload) continue;  // another queue's job, or another schema's
           notifications_.fetch_add(1);
           wake();
         }

@@ -131,6 +131,8 @@ struct WorkerOptions {
 struct WorkerWakeups {
   /// Whether the PostgreSQL listener is listening now.
   bool listening = false;
+  /// Slots waiting for work now (a lease found nothing).
+  int idle = 0;
   /// LISTEN statements run (one per listening connection opened).
   std::int64_t listens = 0;
   /// Notifications for the worker's queue received from the database.
@@ -240,6 +242,7 @@ class Worker {
   void listen_loop();
   std::uint64_t wake_epoch_ = 0;          // guarded by mu_
   bool idle_poller_ = false;              // guarded by mu_
+  int idle_slots_ = 0;                    // guarded by mu_
   detail::Listener* listener_ = nullptr;  // guarded by mu_; interrupted by stop()
   std::uint64_t local_subscription_ = 0;  // guarded by mu_; 0: none
   std::atomic<bool> subscribed_{false};   // a slot subscribed to the in-process wakeups

@@ -21,8 +21,13 @@
 
 namespace keel::store::detail {
 
-/// The channel of the queue's notifications; the payload is the queue's name.
+/// The channel of the queue's notifications. A channel is per database: the payload is
+/// "SCHEMA.QUEUE", the schema of the keel_jobs table the job is in and its queue.
 inline constexpr std::string_view kJobsChannel = "keel_jobs";
+
+/// The schema of the keel_jobs table that `conn` reads (PostgreSQL), for the payload of the
+/// notifications meant for it. Throws DatabaseError.
+[[nodiscard]] std::string jobs_schema(Connection& conn);
 
 class LocalWakeups {
  public:
