@@ -61,6 +61,20 @@ class PostgresListener final : public Listener {
     if (!ok) fail("LISTEN failed: " + reason);
   }
 
+  std::string scalar(std::string_view sql) override {
+    const std::string text(sql);
+    PGresult* r = PQexec(conn_, text.c_str());
+    const bool ok = r != nullptr && PQresultStatus(r) == PGRES_TUPLES_OK;
+    std::string out;
+    if (ok && PQntuples(r) > 0 && PQnfields(r) > 0 && PQgetisnull(r, 0, 0) == 0) {
+      out = PQgetvalue(r, 0, 0);
+    }
+    const std::string reason = trim(r != nullptr ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
+    PQclear(r);
+    if (!ok) fail("query failed: " + reason);
+    return out;
+  }
+
   std::vector<Notification> wait(Duration timeout) override {
     std::vector<Notification> out = take();
     if (!out.empty()) return out;

@@ -50,14 +50,6 @@ void wake_local_workers(const Connection& conn, const std::vector<EnqueueRequest
   }
 }
 
-std::string jobs_schema(Connection& conn) {
-  return conn
-      .query(
-          "SELECT nspname FROM pg_namespace WHERE oid ="
-          " (SELECT relnamespace FROM pg_class WHERE oid = 'keel_jobs'::regclass)")
-      .text(0, 0);
-}
-
 void wake_local_workers(const Connection& conn, std::string_view queue) {
   LocalWakeups& registry = LocalWakeups::instance();
   if (registry.empty()) return;

@@ -35,7 +35,7 @@ WorkerWakeups Worker::wakeup_counts() const {
   }
   return {.listening = listening_.load(),
           .idle = idle,
-          .listens = listens_.load(),
+          .listener_statements = listener_statements_.load(),
           .notifications = notifications_.load(),
           .local = local_wakeups_.load(),
           .due_checks = due_checks_.load(),
@@ -90,6 +90,8 @@ Worker::IdleEnd Worker::idle_wait(Connection& conn, std::uint64_t seen) {
         end = IdleEnd::kDue;
         break;
       }
+      // Nothing ready, scheduled or running: the slot's next lease finds the queue idle.
+      if (!due && options_.exit_when_idle) break;
       wait = uniform_duration(options_.idle_poll / 2, options_.idle_poll / 2 * 3, rng_);
       if (due) wait = std::min<Duration>(wait, std::chrono::milliseconds(*due - now));
     }
@@ -132,18 +134,17 @@ void Worker::listen_loop() {
   while (!stopping_.load()) {
     std::unique_ptr<detail::Listener> listener;
     try {
-      if (payload.empty()) {
-        auto conn = pool_.acquire();
-        payload = detail::jobs_schema(*conn) + "." + options_.queue;
-      }
       listener = detail::open_listener(pool_.url());
       {
         std::lock_guard lock(mu_);
         if (stopping_.load()) break;
         listener_ = listener.get();
       }
+      // The listener's own connection (the pool's may all be held by the slots and heartbeats).
+      listener_statements_.fetch_add(1);
+      payload = listener->scalar(detail::kJobsSchemaQuery) + "." + options_.queue;
+      listener_statements_.fetch_add(1);
       listener->listen(detail::kJobsChannel);
-      listens_.fetch_add(1);
       listening_.store(true);
       if (failures > 0) log("listening for the queue's notifications again");
       failures = 0;

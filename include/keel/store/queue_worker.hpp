@@ -27,6 +27,14 @@
 // keel::core decides, and run() returns once the handlers have returned. A handler that
 // outlives that cannot record its outcome: its lease's token is stale.
 //
+// Waiting for work: an idle worker is woken rather than polling. On PostgreSQL it holds one
+// listening connection of its own (outside the pool) on channel keel_jobs, which the queue's
+// triggers notify for every job that becomes ready, whoever wrote it; producers and replays in
+// the same process wake it directly, on both backends. One idle slot at a time reads when the
+// queue's earliest job is due (JobQueue::next_due) and sleeps until then, or until the jittered
+// safety-net poll (idle_poll), while the others wait for a wakeup. Without a listener (SQLite,
+// wakeups off, the listener down) it polls every poll_interval. docs/queue.md, "Wakeups".
+//
 // Thread-safety: run() is called once, from one thread; stop() may be called from any thread
 // (not from a signal handler: block the signals and call it from a thread that waits for them).
 //
@@ -133,8 +141,9 @@ struct WorkerWakeups {
   bool listening = false;
   /// Slots waiting for work now (a lease found nothing).
   int idle = 0;
-  /// LISTEN statements run (one per listening connection opened).
-  std::int64_t listens = 0;
+  /// Statements the listener ran on its own connection: per connection opened, a read of the
+  /// schema keel_jobs is in and the LISTEN.
+  std::int64_t listener_statements = 0;
   /// Notifications for the worker's queue received from the database.
   std::int64_t notifications = 0;
   /// Wakeups from producers (enqueue, replay) in this process.
@@ -247,7 +256,7 @@ class Worker {
   std::uint64_t local_subscription_ = 0;  // guarded by mu_; 0: none
   std::atomic<bool> subscribed_{false};   // a slot subscribed to the in-process wakeups
   std::atomic<bool> listening_{false};
-  std::atomic<std::int64_t> listens_{0};
+  std::atomic<std::int64_t> listener_statements_{0};
   std::atomic<std::int64_t> notifications_{0};
   std::atomic<std::int64_t> local_wakeups_{0};
   std::atomic<std::int64_t> due_checks_{0};

@@ -30,6 +30,10 @@ class Listener {
   /// DatabaseError.
   virtual void listen(std::string_view channel) = 0;
 
+  /// Runs `sql`, a query without parameters, and returns its first row's first cell ("" for
+  /// NULL or no row). Throws DatabaseError.
+  [[nodiscard]] virtual std::string scalar(std::string_view sql) = 0;
+
   /// Waits until a notification arrives, interrupt() is called or `timeout` passes, and returns
   /// the notifications received (empty on a timeout or an interrupt). Sends nothing to the
   /// server. Throws DatabaseError (connection_lost) when the connection is lost.

@@ -25,9 +25,11 @@ namespace keel::store::detail {
 /// "SCHEMA.QUEUE", the schema of the keel_jobs table the job is in and its queue.
 inline constexpr std::string_view kJobsChannel = "keel_jobs";
 
-/// The schema of the keel_jobs table that `conn` reads (PostgreSQL), for the payload of the
-/// notifications meant for it. Throws DatabaseError.
-[[nodiscard]] std::string jobs_schema(Connection& conn);
+/// The schema of the keel_jobs table a connection reads (PostgreSQL), for the payload of the
+/// notifications meant for it: one text cell.
+inline constexpr std::string_view kJobsSchemaQuery =
+    "SELECT nspname FROM pg_namespace WHERE oid ="
+    " (SELECT relnamespace FROM pg_class WHERE oid = 'keel_jobs'::regclass)";
 
 class LocalWakeups {
  public:
