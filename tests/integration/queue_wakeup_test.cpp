@@ -265,6 +265,21 @@ TEST_P(PostgresWakeupTest, AnIdleWorkerCostsAtMostHalfATransactionPerSecond) {
   // Without wakeups, the same worker polled every 100 ms: 10 transactions a second.
 }
 
+TEST(WorkerWakeupOptions, AnIdlePollOfZeroIsRefusedNamingTheField) {
+  test::TempDir dir;
+  ConnectionPool pool(parse_database_url("sqlite:" + (dir.path() / "q.db").string()).value());
+  JobQueue q;
+  const auto ok = [](const LeasedJob&, const std::atomic<bool>&) {
+    return AttemptReport::success();
+  };
+  try {
+    Worker w(pool, q, {.queue = "q", .idle_poll = Duration::zero()}, ok);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "keel::store::WorkerOptions: idle_poll must be > 0 (got 0s)");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PostgresWakeupTest, ::testing::Values(Backend::kPostgres),
                          test::backend_name);
 
