@@ -5,22 +5,35 @@
 // one transaction on SQLite); --batch 1 enqueues with one statement.
 //
 //   keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B] [--worker 1]
+//   keel_bench_queue --db URL --latency N [--producer thread|process] [--gap-ms G] [--poll-ms P]
 //
 // --worker 1 drains through keel::store::Worker instead (what `keel jobs work` runs): the jobs are
 // enqueued first, then one Worker with concurrency W and batch B drains them with a no-op
 // handler; the line adds the log lines that mention a deadlock (40P01) and the jobs that ran more
 // than once (a lease that expired).
 //
+// --latency N measures pickup latency instead: one keel::store::Worker with the default options
+// (concurrency 1; --poll-ms sets WorkerOptions::poll_interval) waits on an empty queue while a
+// producer enqueues N jobs one at a time, G ms apart (default 100, plus up to 20 ms of random
+// spread), each carrying its enqueue time (CLOCK_REALTIME, taken right before enqueue is called);
+// the handler records now - that time. --producer thread enqueues from a thread of this process
+// (its own connection and JobQueue), --producer process from a child process forked before any
+// thread starts. Prints the median, p90, p99 and max.
+//
 // Prints one line: backend=... batch=... workers=... jobs=... seconds=... jobs_per_s=...
 // scripts/bench-queue.sh runs it next to pgbench on the same server.
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,7 +47,9 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B]"
-               " [--worker 1]\n");
+               " [--worker 1]\n"
+               "       keel_bench_queue --db URL --latency N [--producer thread|process]"
+               " [--gap-ms G] [--poll-ms P]\n");
   return 2;
 }
 
@@ -93,6 +108,98 @@ int run_worker(const keel::store::DatabaseUrl& url, const keel::store::JobQueue&
   return 0;
 }
 
+std::int64_t realtime_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000 + ts.tv_nsec / 1000;
+}
+
+// The producer of --latency: N jobs, one at a time, `gap_ms` (plus up to 20 ms) apart.
+void produce(const keel::store::DatabaseUrl& url, const std::string& queue, int jobs, int gap_ms) {
+  keel::store::JobQueue q({.seed = 7});
+  auto conn = keel::store::open_database(url);
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<int> spread(0, 20);
+  for (int i = 0; i < jobs; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms + spread(gen)));
+    const std::string payload = R"({"t":)" + std::to_string(realtime_us()) + "}";
+    (void)q.enqueue(*conn, {.queue = queue, .payload = payload});
+  }
+}
+
+int run_latency(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& q,
+                const std::string& queue, int jobs, bool process, int gap_ms, int poll_ms) {
+  {
+    auto conn = keel::store::open_database(url);  // the queue exists before the worker starts
+    (void)q.enqueue(*conn, {.queue = queue, .payload = R"({"t":0})"});
+  }
+  int go[2] = {-1, -1};
+  pid_t child = -1;
+  if (process) {
+    // Forked before any thread of this process starts.
+    if (pipe(go) != 0) return 1;
+    child = fork();
+    if (child == 0) {
+      close(go[1]);
+      char c = 0;
+      if (read(go[0], &c, 1) != 1) _exit(1);
+      produce(url, queue, jobs, gap_ms);
+      _exit(0);
+    }
+    close(go[0]);
+  }
+  keel::store::ConnectionPool pool(url, {.max_connections = 4});
+  std::mutex mu;
+  std::vector<double> latencies_ms;
+  keel::store::Worker* self = nullptr;
+  keel::store::WorkerOptions options{.queue = queue};
+  if (poll_ms > 0) options.poll_interval = std::chrono::milliseconds(poll_ms);
+  keel::store::Worker worker(pool, q, options,
+                             [&](const keel::store::LeasedJob& job, const std::atomic<bool>&) {
+                               const std::int64_t now = realtime_us();
+                               const std::int64_t t = std::stoll(job.payload.substr(5));
+                               std::lock_guard lock(mu);
+                               if (t != 0)
+                                 latencies_ms.push_back(static_cast<double>(now - t) / 1000.0);
+                               if (static_cast<int>(latencies_ms.size()) == jobs) self->stop();
+                               return keel::store::AttemptReport::success();
+                             });
+  self = &worker;
+  std::thread runner([&] { (void)worker.run(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the worker is idle
+  if (process) {
+    if (write(go[1], "g", 1) != 1) return 1;
+    close(go[1]);
+    int status = 0;
+    waitpid(child, &status, 0);
+  } else {
+    produce(url, queue, jobs, gap_ms);
+  }
+  runner.join();
+  const keel::store::WorkerWakeups woken = worker.wakeup_counts();
+  std::vector<double> order = latencies_ms;
+  std::sort(latencies_ms.begin(), latencies_ms.end());
+  const auto at = [&](double f) {
+    return latencies_ms[std::min(
+        latencies_ms.size() - 1,
+        static_cast<std::size_t>(f * static_cast<double>(latencies_ms.size())))];
+  };
+  std::printf(
+      "backend=%s mode=latency producer=%s jobs=%zu gap_ms=%d median_ms=%.2f p90_ms=%.2f"
+      " p99_ms=%.2f max_ms=%.2f notifications=%lld local_wakeups=%lld woken_leases=%lld"
+      " due_checks=%lld\n",
+      std::string(keel::store::to_string(url.backend)).c_str(), process ? "process" : "thread",
+      latencies_ms.size(), gap_ms, at(0.5), at(0.9), at(0.99), latencies_ms.back(),
+      static_cast<long long>(woken.notifications), static_cast<long long>(woken.local),
+      static_cast<long long>(woken.woken_leases), static_cast<long long>(woken.due_checks));
+  if (std::getenv("KEEL_BENCH_SLOW") != nullptr) {
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (order[i] > 20) std::fprintf(stderr, "job %zu: %.2f ms\n", i, order[i]);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,6 +208,10 @@ int main(int argc, char** argv) {
   int workers = 2;
   int batch = 1;
   bool use_worker = false;
+  int latency = 0;
+  bool process_producer = false;
+  int gap_ms = 100;
+  int poll_ms = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const char* v = argv[i + 1];
@@ -114,6 +225,15 @@ int main(int argc, char** argv) {
       batch = std::atoi(v);
     } else if (flag == "--worker") {
       use_worker = std::atoi(v) != 0;
+    } else if (flag == "--latency") {
+      latency = std::atoi(v);
+    } else if (flag == "--producer") {
+      if (std::strcmp(v, "thread") != 0 && std::strcmp(v, "process") != 0) return usage();
+      process_producer = std::strcmp(v, "process") == 0;
+    } else if (flag == "--gap-ms") {
+      gap_ms = std::atoi(v);
+    } else if (flag == "--poll-ms") {
+      poll_ms = std::atoi(v);
     } else {
       return usage();
     }
@@ -132,6 +252,9 @@ int main(int argc, char** argv) {
       "bench-" + std::to_string(getpid()) + "-" + std::to_string(batch) + "-" +
       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
   keel::store::JobQueue q({.lease = std::chrono::minutes(5), .seed = 1});
+  if (latency > 0) {
+    return run_latency(*url, q, queue, latency, process_producer, std::max(0, gap_ms), poll_ms);
+  }
   if (use_worker) return run_worker(*url, q, queue, jobs, workers, batch);
   std::atomic<int> remaining_to_enqueue{jobs};
   std::atomic<int> completed{0};

@@ -186,7 +186,8 @@ ConnectionPool::Lease ConnectionPool::acquire() {
   ++open_;
   lock.unlock();
   try {
-    return Lease(this, open_database(url_, options_.connect));
+    return Lease(this, options_.open ? options_.open(url_, options_.connect)
+                                     : open_database(url_, options_.connect));
   } catch (...) {
     lock.lock();
     --open_;

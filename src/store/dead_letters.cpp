@@ -8,6 +8,7 @@
 #include <string>
 
 #include "detail/commit.hpp"
+#include "detail/queue_wakeup.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/store/transaction.hpp"
@@ -207,6 +208,7 @@ std::vector<DeadLetter> replay(Connection& connection, const DeadLetterFilter& f
     }
     return true;
   });
+  if (!out.empty()) detail::wake_local_workers(connection, filter.queue);
   return out;
 }
 

@@ -130,6 +130,12 @@ class PostgresConnection final : public Connection {
     return broken_ || PQstatus(conn_) != CONNECTION_OK;
   }
 
+  [[nodiscard]] std::string database_identity() const override {
+    const auto text = [](const char* s) { return std::string(s != nullptr ? s : ""); };
+    return "postgres:" + text(PQhost(conn_)) + ":" + text(PQport(conn_)) + "/" + text(PQdb(conn_)) +
+           "?" + text(PQoptions(conn_));
+  }
+
  private:
   const std::string& prepare(std::string_view sql, int nparams) {
     const std::string key(sql);

@@ -105,6 +105,22 @@ constexpr Migration kMigrations[] = {
     // Jobs running under the old rules were charged at their lease: they count as started.
     {"ALTER TABLE keel_jobs ADD COLUMN started_ms BIGINT;"
      "UPDATE keel_jobs SET started_ms = COALESCE(leased_ms, updated_ms) WHERE state = 'running';"},
+    // 6, PostgreSQL only: wakeups. Every job that becomes ready (inserted, replayed, released
+    // before it started) notifies channel keel_jobs with "SCHEMA.QUEUE" (the schema of its
+    // keel_jobs table, as channels are per database), whoever wrote it (keel's producers, older
+    // keel versions, plain SQL), so idle workers listening there lease at once instead of
+    // polling. A NOTIFY is delivered when its transaction commits, and
+    // repeats of one (channel, payload) in a transaction are delivered once. The triggers'
+    // WHEN clauses are evaluated without calling the function, so a lease or an outcome, which
+    // never makes a job ready, costs nothing. SQLite has no notifications.
+    {"SELECT 1",
+     "CREATE OR REPLACE FUNCTION keel_jobs_notify() RETURNS trigger LANGUAGE plpgsql AS"
+     " $$BEGIN PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue); RETURN NULL; "
+     "END$$;"
+     "CREATE TRIGGER keel_jobs_notify_insert AFTER INSERT ON keel_jobs FOR EACH ROW"
+     " WHEN (NEW.state = 'ready') EXECUTE FUNCTION keel_jobs_notify();"
+     "CREATE TRIGGER keel_jobs_notify_ready AFTER UPDATE OF state ON keel_jobs FOR EACH ROW"
+     " WHEN (NEW.state = 'ready' AND OLD.state <> 'ready') EXECUTE FUNCTION keel_jobs_notify();"},
 };
 
 #undef KEEL_QUEUE_SCHEMA_V1

@@ -1,6 +1,7 @@
 // JobQueue's dead-letter administration by id or by queue: list_dead, replay, replay_all,
 // discard, discard_all. Selecting by filter and paced replays are dead_letters.cpp.
 #include "detail/queue_sql.hpp"
+#include "detail/queue_wakeup.hpp"
 #include "keel/store/queue.hpp"
 
 namespace keel::store {
@@ -40,6 +41,7 @@ std::vector<std::int64_t> JobQueue::replay(Connection& connection,
     }
     return true;
   });
+  if (!out.empty()) detail::wake_local_workers(connection, std::string_view{});  // any queue
   return out;
 }
 
@@ -57,6 +59,7 @@ std::int64_t JobQueue::replay_all(Connection& connection, std::string_view queue
     n = r.affected();
     return true;
   });
+  if (n > 0) detail::wake_local_workers(connection, queue);
   return n;
 }
 

@@ -256,6 +256,24 @@ std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view 
   return complete_and_lease(connection, {}, queue, worker, limit, start).leased;
 }
 
+std::optional<std::int64_t> JobQueue::next_due(Connection& connection,
+                                               std::string_view queue) const {
+  // Two index reads: the first row of keel_jobs_ready (its predicate spelled as in the index, so
+  // the planner takes it) and of keel_jobs_due's running part.
+  const Rows r = connection.query(
+      "SELECT (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
+      " AND state IN ('ready', 'retry_scheduled')),"
+      " (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1 AND state = 'running')",
+      {queue});
+  std::optional<std::int64_t> due;
+  for (std::size_t c = 0; c < 2; ++c) {
+    if (!r.cell(0, c)) continue;
+    const std::int64_t t = r.integer(0, c);
+    due = due ? std::min(*due, t) : t;
+  }
+  return due;
+}
+
 bool JobQueue::start(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
   bool current = false;
   in_statement(connection, [&](Connection& c) {

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "detail/queue_sql.hpp"
+#include "detail/queue_wakeup.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/idempotency_key.hpp"
@@ -195,6 +196,7 @@ std::vector<EnqueueResult> JobQueue::enqueue_many(
     out[0].idempotency_key = keys[0];
     if (enqueue_one_statement(connection, requests[0], keys[0], max_attempts_of(requests[0]), now,
                               out[0])) {
+      detail::wake_local_workers(connection, requests);  // this process's idle workers look now
       return out;
     }
   }
@@ -202,6 +204,7 @@ std::vector<EnqueueResult> JobQueue::enqueue_many(
     write_jobs(tx, requests, keys, now, out);
     return true;
   });
+  detail::wake_local_workers(connection, requests);  // this process's idle workers look now
   return out;
 }
 

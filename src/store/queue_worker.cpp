@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "detail/worker_tx.hpp"
+#include "detail/listener.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 
@@ -59,6 +60,9 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
   if (options_.batch < 1) reject("batch", "must be >= 1", std::to_string(options_.batch));
   if (options_.poll_interval <= Duration::zero()) {
     reject("poll_interval", "must be > 0", format_duration(options_.poll_interval));
+  }
+  if (options_.idle_poll <= Duration::zero()) {
+    reject("idle_poll", "must be > 0", format_duration(options_.idle_poll));
   }
   if (options_.heartbeat_interval < Duration::zero()) {
     reject("heartbeat_interval", "must be >= 0", format_duration(options_.heartbeat_interval));
@@ -109,6 +113,7 @@ void Worker::stop() noexcept {
   {
     std::lock_guard lock(mu_);
     stopping_.store(true);
+    if (listener_ != nullptr) listener_->interrupt();
   }
   cv_.notify_all();
 }
@@ -270,6 +275,8 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJ
 void Worker::slot_loop() {
   std::optional<ConnectionPool::Lease> conn;
   std::vector<LeasedJob> next;  // leased by the last success of a batch (complete_and_lease)
+  std::uint64_t seen = 0;       // the wakeups counted before the last lease
+  bool woken = false;           // the last idle wait ended with a wakeup
   while (!stopping_.load()) {
     if (const Duration paused = paused_for(); paused > Duration::zero()) {
       // A brake refused: lease nothing until it expects to admit a call again.
@@ -289,7 +296,10 @@ void Worker::slot_loop() {
         }
         // Only the first job starts with the lease; each of the others starts (and is charged)
         // right before its handler runs, so a crash charges only the job that was running.
+        seen = wake_epoch();
         jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch, 1);
+        if (!jobs.empty() && woken) woken_leases_.fetch_add(1);
+        woken = false;
         if (jobs.empty() && options_.exit_when_idle && queue_.idle(**conn, options_.queue)) {
           stop();
           break;
@@ -304,8 +314,7 @@ void Worker::slot_loop() {
       }
     }
     if (jobs.empty()) {
-      std::unique_lock lock(mu_);
-      cv_.wait_for(lock, options_.poll_interval, [&] { return stopping_.load(); });
+      woken = idle_wait(**conn, seen) == IdleEnd::kWoken;
       continue;
     }
     {
@@ -432,6 +441,7 @@ std::int64_t Worker::run() {
   slots.reserve(static_cast<std::size_t>(options_.concurrency));
   for (int i = 0; i < options_.concurrency; ++i) slots.emplace_back([this] { slot_loop(); });
   std::thread heartbeats([this] { heartbeat_loop(); });
+  start_wakeups();
 
   {
     std::unique_lock lock(mu_);
@@ -468,6 +478,7 @@ std::int64_t Worker::run() {
     }
   }
   for (std::thread& t : slots) t.join();
+  stop_wakeups();
   {
     std::lock_guard lock(mu_);
     finished_.store(true);

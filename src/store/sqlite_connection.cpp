@@ -148,6 +148,12 @@ class SqliteConnection final : public Connection {
 
   [[nodiscard]] bool broken() const noexcept override { return broken_; }
 
+  [[nodiscard]] std::string database_identity() const override {
+    // The absolute path SQLite resolved; "" for an in-memory database (its own per connection).
+    const char* file = sqlite3_db_filename(db_, "main");
+    return file != nullptr && *file != '\0' ? std::string("sqlite:") + file : std::string();
+  }
+
  private:
   void open(const std::string& name, int flags) {
     const int rc = sqlite3_open_v2(name.c_str(), &db_, flags, nullptr);

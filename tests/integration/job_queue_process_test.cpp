@@ -668,6 +668,28 @@ TEST_P(JobsProcessTest, AnUnwritableDatabaseBacksOffAndExitsNonZero) {
   EXPECT_EQ(receiver.total_requests(), 0);
 }
 
+TEST_P(JobsProcessTest, AnIdleWorkerIsWokenByAnEnqueueFromAnotherProcess) {
+  // `keel jobs work` at default flags but for a minute-long safety net: the worker's first look
+  // after going idle comes 30 s or more later, so a pickup within the bound was a wakeup.
+  if (GetParam() != Backend::kPostgres) GTEST_SKIP() << "SQLite has no notifications";
+  const std::string db = url_text();
+  enqueue_many("wake", 1);
+  auto worker = spawn(
+      {"jobs", "--db", db, "work", "--queue", "wake", "--exec", "true", "--idle-poll", "60s"});
+  ASSERT_TRUE(test::wait_until(
+      [&] { return count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'") == 1; }, 30s));
+  const auto enqueued = std::chrono::steady_clock::now();
+  const CmdResult r = keel({"jobs", "--db", db, "enqueue", "--queue", "wake", "--payload", "{}"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(test::wait_until(
+      [&] { return count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'") == 2; }, 25s))
+      << "the enqueue did not wake the worker";
+  // Includes starting the enqueueing process.
+  if (kTimingAsserted) EXPECT_LT(std::chrono::steady_clock::now() - enqueued, 3s);
+  worker->signal(SIGTERM);
+  EXPECT_EQ(worker->wait(), 0) << worker->err();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, JobsProcessTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          test::backend_name);

@@ -297,8 +297,17 @@ Runner add_jobs(CLI::App& app) {
       ->capture_default_str();
   work->add_option("--grace", args->grace, "On SIGTERM, time for running jobs to finish")
       ->capture_default_str();
-  work->add_option("--poll", args->poll, "Wait between polls of an empty queue")
-      ->capture_default_str();
+  work->add_option("--poll", args->poll,
+                   "Wait between polls of an empty queue when nothing else wakes the worker "
+                   "(SQLite; PostgreSQL without its listener). Given, also PostgreSQL's idle "
+                   "poll: the queue is looked at that often whatever wakes it (default: 100ms)");
+  work->add_option("--idle-poll", args->idle_poll,
+                   "PostgreSQL: while enqueues and replays wake the worker (LISTEN/NOTIFY), the "
+                   "safety-net poll of an empty queue, jittered by +-50% and cut short when a "
+                   "retry or delayed job is due (default: 5s, or --poll when given)");
+  work->add_flag("--no-wakeups", args->no_wakeups,
+                 "PostgreSQL: do not LISTEN for the queue's notifications (e.g. behind a "
+                 "transaction-pooling proxy); poll every --poll instead");
   work->add_option("--timeout", args->timeout,
                    "Limit of one attempt: one HTTP request of --deliver or --deferred (default "
                    "30s); one run of an --exec command, killed with its process group (default: "

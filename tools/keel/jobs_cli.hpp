@@ -34,7 +34,9 @@ struct JobsArgs {
   std::string backoff_base = "1s";
   std::string backoff_cap = "1h";
   std::string grace = "10s";
-  std::string poll = "100ms";
+  std::string poll;       // empty: 100ms, and the idle poll is --idle-poll's
+  std::string idle_poll;  // empty: 5s, or --poll when that is given
+  bool no_wakeups = false;
   // One attempt's limit. Empty (not given): kDeliverTimeout for --deliver and --deferred, none
   // for --exec, whose commands may legitimately run long.
   std::string timeout;

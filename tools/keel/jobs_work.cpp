@@ -65,8 +65,15 @@ int run_work(const JobsArgs& a) {
   }
   const auto grace = duration_flag("--grace", a.grace, false);
   if (!grace) return kExitUsage;
-  const auto poll = duration_flag("--poll", a.poll, true);
+  // --poll, when given, holds whatever wakes the worker: it is also the idle poll on PostgreSQL.
+  const auto poll = duration_flag("--poll", a.poll.empty() ? "100ms" : a.poll, true);
   if (!poll) return kExitUsage;
+  const auto idle_poll = duration_flag("--idle-poll",
+                                       !a.idle_poll.empty() ? a.idle_poll
+                                       : !a.poll.empty()    ? a.poll
+                                                            : "5s",
+                                       true);
+  if (!idle_poll) return kExitUsage;
   // --timeout bounds one HTTP request of --deliver and --deferred (30 s unless given) and, only
   // when given, one run of an --exec command: a command that has always run long is not cut
   // short by a default it never had.
@@ -185,6 +192,8 @@ int run_work(const JobsArgs& a) {
   options.concurrency = a.concurrency;
   options.batch = a.batch;
   options.poll_interval = *poll;
+  options.idle_poll = *idle_poll;
+  options.wakeups = !a.no_wakeups;
   options.grace = *grace;
   options.exit_when_idle = a.exit_when_idle;
   options.done_retention = retain;

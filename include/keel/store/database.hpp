@@ -197,6 +197,12 @@ class Connection {
 
   /// The connection cannot be used again (lost, or left in an unknown state).
   [[nodiscard]] virtual bool broken() const noexcept = 0;
+
+  /// Which database the connection reaches, so that a producer and the workers of one process
+  /// can find each other (the job queue's in-process wakeups): SQLite, the main file's absolute
+  /// path; PostgreSQL, the server's host and port, the database and the connection's options
+  /// (a search_path set there names other tables). Empty when unknown: nothing is matched.
+  [[nodiscard]] virtual std::string database_identity() const { return {}; }
 };
 
 struct ConnectOptions {
@@ -244,6 +250,10 @@ struct PoolOptions {
   /// Most connections open at once; acquire() waits when all are lent. Requires: >= 1. Default 8.
   int max_connections = 8;
   ConnectOptions connect = {};
+  /// Opens each new connection (e.g. to wrap it: tests count the statements a worker runs).
+  /// Called from acquire(), possibly from several threads at once; throws as open_database does.
+  /// Default none: open_database(url, connect).
+  std::function<std::unique_ptr<Connection>(const DatabaseUrl&, const ConnectOptions&)> open;
 };
 
 /// A bounded pool of connections to one database. Safe for concurrent use.

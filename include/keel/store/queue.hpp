@@ -415,6 +415,14 @@ class JobQueue {
   bool release(Connection& connection, std::int64_t job_id, std::int64_t fence,
                std::string_view why) const;
 
+  /// When a lease of `queue` could next find a job, in calendar ms: the earliest run time of its
+  /// ready and retry-scheduled jobs (due already, delayed, or waiting for a retry) and of its
+  /// running jobs' leases (a lease that expires makes its job leasable again); nullopt when the
+  /// queue has none. One read over the queue's indexes; what an idle Worker sleeps until. Throws
+  /// DatabaseError.
+  [[nodiscard]] std::optional<std::int64_t> next_due(Connection& connection,
+                                                     std::string_view queue) const;
+
   // Worker protocol, outcomes: recording an attempt, and with it the retry decision
   // (src/store/queue_complete.cpp).
 

@@ -27,6 +27,14 @@
 // keel::core decides, and run() returns once the handlers have returned. A handler that
 // outlives that cannot record its outcome: its lease's token is stale.
 //
+// Waiting for work: an idle worker is woken rather than polling. On PostgreSQL it holds one
+// listening connection of its own (outside the pool) on channel keel_jobs, which the queue's
+// triggers notify for every job that becomes ready, whoever wrote it; producers and replays in
+// the same process wake it directly, on both backends. One idle slot at a time reads when the
+// queue's earliest job is due (JobQueue::next_due) and sleeps until then, or until the jittered
+// safety-net poll (idle_poll), while the others wait for a wakeup. Without a listener (SQLite,
+// wakeups off, the listener down) it polls every poll_interval. docs/queue.md, "Wakeups".
+//
 // Thread-safety: run() is called once, from one thread; stop() may be called from any thread
 // (not from a signal handler: block the signals and call it from a thread that waits for them).
 //
@@ -57,6 +65,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "keel/backoff.hpp"
 #include "keel/random.hpp"
@@ -101,7 +110,9 @@ struct WorkerOptions {
   /// Jobs leased per lease() call by each thread (batching; 1 = one at a time). Requires: >= 1.
   /// Default 1.
   int batch = 1;
-  /// Wait between lease() calls that found nothing due. Requires: > 0. Default 100 ms.
+  /// Wait between looks at an empty queue while nothing from other processes can wake the
+  /// worker: on SQLite, and on PostgreSQL while its listener is down or with `wakeups` off.
+  /// Requires: > 0. Default 100 ms.
   Duration poll_interval = std::chrono::milliseconds(100);
   /// Time between heartbeats. Requires: >= 0; 0 means a third of the queue's lease. Default 0.
   Duration heartbeat_interval{};
@@ -129,10 +140,44 @@ struct WorkerOptions {
   /// one line per 10 s.
   /// Requires: > 0. Default none (kInfinite): keep trying.
   Duration max_database_outage = kInfinite;
-  /// Seed for the jitter of the database-outage backoff; 0 seeds from std::random_device.
-  /// Default 0.
+  /// Seed for the jitter of the database-outage backoff and of the idle poll; 0 seeds from
+  /// std::random_device. Default 0.
   std::uint64_t seed = 0;
+  /// PostgreSQL: hold one listening connection (outside the pool) on the queue's notifications
+  /// (channel keel_jobs, which the queue's trigger notifies for every job that becomes ready),
+  /// so that idle slots lease as soon as a job is enqueued or replayed by any process, and poll
+  /// only every `idle_poll`. Ignored on SQLite, which has no notifications. Default true.
+  bool wakeups = true;
+  /// While the listener listens: the safety-net poll. An idle worker looks at the queue (one
+  /// read, JobQueue::next_due) when it goes idle and then after waits drawn uniformly from
+  /// [idle_poll / 2, idle_poll x 3/2) (keel::uniform_duration, so a fleet's looks do not line
+  /// up), each cut short at the earliest job's due time (a retry, a delayed job, an expiring
+  /// lease). Requires: > 0. Default 5 s.
+  Duration idle_poll = std::chrono::seconds(5);
 };
+
+/// How a Worker's idle slots were woken (Worker::wakeup_counts()).
+struct WorkerWakeups {
+  /// Whether the PostgreSQL listener is listening now.
+  bool listening = false;
+  /// Slots waiting for work now (a lease found nothing).
+  int idle = 0;
+  /// Statements the listener ran on its own connection: per connection opened, a read of the
+  /// schema keel_jobs is in and the LISTEN.
+  std::int64_t listener_statements = 0;
+  /// Notifications for the worker's queue received from the database.
+  std::int64_t notifications = 0;
+  /// Wakeups from producers (enqueue, replay) in this process.
+  std::int64_t local = 0;
+  /// JobQueue::next_due reads of an idle worker (the safety net, and when it goes idle).
+  std::int64_t due_checks = 0;
+  /// Leases that found jobs right after a wakeup ended an idle wait.
+  std::int64_t woken_leases = 0;
+};
+
+namespace detail {
+class Listener;
+}  // namespace detail
 
 class Worker {
  public:
@@ -167,6 +212,9 @@ class Worker {
   /// Leases released at shutdown because their handlers outlived the grace period.
   [[nodiscard]] std::int64_t released() const noexcept { return released_.load(); }
   [[nodiscard]] const std::string& worker_id() const noexcept { return options_.worker_id; }
+
+  /// What woke the idle slots so far. Safe from any thread.
+  [[nodiscard]] WorkerWakeups wakeup_counts() const;
 
  private:
   void slot_loop();
@@ -216,6 +264,31 @@ class Worker {
   AttemptReport pause_report_;
   Backoff db_backoff_;  // the database-outage wait (immutable)
   Rng rng_;             // its jitter; guarded by mu_
+
+  // Wakeups (src/store/queue_worker_wakeup.cpp).
+  enum class IdleEnd : unsigned char { kWoken, kDue, kPoll };
+  // Wakeups so far; a slot reads it before its lease and idle_wait() returns when it changed.
+  [[nodiscard]] std::uint64_t wake_epoch();
+  // After a lease found nothing: waits for a wakeup, the earliest due job or the poll. One idle
+  // slot at a time reads the database (the "poller"); the others wait for a wakeup or its role.
+  IdleEnd idle_wait(Connection& conn, std::uint64_t seen);
+  void wake();
+  void start_wakeups();  // run(): the listener thread
+  void stop_wakeups();   // run(), once the slots are done
+  void listen_loop();
+  std::uint64_t wake_epoch_ = 0;          // guarded by mu_
+  bool idle_poller_ = false;              // guarded by mu_
+  int idle_slots_ = 0;                    // guarded by mu_
+  detail::Listener* listener_ = nullptr;  // guarded by mu_; interrupted by stop()
+  std::uint64_t local_subscription_ = 0;  // guarded by mu_; 0: none
+  std::atomic<bool> subscribed_{false};   // a slot subscribed to the in-process wakeups
+  std::atomic<bool> listening_{false};
+  std::atomic<std::int64_t> listener_statements_{0};
+  std::atomic<std::int64_t> notifications_{0};
+  std::atomic<std::int64_t> local_wakeups_{0};
+  std::atomic<std::int64_t> due_checks_{0};
+  std::atomic<std::int64_t> woken_leases_{0};
+  std::thread listener_thread_;
 };
 
 }  // namespace keel::store
