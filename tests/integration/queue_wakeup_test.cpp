@@ -96,7 +96,9 @@ TEST_P(WakeupTest, AnInProcessProducerWakesAnIdleWorkerAtOnce) {
   const WorkerWakeups w = worker.wakeup_counts();
   EXPECT_GE(w.local, 1);
   EXPECT_EQ(w.woken_leases, 1);
-  if (kTimingAsserted) EXPECT_LT(took, 500ms);
+  if (kTimingAsserted) {
+    EXPECT_LT(took, 500ms);
+  }
 }
 
 TEST_P(WakeupTest, ManyProducersAndWorkersInOneProcess) {
@@ -171,7 +173,9 @@ TEST_P(PostgresWakeupTest, AJobWrittenByAnotherSessionWakesAnIdleWorkerThroughNo
   EXPECT_EQ(w.notifications, 1);  // the other queue's job sent one too, and was skipped
   EXPECT_EQ(w.local, 0);
   EXPECT_EQ(w.woken_leases, 1);
-  if (kTimingAsserted) EXPECT_LT(took, 500ms);
+  if (kTimingAsserted) {
+    EXPECT_LT(took, 500ms);
+  }
 }
 
 TEST_P(PostgresWakeupTest, ARetryIsLeasedWhenItComesDueNotAtTheNextPoll) {
@@ -200,7 +204,9 @@ TEST_P(PostgresWakeupTest, ARetryIsLeasedWhenItComesDueNotAtTheNextPoll) {
   ASSERT_EQ(at.size(), 2u);
   // Due 300 ms after the failure: the idle worker slept until then, not for the poll.
   EXPECT_GE(at[1] - at[0], 290ms);
-  if (kTimingAsserted) EXPECT_LT(at[1] - at[0], 1500ms);
+  if (kTimingAsserted) {
+    EXPECT_LT(at[1] - at[0], 1500ms);
+  }
   EXPECT_GE(worker.wakeup_counts().due_checks, 1);
 }
 
