@@ -46,7 +46,7 @@ function(keel_install_libraries)
   endif()
   if(ARG_HEADERS)
     install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/keel/${ARG_HEADERS}
-            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/keel ${component})
+            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/keel ${component} PATTERN "detail" EXCLUDE)
   endif()
   if(ARG_DEPENDENCIES OR ARG_LINES)
     set(lines "")

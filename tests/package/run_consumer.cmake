@@ -1,6 +1,7 @@
 # ctest -P script: install the already-built tree into WORK/prefix (the default install, then each
 # install component in COMPONENTS), then configure, build and run tests/package/CONSUMER
-# (default: consumer) against it with find_package(keel). With NO_TESTING, it first checks that
+# (default: consumer) against it with find_package(keel). The installed headers must be public
+# ones only (check_headers.cmake). With NO_TESTING, it first checks that
 # the install holds nothing of keel::testing (no header, library or export file).
 if(NOT CONSUMER)
   set(CONSUMER consumer)
@@ -19,6 +20,7 @@ foreach(component IN LISTS COMPONENTS)
     message(FATAL_ERROR "installing the component ${component} failed: ${rc}")
   endif()
 endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/check_headers.cmake)
 if(NO_TESTING)
   file(GLOB_RECURSE testing_files RELATIVE ${WORK}/prefix ${WORK}/prefix/*keel_testing*
        ${WORK}/prefix/*keel-testing*)

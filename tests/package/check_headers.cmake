@@ -1,0 +1,26 @@
+# Included by run_consumer.cmake after the install into WORK/prefix: the installed headers are the
+# public ones only. No detail/ folder (private headers, such as keel/http/detail/attempt.hpp, which
+# includes <curl/curl.h>), every keel header an installed header includes is installed too, and
+# no installed header includes libcurl's: a consumer of keel::http builds without them.
+set(include_dir ${WORK}/prefix/include)
+file(GLOB_RECURSE installed_headers RELATIVE ${include_dir} ${include_dir}/keel/*)
+if(NOT installed_headers)
+  message(FATAL_ERROR "no header installed under ${include_dir}/keel")
+endif()
+foreach(header IN LISTS installed_headers)
+  if(header MATCHES "(^|/)detail/")
+    message(FATAL_ERROR "a private header was installed: ${header}")
+  endif()
+  file(STRINGS ${include_dir}/${header} includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
+  foreach(line IN LISTS includes)
+    string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*[<\"]([^>\"]+)[>\"].*" "\\1" included "${line}")
+    if(included MATCHES "^curl/")
+      message(FATAL_ERROR "${header} includes <${included}>: libcurl's headers would be needed")
+    endif()
+    if(included MATCHES "^keel/" AND NOT EXISTS ${include_dir}/${included})
+      message(FATAL_ERROR "${header} includes ${included}, which is not installed")
+    endif()
+  endforeach()
+endforeach()
+list(LENGTH installed_headers count)
+message(STATUS "${count} installed headers: public only, none includes libcurl's")
