@@ -1,12 +1,22 @@
-# ctest -P script: install the already-built tree into WORK/prefix, then build and run programs
+# ctest -P script: install the already-built tree into WORK/prefix with --strip (with READELF,
+# check that the installed keel binary has no symbol table or debug sections left), then build and run programs
 # against it with pkg-config alone (PKG_CONFIG_PATH=WORK/prefix/LIBDIR/pkgconfig, no CMake
 # package): tests/package/consumer with `pkg-config --cflags --libs keel`, and, with ADAPTERS,
 # tests/package/adapters with the module of every adapter it uses.
 file(REMOVE_RECURSE ${WORK})
-execute_process(COMMAND ${CMAKE_COMMAND} --install ${KEEL_BUILD} --prefix ${WORK}/prefix
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${KEEL_BUILD} --prefix ${WORK}/prefix --strip
                 RESULT_VARIABLE rc OUTPUT_QUIET)
 if(rc)
-  message(FATAL_ERROR "install failed: ${rc}")
+  message(FATAL_ERROR "install --strip failed: ${rc}")
+endif()
+set(keel_binary ${WORK}/prefix/bin/keel)
+if(READELF AND EXISTS ${keel_binary})
+  execute_process(COMMAND ${READELF} -S --wide ${keel_binary} RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE sections)
+  if(rc OR sections MATCHES "\\.(symtab|debug_info)")
+    message(FATAL_ERROR "install --strip left ${keel_binary} unstripped (readelf: ${rc})")
+  endif()
+  message(STATUS "${keel_binary} is stripped")
 endif()
 if(IS_ABSOLUTE "${LIBDIR}")
   message(FATAL_ERROR "an absolute CMAKE_INSTALL_LIBDIR (${LIBDIR}) is not under the scratch prefix")
