@@ -1,8 +1,12 @@
-# Included by run_consumer.cmake after the install into WORK/prefix: the installed headers are the
+# Included by run_consumer.cmake after the install into WORK/prefix (run_deb.cmake: into
+# INSTALLED_PREFIX, the unpacked package's usr): the installed headers are the
 # public ones only. No detail/ folder (private headers, such as keel/http/detail/attempt.hpp, which
 # includes <curl/curl.h>), every keel header an installed header includes is installed too, and
 # no installed header includes libcurl's: a consumer of keel::http builds without them.
-set(include_dir ${WORK}/prefix/include)
+if(NOT INSTALLED_PREFIX)
+  set(INSTALLED_PREFIX ${WORK}/prefix)
+endif()
+set(include_dir ${INSTALLED_PREFIX}/include)
 file(GLOB_RECURSE installed_headers RELATIVE ${include_dir} ${include_dir}/keel/*)
 if(NOT installed_headers)
   message(FATAL_ERROR "no header installed under ${include_dir}/keel")
