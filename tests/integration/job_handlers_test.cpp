@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "build_kind.hpp"
 #include "keel/breaker.hpp"
 #include "keel/http/client.hpp"
 #include "keel/store/command_handler.hpp"
@@ -50,13 +51,7 @@ AttemptReport run(const std::string& command, const LeasedJob& j = job()) {
   return CommandHandler(command)(j, cancel);
 }
 
-// Times are asserted only in the optimised build without a sanitizer; the others only check that
-// the handler returns.
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-constexpr bool kTimingAsserted = true;
-#else
-constexpr bool kTimingAsserted = false;
-#endif
+using keel::test::kTimingAsserted;  // build_kind.hpp
 
 // A command that starts a grandchild (a shell of its own, whose sleep is one generation further)
 // that creates `effect` after `delay_s` seconds unless it is killed first, writes the

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "build_kind.hpp"
 #include "jobs_process_support.hpp"
 #include "keel/store/queue.hpp"
 #include "waiting.hpp"
@@ -38,13 +39,7 @@ using test_jobs::Receiver;
 
 class JobsProcessTest : public test_jobs::JobsHarness<test::BackendTest> {};
 
-// Times are asserted only in the optimised build without a sanitizer; the others only check that
-// the worker exits.
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-constexpr bool kTimingAsserted = true;
-#else
-constexpr bool kTimingAsserted = false;
-#endif
+using keel::test::kTimingAsserted;  // build_kind.hpp
 
 // An --exec command whose grandchild (a shell started in the background, its sleep one generation
 // further) sleeps `delay_s` seconds then appends the attempt number to `effect`; the command

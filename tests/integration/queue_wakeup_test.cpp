@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "build_kind.hpp"
 #include "keel/store/database.hpp"
 #include "keel/store/queue.hpp"
 #include "keel/store/queue_worker.hpp"
@@ -22,13 +23,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Times are asserted only in the optimised build without a sanitizer; the others check that
-// the wakeup path was taken, within bounds far below the poll.
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-constexpr bool kTimingAsserted = true;
-#else
-constexpr bool kTimingAsserted = false;
-#endif
+using keel::test::kTimingAsserted;  // build_kind.hpp
 
 // Polled every 5 ms up to `bound`.
 template <class Predicate>

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "build_kind.hpp"
 #include "keel/retry.hpp"
 #include "keel/sim/engine.hpp"
 #include "keel/sim/scenarios.hpp"
@@ -389,13 +390,13 @@ constexpr const char* kShared = "full-jitter+shared-breaker";
 // burst before the first pod trips and the 500 ms the word takes), and at most a twentieth over
 // seed 003's eleven minutes (measured 1/46 on seed 1), where the per-pod probes dominate.
 TEST(SimFleet, SharedBreakersSendFarFewerCallsToTheDeadDependency) {
-  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 4); ++seed) {
     const auto pod = run_scenario("fleet-outage", kPerPod, seed).summary;
     const auto shared = run_scenario("fleet-outage", kShared, seed).summary;
     EXPECT_GT(pod.outage_calls, 9000) << "seed " << seed;
     EXPECT_LE(shared.outage_calls * 3, pod.outage_calls) << "seed " << seed;
   }
-  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(3, 1); ++seed) {
     const auto pod = keel::sim::run_fleet_outage(kPerPod, 11min, seed).summary;
     const auto shared = keel::sim::run_fleet_outage(kShared, 11min, seed).summary;
     EXPECT_LE(shared.outage_calls * 20, pod.outage_calls) << "seed " << seed;
@@ -406,7 +407,7 @@ TEST(SimFleet, SharedBreakersSendFarFewerCallsToTheDeadDependency) {
 // trial (the run ends after the dependency is back, so the last probe closed it), one break per
 // 2 s of outage; the per-pod breakers probe once per pod per break.
 TEST(SimFleet, SharedBreakersSendExactlyOneProbePerBreak) {
-  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 4); ++seed) {
     const auto pod = run_scenario("fleet-outage", kPerPod, seed).summary;
     const auto shared = run_scenario("fleet-outage", kShared, seed).summary;
     EXPECT_EQ(shared.probes, shared.breaker_opens) << "seed " << seed;
@@ -423,7 +424,7 @@ TEST(SimFleet, SharedBreakersSendExactlyOneProbePerBreak) {
 TEST(SimFleet, SharedBreakersRecoverNoLaterThanPerPodBreakersOnAverage) {
   double pod_total = 0;
   double shared_total = 0;
-  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 4); ++seed) {
     const auto pod = run_scenario("fleet-outage", kPerPod, seed).summary;
     const auto shared = run_scenario("fleet-outage", kShared, seed).summary;
     ASSERT_TRUE(pod.ops_recovery) << "seed " << seed;
