@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "detail/worker_tx.hpp"
 #include "detail/listener.hpp"
+#include "detail/worker_tx.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 
