@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "detail/connections.hpp"
+#include "detail/postgres_connect.hpp"
 
 namespace keel::store::detail {
 namespace {
@@ -21,28 +22,38 @@ using Result = std::unique_ptr<PGresult, ResultDeleter>;
 
 void ignore_notice(void* /*arg*/, const char* /*message*/) {}
 
-std::string trim(std::string s) {
+}  // namespace
+
+std::string trim_pg_message(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
 }
 
+pg_conn* connect_postgres(const std::string& uri, const ConnectOptions& options,
+                          std::string_view what) {
+  const std::string timeout = std::to_string(options.connect_timeout.count());
+  // Later entries win: the URI (expanded from dbname) may override the timeout.
+  const char* keys[] = {"connect_timeout", "dbname", nullptr};
+  const char* values[] = {timeout.c_str(), uri.c_str(), nullptr};
+  PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
+  if (conn == nullptr || PQstatus(conn) != CONNECTION_OK) {
+    const std::string reason =
+        conn != nullptr ? trim_pg_message(PQerrorMessage(conn)) : "out of memory";
+    PQfinish(conn);
+    throw DatabaseError(
+        "PostgreSQL: cannot connect" + std::string(what) + ": " + reason,
+        {.backend = Backend::kPostgres, .sqlstate = "08001", .connection_lost = true});
+  }
+  PQsetNoticeProcessor(conn, ignore_notice, nullptr);
+  return conn;
+}
+
+namespace {
+
 class PostgresConnection final : public Connection {
  public:
-  PostgresConnection(const std::string& uri, const ConnectOptions& options) {
-    const std::string timeout = std::to_string(options.connect_timeout.count());
-    // Later entries win: the URI (expanded from dbname) may override the timeout.
-    const char* keys[] = {"connect_timeout", "dbname", nullptr};
-    const char* values[] = {timeout.c_str(), uri.c_str(), nullptr};
-    conn_ = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
-    if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) {
-      const std::string reason = conn_ != nullptr ? trim(PQerrorMessage(conn_)) : "out of memory";
-      PQfinish(conn_);
-      conn_ = nullptr;
-      throw DatabaseError(
-          "PostgreSQL: cannot connect: " + reason,
-          {.backend = Backend::kPostgres, .sqlstate = "08001", .connection_lost = true});
-    }
-    PQsetNoticeProcessor(conn_, ignore_notice, nullptr);
+  PostgresConnection(const std::string& uri, const ConnectOptions& options)
+      : conn_(connect_postgres(uri, options, "")) {
     if (options.read_only) {
       try {
         execute("SET default_transaction_read_only = on");
@@ -154,8 +165,8 @@ class PostgresConnection final : public Connection {
     const bool lost = PQstatus(conn_) != CONNECTION_OK;
     if (lost) broken_ = true;
     std::string sqlstate = state != nullptr ? state : (lost ? "08006" : "XX000");
-    std::string reason = trim(r ? PQresultErrorMessage(r.get()) : PQerrorMessage(conn_));
-    if (reason.empty()) reason = trim(PQerrorMessage(conn_));
+    std::string reason = trim_pg_message(r ? PQresultErrorMessage(r.get()) : PQerrorMessage(conn_));
+    if (reason.empty()) reason = trim_pg_message(PQerrorMessage(conn_));
     throw DatabaseError("PostgreSQL: " + reason,  // the constructor appends the SQLSTATE
                         {.backend = Backend::kPostgres,
                          .sqlstate = std::move(sqlstate),

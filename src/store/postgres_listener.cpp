@@ -11,32 +11,15 @@
 #include <string>
 
 #include "detail/listener.hpp"
+#include "detail/postgres_connect.hpp"
 
 namespace keel::store::detail {
 namespace {
 
-std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
-void ignore_notice(void* /*arg*/, const char* /*message*/) {}
-
 class PostgresListener final : public Listener {
  public:
-  PostgresListener(const std::string& uri, const ConnectOptions& options) {
-    const std::string timeout = std::to_string(options.connect_timeout.count());
-    const char* keys[] = {"connect_timeout", "dbname", nullptr};
-    const char* values[] = {timeout.c_str(), uri.c_str(), nullptr};
-    conn_ = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
-    if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) {
-      const std::string reason = conn_ != nullptr ? trim(PQerrorMessage(conn_)) : "out of memory";
-      PQfinish(conn_);
-      throw DatabaseError(
-          "PostgreSQL: cannot connect to listen: " + reason,
-          {.backend = Backend::kPostgres, .sqlstate = "08001", .connection_lost = true});
-    }
-    PQsetNoticeProcessor(conn_, ignore_notice, nullptr);
+  PostgresListener(const std::string& uri, const ConnectOptions& options)
+      : conn_(connect_postgres(uri, options, " to listen")) {
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_fd_ < 0) {
       PQfinish(conn_);
@@ -56,7 +39,8 @@ class PostgresListener final : public Listener {
     sql += '"';
     PGresult* r = PQexec(conn_, sql.c_str());
     const bool ok = r != nullptr && PQresultStatus(r) == PGRES_COMMAND_OK;
-    const std::string reason = trim(r != nullptr ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
+    const std::string reason =
+        trim_pg_message(r != nullptr ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
     PQclear(r);
     if (!ok) fail("LISTEN failed: " + reason);
   }
@@ -69,7 +53,8 @@ class PostgresListener final : public Listener {
     if (ok && PQntuples(r) > 0 && PQnfields(r) > 0 && PQgetisnull(r, 0, 0) == 0) {
       out = PQgetvalue(r, 0, 0);
     }
-    const std::string reason = trim(r != nullptr ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
+    const std::string reason =
+        trim_pg_message(r != nullptr ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
     PQclear(r);
     if (!ok) fail("query failed: " + reason);
     return out;
@@ -93,7 +78,7 @@ class PostgresListener final : public Listener {
       (void)read(wake_fd_, &count, sizeof count);
     }
     if (n > 0 && fds[0].revents != 0) {
-      if (PQconsumeInput(conn_) == 0) fail(trim(PQerrorMessage(conn_)));
+      if (PQconsumeInput(conn_) == 0) fail(trim_pg_message(PQerrorMessage(conn_)));
       out = take();
     }
     return out;
