@@ -151,6 +151,18 @@ std::optional<JobState> parse_job_state(std::string_view text) noexcept {
   return std::nullopt;
 }
 
+std::string_view to_string(DeadReason reason) noexcept {
+  switch (reason) {
+    case DeadReason::kPermanent:
+      return "permanent";
+    case DeadReason::kAttemptsExhausted:
+      return "attempts_exhausted";
+    case DeadReason::kMaxAge:
+      return "max_age";
+  }
+  return "attempts_exhausted";
+}
+
 std::string_view to_string(CompleteStatus status) noexcept {
   switch (status) {
     case CompleteStatus::kDone:

@@ -52,7 +52,7 @@ CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, s
     return true;
   });
   if (out.status == CompleteStatus::kDead && options_.on_dead_letter) {
-    options_.on_dead_letter(job_id, out.dead_reason);
+    options_.on_dead_letter(job_id, DeadLetterReason{out.dead_kind, out.dead_reason});
   }
   return out;
 }
@@ -130,12 +130,15 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
   out.status = CompleteStatus::kDead;
   switch (verdict.reason) {
     case StopReason::kPermanent:
+      out.dead_kind = DeadReason::kPermanent;
       out.dead_reason = "permanent: " + error;
       break;
     case StopReason::kDeadline:
+      out.dead_kind = DeadReason::kMaxAge;
       out.dead_reason = "max age " + format_duration(options_.max_age) + " reached: " + error;
       break;
     default:
+      out.dead_kind = DeadReason::kAttemptsExhausted;
       out.dead_reason = "attempts exhausted (" + std::to_string(attempts) + " of " +
                         std::to_string(max_attempts) +
                         (report.outcome.retry_limit != Outcome::kNoRetryLimit

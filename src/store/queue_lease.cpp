@@ -25,7 +25,7 @@ constexpr int kReapBatch = 100;
 std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
   const bool pg = connection.backend() == Backend::kPostgres;
   std::int64_t reaped = 0;
-  std::vector<std::pair<std::int64_t, std::string>> dead;
+  std::vector<std::pair<std::int64_t, CompleteResult>> dead;
   in_transaction(connection, [&](Connection& tx) {
     reaped = 0;
     dead.clear();
@@ -59,12 +59,14 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
                                 .error = "the worker died while running it (the lease held by " +
                                          owner + " expired without a heartbeat)"};
       const CompleteResult r = settle(tx, expired, i, crash, "lease_expired", now);
-      if (r.status == CompleteStatus::kDead) dead.emplace_back(id, r.dead_reason);
+      if (r.status == CompleteStatus::kDead) dead.emplace_back(id, r);
     }
     return true;
   });
   if (options_.on_dead_letter) {
-    for (const auto& [id, reason] : dead) options_.on_dead_letter(id, reason);
+    for (const auto& [id, r] : dead) {
+      options_.on_dead_letter(id, DeadLetterReason{r.dead_kind, r.dead_reason});
+    }
   }
   return reaped;
 }
@@ -335,7 +337,7 @@ bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t
     return true;
   });
   if (result.status == CompleteStatus::kDead && options_.on_dead_letter) {
-    options_.on_dead_letter(job_id, result.dead_reason);
+    options_.on_dead_letter(job_id, DeadLetterReason{result.dead_kind, result.dead_reason});
   }
   return released;
 }

@@ -665,6 +665,41 @@ TEST_P(JobQueueTest, EveryMoveToTheDeadLetterQueueIsReportedIncludingAnExpiredLa
       << reasons[1];
 }
 
+TEST_P(JobQueueTest, TheDeadLetterCallbackReceivesTheReasonsKindWithItsText) {
+  std::vector<std::pair<DeadReason, std::string>> dead;
+  JobQueue q = make_queue({.max_attempts = 1,
+                           .lease = 10s,
+                           .max_age = 10s,
+                           .on_dead_letter = [&](std::int64_t, const DeadLetterReason& d) {
+                             dead.emplace_back(d.reason, std::string(d.text));
+                           }});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "poison"});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "flaky"});
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "old"});
+  auto l = q.lease(*conn_, "q", "w", 3);
+  ASSERT_EQ(l.size(), 3u);
+  const auto r =
+      q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::permanent(), .error = "400"});
+  EXPECT_EQ(r.dead_kind, DeadReason::kPermanent);
+  (void)q.complete(*conn_, l[1].id, l[1].fence, {.outcome = Outcome::transient(), .error = "503"});
+  (void)q.complete(*conn_, l[2].id, l[2].fence, {.outcome = Outcome::not_attempted(6s)});
+  clock_.advance(6s);
+  l = q.lease(*conn_, "q", "w", 1);
+  ASSERT_EQ(l.size(), 1u);
+  (void)q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::not_attempted(6s)});
+  ASSERT_EQ(dead.size(), 3u);
+  EXPECT_EQ(dead[0].first, DeadReason::kPermanent);
+  EXPECT_EQ(dead[0].second, "permanent: 400");
+  EXPECT_EQ(dead[1].first, DeadReason::kAttemptsExhausted);
+  EXPECT_NE(dead[1].second.find("attempts exhausted (1 of 1): 503"), std::string::npos)
+      << dead[1].second;
+  EXPECT_EQ(dead[2].first, DeadReason::kMaxAge);
+  EXPECT_NE(dead[2].second.find("max age 10s reached"), std::string::npos) << dead[2].second;
+  EXPECT_EQ(to_string(DeadReason::kPermanent), "permanent");
+  EXPECT_EQ(to_string(DeadReason::kAttemptsExhausted), "attempts_exhausted");
+  EXPECT_EQ(to_string(DeadReason::kMaxAge), "max_age");
+}
+
 TEST_P(JobQueueTest, ACrashChargesOnlyTheJobsWhoseAttemptStarted) {
   JobQueue q = make_queue({.lease = 10s});
   std::vector<std::int64_t> ids;

@@ -16,7 +16,10 @@ Metrics::Metrics(std::string queue, bool dead_letter_retention)
   for (const char* o : {"success", "transient", "throttled", "ambiguous", "permanent"}) {
     attempts_[o] = 0;
   }
-  for (const char* r : {"permanent", "attempts_exhausted", "max_age"}) dead_lettered_[r] = 0;
+  for (const auto r : {store::DeadReason::kPermanent, store::DeadReason::kAttemptsExhausted,
+                       store::DeadReason::kMaxAge}) {
+    dead_lettered_[std::string(to_string(r))] = 0;
+  }
 }
 
 void Metrics::record(const store::WorkerEvent& e) {
@@ -29,11 +32,9 @@ void Metrics::record(const store::WorkerEvent& e) {
   if (e.result.status == store::CompleteStatus::kStale) ++stale_;
 }
 
-void Metrics::dead_lettered(std::string_view reason) {
+void Metrics::dead_lettered(store::DeadReason reason) {
   std::lock_guard lock(mu_);
-  ++dead_lettered_[reason.starts_with("permanent") ? "permanent"
-                   : reason.starts_with("max age") ? "max_age"
-                                                   : "attempts_exhausted"];
+  ++dead_lettered_[std::string(to_string(reason))];
 }
 
 void Metrics::dead_letters_pruned(std::int64_t n) {

@@ -30,8 +30,10 @@ class Metrics {
 
   void record(const store::WorkerEvent& e);
 
-  /// Every move to the dead-letter queue, including a lease that expired on its last attempt.
-  void dead_lettered(std::string_view reason);
+  /// Every move to the dead-letter queue, including a lease that expired on its last attempt,
+  /// counted by the reason's kind (the label reason="permanent", "attempts_exhausted" or
+  /// "max_age").
+  void dead_lettered(store::DeadReason reason);
 
   /// Dead jobs deleted by the worker because they outlived the dead-letter retention.
   void dead_letters_pruned(std::int64_t n);

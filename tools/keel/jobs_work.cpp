@@ -147,8 +147,8 @@ int run_work(const JobsArgs& a) {
   queue_options.backoff = {.base = *base, .cap = *cap};
   queue_options.lease = *lease;
   queue_options.max_age = max_age;
-  queue_options.on_dead_letter = [&](std::int64_t, std::string_view reason) {
-    metrics.dead_lettered(reason);
+  queue_options.on_dead_letter = [&](std::int64_t, const store::DeadLetterReason& dead) {
+    metrics.dead_lettered(dead.reason);
   };
   store::JobQueue queue(queue_options);
 

@@ -247,6 +247,28 @@ enum class CompleteStatus : unsigned char {
 /// "done", "retry_scheduled", "deferred", "dead", "stale".
 [[nodiscard]] std::string_view to_string(CompleteStatus status) noexcept;
 
+/// Why a job moved to the dead-letter queue, decided by JobQueue from keel::core's StopReason.
+enum class DeadReason : unsigned char {
+  kPermanent,          // the outcome was permanent: repeating cannot help
+  kAttemptsExhausted,  // its attempts (or the retries its last outcome allowed) were spent
+  kMaxAge,             // it outlived QueueOptions::max_age
+};
+
+/// "permanent", "attempts_exhausted", "max_age".
+[[nodiscard]] std::string_view to_string(DeadReason reason) noexcept;
+
+/// A move to the dead-letter queue as QueueOptions::on_dead_letter sees it: the reason's kind
+/// and the text stored as the job's dead_reason. Converts to that text, so a callback written
+/// as (std::int64_t, std::string_view) still compiles.
+struct DeadLetterReason {
+  DeadReason reason = DeadReason::kAttemptsExhausted;
+  /// The dead_reason stored with the job ("permanent: HTTP 400 ..."). Valid during the call.
+  std::string_view text;
+
+  // NOLINTNEXTLINE(google-explicit-constructor): kept implicit for (id, text) callbacks.
+  operator std::string_view() const noexcept { return text; }
+};
+
 struct CompleteResult {
   CompleteStatus status = CompleteStatus::kDone;
   /// kRetryScheduled, kDeferred: the delay chosen and the time it is due.
@@ -254,6 +276,8 @@ struct CompleteResult {
   std::int64_t retry_at_ms = 0;
   /// kDead: the reason recorded.
   std::string dead_reason;
+  /// kDead: the reason's kind.
+  DeadReason dead_kind = DeadReason::kAttemptsExhausted;
 };
 
 /// What JobQueue::complete_and_lease did.
@@ -303,10 +327,11 @@ struct QueueOptions {
   /// retried or deferred again. Requires: > 0. Default none (kInfinite): only real attempts
   /// make a job dead.
   Duration max_age = kInfinite;
-  /// Called after a job moved to the dead-letter queue (by complete() or by an expired lease on
-  /// its last attempt), with the job's id and its dead reason. Must be safe to call from any
-  /// thread. Default none.
-  std::function<void(std::int64_t job_id, std::string_view dead_reason)> on_dead_letter;
+  /// Called after a job moved to the dead-letter queue (by complete(), release() or an expired
+  /// lease on its last attempt), with the job's id and why: the reason's kind and its text (a
+  /// DeadLetterReason converts to the text, so (id, std::string_view) callbacks work too). Must
+  /// be safe to call from any thread. Default none.
+  std::function<void(std::int64_t job_id, const DeadLetterReason& dead)> on_dead_letter;
   /// How long a job stays in the dead-letter queue (since it died) before prune_dead() deletes
   /// it. Requires: > 0. Default none (kInfinite): dead jobs are kept until replayed or discarded.
   Duration dead_letter_retention = kInfinite;
