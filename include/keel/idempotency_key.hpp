@@ -31,6 +31,7 @@
 //   }
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -85,5 +86,16 @@ struct IdempotencyKeyCheck {
 /// nothing trimmed) is an idempotency key under the rule above, and its canonical form. Never
 /// throws for any input (std::bad_alloc aside).
 [[nodiscard]] IdempotencyKeyCheck check_idempotency_key(std::string_view value);
+
+/// Sixteen random bytes, from which uuid_v4 makes a key.
+using UuidBytes = std::array<unsigned char, 16>;
+
+/// The one form of a key keel generates: a random (version 4, RFC 4122 variant) UUID in its
+/// 36-character lower-case text form ("0f8fad5b-d9cb-469f-a165-70867728950e"), made from
+/// `random_bytes` (122 of their bits are kept; the version and variant bits are set). core has
+/// no CSPRNG of its own: the caller supplies the bytes (keel::http::make_idempotency_key and
+/// keel::store::new_job_key draw them from OpenSSL's RAND_bytes). Always a valid key under
+/// check_idempotency_key.
+[[nodiscard]] std::string uuid_v4(const UuidBytes& random_bytes);
 
 }  // namespace keel

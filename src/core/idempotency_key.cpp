@@ -119,4 +119,19 @@ IdempotencyKeyCheck check_idempotency_key(std::string_view value) {
   return refuse(value, P::kMalformedQuoted, "is a quoted string that is not closed");
 }
 
+std::string uuid_v4(const UuidBytes& random_bytes) {
+  UuidBytes b = random_bytes;
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(36);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
+    out.push_back(kHex[b[i] >> 4]);
+    out.push_back(kHex[b[i] & 0x0f]);
+  }
+  return out;
+}
+
 }  // namespace keel

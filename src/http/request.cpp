@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "keel/idempotency_key.hpp"
+
 namespace keel::http {
 
 std::optional<std::string> breaker_key(const std::string& url) {
@@ -47,21 +49,11 @@ Expected<std::string> check_request(const Request& request) {
 }
 
 std::string make_idempotency_key() {
-  std::array<unsigned char, 16> b{};
+  UuidBytes b{};
   if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
     throw std::runtime_error("keel::http: the CSPRNG (RAND_bytes) could not supply bytes");
   }
-  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
-  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(36);
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
-    out.push_back(kHex[b[i] >> 4]);
-    out.push_back(kHex[b[i] & 0x0f]);
-  }
-  return out;
+  return uuid_v4(b);
 }
 
 }  // namespace keel::http

@@ -15,6 +15,7 @@
 #include "detail/queue_sql.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/idempotency_key.hpp"
 
 namespace keel::store {
 
@@ -194,19 +195,11 @@ Expected<void> check_queue_name(std::string_view name) {
 }
 
 std::string new_job_key() {
-  unsigned char b[16];
-  if (RAND_bytes(b, sizeof b) != 1) throw std::runtime_error("RAND_bytes failed");
-  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
-  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(36);
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    out += kDigits[b[i] >> 4];
-    out += kDigits[b[i] & 0xf];
+  UuidBytes b{};
+  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
+    throw std::runtime_error("RAND_bytes failed");
   }
-  return out;
+  return uuid_v4(b);
 }
 
 namespace {

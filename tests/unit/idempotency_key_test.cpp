@@ -52,3 +52,29 @@ TEST(IdempotencyKeyRule, ProblemsHaveNames) {
 
 }  // namespace
 }  // namespace keel
+
+namespace {
+
+TEST(UuidV4, FormatsTheBytesWithTheVersionAndVariantBitsSet) {
+  keel::UuidBytes b{};
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<unsigned char>(0x10 * i + i);
+  EXPECT_EQ(keel::uuid_v4(b), "00112233-4455-4677-8899-aabbccddeeff");
+  keel::UuidBytes ones;
+  ones.fill(0xff);
+  EXPECT_EQ(keel::uuid_v4(ones), "ffffffff-ffff-4fff-bfff-ffffffffffff");
+  EXPECT_EQ(keel::uuid_v4(keel::UuidBytes{}), "00000000-0000-4000-8000-000000000000");
+}
+
+TEST(UuidV4, IsAlwaysAKeyInItsCanonicalForm) {
+  keel::UuidBytes b{};
+  for (int n = 0; n < 256; ++n) {
+    b.fill(static_cast<unsigned char>(n));
+    const std::string key = keel::uuid_v4(b);
+    ASSERT_EQ(key.size(), 36u);
+    const keel::IdempotencyKeyCheck k = keel::check_idempotency_key(key);
+    EXPECT_TRUE(k.ok()) << key;
+    EXPECT_EQ(k.key, key);
+  }
+}
+
+}  // namespace

@@ -26,7 +26,9 @@
 namespace keel::http {
 
 /// A new idempotency key: a random (version 4) UUID in its 36-character text form, with 122
-/// bits from OpenSSL's CSPRNG. Throws std::runtime_error if the CSPRNG cannot supply bytes.
+/// bits from OpenSSL's CSPRNG, formatted by keel::uuid_v4 (the one UUID form keel generates;
+/// keel::store::new_job_key is the same generator). Throws std::runtime_error if the CSPRNG
+/// cannot supply bytes.
 [[nodiscard]] std::string make_idempotency_key();
 
 /// The circuit-breaker key of a URL: its lower-case host and its port ("example.com:443"), or

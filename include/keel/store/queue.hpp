@@ -120,7 +120,9 @@ enum class JobState : unsigned char { kReady, kRunning, kRetryScheduled, kDone, 
 [[nodiscard]] Expected<void> check_queue_name(std::string_view name);
 
 /// A new idempotency key: a random (version 4) UUID in its 36-character text form, from OpenSSL's
-/// CSPRNG. Throws std::runtime_error when the CSPRNG cannot supply bytes.
+/// CSPRNG, formatted by keel::uuid_v4 (the same generator as keel::http::make_idempotency_key,
+/// kept here so that keel::store needs no keel::http). Throws std::runtime_error when the CSPRNG
+/// cannot supply bytes.
 [[nodiscard]] std::string new_job_key();
 
 /// One attempt in a job's history.
