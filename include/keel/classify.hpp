@@ -281,4 +281,15 @@ enum class NetError : unsigned char {
 /// 57P03 cannot_connect_now: transient. Everything else, and a malformed SQLSTATE: permanent.
 [[nodiscard]] Outcome classify_sqlstate(std::string_view sqlstate, bool during_commit) noexcept;
 
+// ---------------------------------------------------------------------------------------------
+// SQLite
+
+/// `extended_code` is SQLite's (extended or primary) result code; its primary code is the low
+/// byte. SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes: transient (nothing
+/// was applied; a busy COMMIT leaves the transaction open and unapplied, not in doubt). Any
+/// other error during COMMIT with the connection lost: ambiguous. Everything else: permanent.
+/// The Outcome's source is kUser, as Outcome::transient() and its siblings give.
+[[nodiscard]] Outcome classify_sqlite(int extended_code, bool during_commit,
+                                      bool connection_lost) noexcept;
+
 }  // namespace keel

@@ -279,4 +279,14 @@ Outcome classify_sqlstate(std::string_view state, bool during_commit) noexcept {
   return o;
 }
 
+Outcome classify_sqlite(int extended_code, bool during_commit, bool connection_lost) noexcept {
+  const int primary = extended_code & 0xff;
+  if (primary == 5 /* SQLITE_BUSY */ || primary == 6 /* SQLITE_LOCKED */) {
+    // A busy COMMIT in SQLite left the transaction open and unapplied; it is not in doubt.
+    return Outcome::transient();
+  }
+  if (during_commit && connection_lost) return Outcome::ambiguous();
+  return Outcome::permanent();
+}
+
 }  // namespace keel

@@ -31,13 +31,7 @@ Outcome DatabaseError::outcome() const noexcept {
   if (details_.backend == Backend::kPostgres) {
     return classify_sqlstate(details_.sqlstate, details_.during_commit);
   }
-  const int primary = details_.sqlite_code & 0xff;
-  if (primary == 5 /* SQLITE_BUSY */ || primary == 6 /* SQLITE_LOCKED */) {
-    // A busy COMMIT in SQLite left the transaction open and unapplied; it is not in doubt.
-    return Outcome::transient();
-  }
-  if (details_.during_commit && details_.connection_lost) return Outcome::ambiguous();
-  return Outcome::permanent();
+  return classify_sqlite(details_.sqlite_code, details_.during_commit, details_.connection_lost);
 }
 
 bool DatabaseError::is_unique_violation() const noexcept {

@@ -140,6 +140,31 @@ TEST(ClassifySqlstate, EverythingElseIsPermanent) {
   }
 }
 
+TEST(ClassifySqlite, BusyAndLockedAreTransientWithTheirExtendedCodes) {
+  EXPECT_EQ(keel::classify_sqlite(5, false, false).kind, OutcomeKind::kTransient);  // BUSY
+  EXPECT_EQ(keel::classify_sqlite(6, false, false).kind, OutcomeKind::kTransient);  // LOCKED
+  EXPECT_EQ(keel::classify_sqlite(517, false, false).kind,
+            OutcomeKind::kTransient);  // SQLITE_BUSY_SNAPSHOT
+  EXPECT_EQ(keel::classify_sqlite(262, false, false).kind,
+            OutcomeKind::kTransient);  // SQLITE_LOCKED_SHAREDCACHE
+  // A busy COMMIT left the transaction open and unapplied: not in doubt.
+  EXPECT_EQ(keel::classify_sqlite(5, true, true).kind, OutcomeKind::kTransient);
+}
+
+TEST(ClassifySqlite, ALostConnectionDuringCommitIsAmbiguous) {
+  EXPECT_EQ(keel::classify_sqlite(10, true, true).kind, OutcomeKind::kAmbiguous);  // IOERR
+  EXPECT_EQ(keel::classify_sqlite(10, true, false).kind, OutcomeKind::kPermanent);
+  EXPECT_EQ(keel::classify_sqlite(10, false, true).kind, OutcomeKind::kPermanent);
+}
+
+TEST(ClassifySqlite, EverythingElseIsPermanent) {
+  EXPECT_EQ(keel::classify_sqlite(1, false, false).kind, OutcomeKind::kPermanent);  // ERROR
+  EXPECT_EQ(keel::classify_sqlite(2067, false, false).kind,
+            OutcomeKind::kPermanent);  // SQLITE_CONSTRAINT_UNIQUE
+  EXPECT_EQ(keel::classify_sqlite(0, false, false).kind, OutcomeKind::kPermanent);
+  EXPECT_EQ(keel::classify_sqlite(-1, false, false).kind, OutcomeKind::kPermanent);
+}
+
 TEST(Describe, NamesSourceAndKind) {
   EXPECT_EQ(keel::describe(keel::classify_http_status(503, kGet, 2s)),
             "HTTP 503 (throttled, Retry-After 2s)");
