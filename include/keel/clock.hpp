@@ -74,6 +74,13 @@ class Clock {
   [[nodiscard]] virtual WallTime wall_now() const noexcept = 0;
   /// Blocks the calling thread for d (a ManualClock advances instead). d <= 0 returns at once.
   virtual void sleep_for(Duration d) = 0;
+  /// For code that waits on a timer of its own (an event loop's) instead of blocking in
+  /// sleep_for: called as a wait of d begins, returns how long that timer must wait in real
+  /// time. A clock on real time returns d (this default); a clock that keeps time of its own
+  /// moves it forward by d, as sleep_for would, and returns zero (ManualClock). Never negative.
+  [[nodiscard]] virtual Duration begin_timer_wait(Duration d) {
+    return d > Duration::zero() ? d : Duration::zero();
+  }
 };
 
 /// std::chrono::steady_clock and std::this_thread::sleep_for. Stateless.
@@ -109,6 +116,8 @@ class ManualClock final : public Clock {
   [[nodiscard]] TimePoint now() const noexcept override;
   [[nodiscard]] WallTime wall_now() const noexcept override;
   void sleep_for(Duration d) override;
+  /// sleep_for(d), then zero: an event loop's timer does not wait for virtual time.
+  [[nodiscard]] Duration begin_timer_wait(Duration d) override;
 
   /// Moves time forward by d (negative d is ignored: time never goes backwards).
   void advance(Duration d) noexcept;

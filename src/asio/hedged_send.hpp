@@ -68,7 +68,6 @@ template <class Attempt>
   std::exception_ptr failure;  // an exception of an attempt, rethrown once all have ended
   ::asio::steady_timer wake(ex);
   Clock& clock = retry.clock();
-  auto* manual = dynamic_cast<ManualClock*>(&clock);
 
   const auto launch = [&](int index, const AttemptInfo& info) {
     Slot& s = slots[static_cast<std::size_t>(index)];
@@ -149,12 +148,7 @@ template <class Attempt>
     for (int i = 0; i <= HedgePolicy::kMaxHedges; ++i) hedge.cancel(i);
     if (failure || cancelled || !decision.retry) break;
 
-    if (manual != nullptr) {
-      manual->sleep_for(decision.delay);
-      co_await ::asio::post(ex, ::asio::use_awaitable);
-    } else {
-      co_await sleep_until_woken(decision.delay);
-    }
+    co_await sleep_until_woken(clock.begin_timer_wait(decision.delay));
     if (is_cancelled(cancel)) {
       cancelled = true;
       break;

@@ -80,6 +80,11 @@ void ManualClock::sleep_for(Duration d) {
   sleeps_.fetch_add(1, std::memory_order_relaxed);
 }
 
+Duration ManualClock::begin_timer_wait(Duration d) {
+  sleep_for(d);
+  return Duration::zero();
+}
+
 Duration ManualClock::slept() const noexcept { return Duration(slept_.load()); }
 std::int64_t ManualClock::sleeps() const noexcept { return sleeps_.load(); }
 

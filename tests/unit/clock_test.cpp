@@ -38,6 +38,23 @@ TEST(ManualClock, SleepAdvancesVirtualTimeAtOnce) {
   EXPECT_EQ(clock.now() - t0, 31s);
 }
 
+TEST(ManualClock, ATimerWaitAdvancesVirtualTimeAndLeavesNothingToWaitInRealTime) {
+  keel::ManualClock clock;
+  const auto t0 = clock.now();
+  EXPECT_EQ(clock.begin_timer_wait(30s), Duration::zero());
+  EXPECT_EQ(clock.now() - t0, 30s);
+  EXPECT_EQ(clock.slept(), 30s);
+  EXPECT_EQ(clock.sleeps(), 1);
+  EXPECT_EQ(clock.begin_timer_wait(-5s), Duration::zero());
+  EXPECT_EQ(clock.now() - t0, 30s);
+}
+
+TEST(SteadyClock, ATimerWaitIsTheWholeDelayInRealTime) {
+  keel::Clock& clock = keel::steady_clock();
+  EXPECT_EQ(clock.begin_timer_wait(30s), Duration(30s));
+  EXPECT_EQ(clock.begin_timer_wait(-5s), Duration::zero());
+}
+
 TEST(ManualClock, TenYearsDoesNotOverflow) {
   keel::ManualClock clock;
   clock.sleep_for(std::chrono::hours(24 * 365 * 10));

@@ -9,9 +9,10 @@
 // re-implemented here: RetryState decides whether to start an attempt, its timeout, whether to
 // try again and after how long, and why it stopped. This file only does the waiting:
 //
-//  - Waits between attempts use an ::asio::steady_timer on `executor`. When the call's clock
-//    is a keel::ManualClock, a wait advances that clock instead and yields once to the event
-//    loop (virtual time for tests: a 30 s Retry-After takes microseconds).
+//  - Waits between attempts use an ::asio::steady_timer on `executor`, for as long as the call's
+//    clock says (Clock::begin_timer_wait): the delay on real time; on a clock with time of its
+//    own, such as keel::ManualClock, that clock advances and the timer only yields once to the
+//    event loop (virtual time for tests: a 30 s Retry-After takes microseconds).
 //  - A finite attempt timeout (AttemptInfo::timeout: the per-try timeout, capped by the time
 //    left before the deadline) races the attempt against a steady_timer. When the timer wins the
 //    attempt is cancelled through its Asio cancellation slot (every asynchronous operation it is
@@ -192,7 +193,6 @@ template <class T, class Op, class Classify, class Observer = NoObserver>
   std::optional<RetryScope> scope;
   if (call.context != nullptr) scope.emplace(call.context);
   ::asio::steady_timer timer(ex);
-  auto* manual = dynamic_cast<ManualClock*>(&state.clock());
   bool cancelled = false;
 
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
@@ -232,14 +232,11 @@ template <class T, class Op, class Classify, class Observer = NoObserver>
     observer(std::as_const(start.attempt), std::as_const(outcome), decision, took);
     if (!decision.retry) break;
 
-    if (manual != nullptr) {
-      manual->sleep_for(decision.delay);
-      co_await ::asio::post(ex, ::asio::use_awaitable);
-    } else {
-      timer.expires_after(to_timer_duration(decision.delay));
-      std::error_code ignored;
-      co_await timer.async_wait(::asio::redirect_error(::asio::use_awaitable, ignored));
-    }
+    // The clock says how long the timer waits: the delay on real time, nothing on a clock whose
+    // time moves only when told (it has moved by the delay).
+    timer.expires_after(to_timer_duration(state.clock().begin_timer_wait(decision.delay)));
+    std::error_code ignored;
+    co_await timer.async_wait(::asio::redirect_error(::asio::use_awaitable, ignored));
     if (is_cancelled(cancel)) {
       cancelled = true;
       break;
