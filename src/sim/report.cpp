@@ -51,6 +51,25 @@ nlohmann::ordered_json summary_json(const Report& r) {
         *r.stops_recovering_at ? nlohmann::ordered_json(round3(seconds(**r.stops_recovering_at)))
                                : nlohmann::ordered_json(nullptr);
   }
+  if (!r.phases.empty()) {
+    nlohmann::ordered_json phases = nlohmann::ordered_json::array();
+    for (const PhaseLoad& p : phase_loads(r)) {
+      nlohmann::ordered_json ph;
+      ph["label"] = p.label;
+      ph["start_s"] = round3(seconds(p.span.start));
+      ph["end_s"] = round3(seconds(p.span.end));
+      ph["calls"] = p.calls;
+      ph["mean_per_s"] = round3(p.mean_per_s);
+      ph["peak_per_s"] = round3(p.peak_per_s);
+      ph["capacity_per_s"] = round3(p.capacity_per_s);
+      ph["over_capacity_s"] = round3(seconds(p.over_capacity));
+      ph["under_capacity_after_s"] =
+          p.under_capacity_after ? nlohmann::ordered_json(round3(seconds(*p.under_capacity_after)))
+                                 : nlohmann::ordered_json(nullptr);
+      phases.push_back(std::move(ph));
+    }
+    j["phases"] = std::move(phases);
+  }
   j["runs"] = r.runs;
   j["events"] = m.events;
   return j;

@@ -136,6 +136,38 @@ Scenario fleet_outage_scenario(Duration outage) {
 
 namespace {
 
+// The demo's story on one timeline (docs/simulator.md, "demo-story"): the blip's dependency
+// (capacity 1,000/s, 20 ms per request, a queue of 1,000, clients giving up on an attempt after
+// 300 ms) with arrivals at 70% of capacity, so a 10% budget's load (about 770/s) stays well under
+// it; capacity halves for 3 s, then the dependency is down for 10 s.
+constexpr double kStoryArrivals = 700;
+constexpr Duration kStoryBlipStart = seconds(10);
+constexpr Duration kStoryBlipEnd = seconds(13);
+constexpr Duration kStoryOutageStart = seconds(35);
+constexpr Duration kStoryOutageEnd = seconds(45);
+constexpr Duration kStoryDuration = seconds(60);
+
+Scenario demo_story_scenario() {
+  Scenario s = blip_scenario(kStoryBlipEnd - kStoryBlipStart);
+  s.name = "demo-story";
+  s.clients.arrivals_per_s = kStoryArrivals;
+  s.dependency.capacity_drop = {kStoryBlipStart, kStoryBlipEnd};
+  s.dependency.outage = {kStoryOutageStart, kStoryOutageEnd};
+  s.duration = kStoryDuration;
+  // Summary::recovery is measured from the outage's end; the blip's aftermath is read from the
+  // phases (phase_loads).
+  s.trigger_end = kStoryOutageEnd;
+  return s;
+}
+
+std::vector<Phase> demo_story_phases() {
+  return {{"steady", {Duration::zero(), kStoryBlipStart}},
+          {"blip", {kStoryBlipStart, kStoryBlipEnd}},
+          {"after the blip", {kStoryBlipEnd, kStoryOutageStart}},
+          {"outage", {kStoryOutageStart, kStoryOutageEnd}},
+          {"after the outage", {kStoryOutageEnd, kStoryDuration}}};
+}
+
 // The blip with receiver-side shedding (keel::AdmissionLimiter at the dependency): at most
 // kShedLimit requests in the dependency (served or queued) before retries are refused, for free,
 // with a full-jitter Retry-After under 1 s; first attempts kShedQueue beyond that. 200 in the
@@ -215,6 +247,17 @@ const std::vector<Definition>& definitions() {
                   "200; naive clients recover where they never do in blip",
                   {"naive", "full-jitter", "full-jitter+budget"}},
                  blip_shed_scenario(),
+                 {.max_attempts = 4,
+                  .base = milliseconds(100),
+                  .cap = seconds(2),
+                  .per_try_timeout = milliseconds(300)}});
+    d.push_back({{"demo-story",
+                  "the demo's timeline: steady arrivals at 70% of capacity; capacity halves for "
+                  "3 s at t=10 s (naive retries keep the load over capacity until the outage, a "
+                  "budget is back under at once); the dependency is down from t=35 s to 45 s "
+                  "(naive sends 4 calls per operation into it, a budget about 1.1)",
+                  {"naive", "full-jitter", "full-jitter+budget"}},
+                 demo_story_scenario(),
                  {.max_attempts = 4,
                   .base = milliseconds(100),
                   .cap = seconds(2),
@@ -302,6 +345,16 @@ Report report_of(const Scenario& s, std::string_view policy, std::uint64_t seed,
   out.slice = s.slice;
   out.duration = s.duration;
   out.trigger_end = s.trigger_end;
+  const auto& dep = s.dependency;
+  out.capacity.reserve(out.slices.size());
+  for (std::size_t i = 0; i < out.slices.size(); ++i) {
+    const Duration at = s.slice * static_cast<std::int64_t>(i);
+    double capacity = dep.capacity_per_s;
+    if (dep.capacity_drop.contains(at)) capacity *= dep.capacity_drop_factor;
+    if (dep.outage.contains(at)) capacity = 0;
+    out.capacity.push_back(capacity);
+  }
+  if (s.name == "demo-story") out.phases = demo_story_phases();
   return out;
 }
 
@@ -338,6 +391,45 @@ Report run_fleet_outage(std::string_view policy, Duration outage, std::uint64_t 
   const Scenario s = fleet_outage_scenario(outage);
   const ClientPolicy p = make_policy(policy, d.settings);
   return report_of(s, policy, seed, run(s, p, seed));
+}
+
+std::vector<PhaseLoad> phase_loads(const Report& r) {
+  std::vector<PhaseLoad> out;
+  if (r.capacity.size() != r.slices.size() || r.slice <= Duration::zero()) return out;
+  const double slice_s = std::chrono::duration<double>(r.slice).count();
+  for (const Phase& phase : r.phases) {
+    PhaseLoad p;
+    p.label = phase.label;
+    p.span = phase.span;
+    // The first slice of the phase's final run of slices at or under capacity (none yet: npos).
+    constexpr std::size_t kNoSlice = static_cast<std::size_t>(-1);
+    std::size_t settled = kNoSlice;
+    bool last_over = false;
+    for (std::size_t i = 0; i < r.slices.size(); ++i) {
+      const Duration at = r.slice * static_cast<std::int64_t>(i);
+      if (!phase.span.contains(at)) continue;
+      const double per_s = static_cast<double>(r.slices[i].offered) / slice_s;
+      p.calls += r.slices[i].offered;
+      p.peak_per_s = std::max(p.peak_per_s, per_s);
+      p.capacity_per_s = std::max(p.capacity_per_s, r.capacity[i]);
+      last_over = per_s > r.capacity[i];
+      if (last_over) {
+        p.over_capacity += r.slice;
+        settled = kNoSlice;
+      } else if (settled == kNoSlice) {
+        settled = i;
+      }
+    }
+    const double span_s = std::chrono::duration<double>(phase.span.end - phase.span.start).count();
+    p.mean_per_s = span_s > 0 ? static_cast<double>(p.calls) / span_s : 0.0;
+    if (!last_over) {
+      const Duration from =
+          settled != kNoSlice ? r.slice * static_cast<std::int64_t>(settled) : phase.span.start;
+      p.under_capacity_after = std::max(Duration::zero(), from - phase.span.start);
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
 }
 
 std::optional<Duration> blip_threshold(std::string_view policy, Duration step, Duration limit,

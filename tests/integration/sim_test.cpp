@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "build_kind.hpp"
@@ -206,8 +208,8 @@ TEST(SimScenarios, ListsEveryScenarioWithItsPolicies) {
   for (const auto& s : keel::sim::scenarios()) names.push_back(s.name);
   EXPECT_EQ(names,
             (std::vector<std::string>{"worked-example", "worked-example-feedback", "herd",
-                                      "fleet-herd", "layers", "blip", "blip-shed", "fleet-outage",
-                                      "brooker", "hedge-tail", "hedge-brownout"}));
+                                      "fleet-herd", "layers", "blip", "blip-shed", "demo-story",
+                                      "fleet-outage", "brooker", "hedge-tail", "hedge-brownout"}));
   ASSERT_NE(keel::sim::find_scenario("layers"), nullptr);
   EXPECT_EQ(keel::sim::find_scenario("nope"), nullptr);
 }
@@ -293,6 +295,98 @@ TEST(SimScenarios, BlipNaiveStaysOverloadedFullJitterWithBudgetRecovers) {
   std::int64_t open_slices = 0;
   for (const auto& sl : breaker.slices) open_slices += sl.breakers_open;
   EXPECT_GT(open_slices, 0);  // the breaker's own state, sampled per slice
+}
+
+// demo-story's phases by label.
+const keel::sim::PhaseLoad& phase(const std::vector<keel::sim::PhaseLoad>& phases,
+                                  std::string_view label) {
+  for (const auto& p : phases) {
+    if (p.label == label) return p;
+  }
+  throw std::out_of_range("no phase " + std::string(label));
+}
+
+std::int64_t first_attempts_in(const Report& r, keel::sim::Window span) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < r.slices.size(); ++i) {
+    if (span.contains(r.slice * static_cast<std::int64_t>(i))) n += r.slices[i].first_attempts;
+  }
+  return n;
+}
+
+TEST(SimScenarios, DemoStoryHasItsPhasesAndTheCapacityOfEachSlice) {
+  const auto r = run_scenario("demo-story", "naive", kSeed);
+  std::vector<std::string> labels;
+  for (const auto& p : r.phases) labels.push_back(p.label);
+  EXPECT_EQ(labels, (std::vector<std::string>{"steady", "blip", "after the blip", "outage",
+                                              "after the outage"}));
+  ASSERT_EQ(r.capacity.size(), r.slices.size());
+  EXPECT_EQ(r.capacity.at(0), 1000.0);
+  EXPECT_EQ(r.capacity.at(static_cast<std::size_t>(11s / r.slice)), 500.0);  // the blip
+  EXPECT_EQ(r.capacity.at(static_cast<std::size_t>(20s / r.slice)), 1000.0);
+  EXPECT_EQ(r.capacity.at(static_cast<std::size_t>(40s / r.slice)), 0.0);  // the outage
+  EXPECT_EQ(r.capacity.back(), 1000.0);
+  EXPECT_TRUE(run_scenario("brooker", "full", kSeed).capacity.empty());
+  EXPECT_TRUE(run_scenario("blip", "naive", kSeed).phases.empty());
+}
+
+TEST(SimScenarios, DemoStoryNaiveStaysOverCapacityAfterTheBlipABudgetIsBackUnderAtOnce) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 4); ++seed) {
+    SCOPED_TRACE(seed);
+    const auto naive = keel::sim::phase_loads(run_scenario("demo-story", "naive", seed));
+    const auto full = keel::sim::phase_loads(run_scenario("demo-story", "full-jitter", seed));
+    const auto budget =
+        keel::sim::phase_loads(run_scenario("demo-story", "full-jitter+budget", seed));
+    // Steady: 700/s against 1,000/s, every policy under capacity throughout.
+    for (const auto* run : {&naive, &full, &budget}) {
+      EXPECT_EQ(phase(*run, "steady").over_capacity, Duration::zero());
+    }
+    // The blip (capacity halved for 3 s) overloads every policy...
+    EXPECT_GT(phase(budget, "blip").over_capacity, Duration::zero());
+    // ...naive retries (and backoff without a budget) keep every slice over capacity until
+    // the outage, 22 s after the blip ended...
+    const auto& naive_after = phase(naive, "after the blip");
+    const Duration after_blip = naive_after.span.end - naive_after.span.start;
+    EXPECT_EQ(naive_after.over_capacity, after_blip);
+    EXPECT_FALSE(naive_after.under_capacity_after.has_value());
+    EXPECT_GT(naive_after.mean_per_s, 2 * naive_after.capacity_per_s);
+    EXPECT_EQ(phase(full, "after the blip").over_capacity, after_blip);
+    // ...while the budget is back under capacity within a second and stays there.
+    const auto& budget_after = phase(budget, "after the blip");
+    ASSERT_TRUE(budget_after.under_capacity_after.has_value());
+    EXPECT_LE(*budget_after.under_capacity_after, 1s);
+    EXPECT_LE(budget_after.over_capacity, 1s);
+    EXPECT_LT(budget_after.mean_per_s, 0.85 * budget_after.capacity_per_s);
+  }
+}
+
+TEST(SimScenarios, DemoStoryNaiveSendsFourCallsPerOperationIntoTheOutageABudgetAbout1Point1) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 4); ++seed) {
+    SCOPED_TRACE(seed);
+    const auto naive_run = run_scenario("demo-story", "naive", seed);
+    const auto full_run = run_scenario("demo-story", "full-jitter", seed);
+    const auto budget_run = run_scenario("demo-story", "full-jitter+budget", seed);
+    const auto naive = keel::sim::phase_loads(naive_run);
+    const auto budget = keel::sim::phase_loads(budget_run);
+    const auto& outage = phase(naive, "outage");
+    const std::int64_t operations = first_attempts_in(naive_run, outage.span);
+    ASSERT_EQ(first_attempts_in(budget_run, outage.span), operations);  // the same arrivals
+    EXPECT_EQ(outage.calls, naive_run.summary.outage_calls);
+    // Refused at once, naive clients make their 4 attempts; the budget allows about 10% more.
+    EXPECT_GT(static_cast<double>(outage.calls), 3.9 * static_cast<double>(operations));
+    EXPECT_LT(static_cast<double>(phase(budget, "outage").calls),
+              1.2 * static_cast<double>(operations));
+    EXPECT_GT(outage.calls, 3 * phase(budget, "outage").calls);
+    // After the outage every policy is under capacity within a second: the outage refused
+    // every call at once, so naive clients gave up without queueing and the queue that kept
+    // the blip alive drained while the dependency was down.
+    for (const Report* run : {&naive_run, &full_run, &budget_run}) {
+      SCOPED_TRACE(run->policy);
+      const auto& after = phase(keel::sim::phase_loads(*run), "after the outage");
+      ASSERT_TRUE(after.under_capacity_after.has_value());
+      EXPECT_LE(*after.under_capacity_after, 1s);
+    }
+  }
 }
 
 TEST(SimScenarios, BlipShedNaiveClientsRecoverWhenTheReceiverShedsRetriesFirst) {
@@ -490,6 +584,14 @@ TEST(SimReport, JsonLineHasTheDocumentedFields) {
     EXPECT_NE(line.find(field), std::string::npos) << field << " in " << line;
   }
   EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_EQ(line.find("\"phases\""), std::string::npos);  // only for scenarios with phases
+  const std::string story = keel::sim::to_json_line(run_scenario("demo-story", "naive", kSeed));
+  for (const char* field :
+       {"\"phases\":[{\"label\":\"steady\",\"start_s\":0.0,\"end_s\":10.0,\"calls\":",
+        "\"label\":\"after the blip\"", "\"over_capacity_s\":22.0",
+        "\"under_capacity_after_s\":null", "\"capacity_per_s\":1000.0"}) {
+    EXPECT_NE(story.find(field), std::string::npos) << field << " in " << story;
+  }
   const std::string csv = keel::sim::to_csv({r});
   EXPECT_EQ(csv.rfind("scenario,policy,t_s,offered", 0), 0u);
 }

@@ -67,6 +67,13 @@ struct PolicySettings {
 /// build lacks.
 [[nodiscard]] ClientPolicy make_policy(std::string_view name, const PolicySettings& settings);
 
+/// A labelled span of a scenario's timeline, for reports and plots (demo-story: steady, blip,
+/// after the blip, outage, after the outage). The engine does not read it.
+struct Phase {
+  std::string label;
+  Window span;
+};
+
 /// One policy's outcome in one scenario: what `keel sim run --json` prints per line.
 struct Report {
   std::string scenario;
@@ -84,7 +91,32 @@ struct Report {
   /// Blip with a threshold sweep only: the shortest trigger this policy does not recover from
   /// (nullopt: recovered from every trigger swept). Printed as stops_recovering_at_s.
   std::optional<std::optional<Duration>> stops_recovering_at;
+  /// The dependency's capacity in requests/s at the start of each slice (one entry per slice):
+  /// capacity_per_s, times capacity_drop_factor inside the capacity drop, 0 inside the outage.
+  /// Empty for the models without that dependency (brooker, hedge-tail, hedge-brownout).
+  std::vector<double> capacity;
+  /// The scenario's phases in time order; empty for a scenario without named phases.
+  std::vector<Phase> phases;
 };
+
+/// One phase of a run measured against the dependency's capacity (Report::capacity): a slice is
+/// over capacity when its attempts per second exceed the capacity at the slice's start.
+struct PhaseLoad {
+  std::string label;
+  Window span;
+  std::int64_t calls = 0;     // attempts sent to the dependency in the phase's slices
+  double mean_per_s = 0;      // calls / the phase's length
+  double peak_per_s = 0;      // the phase's busiest slice, in attempts per second
+  double capacity_per_s = 0;  // the highest capacity in the phase
+  Duration over_capacity{};   // total length of the phase's slices over capacity
+  /// From the phase's start to the first slice from which every slice of the phase is at or under
+  /// capacity (zero when all are); nullopt when the phase's last slice is over capacity.
+  std::optional<Duration> under_capacity_after;
+};
+
+/// The report's phases measured, in order; empty when the report has no phases or no capacity.
+/// A phase covers the slices whose start lies in its span.
+[[nodiscard]] std::vector<PhaseLoad> phase_loads(const Report& report);
 
 /// Runs a named scenario with a named policy. Throws std::invalid_argument for an unknown
 /// scenario or policy (the message lists the known names).
