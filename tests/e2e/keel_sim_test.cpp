@@ -160,6 +160,32 @@ TEST_F(KeelSim, RunWritesCsvAndSvgAndPngPlots) {
   EXPECT_EQ(std::string(magic.data() + 1, 3), "PNG");
 }
 
+TEST_F(KeelSim, DemoStoryPrintsTheStoryAndDrawsTheCapacityAndThePhases) {
+  // make demo's last step (scripts/demo.sh), as docs/simulator.md gives it.
+  const fs::path svg = dir_ / "retry-storm.svg";
+  const ProcessResult r =
+      keel({"sim", "run", "--scenario", "demo-story", "--policy", "naive", "--policy",
+            "full-jitter", "--policy", "full-jitter+budget", "--plot", svg.string()},
+           dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\nstory: attempts/s to the dependency against its capacity (1000/s)"),
+            std::string::npos)
+      << r.out;
+  // Seed 1: naive over capacity for all 22 s after the blip, never back under, 28,245 calls into
+  // the outage; the budget back under at once, 7,732 calls.
+  EXPECT_NE(r.out.find("22.0s of 22.0s        never          28245"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0.0s of 22.0s         0.0s           7732"), std::string::npos) << r.out;
+  std::ifstream s(svg);
+  std::stringstream sv;
+  sv << s.rdbuf();
+  for (const char* text :
+       {"<svg", "CAPACITY 1000/s", "policy: naive", "policy: full-jitter+budget", "steady",
+        "after the blip", "outage", "after the outage", "attempts/s", "time (s)"}) {
+    EXPECT_NE(sv.str().find(text), std::string::npos) << text;
+  }
+  EXPECT_FALSE(fs::exists(svg.string() + ".tmp"));
+}
+
 TEST_F(KeelSim, BadArgumentsExit2NamingTheFlagAndWriteNothing) {
   ProcessResult r = keel({"sim", "run", "--scenario", "nope"}, dir_);
   EXPECT_EQ(r.status, 2);

@@ -92,6 +92,50 @@ void print_breakers(const std::vector<sim::Report>& reports) {
       "operations succeeding)\n");
 }
 
+// demo-story: each policy's load against the dependency's capacity after the blip, during the
+// outage and after it (sim::phase_loads). Starts with "story" so scripts/demo.sh can cut it out.
+void print_story(const std::vector<sim::Report>& reports) {
+  const auto find = [](const std::vector<sim::PhaseLoad>& phases,
+                       std::string_view label) -> const sim::PhaseLoad* {
+    for (const auto& p : phases) {
+      if (p.label == label) return &p;
+    }
+    return nullptr;
+  };
+  const auto secs = [](Duration d) { return std::chrono::duration<double>(d).count(); };
+  bool header = false;
+  for (const auto& r : reports) {
+    const auto phases = sim::phase_loads(r);
+    const sim::PhaseLoad* blip = find(phases, "after the blip");
+    const sim::PhaseLoad* outage = find(phases, "outage");
+    const sim::PhaseLoad* after = find(phases, "after the outage");
+    if (blip == nullptr || outage == nullptr || after == nullptr) continue;
+    if (!header) {
+      header = true;
+      std::printf(
+          "\nstory: attempts/s to the dependency against its capacity (%.0f/s) after the blip "
+          "(%.0f-%.0f s), during the outage (%.0f-%.0f s) and after it\n",
+          blip->capacity_per_s, secs(blip->span.start), secs(blip->span.end),
+          secs(outage->span.start), secs(outage->span.end));
+      std::printf("%-20s %14s %16s %12s %14s %14s\n", "policy", "peak/s", "over capacity",
+                  "back under", "outage calls", "back under");
+      std::printf("%-20s %14s %16s %12s %14s %14s\n", "", "after blip", "after blip", "after blip",
+                  "", "after outage");
+    }
+    const auto under = [&](const sim::PhaseLoad& p) {
+      if (!p.under_capacity_after) return std::string("never");
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.1fs", secs(*p.under_capacity_after));
+      return std::string(buf);
+    };
+    char over[48];
+    std::snprintf(over, sizeof over, "%.1fs of %.1fs", secs(blip->over_capacity),
+                  secs(blip->span.end - blip->span.start));
+    std::printf("%-20s %14.0f %16s %12s %14lld %14s\n", r.policy.c_str(), blip->peak_per_s, over,
+                under(*blip).c_str(), static_cast<long long>(outage->calls), under(*after).c_str());
+  }
+}
+
 void print_table(const std::vector<sim::Report>& reports) {
   std::printf("%-28s %10s %10s %7s %12s %9s %9s %10s %12s\n", "policy", "first", "calls", "ampl",
               "offered/s", "peak", "peak-retry", "recovered", "completion");
@@ -187,6 +231,7 @@ int run_command(const RunOptions& o) {
     print_table(reports);
     if (&sim::scenario_policies(info->name) == &sim::hedge_policies()) print_latencies(reports);
     if (fleet_outage) print_breakers(reports);
+    if (info->name == "demo-story") print_story(reports);
     for (const auto& r : reports) {
       if (!r.stops_recovering_at) continue;
       if (*r.stops_recovering_at) {

@@ -37,45 +37,104 @@ bool plot_format_supported(const std::string& path) {
   return ends_with(path, ".svg") || ends_with(path, ".png");
 }
 
+std::string plot_data(const std::vector<sim::Report>& reports) {
+  std::ostringstream d;
+  d.setf(std::ios::fixed);
+  d.precision(6);
+  for (const auto& r : reports) {
+    const double w = seconds(r.slice);
+    d << "# " << r.policy << ": time (s), attempts/s, retries/s\n";
+    for (std::size_t i = 0; i < r.slices.size(); ++i) {
+      d << w * (static_cast<double>(i) + 0.5) << ' ' << static_cast<double>(r.slices[i].offered) / w
+        << ' ' << static_cast<double>(r.slices[i].retries) / w << '\n';
+    }
+    d << "\n\n# " << r.policy << ": capacity (requests/s) from each time on\n";
+    for (std::size_t i = 0; i < r.capacity.size(); ++i) {
+      d << w * static_cast<double>(i) << ' ' << r.capacity[i] << '\n';
+    }
+    if (!r.capacity.empty()) {
+      d << w * static_cast<double>(r.capacity.size()) << ' ' << r.capacity.back() << '\n';
+    }
+    d << "\n\n";
+  }
+  return d.str();
+}
+
 std::string plot_script(const std::vector<sim::Report>& reports, const std::string& data_path,
                         const std::string& out_path) {
-  std::int64_t ymax = 1;
+  double load_max = 1;
+  double capacity_max = 0;
   double xmax = 1;
   for (const auto& r : reports) {
-    for (const auto& s : r.slices) ymax = std::max(ymax, s.offered);
+    const double w = seconds(r.slice);
+    for (const auto& s : r.slices)
+      load_max = std::max(load_max, static_cast<double>(s.offered) / w);
+    for (double c : r.capacity) capacity_max = std::max(capacity_max, c);
     xmax = std::max(xmax, seconds(r.slice * static_cast<std::int64_t>(r.slices.size())));
   }
+  // The capacity line sets the scale too, unless it is far above every load (then the bars would
+  // be flat: the line is left off the scale and its value stays in the legend).
+  const bool capacity_on_scale = capacity_max > 0 && capacity_max <= 4 * load_max;
+  const double ymax = (capacity_on_scale ? std::max(load_max, capacity_max) : load_max) * 1.15;
   const std::size_t n = reports.size();
-  const int height = static_cast<int>(std::max<std::size_t>(1, n) * 190 + 40);
+  const int height = static_cast<int>(std::max<std::size_t>(1, n) * 230 + 50);
   std::ostringstream g;
   if (ends_with(out_path, ".svg")) {
-    g << "set terminal svg size 960," << height << " dynamic font 'sans,11' background 'white'\n";
+    g << "set terminal svg size 1100," << height << " dynamic font 'sans,11' background 'white'\n";
   } else {
-    g << "set terminal pngcairo size 960," << height << " font 'sans,10'\n";
+    g << "set terminal pngcairo size 1100," << height << " font 'sans,10'\n";
   }
   g << "set output " << quoted(out_path) << "\n";
   const std::string scenario = reports.empty() ? "" : reports[0].scenario;
+  const std::string seed = reports.empty() ? "" : std::to_string(reports[0].seed);
   const std::string slice =
       reports.empty()
           ? ""
           : std::to_string(static_cast<long long>(seconds(reports[0].slice) * 1000)) + " ms";
   g << "set multiplot layout " << std::max<std::size_t>(1, n) << ",1 title "
-    << quoted("keel sim: " + scenario + " (calls per " + slice + " slice)") << "\n";
-  g << "set xrange [0:" << xmax << "]\nset yrange [0:" << static_cast<double>(ymax) * 1.1 << "]\n";
-  g << "set grid ytics\nset key top right\nset style fill solid 0.35 noborder\n";
-  g << "set lmargin 10\nset rmargin 3\n";
+    << quoted("keel sim: " + scenario + " (seed " + seed +
+              "): attempts per second sent to the dependency, per " + slice + " slice" +
+              (capacity_max > 0 ? ", against its capacity" : ""))
+    << "\n";
+  g << "set xrange [0:" << xmax << "]\nset yrange [0:" << ymax << "]\n";
+  g << "set grid ytics\nset style fill solid 0.75 noborder\n";
+  g << "set key outside right top vertical Left reverse samplen 2\n";
+  // The legend sits right of the panels: room for its longest title.
+  const std::string capacity_title = "CAPACITY " +
+                                     std::to_string(static_cast<long long>(capacity_max)) + "/s" +
+                                     (capacity_on_scale ? "" : " (off scale)");
+  const std::size_t key_width = std::max<std::size_t>(std::string("attempts/s (all)").size(),
+                                                      capacity_max > 0 ? capacity_title.size() : 0);
+  g << "set lmargin 11\nset rmargin " << key_width + 8 << "\nset tmargin 2.5\n";
+  g << "set ylabel 'attempts/s'\nset xlabel 'time (s)' offset 0,0.4\n";
+  // The phases, shaded behind the bars and named at the top of every panel.
+  if (!reports.empty()) {
+    int id = 1;
+    for (const auto& p : reports[0].phases) {
+      const double x0 = seconds(p.span.start);
+      const double x1 = std::min(xmax, seconds(p.span.end));
+      std::string colour = "#f3f3f3";  // a phase after a trigger, and any other
+      if (p.label == "steady") colour = "#e9f5e9";
+      if (p.label == "blip") colour = "#ffe2a0";
+      if (p.label == "outage") colour = "#f7c6c6";
+      g << "set object " << id << " rect from first " << x0 << ", graph 0 to first " << x1
+        << ", graph 1 behind fillcolor rgb '" << colour << "' fillstyle solid 1.0 noborder\n";
+      g << "set label " << id << " " << quoted(p.label) << " at first " << (x0 + x1) / 2
+        << ", graph 0.93 center front font ',10'\n";
+      ++id;
+    }
+  }
   for (std::size_t i = 0; i < n; ++i) {
     const auto& r = reports[i];
-    g << "set title " << quoted(r.policy) << " offset 0,-0.6\n";
-    g << "set ylabel 'calls'\n";
-    if (i + 1 == n) {
-      g << "set xlabel 'time (s)'\n";
-    } else {
-      g << "unset xlabel\n";
+    g << "set title " << quoted("policy: " + r.policy) << " offset 0,-0.4\n";
+    g << "plot " << quoted(data_path) << " index " << 2 * i
+      << " using 1:2 with boxes lc rgb '#4477aa' title 'attempts/s (all)', '' index " << 2 * i
+      << " using 1:3 with boxes lc rgb '#cc3311' title 'retries/s'";
+    if (!r.capacity.empty()) {
+      g << ", '' index " << 2 * i + 1 << " using 1:2 with steps lw 2.5 lc rgb '#111111' title "
+        << quoted(capacity_title);
     }
-    g << "plot " << quoted(data_path) << " index " << i
-      << " using 1:2 with boxes lc rgb '#4477aa' title 'all calls', '' index " << i
-      << " using 1:3 with boxes lc rgb '#cc3311' title 'retries'\n";
+    g << "\n";
   }
   g << "unset multiplot\n";
   return g.str();
@@ -110,16 +169,8 @@ bool render_plot(const std::vector<sim::Report>& reports, const std::string& pat
       cleanup();
       return false;
     }
-    for (const auto& r : reports) {
-      std::fprintf(f, "# %s\n", r.policy.c_str());
-      const double w = seconds(r.slice);
-      for (std::size_t i = 0; i < r.slices.size(); ++i) {
-        std::fprintf(f, "%.6f %lld %lld\n", w * (static_cast<double>(i) + 0.5),
-                     static_cast<long long>(r.slices[i].offered),
-                     static_cast<long long>(r.slices[i].retries));
-      }
-      std::fprintf(f, "\n\n");
-    }
+    const std::string series = plot_data(reports);
+    std::fwrite(series.data(), 1, series.size(), f);
     std::fclose(f);
   }
   {
