@@ -274,11 +274,12 @@ echo "       the queue deferred those jobs without spending their attempts, prob
 echo "       and delivered them all when the API came back."
 
 # ---------------------------------------------------------------------------------------------
-step "4/4 the same situation as a retry storm (keel sim, worked-example)"
+step "4/4 the same story as a retry storm (keel sim, demo-story: a 3 s blip, then a 10 s outage)"
 plot="$out_dir/retry-storm.svg"
-"$keel" sim run --scenario worked-example --policy naive --policy full-jitter \
-  --policy full-jitter+budget --plot "$plot"
-echo "picture: $plot"
+"$keel" sim run --scenario demo-story --policy naive --policy full-jitter \
+  --policy full-jitter+budget --plot "$plot" >"$work/sim.txt"
+echo "picture: $plot (one panel per policy: attempts/s against the CAPACITY line, phases shaded)"
+sed -n '/^story:/,$p' "$work/sim.txt"
 
 status=0
 if ((keel_dups > 0)); then
