@@ -66,6 +66,9 @@ struct Error {
 /// bytes of that form (with "..." when cut), so that any input can be quoted in a message.
 [[nodiscard]] std::string quote_value(std::string_view text, std::size_t max_bytes = 64);
 
+/// One byte named for a message: "byte 0x0a".
+[[nodiscard]] std::string byte_text(unsigned char byte);
+
 /// A value of type T, or the Error that says why there is none. T may be void (a check).
 template <class T>
 class [[nodiscard]] Expected {

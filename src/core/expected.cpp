@@ -23,6 +23,14 @@ Error Error::in(std::string_view new_field, std::string_view new_context) const 
 
 void throw_invalid(Error error) { throw std::invalid_argument(error.message()); }
 
+std::string byte_text(unsigned char byte) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "byte 0x";
+  out += kHex[byte >> 4];
+  out += kHex[byte & 0x0f];
+  return out;
+}
+
 std::string quote_value(std::string_view text, std::size_t max_bytes) {
   std::string q = "'";
   bool cut = false;

@@ -6,14 +6,6 @@
 namespace keel {
 namespace {
 
-std::string byte_text(unsigned char u) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "byte 0x";
-  out += kHex[u >> 4];
-  out += kHex[u & 0x0f];
-  return out;
-}
-
 IdempotencyKeyCheck refuse(std::string_view value, IdempotencyKeyProblem problem,
                            std::string text) {
   IdempotencyKeyCheck out;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "keel/expected.hpp"
+
 namespace keel::http {
 namespace {
 
@@ -21,14 +23,6 @@ std::string_view trim(std::string_view s) noexcept {
 bool is_tchar(char c) noexcept {
   if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
   return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
-std::string describe_byte(unsigned char u) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "byte 0x";
-  out += kHex[u >> 4];
-  out += kHex[u & 0x0f];
-  return out;
 }
 
 }  // namespace
@@ -57,7 +51,7 @@ Expected<void> check_header_field(std::string_view name, std::string_view value)
   for (char c : name) {
     if (!is_tchar(c)) {
       return Error{.field = "header name",
-                   .problem = "contains " + describe_byte(static_cast<unsigned char>(c)),
+                   .problem = "contains " + byte_text(static_cast<unsigned char>(c)),
                    .got = quote_value(name)};
     }
   }
@@ -66,7 +60,7 @@ Expected<void> check_header_field(std::string_view name, std::string_view value)
     if ((u < 0x20 && c != '\t') || u == 0x7f) {
       // The value is not quoted: it may be a credential (Authorization, Cookie).
       return Error{.field = "header " + quote_value(name),
-                   .problem = "has a value with a control character (" + describe_byte(u) + ")"};
+                   .problem = "has a value with a control character (" + byte_text(u) + ")"};
     }
   }
   return {};
