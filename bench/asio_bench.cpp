@@ -116,12 +116,12 @@ int simulated_blocking(const Config& c) {
 
 int http_async(const Config& c, int port) {
   ::asio::io_context io(1);
-  keel::asio::HttpClient client(io.get_executor(), {.retry = retry_once(c),
-                                                    .log = [](std::string_view) {},
-                                                    .circuit_breakers = false,
-                                                    .retry_budget = false,
-                                                    .max_host_connections = c.threads,
-                                                    .max_transfers = c.threads});
+  keel::asio::HttpClient client(
+      io.get_executor(),
+      {.retry = retry_once(c),
+       .brakes = {.circuit_breakers = false, .retry_budget = false},
+       .observability = {.log = [](std::string_view) {}},
+       .limits = {.max_host_connections = c.threads, .max_transfers = c.threads}});
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/op";
   int ok = 0;
   bool told = false;
@@ -145,9 +145,8 @@ int http_async(const Config& c, int port) {
 int http_blocking(const Config& c, int port) {
   // Every first attempt fails by design: no breaker, no budget, for either client.
   keel::http::Client client({.retry = retry_once(c),
-                             .log = [](std::string_view) {},
-                             .circuit_breakers = false,
-                             .retry_budget = false});
+                             .brakes = {.circuit_breakers = false, .retry_budget = false},
+                             .observability = {.log = [](std::string_view) {}}});
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/op";
   std::atomic<bool> told{false};
   return run_pool(c.threads, c.calls, [&](int) {

@@ -170,7 +170,7 @@ BENCHMARK(RawCurlSharedResetGet)->UseRealTime();
 // a header callback as the client has one. The floor for the client's wire format.
 void RawCurlSameRequestGet(benchmark::State& state) {
   const std::string url = server().url("/bench");
-  const std::string user_agent = keel::http::ClientOptions{}.user_agent;
+  const std::string user_agent = keel::http::ClientOptions{}.transport.user_agent;
   SharedCache cache;
   CURL* h = curl_easy_init();
   std::string body;
@@ -222,7 +222,7 @@ BENCHMARK(KeelClientGet)->UseRealTime();
 
 // The client without its per-host breaker and retry budget: the engine and libcurl only.
 void KeelClientGetNoGuards(benchmark::State& state) {
-  run_client(state, {.circuit_breakers = false, .retry_budget = false});
+  run_client(state, {.brakes = {.circuit_breakers = false, .retry_budget = false}});
 }
 BENCHMARK(KeelClientGetNoGuards)->UseRealTime();
 
@@ -409,7 +409,7 @@ void AsioClientGet(benchmark::State& state) { run_asio_client(state, {}); }
 BENCHMARK(AsioClientGet)->UseRealTime();
 
 void AsioClientGetNoGuards(benchmark::State& state) {
-  run_asio_client(state, {.circuit_breakers = false, .retry_budget = false});
+  run_asio_client(state, {.brakes = {.circuit_breakers = false, .retry_budget = false}});
 }
 BENCHMARK(AsioClientGetNoGuards)->UseRealTime();
 

@@ -59,9 +59,9 @@ int main() {
   keel::asio::HttpClient client(
       io.get_executor(),
       {.retry = {.max_attempts = 4, .overall_timeout = 60s, .backoff = {.base = 5ms, .cap = 20ms}},
-       .log = [](std::string_view line) {
+       .observability = {.log = [](std::string_view line) {
          std::printf("   %.*s\n", static_cast<int>(line.size()), line.data());
-       }});
+       }}});
   int ok = 0;
   constexpr int kOperations = 50;
   for (int i = 0; i < kOperations; ++i) {

@@ -23,8 +23,8 @@ int main() {
                 .per_try_timeout = 2s,
                 .overall_timeout = 10s,  // the deadline wins over the attempt count
                 .backoff = {.base = 50ms, .cap = 2s, .jitter = keel::Jitter::kFull}},
-      .breakers = &breakers,  // share these between clients calling the same hosts
-      .budget = &budget,
+      .brakes = {.breakers = &breakers,  // share these between clients calling the same hosts
+                 .budget = &budget},
   });
 
   keel::http::Result r =

@@ -8,7 +8,7 @@
 // its own monotonic clock at arrival (arrival + budget); the time the request spent on the wire
 // is the error, and it only makes the receiver's deadline later than the caller's, never
 // earlier. keel's HTTP clients send it on every attempt of an operation that has a finite
-// deadline (keel::http::ClientOptions::propagate_deadline); see docs/deadlines.md.
+// deadline (keel::http::ClientOptions::transport.propagate_deadline); see docs/deadlines.md.
 //
 // The parser is strict, as the header comes from outside: one to 11 ASCII digits (0 means "no
 // time left"), at most kMaxPropagatedDeadline, surrounding spaces and tabs allowed (they are not

@@ -44,25 +44,25 @@ struct HttpClient::Impl {
       : executor(std::move(ex)),
         options(std::move(opts)),
         policy(options.retry),
-        classifier(options.classifier),
-        duplicate(options.duplicate_success),
+        classifier(options.classify.responses),
+        duplicate(options.classify.duplicate_success),
         guards(options) {
     if (options.hedge) hedge.emplace(*options.hedge);
     http::detail::check_options(options, "keel::asio::HttpClientOptions");
-    if (options.max_host_connections < 0) {
+    if (options.limits.max_host_connections < 0) {
       throw_invalid({.context = "keel::asio::HttpClientOptions",
-                     .field = "max_host_connections",
+                     .field = "limits.max_host_connections",
                      .problem = "must be >= 0",
-                     .got = std::to_string(options.max_host_connections)});
+                     .got = std::to_string(options.limits.max_host_connections)});
     }
-    if (options.max_transfers < 0) {
+    if (options.limits.max_transfers < 0) {
       throw_invalid({.context = "keel::asio::HttpClientOptions",
-                     .field = "max_transfers",
+                     .field = "limits.max_transfers",
                      .problem = "must be >= 0",
-                     .got = std::to_string(options.max_transfers)});
+                     .got = std::to_string(options.limits.max_transfers)});
     }
-    multi = detail::CurlMulti::create(executor, options.max_host_connections,
-                                      static_cast<std::size_t>(options.max_transfers));
+    multi = detail::CurlMulti::create(executor, options.limits.max_host_connections,
+                                      static_cast<std::size_t>(options.limits.max_transfers));
   }
 
   // Runs attempt `engine_info` with its timeout shortened to the host's measured one
@@ -123,7 +123,7 @@ struct HttpClient::Impl {
   HttpClientOptions options;
   RetryPolicy policy;
   HttpClassifier classifier;
-  std::optional<DuplicateSuccessRule> duplicate;  // from options.duplicate_success
+  std::optional<DuplicateSuccessRule> duplicate;  // from options.classify.duplicate_success
   http::detail::OperationGuards guards;
   std::optional<HedgePolicy> hedge;  // from options.hedge
   static constexpr std::size_t kMaxIdleHandles = 64;

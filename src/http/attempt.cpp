@@ -32,7 +32,7 @@ size_t on_body(char* data, size_t size, size_t count, void* user) {
   }
   if (n > t->max_body - std::min(t->response.body.size(), t->max_body)) {
     t->local_error = "the response body is larger than " + std::to_string(t->max_body) +
-                     " bytes (max_response_bytes)";
+                     " bytes (limits.max_response_bytes)";
     return 0;
   }
   t->response.body.append(data, n);
@@ -128,31 +128,32 @@ NetError net_error_of(CURLcode rc, long os_errno) noexcept {
 }
 
 void check_options(const ClientOptions& options, std::string_view type) {
-  if (options.connect_timeout <= Duration::zero()) {
-    reject(type, "connect_timeout", "> 0", format_duration(options.connect_timeout));
+  if (options.transport.connect_timeout <= Duration::zero()) {
+    reject(type, "transport.connect_timeout", "> 0",
+           format_duration(options.transport.connect_timeout));
   }
-  if (options.max_header_bytes < 1) reject(type, "max_header_bytes", ">= 1", "0");
-  if (options.max_response_bytes < 1) reject(type, "max_response_bytes", ">= 1", "0");
+  if (options.limits.max_header_bytes < 1) reject(type, "limits.max_header_bytes", ">= 1", "0");
+  if (options.limits.max_response_bytes < 1) reject(type, "limits.max_response_bytes", ">= 1", "0");
 }
 
 OperationGuards::OperationGuards(const ClientOptions& options) {
-  if (options.adaptive_timeouts) {
-    if (options.timeouts == nullptr) {
-      own_timeouts_ = std::make_unique<AdaptiveTimeoutRegistry>(options.own_timeouts);
+  if (options.brakes.adaptive_timeouts) {
+    if (options.brakes.timeouts == nullptr) {
+      own_timeouts_ = std::make_unique<AdaptiveTimeoutRegistry>(options.brakes.own_timeouts);
     }
-    timeouts_ = options.timeouts != nullptr ? options.timeouts : own_timeouts_.get();
+    timeouts_ = options.brakes.timeouts != nullptr ? options.brakes.timeouts : own_timeouts_.get();
   }
-  if (options.circuit_breakers) {
-    if (options.breakers == nullptr) {
-      own_breakers_ = std::make_unique<BreakerRegistry>(options.own_breakers);
+  if (options.brakes.circuit_breakers) {
+    if (options.brakes.breakers == nullptr) {
+      own_breakers_ = std::make_unique<BreakerRegistry>(options.brakes.own_breakers);
     }
-    breakers_ = options.breakers != nullptr ? options.breakers : own_breakers_.get();
+    breakers_ = options.brakes.breakers != nullptr ? options.brakes.breakers : own_breakers_.get();
   }
-  if (options.retry_budget) {
-    if (options.budget == nullptr) {
-      own_budget_ = std::make_unique<TokenBucketBudget>(options.own_budget);
+  if (options.brakes.retry_budget) {
+    if (options.brakes.budget == nullptr) {
+      own_budget_ = std::make_unique<TokenBucketBudget>(options.brakes.own_budget);
     }
-    budget_ = options.budget != nullptr ? options.budget : own_budget_.get();
+    budget_ = options.brakes.budget != nullptr ? options.brakes.budget : own_budget_.get();
   }
 }
 
@@ -205,9 +206,10 @@ void apply_duplicate_success(const DuplicateSuccessRule* rule, const Outcome& pr
 
 std::optional<Request> duplicate_lookup(const ClientOptions& options, const Request& sent,
                                         const Result& result) {
-  if (!options.duplicate_lookup || !result.ok() || !result.outcome.duplicate) return std::nullopt;
+  if (!options.classify.duplicate_lookup || !result.ok() || !result.outcome.duplicate)
+    return std::nullopt;
   if (!result.response.has_value()) return std::nullopt;
-  return options.duplicate_lookup(sent, *result.response);
+  return options.classify.duplicate_lookup(sent, *result.response);
 }
 
 void adopt_lookup(Result& result, Result found) {
@@ -239,7 +241,7 @@ std::optional<RequestTraits> begin_operation(const Request& request, Result& res
 void report_attempt(const ClientOptions& options, const Request& request, int attempt,
                     const Outcome& outcome, std::string_view error, Duration took,
                     const Decision& decision) {
-  if (!options.on_attempt) return;
+  if (!options.observability.on_attempt) return;
   AttemptEvent event;
   event.method = request.method;
   event.url = request.url;
@@ -250,7 +252,7 @@ void report_attempt(const ClientOptions& options, const Request& request, int at
   event.will_retry = decision.retry;
   event.delay = decision.retry ? decision.delay : Duration::zero();
   event.reason = decision.reason;
-  options.on_attempt(event);
+  options.observability.on_attempt(event);
 }
 
 void log_give_up(const ClientOptions& options, const Request& request, const Result& result) {
@@ -261,8 +263,8 @@ void log_give_up(const ClientOptions& options, const Request& request, const Res
   event.reason = result.reason;
   event.last = result.outcome;
   const std::string line = format_give_up(event, request.method + " " + request.url);
-  if (options.log) {
-    options.log(line);
+  if (options.observability.log) {
+    options.observability.log(line);
   } else {
     std::fprintf(stderr, "%s\n", line.c_str());
   }
@@ -306,9 +308,9 @@ HedgeVerdict finish_hedged_attempt(HedgeState& hedge, RetryState& retry, const H
 CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits& traits,
                          const std::string& key, const AttemptInfo& info,
                          const ClientOptions& options)
-    : easy_(easy), traits_(traits), max_header_bytes_(options.max_header_bytes) {
-  transfer_.head = ResponseHeadParser(options.max_header_bytes);
-  transfer_.max_body = options.max_response_bytes;
+    : easy_(easy), traits_(traits), max_header_bytes_(options.limits.max_header_bytes) {
+  transfer_.head = ResponseHeadParser(options.limits.max_header_bytes);
+  transfer_.max_body = options.limits.max_response_bytes;
   transfer_.response.headers.reserve(8);  // a typical response's fields, without regrowing
   if (request.body_sink.write) transfer_.sink = &request.body_sink;
   const std::string& m = request.method;
@@ -335,7 +337,7 @@ CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits
     line += key;
     append(headers_, line);
   }
-  if (options.propagate_deadline && !info.deadline.is_infinite()) {
+  if (options.transport.propagate_deadline && !info.deadline.is_infinite()) {
     // What is left now, as the transfer is set up: the receiver's budget, never more than ours.
     Clock& clock = options.clock != nullptr ? *options.clock : steady_clock();
     line.assign(kDeadlineHeader);
@@ -352,13 +354,13 @@ CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error_buffer_);
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers_.get());
-  if (!has_user_agent) curl_easy_setopt(h, CURLOPT_USERAGENT, options.user_agent.c_str());
+  if (!has_user_agent) curl_easy_setopt(h, CURLOPT_USERAGENT, options.transport.user_agent.c_str());
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &on_body);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &transfer_);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &on_header);
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &transfer_);
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-  const Duration connect = std::min(options.connect_timeout, info.timeout);
+  const Duration connect = std::min(options.transport.connect_timeout, info.timeout);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, to_curl_ms(connect));
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, to_curl_ms(info.timeout));
   if (!traits.safe_to_repeat()) curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
@@ -399,7 +401,7 @@ AttemptResult CurlAttempt::finish(CURLcode rc, const HttpClassifier& classifier,
     out.error = !transfer_.local_error.empty()
                     ? transfer_.local_error
                     : "a response header line is larger than libcurl accepts (100 KB; "
-                      "max_header_bytes is " +
+                      "limits.max_header_bytes is " +
                           std::to_string(max_header_bytes_) + ")";
     return out;
   }

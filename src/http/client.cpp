@@ -21,16 +21,16 @@ struct Client::Impl {
   explicit Impl(ClientOptions o)
       : options(std::move(o)),
         policy(options.retry),
-        classifier(options.classifier),
-        duplicate(options.duplicate_success),
+        classifier(options.classify.responses),
+        duplicate(options.classify.duplicate_success),
         guards(options) {
     if (options.hedge) hedge.emplace(*options.hedge);
     detail::check_options(options, "keel::http::ClientOptions");
-    if (options.max_idle_handles < 1) {
+    if (options.limits.max_idle_handles < 1) {
       throw_invalid({.context = "keel::http::ClientOptions",
-                     .field = "max_idle_handles",
+                     .field = "limits.max_idle_handles",
                      .problem = "must be >= 1",
-                     .got = std::to_string(options.max_idle_handles)});
+                     .got = std::to_string(options.limits.max_idle_handles)});
     }
     detail::global_init();
     share = curl_share_init();
@@ -94,14 +94,14 @@ struct Client::Impl {
   ClientOptions options;
   RetryPolicy policy;
   HttpClassifier classifier;
-  std::optional<DuplicateSuccessRule> duplicate;  // from options.duplicate_success
+  std::optional<DuplicateSuccessRule> duplicate;  // from options.classify.duplicate_success
   detail::OperationGuards guards;
   std::optional<HedgePolicy> hedge;  // from options.hedge
   detail::MultiPool multis;          // for hedged operations
   CURLSH* share = nullptr;
   std::array<std::mutex, CURL_LOCK_DATA_LAST> share_locks;  // one per shared kind
-  detail::IdlePool<CURL> idle{static_cast<std::size_t>(options.max_idle_handles), &curl_easy_init,
-                              &curl_easy_cleanup, "curl_easy_init"};
+  detail::IdlePool<CURL> idle{static_cast<std::size_t>(options.limits.max_idle_handles),
+                              &curl_easy_init, &curl_easy_cleanup, "curl_easy_init"};
 };
 
 Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

@@ -82,19 +82,19 @@ void defer(DeferredWrites& writes, const Request& request, Result& result) {
 void apply_fallbacks(const ClientOptions& options, const Request& request,
                      const RequestTraits& traits, Result& result, TimePoint now) {
   if (result.ok()) {
-    if (options.stale_responses != nullptr && traits.method == Method::kGet && result.response &&
-        !result.outcome.duplicate && !has_body_sink(request)) {
-      (void)options.stale_responses->store(request, *result.response, now);
+    if (options.fallbacks.stale_responses != nullptr && traits.method == Method::kGet &&
+        result.response && !result.outcome.duplicate && !has_body_sink(request)) {
+      (void)options.fallbacks.stale_responses->store(request, *result.response, now);
     }
     return;
   }
   const FallbackKind kind = choose_fallback(
       result.reason, result.outcome,
       {.read = is_read(traits.method), .has_idempotency_key = !result.idempotency_key.empty()});
-  if (kind == FallbackKind::kServeStale && options.stale_responses != nullptr) {
-    (void)serve_stale(*options.stale_responses, request, result, now);
-  } else if (kind == FallbackKind::kDefer && options.deferred_writes != nullptr) {
-    defer(*options.deferred_writes, request, result);
+  if (kind == FallbackKind::kServeStale && options.fallbacks.stale_responses != nullptr) {
+    (void)serve_stale(*options.fallbacks.stale_responses, request, result, now);
+  } else if (kind == FallbackKind::kDefer && options.fallbacks.deferred_writes != nullptr) {
+    defer(*options.fallbacks.deferred_writes, request, result);
   }
 }
 

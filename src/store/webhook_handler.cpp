@@ -16,7 +16,7 @@ namespace keel::store {
 http::ClientOptions webhook_client_options(Duration timeout) {
   http::ClientOptions options;
   options.retry = {.max_attempts = 1, .per_try_timeout = timeout, .overall_timeout = timeout};
-  options.log = [](std::string_view) {};  // the queue records every attempt
+  options.observability.log = [](std::string_view) {};  // the queue records every attempt
   return options;
 }
 

@@ -41,7 +41,7 @@ ClientOptions fast_options(int attempts = 3) {
   o.retry.per_try_timeout = seconds(5);
   o.retry.overall_timeout = seconds(20);
   o.retry.backoff = {.base = milliseconds(1), .cap = milliseconds(5)};
-  o.log = [](std::string_view) {};
+  o.observability.log = [](std::string_view) {};
   return o;
 }
 
@@ -156,7 +156,7 @@ TEST(HttpClient, RetryAfterCappedByThePolicy) {
   ClientOptions o = fast_options();
   o.retry.retry_after_cap = milliseconds(50);
   std::vector<Duration> delays;
-  o.on_attempt = [&](const AttemptEvent& e) {
+  o.observability.on_attempt = [&](const AttemptEvent& e) {
     if (e.will_retry) delays.push_back(e.delay);
   };
   Client client(o);
@@ -202,7 +202,7 @@ TEST(HttpClient, PerTryTimeoutEndsAHungAttemptAndTheRetrySucceeds) {
   // opens a new connection: room for that on a slow machine.
   o.retry.per_try_timeout = seconds(2);
   std::vector<Outcome> outcomes;
-  o.on_attempt = [&](const AttemptEvent& e) { outcomes.push_back(e.outcome); };
+  o.observability.on_attempt = [&](const AttemptEvent& e) { outcomes.push_back(e.outcome); };
   Client client(o);
   const Result r = client.send({.url = server.url("/")});
   EXPECT_TRUE(r.ok());
@@ -254,7 +254,7 @@ TEST(HttpClient, BodyHookTurnsAnErrorInsideA200IntoARetry) {
   FaultServer server({.script = "200/body=error:busy,200/body=done"});
   server.start();
   ClientOptions o = fast_options();
-  o.classifier.body = [](int status, std::string_view body) -> std::optional<Outcome> {
+  o.classify.responses.body = [](int status, std::string_view body) -> std::optional<Outcome> {
     if (status == 200 && body.starts_with("error")) return Outcome::transient();
     return std::nullopt;
   };
@@ -272,11 +272,11 @@ TEST(HttpClient, EveryAttemptIsObservedAndGivingUpLogsOneLine) {
   std::vector<AttemptEvent> events;
   std::vector<std::string> methods;
   std::vector<std::string> lines;
-  o.on_attempt = [&](const AttemptEvent& e) {
+  o.observability.on_attempt = [&](const AttemptEvent& e) {
     events.push_back(e);
     methods.emplace_back(e.method);
   };
-  o.log = [&](std::string_view line) { lines.emplace_back(line); };
+  o.observability.log = [&](std::string_view line) { lines.emplace_back(line); };
   Client client(o);
   const std::string url = server.url("/down");
   const Result r = client.send({.method = "DELETE", .url = url});
@@ -344,8 +344,8 @@ TEST(HttpClient, PerHostBreakerOpensAndStopsCallsWithoutReachingTheHost) {
   down.start();
   up.start();
   ClientOptions o = fast_options(1);
-  o.own_breakers.breaker = BreakerOptions::more_than_half_failed(seconds(30), 4);
-  o.own_breakers.breaker.break_duration = seconds(60);
+  o.brakes.own_breakers.breaker = BreakerOptions::more_than_half_failed(seconds(30), 4);
+  o.brakes.own_breakers.breaker.break_duration = seconds(60);
   Client client(o);
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(client.send({.url = down.url("/")}).reason, StopReason::kAttemptsExhausted);
@@ -369,7 +369,7 @@ TEST(HttpClient, BreakersCanBeSharedAndTurnedOff) {
   down.start();
   BreakerRegistry shared({.breaker = BreakerOptions::more_than_half_failed(seconds(30), 2)});
   ClientOptions o = fast_options(1);
-  o.breakers = &shared;
+  o.brakes.breakers = &shared;
   Client a(o);
   Client b(o);
   (void)a.send({.url = down.url("/")});
@@ -378,8 +378,8 @@ TEST(HttpClient, BreakersCanBeSharedAndTurnedOff) {
   EXPECT_EQ(*shared.state(*breaker_key(down.url("/"))), BreakerState::kOpen);
   EXPECT_EQ(a.send({.url = down.url("/")}).reason, StopReason::kCircuitOpen);
   ClientOptions off = fast_options(1);
-  off.circuit_breakers = false;
-  off.breakers = &shared;
+  off.brakes.circuit_breakers = false;
+  off.brakes.breakers = &shared;
   Client c(off);
   EXPECT_EQ(c.send({.url = down.url("/")}).reason, StopReason::kAttemptsExhausted);
   EXPECT_EQ(down.arrivals().size(), 3u);
@@ -390,8 +390,8 @@ TEST(HttpClient, RetryBudgetSharedByTheClientStopsRetries) {
   server.start();
   TokenBucketBudget budget({.capacity = 10, .retry_cost = 5});
   ClientOptions o = fast_options(5);
-  o.budget = &budget;
-  o.circuit_breakers = false;
+  o.brakes.budget = &budget;
+  o.brakes.circuit_breakers = false;
   Client client(o);
   const Result first = client.send({.url = server.url("/")});
   EXPECT_EQ(first.reason, StopReason::kBudgetExhausted);
@@ -417,7 +417,7 @@ TEST(HttpClient, BreakerKeyIsHostAndPort) {
 
 TEST(HttpClient, RejectsInvalidConfigurationNamingTheField) {
   ClientOptions o;
-  o.connect_timeout = Duration::zero();
+  o.transport.connect_timeout = Duration::zero();
   try {
     Client client(o);
     FAIL() << "expected std::invalid_argument";

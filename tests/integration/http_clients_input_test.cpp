@@ -39,7 +39,7 @@ ClientOptions options() {
                     .per_try_timeout = seconds(5),
                     .overall_timeout = seconds(20),
                     .backoff = {.base = milliseconds(1), .cap = milliseconds(5)}},
-          .log = [](std::string_view) {}};
+          .observability = {.log = [](std::string_view) {}}};
 }
 
 template <class Driver>
@@ -188,7 +188,7 @@ TYPED_TEST(HttpClientsInput, ABodyOverMaxResponseBytesIsALocalError) {
   for (const std::uint64_t size : {std::uint64_t{1} << 20 | 1, std::uint64_t{3} << 20}) {
     RawHttpServer server({{response_head(200, size), size}});
     ClientOptions c = options();
-    c.max_response_bytes = std::size_t{1} << 20;
+    c.limits.max_response_bytes = std::size_t{1} << 20;
     TypeParam client(c);
     const Result r = client.send({.url = server.url()});
     EXPECT_EQ(r.reason, StopReason::kPermanent) << size;
@@ -197,7 +197,7 @@ TYPED_TEST(HttpClientsInput, ABodyOverMaxResponseBytesIsALocalError) {
   }
   RawHttpServer server({{response_head(200, std::size_t{1} << 20), std::size_t{1} << 20}});
   ClientOptions c = options();
-  c.max_response_bytes = std::size_t{1} << 20;
+  c.limits.max_response_bytes = std::size_t{1} << 20;
   TypeParam client(c);
   const Result r = client.send({.url = server.url()});
   EXPECT_TRUE(r.ok()) << r.error;
@@ -210,7 +210,7 @@ TYPED_TEST(HttpClientsInput, ABodySinkGetsOnlyTheFinalAttemptsBody) {
                         {response_head(502, 3), 3, 'b'},
                         {response_head(200, 5000000), 5000000, 'c'}});
   ClientOptions c = options();
-  c.max_response_bytes = 1000;  // not applied to a sink
+  c.limits.max_response_bytes = 1000;  // not applied to a sink
   TypeParam client(c);
   std::string got;
   int restarts = 0;

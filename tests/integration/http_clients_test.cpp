@@ -63,7 +63,7 @@ using std::chrono::seconds;
 // Fast backoff so tests spend their time on the network, not on waiting.
 ClientOptions fast(int attempts = 3) {
   ClientOptions c;
-  c.log = [](std::string_view) {};
+  c.observability.log = [](std::string_view) {};
   c.retry.max_attempts = attempts;
   c.retry.per_try_timeout = seconds(5);
   c.retry.overall_timeout = seconds(20);
@@ -182,7 +182,7 @@ TYPED_TEST(HttpClients, DeadlinePropagationCanBeSwitchedOff) {
   FaultServer server({.script = "200"});
   server.start();
   ClientOptions c = fast(2);
-  c.propagate_deadline = false;
+  c.transport.propagate_deadline = false;
   TypeParam client(c);
   EXPECT_TRUE(client.send({.url = server.url("/thing")}).ok());
   const auto arrivals = server.arrivals();
@@ -273,7 +273,9 @@ TYPED_TEST(HttpClients, PerTryTimeoutEndsAHungAttemptAndTheRetrySucceeds) {
   // opens a new connection: room for that on a slow machine.
   c.retry.per_try_timeout = seconds(2);
   std::vector<keel::Outcome> outcomes;
-  c.on_attempt = [&](const keel::http::AttemptEvent& e) { outcomes.push_back(e.outcome); };
+  c.observability.on_attempt = [&](const keel::http::AttemptEvent& e) {
+    outcomes.push_back(e.outcome);
+  };
   TypeParam client(c);
   const Result r = client.send({.url = server.url("/")});
   EXPECT_TRUE(r.ok());
@@ -291,11 +293,11 @@ TYPED_TEST(HttpClients, AdaptiveTimeoutsDropFromTheStaticTimeoutToTheMeasuredLat
   keel::AdaptiveTimeoutRegistry timeouts({.timeout = {.min_samples = 20}});
   ClientOptions c = fast(1);
   c.retry.per_try_timeout = seconds(10);
-  c.adaptive_timeouts = true;
-  c.timeouts = &timeouts;
+  c.brakes.adaptive_timeouts = true;
+  c.brakes.timeouts = &timeouts;
   keel::Duration slowest{};
   std::vector<keel::Outcome> outcomes;
-  c.on_attempt = [&](const keel::http::AttemptEvent& e) {
+  c.observability.on_attempt = [&](const keel::http::AttemptEvent& e) {
     slowest = std::max(slowest, e.took);
     outcomes.push_back(e.outcome);
   };
@@ -372,7 +374,7 @@ TYPED_TEST(HttpClients, AnAmbiguousPostWithKeyIsRetriedWithTheSameKey) {
 // success.
 ClientOptions already_exists(int attempts = 3) {
   ClientOptions c = fast(attempts);
-  c.duplicate_success = keel::DuplicateSuccessOptions{
+  c.classify.duplicate_success = keel::DuplicateSuccessOptions{
       .statuses = {409}, .body = keel::body_contains("already exists")};
   return c;
 }
@@ -382,7 +384,9 @@ TYPED_TEST(HttpClients, AnAlreadyExistsAfterADroppedResponseIsTheFirstTrysSucces
   server.start();
   std::vector<keel::Outcome> observed;
   ClientOptions c = already_exists();
-  c.on_attempt = [&](const keel::http::AttemptEvent& e) { observed.push_back(e.outcome); };
+  c.observability.on_attempt = [&](const keel::http::AttemptEvent& e) {
+    observed.push_back(e.outcome);
+  };
   TypeParam client(c);
   const Result r = client.send({.method = "POST", .url = server.url("/videos"), .body = "v"});
   EXPECT_TRUE(r.ok()) << keel::describe(r.outcome);
@@ -454,8 +458,8 @@ TYPED_TEST(HttpClients, TheLookupFetchesTheResourceADuplicateFoundAlreadyThere) 
   server.start();
   ClientOptions c = already_exists();
   int lookups = 0;
-  c.duplicate_lookup = [&](const Request& sent,
-                           const keel::http::Response& duplicate) -> std::optional<Request> {
+  c.classify.duplicate_lookup =
+      [&](const Request& sent, const keel::http::Response& duplicate) -> std::optional<Request> {
     ++lookups;
     EXPECT_EQ(sent.method, "POST");
     EXPECT_EQ(duplicate.status, 409);
@@ -479,7 +483,8 @@ TYPED_TEST(HttpClients, TheLookupFetchesTheResourceADuplicateFoundAlreadyThere) 
   // No lookup for a plain success, and nullopt keeps the duplicate answer.
   server.set_script("drop,409/body=name already exists");
   server.reset();
-  c.duplicate_lookup = [&](const Request&, const keel::http::Response&) -> std::optional<Request> {
+  c.classify.duplicate_lookup = [&](const Request&,
+                                    const keel::http::Response&) -> std::optional<Request> {
     ++lookups;
     return std::nullopt;
   };
@@ -497,7 +502,7 @@ TYPED_TEST(HttpClients, TheLookupFetchesTheResourceADuplicateFoundAlreadyThere) 
 
 TYPED_TEST(HttpClients, ADuplicateSuccessRuleWithAnInvalidStatusIsRejected) {
   ClientOptions c = fast();
-  c.duplicate_success = keel::DuplicateSuccessOptions{.statuses = {201}};
+  c.classify.duplicate_success = keel::DuplicateSuccessOptions{.statuses = {201}};
   EXPECT_THROW(TypeParam client(c), std::invalid_argument);
 }
 
@@ -505,7 +510,8 @@ TYPED_TEST(HttpClients, TheBodyHookTurnsAnErrorInsideA200IntoARetry) {
   FaultServer server({.script = "200/body=error:busy,200/body=done"});
   server.start();
   ClientOptions c = fast();
-  c.classifier.body = [](int status, std::string_view body) -> std::optional<keel::Outcome> {
+  c.classify.responses.body = [](int status,
+                                 std::string_view body) -> std::optional<keel::Outcome> {
     if (status == 200 && body.starts_with("error")) return keel::Outcome::transient();
     return std::nullopt;
   };
@@ -523,13 +529,13 @@ TYPED_TEST(HttpClients, EveryAttemptIsObservedAndGivingUpLogsOneLine) {
   std::vector<int> numbers;
   std::vector<bool> will_retry;
   std::vector<std::string> lines;
-  c.on_attempt = [&](const keel::http::AttemptEvent& e) {
+  c.observability.on_attempt = [&](const keel::http::AttemptEvent& e) {
     numbers.push_back(e.attempt);
     will_retry.push_back(e.will_retry);
     EXPECT_EQ(e.outcome.code, 503);
     EXPECT_EQ(e.method, "DELETE");
   };
-  c.log = [&](std::string_view line) { lines.emplace_back(line); };
+  c.observability.log = [&](std::string_view line) { lines.emplace_back(line); };
   TypeParam client(c);
   const std::string url = server.url("/down");
   const Result r = client.send({.method = "DELETE", .url = url});
@@ -577,7 +583,8 @@ TEST(AsioHttpClient, CancellingDuringAnAttemptRemovesTheTransferAndReportsCancel
   server.start();
   ::asio::io_context io;
   ClientOptions c = fast(3);
-  HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log});
+  HttpClient client(io.get_executor(),
+                    {.retry = c.retry, .observability = {.log = c.observability.log}});
   // Cancelled once the server holds the request, which it never answers: during the attempt.
   ::asio::cancellation_signal cancel;
   ::asio::steady_timer poll(io);
@@ -606,8 +613,9 @@ TEST(AsioHttpClient, CancellingDuringTheWaitStopsBeforeTheNextAttempt) {
       ::asio::post(io, [&] { cancel.emit(::asio::cancellation_type::terminal); });
     }
   };
-  HttpClient client(io.get_executor(),
-                    {.retry = c.retry, .on_attempt = cancel_before_the_retry, .log = c.log});
+  HttpClient client(io.get_executor(), {.retry = c.retry,
+                                        .observability = {.on_attempt = cancel_before_the_retry,
+                                                          .log = c.observability.log}});
   const Result r = send_cancellable(io, client, {.url = server.url("/")}, cancel);
   EXPECT_EQ(r.reason, StopReason::kCancelled);
   EXPECT_EQ(r.attempts, 1);
@@ -629,8 +637,10 @@ TEST(AsioHttpClient, APerHostBreakerStopsCallsToTheFailingHostOnly) {
                                               .break_duration = seconds(60)}});
   ::asio::io_context io;
   ClientOptions c = fast(2);
-  HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log, .breakers = &breakers});
-  ASSERT_TRUE(client.options().circuit_breakers);
+  HttpClient client(io.get_executor(), {.retry = c.retry,
+                                        .brakes = {.breakers = &breakers},
+                                        .observability = {.log = c.observability.log}});
+  ASSERT_TRUE(client.options().brakes.circuit_breakers);
   std::vector<StopReason> reasons;
   ::asio::co_spawn(
       io,
@@ -666,9 +676,9 @@ TEST(AsioHttpClient, TheOwnRetryBudgetLimitsRetriesAcrossOperations) {
   ::asio::io_context io;
   ClientOptions c = fast(3);
   HttpClient client(io.get_executor(), {.retry = c.retry,
-                                        .log = c.log,
-                                        .circuit_breakers = false,
-                                        .own_budget = {.capacity = 10, .retry_cost = 5}});
+                                        .brakes = {.circuit_breakers = false,
+                                                   .own_budget = {.capacity = 10, .retry_cost = 5}},
+                                        .observability = {.log = c.observability.log}});
   std::vector<StopReason> reasons;
   ::asio::co_spawn(
       io,
@@ -695,7 +705,9 @@ TEST(AsioHttpClient, CancellingAQueuedTransferTakesItOutOfTheQueue) {
   server.start();
   ::asio::io_context io;
   ClientOptions c = fast(1);
-  HttpClient client(io.get_executor(), {.retry = c.retry, .log = c.log, .max_transfers = 1});
+  HttpClient client(io.get_executor(), {.retry = c.retry,
+                                        .observability = {.log = c.observability.log},
+                                        .limits = {.max_transfers = 1}});
   ::asio::cancellation_signal first_cancel;
   ::asio::cancellation_signal second_cancel;
   std::vector<std::pair<int, StopReason>> done;
@@ -734,13 +746,14 @@ TEST(AsioHttpClient, CancellingAQueuedTransferTakesItOutOfTheQueue) {
 TEST(AsioHttpClient, RejectsInvalidConfigurationNamingTheField) {
   ::asio::io_context io;
   try {
-    HttpClient client(io.get_executor(), {.connect_timeout = keel::Duration::zero()});
+    HttpClient client(io.get_executor(),
+                      {.transport = {.connect_timeout = keel::Duration::zero()}});
     FAIL() << "accepted connect_timeout = 0";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("connect_timeout"), std::string::npos) << e.what();
   }
   try {
-    HttpClient client(io.get_executor(), {.max_transfers = -1});
+    HttpClient client(io.get_executor(), {.limits = {.max_transfers = -1}});
     FAIL() << "accepted max_transfers = -1";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("max_transfers"), std::string::npos) << e.what();
@@ -814,12 +827,10 @@ TEST(AsioHttpClient, AThousandConcurrentRetryingCallsOnOneThread) {
   c.retry.overall_timeout = seconds(100);
   HttpClient client(io.get_executor(),
                     {.retry = c.retry,
-                     .log = c.log,
                      // A third of the first attempts fail by design: no breaker, no budget.
-                     .circuit_breakers = false,
-                     .retry_budget = false,
-                     .max_host_connections = 16,
-                     .max_transfers = 32});
+                     .brakes = {.circuit_breakers = false, .retry_budget = false},
+                     .observability = {.log = c.observability.log},
+                     .limits = {.max_host_connections = 16, .max_transfers = 32}});
   constexpr int kCalls = 1000;
   std::vector<int> attempts(kCalls, 0);
   std::vector<std::string> bodies(kCalls);

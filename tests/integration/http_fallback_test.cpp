@@ -1,8 +1,8 @@
 // The fallbacks of keel's HTTP clients over loopback, one suite for both drivers (the blocking
 // keel::http::Client and keel::asio::HttpClient): stale while down (ClientOptions::
-// stale_responses: a cached GET served while the host's breaker is open, never older than the
-// cache's max_age) and queue for later (ClientOptions::deferred_writes: a keyed write handed
-// over when the host is down, StopReason::kQueued). The upstream is a
+// fallbacks.stale_responses: a cached GET served while the host's breaker is open, never older than
+// the cache's max_age) and queue for later (ClientOptions::fallbacks.deferred_writes: a keyed write
+// handed over when the host is down, StopReason::kQueued). The upstream is a
 // keel::testing::FaultServer; what it saw proves what was sent. The cache's ages are read on a
 // keel::ManualClock.
 #include <gtest/gtest.h>
@@ -65,9 +65,9 @@ ClientOptions options(keel::BreakerRegistry& breakers, keel::ManualClock* clock 
   o.retry.per_try_timeout = 5s;
   o.retry.overall_timeout = 20s;
   o.retry.backoff = {.base = 1ms, .cap = 5ms};
-  o.log = [](std::string_view) {};
-  o.breakers = &breakers;
-  o.retry_budget = false;
+  o.observability.log = [](std::string_view) {};
+  o.brakes.breakers = &breakers;
+  o.brakes.retry_budget = false;
   o.clock = clock;
   return o;
 }
@@ -92,7 +92,7 @@ TYPED_TEST(HttpFallbacks, AnOpenBreakerServesTheCachedAnswerNoOlderThanMaxAge) {
   keel::BreakerRegistry breakers = tripping_breakers();
   keel::http::ResponseCache cache({.max_age = 60s});
   ClientOptions o = options(breakers, &clock);
-  o.stale_responses = &cache;
+  o.fallbacks.stale_responses = &cache;
   TypeParam client(o);
   const Request get{.url = server.url("/price")};
 
@@ -137,7 +137,7 @@ TYPED_TEST(HttpFallbacks, AStaleAnswerGoesToTheBodySinkAndOnlyGetsAreServed) {
   keel::BreakerRegistry breakers = tripping_breakers();
   keel::http::ResponseCache cache;
   ClientOptions o = options(breakers);
-  o.stale_responses = &cache;
+  o.fallbacks.stale_responses = &cache;
   TypeParam client(o);
   ASSERT_TRUE(client.send({.url = server.url("/doc")}).ok());
   (void)client.send({.url = server.url("/doc")});  // trips the breaker
@@ -167,7 +167,7 @@ TYPED_TEST(HttpFallbacks, AKeyedWriteThatGaveUpIsQueuedWithItsKeyAndRequest) {
   Outbox outbox;
   ClientOptions o = options(breakers);
   o.retry.max_attempts = 3;
-  o.deferred_writes = &outbox;
+  o.fallbacks.deferred_writes = &outbox;
   TypeParam client(o);
   Request post{.method = "POST",
                .url = server.url("/charges"),
@@ -199,7 +199,7 @@ TYPED_TEST(HttpFallbacks, AWriteWithoutKeyAndAPermanentFailureAreNotQueued) {
   keel::BreakerRegistry breakers;
   Outbox outbox;
   ClientOptions o = options(breakers);
-  o.deferred_writes = &outbox;
+  o.fallbacks.deferred_writes = &outbox;
   TypeParam client(o);
   const Result no_key = client.send({.method = "POST",
                                      .url = server.url("/charges"),
@@ -221,7 +221,7 @@ TYPED_TEST(HttpFallbacks, AnOpenBreakerQueuesAKeyedWriteWithoutSendingIt) {
   ClientOptions o = options(breakers);
   TypeParam tripper(o);
   (void)tripper.send({.url = server.url("/")});  // two 503s: open
-  o.deferred_writes = &outbox;
+  o.fallbacks.deferred_writes = &outbox;
   TypeParam client(o);
   const Result r = client.send({.method = "PUT",
                                 .url = server.url("/accounts/7"),
@@ -243,7 +243,7 @@ TYPED_TEST(HttpFallbacks, AFailedEnqueueReturnsTheOriginalFailureSayingSo) {
   Outbox outbox;
   outbox.refuse = true;
   ClientOptions o = options(breakers);
-  o.deferred_writes = &outbox;
+  o.fallbacks.deferred_writes = &outbox;
   TypeParam client(o);
   const Result r = client.send({.method = "POST", .url = server.url("/charges"), .body = "{}"});
   EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted);
@@ -261,7 +261,7 @@ TYPED_TEST(HttpFallbacks, AKeyAlreadyQueuedIsQueuedOnceAndAnotherRequestUnderItI
   keel::BreakerRegistry breakers;
   Outbox outbox;
   ClientOptions o = options(breakers);
-  o.deferred_writes = &outbox;
+  o.fallbacks.deferred_writes = &outbox;
   TypeParam client(o);
   const Request post{
       .method = "POST", .url = server.url("/charges"), .body = "{}", .idempotency_key = "charge-1"};

@@ -51,7 +51,7 @@ ClientOptions hedged(milliseconds delay, int max_hedges = 1) {
   o.retry.per_try_timeout = seconds(10);
   o.retry.overall_timeout = seconds(20);
   o.retry.backoff = {.base = milliseconds(1), .cap = milliseconds(5)};
-  o.log = [](std::string_view) {};
+  o.observability.log = [](std::string_view) {};
   o.hedge = keel::HedgeOptions{.delay = delay, .max_hedges = max_hedges};
   return o;
 }
@@ -176,7 +176,7 @@ TYPED_TEST(HttpHedging, AHedgeAnswersWhileTheFirstAttemptHangs) {
   AttemptServer server({.body = "fast"}, {{1, kHang}});
   std::vector<keel::http::AttemptEvent> events;
   ClientOptions o = hedged(milliseconds(100));
-  o.on_attempt = [&](const keel::http::AttemptEvent& e) { events.push_back(e); };
+  o.observability.on_attempt = [&](const keel::http::AttemptEvent& e) { events.push_back(e); };
   TypeParam client(o);
   const Result r = client.send({.method = "GET", .url = server.url("/slow")});
   EXPECT_TRUE(r.ok()) << r.error;
@@ -223,7 +223,7 @@ TYPED_TEST(HttpHedging, WithAnEmptyBudgetNoHedgeIsSentAndTheCallWaits) {
   AttemptServer server({.delay = milliseconds(300), .body = "slow"});
   keel::TokenBucketBudget empty({.capacity = 4, .retry_cost = 5});  // never one retry's worth
   ClientOptions o = hedged(milliseconds(20));
-  o.budget = &empty;
+  o.brakes.budget = &empty;
   TypeParam client(o);
   const Result r = client.send({.method = "GET", .url = server.url("/")});
   EXPECT_TRUE(r.ok()) << r.error;
@@ -237,7 +237,7 @@ TYPED_TEST(HttpHedging, EachHedgeIsChargedToTheBudget) {
   AttemptServer server({}, {{1, kHang}});
   keel::TokenBucketBudget budget({.capacity = 100, .retry_cost = 5, .success_refund = 0});
   ClientOptions o = hedged(milliseconds(30));
-  o.budget = &budget;
+  o.brakes.budget = &budget;
   TypeParam client(o);
   EXPECT_TRUE(client.send({.method = "GET", .url = server.url("/")}).ok());
   EXPECT_EQ(budget.tokens(), 95);  // the hedge was sent: its cost stays
@@ -258,7 +258,7 @@ TYPED_TEST(HttpHedging, TheBreakerSeesTheWinnerAndNotTheCancelledAttempt) {
   AttemptServer server({}, {{1, kHang}});
   keel::BreakerRegistry breakers;
   ClientOptions o = hedged(milliseconds(30));
-  o.breakers = &breakers;
+  o.brakes.breakers = &breakers;
   TypeParam client(o);
   EXPECT_TRUE(client.send({.method = "GET", .url = server.url("/")}).ok());
   const auto breaker = breakers.find(keel::http::breaker_key(server.url("/")).value());
@@ -273,8 +273,8 @@ TYPED_TEST(HttpHedging, AFailedHedgeWaitsForTheAttemptInFlight) {
   AttemptServer server({.status = 503}, {{1, {.held = true, .body = "first"}}});
   keel::BreakerRegistry breakers;
   ClientOptions o = hedged(milliseconds(50));
-  o.breakers = &breakers;
-  o.on_attempt = [&](const keel::http::AttemptEvent& e) {
+  o.brakes.breakers = &breakers;
+  o.observability.on_attempt = [&](const keel::http::AttemptEvent& e) {
     if (e.attempt == 2) server.release();
   };
   TypeParam client(o);

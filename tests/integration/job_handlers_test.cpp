@@ -346,7 +346,7 @@ TEST(WebhookHandler, OpenBreakerDefersWithoutSending) {
   breaker_options.breaker.break_duration = 60s;
   keel::BreakerRegistry breakers(breaker_options);
   keel::http::ClientOptions options = keel::store::webhook_client_options(5s);
-  options.breakers = &breakers;
+  options.brakes.breakers = &breakers;
   keel::http::Client client(options);
 
   // One 503 trips a breaker that opens on the first failure; the next job is not sent.

@@ -287,21 +287,21 @@ int run_call(const CallArgs& a) {
 
   http::ClientOptions options;
   options.retry = *retry;
-  options.connect_timeout = *connect;
+  options.transport.connect_timeout = *connect;
   options.hedge = *hedge;
   if (duplicate) {
     // The body goes to the spool, not to memory: the predicate reads the attempt's body there.
-    options.duplicate_success =
+    options.classify.duplicate_success =
         DuplicateSuccessOptions{.statuses = {duplicate->status},
                                 .body = [&spool, text = duplicate->text](std::string_view) {
                                   return text.empty() || spool.contains(text);
                                 }};
   }
-  options.log = [](std::string_view line) {
+  options.observability.log = [](std::string_view line) {
     std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
   };
   if (a.verbose) {
-    options.on_attempt = [](const http::AttemptEvent& e) {
+    options.observability.on_attempt = [](const http::AttemptEvent& e) {
       std::string line = "keel call: attempt " + std::to_string(e.attempt) + ": " +
                          std::string(e.method) + " " + std::string(e.url) + " -> " +
                          describe(e.outcome);
@@ -317,7 +317,7 @@ int run_call(const CallArgs& a) {
     auto opened = QueueOnFailure::open(a.queue_on_failure, a.defer_queue, a.secret_headers);
     if (!opened) return usage_error(opened.error().message());
     queue = std::move(*opened);
-    options.deferred_writes = &queue->writes();
+    options.fallbacks.deferred_writes = &queue->writes();
   }
 #else
   if (!a.queue_on_failure.empty()) {

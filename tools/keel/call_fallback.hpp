@@ -1,7 +1,7 @@
 // keel call's fallbacks: --queue-on-failure DB (a keel::store::QueuedWrites on that database,
-// the client's ClientOptions::deferred_writes) and what the call prints for an answer that did
-// not come from the server: the job id of a queued request, the Keel-Stale line of a stale one.
-// Part of the keel command, not a library.
+// the client's ClientOptions::fallbacks.deferred_writes) and what the call prints for an answer
+// that did not come from the server: the job id of a queued request, the Keel-Stale line of a stale
+// one. Part of the keel command, not a library.
 //
 // Thread-safety: not thread-safe; one per call.
 #pragma once

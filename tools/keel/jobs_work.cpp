@@ -172,9 +172,9 @@ int run_work(const JobsArgs& a) {
       breaker_log.on_change(key, from, to);
     });
     http::ClientOptions options = store::webhook_client_options(*timeout);
-    options.breakers = &breakers;
-    options.retry_budget = budget != nullptr;
-    options.budget = budget.get();
+    options.brakes.breakers = &breakers;
+    options.brakes.retry_budget = budget != nullptr;
+    options.brakes.budget = budget.get();
     options.retry.events = &metrics.watch(breakers, budget.get());  // retries, breakers, budget
     options.retry.operation = "webhook";
     client = std::make_unique<http::Client>(options);

@@ -63,9 +63,10 @@ using http::find_header;
 using http::make_idempotency_key;
 
 /// The options are keel::http::ClientOptions (keel/http/options.hpp), shared with the blocking
-/// client: the same retry policy, limits, breakers and budget. max_host_connections,
-/// max_transfers and rng are this client's own; max_idle_handles is not used (this client keeps up
-/// to 64 idle easy handles). on_attempt and log are called on the client's executor.
+/// client: the same retry policy, limits, breakers and budget. limits.max_host_connections,
+/// limits.max_transfers and rng are this client's own; limits.max_idle_handles is not used (this
+/// client keeps up to 64 idle easy handles). observability.on_attempt and observability.log are
+/// called on the client's executor.
 using HttpClientOptions = http::ClientOptions;
 
 class HttpClient {

@@ -1,6 +1,6 @@
 // keel::http::DeferredWrites: where a client hands a write it could not deliver now ("queue for
-// later", keel/fallback.hpp). When ClientOptions::deferred_writes points at one, both HTTP
-// clients give it every write that carries an idempotency key and failed because its
+// later", keel/fallback.hpp). When ClientOptions::fallbacks.deferred_writes points at one, both
+// HTTP clients give it every write that carries an idempotency key and failed because its
 // dependency is down (an open breaker, or retries exhausted on a transient failure); the call
 // then returns StopReason::kQueued with Result::job_id, and the implementation delivers the
 // request later with the same Idempotency-Key, so the receiver sees one logical operation. A
@@ -21,7 +21,7 @@
 //                                                std::string_view key) override { ... }
 //   };
 //   Outbox outbox;
-//   keel::http::Client client({.deferred_writes = &outbox});
+//   keel::http::Client client({.fallbacks = {.deferred_writes = &outbox}});
 #pragma once
 
 #include <string>

@@ -35,7 +35,7 @@ namespace keel::http {
 /// nullopt when the URL is not valid (see parse_url).
 [[nodiscard]] std::optional<std::string> breaker_key(const std::string& url);
 
-/// Default ClientOptions::max_response_bytes.
+/// Default ClientOptions::limits.max_response_bytes.
 inline constexpr std::size_t kDefaultMaxResponseBytes = std::size_t{256} * 1024 * 1024;
 
 /// One logical operation (it may take several attempts).
@@ -73,9 +73,9 @@ struct Request {
   /// Default 0.
   int prior_attempts = 0;
   /// Where the response body goes instead of Response::body, for bodies too large to hold in
-  /// memory (max_response_bytes does not apply). Called on the thread running the attempt (the
-  /// client's executor for keel::asio). `restart` runs before each attempt and must drop what an
-  /// earlier attempt wrote, so that only the final attempt's body remains; `write` receives the
+  /// memory (limits.max_response_bytes does not apply). Called on the thread running the attempt
+  /// (the client's executor for keel::asio). `restart` runs before each attempt and must drop what
+  /// an earlier attempt wrote, so that only the final attempt's body remains; `write` receives the
   /// body's bytes in order. Either returning false ends the attempt as a permanent local failure
   /// (Result::error says so). The body classifier hook then sees an empty body. Default none
   /// (both empty): the body is collected in Response::body.
@@ -93,7 +93,7 @@ struct Request {
 /// different keys). Both clients run it first in send().
 [[nodiscard]] Expected<std::string> check_request(const Request& request);
 
-/// What ClientOptions::deferred_writes did with a failed write (Result::deferral).
+/// What ClientOptions::fallbacks.deferred_writes did with a failed write (Result::deferral).
 enum class DeferralStatus : unsigned char {
   kNone,           // not handed over, or the hand-over failed (Result::error says why)
   kQueued,         // stored as a new job (StopReason::kQueued, Result::job_id)
@@ -116,21 +116,21 @@ struct Result {
   int attempts = 0;
   Duration elapsed{};
   /// libcurl's message for the last attempt's transport failure, or why the request was refused
-  /// or the response could not be taken (head over max_header_bytes, body over
-  /// max_response_bytes, a body sink that failed); empty otherwise.
+  /// or the response could not be taken (head over limits.max_header_bytes, body
+  /// over limits.max_response_bytes, a body sink that failed); empty otherwise.
   std::string error;
   /// The Idempotency-Key sent (generated or the caller's); empty when none.
   std::string idempotency_key;
-  /// The response is a cached earlier answer (ClientOptions::stale_responses), served because
-  /// the host's circuit breaker was open: reason is kSuccess and outcome a success with the
+  /// The response is a cached earlier answer (ClientOptions::fallbacks.stale_responses), served
+  /// because the host's circuit breaker was open: reason is kSuccess and outcome a success with the
   /// cached status; attempts counts those made before the breaker refused (usually none).
   /// Default false.
   bool stale = false;
   /// With stale: how long ago the cached answer was received (within the cache's max_age).
   Duration stale_age{};
-  /// With StopReason::kQueued: the id ClientOptions::deferred_writes stored the request under,
-  /// to be delivered later with idempotency_key. With DeferralStatus::kKeyConflict: the id of
-  /// the other request stored under that key. Empty otherwise.
+  /// With StopReason::kQueued: the id ClientOptions::fallbacks.deferred_writes stored the request
+  /// under, to be delivered later with idempotency_key. With DeferralStatus::kKeyConflict: the id
+  /// of the other request stored under that key. Empty otherwise.
   std::string job_id;
   /// What the deferred writes did with the request. Default kNone.
   DeferralStatus deferral = DeferralStatus::kNone;
@@ -138,8 +138,8 @@ struct Result {
   [[nodiscard]] bool ok() const noexcept { return reason == StopReason::kSuccess; }
 };
 
-/// Passed to ClientOptions::on_attempt after every attempt. The fields and words are those of
-/// keel::Event's kAttemptFinished (keel/events.hpp): the outcome, and the decision as
+/// Passed to ClientOptions::observability.on_attempt after every attempt. The fields and words are
+/// those of keel::Event's kAttemptFinished (keel/events.hpp): the outcome, and the decision as
 /// keel::format_decision writes it.
 struct AttemptEvent {
   std::string_view method;

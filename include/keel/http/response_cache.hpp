@@ -1,8 +1,8 @@
 // keel::http::ResponseCache: a bounded in-memory cache of successful GET responses, for serving
 // a stale answer while a dependency's circuit breaker is open ("stale while down",
 // keel/fallback.hpp). Both HTTP clients fill it with every successful GET when
-// ClientOptions::stale_responses points at one, and answer from it, with Result::stale set,
-// instead of failing with kCircuitOpen; a cached answer older than max_age is never served.
+// ClientOptions::fallbacks.stale_responses points at one, and answer from it, with Result::stale
+// set, instead of failing with kCircuitOpen; a cached answer older than max_age is never served.
 //
 // Bounded in entries and bytes, least recently used first out. It is not an HTTP cache: it
 // never answers while the dependency is healthy, and it reads no freshness headers but one
@@ -17,7 +17,7 @@
 //
 // Example:
 //   keel::http::ResponseCache cache({.max_entries = 1000, .max_age = std::chrono::minutes(10)});
-//   keel::http::Client client({.stale_responses = &cache});
+//   keel::http::Client client({.fallbacks = {.stale_responses = &cache}});
 //   auto r = client.send({.url = "http://prices.internal/eur"});
 //   if (r.stale) log("served a copy " + keel::format_duration(r.stale_age) + " old");
 #pragma once

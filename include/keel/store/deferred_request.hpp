@@ -34,7 +34,7 @@
 // Example:
 //   keel::store::ConnectionPool pool(*keel::store::parse_database_url("sqlite:outbox.db"));
 //   keel::store::QueuedWrites outbox(pool, queue);
-//   keel::http::Client client({.deferred_writes = &outbox});
+//   keel::http::Client client({.fallbacks = {.deferred_writes = &outbox}});
 //   auto r = client.send(charge);   // r.reason == keel::StopReason::kQueued, r.job_id
 //   ...
 //   keel::http::Client sender(keel::store::webhook_client_options(std::chrono::seconds(30)));

@@ -47,8 +47,9 @@ void global_init();
 [[nodiscard]] NetError net_error_of(CURLcode rc, long os_errno) noexcept;
 
 /// Throws std::invalid_argument "TYPE: FIELD must be REQUIREMENT (got VALUE)" when a Requires
-/// line of the fields both clients use is broken (connect_timeout, max_header_bytes,
-/// max_response_bytes). `type` names the options as the caller knows them.
+/// line of the fields both clients use is broken (transport.connect_timeout,
+/// limits.max_header_bytes, limits.max_response_bytes). `type` names the options as the caller
+/// knows them.
 void check_options(const ClientOptions& options, std::string_view type);
 
 /// The circuit breakers and the retry budget of a client, from its options: the caller's
@@ -57,11 +58,11 @@ class OperationGuards {
  public:
   explicit OperationGuards(const ClientOptions& options);
 
-  /// The registry of per-host adaptive timeouts; nullptr when adaptive_timeouts is false.
+  /// The registry of per-host adaptive timeouts; nullptr when brakes.adaptive_timeouts is false.
   [[nodiscard]] AdaptiveTimeoutRegistry* timeouts() const noexcept { return timeouts_; }
-  /// The registry of per-host breakers; nullptr when circuit_breakers is false.
+  /// The registry of per-host breakers; nullptr when brakes.circuit_breakers is false.
   [[nodiscard]] BreakerRegistry* breakers() const noexcept { return breakers_; }
-  /// The retry budget; nullptr when retry_budget is false.
+  /// The retry budget; nullptr when brakes.retry_budget is false.
   [[nodiscard]] RetryBudget* budget() const noexcept { return budget_; }
 
   /// The engine's per-call inputs for one operation of `request` (clock, deadline, whether it is
@@ -95,13 +96,14 @@ class OperationGuards {
 [[nodiscard]] AttemptInfo adapt_attempt(const AttemptInfo& info, const AdaptiveTimeout* timeout,
                                         TimePoint now) noexcept;
 
-/// Calls options.on_attempt, if set, with the event of one finished attempt.
+/// Calls options.observability.on_attempt, if set, with the event of one finished attempt.
 void report_attempt(const ClientOptions& options, const Request& request, int attempt,
                     const Outcome& outcome, std::string_view error, Duration took,
                     const Decision& decision);
 
 /// Writes the give-up line (keel::format_give_up) of an operation that did not succeed to
-/// options.log, or to stderr when it is not set. Does nothing when `result` succeeded.
+/// options.observability.log, or to stderr when it is not set. Does nothing when `result`
+/// succeeded.
 void log_give_up(const ClientOptions& options, const Request& request, const Result& result);
 
 /// What one attempt ended with.
@@ -126,13 +128,13 @@ void record_latency(AdaptiveTimeout* timeout, const AttemptResult& attempt, Dura
 void apply_duplicate_success(const DuplicateSuccessRule* rule, const Outcome& previous,
                              AttemptResult& attempt);
 
-/// The request options.duplicate_lookup makes for an operation that ended with `result`, when
-/// it succeeded as a duplicate and the hook asks for one; else nullopt.
+/// The request options.classify.duplicate_lookup makes for an operation that ended with `result`,
+/// when it succeeded as a duplicate and the hook asks for one; else nullopt.
 [[nodiscard]] std::optional<Request> duplicate_lookup(const ClientOptions& options,
                                                       const Request& sent, const Result& result);
 
 /// Makes `found`, the result of the lookup, the result of the operation that ended as a
-/// duplicate with `result` (see ClientOptions::duplicate_lookup).
+/// duplicate with `result` (see ClientOptions::classify.duplicate_lookup).
 void adopt_lookup(Result& result, Result found);
 
 /// The hedging delay of a round: the policy's latency quantile of the host's measured latencies
@@ -178,8 +180,8 @@ class CurlAttempt {
  public:
   /// Sets `easy` (new, or reset with curl_easy_reset) up for attempt `info` of `request`: URL,
   /// method and body, header fields with Keel-Attempt, the Idempotency-Key `key` (empty:
-  /// none) and, when options.propagate_deadline and info.deadline is finite, Keel-Deadline-Ms
-  /// (the time info.deadline leaves on options.clock now), User-Agent, connect and
+  /// none) and, when options.transport.propagate_deadline and info.deadline is finite,
+  /// Keel-Deadline-Ms (the time info.deadline leaves on options.clock now), User-Agent, connect and
   /// whole-attempt timeouts within info.timeout, a fresh connection for a request that is not
   /// safe to repeat, the head and body limits and the body sink of `options`/`request`.
   /// Requires: `request` and `options` outlive the attempt. Throws std::bad_alloc.
