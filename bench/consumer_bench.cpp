@@ -15,9 +15,9 @@
 #include <memory>
 #include <string>
 
-#include "keel/store/database.hpp"
-#include "keel/store/processed_messages.hpp"
-#include "keel/store/transaction.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/db/transaction.hpp"
+#include "keel/store/queue/processed_messages.hpp"
 
 namespace {
 

@@ -38,9 +38,9 @@
 #include <thread>
 #include <vector>
 
-#include "keel/store/database.hpp"
-#include "keel/store/queue.hpp"
-#include "keel/store/queue_worker.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/queue/queue.hpp"
+#include "keel/store/queue/queue_worker.hpp"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/store/database.hpp"
+#include "keel/store/db/database.hpp"
 
 namespace {
 

@@ -14,9 +14,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <keel/http/client.hpp>
-#include <keel/store/database.hpp>
-#include <keel/store/idempotency.hpp>
-#include <keel/store/idempotency_middleware.hpp>
+#include <keel/store/db/database.hpp>
+#include <keel/store/idempotency/idempotency.hpp>
+#include <keel/store/server/idempotency_middleware.hpp>
 #include <memory>
 #include <string>
 #include <thread>

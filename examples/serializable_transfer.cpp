@@ -16,8 +16,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <keel/duration.hpp>
-#include <keel/store/database.hpp>
-#include <keel/store/transaction.hpp>
+#include <keel/store/db/database.hpp>
+#include <keel/store/db/transaction.hpp>
 #include <string>
 
 namespace store = keel::store;

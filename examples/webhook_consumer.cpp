@@ -25,8 +25,8 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <keel/store/database.hpp>
-#include <keel/store/processed_messages.hpp>
+#include <keel/store/db/database.hpp>
+#include <keel/store/queue/processed_messages.hpp>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>

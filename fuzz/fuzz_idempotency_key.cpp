@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <keel/idempotency_key.hpp>
-#include <keel/store/idempotency.hpp>
+#include <keel/store/idempotency/idempotency.hpp>
 #include <string>
 #include <string_view>
 

@@ -16,7 +16,7 @@
 
 #include "keel/random.hpp"
 #include "keel/retry_after.hpp"
-#include "keel/store/transaction.hpp"
+#include "keel/store/db/transaction.hpp"
 
 namespace payments {
 

@@ -1,6 +1,6 @@
 // The payments API of `keel serve` and of examples/payments_api/main.cpp: a small service that
 // shows the receiver's half of safe retries. POST /v1/charges goes through the idempotency
-// middleware (keel/store/idempotency_middleware.hpp) on SQLite or PostgreSQL;
+// middleware (keel/store/server/idempotency_middleware.hpp) on SQLite or PostgreSQL;
 // GET /v1/charges/{id}, GET /v1/charges?customer=ID, /healthz and /metrics.
 //
 // Principals are stored by their keyed hash (keel::store::principal_scope under the scope
@@ -38,10 +38,10 @@
 
 #include "keel/admission.hpp"
 #include "keel/expected.hpp"
-#include "keel/store/database.hpp"
-#include "keel/store/idempotency.hpp"
-#include "keel/store/idempotency_middleware.hpp"
-#include "keel/store/json_check.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/idempotency/idempotency.hpp"
+#include "keel/store/json/json_check.hpp"
+#include "keel/store/server/idempotency_middleware.hpp"
 
 namespace payments {
 

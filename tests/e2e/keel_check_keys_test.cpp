@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "keel/store/database.hpp"
-#include "keel/store/queue.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/queue/queue.hpp"
 #include "run_keel.hpp"
 
 namespace {

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "keel/store/database.hpp"
-#include "keel/store/dead_letters.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/queue/dead_letters.hpp"
 #include "run_keel.hpp"
 
 namespace {

@@ -14,8 +14,8 @@
 #include <string>
 #include <thread>
 
-#include "keel/store/database.hpp"
-#include "keel/store/processed_messages.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/queue/processed_messages.hpp"
 
 namespace store = keel::store;
 

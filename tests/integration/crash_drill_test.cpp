@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "jobs_process_support.hpp"
-#include "keel/store/queue.hpp"
+#include "keel/store/queue/queue.hpp"
 
 namespace keel::store {
 namespace {

@@ -3,7 +3,7 @@
 // DeferredRequestHandler delivering a job to a keel::testing::FaultServer over loopback with the
 // job's key, the stored header fields and body, and Keel-Attempt going on from the attempts made
 // before the request was deferred.
-#include "keel/store/deferred_request.hpp"
+#include "keel/store/handlers/deferred_request.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "keel/http/client.hpp"
-#include "keel/store/webhook_handler.hpp"
+#include "keel/store/handlers/webhook_handler.hpp"
 #include "keel/testing/fault_server.hpp"
 #include "test_support.hpp"
 

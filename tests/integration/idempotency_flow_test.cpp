@@ -1,6 +1,6 @@
 // IdempotentRequestFlow in process, without sockets or cpp-httplib: every outcome on a real
 // SQLite file and a real PostgreSQL server, in virtual time (a ManualClock drives lock expiry).
-#include "keel/store/idempotency_flow.hpp"
+#include "keel/store/idempotency/idempotency_flow.hpp"
 
 #include <gtest/gtest.h>
 

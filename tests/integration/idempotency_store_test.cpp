@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/store/idempotency.hpp"
+#include "keel/store/idempotency/idempotency.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

@@ -25,7 +25,7 @@
 
 #include "build_kind.hpp"
 #include "jobs_process_support.hpp"
-#include "keel/store/queue.hpp"
+#include "keel/store/queue/queue.hpp"
 #include "waiting.hpp"
 
 namespace keel::store {

@@ -21,7 +21,7 @@
 #include <thread>
 #include <tuple>
 
-#include "keel/store/database.hpp"
+#include "keel/store/db/database.hpp"
 #include "loopback_socket.hpp"
 #include "test_support.hpp"
 

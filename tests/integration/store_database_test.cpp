@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/store/database.hpp"
+#include "keel/store/db/database.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

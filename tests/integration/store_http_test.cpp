@@ -19,9 +19,9 @@
 #include <tuple>
 #include <vector>
 
-#include "keel/store/idempotency_middleware.hpp"
-#include "keel/store/json_check.hpp"
-#include "keel/store/rate_limiter.hpp"
+#include "keel/store/json/json_check.hpp"
+#include "keel/store/server/idempotency_middleware.hpp"
+#include "keel/store/server/rate_limiter.hpp"
 #include "test_support.hpp"
 
 #if defined(__SANITIZE_THREAD__)

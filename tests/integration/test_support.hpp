@@ -20,7 +20,7 @@
 #include <tuple>
 #include <vector>
 
-#include "keel/store/database.hpp"
+#include "keel/store/db/database.hpp"
 
 namespace keel::test {
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "keel/store/queue.hpp"
+#include "keel/store/queue/queue.hpp"
 
 namespace keel::cli::jobs_cli {
 namespace {

@@ -19,9 +19,9 @@
 #include "keel/http/request.hpp"
 
 #if KEEL_CLI_JOBS
-#include "keel/store/database.hpp"
-#include "keel/store/deferred_request.hpp"
-#include "keel/store/queue.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/handlers/deferred_request.hpp"
+#include "keel/store/queue/queue.hpp"
 #endif
 
 namespace keel::cli {

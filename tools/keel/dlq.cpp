@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "keel/store/dead_letters.hpp"
-#include "keel/store/deferred_request.hpp"
-#include "keel/store/json_check.hpp"
+#include "keel/store/handlers/deferred_request.hpp"
+#include "keel/store/json/json_check.hpp"
+#include "keel/store/queue/dead_letters.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "keel/duration.hpp"
-#include "keel/store/database.hpp"
-#include "keel/store/queue.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/queue/queue.hpp"
 
 namespace keel::cli::jobs_cli {
 

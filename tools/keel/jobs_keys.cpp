@@ -7,7 +7,7 @@
 
 #include "jobs_cli.hpp"
 #include "keel/expected.hpp"
-#include "keel/store/queue_keys.hpp"
+#include "keel/store/queue/queue_keys.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli::jobs_cli {

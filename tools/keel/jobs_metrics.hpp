@@ -17,8 +17,8 @@
 #include "keel/budget.hpp"
 #include "keel/events.hpp"
 #include "keel/metrics/metrics.hpp"
-#include "keel/store/queue.hpp"
-#include "keel/store/queue_worker.hpp"
+#include "keel/store/queue/queue.hpp"
+#include "keel/store/queue/queue_worker.hpp"
 
 namespace keel::cli::jobs_cli {
 

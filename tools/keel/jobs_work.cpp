@@ -21,11 +21,11 @@
 #include "keel/budget.hpp"
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
-#include "keel/store/command_handler.hpp"
-#include "keel/store/deferred_request.hpp"
-#include "keel/store/idempotency_middleware.hpp"
-#include "keel/store/queue_worker.hpp"
-#include "keel/store/webhook_handler.hpp"
+#include "keel/store/handlers/command_handler.hpp"
+#include "keel/store/handlers/deferred_request.hpp"
+#include "keel/store/handlers/webhook_handler.hpp"
+#include "keel/store/queue/queue_worker.hpp"
+#include "keel/store/server/idempotency_middleware.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli::jobs_cli {

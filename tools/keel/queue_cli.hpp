@@ -9,8 +9,8 @@
 #include <string>
 
 #include "commands.hpp"
-#include "keel/store/database.hpp"
-#include "keel/store/queue.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/queue/queue.hpp"
 
 namespace keel::cli::queue_cli {
 

@@ -2,7 +2,7 @@
 // idempotency middleware on SQLite or PostgreSQL, GET /v1/charges[/{id}], /healthz, /metrics)
 // behind this command's flags.
 // --rate-limit answers 429 + Retry-After per principal; --max-concurrency sheds retries first
-// (503 + Retry-After, keel/store/admission_middleware.hpp); the --chaos-* flags inject the
+// (503 + Retry-After, keel/store/server/admission_middleware.hpp); the --chaos-* flags inject the
 // failures that make clients retry (503s, delays, hangs, and "commit then drop the response").
 // Stops cleanly on SIGTERM/SIGINT: the listener closes, in-flight requests finish.
 #include <pthread.h>
@@ -21,9 +21,9 @@
 #include "keel/admission.hpp"
 #include "keel/duration.hpp"
 #include "keel/metrics/metrics.hpp"
-#include "keel/store/admission_middleware.hpp"
-#include "keel/store/idempotency_middleware.hpp"
-#include "keel/store/rate_limiter.hpp"
+#include "keel/store/server/admission_middleware.hpp"
+#include "keel/store/server/idempotency_middleware.hpp"
+#include "keel/store/server/rate_limiter.hpp"
 #include "keel/testing/chaos.hpp"
 #include "payments_api.hpp"
 

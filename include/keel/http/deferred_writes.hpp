@@ -7,8 +7,8 @@
 // write without a key is never handed over.
 //
 // keel::http defines only the interface, so that it depends on no store; the durable
-// implementation is keel::store::QueuedWrites (keel/store/deferred_request.hpp, in
-// keel::store_webhook), a job on a keel::store::JobQueue delivered by
+// implementation is keel::store::QueuedWrites (keel/store/handlers/deferred_request.hpp, in
+// keel::store_handlers), a job on a keel::store::JobQueue delivered by
 // keel::store::DeferredRequestHandler (`keel jobs work --deferred`).
 //
 // Thread-safety: implementations must be safe for concurrent use: a blocking Client calls defer

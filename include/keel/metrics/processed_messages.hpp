@@ -1,5 +1,5 @@
-// A consumer's processed-message counts (keel/store/processed_messages.hpp) as Prometheus metrics
-// through keel::metrics' Scrape. Header-only, so that keel::metrics does not depend on
+// A consumer's processed-message counts (keel/store/queue/processed_messages.hpp) as Prometheus
+// metrics through keel::metrics' Scrape. Header-only, so that keel::metrics does not depend on
 // keel::store: a program that links both includes it.
 //
 // Metrics:
@@ -16,7 +16,7 @@
 #pragma once
 
 #include "keel/metrics/metrics.hpp"
-#include "keel/store/processed_messages.hpp"
+#include "keel/store/queue/processed_messages.hpp"
 
 namespace keel::metrics {
 

@@ -7,9 +7,9 @@
 #include <keel/http/client.hpp>
 #include <keel/http/request.hpp>
 #include <keel/sim/scenarios.hpp>
-#include <keel/store/database.hpp>
-#include <keel/store/idempotency_middleware.hpp>
-#include <keel/store/webhook_handler.hpp>
+#include <keel/store/db/database.hpp>
+#include <keel/store/handlers/webhook_handler.hpp>
+#include <keel/store/server/idempotency_middleware.hpp>
 
 int consumer_metrics();
 
@@ -23,7 +23,7 @@ int main() {
   httplib::Request anonymous;  // keel::store_http: the principal of a request without a token
   const bool store_http_ok = keel::store::bearer_principal(anonymous).empty();
   const std::size_t scenarios = keel::sim::scenarios().size();
-  // keel::store_webhook: a handler's client options, built without sending anything.
+  // keel::store_handlers: a handler's client options, built without sending anything.
   const bool webhook_ok =
       keel::store::webhook_client_options(std::chrono::seconds(2)).retry.max_attempts == 1;
   const bool http_attempt_ok = keel::http::breaker_key("http://Example.com/") == "example.com:80";

@@ -1,0 +1,312 @@
+// keel::store's database layer: a URL naming the database, one small Connection interface with
+// two implementations (SQLite for the embedded default, PostgreSQL via libpq for fleets), a
+// bounded connection pool, and versioned schema migrations that each component (idempotency,
+// job queue, ...) applies for itself on open.
+//
+// SQL is written once for both backends: placeholders are $1, $2, ... (PostgreSQL's spelling,
+// which the SQLite connection binds by name), values are text, 64-bit integers or NULL, and
+// results come back as text cells. Only parameterised statements take values; nothing is ever
+// spliced into SQL text. Where the backends' SQL differs, callers ask the connection's dialect
+// (dialect.hpp), the one place that knows each backend's SQL and error codes.
+//
+// Errors: a failed statement throws keel::store::DatabaseError. That is the one place keel::store
+// uses exceptions, because a database error must unwind the transaction body that hit it;
+// with_transaction_retry (transaction.hpp) turns it back into a value. DatabaseError carries the
+// SQLSTATE (PostgreSQL) or the SQLite result code, and outcome() classifies it with
+// keel::classify_sqlstate, so 40001/40P01 and SQLITE_BUSY read as transient and a connection lost
+// during COMMIT as ambiguous ("commit in doubt").
+//
+// Thread-safety: a Connection is not thread-safe: one thread uses it at a time (take one from a
+// ConnectionPool per request or per worker). ConnectionPool and parse_database_url are safe for
+// concurrent use.
+//
+// Example:
+//   auto url = keel::store::parse_database_url("sqlite:keel.db").value();
+//   auto conn = keel::store::open_database(url);
+//   keel::store::migrate(*conn, "demo", {{"CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)"}});
+//   conn->begin();
+//   conn->query("INSERT INTO t (id, v) VALUES ($1, $2)", {keel::store::Value(1), "one"});
+//   conn->commit();
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "keel/classify.hpp"
+#include "keel/expected.hpp"
+
+namespace keel::store {
+
+enum class Backend : unsigned char { kSqlite, kPostgres };
+
+class Dialect;  // dialect.hpp
+
+/// "sqlite", "postgres".
+[[nodiscard]] std::string_view to_string(Backend backend) noexcept;
+
+/// The URL used when none is given.
+inline constexpr std::string_view kDefaultDatabaseUrl = "sqlite:keel.db";
+
+/// A parsed database URL.
+///   sqlite:PATH                         a file (relative or absolute); sqlite::memory: for tests
+///   postgres://... or postgresql://...  a libpq connection URI, passed to libpq unchanged
+struct DatabaseUrl {
+  Backend backend = Backend::kSqlite;
+  /// SQLite: the file path. PostgreSQL: the whole URI.
+  std::string target;
+  /// The URL as given, with any password replaced by "***" (safe to log).
+  std::string redacted;
+};
+
+/// Parses a database URL. Returns an Error (field "database URL", the value quoted with any
+/// password redacted) on anything malformed: unknown scheme, empty path, a URI libpq rejects.
+[[nodiscard]] Expected<DatabaseUrl> parse_database_url(std::string_view text);
+
+/// A failed database operation.
+class DatabaseError : public std::runtime_error {
+ public:
+  struct Details {
+    Backend backend = Backend::kSqlite;
+    /// PostgreSQL's SQLSTATE (five characters); "08006" when the connection was lost without one.
+    /// Empty for SQLite.
+    std::string sqlstate;
+    /// SQLite's extended result code; 0 for PostgreSQL.
+    int sqlite_code = 0;
+    /// The error happened while committing: the transaction may or may not have been applied.
+    bool during_commit = false;
+    /// The connection is unusable (PostgreSQL connection lost); the pool discards it.
+    bool connection_lost = false;
+  };
+
+  /// what() is `message`, followed by " (SQLSTATE xxxxx)" for a PostgreSQL error whose
+  /// message does not name its SQLSTATE already.
+  DatabaseError(const std::string& message, Details details);
+
+  [[nodiscard]] const Details& details() const noexcept { return details_; }
+  /// How a retry would fare: 40001/40P01 and SQLITE_BUSY/SQLITE_LOCKED transient; a connection
+  /// lost during COMMIT ambiguous; constraint violations and syntax errors permanent.
+  [[nodiscard]] Outcome outcome() const noexcept;
+  /// 23505 unique_violation, or SQLite's SQLITE_CONSTRAINT_PRIMARYKEY/UNIQUE.
+  [[nodiscard]] bool is_unique_violation() const noexcept;
+
+ private:
+  Details details_;
+};
+
+/// A statement parameter: NULL, a 64-bit integer or text.
+class Value {
+ public:
+  Value() noexcept = default;
+  Value(std::nullptr_t) noexcept {}                  // NOLINT(google-explicit-constructor)
+  Value(std::int64_t v) : v_(v) {}                   // NOLINT(google-explicit-constructor)
+  Value(int v) : v_(std::int64_t{v}) {}              // NOLINT(google-explicit-constructor)
+  Value(std::string v) : v_(std::move(v)) {}         // NOLINT(google-explicit-constructor)
+  Value(std::string_view v) : v_(std::string(v)) {}  // NOLINT(google-explicit-constructor)
+  Value(const char* v) : v_(std::string(v)) {}       // NOLINT(google-explicit-constructor)
+
+  [[nodiscard]] bool is_null() const noexcept { return std::holds_alternative<std::monostate>(v_); }
+  [[nodiscard]] const std::int64_t* as_int() const noexcept {
+    return std::get_if<std::int64_t>(&v_);
+  }
+  [[nodiscard]] const std::string* as_text() const noexcept {
+    return std::get_if<std::string>(&v_);
+  }
+  /// Text form: "NULL"-free; integers in decimal. Requires: !is_null().
+  [[nodiscard]] std::string to_text() const;
+
+ private:
+  std::variant<std::monostate, std::int64_t, std::string> v_;
+};
+
+/// The rows a statement returned (empty for statements without RETURNING/SELECT) and how many
+/// rows it changed.
+class Rows {
+ public:
+  using Cell = std::optional<std::string>;
+
+  [[nodiscard]] std::size_t size() const noexcept { return rows_.size(); }
+  [[nodiscard]] bool empty() const noexcept { return rows_.empty(); }
+  [[nodiscard]] std::size_t columns() const noexcept { return columns_.size(); }
+  [[nodiscard]] const std::vector<std::string>& column_names() const noexcept { return columns_; }
+  /// Rows changed by INSERT/UPDATE/DELETE.
+  [[nodiscard]] std::int64_t affected() const noexcept { return affected_; }
+
+  /// The cell, or nullopt for NULL. Throws std::out_of_range outside the result.
+  [[nodiscard]] const Cell& cell(std::size_t row, std::size_t column) const;
+  /// The cell as text; throws DatabaseError for NULL.
+  [[nodiscard]] const std::string& text(std::size_t row, std::size_t column) const;
+  /// The cell as a 64-bit integer; throws DatabaseError for NULL or non-integer text.
+  [[nodiscard]] std::int64_t integer(std::size_t row, std::size_t column) const;
+
+  // Filled by the connections.
+  void set_columns(std::vector<std::string> names) { columns_ = std::move(names); }
+  void add_row(std::vector<Cell> row) { rows_.push_back(std::move(row)); }
+  void set_affected(std::int64_t n) noexcept { affected_ = n; }
+
+ private:
+  std::vector<std::string> columns_;
+  std::vector<std::vector<Cell>> rows_;
+  std::int64_t affected_ = 0;
+};
+
+enum class Isolation : unsigned char {
+  /// PostgreSQL READ COMMITTED; SQLite BEGIN IMMEDIATE (SQLite is always serializable).
+  kReadCommitted,
+  /// PostgreSQL SERIALIZABLE (may fail with 40001: retry with with_transaction_retry); SQLite
+  /// BEGIN IMMEDIATE.
+  kSerializable,
+};
+
+/// One database connection. Not thread-safe.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  Connection() = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  [[nodiscard]] virtual Backend backend() const noexcept = 0;
+  /// The backend's SQL dialect (dialect.hpp): dialect_of(backend()).
+  [[nodiscard]] const Dialect& dialect() const noexcept;
+
+  /// Runs one or more statements without parameters (DDL, migrations). Throws DatabaseError.
+  virtual void execute(std::string_view sql) = 0;
+
+  /// Runs one statement with $1..$n bound to `params` (SQLite statements are prepared once and
+  /// cached). Throws DatabaseError.
+  virtual Rows query(std::string_view sql, std::span<const Value> params) = 0;
+  Rows query(std::string_view sql, std::initializer_list<Value> params = {}) {
+    return query(sql, std::span<const Value>(params.begin(), params.size()));
+  }
+
+  /// BEGIN at the given isolation. Requires: no transaction open. Throws DatabaseError.
+  virtual void begin(Isolation isolation = Isolation::kReadCommitted) = 0;
+  /// COMMIT. A failure is thrown with details().during_commit set. Throws DatabaseError.
+  virtual void commit() = 0;
+  /// ROLLBACK when a transaction is open; never throws (a failed rollback marks the connection
+  /// broken).
+  virtual void rollback() noexcept = 0;
+  [[nodiscard]] virtual bool in_transaction() const noexcept = 0;
+
+  /// The connection cannot be used again (lost, or left in an unknown state).
+  [[nodiscard]] virtual bool broken() const noexcept = 0;
+
+  /// Which database the connection reaches, so that a producer and the workers of one process
+  /// can find each other (the job queue's in-process wakeups): SQLite, the main file's absolute
+  /// path; PostgreSQL, the server's host and port, the database and the connection's options
+  /// (a search_path set there names other tables). Empty when unknown: nothing is matched.
+  [[nodiscard]] virtual std::string database_identity() const { return {}; }
+};
+
+struct ConnectOptions {
+  /// SQLite: how long a statement waits for another writer before SQLITE_BUSY. Requires: >= 0.
+  /// Default 5 s.
+  std::chrono::milliseconds busy_timeout = std::chrono::seconds(5);
+  /// PostgreSQL: connect timeout. Requires: >= 1 s. Default 10 s.
+  std::chrono::seconds connect_timeout = std::chrono::seconds(10);
+  /// Open for reading only: nothing is created or written, so a user who may only read the
+  /// database can open it. SQLite: SQLITE_OPEN_READONLY, no journal-mode change; PostgreSQL:
+  /// default_transaction_read_only. A write then fails with DatabaseError. Default false.
+  bool read_only = false;
+};
+
+/// Opens a connection. SQLite: creates the file if missing, turns on WAL and foreign keys, sets
+/// the busy timeout (read_only: the file must exist and is left as it is). PostgreSQL: connects and
+/// checks the connection. Throws DatabaseError when the database cannot be opened,
+/// std::invalid_argument for invalid options.
+[[nodiscard]] std::unique_ptr<Connection> open_database(const DatabaseUrl& url,
+                                                        const ConnectOptions& options = {});
+
+/// One migration step: SQL run in the migration's transaction (several statements allowed).
+/// When a step must differ between backends, give `postgres` as well; empty means "same SQL".
+struct Migration {
+  std::string_view sql;
+  std::string_view postgres = {};
+};
+
+/// Brings `component`'s schema to version steps.size(): creates keel_schema(component, version)
+/// if needed, then runs every step after the recorded version, all in one transaction, and records
+/// the new version. Concurrent callers (two processes opening one database) serialise on a lock
+/// (PostgreSQL advisory lock; SQLite write lock). Returns the version found before migrating.
+/// Throws DatabaseError, or std::runtime_error when the database's version is newer than the
+/// steps this program knows (a downgrade).
+int migrate(Connection& connection, std::string_view component, std::span<const Migration> steps);
+inline int migrate(Connection& connection, std::string_view component,
+                   std::initializer_list<Migration> steps) {
+  return migrate(connection, component, std::span<const Migration>(steps.begin(), steps.size()));
+}
+
+/// The recorded schema version of a component; 0 when none.
+[[nodiscard]] int schema_version(Connection& connection, std::string_view component);
+
+struct PoolOptions {
+  /// Most connections open at once; acquire() waits when all are lent. Requires: >= 1. Default 8.
+  int max_connections = 8;
+  ConnectOptions connect = {};
+  /// Opens each new connection (e.g. to wrap it: tests count the statements a worker runs).
+  /// Called from acquire(), possibly from several threads at once; throws as open_database does.
+  /// Default none: open_database(url, connect).
+  std::function<std::unique_ptr<Connection>(const DatabaseUrl&, const ConnectOptions&)> open;
+};
+
+/// A bounded pool of connections to one database. Safe for concurrent use.
+class ConnectionPool {
+ public:
+  /// Throws std::invalid_argument for bad options. Connections are opened lazily.
+  explicit ConnectionPool(DatabaseUrl url, PoolOptions options = {});
+  ~ConnectionPool();
+  ConnectionPool(const ConnectionPool&) = delete;
+  ConnectionPool& operator=(const ConnectionPool&) = delete;
+
+  /// A lent connection; returned to the pool when destroyed (discarded when broken or left in a
+  /// transaction, which is rolled back).
+  class Lease {
+   public:
+    Lease(ConnectionPool* pool, std::unique_ptr<Connection> conn) noexcept
+        : pool_(pool), conn_(std::move(conn)) {}
+    Lease(Lease&& other) noexcept = default;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease();
+    Connection& operator*() const noexcept { return *conn_; }
+    Connection* operator->() const noexcept { return conn_.get(); }
+
+   private:
+    ConnectionPool* pool_;
+    std::unique_ptr<Connection> conn_;
+  };
+
+  /// Waits for a free connection (opening one when under the limit). Throws DatabaseError when
+  /// a new connection cannot be opened.
+  [[nodiscard]] Lease acquire();
+
+  [[nodiscard]] const DatabaseUrl& url() const noexcept { return url_; }
+  [[nodiscard]] Backend backend() const noexcept { return url_.backend; }
+  /// The backend's SQL dialect (dialect.hpp): dialect_of(backend()).
+  [[nodiscard]] const Dialect& dialect() const noexcept;
+
+ private:
+  void release(std::unique_ptr<Connection> conn) noexcept;
+
+  DatabaseUrl url_;
+  PoolOptions options_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Connection>> idle_;  // guarded by mu_
+  int open_ = 0;                                   // guarded by mu_: lent + idle
+};
+
+}  // namespace keel::store

@@ -1,0 +1,588 @@
+// A durable job queue with retries and a dead-letter queue, on SQLite (the embedded default) or
+// PostgreSQL (for fleets of workers), through the same database URLs as the idempotency store.
+//
+// A job carries its idempotency key from the moment it is enqueued (the caller's, or a random
+// UUID generated once at enqueue and stored with the job), so every attempt, and every replay
+// from the dead-letter queue, presents the same key to the receiver. A job moves through:
+//
+//   ready ──lease──> running ──success──────────────────────────> done
+//     ^                 │ ──transient, attempts left──> retry_scheduled ──(due)──> leased again
+//     │                 │ ──permanent, or attempts exhausted──> dead (the dead-letter queue)
+//     ├──replay─────────┤ ──started, then lease expired (worker died) / released after grace
+//     │                 │      ──> retry_scheduled or dead, as any failed attempt
+//     └─────────────────┴── not started, then lease expired / released ──> ready, not charged
+//
+// Leases: lease() takes due jobs (PostgreSQL: UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
+// LOCKED), so concurrent workers never wait on or share a row; SQLite: one short write
+// transaction) and stamps each with a lease expiry and a new fencing token. heartbeat() extends a
+// lease. complete(), start(), heartbeat() and release() are fenced: a worker whose lease was
+// taken over gets kStale (or false) and its late outcome is not recorded.
+//
+// An attempt is charged when it starts, not when its job is leased. A job leased in a batch
+// waits with its worker until start() says its handler is about to run (a lease can start some
+// of its jobs itself: the `start` argument); only then does its attempt count. A worker that
+// dies stops heartbeating; once its lease expires, the next lease() call sweeps the job: a job
+// whose attempt had started is charged that attempt, as a failure whose outcome is unknown
+// (ambiguous: jobs carry keys, so repeating is safe), and keel::core's decide_retry decides what
+// follows exactly as for a failure the handler reported: a backoff with jitter, or dead when the
+// attempts or max_age are spent, with a reason that says the worker died while running it. A
+// job leased but not started goes back to ready uncharged, as it was. release() (shutdown) does
+// the same: a started job whose handler outlived the grace is charged like a crash; a job
+// released before it started is not. No path makes a job ready again without one of these two
+// rules, so a job that crashes its worker on every attempt reaches the dead-letter queue.
+//
+// Outcomes are keel::Outcome values, and what follows from each is decided by keel::core's
+// decide_retry, under exactly the rules every in-memory retry loop uses: success → done;
+// transient, throttled or ambiguous (jobs always carry a key, so repeating is safe) →
+// retry_scheduled after the server's Retry-After (capped by retry_after_cap) or else a backoff
+// draw, while attempts (and the outcome's retry_limit: a 500 is retried once) remain, else dead
+// ("attempts exhausted"); permanent → dead at once.
+//
+// A refusal is not an attempt. When the handler reports kNotAttempted (its dependency's circuit
+// breaker or retry budget refused before anything was sent), the job is deferred: back to
+// retry_scheduled, due when the brake expects to admit a call (the outcome's server_delay), its
+// attempt not counted, the deferral recorded in its history ("deferred") with the handler's
+// reason. Jobs so wait out an outage of any length; only real attempts, or a max_age the user
+// sets, make a job dead. stats() counts the deferred jobs per queue.
+// Nothing is deleted silently: dead jobs stay until replayed or discarded, and done jobs are
+// deleted only by prune_done() with an explicit retention. A dead-letter retention
+// (QueueOptions::dead_letter_retention, none by default) lets prune_dead() delete dead jobs that
+// have been dead for longer; before they go, dead_expiring() and QueueStats::dead_expiring count
+// the ones due within the warning window (dead_letter_warning), so an alert can fire while they
+// can still be replayed.
+//
+// Times are calendar milliseconds from the injected Clock's wall_now(), so several processes
+// (and hosts with synchronised clocks) agree on lease expiry; tests inject keel::ManualClock and
+// run lease expiry and backoff in virtual time.
+//
+// Where each role lives: JobQueue's methods are grouped below by who calls them, and each group
+// is implemented in a file of its own. Producers enqueue (src/store/queue/queue_producer.cpp). Workers
+// lease, heartbeat, release and complete_and_lease (src/store/queue/queue_lease.cpp, which also sweeps
+// expired leases) and report outcomes with complete and complete_done
+// (src/store/queue/queue_complete.cpp). Operators read a job with get (src/store/queue/queue.cpp) and
+// administer the dead-letter queue by id or by queue with list_dead, replay and discard
+// (src/store/queue/queue_dead_letters.cpp; by filter, with paced replays:
+// keel/store/queue/dead_letters.hpp). Dashboards and housekeeping use stats, dead_depth,
+// dead_expiring, queue_exists, idle, prune_done and prune_dead (src/store/queue/queue_stats.cpp).
+// Construction, the schema and its migrations are src/store/queue/queue.cpp; what the files share is
+// src/store/queue/detail/queue_sql.hpp. The long-running consumer built on the worker protocol is
+// keel::store::Worker (keel/store/queue/queue_worker.hpp).
+//
+// Thread-safety: JobQueue is immutable after construction except for its random generator (which
+// a mutex guards) and the time of its last expired-lease sweep (an atomic); it is safe for
+// concurrent use. Each call uses the Connection it is given (one thread per connection). Every
+// call that writes runs in its own transaction or single statement: requires no transaction open
+// on the connection. The exceptions are enqueue_in and enqueue_many_in, which write in the
+// caller's open transaction, so that a job commits with the caller's other writes or not at all
+// (the transactional outbox).
+//
+// Example:
+//   keel::store::JobQueue queue({.backoff = {.base = 1s, .cap = 1h}});
+//   auto conn =
+//   keel::store::open_database(keel::store::parse_database_url("sqlite:jobs.db").value());
+//   keel::store::JobQueue::migrate(*conn);
+//   auto job = queue.enqueue(*conn, {.queue = "email", .payload = R"({"to":"a@b"})"});
+//   for (auto& leased : queue.lease(*conn, "email", "worker-1", 10)) {
+//     auto outcome = send(leased.payload, leased.idempotency_key);        // keel::Outcome
+//     (void)queue.complete(*conn, leased.id, leased.fence, {.outcome = outcome});
+//   }
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/backoff.hpp"
+#include "keel/classify.hpp"
+#include "keel/clock.hpp"
+#include "keel/expected.hpp"
+#include "keel/random.hpp"
+#include "keel/retry.hpp"
+#include "keel/store/db/database.hpp"
+
+namespace keel::store {
+
+enum class JobState : unsigned char { kReady, kRunning, kRetryScheduled, kDone, kDead };
+
+/// "ready", "running", "retry_scheduled", "done", "dead" (as stored).
+[[nodiscard]] std::string_view to_string(JobState state) noexcept;
+/// Inverse of to_string; nullopt for anything else.
+[[nodiscard]] std::optional<JobState> parse_job_state(std::string_view text) noexcept;
+
+/// A queue name is 1-64 characters of [A-Za-z0-9_.-]. Nothing when valid, else an Error with
+/// the field "queue name" and the quoted name (rename it with `.in("--queue")`).
+[[nodiscard]] Expected<void> check_queue_name(std::string_view name);
+
+/// A new idempotency key: a random (version 4) UUID in its 36-character text form, from OpenSSL's
+/// CSPRNG, formatted by keel::uuid_v4 (the same generator as keel::http::make_idempotency_key,
+/// kept here so that keel::store needs no keel::http). Throws std::runtime_error when the CSPRNG
+/// cannot supply bytes.
+[[nodiscard]] std::string new_job_key();
+
+/// One attempt in a job's history.
+struct JobAttempt {
+  /// How many replays preceded the attempt (0 before the first replay).
+  int round = 0;
+  /// 1 for the first attempt (counted again from 1 after a replay). A deferral carries the
+  /// number of the attempt it postponed.
+  int attempt = 0;
+  /// Calendar milliseconds when the attempt's lease was taken, and when it ended.
+  std::int64_t started_ms = 0;
+  std::int64_t finished_ms = 0;
+  /// "success", "transient", "throttled", "ambiguous", "permanent", "lease_expired", "released",
+  /// or "deferred" (nothing was sent: a breaker or budget refused; not counted as an attempt).
+  std::string outcome;
+  /// What went wrong (the handler's text); empty on success.
+  std::string error;
+  /// The backoff delay chosen before the next attempt; nullopt when none was scheduled.
+  std::optional<std::int64_t> delay_ms;
+  /// The worker that held the lease.
+  std::string worker;
+};
+
+/// A job as stored.
+struct Job {
+  std::int64_t id = 0;
+  std::string queue;
+  std::string payload;
+  std::string idempotency_key;
+  JobState state = JobState::kReady;
+  int attempts = 0;
+  int max_attempts = 0;
+  /// Calendar ms: when it is due (ready, retry_scheduled) or its lease expires (running).
+  std::int64_t run_at_ms = 0;
+  /// The worker holding the lease while the job runs; empty in every other state.
+  std::string lease_owner;
+  std::optional<std::int64_t> lease_expires_ms;
+  /// The fencing token of the current (or last) lease.
+  std::int64_t fence = 0;
+  /// Why the job is dead ("permanent: ...", "attempts exhausted: ..."); empty otherwise.
+  std::string dead_reason;
+  /// The last attempt's error text; empty when none.
+  std::string last_error;
+  /// Why the job waits without having been attempted (a breaker or budget refused: "circuit open
+  /// for api.example.com:443, next probe in 4.2s"); empty unless its last event was a deferral.
+  std::string deferred_reason;
+  /// Deferrals since it was enqueued (or last replayed).
+  int deferrals = 0;
+  /// How many times it was replayed from the dead-letter queue.
+  int replays = 0;
+  std::int64_t created_ms = 0;
+  std::int64_t updated_ms = 0;
+  /// Oldest first; filled by get() only.
+  std::vector<JobAttempt> history;
+};
+
+/// A job handed to a worker by lease().
+struct LeasedJob {
+  std::int64_t id = 0;
+  std::string queue;
+  std::string payload;
+  std::string idempotency_key;
+  /// This attempt's number (1 for the first).
+  int attempt = 0;
+  int max_attempts = 0;
+  /// The fencing token to pass to start(), heartbeat(), complete() and release().
+  std::int64_t fence = 0;
+  std::int64_t lease_expires_ms = 0;
+  /// Whether the lease started this attempt (it counts, and a crash from now on charges it).
+  /// false: call JobQueue::start() right before running the handler.
+  bool started = true;
+};
+
+struct EnqueueRequest {
+  /// Requires: a valid queue name (check_queue_name).
+  std::string queue;
+  /// Requires: a JSON document that a receiver's check_json (keel/store/json/json_check.hpp)
+  /// accepts with the default JsonLimits: nested at most 64 levels deep, no member named twice.
+  std::string payload;
+  /// The job's idempotency key; empty: a new UUID (new_job_key). Requires: a key under keel's
+  /// one rule (keel::check_idempotency_key: 1 to 255 bytes of visible ASCII without '"', ',' or
+  /// '%', bare or quoted); stored in its canonical form, so "k" and k are one job.
+  std::string key;
+  /// Attempts before the job is dead. 0: QueueOptions::max_attempts. Requires: >= 0.
+  int max_attempts = 0;
+  /// Not before now + delay. Requires: >= 0. Default 0.
+  Duration delay{};
+};
+
+struct EnqueueResult {
+  /// The new job, or the existing one with the same key on the same queue.
+  std::int64_t id = 0;
+  /// The key stored: the request's in its canonical form, or the UUID made for it.
+  std::string idempotency_key;
+  /// false: a job with this key already existed on this queue and nothing was written.
+  bool created = true;
+  /// When the request was refused (invalid queue, payload, key, attempts or delay; a payload
+  /// nested deeper than 64 levels is refused naming that limit): the Error's message, naming the
+  /// field and quoting the value, and nothing was written. Empty on success.
+  std::string error;
+  [[nodiscard]] bool ok() const noexcept { return error.empty(); }
+};
+
+/// What a worker reports for an attempt.
+struct AttemptReport {
+  /// The classified result (keel::core's taxonomy). Default kNotAttempted, never success: a
+  /// handler that forgets to classify defers the job (visible in stats) rather than losing it.
+  Outcome outcome;
+  /// What went wrong, recorded in the history and, for a dead job, its reason; for a deferral,
+  /// why nothing was sent.
+  std::string error;
+
+  [[nodiscard]] static AttemptReport success() { return {.outcome = Outcome::success()}; }
+};
+
+enum class CompleteStatus : unsigned char {
+  kDone,            // success recorded
+  kRetryScheduled,  // transient failure recorded; due again at retry_at_ms
+  kDeferred,        // nothing was sent (a brake refused): due again at retry_at_ms, not charged
+  kDead,            // permanent failure, or attempts exhausted: now in the dead-letter queue
+  kStale,           // the fencing token is no longer current: nothing recorded
+};
+
+/// "done", "retry_scheduled", "deferred", "dead", "stale".
+[[nodiscard]] std::string_view to_string(CompleteStatus status) noexcept;
+
+/// Why a job moved to the dead-letter queue, decided by JobQueue from keel::core's StopReason.
+enum class DeadReason : unsigned char {
+  kPermanent,          // the outcome was permanent: repeating cannot help
+  kAttemptsExhausted,  // its attempts (or the retries its last outcome allowed) were spent
+  kMaxAge,             // it outlived QueueOptions::max_age
+};
+
+/// "permanent", "attempts_exhausted", "max_age".
+[[nodiscard]] std::string_view to_string(DeadReason reason) noexcept;
+
+/// A move to the dead-letter queue as QueueOptions::on_dead_letter sees it: the reason's kind
+/// and the text stored as the job's dead_reason. Converts to that text, so a callback written
+/// as (std::int64_t, std::string_view) still compiles.
+struct DeadLetterReason {
+  DeadReason reason = DeadReason::kAttemptsExhausted;
+  /// The dead_reason stored with the job ("permanent: HTTP 400 ..."). Valid during the call.
+  std::string_view text;
+
+  // NOLINTNEXTLINE(google-explicit-constructor): kept implicit for (id, text) callbacks.
+  operator std::string_view() const noexcept { return text; }
+};
+
+struct CompleteResult {
+  CompleteStatus status = CompleteStatus::kDone;
+  /// kRetryScheduled, kDeferred: the delay chosen and the time it is due.
+  Duration delay{};
+  std::int64_t retry_at_ms = 0;
+  /// kDead: the reason recorded.
+  std::string dead_reason;
+  /// kDead: the reason's kind.
+  DeadReason dead_kind = DeadReason::kAttemptsExhausted;
+};
+
+/// What JobQueue::complete_and_lease did.
+struct DoneAndLeased {
+  /// How many of the finished jobs were current (the stale ones are skipped).
+  int current = 0;
+  /// The jobs leased next, in the order to run them (as JobQueue::lease returns them).
+  std::vector<LeasedJob> leased;
+};
+
+/// Counts for one queue.
+struct QueueStats {
+  std::string queue;
+  std::int64_t ready = 0;
+  std::int64_t running = 0;
+  std::int64_t retry_scheduled = 0;
+  std::int64_t done = 0;
+  std::int64_t dead = 0;
+  /// Of retry_scheduled: jobs that wait because a brake (breaker or budget) refused them, not
+  /// because an attempt failed.
+  std::int64_t deferred = 0;
+  /// Age of the oldest job that is due and waiting for a worker (ready or retry_scheduled with
+  /// its time reached); zero when none.
+  Duration oldest_ready_age{};
+  /// Of dead: jobs that prune_dead() deletes within QueueOptions::dead_letter_warning (those
+  /// already past the retention included); zero when no dead-letter retention is set.
+  std::int64_t dead_expiring = 0;
+};
+
+struct QueueOptions {
+  /// Default attempts per job (when an enqueue gives none). Requires: >= 1. Default 25.
+  int max_attempts = 25;
+  /// Delay between attempts: full jitter, base 1 s, cap 1 h by default. Requires: a valid
+  /// keel::BackoffOptions.
+  BackoffOptions backoff = {.base = std::chrono::seconds(1), .cap = std::chrono::hours(1)};
+  /// Lease duration: how long a leased job stays with its worker without a heartbeat.
+  /// Requires: > 0. Default 30 s.
+  Duration lease = std::chrono::seconds(30);
+  /// Time source (wall_now) for run times, leases and history. Default keel::steady_clock().
+  Clock* clock = nullptr;
+  /// Seed for the backoff jitter; 0 seeds from std::random_device. Default 0.
+  std::uint64_t seed = 0;
+  /// Largest server-requested delay (Retry-After) honoured, as RetryOptions::retry_after_cap.
+  /// Requires: >= 0. Default 1 h.
+  Duration retry_after_cap = std::chrono::hours(1);
+  /// A job older than this (since it was enqueued or last replayed) is dead instead of being
+  /// retried or deferred again. Requires: > 0. Default none (kInfinite): only real attempts
+  /// make a job dead.
+  Duration max_age = kInfinite;
+  /// Called after a job moved to the dead-letter queue (by complete(), release() or an expired
+  /// lease on its last attempt), with the job's id and why: the reason's kind and its text (a
+  /// DeadLetterReason converts to the text, so (id, std::string_view) callbacks work too). Must
+  /// be safe to call from any thread. Default none.
+  std::function<void(std::int64_t job_id, const DeadLetterReason& dead)> on_dead_letter;
+  /// How long a job stays in the dead-letter queue (since it died) before prune_dead() deletes
+  /// it. Requires: > 0. Default none (kInfinite): dead jobs are kept until replayed or discarded.
+  Duration dead_letter_retention = kInfinite;
+  /// How far ahead dead_expiring in stats() looks: the jobs deleted within this window are
+  /// counted, so that someone can replay them first. Requires: >= 0, and shorter than
+  /// dead_letter_retention (a window as long as the retention would count jobs already gone by
+  /// the time anyone looks). Default none: min(24 h, dead_letter_retention / 2), filled in by
+  /// the JobQueue, so its options() always hold the window in force.
+  std::optional<Duration> dead_letter_warning;
+};
+
+class JobQueue {
+ public:
+  // Construction and schema (src/store/queue/queue.cpp).
+
+  /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
+  explicit JobQueue(QueueOptions options = {});
+
+  /// Creates or upgrades the tables (component "queue" in keel_schema). Throws DatabaseError.
+  static void migrate(Connection& connection);
+
+  // Producer: adding jobs (src/store/queue/queue_producer.cpp).
+
+  /// Adds a job, or returns the existing job with the same key on the same queue (a unique index
+  /// on (queue, key) decides, never a read-then-insert). Invalid requests are refused with
+  /// EnqueueResult::error and write nothing. Throws DatabaseError.
+  [[nodiscard]] EnqueueResult enqueue(Connection& connection, const EnqueueRequest& request) const;
+
+  /// Several enqueues in one transaction (batching for throughput): all requests are checked
+  /// first, and when one is invalid nothing is written and every result carries that error.
+  /// Requires: no transaction open on `connection` (else every result's error says so, naming
+  /// enqueue_in, and nothing is written). Throws DatabaseError.
+  [[nodiscard]] std::vector<EnqueueResult> enqueue_many(
+      Connection& connection, const std::vector<EnqueueRequest>& requests) const;
+
+  /// Enqueues inside the caller's own transaction (the transactional outbox): the same checks
+  /// and statements as enqueue(), without BEGIN or COMMIT, so the job exists if and only if the
+  /// caller's transaction commits, together with the caller's other writes; a rollback leaves
+  /// no job and no key behind. A key already enqueued returns the existing job (created false),
+  /// as enqueue() does; a concurrent enqueue of the same key waits on the (queue, key) index
+  /// until the other transaction ends. Invalid requests are refused with EnqueueResult::error
+  /// and write nothing. Requires: a transaction open on `tx` (the caller's; else the error says
+  /// so and nothing is written); on SQLite, one begun with Connection::begin (BEGIN IMMEDIATE),
+  /// so that the write lock is taken before the caller's first read. Throws DatabaseError; a
+  /// lost race (40001, 40P01, SQLITE_BUSY) must be retried by running the caller's whole
+  /// transaction again, as with_transaction_retry does.
+  ///
+  /// Example:
+  ///   auto r = keel::store::with_transaction_retry(*conn, [&](keel::store::Connection& tx) {
+  ///     tx.query("INSERT INTO orders (id, total) VALUES ($1, $2)", {order_id, total});
+  ///     auto job = queue.enqueue_in(tx, {.queue = "receipts", .payload = receipt,
+  ///                                      .key = "receipt-" + order_id});
+  ///     return job.ok();                 // false rolls back the order with the job
+  ///   });
+  [[nodiscard]] EnqueueResult enqueue_in(Connection& tx, const EnqueueRequest& request) const;
+
+  /// Several enqueue_in() in the caller's transaction, with enqueue_many()'s checks and
+  /// statements. Requires and throws as enqueue_in().
+  [[nodiscard]] std::vector<EnqueueResult> enqueue_many_in(
+      Connection& tx, const std::vector<EnqueueRequest>& requests) const;
+
+  // Worker protocol, leases: taking, extending and giving back jobs; expired leases are swept
+  // inside lease() (src/store/queue/queue_lease.cpp).
+
+  /// For lease()'s and complete_and_lease()'s `start`: every leased job starts at once.
+  static constexpr int kStartAll = 1 << 30;
+
+  /// Leases up to `limit` due jobs of `queue` for options().lease, oldest due first, each with a
+  /// new fencing token, in one statement on PostgreSQL (one write transaction on SQLite). The
+  /// `start` jobs with the lowest ids start their attempt with the lease (LeasedJob::started;
+  /// the default: all of them); the others wait for start(). The jobs come started first, then
+  /// by id: the order to run them in. When the due jobs do not fill
+  /// `limit` (and at least every quarter lease), expired leases are swept as described above and
+  /// the jobs they make ready are leased too. Requires: limit >= 1, start >= 0. Throws
+  /// DatabaseError.
+  [[nodiscard]] std::vector<LeasedJob> lease(Connection& connection, std::string_view queue,
+                                             std::string_view worker, int limit = 1,
+                                             int start = kStartAll) const;
+
+  /// Records the success of each leased job in `done` (id, fence) and leases up to `limit` due
+  /// jobs of `queue` for `worker`: a busy worker's step in one statement on PostgreSQL (one
+  /// transaction on SQLite) instead of a completion and a lease. The same records as complete()
+  /// with a success report for each current job, then the same leases as lease(). `done` may be
+  /// empty (then it is lease()). Requires: limit >= 1, start >= 0. Throws DatabaseError.
+  [[nodiscard]] DoneAndLeased complete_and_lease(
+      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+      std::string_view queue, std::string_view worker, int limit = 1, int start = kStartAll) const;
+
+  /// Starts the attempt of a leased job whose lease did not start it (LeasedJob::started false):
+  /// from now on the attempt counts, and a crash charges it. Call it right before the handler
+  /// runs. Also extends the lease. Idempotent for a started job. Returns false when the token is
+  /// stale (the lease was lost): do not run the handler. Throws DatabaseError.
+  [[nodiscard]] bool start(Connection& connection, std::int64_t job_id, std::int64_t fence) const;
+
+  /// Extends the lease to now + options().lease. Returns false when the token is stale (the
+  /// lease was taken over, or the job released): the worker no longer owns the job. Throws
+  /// DatabaseError.
+  [[nodiscard]] bool heartbeat(Connection& connection, std::int64_t job_id,
+                               std::int64_t fence) const;
+
+  /// Gives a leased job back (shutdown). A job whose attempt had not started is ready again at
+  /// once and not charged. A started job (its handler ran, e.g. past a shutdown's grace) is
+  /// charged that attempt as a failure with an unknown outcome, recorded as "released" with
+  /// `why`, and decide_retry schedules its retry or makes it dead, as for a crash. Returns false
+  /// when the token was stale. Throws DatabaseError.
+  bool release(Connection& connection, std::int64_t job_id, std::int64_t fence,
+               std::string_view why) const;
+
+  /// When a lease of `queue` could next find a job, in calendar ms: the earliest run time of its
+  /// ready and retry-scheduled jobs (due already, delayed, or waiting for a retry) and of its
+  /// running jobs' leases (a lease that expires makes its job leasable again); nullopt when the
+  /// queue has none. One read over the queue's indexes; what an idle Worker sleeps until. Throws
+  /// DatabaseError.
+  [[nodiscard]] std::optional<std::int64_t> next_due(Connection& connection,
+                                                     std::string_view queue) const;
+
+  // Worker protocol, outcomes: recording an attempt, and with it the retry decision
+  // (src/store/queue/queue_complete.cpp).
+
+  /// Records an attempt's outcome, fenced by the lease's token. Throws DatabaseError.
+  [[nodiscard]] CompleteResult complete(Connection& connection, std::int64_t job_id,
+                                        std::int64_t fence, const AttemptReport& report) const;
+
+  /// Records the success of a leased job inside the caller's open transaction, fenced by the
+  /// lease's token in that same transaction: the job is done if and only if the caller's
+  /// transaction commits, together with whatever else it wrote (a handler's effect). Returns
+  /// false when the token is stale (the lease was lost or taken over): roll the transaction back,
+  /// since another worker owns the job. On PostgreSQL the job's row stays locked from this call
+  /// to the commit, so no sweep or other worker can take the lease over in between: call it last.
+  /// Requires: a transaction open on `tx` (else std::invalid_argument). Throws DatabaseError.
+  /// (src/store/queue/queue_complete_tx.cpp.)
+  [[nodiscard]] bool complete_in(Connection& tx, std::int64_t job_id, std::int64_t fence) const;
+
+  /// Records successes for several leased jobs in one transaction (batching for throughput);
+  /// returns how many were current (the stale ones are skipped). Throws DatabaseError.
+  [[nodiscard]] int complete_done(
+      Connection& connection,
+      const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const;
+
+  // Inspection: one job with its history (src/store/queue/queue.cpp).
+
+  /// The job with its full attempt history, or nullopt. Throws DatabaseError.
+  [[nodiscard]] std::optional<Job> get(Connection& connection, std::int64_t job_id) const;
+
+  // Dead-letter administration by id or by queue (src/store/queue/queue_dead_letters.cpp). Selecting
+  // by reason or age, and paced replays: keel/store/queue/dead_letters.hpp.
+
+  /// Dead jobs (no history), oldest first; all queues when `queue` is empty. Throws DatabaseError.
+  [[nodiscard]] std::vector<Job> list_dead(Connection& connection, std::string_view queue = {},
+                                           int limit = 1000) const;
+
+  /// Moves dead jobs back to ready with attempts reset and the SAME key; the history is kept.
+  /// Returns the ids replayed (ids that are not dead are skipped). Throws DatabaseError.
+  std::vector<std::int64_t> replay(Connection& connection,
+                                   const std::vector<std::int64_t>& ids) const;
+  /// Replays every dead job (of `queue`, or of all queues when empty); returns how many.
+  std::int64_t replay_all(Connection& connection, std::string_view queue = {}) const;
+
+  /// Deletes dead jobs (an operator's explicit decision) with their history. Returns the ids
+  /// deleted (ids that are not dead are skipped). Throws DatabaseError.
+  std::vector<std::int64_t> discard(Connection& connection,
+                                    const std::vector<std::int64_t>& ids) const;
+  /// Discards every dead job (of `queue`, or of all queues when empty); returns how many.
+  std::int64_t discard_all(Connection& connection, std::string_view queue = {}) const;
+
+  // Statistics and housekeeping (src/store/queue/queue_stats.cpp).
+
+  /// Dead jobs (of `queue`, or all when empty). Throws DatabaseError.
+  [[nodiscard]] std::int64_t dead_depth(Connection& connection, std::string_view queue = {}) const;
+
+  /// Counts per known queue (every queue ever enqueued to), sorted by name. Throws DatabaseError.
+  [[nodiscard]] std::vector<QueueStats> stats(Connection& connection) const;
+
+  /// Whether any job was ever enqueued on `queue` (queues are created by their first enqueue).
+  [[nodiscard]] bool queue_exists(Connection& connection, std::string_view queue) const;
+
+  /// Nothing ready, running or scheduled for retry on `queue` (delayed jobs count as ready).
+  [[nodiscard]] bool idle(Connection& connection, std::string_view queue) const;
+
+  /// Deletes at most `batch` done jobs of `queue` that finished more than `retention` ago, with
+  /// their history; returns how many. The only way a done job is ever deleted. Requires:
+  /// retention >= 0, batch >= 1. Throws DatabaseError.
+  std::int64_t prune_done(Connection& connection, std::string_view queue, Duration retention,
+                          int batch = 1000) const;
+
+  /// Deletes at most `batch` dead jobs (of `queue`, or of all queues when empty) that died more
+  /// than options().dead_letter_retention ago, oldest first, with their history; returns how
+  /// many. Deletes nothing, and returns 0, when no retention is set. A replayed job is not dead
+  /// and is never pruned; if it dies again, its retention starts again. Requires: batch >= 1.
+  /// Throws DatabaseError.
+  std::int64_t prune_dead(Connection& connection, std::string_view queue = {},
+                          int batch = 1000) const;
+
+  /// Dead jobs (of `queue`, or of all queues when empty) that prune_dead() deletes within
+  /// `within` from now, those already past the retention included; 0 when no retention is set.
+  /// Requires: within >= 0. Throws DatabaseError.
+  [[nodiscard]] std::int64_t dead_expiring(Connection& connection, std::string_view queue,
+                                           Duration within) const;
+
+  // Configuration.
+
+  [[nodiscard]] const QueueOptions& options() const noexcept { return options_; }
+  [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
+  /// Calendar milliseconds now, from the clock.
+  [[nodiscard]] std::int64_t now_ms() const noexcept;
+
+ private:
+  // Producer internals (src/store/queue/queue_producer.cpp).
+
+  // Checks every request and fills `keys` with their canonical (or new) keys; false, with every
+  // result's error set, when one is invalid.
+  bool check_requests(const std::vector<EnqueueRequest>& requests, std::vector<std::string>& keys,
+                      std::vector<EnqueueResult>& out) const;
+  [[nodiscard]] int max_attempts_of(const EnqueueRequest& request) const noexcept;
+  // Writes checked requests in the transaction open on `tx` (its own or the caller's).
+  void write_jobs(Connection& tx, const std::vector<EnqueueRequest>& requests,
+                  const std::vector<std::string>& keys, std::int64_t now,
+                  std::vector<EnqueueResult>& out) const;
+
+  // Worker protocol internals (src/store/queue/queue_lease.cpp).
+
+  // Sweeps expired leases of `queue`: unstarted jobs back to ready uncharged, started ones
+  // charged through settle(); returns how many jobs it moved.
+  std::int64_t reap_expired(Connection& connection, std::string_view queue) const;
+  // Records a finished (or lost) attempt of a running job read with detail::kSettleColumns (row
+  // i of `row`) inside the caller's transaction: keel::core's decide_retry chooses retry,
+  // deferral or dead, and the history row is named `history` (the outcome's kind when empty).
+  // The caller reports a kDead result to on_dead_letter after its commit.
+  [[nodiscard]] CompleteResult settle(Connection& tx, const Rows& row, std::size_t i,
+                                      const AttemptReport& report, std::string_view history,
+                                      std::int64_t now) const;
+  // Records the successes in `done` and leases up to `limit` due jobs: one statement on
+  // PostgreSQL, which also says whether an expired lease is waiting to be reaped
+  // (*expired_waiting); SQLite asks that with a second query.
+  [[nodiscard]] DoneAndLeased finish_and_lease_due(
+      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+      std::string_view queue, std::string_view worker, int limit, int start,
+      bool* expired_waiting) const;
+  // Leases up to `limit` due jobs (finish_and_lease_due with nothing done).
+  [[nodiscard]] std::vector<LeasedJob> lease_due(Connection& connection, std::string_view queue,
+                                                 std::string_view worker, int limit,
+                                                 int start) const;
+
+  QueueOptions options_;
+  RetryPolicy policy_;  // the retry rules decide_retry applies (max attempts, backoff, caps)
+  Clock* clock_;
+  mutable std::mutex rng_mu_;
+  mutable Rng rng_;  // guarded by rng_mu_
+  mutable std::atomic<std::int64_t> last_reap_ms_{0};
+};
+
+}  // namespace keel::store

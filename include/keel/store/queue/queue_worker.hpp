@@ -1,0 +1,294 @@
+// A job-queue worker: N threads that lease jobs of one queue from a keel::store::JobQueue, run a
+// handler on each, heartbeat the leases while handlers run, and record each outcome (fenced by
+// the lease's token). This is what `keel jobs work` runs.
+//
+// A refusal pauses the worker: when a handler reports kNotAttempted with the brake's estimate of
+// when it will admit a call (an open breaker's retry_in, in Outcome::server_delay), the job is
+// deferred (JobQueue::complete) and this worker leases nothing more until then (the breaker's
+// next probe); jobs already leased in the same batch are deferred with the same report without
+// running. An outage so costs the breaker's probes, not jobs x attempts. A refusal without an
+// estimate (an empty retry budget) defers only its own job.
+//
+// Housekeeping: the heartbeat thread also deletes the queue's done jobs past done_retention and,
+// when the queue has a dead-letter retention (QueueOptions::dead_letter_retention), its dead jobs
+// past it, reporting each deletion (on_dead_letters_pruned and a log line): never silently.
+//
+// Batches: a slot leases `batch` jobs and runs them one after another. Only the first starts
+// with the lease; each of the others is started (JobQueue::start: its attempt counts from then)
+// right before its handler runs, so a worker that dies mid-batch is charged only for the jobs
+// whose handlers were running (at most `concurrency`); the rest go back to ready uncharged when
+// their leases expire.
+//
+// Shutdown (stop(), e.g. on SIGTERM): no new job is leased; jobs leased but not started are
+// released at once, uncharged; running handlers get `grace` to finish and record their outcome.
+// After that the handlers' cancel flag is raised, and those that return within a second record
+// their (cancelled) attempt; the leases of the others are released, each charged as a failed
+// attempt whose outcome is unknown ("released": the handler ran), with the retry or dead letter
+// keel::core decides, and run() returns once the handlers have returned. A handler that
+// outlives that cannot record its outcome: its lease's token is stale.
+//
+// Waiting for work: an idle worker is woken rather than polling. On PostgreSQL it holds one
+// listening connection of its own (outside the pool) on channel keel_jobs, which the queue's
+// triggers notify for every job that becomes ready, whoever wrote it; producers and replays in
+// the same process wake it directly, on both backends. One idle slot at a time reads when the
+// queue's earliest job is due (JobQueue::next_due) and sleeps until then, or until the jittered
+// safety-net poll (idle_poll), while the others wait for a wakeup. Without a listener (SQLite,
+// wakeups off, the listener down) it polls every poll_interval. docs/queue.md, "Wakeups".
+//
+// Thread-safety: run() is called once, from one thread; stop() may be called from any thread
+// (not from a signal handler: block the signals and call it from a thread that waits for them).
+//
+// Example:
+//   keel::store::ConnectionPool pool(url, {.max_connections = 6});
+//   keel::store::JobQueue queue({.lease = 30s});
+//   keel::store::Worker worker(pool, queue, {.queue = "email", .concurrency = 4},
+//       [](const keel::store::LeasedJob& job, const std::atomic<bool>& cancel) {
+//         return keel::store::AttemptReport{.outcome = send_email(job.payload)};
+//       });
+//   worker.run();   // until worker.stop()
+//
+// A handler whose effect is a write in the same database takes the job's transaction instead
+// (TransactionalJobHandler), so its writes and the job's completion commit together:
+//   keel::store::Worker worker(pool, queue, {.queue = "ledger"},
+//       [](keel::store::Connection& tx, const keel::store::LeasedJob& job,
+//          const std::atomic<bool>&) {
+//         tx.query("INSERT INTO ledger (job, body) VALUES ($1, $2)", {job.id, job.payload});
+//         return keel::store::AttemptReport::success();
+//       });
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "keel/backoff.hpp"
+#include "keel/random.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/queue/queue.hpp"
+
+namespace keel::store {
+
+/// Runs one attempt of a job. `cancel` is raised when the worker gives up waiting for it (after
+/// the grace period): stop as soon as possible. Must be safe to call from several threads.
+using JobHandler =
+    std::function<AttemptReport(const LeasedJob& job, const std::atomic<bool>& cancel)>;
+
+/// Runs one attempt of a job inside a transaction on the worker's connection, `tx`: what the
+/// handler writes through `tx` commits together with the job's success (JobQueue::complete_in,
+/// fenced by the lease's token in the same transaction), or not at all. A success whose lease
+/// was lost meanwhile is rolled back, writes included, and recorded as stale; a failure rolls its
+/// writes back and is recorded as any attempt's. A lost race (40001, 40P01, SQLite busy) runs the
+/// handler again in a new transaction, so it must write only through `tx` and call nothing it
+/// cannot repeat. On SQLite the transaction holds the database's write lock while the handler
+/// runs (heartbeats and other workers wait): keep such handlers short. Must be safe to call from
+/// several threads.
+using TransactionalJobHandler = std::function<AttemptReport(Connection& tx, const LeasedJob& job,
+                                                            const std::atomic<bool>& cancel)>;
+
+/// Reported after each attempt (and for each lease lost or released).
+struct WorkerEvent {
+  LeasedJob job;
+  AttemptReport report;
+  /// What complete() recorded (kStale when the lease had been lost or released).
+  CompleteResult result;
+  Duration took{};
+};
+
+struct WorkerOptions {
+  /// The queue to work. Requires: a valid queue name.
+  std::string queue;
+  /// Recorded as lease owner. Default empty: "HOST:PID:RANDOM".
+  std::string worker_id;
+  /// Jobs run at once (threads). Requires: >= 1. Default 1.
+  int concurrency = 1;
+  /// Jobs leased per lease() call by each thread (batching; 1 = one at a time). Requires: >= 1.
+  /// Default 1.
+  int batch = 1;
+  /// Wait between looks at an empty queue while nothing from other processes can wake the
+  /// worker: on SQLite, and on PostgreSQL while its listener is down or with `wakeups` off.
+  /// Requires: > 0. Default 100 ms.
+  Duration poll_interval = std::chrono::milliseconds(100);
+  /// Time between heartbeats. Requires: >= 0; 0 means a third of the queue's lease. Default 0.
+  Duration heartbeat_interval{};
+  /// After stop(): how long running handlers may take before their leases are released.
+  /// Requires: >= 0. Default 10 s.
+  Duration grace = std::chrono::seconds(10);
+  /// Return from run() once nothing is ready, running or scheduled for retry on the queue.
+  /// Default false.
+  bool exit_when_idle = false;
+  /// Delete done jobs of the queue older than this (prune_done), checked every heartbeat;
+  /// nullopt keeps them forever. Default nullopt.
+  std::optional<Duration> done_retention;
+  /// Called from the heartbeat thread with how many dead jobs of the queue it just deleted
+  /// because they had outlived the queue's QueueOptions::dead_letter_retention (checked every
+  /// heartbeat, at most every 10 s, in batches; each deletion is also logged). Default none.
+  std::function<void(std::int64_t pruned)> on_dead_letters_pruned;
+  /// Called after every attempt, from the thread that ran it. Default none.
+  std::function<void(const WorkerEvent&)> on_event;
+  /// Called with a line when the database fails (the worker keeps going). Default: stderr.
+  std::function<void(std::string_view)> log;
+  /// When leasing has failed without a break for this long (a full disk, a read-only or lost
+  /// database), run() stops and failed() says why. While it fails, the worker backs off with
+  /// keel::core's full jitter (ceilings from the poll interval doubling up to 5 s, so workers
+  /// that lost the database together come back spread out) and logs the first failure and then
+  /// one line per 10 s.
+  /// Requires: > 0. Default none (kInfinite): keep trying.
+  Duration max_database_outage = kInfinite;
+  /// Seed for the jitter of the database-outage backoff and of the idle poll; 0 seeds from
+  /// std::random_device. Default 0.
+  std::uint64_t seed = 0;
+  /// PostgreSQL: hold one listening connection (outside the pool) on the queue's notifications
+  /// (channel keel_jobs, which the queue's trigger notifies for every job that becomes ready),
+  /// so that idle slots lease as soon as a job is enqueued or replayed by any process, and poll
+  /// only every `idle_poll`. Ignored on SQLite, which has no notifications. Default true.
+  bool wakeups = true;
+  /// While the listener listens: the safety-net poll. An idle worker looks at the queue (one
+  /// read, JobQueue::next_due) when it goes idle and then after waits drawn uniformly from
+  /// [idle_poll / 2, idle_poll x 3/2) (keel::uniform_duration, so a fleet's looks do not line
+  /// up), each cut short at the earliest job's due time (a retry, a delayed job, an expiring
+  /// lease). Requires: > 0. Default 5 s.
+  Duration idle_poll = std::chrono::seconds(5);
+};
+
+/// How a Worker's idle slots were woken (Worker::wakeup_counts()).
+struct WorkerWakeups {
+  /// Whether the PostgreSQL listener is listening now.
+  bool listening = false;
+  /// Slots waiting for work now (a lease found nothing).
+  int idle = 0;
+  /// Statements the listener ran on its own connection: per connection opened, a read of the
+  /// schema keel_jobs is in and the LISTEN.
+  std::int64_t listener_statements = 0;
+  /// Notifications for the worker's queue received from the database.
+  std::int64_t notifications = 0;
+  /// Wakeups from producers (enqueue, replay) in this process.
+  std::int64_t local = 0;
+  /// JobQueue::next_due reads of an idle worker (the safety net, and when it goes idle).
+  std::int64_t due_checks = 0;
+  /// Leases that found jobs right after a wakeup ended an idle wait.
+  std::int64_t woken_leases = 0;
+};
+
+namespace detail {
+class Listener;
+}  // namespace detail
+
+class Worker {
+ public:
+  /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
+  /// Requires: pool, queue and handler outlive the worker; the pool allows at least
+  /// concurrency + 1 connections.
+  Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options, JobHandler handler);
+  /// The same worker with a transactional handler (TransactionalJobHandler above): each job's
+  /// writes and its completion commit in one transaction. The busy path that records a success
+  /// and leases the next jobs in one statement is not used: the success commits with the writes.
+  Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,
+         TransactionalJobHandler handler);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  /// Works until stop() (then shuts down as described above) or, with exit_when_idle, until the
+  /// queue is idle. Returns the number of attempts whose outcome was recorded.
+  std::int64_t run();
+
+  /// Asks run() to shut down. Safe from any thread; idempotent.
+  void stop() noexcept;
+
+  /// Whether leasing is paused by a deferral, and for how much longer.
+  [[nodiscard]] Duration paused_for() const noexcept;
+
+  /// Whether run() stopped because the database stayed unusable for max_database_outage, and
+  /// the last error then.
+  [[nodiscard]] bool failed() const noexcept { return failed_.load(); }
+  [[nodiscard]] std::string failure() const;
+
+  /// Leases released at shutdown because their handlers outlived the grace period.
+  [[nodiscard]] std::int64_t released() const noexcept { return released_.load(); }
+  [[nodiscard]] const std::string& worker_id() const noexcept { return options_.worker_id; }
+
+  /// What woke the idle slots so far. Safe from any thread.
+  [[nodiscard]] WorkerWakeups wakeup_counts() const;
+
+ private:
+  void slot_loop();
+  void heartbeat_loop();
+  void log(const std::string& line) const;
+  // Housekeeping on the heartbeat thread: prune_done and prune_dead, as configured.
+  void prune(Connection& conn);
+  // Runs the handler (or, while paused, defers with `pause_report_`) and records the outcome.
+  // Runs one job and records its outcome. With `next`, a success is recorded by
+  // complete_and_lease and the jobs it leased are put in *next (and heartbeated).
+  void process(Connection& conn, const LeasedJob& job, std::vector<LeasedJob>* next = nullptr);
+  void pause(Duration delay, const AttemptReport& report);
+  // A lease failed: logs (rate-limited), gives up past max_database_outage; returns the wait.
+  Duration database_failed(const std::string& what);
+  void database_ok();
+
+  ConnectionPool& pool_;
+  const JobQueue& queue_;
+  WorkerOptions options_;
+  JobHandler handler_;
+  TransactionalJobHandler tx_handler_;  // set instead of handler_ by the second constructor
+
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> cancel_{false};
+  std::atomic<bool> finished_{false};  // slots and run() are done; the heartbeat thread exits
+  std::atomic<std::int64_t> recorded_{0};
+  std::atomic<std::int64_t> released_{0};
+  /// Leasing paused until this time of queue_.clock() (ns since its epoch); 0: not paused.
+  std::atomic<std::int64_t> paused_until_ns_{0};
+  std::atomic<bool> failed_{false};
+  /// The current database outage: failures in a row, when it began and when it was last logged
+  /// (queue_.clock() ns; 0 when the database works). Guarded by mu_.
+  int db_failures_ = 0;
+  std::int64_t db_failing_since_ns_ = 0;
+  std::int64_t db_logged_ns_ = 0;
+  Duration db_delay_{};  // the last outage wait (guarded by mu_)
+  std::string failure_;  // guarded by mu_
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  /// Leases held by running handlers: job id -> fence. Guarded by mu_.
+  std::map<std::int64_t, std::int64_t> active_;
+  /// Slot threads still running. Guarded by mu_.
+  int slots_running_ = 0;
+  /// The report of the deferral that paused leasing, applied to jobs leased before it.
+  /// Guarded by mu_.
+  AttemptReport pause_report_;
+  Backoff db_backoff_;  // the database-outage wait (immutable)
+  Rng rng_;             // its jitter; guarded by mu_
+
+  // Wakeups (src/store/queue/queue_worker_wakeup.cpp).
+  enum class IdleEnd : unsigned char { kWoken, kDue, kPoll };
+  // Wakeups so far; a slot reads it before its lease and idle_wait() returns when it changed.
+  [[nodiscard]] std::uint64_t wake_epoch();
+  // After a lease found nothing: waits for a wakeup, the earliest due job or the poll. One idle
+  // slot at a time reads the database (the "poller"); the others wait for a wakeup or its role.
+  IdleEnd idle_wait(Connection& conn, std::uint64_t seen);
+  void wake();
+  void start_wakeups();  // run(): the listener thread
+  void stop_wakeups();   // run(), once the slots are done
+  void listen_loop();
+  std::uint64_t wake_epoch_ = 0;          // guarded by mu_
+  bool idle_poller_ = false;              // guarded by mu_
+  int idle_slots_ = 0;                    // guarded by mu_
+  detail::Listener* listener_ = nullptr;  // guarded by mu_; interrupted by stop()
+  std::uint64_t local_subscription_ = 0;  // guarded by mu_; 0: none
+  std::atomic<bool> subscribed_{false};   // a slot subscribed to the in-process wakeups
+  std::atomic<bool> listening_{false};
+  std::atomic<std::int64_t> listener_statements_{0};
+  std::atomic<std::int64_t> notifications_{0};
+  std::atomic<std::int64_t> local_wakeups_{0};
+  std::atomic<std::int64_t> due_checks_{0};
+  std::atomic<std::int64_t> woken_leases_{0};
+  std::thread listener_thread_;
+};
+
+}  // namespace keel::store

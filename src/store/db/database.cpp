@@ -1,0 +1,194 @@
+// Backend-independent parts of keel::store's database layer: errors, values, rows, migrations,
+// the connection pool, and open_database's dispatch.
+#include "keel/store/db/database.hpp"
+
+#include <charconv>
+#include <stdexcept>
+
+#include "db/detail/connections.hpp"
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
+#include "keel/store/db/dialect.hpp"
+
+namespace keel::store {
+
+namespace {
+
+// Every PostgreSQL error names its SQLSTATE, whoever wrote the message.
+std::string with_sqlstate(const std::string& message, const DatabaseError::Details& details) {
+  if (details.backend != Backend::kPostgres || details.sqlstate.empty() ||
+      message.find("SQLSTATE " + details.sqlstate) != std::string::npos) {
+    return message;
+  }
+  return message + " (SQLSTATE " + details.sqlstate + ")";
+}
+
+}  // namespace
+
+DatabaseError::DatabaseError(const std::string& message, Details details)
+    : std::runtime_error(with_sqlstate(message, details)), details_(std::move(details)) {}
+
+Outcome DatabaseError::outcome() const noexcept {
+  return dialect_of(details_.backend).classify(details_);
+}
+
+bool DatabaseError::is_unique_violation() const noexcept {
+  return dialect_of(details_.backend).is_unique_violation(details_);
+}
+
+std::string Value::to_text() const {
+  if (const auto* i = as_int()) return std::to_string(*i);
+  if (const auto* s = as_text()) return *s;
+  throw std::logic_error("keel::store::Value::to_text on NULL");
+}
+
+const Rows::Cell& Rows::cell(std::size_t row, std::size_t column) const {
+  return rows_.at(row).at(column);
+}
+
+const std::string& Rows::text(std::size_t row, std::size_t column) const {
+  const Cell& c = cell(row, column);
+  if (!c) {
+    throw DatabaseError("column " + std::to_string(column) + " of row " + std::to_string(row) +
+                            " is NULL where a value was expected",
+                        {});
+  }
+  return *c;
+}
+
+std::int64_t Rows::integer(std::size_t row, std::size_t column) const {
+  const std::string& s = text(row, column);
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) {
+    throw DatabaseError(
+        "column " + std::to_string(column) + " holds '" + s + "' where an integer was expected",
+        {});
+  }
+  return v;
+}
+
+std::unique_ptr<Connection> open_database(const DatabaseUrl& url, const ConnectOptions& options) {
+  if (options.busy_timeout.count() < 0) {
+    throw_invalid({.context = "keel::store::ConnectOptions",
+                   .field = "busy_timeout",
+                   .problem = "must be >= 0",
+                   .got = format_duration(options.busy_timeout)});
+  }
+  if (options.connect_timeout.count() < 1) {
+    throw_invalid({.context = "keel::store::ConnectOptions",
+                   .field = "connect_timeout",
+                   .problem = "must be >= 1s",
+                   .got = format_duration(options.connect_timeout)});
+  }
+  if (url.backend == Backend::kSqlite) return detail::open_sqlite(url.target, options);
+  return detail::open_postgres(url.target, options);
+}
+
+namespace {
+
+constexpr std::string_view kCreateSchemaTable =
+    "CREATE TABLE IF NOT EXISTS keel_schema ("
+    " component TEXT PRIMARY KEY,"
+    " version INTEGER NOT NULL)";
+
+int read_version(Connection& connection, std::string_view component) {
+  const Rows rows =
+      connection.query("SELECT version FROM keel_schema WHERE component = $1", {component});
+  return rows.empty() ? 0 : static_cast<int>(rows.integer(0, 0));
+}
+
+}  // namespace
+
+int schema_version(Connection& connection, std::string_view component) {
+  if (connection.query(connection.dialect().table_exists_query(), {"keel_schema"}).empty()) {
+    return 0;
+  }
+  return read_version(connection, component);
+}
+
+int migrate(Connection& connection, std::string_view component, std::span<const Migration> steps) {
+  const Dialect& dialect = connection.dialect();
+  connection.begin(Isolation::kReadCommitted);
+  try {
+    // Two processes opening the database at once take turns instead of racing on CREATE TABLE.
+    if (const std::string_view lock = dialect.migration_lock(); !lock.empty()) {
+      connection.query(lock);
+    }
+    connection.execute(kCreateSchemaTable);
+    const int found = read_version(connection, component);
+    const int target = static_cast<int>(steps.size());
+    if (found > target) {
+      throw std::runtime_error("the database's schema for '" + std::string(component) +
+                               "' is version " + std::to_string(found) +
+                               ", newer than this program's " + std::to_string(target) +
+                               " (refusing to downgrade)");
+    }
+    for (int i = found; i < target; ++i) {
+      connection.execute(dialect.migration_sql(steps[static_cast<std::size_t>(i)]));
+    }
+    if (found != target) {
+      connection.query(
+          "INSERT INTO keel_schema (component, version) VALUES ($1, $2) "
+          "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+          {component, target});
+    }
+    connection.commit();
+    return found;
+  } catch (...) {
+    connection.rollback();
+    throw;
+  }
+}
+
+ConnectionPool::ConnectionPool(DatabaseUrl url, PoolOptions options)
+    : url_(std::move(url)), options_(options) {
+  if (options_.max_connections < 1) {
+    throw_invalid({.context = "keel::store::PoolOptions",
+                   .field = "max_connections",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(options_.max_connections)});
+  }
+}
+
+ConnectionPool::~ConnectionPool() = default;
+
+ConnectionPool::Lease::~Lease() {
+  if (pool_ != nullptr && conn_ != nullptr) pool_->release(std::move(conn_));
+}
+
+ConnectionPool::Lease ConnectionPool::acquire() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !idle_.empty() || open_ < options_.max_connections; });
+  if (!idle_.empty()) {
+    std::unique_ptr<Connection> conn = std::move(idle_.back());
+    idle_.pop_back();
+    return Lease(this, std::move(conn));
+  }
+  ++open_;
+  lock.unlock();
+  try {
+    return Lease(this, options_.open ? options_.open(url_, options_.connect)
+                                     : open_database(url_, options_.connect));
+  } catch (...) {
+    lock.lock();
+    --open_;
+    cv_.notify_one();
+    throw;
+  }
+}
+
+void ConnectionPool::release(std::unique_ptr<Connection> conn) noexcept {
+  if (conn->in_transaction()) conn->rollback();
+  const bool keep = !conn->broken();
+  if (!keep) conn.reset();
+  std::lock_guard lock(mu_);
+  if (keep) {
+    idle_.push_back(std::move(conn));
+  } else {
+    --open_;
+  }
+  cv_.notify_one();
+}
+
+}  // namespace keel::store

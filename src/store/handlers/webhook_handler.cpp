@@ -1,0 +1,72 @@
+// WebhookHandler: a job attempt as one POST through keel::http::Client (see
+// keel/store/handlers/webhook_handler.hpp).
+#include "keel/store/handlers/webhook_handler.hpp"
+
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+
+#include "keel/classify.hpp"
+#include "keel/expected.hpp"
+#include "keel/http/request.hpp"
+#include "keel/retry.hpp"
+
+namespace keel::store {
+
+http::ClientOptions webhook_client_options(Duration timeout) {
+  http::ClientOptions options;
+  options.retry = {.max_attempts = 1, .per_try_timeout = timeout, .overall_timeout = timeout};
+  options.observability.log = [](std::string_view) {};  // the queue records every attempt
+  return options;
+}
+
+WebhookHandler::WebhookHandler(http::Client& client, std::string url)
+    : client_(&client), url_(std::move(url)) {
+  if (!url_.starts_with("http://") && !url_.starts_with("https://")) {
+    throw_invalid({.context = "keel::store::WebhookHandler",
+                   .field = "url",
+                   .problem = "must start with http:// or https://",
+                   .got = quote_value(url_, 256)});
+  }
+  dependency_ = http::breaker_key(url_).value_or(url_);
+}
+
+AttemptReport WebhookHandler::operator()(const LeasedJob& job, const std::atomic<bool>&) const {
+  http::Request request;
+  request.method = "POST";
+  request.url = url_;
+  request.body = job.payload;
+  request.idempotency_key = job.idempotency_key;
+  // The queue's earlier attempts: this one is a retry for the budget, and Keel-Attempt says so.
+  request.prior_attempts = job.attempt - 1;
+  request.headers = {{"Content-Type", "application/json"},
+                     {"Keel-Job-Attempt", std::to_string(job.attempt)}};
+  return report_of(client_->send(request), dependency_);
+}
+
+AttemptReport report_of(const http::Result& r, std::string_view dependency) {
+  AttemptReport report;
+  report.outcome = r.outcome;
+  if (r.ok()) return report;
+  if (!r.outcome.attempted()) {
+    // Nothing was sent: the queue defers the job without charging an attempt.
+    if (r.reason == StopReason::kCircuitOpen) {
+      report.error = "circuit open for " + std::string(dependency);
+      if (r.outcome.has_server_delay()) {
+        report.error += ", next probe in " + format_duration(r.outcome.server_delay);
+      }
+    } else {
+      report.error = std::string(to_string(r.reason)) + " for " + std::string(dependency);
+    }
+    return report;
+  }
+  std::string error = describe(r.outcome);
+  if (!r.error.empty()) error += ": " + r.error;
+  if (r.response && !r.response->body.empty()) {
+    error += ": " + r.response->body.substr(0, 200);
+  }
+  report.error = error;
+  return report;
+}
+
+}  // namespace keel::store

@@ -1,0 +1,317 @@
+// The idempotency-key store: fingerprints, key parsing, and claim / complete / release / purge
+// written once for SQLite and PostgreSQL (see include/keel/store/idempotency/idempotency.hpp for
+// the flow).
+#include "keel/store/idempotency/idempotency.hpp"
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
+#include "keel/idempotency_key.hpp"
+#include "keel/store/db/dialect.hpp"
+#include "keel/store/json/json_check.hpp"
+
+namespace keel::store {
+namespace {
+
+std::string to_hex(const unsigned char* data, std::size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(n * 2);
+  for (std::size_t i = 0; i < n; ++i) {
+    out += kDigits[data[i] >> 4];
+    out += kDigits[data[i] & 0xf];
+  }
+  return out;
+}
+
+std::string new_token() {
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("RAND_bytes failed");
+  return to_hex(bytes, sizeof bytes);
+}
+
+std::string encode_headers(const std::vector<std::pair<std::string, std::string>>& headers) {
+  nlohmann::json array = nlohmann::json::array();
+  for (const auto& [name, value] : headers) array.push_back({name, value});
+  return array.dump();
+}
+
+std::vector<std::pair<std::string, std::string>> decode_headers(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const nlohmann::json array = nlohmann::json::parse(text, nullptr, false);
+  if (!array.is_array()) return out;
+  for (const auto& pair : array) {
+    if (pair.is_array() && pair.size() == 2 && pair[0].is_string() && pair[1].is_string()) {
+      out.emplace_back(pair[0].get<std::string>(), pair[1].get<std::string>());
+    }
+  }
+  return out;
+}
+
+constexpr Migration kMigrations[] = {
+    {"CREATE TABLE keel_idempotency ("
+     " scope TEXT NOT NULL,"
+     " idem_key TEXT NOT NULL,"
+     " fingerprint TEXT NOT NULL,"
+     " status TEXT NOT NULL CHECK (status IN ('in_progress', 'completed')),"
+     " lock_token TEXT NOT NULL,"
+     " lock_expires_ms BIGINT NOT NULL,"
+     " response_status INTEGER,"
+     " response_headers TEXT,"
+     " response_body TEXT,"
+     " created_ms BIGINT NOT NULL,"
+     " PRIMARY KEY (scope, idem_key));"
+     "CREATE INDEX keel_idempotency_created ON keel_idempotency (created_ms);"},
+};
+
+constexpr std::string_view kClaimInsert =
+    "INSERT INTO keel_idempotency (scope, idem_key, fingerprint, status, lock_token,"
+    " lock_expires_ms, created_ms) VALUES ($1, $2, $3, 'in_progress', $4, $5, $6)"
+    " ON CONFLICT (scope, idem_key) DO NOTHING";
+
+// The same insert, run as its own transaction on PostgreSQL with synchronous_commit off for that
+// transaction alone (set_config(..., true) lasts until its commit): the commit returns before
+// its WAL is flushed, which saves one of the request's two WAL flushes. Safe because a claim that
+// a crash loses is harmless: the WAL is flushed in order, so the durable commit of the handler's
+// transaction (which completes the claim) also makes the claim durable; a crash before that
+// commit loses the handler's writes with the claim, and a retry then finds no record and runs
+// afresh, as after release(). docs/idempotency.md has the whole argument.
+constexpr std::string_view kAsyncClaimInsert =
+    "INSERT INTO keel_idempotency (scope, idem_key, fingerprint, status, lock_token,"
+    " lock_expires_ms, created_ms)"
+    " SELECT $1::text, $2::text, $3::text, 'in_progress', $4::text, $5::bigint, $6::bigint"
+    " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_claim"
+    " ON CONFLICT (scope, idem_key) DO NOTHING";
+
+}  // namespace
+
+std::string request_fingerprint(std::string_view method, std::string_view path,
+                                std::string_view body, const JsonLimits& limits) {
+  return request_fingerprint(method, path, body, check_json(body, limits));
+}
+
+std::string request_fingerprint(std::string_view method, std::string_view path,
+                                std::string_view body, const JsonCheck& checked) {
+  std::string canonical;
+  if (checked.ok()) {
+    canonical = "json:" + checked.canonical;
+  } else {
+    canonical = "raw:";
+    canonical += body;
+  }
+  std::string input;
+  input.reserve(method.size() + path.size() + canonical.size() + 2);
+  input += method;
+  input += '\n';
+  input += path;
+  input += '\n';
+  input += canonical;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(input.data(), input.size(), digest, &len, EVP_sha256(), nullptr) != 1) {
+    throw std::runtime_error("SHA-256 failed");
+  }
+  return to_hex(digest, len);
+}
+
+ParsedKey parse_idempotency_key(std::optional<std::string_view> header, std::size_t max_bytes) {
+  ParsedKey out;
+  if (!header) {
+    out.error = KeyError::kMissing;
+    out.detail = "this request requires an Idempotency-Key header";
+    return out;
+  }
+  // The rule is keel's one rule (keel/idempotency_key.hpp); max_bytes can only lower its limit.
+  IdempotencyKeyCheck checked = check_idempotency_key(*header);
+  const std::size_t limit = std::min(max_bytes, kMaxIdempotencyKeyBytes);
+  if (checked.ok() && checked.key.size() > limit) {
+    out.error = KeyError::kTooLong;
+    out.detail = "Idempotency-Key is " + std::to_string(checked.key.size()) +
+                 " bytes long; the limit is " + std::to_string(limit) + " bytes";
+    return out;
+  }
+  if (checked.ok()) {
+    out.key = std::move(checked.key);
+    return out;
+  }
+  switch (checked.problem) {
+    case IdempotencyKeyProblem::kEmpty:
+      out.error = KeyError::kEmpty;
+      break;
+    case IdempotencyKeyProblem::kTooLong:
+      out.error = KeyError::kTooLong;
+      break;
+    case IdempotencyKeyProblem::kControlCharacter:
+      out.error = KeyError::kControlCharacter;
+      break;
+    default:  // a space, a non-ASCII byte, '"', ',' or '%', a malformed quoted string
+      out.error = KeyError::kMalformed;
+      break;
+  }
+  // The problem without the value: the detail goes back to a client that may log it.
+  out.detail = "Idempotency-Key " + checked.error.problem;
+  return out;
+}
+
+std::string_view to_string(ClaimStatus status) noexcept {
+  switch (status) {
+    case ClaimStatus::kClaimed:
+      return "claimed";
+    case ClaimStatus::kReplay:
+      return "replay";
+    case ClaimStatus::kInProgress:
+      return "in_progress";
+    case ClaimStatus::kMismatch:
+      return "mismatch";
+  }
+  return "unknown";
+}
+
+IdempotencyStore::IdempotencyStore(IdempotencyOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &steady_clock()) {
+  constexpr std::string_view kOptions = "keel::store::IdempotencyOptions";
+  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = std::string(field),
+                   .problem = std::string(problem),
+                   .got = std::move(got)});
+  };
+  if (options_.ttl <= Duration::zero()) reject("ttl", "must be > 0", format_duration(options_.ttl));
+  if (options_.lock_timeout <= Duration::zero()) {
+    reject("lock_timeout", "must be > 0", format_duration(options_.lock_timeout));
+  }
+  if (options_.purge_batch < 1) {
+    reject("purge_batch", "must be >= 1", std::to_string(options_.purge_batch));
+  }
+}
+
+void IdempotencyStore::migrate(Connection& connection) {
+  store::migrate(connection, "idempotency", kMigrations);
+}
+
+std::int64_t IdempotencyStore::now_ms() const noexcept {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             clock_->wall_now().time_since_epoch())
+      .count();
+}
+
+Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, std::string_view key,
+                              std::string_view fingerprint) const {
+  const std::int64_t lock_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.lock_timeout).count();
+  const std::int64_t ttl_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.ttl).count();
+  // PostgreSQL, outside a transaction: the claim's commit does not wait for its WAL flush (see
+  // kAsyncClaimInsert). Inside the caller's transaction the setting would reach the caller's own
+  // commit, so there the claim is an ordinary insert.
+  const bool async_commit =
+      connection.dialect().commit_without_flush() && !connection.in_transaction();
+  // Each pass either decides or sees the record change under it (taken over, purged); a few
+  // passes settle any realistic race.
+  for (int pass = 0; pass < 8; ++pass) {
+    const std::int64_t now = now_ms();
+    Claim out;
+    out.token = new_token();
+    const Rows inserted =
+        connection.query(async_commit ? kAsyncClaimInsert : kClaimInsert,
+                         {scope, key, fingerprint, out.token, now + lock_ms, now});
+    if (inserted.affected() == 1) return out;
+
+    const Rows row = connection.query(
+        "SELECT fingerprint, status, lock_token, lock_expires_ms, response_status,"
+        " response_headers, response_body, created_ms FROM keel_idempotency"
+        " WHERE scope = $1 AND idem_key = $2",
+        {scope, key});
+    if (row.empty()) continue;  // purged between the two statements
+    const std::string& old_token = row.text(0, 2);
+    const bool expired = row.integer(0, 7) + ttl_ms <= now;
+    const bool lock_expired = row.integer(0, 3) <= now;
+    const bool completed = row.text(0, 1) == "completed";
+    if (expired && (completed || lock_expired)) {
+      // Past its TTL: the key names a new operation now.
+      const Rows replaced = connection.query(
+          "UPDATE keel_idempotency SET fingerprint = $3, status = 'in_progress', lock_token = $4,"
+          " lock_expires_ms = $5, response_status = NULL, response_headers = NULL,"
+          " response_body = NULL, created_ms = $6"
+          " WHERE scope = $1 AND idem_key = $2 AND lock_token = $7",
+          {scope, key, fingerprint, out.token, now + lock_ms, now, old_token});
+      if (replaced.affected() == 1) return out;
+      continue;
+    }
+    if (row.text(0, 0) != fingerprint) {
+      out.status = ClaimStatus::kMismatch;
+      out.token.clear();
+      return out;
+    }
+    if (completed) {
+      out.status = ClaimStatus::kReplay;
+      out.token.clear();
+      out.response.status = static_cast<int>(row.integer(0, 4));
+      if (row.cell(0, 5)) out.response.headers = decode_headers(*row.cell(0, 5));
+      if (row.cell(0, 6)) out.response.body = *row.cell(0, 6);
+      return out;
+    }
+    if (!lock_expired) {
+      out.status = ClaimStatus::kInProgress;
+      out.token.clear();
+      const Duration left = std::chrono::milliseconds(row.integer(0, 3) - now);
+      out.retry_after = std::max<Duration>(std::chrono::seconds(1),
+                                           std::chrono::ceil<std::chrono::seconds>(left));
+      return out;
+    }
+    // The claimant died (or overran its lock): take over, fenced by its token.
+    const Rows taken = connection.query(
+        "UPDATE keel_idempotency SET lock_token = $3, lock_expires_ms = $4"
+        " WHERE scope = $1 AND idem_key = $2 AND lock_token = $5 AND status = 'in_progress'",
+        {scope, key, out.token, now + lock_ms, old_token});
+    if (taken.affected() == 1) {
+      out.took_over = true;
+      return out;
+    }
+  }
+  Claim busy;
+  busy.status = ClaimStatus::kInProgress;
+  busy.retry_after = std::chrono::seconds(1);
+  return busy;
+}
+
+bool IdempotencyStore::complete(Connection& connection, std::string_view scope,
+                                std::string_view key, std::string_view token,
+                                const StoredResponse& response) const {
+  const Rows updated = connection.query(
+      "UPDATE keel_idempotency SET status = 'completed', response_status = $4,"
+      " response_headers = $5, response_body = $6"
+      " WHERE scope = $1 AND idem_key = $2 AND lock_token = $3 AND status = 'in_progress'",
+      {scope, key, token, response.status, encode_headers(response.headers), response.body});
+  return updated.affected() == 1;
+}
+
+void IdempotencyStore::release(Connection& connection, std::string_view scope, std::string_view key,
+                               std::string_view token) const {
+  connection.query(
+      "DELETE FROM keel_idempotency"
+      " WHERE scope = $1 AND idem_key = $2 AND lock_token = $3 AND status = 'in_progress'",
+      {scope, key, token});
+}
+
+int IdempotencyStore::purge_expired(Connection& connection) const {
+  const std::int64_t now = now_ms();
+  const std::int64_t ttl_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.ttl).count();
+  const Rows deleted = connection.query(
+      "DELETE FROM keel_idempotency WHERE (scope, idem_key) IN ("
+      " SELECT scope, idem_key FROM keel_idempotency"
+      " WHERE created_ms <= $1 AND (status = 'completed' OR lock_expires_ms <= $2)"
+      " LIMIT $3)",
+      {now - ttl_ms, now, options_.purge_batch});
+  return static_cast<int>(deleted.affected());
+}
+
+}  // namespace keel::store

@@ -1,0 +1,488 @@
+// The framework-neutral idempotency flow: key validation, claim, transactional handler run,
+// completion, replay and the error answers (see keel/store/idempotency/idempotency_flow.hpp).
+#include "keel/store/idempotency/idempotency_flow.hpp"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "idempotency/detail/ascii.hpp"
+#include "keel/deadline_header.hpp"
+#include "keel/expected.hpp"
+#include "keel/random.hpp"
+#include "keel/retry_after.hpp"
+
+namespace keel::store {
+namespace {
+
+using detail::iequals;
+
+/// The stored response as an answer: its headers in order, Content-Type last (and
+/// application/octet-stream when it has none).
+FlowResponse stored_answer(FlowOutcome outcome, const StoredResponse& stored) {
+  FlowResponse out{.outcome = outcome, .status = stored.status, .headers = {}, .body = stored.body};
+  std::string content_type = "application/octet-stream";
+  for (const auto& [name, value] : stored.headers) {
+    if (iequals(name, "Content-Type")) {
+      content_type = value;
+    } else {
+      out.headers.emplace_back(name, value);
+    }
+  }
+  out.headers.emplace_back("Content-Type", std::move(content_type));
+  return out;
+}
+
+// FlowOptions::random as a generator BitGenRef takes.
+struct FunctionBits {
+  using result_type = std::uint64_t;
+  static constexpr result_type min() noexcept { return 0; }
+  static constexpr result_type max() noexcept { return std::numeric_limits<result_type>::max(); }
+  result_type operator()() const { return (*random)(); }
+  const std::function<std::uint64_t()>* random;
+};
+
+FlowResponse problem(FlowOutcome outcome, int status, std::string_view title,
+                     std::string_view detail, std::optional<std::string> retry_after = {}) {
+  FlowResponse out{.outcome = outcome,
+                   .status = status,
+                   .headers = {},
+                   .body = problem_json(status, title, detail)};
+  if (retry_after) out.headers.emplace_back("Retry-After", std::move(*retry_after));
+  out.headers.emplace_back("Content-Type", "application/problem+json");
+  return out;
+}
+
+/// Whether the body must be held to the JSON limits: it says it is JSON, or looks like it (a
+/// parser downstream would try it).
+bool looks_like_json(std::string_view content_type, std::string_view body) {
+  std::string_view type = content_type.substr(0, content_type.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
+  if (iequals(type, "application/json") ||
+      (type.size() > 5 && iequals(type.substr(type.size() - 5), "+json"))) {
+    return true;
+  }
+  for (const char c : body) {
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') continue;
+    return c == '{' || c == '[';
+  }
+  return false;
+}
+
+void log_to_stderr(std::string_view message) {
+  std::fprintf(stderr, "keel::store: %.*s\n", static_cast<int>(message.size()), message.data());
+}
+
+thread_local Deadline current_deadline = Deadline::infinite();
+
+/// While alive, current_request_deadline() on this thread returns `deadline`.
+class DeadlineScope {
+ public:
+  explicit DeadlineScope(Deadline deadline) noexcept : saved_(current_deadline) {
+    current_deadline = deadline;
+  }
+  ~DeadlineScope() { current_deadline = saved_; }
+  DeadlineScope(const DeadlineScope&) = delete;
+  DeadlineScope& operator=(const DeadlineScope&) = delete;
+
+ private:
+  Deadline saved_;
+};
+
+}  // namespace
+
+// 400, not 504 or 503: keel's classifier (and Envoy's, and the common SDKs') retries 408, 425,
+// 429, 502-504, a 500 once and a 409 with a key, and a retry of work nobody waits for is the
+// waste this answer exists to prevent.
+FlowResponse deadline_exceeded_response(std::string_view when) {
+  return problem(FlowOutcome::kDeadlineExceeded, 400, "Deadline exceeded",
+                 "the caller's deadline (Keel-Deadline-Ms) passed " + std::string(when) +
+                     "; the request was not processed and nothing was stored");
+}
+
+namespace {
+
+/// The text of the exception being handled (call inside a catch block).
+std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+
+}  // namespace
+
+std::string_view to_string(IdempotencyOutcome outcome) noexcept {
+  switch (outcome) {
+    case IdempotencyOutcome::kExecuted:
+      return "executed";
+    case IdempotencyOutcome::kReplayed:
+      return "replayed";
+    case IdempotencyOutcome::kInProgress:
+      return "in_progress";
+    case IdempotencyOutcome::kMismatch:
+      return "mismatch";
+    case IdempotencyOutcome::kInvalidKey:
+      return "invalid_key";
+    case IdempotencyOutcome::kNotStored:
+      return "not_stored";
+    case IdempotencyOutcome::kError:
+      return "error";
+    case IdempotencyOutcome::kInvalidBody:
+      return "invalid_body";
+    case IdempotencyOutcome::kDeadlineExceeded:
+      return "deadline_exceeded";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(FlowOutcome outcome) noexcept {
+  switch (outcome) {
+    case FlowOutcome::kExecuted:
+      return "executed";
+    case FlowOutcome::kTookOver:
+      return "took_over";
+    case FlowOutcome::kReplayed:
+      return "replayed";
+    case FlowOutcome::kInProgress:
+      return "in_progress";
+    case FlowOutcome::kClaimLost:
+      return "claim_lost";
+    case FlowOutcome::kMismatch:
+      return "mismatch";
+    case FlowOutcome::kMissingKey:
+      return "missing_key";
+    case FlowOutcome::kInvalidKey:
+      return "invalid_key";
+    case FlowOutcome::kInvalidBody:
+      return "invalid_body";
+    case FlowOutcome::kNotStored:
+      return "not_stored";
+    case FlowOutcome::kHandlerError:
+      return "handler_error";
+    case FlowOutcome::kDatabaseUnavailable:
+      return "database_unavailable";
+    case FlowOutcome::kCommitInDoubt:
+      return "commit_in_doubt";
+    case FlowOutcome::kDeadlineExceeded:
+      return "deadline_exceeded";
+  }
+  return "unknown";
+}
+
+IdempotencyOutcome metrics_outcome(FlowOutcome outcome) noexcept {
+  switch (outcome) {
+    case FlowOutcome::kExecuted:
+    case FlowOutcome::kTookOver:
+      return IdempotencyOutcome::kExecuted;
+    case FlowOutcome::kReplayed:
+      return IdempotencyOutcome::kReplayed;
+    case FlowOutcome::kInProgress:
+    case FlowOutcome::kClaimLost:
+      return IdempotencyOutcome::kInProgress;
+    case FlowOutcome::kMismatch:
+      return IdempotencyOutcome::kMismatch;
+    case FlowOutcome::kMissingKey:
+    case FlowOutcome::kInvalidKey:
+      return IdempotencyOutcome::kInvalidKey;
+    case FlowOutcome::kInvalidBody:
+      return IdempotencyOutcome::kInvalidBody;
+    case FlowOutcome::kNotStored:
+      return IdempotencyOutcome::kNotStored;
+    case FlowOutcome::kHandlerError:
+    case FlowOutcome::kDatabaseUnavailable:
+    case FlowOutcome::kCommitInDoubt:
+      return IdempotencyOutcome::kError;
+    case FlowOutcome::kDeadlineExceeded:
+      return IdempotencyOutcome::kDeadlineExceeded;
+  }
+  return IdempotencyOutcome::kError;
+}
+
+Deadline request_deadline(std::optional<std::string_view> header, TimePoint arrival) {
+  if (!header) return Deadline::infinite();
+  const Expected<Duration> budget = parse_deadline_header(*header);
+  if (!budget) return Deadline::infinite();
+  return Deadline::at(saturating_add(arrival, *budget));
+}
+
+Deadline current_request_deadline() noexcept { return current_deadline; }
+
+std::optional<std::string_view> FlowResponse::header(std::string_view name) const {
+  for (const auto& [n, v] : headers) {
+    if (iequals(n, name)) return std::string_view(v);
+  }
+  return std::nullopt;
+}
+
+std::string problem_json(int status, std::string_view title, std::string_view detail) {
+  const nlohmann::json problem = {{"type", "about:blank"},
+                                  {"title", std::string(title)},
+                                  {"status", status},
+                                  {"detail", std::string(detail)}};
+  return problem.dump();
+}
+
+std::string principal_from_authorization(std::optional<std::string_view> authorization) {
+  if (!authorization) return "";
+  const std::string_view auth = *authorization;
+  constexpr std::string_view kBearer = "Bearer ";
+  if (auth.size() > kBearer.size() && iequals(auth.substr(0, kBearer.size()), kBearer)) {
+    std::string_view token = auth.substr(kBearer.size());
+    while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+    while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
+    if (!token.empty() && token.find_first_of(" \t") == std::string_view::npos) {
+      return std::string(token);
+    }
+  }
+  return "Authorization: " + std::string(auth);
+}
+
+std::string principal_scope(std::string_view principal, std::string_view secret) {
+  if (secret.empty()) {
+    throw_invalid({.context = "keel::store::principal_scope",
+                   .field = "secret",
+                   .problem = "must not be empty"});
+  }
+  if (principal.empty()) return std::string(kAnonymousScope);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(principal.data()), principal.size(), mac,
+           &len) == nullptr) {
+    throw std::runtime_error("HMAC-SHA-256 failed");
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out = "p:";
+  for (unsigned int i = 0; i < len; ++i) {
+    out += kDigits[mac[i] >> 4];
+    out += kDigits[mac[i] & 0xf];
+  }
+  return out;
+}
+
+IdempotentRequestFlow::IdempotentRequestFlow(FlowOptions options) : options_(std::move(options)) {
+  constexpr std::string_view kOptions = "keel::store::FlowOptions";
+  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = std::string(field),
+                   .problem = std::string(problem),
+                   .got = std::move(got)});
+  };
+  if (options_.store == nullptr) reject("store", "must be set", "null");
+  if (options_.pool == nullptr) reject("pool", "must be set", "null");
+  if (!options_.log) options_.log = log_to_stderr;
+  if (options_.scope_secret.empty()) {
+    unsigned char bytes[32];
+    if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("RAND_bytes failed");
+    options_.scope_secret.assign(reinterpret_cast<const char*>(bytes), sizeof bytes);
+  } else if (options_.scope_secret.size() < 16) {
+    reject("scope_secret", "must be at least 16 bytes",
+           std::to_string(options_.scope_secret.size()) + " bytes");
+  }
+  validate(options_.json_limits);
+  if (options_.max_key_bytes < 1) {
+    reject("max_key_bytes", "must be >= 1", "0");
+  }
+  if (options_.retry_after_spread < 1 || options_.retry_after_spread > kMaxRetryAfterSpread) {
+    reject("retry_after_spread", "must be from 1 to 3600 (seconds)",
+           std::to_string(options_.retry_after_spread));
+  }
+  if (options_.transaction_policy == nullptr) {
+    options_.transaction_policy = &default_transaction_retry_policy();
+  }
+  if (options_.clock == nullptr) options_.clock = &steady_clock();
+}
+
+std::string IdempotentRequestFlow::scope(std::string_view principal) const {
+  return principal_scope(principal, options_.scope_secret);
+}
+
+std::string IdempotentRequestFlow::spread_retry_after_value(Duration wait) const {
+  FunctionBits bits{&options_.random};
+  const std::chrono::seconds extra =
+      options_.random ? keel::spread_retry_after(options_.retry_after_spread, bits)
+                      : keel::spread_retry_after(options_.retry_after_spread, thread_rng());
+  // The floor is `wait`, at least the one second a Retry-After can say; the draw goes above it.
+  const Duration floor = std::max<Duration>(wait, std::chrono::seconds(1));
+  return format_retry_after(saturating_add(floor, extra - std::chrono::seconds(1)));
+}
+
+FlowResponse IdempotentRequestFlow::finish(FlowResponse response) const {
+  if (options_.on_outcome) options_.on_outcome(metrics_outcome(response.outcome));
+  return response;
+}
+
+FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
+                                        const FlowHandler& handler) const {
+  const auto expired = [&] { return request.deadline.expired(options_.clock->now()); };
+  if (expired()) return finish(deadline_exceeded_response("before it arrived"));
+  if (request.idempotency_key && request.idempotency_key_fields > 1) {
+    return finish(problem(FlowOutcome::kInvalidKey, 400, "Invalid Idempotency-Key",
+                          "the request has " + std::to_string(request.idempotency_key_fields) +
+                              " Idempotency-Key header fields; send exactly one (servers and "
+                              "intermediaries disagree about which of several applies)"));
+  }
+  const ParsedKey key = parse_idempotency_key(request.idempotency_key, options_.max_key_bytes);
+  if (!key.key) {
+    return finish(problem(
+        key.error == KeyError::kMissing ? FlowOutcome::kMissingKey : FlowOutcome::kInvalidKey, 400,
+        "Invalid Idempotency-Key", key.detail));
+  }
+  JsonCheck json;
+  if (looks_like_json(request.content_type, request.body)) {
+    json = check_json(request.body, options_.json_limits);
+    if (json.status == JsonStatus::kTooDeep || json.status == JsonStatus::kDuplicateKey) {
+      return finish(problem(
+          FlowOutcome::kInvalidBody, 400,
+          json.status == JsonStatus::kTooDeep ? "JSON nested too deeply" : "Duplicate JSON member",
+          json.detail));
+    }
+  } else {
+    json.detail = "not JSON";
+  }
+  const std::string scope = this->scope(request.principal);
+  const std::string fingerprint =
+      request_fingerprint(request.method, request.path, request.body, json);
+  const IdempotencyStore& store = *options_.store;
+  const std::string what = std::string(request.method) + " " + std::string(request.path);
+
+  std::optional<ConnectionPool::Lease> lease;
+  Claim claim;
+  try {
+    lease.emplace(options_.pool->acquire());
+    if (expired())
+      return finish(deadline_exceeded_response("while it waited for a database connection"));
+    claim = store.claim(**lease, scope, *key.key, fingerprint);
+  } catch (const DatabaseError& e) {
+    FlowResponse out =
+        problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
+                "the idempotency store is unavailable; retry after the delay in Retry-After",
+                spread_retry_after_value(Duration::zero()));
+    out.error = std::string("claiming an Idempotency-Key failed: ") + e.what();
+    options_.log(out.error);
+    return finish(std::move(out));
+  }
+  switch (claim.status) {
+    case ClaimStatus::kReplay: {
+      FlowResponse out = stored_answer(FlowOutcome::kReplayed, claim.response);
+      out.headers.insert(out.headers.end() - 1, {"Idempotent-Replayed", "true"});
+      return finish(std::move(out));
+    }
+    case ClaimStatus::kMismatch:
+      return finish(problem(FlowOutcome::kMismatch, 422, "Idempotency-Key reused",
+                            "this Idempotency-Key was used with a different request (method, path "
+                            "or body); use a new key for a new request"));
+    case ClaimStatus::kInProgress:
+      return finish(problem(FlowOutcome::kInProgress, 409, "Request in progress",
+                            "a request with this Idempotency-Key is still being processed; retry "
+                            "after the delay in Retry-After",
+                            spread_retry_after_value(claim.retry_after)));
+    case ClaimStatus::kClaimed:
+      break;
+  }
+  if (expired()) {
+    try {
+      store.release(**lease, scope, *key.key, claim.token);
+    } catch (const DatabaseError&) {
+      // The lock expires on its own.
+    }
+    return finish(deadline_exceeded_response("while it claimed its Idempotency-Key"));
+  }
+
+  Connection& conn = **lease;
+  StoredResponse result;
+  bool lost_claim = false;
+  bool declined = false;
+  TransactionResult tx;
+  try {
+    const DeadlineScope deadline_scope(request.deadline);
+    tx = with_transaction_retry(
+        conn,
+        [&](Connection& t) {
+          lost_claim = false;
+          declined = false;
+          result = handler(t);
+          if (result.status >= 400) {
+            declined = true;
+            return false;
+          }
+          if (!store.complete(t, scope, *key.key, claim.token, result)) {
+            lost_claim = true;
+            return false;
+          }
+          return true;
+        },
+        *options_.transaction_policy, options_.isolation,
+        // The caller's deadline bounds the transaction's retries too: nobody waits past it.
+        {.clock = options_.clock, .ceiling = request.deadline});
+  } catch (...) {
+    FlowResponse out = problem(FlowOutcome::kHandlerError, 500, "Handler failed",
+                               "the request failed on the server; nothing was stored");
+    out.error = "the handler of " + what + " threw: " + current_exception_text();
+    try {
+      store.release(conn, scope, *key.key, claim.token);
+    } catch (const DatabaseError&) {
+      // The lock expires on its own.
+    }
+    options_.log(out.error);
+    return finish(std::move(out));
+  }
+
+  if (tx.committed()) {
+    return finish(
+        stored_answer(claim.took_over ? FlowOutcome::kTookOver : FlowOutcome::kExecuted, result));
+  }
+  if (tx.status == TransactionStatus::kRolledBack && lost_claim) {
+    return finish(problem(FlowOutcome::kClaimLost, 409, "Request in progress",
+                          "this request's claim on the Idempotency-Key expired and was taken "
+                          "over; retry to receive the outcome",
+                          spread_retry_after_value(Duration::zero())));
+  }
+  // Not stored: release the claim so that a retry runs afresh. After a commit in doubt the
+  // release is harmless: it only deletes a record still in progress.
+  try {
+    if (conn.broken()) {
+      auto fresh = options_.pool->acquire();
+      store.release(*fresh, scope, *key.key, claim.token);
+    } else {
+      store.release(conn, scope, *key.key, claim.token);
+    }
+  } catch (const DatabaseError&) {
+    // The lock expires on its own; a retry then takes over.
+  }
+  if (tx.status == TransactionStatus::kRolledBack && declined) {
+    return finish(stored_answer(FlowOutcome::kNotStored, result));
+  }
+  if (tx.status == TransactionStatus::kFailed && expired()) {
+    options_.log("the transaction of " + what + " failed: " + tx.error);
+    return finish(deadline_exceeded_response("while its transaction ran"));
+  }
+  const bool in_doubt = tx.status == TransactionStatus::kCommitInDoubt;
+  FlowResponse out =
+      in_doubt ? problem(FlowOutcome::kCommitInDoubt, 500, "Commit in doubt",
+                         "the outcome of the commit is unknown; retry with the same "
+                         "Idempotency-Key to receive it",
+                         spread_retry_after_value(Duration::zero()))
+               : problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
+                         "the database is unavailable; retry after the delay in Retry-After",
+                         spread_retry_after_value(Duration::zero()));
+  out.error = "the transaction of " + what + " failed: " + tx.error;
+  options_.log(out.error);
+  return finish(std::move(out));
+}
+
+}  // namespace keel::store

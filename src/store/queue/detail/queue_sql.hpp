@@ -1,0 +1,127 @@
+// What the job queue's source files share (src/store/queue*.cpp, one file per role of
+// JobQueue): time and text conversions, the transaction wrapper, the attempt-history insert,
+// the optional-queue filter and the column list a Job is read from. Private to keel::store_queue;
+// the schema itself lives only in queue.cpp. Stateless functions: safe from any thread, each
+// call on the Connection it is given.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "db/detail/commit.hpp"
+#include "keel/store/db/database.hpp"
+#include "keel/store/queue/queue.hpp"
+
+namespace keel::store::detail {
+
+// The longest error text stored with a job or an attempt.
+inline constexpr std::size_t kMaxErrorText = 2000;
+
+[[nodiscard]] inline std::int64_t to_ms(Duration d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
+
+[[nodiscard]] inline std::string clip(std::string_view s) {
+  return std::string(s.substr(0, std::min(s.size(), kMaxErrorText)));
+}
+
+// Runs fn in one transaction, retrying lost races; throws DatabaseError when it cannot commit.
+inline void in_transaction(Connection& conn, const std::function<bool(Connection&)>& fn) {
+  commit_or_throw(conn, "job queue", fn);
+}
+
+// Runs fn, one statement atomic on its own, retried as a transaction is (statement_or_throw).
+inline void in_statement(Connection& conn, const std::function<bool(Connection&)>& fn) {
+  statement_or_throw(conn, "job queue", fn);
+}
+
+[[nodiscard]] inline std::string optional_text(const Rows& rows, std::size_t row, std::size_t col) {
+  const auto& cell = rows.cell(row, col);
+  return cell ? *cell : std::string();
+}
+
+// One row of a job's history (keel_job_attempts).
+inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t round,
+                           std::int64_t attempt, std::int64_t started_ms, std::int64_t finished_ms,
+                           std::string_view outcome, std::string_view error,
+                           std::optional<std::int64_t> delay_ms, std::string_view worker) {
+  tx.query(
+      "INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms, finished_ms, outcome, "
+      "error, delay_ms, worker) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+      {job_id, round, attempt, started_ms, finished_ms, outcome,
+       error.empty() ? Value() : Value(clip(error)), delay_ms ? Value(*delay_ms) : Value(),
+       worker.empty() ? Value() : Value(worker)});
+}
+
+// A success: the job is done. No history row is written for it: the done row keeps what that
+// row would hold (the lease's owner and start, finished_ms, the round and attempt numbers), and
+// JobQueue::get() reads the success from it. lease_owner stays set on a done row for that
+// reason; read_job reports it only while the job runs. $2 is now.
+// A success reported for a job whose attempt was not started (JobQueue::start) starts and
+// charges it here.
+inline constexpr std::string_view kMarkDone =
+    " SET state = 'done', attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END,"
+    " started_ms = COALESCE(started_ms, $2), lease_expires_ms = NULL, run_at_ms = $2,"
+    " last_error = NULL, deferred_reason = NULL, updated_ms = $2, finished_ms = $2";
+
+// The columns JobQueue::settle reads of a running job, in its order (its `i`th row).
+inline constexpr std::string_view kSettleColumns =
+    "id, attempts, max_attempts, leased_ms, lease_owner, replays, limited_retries, prev_delay_ms,"
+    " created_ms, started_ms";
+
+// Records the success of the lease (job_id, fence) in one statement, atomic on its own; false
+// when the fence is stale (the lease was lost).
+[[nodiscard]] inline bool mark_done(Connection& conn, std::int64_t job_id, std::int64_t fence,
+                                    std::int64_t now) {
+  const Rows r = conn.query("UPDATE keel_jobs" + std::string(kMarkDone) +
+                                " WHERE id = $1 AND fence = $3 AND state = 'running'",
+                            {job_id, now, fence});
+  return r.affected() == 1;
+}
+
+// " AND queue = $N" or nothing, for the commands that take an optional queue.
+[[nodiscard]] inline std::string queue_filter(std::string_view queue, int param) {
+  return queue.empty() ? std::string() : " AND queue = $" + std::to_string(param);
+}
+
+// The columns read_job reads, in its order.
+inline constexpr std::string_view kJobColumns =
+    "id, queue, payload, idem_key, state, attempts, max_attempts, run_at_ms, lease_owner,"
+    " lease_expires_ms, fence, dead_reason, last_error, replays, created_ms, updated_ms,"
+    " deferred_reason, deferrals";
+
+// How many columns kJobColumns names.
+inline constexpr std::size_t kJobColumnCount = 18;
+
+// Row i of a SELECT of kJobColumns, without its history.
+[[nodiscard]] inline Job read_job(const Rows& r, std::size_t i) {
+  Job j;
+  j.id = r.integer(i, 0);
+  j.queue = r.text(i, 1);
+  j.payload = r.text(i, 2);
+  j.idempotency_key = r.text(i, 3);
+  j.state = parse_job_state(r.text(i, 4)).value_or(JobState::kReady);
+  j.attempts = static_cast<int>(r.integer(i, 5));
+  j.max_attempts = static_cast<int>(r.integer(i, 6));
+  j.run_at_ms = r.integer(i, 7);
+  // A done row keeps its last lease's owner for its history (kMarkDone); the job has no lease.
+  if (j.state == JobState::kRunning) j.lease_owner = optional_text(r, i, 8);
+  if (r.cell(i, 9)) j.lease_expires_ms = r.integer(i, 9);
+  j.fence = r.integer(i, 10);
+  j.dead_reason = optional_text(r, i, 11);
+  j.last_error = optional_text(r, i, 12);
+  j.replays = static_cast<int>(r.integer(i, 13));
+  j.created_ms = r.integer(i, 14);
+  j.updated_ms = r.integer(i, 15);
+  j.deferred_reason = optional_text(r, i, 16);
+  j.deferrals = static_cast<int>(r.integer(i, 17));
+  return j;
+}
+
+}  // namespace keel::store::detail

@@ -1,0 +1,327 @@
+// The durable job queue's shared part: the names of states and statuses, queue-name and key
+// checks, construction, the schema and its migrations (written once for SQLite and PostgreSQL),
+// and reading one job with its history. Each role of JobQueue has a file of its own (see the map
+// at the top of include/keel/store/queue/queue.hpp): queue_producer.cpp, queue_lease.cpp,
+// queue_complete.cpp, queue_dead_letters.cpp, queue_stats.cpp; what they share is
+// detail/queue_sql.hpp.
+#include "keel/store/queue/queue.hpp"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <random>
+#include <stdexcept>
+
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
+#include "keel/idempotency_key.hpp"
+#include "queue/detail/queue_sql.hpp"
+
+namespace keel::store {
+
+using detail::kJobColumns;
+using detail::optional_text;
+using detail::read_job;
+using detail::to_ms;
+
+namespace {
+
+// Version 1 of the schema, written once: the backends differ only in how an id is generated.
+// clang-format off
+#define KEEL_QUEUE_SCHEMA_V1(KEEL_ID_COLUMN) \
+  "CREATE TABLE keel_queues (" \
+  " name TEXT PRIMARY KEY," \
+  " created_ms BIGINT NOT NULL);" \
+  "CREATE TABLE keel_jobs (" \
+  " id " KEEL_ID_COLUMN "," \
+  " queue TEXT NOT NULL REFERENCES keel_queues (name)," \
+  " payload TEXT NOT NULL," \
+  " idem_key TEXT NOT NULL," \
+  " state TEXT NOT NULL CHECK (state IN" \
+  "  ('ready', 'running', 'retry_scheduled', 'done', 'dead'))," \
+  " attempts INTEGER NOT NULL," \
+  " max_attempts INTEGER NOT NULL," \
+  " run_at_ms BIGINT NOT NULL," \
+  " lease_owner TEXT," \
+  " leased_ms BIGINT," \
+  " lease_expires_ms BIGINT," \
+  " fence BIGINT NOT NULL," \
+  " dead_reason TEXT," \
+  " last_error TEXT," \
+  " replays INTEGER NOT NULL," \
+  " created_ms BIGINT NOT NULL," \
+  " updated_ms BIGINT NOT NULL," \
+  " finished_ms BIGINT);" \
+  "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);" \
+  "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);" \
+  "CREATE TABLE keel_job_attempts (" \
+  " id " KEEL_ID_COLUMN "," \
+  " job_id BIGINT NOT NULL REFERENCES keel_jobs (id) ON DELETE CASCADE," \
+  " round INTEGER NOT NULL," \
+  " attempt INTEGER NOT NULL," \
+  " started_ms BIGINT NOT NULL," \
+  " finished_ms BIGINT NOT NULL," \
+  " outcome TEXT NOT NULL," \
+  " error TEXT," \
+  " delay_ms BIGINT," \
+  " worker TEXT);" \
+  "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);"
+// clang-format on
+
+constexpr Migration kMigrations[] = {
+    {KEEL_QUEUE_SCHEMA_V1("INTEGER PRIMARY KEY AUTOINCREMENT"),
+     KEEL_QUEUE_SCHEMA_V1("BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")},
+    // 2: what core's decide_retry needs between attempts, and deferrals (a refusal is not an
+    // attempt).
+    {"ALTER TABLE keel_jobs ADD COLUMN limited_retries INTEGER NOT NULL DEFAULT 0;"
+     "ALTER TABLE keel_jobs ADD COLUMN prev_delay_ms BIGINT NOT NULL DEFAULT 0;"
+     "ALTER TABLE keel_jobs ADD COLUMN deferred_reason TEXT;"
+     "ALTER TABLE keel_jobs ADD COLUMN deferrals INTEGER NOT NULL DEFAULT 0;"},
+    // 3: the due jobs in lease order. keel_jobs_due has the state between the queue and the time,
+    // so a lease's "state IN (ready, retry_scheduled) ORDER BY run_at_ms" scanned every done job
+    // of the queue (PostgreSQL's plan); this partial index holds only the leasable rows.
+    {"CREATE INDEX keel_jobs_ready ON keel_jobs (queue, run_at_ms, id)"
+     " WHERE state IN ('ready', 'retry_scheduled');"},
+    // 4, SQLite only: the CHECK on state as comparisons joined by OR. SQLite checks a list of
+    // more than two values with a temporary b-tree, whose page cache every write to keel_jobs
+    // then allocated and freed (docs/queue.md). Its CHECKs cannot be altered, and a rebuild of
+    // keel_jobs would fire the history's ON DELETE CASCADE, so the stored definition is edited
+    // as SQLite documents for a change that leaves the stored rows valid (both forms accept the
+    // same five values). writable_schema=RESET rereads the schema on this connection; creating
+    // and dropping a table changes the schema cookie, so every other connection rereads it too.
+    {"PRAGMA writable_schema = ON;"
+     "UPDATE sqlite_master SET sql = replace(sql,"
+     " 'CHECK (state IN  (''ready'', ''running'', ''retry_scheduled'', ''done'', ''dead''))',"
+     " 'CHECK (state = ''ready'' OR state = ''running'' OR state = ''retry_scheduled''"
+     " OR state = ''done'' OR state = ''dead'')')"
+     " WHERE type = 'table' AND name = 'keel_jobs';"
+     "PRAGMA writable_schema = RESET;"
+     "CREATE TABLE keel_schema_reread (x INTEGER);"
+     "DROP TABLE keel_schema_reread;",
+     // PostgreSQL checks the list without a temporary structure: nothing to do.
+     "SELECT 1"},
+    // 5: an attempt is charged when its handler starts, not when its job is leased. started_ms
+    // is set by the start (a lease that starts the job, or JobQueue::start) and is NULL for a job
+    // leased in a batch and not started yet, which a sweep or a release gives back uncharged.
+    // Jobs running under the old rules were charged at their lease: they count as started.
+    {"ALTER TABLE keel_jobs ADD COLUMN started_ms BIGINT;"
+     "UPDATE keel_jobs SET started_ms = COALESCE(leased_ms, updated_ms) WHERE state = 'running';"},
+    // 6, PostgreSQL only: wakeups. Every job that becomes ready (inserted, replayed, released
+    // before it started) notifies channel keel_jobs with "SCHEMA.QUEUE" (the schema of its
+    // keel_jobs table, as channels are per database), whoever wrote it (keel's producers, older
+    // keel versions, plain SQL), so idle workers listening there lease at once instead of
+    // polling. A NOTIFY is delivered when its transaction commits, and
+    // repeats of one (channel, payload) in a transaction are delivered once. The triggers'
+    // WHEN clauses are evaluated without calling the function, so a lease or an outcome, which
+    // never makes a job ready, costs nothing. SQLite has no notifications.
+    {"SELECT 1",
+     "CREATE OR REPLACE FUNCTION keel_jobs_notify() RETURNS trigger LANGUAGE plpgsql AS"
+     " $$BEGIN PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue); RETURN NULL; "
+     "END$$;"
+     "CREATE TRIGGER keel_jobs_notify_insert AFTER INSERT ON keel_jobs FOR EACH ROW"
+     " WHEN (NEW.state = 'ready') EXECUTE FUNCTION keel_jobs_notify();"
+     "CREATE TRIGGER keel_jobs_notify_ready AFTER UPDATE OF state ON keel_jobs FOR EACH ROW"
+     " WHEN (NEW.state = 'ready' AND OLD.state <> 'ready') EXECUTE FUNCTION keel_jobs_notify();"},
+};
+
+#undef KEEL_QUEUE_SCHEMA_V1
+
+}  // namespace
+
+std::string_view to_string(JobState state) noexcept {
+  switch (state) {
+    case JobState::kReady:
+      return "ready";
+    case JobState::kRunning:
+      return "running";
+    case JobState::kRetryScheduled:
+      return "retry_scheduled";
+    case JobState::kDone:
+      return "done";
+    case JobState::kDead:
+      return "dead";
+  }
+  return "ready";
+}
+
+std::optional<JobState> parse_job_state(std::string_view text) noexcept {
+  for (JobState s : {JobState::kReady, JobState::kRunning, JobState::kRetryScheduled,
+                     JobState::kDone, JobState::kDead}) {
+    if (to_string(s) == text) return s;
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(DeadReason reason) noexcept {
+  switch (reason) {
+    case DeadReason::kPermanent:
+      return "permanent";
+    case DeadReason::kAttemptsExhausted:
+      return "attempts_exhausted";
+    case DeadReason::kMaxAge:
+      return "max_age";
+  }
+  return "attempts_exhausted";
+}
+
+std::string_view to_string(CompleteStatus status) noexcept {
+  switch (status) {
+    case CompleteStatus::kDone:
+      return "done";
+    case CompleteStatus::kRetryScheduled:
+      return "retry_scheduled";
+    case CompleteStatus::kDeferred:
+      return "deferred";
+    case CompleteStatus::kDead:
+      return "dead";
+    case CompleteStatus::kStale:
+      return "stale";
+  }
+  return "stale";
+}
+
+Expected<void> check_queue_name(std::string_view name) {
+  const auto bad = [&](std::string problem) {
+    return Error{.field = "queue name", .problem = std::move(problem), .got = quote_value(name)};
+  };
+  if (name.empty()) return Error{.field = "queue name", .problem = "must not be empty"};
+  if (name.size() > 64) return bad("must be at most 64 characters");
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '-';
+    if (!ok) return bad("may only contain letters, digits, '_', '.' and '-'");
+  }
+  return {};
+}
+
+std::string new_job_key() {
+  UuidBytes b{};
+  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
+    throw std::runtime_error("RAND_bytes failed");
+  }
+  return uuid_v4(b);
+}
+
+namespace {
+
+constexpr std::string_view kOptions = "keel::store::QueueOptions";
+
+RetryPolicy queue_policy(const QueueOptions& o) {
+  if (o.max_attempts < 1) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "max_attempts",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(o.max_attempts)});
+  }
+  if (o.retry_after_cap < Duration::zero()) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "retry_after_cap",
+                   .problem = "must be >= 0",
+                   .got = format_duration(o.retry_after_cap)});
+  }
+  if (o.max_age <= Duration::zero()) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "max_age",
+                   .problem = "must be > 0",
+                   .got = format_duration(o.max_age)});
+  }
+  if (o.dead_letter_retention <= Duration::zero()) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "dead_letter_retention",
+                   .problem = "must be > 0",
+                   .got = format_duration(o.dead_letter_retention)});
+  }
+  if (o.dead_letter_warning && *o.dead_letter_warning < Duration::zero()) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "dead_letter_warning",
+                   .problem = "must be >= 0",
+                   .got = format_duration(*o.dead_letter_warning)});
+  }
+  if (o.dead_letter_warning && o.dead_letter_retention < kInfinite &&
+      *o.dead_letter_warning >= o.dead_letter_retention) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "dead_letter_warning",
+                   .problem = "must be shorter than dead_letter_retention (" +
+                              format_duration(o.dead_letter_retention) +
+                              "), or dead jobs are pruned before it can warn",
+                   .got = format_duration(*o.dead_letter_warning)});
+  }
+  RetryOptions r;
+  r.max_attempts = o.max_attempts;
+  r.backoff = o.backoff;
+  r.retry_after_cap = o.retry_after_cap;
+  r.min_attempt_time = Duration::zero();
+  return RetryPolicy(std::move(r));
+}
+
+}  // namespace
+
+JobQueue::JobQueue(QueueOptions options)
+    : options_(std::move(options)),
+      policy_(queue_policy(options_)),
+      clock_(options_.clock != nullptr ? options_.clock : &steady_clock()),
+      rng_(options_.seed != 0
+               ? options_.seed
+               : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
+  if (options_.lease <= Duration::zero()) {
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "lease",
+                   .problem = "must be > 0",
+                   .got = format_duration(options_.lease)});
+  }
+  if (!options_.dead_letter_warning) {
+    options_.dead_letter_warning =
+        std::min<Duration>(std::chrono::hours(24), options_.dead_letter_retention / 2);
+  }
+}
+
+void JobQueue::migrate(Connection& connection) {
+  (void)store::migrate(connection, "queue",
+                       std::span<const Migration>(std::begin(kMigrations), std::end(kMigrations)));
+}
+
+std::int64_t JobQueue::now_ms() const noexcept {
+  return to_ms(clock_->wall_now().time_since_epoch());
+}
+
+std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) const {
+  const Rows r = connection.query("SELECT " + std::string(kJobColumns) +
+                                      ", lease_owner, COALESCE(started_ms, leased_ms), finished_ms"
+                                      " FROM keel_jobs WHERE id = $1",
+                                  {job_id});
+  if (r.empty()) return std::nullopt;
+  Job job = read_job(r, 0);
+  const Rows h = connection.query(
+      "SELECT round, attempt, started_ms, finished_ms, outcome, error, delay_ms, worker"
+      " FROM keel_job_attempts WHERE job_id = $1 ORDER BY id",
+      {job_id});
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    JobAttempt a;
+    a.round = static_cast<int>(h.integer(i, 0));
+    a.attempt = static_cast<int>(h.integer(i, 1));
+    a.started_ms = h.integer(i, 2);
+    a.finished_ms = h.integer(i, 3);
+    a.outcome = h.text(i, 4);
+    a.error = optional_text(h, i, 5);
+    if (h.cell(i, 6)) a.delay_ms = h.integer(i, 6);
+    a.worker = optional_text(h, i, 7);
+    job.history.push_back(std::move(a));
+  }
+  // The success that made the job done is its row, not a history row (detail::kMarkDone). A job
+  // done before that change has its success row already.
+  if (job.state == JobState::kDone &&
+      (job.history.empty() || job.history.back().outcome != "success")) {
+    const std::size_t extra = detail::kJobColumnCount;
+    JobAttempt a;
+    a.round = job.replays;
+    a.attempt = job.attempts;
+    a.finished_ms = r.cell(0, extra + 2) ? r.integer(0, extra + 2) : job.updated_ms;
+    a.started_ms = r.cell(0, extra + 1) ? r.integer(0, extra + 1) : a.finished_ms;
+    a.outcome = "success";
+    a.worker = optional_text(r, 0, extra);
+    job.history.push_back(std::move(a));
+  }
+  return job;
+}
+
+}  // namespace keel::store

@@ -1,0 +1,176 @@
+// JobQueue's worker protocol, the outcome side: complete (an attempt's outcome, with the retry
+// decision left to keel::core's decide_retry: done, retry scheduled, deferred or dead) and
+// complete_done (successes in a batch).
+#include <algorithm>
+#include <mutex>
+
+#include "keel/duration.hpp"
+#include "keel/store/db/dialect.hpp"
+#include "keel/store/queue/queue.hpp"
+#include "queue/detail/queue_sql.hpp"
+
+namespace keel::store {
+
+using detail::clip;
+using detail::in_transaction;
+using detail::insert_attempt;
+using detail::optional_text;
+using detail::to_ms;
+
+namespace {
+
+std::string_view outcome_name(OutcomeKind kind) { return to_string(kind); }
+
+}  // namespace
+
+CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, std::int64_t fence,
+                                  const AttemptReport& report) const {
+  CompleteResult out;
+  if (report.outcome.kind == OutcomeKind::kSuccess) {
+    // One UPDATE: the done row is the success's history. Atomic on its own, retried as a
+    // transaction is (40P01, a busy database).
+    bool current = false;
+    detail::in_statement(connection, [&](Connection& c) {
+      current = detail::mark_done(c, job_id, fence, now_ms());
+      return true;
+    });
+    out.status = current ? CompleteStatus::kDone : CompleteStatus::kStale;
+    return out;
+  }
+  in_transaction(connection, [&](Connection& tx) {
+    out = CompleteResult{};
+    const Rows row = tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
+                                  " FROM keel_jobs WHERE id = $1 AND fence = $2"
+                                  " AND state = 'running'" +
+                                  std::string(connection.dialect().lock_rows()),
+                              {job_id, fence});
+    if (row.empty()) {
+      out.status = CompleteStatus::kStale;
+      return false;
+    }
+    out = settle(tx, row, 0, report, {}, now_ms());
+    return true;
+  });
+  if (out.status == CompleteStatus::kDead && options_.on_dead_letter) {
+    options_.on_dead_letter(job_id, DeadLetterReason{out.dead_kind, out.dead_reason});
+  }
+  return out;
+}
+
+CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
+                                const AttemptReport& report, std::string_view history,
+                                std::int64_t now) const {
+  CompleteResult out;
+  const std::int64_t job_id = row.integer(i, 0);
+  const bool started = row.cell(i, 9).has_value();
+  const OutcomeKind kind = report.outcome.kind;
+  const bool attempted = report.outcome.attempted();
+  // The attempt this report is about: the started one, or (a report on a job whose attempt was
+  // not started) the one it starts now. The stored count changes by `charge`: a report on an
+  // unstarted job charges it now; a deferral gives back a started attempt.
+  const std::int64_t attempts = row.integer(i, 1) + (started ? 0 : 1);
+  const int charge = attempted ? (started ? 0 : 1) : (started ? -1 : 0);
+  const std::int64_t max_attempts = row.integer(i, 2);
+  const std::int64_t began =
+      started ? row.integer(i, 9) : (row.cell(i, 3) ? row.integer(i, 3) : now);
+  const std::string owner = optional_text(row, i, 4);
+  const std::int64_t round = row.integer(i, 5);
+  std::string error = report.error;
+  if (error.empty() && kind != OutcomeKind::kSuccess) error = describe(report.outcome);
+  const std::string_view name =
+      !history.empty() ? history : (attempted ? outcome_name(kind) : std::string_view("deferred"));
+
+  // Every retry rule is keel::core's: the queue stores the progress and applies the verdict.
+  RetryLimits limits;
+  limits.max_attempts = static_cast<int>(std::max<std::int64_t>(1, max_attempts));
+  limits.safe_to_repeat = true;  // a job carries its idempotency key on every attempt
+  if (options_.max_age < kInfinite) {
+    const Duration age = std::chrono::milliseconds(now - row.integer(i, 8));
+    limits.time_left = options_.max_age - age;
+  }
+  RetryProgress progress;
+  progress.attempts = static_cast<int>(std::max<std::int64_t>(1, attempts));
+  progress.limited_retries = static_cast<int>(row.integer(i, 6));
+  progress.previous_delay = std::chrono::milliseconds(row.integer(i, 7));
+  RetryVerdict verdict;
+  {
+    std::lock_guard lock(rng_mu_);
+    verdict = decide_retry(policy_, limits, progress, report.outcome, rng_);
+  }
+
+  if (verdict.retry && !verdict.counts_attempt) {
+    // Nothing was sent: no attempt is charged and the job waits for its brake.
+    out.status = CompleteStatus::kDeferred;
+    out.delay = verdict.delay;
+    out.retry_at_ms = now + to_ms(verdict.delay);
+    tx.query(
+        "UPDATE keel_jobs SET state = 'retry_scheduled', attempts = attempts + $5,"
+        " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = $3, deferred_reason = $4,"
+        " deferrals = deferrals + 1, updated_ms = $2 WHERE id = $1",
+        {job_id, now, out.retry_at_ms, clip(error), charge});
+    insert_attempt(tx, job_id, round, attempts, began, now, name, error, to_ms(verdict.delay),
+                   owner);
+    return out;
+  }
+  if (verdict.retry) {
+    out.status = CompleteStatus::kRetryScheduled;
+    out.delay = verdict.delay;
+    out.retry_at_ms = now + to_ms(verdict.delay);
+    tx.query(
+        "UPDATE keel_jobs SET state = 'retry_scheduled', attempts = attempts + $7,"
+        " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = $3, last_error = $4,"
+        " deferred_reason = NULL, limited_retries = $5, prev_delay_ms = $6, updated_ms = $2"
+        " WHERE id = $1",
+        {job_id, now, out.retry_at_ms, clip(error), verdict.progress.limited_retries,
+         to_ms(verdict.progress.previous_delay), charge});
+    insert_attempt(tx, job_id, round, attempts, began, now, name, error, to_ms(verdict.delay),
+                   owner);
+    return out;
+  }
+  out.status = CompleteStatus::kDead;
+  switch (verdict.reason) {
+    case StopReason::kPermanent:
+      out.dead_kind = DeadReason::kPermanent;
+      out.dead_reason = "permanent: " + error;
+      break;
+    case StopReason::kDeadline:
+      out.dead_kind = DeadReason::kMaxAge;
+      out.dead_reason = "max age " + format_duration(options_.max_age) + " reached: " + error;
+      break;
+    default:
+      out.dead_kind = DeadReason::kAttemptsExhausted;
+      out.dead_reason = "attempts exhausted (" + std::to_string(attempts) + " of " +
+                        std::to_string(max_attempts) +
+                        (report.outcome.retry_limit != Outcome::kNoRetryLimit
+                             ? ", at most " + std::to_string(report.outcome.retry_limit) +
+                                   " retries after this outcome"
+                             : std::string()) +
+                        "): " + error;
+      break;
+  }
+  out.dead_reason = clip(out.dead_reason);
+  tx.query(
+      "UPDATE keel_jobs SET state = 'dead', attempts = attempts + $5, lease_owner = NULL,"
+      " lease_expires_ms = NULL, run_at_ms = $2, last_error = $3, dead_reason = $4,"
+      " updated_ms = $2, finished_ms = $2 WHERE id = $1",
+      {job_id, now, clip(error), out.dead_reason, charge});
+  insert_attempt(tx, job_id, round, attempts, began, now, name, error, std::nullopt, owner);
+  return out;
+}
+
+int JobQueue::complete_done(
+    Connection& connection,
+    const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const {
+  int current = 0;
+  in_transaction(connection, [&](Connection& tx) {
+    current = 0;
+    const std::int64_t now = now_ms();
+    for (const auto& [id, fence] : id_and_fence) {
+      if (detail::mark_done(tx, id, fence, now)) ++current;
+    }
+    return true;
+  });
+  return current;
+}
+
+}  // namespace keel::store

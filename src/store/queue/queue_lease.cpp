@@ -1,0 +1,345 @@
+// JobQueue's worker protocol, the lease side: lease, complete_and_lease (a busy worker's step),
+// heartbeat and release, and the sweep that takes expired leases back (a dead worker's jobs).
+// Recording an attempt's outcome is queue_complete.cpp.
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+
+#include "keel/expected.hpp"
+#include "keel/store/db/dialect.hpp"
+#include "keel/store/queue/queue.hpp"
+#include "queue/detail/queue_sql.hpp"
+
+namespace keel::store {
+
+using detail::in_statement;
+using detail::in_transaction;
+using detail::optional_text;
+using detail::to_ms;
+
+namespace {
+
+constexpr int kReapBatch = 100;
+
+}  // namespace
+
+std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
+  std::int64_t reaped = 0;
+  std::vector<std::pair<std::int64_t, CompleteResult>> dead;
+  in_transaction(connection, [&](Connection& tx) {
+    reaped = 0;
+    dead.clear();
+    const std::int64_t now = now_ms();
+    // Leases that expired: the worker died or stalled. Rows are taken in id order, as every
+    // statement of the queue that locks several rows takes them, so sweeps never deadlock.
+    const Rows expired =
+        tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
+                     " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2"
+                     " ORDER BY id LIMIT $3" +
+                     std::string(connection.dialect().lock_rows_skip_locked()),
+                 {queue, now, kReapBatch});
+    for (std::size_t i = 0; i < expired.size(); ++i) {
+      const std::int64_t id = expired.integer(i, 0);
+      ++reaped;
+      if (!expired.cell(i, 9)) {
+        // Leased in a batch, never started: nothing ran, nothing is charged. Back to ready at
+        // the time it was leased, so it keeps its place in the queue; the new fence locks the
+        // old worker out.
+        tx.query(
+            "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
+            " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
+            " WHERE id = $1",
+            {id, now});
+        continue;
+      }
+      // Its handler had started: the attempt is charged, its outcome unknown, and core decides
+      // what follows, as for any failed attempt.
+      const std::string owner = optional_text(expired, i, 4);
+      const AttemptReport crash{.outcome = Outcome::ambiguous(),
+                                .error = "the worker died while running it (the lease held by " +
+                                         owner + " expired without a heartbeat)"};
+      const CompleteResult r = settle(tx, expired, i, crash, "lease_expired", now);
+      if (r.status == CompleteStatus::kDead) dead.emplace_back(id, r);
+    }
+    return true;
+  });
+  if (options_.on_dead_letter) {
+    for (const auto& [id, r] : dead) {
+      options_.on_dead_letter(id, DeadLetterReason{r.dead_kind, r.dead_reason});
+    }
+  }
+  return reaped;
+}
+
+DoneAndLeased JobQueue::finish_and_lease_due(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::string_view queue, std::string_view worker, int limit, int start,
+    bool* expired_waiting) const {
+  // One statement when WITH may hold the writes: the leased rows say themselves whether the lease
+  // started them. Otherwise a transaction that reads the due rows, then updates them one by one.
+  const bool one_statement = connection.dialect().data_modifying_ctes();
+  const bool start_all = start >= limit;
+  const std::int64_t now = now_ms();
+  const std::int64_t expires = now + to_ms(options_.lease);
+  DoneAndLeased out;
+  // The due jobs of queue $1 at time $2, in lease order.
+  constexpr std::string_view kDue =
+      " FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
+      " AND run_at_ms <= $2 ORDER BY run_at_ms, id";
+  // What a lease does to a job: $2 is now, $3 the worker, $5 the lease's expiry. Whether it
+  // starts the attempt (counts it, started_ms set) is added per statement below.
+  constexpr std::string_view kSetRunning =
+      " SET state = 'running', fence = fence + 1, lease_owner = $3,"
+      " leased_ms = $2, lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2";
+  constexpr std::string_view kExpired =
+      "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2 LIMIT 1";
+  Rows leased;
+  std::size_t first = 0;          // column of the leased rows' id
+  std::int64_t last_started = 0;  // in a transaction: the highest id the lease started
+  if (one_statement) {
+    // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path. Its rows:
+    // kind 1 = a leased job, kind 0 = how many successes were current, kind 2 = an expired
+    // lease is waiting.
+    std::vector<Value> params = {queue, now, worker, limit, expires};
+    // The started jobs: all, or the `start` lowest ids of those picked ($6).
+    std::string started = "TRUE";
+    if (!start_all) {
+      params.emplace_back(start);
+      started = "j.id IN (SELECT id FROM picked ORDER BY id LIMIT $6)";
+    }
+    std::string sql = "WITH ";
+    if (!done.empty()) {
+      sql += "v (id, fence) AS (VALUES ";
+      for (std::size_t i = 0; i < done.size(); ++i) {
+        const std::string a = std::to_string(params.size() + 1);
+        const std::string b = std::to_string(params.size() + 2);
+        sql += (i ? ", ($" : "($") + a + "::bigint, $" + b + "::bigint)";
+        params.emplace_back(done[i].first);
+        params.emplace_back(done[i].second);
+      }
+      // The success's history row is the done row itself (detail::kMarkDone).
+      sql += "), done AS (UPDATE keel_jobs j" + std::string(detail::kMarkDone) +
+             " FROM v WHERE j.id = v.id AND j.fence = v.fence AND j.state = 'running'"
+             " RETURNING j.id), ";
+    }
+    sql += "picked AS (SELECT id" + std::string(kDue) + " LIMIT $4" +
+           std::string(connection.dialect().lock_rows_skip_locked()) +
+           "), leased AS (UPDATE keel_jobs j" + std::string(kSetRunning) +
+           ", attempts = attempts + CASE WHEN " + started +
+           " THEN 1 ELSE 0 END, started_ms = CASE WHEN " + started +
+           " THEN $2::bigint END FROM picked WHERE j.id = picked.id"
+           " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence,"
+           " j.started_ms)"
+           " SELECT 1, id, payload, idem_key,"
+           " attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END, max_attempts, fence,"
+           " CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM leased";
+    if (!done.empty()) {
+      sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL, NULL FROM done";
+    }
+    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
+           std::string(kExpired) + ")";
+    in_statement(connection, [&](Connection& c) {
+      leased = c.query(sql, params);
+      return true;
+    });
+    first = 1;
+  } else {
+    // The due rows are read, then updated one by one, in one write transaction: the same
+    // effect as the UPDATE ... WHERE id IN (SELECT ...) RETURNING that PostgreSQL runs, without
+    // the two temporary b-trees SQLite builds for those (docs/queue.md). The rows read show the
+    // job before kSetRunning: the lease's attempt and fence are one more.
+    static const std::string pick =
+        "SELECT id, payload, idem_key, attempts + 1, max_attempts, fence + 1" + std::string(kDue) +
+        " LIMIT $3";
+    // $6: started_ms (NULL: not started), $7: 1 when the lease starts the attempt.
+    static const std::string set_running = "UPDATE keel_jobs" + std::string(kSetRunning) +
+                                           ", started_ms = $6, attempts = attempts + $7"
+                                           " WHERE id = $4 AND queue = $1";
+    in_transaction(connection, [&](Connection& tx) {
+      out.current = 0;
+      for (const auto& [id, fence] : done) {
+        if (detail::mark_done(tx, id, fence, now)) ++out.current;
+      }
+      leased = tx.query(pick, {queue, now, limit});
+      // The started ones are the `start` lowest ids, as on PostgreSQL.
+      std::vector<std::int64_t> ids;
+      for (std::size_t i = 0; i < leased.size(); ++i) ids.push_back(leased.integer(i, 0));
+      std::sort(ids.begin(), ids.end());
+      last_started = start_all || ids.empty() ? std::numeric_limits<std::int64_t>::max()
+                     : start == 0             ? std::numeric_limits<std::int64_t>::min()
+                                              : ids[std::min<std::size_t>(ids.size(), start) - 1];
+      for (std::size_t i = 0; i < leased.size(); ++i) {
+        const bool starts = leased.integer(i, 0) <= last_started;
+        tx.query(set_running, {queue, now, worker, leased.integer(i, 0), expires,
+                               starts ? Value(now) : Value(), starts ? 1 : 0});
+      }
+      *expired_waiting = !tx.query(kExpired, {queue, now}).empty();
+      return true;
+    });
+  }
+  if (one_statement) *expired_waiting = false;
+  out.leased.reserve(leased.size());
+  for (std::size_t i = 0; i < leased.size(); ++i) {
+    if (one_statement && leased.integer(i, 0) != 1) {
+      if (leased.integer(i, 0) == 0) out.current = static_cast<int>(leased.integer(i, 1));
+      if (leased.integer(i, 0) == 2) *expired_waiting = true;
+      continue;
+    }
+    LeasedJob job;
+    job.id = leased.integer(i, first + 0);
+    job.queue = std::string(queue);
+    job.payload = leased.text(i, first + 1);
+    job.idempotency_key = leased.text(i, first + 2);
+    job.attempt = static_cast<int>(leased.integer(i, first + 3));
+    job.max_attempts = static_cast<int>(leased.integer(i, first + 4));
+    job.fence = leased.integer(i, first + 5);
+    job.lease_expires_ms = expires;
+    job.started = one_statement ? leased.integer(i, first + 6) == 1 : job.id <= last_started;
+    out.leased.push_back(std::move(job));
+  }
+  return out;
+}
+
+std::vector<LeasedJob> JobQueue::lease_due(Connection& connection, std::string_view queue,
+                                           std::string_view worker, int limit, int start) const {
+  bool expired_waiting = false;
+  return finish_and_lease_due(connection, {}, queue, worker, limit, start, &expired_waiting).leased;
+}
+
+DoneAndLeased JobQueue::complete_and_lease(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::string_view queue, std::string_view worker, int limit, int start) const {
+  if (limit < 1) {
+    throw_invalid({.context = "keel::store::JobQueue::complete_and_lease",
+                   .field = "limit",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(limit)});
+  }
+  if (start < 0) {
+    throw_invalid({.context = "keel::store::JobQueue::complete_and_lease",
+                   .field = "start",
+                   .problem = "must be >= 0",
+                   .got = std::to_string(start)});
+  }
+  bool expired_waiting = false;
+  DoneAndLeased out =
+      finish_and_lease_due(connection, done, queue, worker, limit, start, &expired_waiting);
+  // Expired leases are reaped when one is waiting and the due jobs did not fill the request, or
+  // at most every quarter lease while they do (so a busy queue still reclaims them promptly).
+  // The statement above said whether one is waiting: no reaping transaction when none is.
+  const std::int64_t now = now_ms();
+  const bool short_of_work = static_cast<int>(out.leased.size()) < limit;
+  if (expired_waiting &&
+      (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4)) {
+    last_reap_ms_.store(now);
+    if (reap_expired(connection, queue) > 0 && short_of_work) {
+      int started = 0;
+      for (const LeasedJob& job : out.leased) started += job.started ? 1 : 0;
+      auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.leased.size()),
+                            std::max(0, std::min(start, kStartAll) - started));
+      for (auto& job : more) out.leased.push_back(std::move(job));
+    }
+  }
+  // Started jobs first (a worker runs them in this order, and a started job charged for an
+  // attempt should not wait behind jobs that may crash its worker), then by id.
+  std::sort(out.leased.begin(), out.leased.end(), [](const LeasedJob& x, const LeasedJob& y) {
+    return x.started != y.started ? x.started : x.id < y.id;
+  });
+  return out;
+}
+
+std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view queue,
+                                       std::string_view worker, int limit, int start) const {
+  if (limit < 1) {
+    throw_invalid({.context = "keel::store::JobQueue::lease",
+                   .field = "limit",
+                   .problem = "must be >= 1",
+                   .got = std::to_string(limit)});
+  }
+  return complete_and_lease(connection, {}, queue, worker, limit, start).leased;
+}
+
+std::optional<std::int64_t> JobQueue::next_due(Connection& connection,
+                                               std::string_view queue) const {
+  // Two index reads: the first row of keel_jobs_ready (its predicate spelled as in the index, so
+  // the planner takes it) and of keel_jobs_due's running part.
+  const Rows r = connection.query(
+      "SELECT (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
+      " AND state IN ('ready', 'retry_scheduled')),"
+      " (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1 AND state = 'running')",
+      {queue});
+  std::optional<std::int64_t> due;
+  for (std::size_t c = 0; c < 2; ++c) {
+    if (!r.cell(0, c)) continue;
+    const std::int64_t t = r.integer(0, c);
+    due = due ? std::min(*due, t) : t;
+  }
+  return due;
+}
+
+bool JobQueue::start(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
+  bool current = false;
+  in_statement(connection, [&](Connection& c) {
+    const std::int64_t now = now_ms();
+    const Rows r = c.query(
+        "UPDATE keel_jobs SET attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0"
+        " END, started_ms = COALESCE(started_ms, $3), lease_expires_ms = $4, run_at_ms = $4,"
+        " updated_ms = $3 WHERE id = $1 AND fence = $2 AND state = 'running'",
+        {job_id, fence, now, now + to_ms(options_.lease)});
+    current = r.affected() == 1;
+    return true;
+  });
+  return current;
+}
+
+bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
+  bool current = false;
+  in_statement(connection, [&](Connection& c) {
+    const std::int64_t now = now_ms();
+    const std::int64_t expires = now + to_ms(options_.lease);
+    const Rows r = c.query(
+        "UPDATE keel_jobs SET lease_expires_ms = $3, run_at_ms = $3, updated_ms = $4"
+        " WHERE id = $1 AND fence = $2 AND state = 'running'",
+        {job_id, fence, expires, now});
+    current = r.affected() == 1;
+    return true;
+  });
+  return current;
+}
+
+bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t fence,
+                       std::string_view why) const {
+  bool released = false;
+  CompleteResult result;
+  in_transaction(connection, [&](Connection& tx) {
+    released = false;
+    result = CompleteResult{};
+    const std::int64_t now = now_ms();
+    const Rows row = tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
+                                  " FROM keel_jobs WHERE id = $1 AND fence = $2"
+                                  " AND state = 'running'" +
+                                  std::string(connection.dialect().lock_rows()),
+                              {job_id, fence});
+    if (row.empty()) return false;
+    released = true;
+    if (!row.cell(0, 9)) {
+      // Never started: ready again at once, in its place, not charged.
+      tx.query(
+          "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
+          " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
+          " WHERE id = $1",
+          {job_id, now});
+      return true;
+    }
+    // Its handler ran and may have had an effect: charged as a crash is.
+    result = settle(tx, row, 0, {.outcome = Outcome::ambiguous(), .error = std::string(why)},
+                    "released", now);
+    return true;
+  });
+  if (result.status == CompleteStatus::kDead && options_.on_dead_letter) {
+    options_.on_dead_letter(job_id, DeadLetterReason{result.dead_kind, result.dead_reason});
+  }
+  return released;
+}
+
+}  // namespace keel::store

@@ -1,0 +1,57 @@
+# Checks keel::store's layering (ARCHITECTURE.md), run as `cmake -DKEEL_SOURCE=... -P`:
+#
+# 1. Only the database layer branches on the backend: outside src/store/db/ and
+#    include/keel/store/db/, no store file names a Backend value (Backend::kSqlite ...) or
+#    compares a backend(); it asks the connection's dialect (keel/store/db/dialect.hpp) instead.
+# 2. Includes point down: each folder includes, of the store's folders (public headers
+#    keel/store/<folder>/ or private ones "<folder>/detail/"), only its own and those below it.
+cmake_minimum_required(VERSION 3.25)
+if(NOT KEEL_SOURCE)
+  message(FATAL_ERROR "usage: cmake -DKEEL_SOURCE=<keel's source tree> -P store_layers.cmake")
+endif()
+
+# Each folder and the store folders it may include: the arrows of ARCHITECTURE.md.
+set(allowed_db db)
+set(allowed_json json)
+set(allowed_queue queue db json)
+set(allowed_idempotency idempotency db json)
+set(allowed_server server idempotency db json)
+set(allowed_handlers handlers queue db json)
+set(folders db json queue idempotency server handlers)
+
+set(failures "")
+file(GLOB_RECURSE files RELATIVE ${KEEL_SOURCE} ${KEEL_SOURCE}/src/store/*.cpp
+     ${KEEL_SOURCE}/src/store/*.hpp ${KEEL_SOURCE}/include/keel/store/*.hpp)
+foreach(file IN LISTS files)
+  if(NOT file MATCHES "^(src|include/keel)/store/([a-z_]+)/")
+    list(APPEND failures "${file}: outside the store's folders (${folders})")
+    continue()
+  endif()
+  set(folder ${CMAKE_MATCH_2})
+  if(NOT folder IN_LIST folders)
+    list(APPEND failures "${file}: '${folder}' is not one of the store's folders (${folders})")
+    continue()
+  endif()
+  file(STRINGS ${KEEL_SOURCE}/${file} lines)
+  set(n 0)
+  foreach(line IN LISTS lines)
+    math(EXPR n "${n} + 1")
+    if(NOT folder STREQUAL "db" AND line MATCHES "Backend::k|backend\\(\\) *[!=]=")
+      list(APPEND failures "${file}:${n}: branches on the backend (ask the dialect): ${line}")
+    endif()
+    if(line MATCHES "^[ \t]*#[ \t]*include[ \t]*[<\"](keel/store/([a-z_]+)/|([a-z_]+)/detail/)")
+      set(included ${CMAKE_MATCH_2}${CMAKE_MATCH_3})
+      if(NOT included IN_LIST allowed_${folder})
+        list(APPEND failures
+             "${file}:${n}: ${folder}/ includes ${included}/, which is not below it: ${line}")
+      endif()
+    endif()
+  endforeach()
+endforeach()
+
+if(failures)
+  list(JOIN failures "\n  " text)
+  message(FATAL_ERROR "keel::store's layering is broken:\n  ${text}")
+endif()
+list(LENGTH files count)
+message(STATUS "${count} store files: only db/ branches on the backend, includes point down")
