@@ -69,7 +69,8 @@ start_server() {
   pids+=($!)
   local i
   for i in $(seq 1 100); do
-    url=$(sed -n 's/^keel-demo serve: listening on \(http:\/\/[0-9.]*:[0-9]*\).*/\1/p' "$log")
+    # The server's shell opens $log: it may not exist yet on the first look.
+    url=$(sed -n 's/^keel-demo serve: listening on \(http:\/\/[0-9.]*:[0-9]*\).*/\1/p' "$log" 2>/dev/null || true)
     [[ -n "$url" ]] && return 0
     kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; echo "demo: keel-demo serve exited" >&2; exit 1; }
     sleep 0.1
