@@ -16,7 +16,10 @@ build: bootstrap
 	cmake --preset release
 	cmake --build --preset release -j$(JOBS)
 
-demo: build
+# Only what scripts/demo.sh runs (keel and keel-demo), not the tests and benchmarks.
+demo: bootstrap
+	cmake --preset release
+	cmake --build --preset release -j$(JOBS) --target keel keel-demo
 	scripts/demo.sh
 
 test: bootstrap-test

@@ -1,6 +1,6 @@
 // The cost of hedging on the success path: requests per second through both HTTP clients with
 // hedging on but never triggered (the delay is far above the loopback latency) next to the same
-// client without it, one request at a time against a keel::testing::FaultServer on 127.0.0.1
+// client without it, one request at a time against a keel::faults::FaultServer on 127.0.0.1
 // that answers 200 over one keep-alive connection. With hedging on, a blocking request runs on a
 // pooled curl multi handle instead of curl_easy_perform, and an asynchronous one in the hedged
 // loop (a coroutine per attempt and a wake-up timer) instead of keel::asio::retry's.
@@ -17,9 +17,9 @@
 #include <string>
 
 #include "keel/asio/http_client.hpp"
+#include "keel/faults/fault_server.hpp"
 #include "keel/hedge.hpp"
 #include "keel/http/client.hpp"
-#include "keel/testing/fault_server.hpp"
 #include "loopback_upstream.hpp"
 
 namespace {

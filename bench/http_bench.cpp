@@ -1,6 +1,6 @@
 // Requests per second through keel's two HTTP clients against a local server, next to raw
 // libcurl doing the same thing with the same connection reuse. Every benchmark drives the same
-// keel::testing::FaultServer on 127.0.0.1 answering 200 to every GET over one keep-alive
+// keel::faults::FaultServer on 127.0.0.1 answering 200 to every GET over one keep-alive
 // connection, one request at a time, so the difference is the client's own cost: the retry
 // engine, the per-host breaker and the budget, the request's header list, the handle pool.
 //
@@ -42,8 +42,8 @@
 
 #include "alloc_counter.hpp"
 #include "keel/deadline_header.hpp"
+#include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
-#include "keel/testing/fault_server.hpp"
 #include "loopback_upstream.hpp"
 
 #if KEEL_BENCH_HTTP_ASIO

@@ -1,14 +1,14 @@
-// The upstream of the HTTP benchmarks: one keel::testing::FaultServer on 127.0.0.1 answering 200
+// The upstream of the HTTP benchmarks: one keel::faults::FaultServer on 127.0.0.1 answering 200
 // to everything, started on first use and never stopped (it serves the whole run).
 #pragma once
 
-#include "keel/testing/fault_server.hpp"
+#include "keel/faults/fault_server.hpp"
 
 namespace keel::bench {
 
-inline testing::FaultServer& server() {
+inline faults::FaultServer& server() {
   static auto* s = [] {
-    auto* srv = new testing::FaultServer({.script = "200"});
+    auto* srv = new faults::FaultServer({.script = "200"});
     srv->start();
     return srv;
   }();

@@ -1,13 +1,13 @@
-// The receiver floor: the smallest cpp-httplib server that does what `keel serve
+// The receiver floor: the smallest cpp-httplib server that does what `keel-demo serve
 // --no-idempotency` does for POST /v1/charges (parse the JSON body, insert one row into charges,
 // answer 201 with the charge), with none of keel's layers. scripts/bench-serve.sh runs it next to
-// keel serve so that the cost of keel's server (limits, routing, metrics) and of the idempotency
-// layer can each be read against it.
+// keel-demo serve so that the cost of keel's server (limits, routing, metrics) and of the
+// idempotency layer can each be read against it.
 //
 //   keel_bench_serve_floor --db URL [--threads N]
 //
 // Listens on 127.0.0.1 on a free port and prints "listening on http://127.0.0.1:PORT". One
-// database connection per server thread, TCP_NODELAY on (as keel serve sets it).
+// database connection per server thread, TCP_NODELAY on (as keel-demo serve sets it).
 #include <httplib.h>
 
 #include <atomic>

@@ -1,6 +1,7 @@
 # A Debian package of the default install (`cpack -G DEB` in the build folder): the keel binary,
 # the static libraries, the public headers, the CMake package and the pkg-config files, under
-# /usr. keel::testing (an install component left out of the default install) is not in it.
+# /usr. keel::faults and keel-demo (install components left out of the default install) are not
+# in it.
 #
 # Depends: the shared libraries the keel binary links (dpkg-shlibdeps), and the -dev packages
 # whose headers and libraries a program built against keel's static libraries needs (the

@@ -5,7 +5,7 @@
 //    each operation keeps one Idempotency-Key across its attempts.
 // 3. Cancelling an operation that is waiting out a 30 s Retry-After: it stops at once.
 //
-// The upstream is keel::testing::FaultServer on 127.0.0.1 (a port the kernel picks).
+// The upstream is keel::faults::FaultServer on 127.0.0.1 (a port the kernel picks).
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
@@ -18,7 +18,7 @@
 #include <keel/asio/http_client.hpp>
 #include <keel/asio/retry.hpp>
 #include <keel/duration.hpp>
-#include <keel/testing/fault_server.hpp>
+#include <keel/faults/fault_server.hpp>
 
 using namespace std::chrono_literals;
 
@@ -54,7 +54,7 @@ int main() {
   io.run();
 
   // 2. Many HTTP operations on one thread.
-  keel::testing::FaultServer server({.script = "503*5,200"});
+  keel::faults::FaultServer server({.script = "503*5,200"});
   server.start();
   keel::asio::HttpClient client(
       io.get_executor(),

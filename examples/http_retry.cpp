@@ -1,17 +1,17 @@
 // Retrying an HTTP call with keel::http::Client: full jitter under a deadline, a retry budget and
 // a circuit breaker per host, one Idempotency-Key on every attempt of the POST.
 //
-// The upstream is keel::testing::FaultServer on 127.0.0.1 (a port the kernel picks), scripted to
+// The upstream is keel::faults::FaultServer on 127.0.0.1 (a port the kernel picks), scripted to
 // answer 503 twice and then 201. The middle of main() is the example shown in README.md.
 #include <cstdio>
+#include <keel/faults/fault_server.hpp>
 #include <keel/http/client.hpp>
-#include <keel/testing/fault_server.hpp>
 #include <string>
 
 using namespace std::chrono_literals;
 
 int main() {
-  keel::testing::FaultServer server({.script = "503*2,201"});
+  keel::faults::FaultServer server({.script = "503*2,201"});
   server.start();
   const std::string url = server.url("/v1/charges");
 

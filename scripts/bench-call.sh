@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Process start-to-exit of `keel call` next to `curl` for one GET against a local
-# `keel upstream` (127.0.0.1, port chosen by the kernel). Prints the mean wall time of each
+# `keel-demo upstream` (127.0.0.1, port chosen by the kernel). Prints the mean wall time of each
 # and their ratio. Uses hyperfine when it is installed, otherwise a timed loop.
 #   scripts/bench-call.sh [--build-dir DIR] [--runs N]
 set -euo pipefail
@@ -19,11 +19,13 @@ if ! [[ "$runs" =~ ^[0-9]+$ ]] || ((runs < 1)); then
   exit 2
 fi
 keel="$build_dir/bin/keel"
+keel_demo="$build_dir/bin/keel-demo"
 [[ -x "$keel" ]] || { echo "bench-call: $keel not found (build first)" >&2; exit 1; }
+[[ -x "$keel_demo" ]] || { echo "bench-call: $keel_demo not found (build first)" >&2; exit 1; }
 command -v curl >/dev/null || { echo "bench-call: curl not installed" >&2; exit 1; }
 
 out=$(mktemp)
-"$keel" upstream --script 200 >"$out" &
+"$keel_demo" upstream --script 200 >"$out" &
 upstream=$!
 trap 'kill "$upstream" 2>/dev/null || true; wait "$upstream" 2>/dev/null || true; rm -f "$out"' EXIT
 for _ in $(seq 100); do

@@ -3,7 +3,7 @@
 # PostgreSQL, measured with wrk over loopback. Every request carries a fresh Idempotency-Key, so
 # the layer does its full work (claim, transactional completion) on every request.
 #
-#   scripts/bench-serve.sh [BUILD_DIR]        (default: build; needs BUILD_DIR/bin/keel)
+#   scripts/bench-serve.sh [BUILD_DIR]        (default: build; needs BUILD_DIR/bin/keel-demo)
 #
 # Environment: DURATION (default 10s), CONNECTIONS (16), WRK_THREADS (2), SERVER_THREADS (16),
 # BACKENDS ("sqlite postgres"). PostgreSQL is a throwaway server from scripts/pg-test-server.sh
@@ -13,7 +13,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
-keel=$build/bin/keel
+keel_demo=$build/bin/keel-demo
 floor=$build/bin/keel_bench_serve_floor
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-16}
@@ -21,7 +21,7 @@ WRK_THREADS=${WRK_THREADS:-2}
 SERVER_THREADS=${SERVER_THREADS:-16}
 BACKENDS=${BACKENDS:-sqlite postgres}
 
-[[ -x "$keel" ]] || { echo "bench-serve: $keel not found (build first)" >&2; exit 1; }
+[[ -x "$keel_demo" ]] || { echo "bench-serve: $keel_demo not found (build first)" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "bench-serve: wrk not installed (apt-get install wrk)" >&2; exit 1; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/keel-bench.XXXXXX")
@@ -57,14 +57,14 @@ LUA
 
 # run_one DB_URL [--no-idempotency | --floor]: prints "rps p99 non2xx p50". --floor runs
 # keel_bench_serve_floor (bench/serve_floor.cpp: a bare cpp-httplib server doing the same insert)
-# instead of keel serve.
+# instead of keel-demo serve.
 run_one() {
   local db=$1
   shift
   if [[ ${1:-} == --floor ]]; then
     "$floor" --db "$db" --threads "$SERVER_THREADS" >"$work/serve.log" 2>&1 &
   else
-    "$keel" serve --listen 127.0.0.1:0 --db "$db" --threads "$SERVER_THREADS" "$@" \
+    "$keel_demo" serve --listen 127.0.0.1:0 --db "$db" --threads "$SERVER_THREADS" "$@" \
       >"$work/serve.log" 2>&1 &
   fi
   server_pid=$!
@@ -129,4 +129,4 @@ for backend in $BACKENDS; do
     "$root/scripts/pg-test-server.sh" stop "$work/pg" >/dev/null
   fi
 done
-echo "(wrk -t$WRK_THREADS -c$CONNECTIONS -d$DURATION, keel serve --threads $SERVER_THREADS, $(nproc) CPUs shared)"
+echo "(wrk -t$WRK_THREADS -c$CONNECTIONS -d$DURATION, keel-demo serve --threads $SERVER_THREADS, $(nproc) CPUs shared)"

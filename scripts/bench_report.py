@@ -272,7 +272,7 @@ def http_rows(path, emit, mach, date, goals):
         return (f"{spread(rate)} req/s; cpu {fmt_ns(s.median('cpu'))}/req; {allocs}",
                 statistics.median(rate), s.median("cpu"))
 
-    emit("One GET at a time over one keep-alive connection to keel::testing::FaultServer on"
+    emit("One GET at a time over one keep-alive connection to keel::faults::FaultServer on"
          " 127.0.0.1 (bench/http_bench.cpp), keel and raw libcurl in randomly interleaved"
          " repetitions. Ratio = keel / raw in requests/s (goal >= 0.95), then raw / keel in the"
          " client thread's CPU time per request; allocs = operator new calls per request on the"

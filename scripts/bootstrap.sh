@@ -11,7 +11,7 @@ build_packages=(
   g++ clang cmake ninja-build make pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
   libcurl4-openssl-dev libsqlite3-dev libpq-dev libssl-dev
-  prometheus-cpp-dev  # keel::metrics and the /metrics of keel jobs work and keel serve
+  prometheus-cpp-dev  # keel::metrics and the /metrics of keel jobs work and keel-demo serve
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libasio-dev
   gnuplot-nox curl procps
 )

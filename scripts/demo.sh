@@ -2,7 +2,7 @@
 # make demo: keel's whole story on real parts, on loopback, with SQLite files in a temporary
 # folder.
 #
-#  1. `keel serve` runs a flaky payments API: 503s (some with Retry-After), slow requests, and
+#  1. `keel-demo serve` runs a flaky payments API: 503s (some with Retry-After), slow requests, and
 #     "commit then drop the response" (the charge is written, the answer never arrives).
 #  2. The same 500 charge jobs are drained twice: by a naive retry loop (immediate retries, a
 #     fresh Idempotency-Key per attempt: the bug the seeds warn about), then by keel (a durable
@@ -16,12 +16,13 @@
 #     with a picture.
 #
 # Exits non-zero if keel's run shows a duplicate or a lost charge.
-#   scripts/demo.sh [--jobs N]   (KEEL=path/to/keel: another binary; KEEL_DEMO_OUT=DIR: where the
-#                                 picture goes, default build/demo)
+#   scripts/demo.sh [--jobs N]   (KEEL=path/to/keel, KEEL_DEMO=path/to/keel-demo: other binaries;
+#                                 KEEL_DEMO_OUT=DIR: where the picture goes, default build/demo)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 keel=${KEEL:-$root/build/bin/keel}
+keel_demo=${KEEL_DEMO:-$root/build/bin/keel-demo}
 jobs=500
 while (($#)); do
   case "$1" in
@@ -32,7 +33,8 @@ while (($#)); do
     *) echo "demo: unknown option '$1' (expected --jobs N)" >&2; exit 2 ;;
   esac
 done
-[[ -x "$keel" ]] || { echo "demo: $keel is missing; run 'make build' first" >&2; exit 1; }
+[[ -x "$keel" ]] || { echo "demo: $keel is missing; run 'make demo'" >&2; exit 1; }
+[[ -x "$keel_demo" ]] || { echo "demo: $keel_demo is missing; run 'make demo'" >&2; exit 1; }
 command -v curl >/dev/null || { echo "demo: curl is needed (scripts/bootstrap.sh installs it)" >&2; exit 1; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/keel-demo.XXXXXX")
@@ -57,22 +59,23 @@ now_ms() { date +%s%3N; }
 chaos=(--chaos-503 0.2 --chaos-503-retry-after 200ms --chaos-delay-fraction 0.05 --chaos-delay 300ms
        --chaos-drop-after-commit 0.1 --chaos-seed 42)
 
-# start_server NAME [FLAGS...]: starts `keel serve` on a free port with the run's own SQLite file;
-# sets $url.
+# start_server NAME [FLAGS...]: starts `keel-demo serve` on a free port with the run's own SQLite
+# file; sets $url.
 start_server() {
   local name=$1 log="$work/$1-serve.log"
   shift
-  "$keel" serve --listen "${LISTEN:-127.0.0.1:0}" --db "sqlite:$work/$name-payments.db" --threads 16 \
+  "$keel_demo" serve --listen "${LISTEN:-127.0.0.1:0}" --db "sqlite:$work/$name-payments.db" --threads 16 \
     "$@" >"$log" 2>&1 &
   pids+=($!)
   local i
   for i in $(seq 1 100); do
-    url=$(sed -n 's/^keel serve: listening on \(http:\/\/[0-9.]*:[0-9]*\).*/\1/p' "$log")
+    # The server's shell opens $log: it may not exist yet on the first look.
+    url=$(sed -n 's/^keel-demo serve: listening on \(http:\/\/[0-9.]*:[0-9]*\).*/\1/p' "$log" 2>/dev/null || true)
     [[ -n "$url" ]] && return 0
-    kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; echo "demo: keel serve exited" >&2; exit 1; }
+    kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; echo "demo: keel-demo serve exited" >&2; exit 1; }
     sleep 0.1
   done
-  echo "demo: keel serve did not start" >&2
+  echo "demo: keel-demo serve did not start" >&2
   exit 1
 }
 

@@ -1,4 +1,4 @@
-// The payments API of `keel serve` as a program of its own: examples/payments_api's library on
+// The payments API of `keel-demo serve` as a program of its own: examples/payments_api's library on
 // SQLite in a scratch folder, listening on 127.0.0.1 (a port the kernel picks), called over
 // loopback by keel::http::Client as a retrying caller would.
 //

@@ -1,4 +1,4 @@
-// The payments API of `keel serve` and of examples/payments_api/main.cpp: a small service that
+// The payments API of `keel-demo serve` and of examples/payments_api/main.cpp: a small service that
 // shows the receiver's half of safe retries. POST /v1/charges goes through the idempotency
 // middleware (keel/store/server/idempotency_middleware.hpp) on SQLite or PostgreSQL;
 // GET /v1/charges/{id}, GET /v1/charges?customer=ID, /healthz and /metrics.

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs every shell command shown in keel's Markdown documentation, so the docs cannot rot.
 
-    doc_commands.py --keel PATH/TO/keel [--root SOURCE_DIR] [FILE.md ...]
+    doc_commands.py --keel PATH/TO/keel [--keel-demo PATH/TO/keel-demo] [--root SOURCE_DIR]
+                    [FILE.md ...]
 
 Without files it checks README.md and docs/*.md under --root.
 
@@ -23,7 +24,8 @@ The convention (docs/README.md repeats it for writers):
     ---`. PATH is a program that `make test` builds and runs, so the snippet compiles.
 
 Each file runs in a fresh temporary directory, its blocks in order (files written by one block
-are there for the next), with the keel under test on PATH and linked as build/bin/keel. When
+are there for the next), with the keel under test on PATH and linked as build/bin/keel (and
+keel-demo, the showroom program, as build/bin/keel-demo when --keel-demo names it). When
 possible the whole run happens in a private network namespace (unshare -n), so the fixed ports
 the docs show (8080, 9000, ...) never collide with other tests running at the same time.
 
@@ -316,6 +318,7 @@ def enter_network_namespace():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keel", required=True, help="the keel binary under test")
+    parser.add_argument("--keel-demo", help="the keel-demo binary (demo/) the docs also run")
     parser.add_argument("--root", default=os.getcwd(), help="the source tree (README.md, docs/)")
     parser.add_argument("--no-netns", action="store_true", help="stay in the host's network")
     parser.add_argument("files", nargs="*")
@@ -324,6 +327,10 @@ def main():
     keel = os.path.abspath(args.keel)
     if not os.access(keel, os.X_OK):
         print(f"doc test: --keel {args.keel} is not an executable", file=sys.stderr)
+        return 2
+    keel_demo = os.path.abspath(args.keel_demo) if args.keel_demo else None
+    if keel_demo and not os.access(keel_demo, os.X_OK):
+        print(f"doc test: --keel-demo {args.keel_demo} is not an executable", file=sys.stderr)
         return 2
     if not args.no_netns:
         enter_network_namespace()
@@ -357,6 +364,8 @@ def main():
             bindir = os.path.join(work, "build", "bin")
             os.makedirs(bindir)
             os.symlink(keel, os.path.join(bindir, "keel"))
+            if keel_demo:
+                os.symlink(keel_demo, os.path.join(bindir, "keel-demo"))
             env = dict(os.environ)
             env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
             env["HOME"] = work

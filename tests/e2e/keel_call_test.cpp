@@ -1,6 +1,6 @@
-// `keel call` and `keel upstream` as processes: exit statuses, what they print, and what the
-// upstream saw. The upstream is a keel::testing::FaultServer in this process unless the test is
-// about `keel upstream` itself.
+// `keel call` and `keel-demo upstream` as processes: exit statuses, what they print, and what
+// the upstream saw. The upstream is a keel::faults::FaultServer in this process unless the test
+// is about `keel-demo upstream` itself.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -17,17 +17,20 @@
 #include <vector>
 
 #include "integration/loopback_socket.hpp"
-#include "keel/testing/fault_server.hpp"
+#include "keel/faults/fault_server.hpp"
 #include "run_keel.hpp"
 
 #ifndef KEEL_BINARY
 #error "KEEL_BINARY must name the keel executable"
 #endif
+#ifndef KEEL_DEMO_BINARY
+#error "KEEL_DEMO_BINARY must name the keel-demo executable"
+#endif
 
 namespace {
 
-using keel::testing::Arrival;
-using keel::testing::FaultServer;
+using keel::faults::Arrival;
+using keel::faults::FaultServer;
 
 using keel::test::TempDir;
 
@@ -44,8 +47,8 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
-// Runs keel with args (no shell), stdout and stderr captured through files.
-ProcessRun keel(const std::vector<std::string>& args) {
+// Runs the program `binary` with args (no shell), stdout and stderr captured through files.
+ProcessRun run_binary(const char* binary, const std::vector<std::string>& args) {
   TempDir dir;
   const std::string out = dir.file("out");
   const std::string err = dir.file("err");
@@ -56,10 +59,10 @@ ProcessRun keel(const std::vector<std::string>& args) {
     ::dup2(o, 1);
     ::dup2(e, 2);
     std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(KEEL_BINARY));
+    argv.push_back(const_cast<char*>(binary));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    ::execv(KEEL_BINARY, argv.data());
+    ::execv(binary, argv.data());
     ::_exit(127);
   }
   int wstatus = 0;
@@ -69,6 +72,11 @@ ProcessRun keel(const std::vector<std::string>& args) {
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+ProcessRun keel(const std::vector<std::string>& args) { return run_binary(KEEL_BINARY, args); }
+ProcessRun keel_demo(const std::vector<std::string>& args) {
+  return run_binary(KEEL_DEMO_BINARY, args);
 }
 
 std::string header(const Arrival& a, std::string_view name) {
@@ -282,7 +290,7 @@ TEST(KeelCall, HelpDocumentsTheExitStatuses) {
   }
 }
 
-// `keel upstream` as a process: read its port from stdout, call it, read its log, stop it.
+// `keel-demo upstream` as a process: read its port from stdout, call it, read its log, stop it.
 // --hedge: the first request hangs, the hedge sent after the delay answers at once.
 TEST(KeelCallHedge, AHedgeAnswersWhenTheFirstAttemptHangs) {
   FaultServer server({.script = "hang,200/body=hedged"});
@@ -363,8 +371,8 @@ TEST(KeelUpstream, ServesTheScriptAndReportsWhatItSaw) {
   if (pid == 0) {
     ::dup2(pipe_fds[1], 1);
     ::close(pipe_fds[0]);
-    ::execl(KEEL_BINARY, KEEL_BINARY, "upstream", "--script", "503*2,200/body=up", "--for", "50s",
-            static_cast<char*>(nullptr));
+    ::execl(KEEL_DEMO_BINARY, KEEL_DEMO_BINARY, "upstream", "--script", "503*2,200/body=up",
+            "--for", "50s", static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(pipe_fds[1]);
@@ -394,7 +402,7 @@ TEST(KeelUpstream, ServesTheScriptAndReportsWhatItSaw) {
 }
 
 TEST(KeelUpstream, InvalidScriptExitsTwoNamingTheFlag) {
-  const ProcessRun r = keel({"upstream", "--script", "503/retry-after=soon"});
+  const ProcessRun r = keel_demo({"upstream", "--script", "503/retry-after=soon"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--script"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("retry-after"), std::string::npos) << r.err;

@@ -13,19 +13,19 @@
 #include <vector>
 
 #include "integration/loopback_socket.hpp"
-#include "keel/testing/fault_server.hpp"
+#include "keel/faults/fault_server.hpp"
 #include "raw_http_server.hpp"
 #include "run_keel.hpp"
 
 namespace {
 
+using keel::faults::Arrival;
+using keel::faults::FaultServer;
 using keel::test::KeelRun;
 using keel::test::RawHttpServer;
 using keel::test::response_head;
 using keel::test::run_keel;
 using keel::test::TempDir;
-using keel::testing::Arrival;
-using keel::testing::FaultServer;
 
 std::vector<std::string> call(std::vector<std::string> extra) {
   std::vector<std::string> args = {"call", "--backoff-base", "1ms", "--backoff-cap", "5ms"};
@@ -87,7 +87,7 @@ TEST(KeelCallInput, BadKeysAndConflictingKeysExitTwoBeforeSending) {
       {{"-d", "x", "--idempotency-key", "a\nb"}, "--idempotency-key"},
       {{"-d", "x", "-H", "Idempotency-Key: a\x7f"}, "--header"},
       {{"-d", "x", "-H", "Idempotency-Key:"}, "--header"},
-      // What keel serve would refuse (dead on the first attempt) is refused here.
+      // What keel-demo serve would refuse (dead on the first attempt) is refused here.
       {{"-d", "x", "--idempotency-key", "\"open"}, "--idempotency-key"},
       {{"-d", "x", "--idempotency-key", "\"a\"b"}, "--idempotency-key"},
       {{"-d", "x", "-H", "Idempotency-Key: a b"}, "--header"},
@@ -153,7 +153,7 @@ TEST(KeelCallInput, InvalidUrlsExitTwoAtOnceNamingTheProblem) {
   EXPECT_EQ(server.arrivals().size(), 3u);
 }
 
-// Every numeric and duration flag of keel call, keel sim run and keel demo-core, and the other
+// Every numeric and duration flag of keel call, keel sim run and keel-demo core, and the other
 // flags that took a bad value silently: a usage error (2) naming the flag and the value.
 TEST(KeelFlags, BadValuesExitTwoNamingTheFlagAndTheValue) {
   TempDir dir;
@@ -162,6 +162,7 @@ TEST(KeelFlags, BadValuesExitTwoNamingTheFlagAndTheValue) {
     std::vector<std::string> args;
     std::string flag;
     std::string value;
+    bool demo = false;  // keel-demo's flag, not keel's
   };
   std::vector<Case> cases;
   for (const char* flag : {"--deadline", "--per-try-timeout", "--connect-timeout", "--backoff-base",
@@ -180,16 +181,16 @@ TEST(KeelFlags, BadValuesExitTwoNamingTheFlagAndTheValue) {
   for (const char* value :
        {"-1", "1.5", "nan", "18446744073709551616", "12abc", "0x10", "+1", ""}) {
     cases.push_back({{"sim", "run", "--scenario", "herd", "--seed", value}, "--seed", value});
-    cases.push_back({{"demo-core", "--seed", value}, "--seed", value});
+    cases.push_back({{"core", "--seed", value}, "--seed", value, true});
   }
   for (const char* value : {"nan", "inf", "-inf", "-0.1", "1.01", "2", "1e-3", "0.5x", "", "."}) {
-    cases.push_back({{"demo-core", "--failure-rate", value}, "--failure-rate", value});
+    cases.push_back({{"core", "--failure-rate", value}, "--failure-rate", value, true});
   }
   for (const char* value : {"0", "-1", "1001", "nan", "1.5"}) {
-    cases.push_back({{"demo-core", "--operations", value}, "--operations", value});
+    cases.push_back({{"core", "--operations", value}, "--operations", value, true});
   }
   for (const char* value : {"0", "101", "-1", "nan"}) {
-    cases.push_back({{"demo-core", "--max-attempts", value}, "--max-attempts", value});
+    cases.push_back({{"core", "--max-attempts", value}, "--max-attempts", value, true});
   }
   for (const char* value : {"0s", "-1s", "nan", "41s", "5x"}) {
     cases.push_back({{"sim", "run", "--scenario", "blip", "--trigger", value}, "--trigger", value});
@@ -202,7 +203,7 @@ TEST(KeelFlags, BadValuesExitTwoNamingTheFlagAndTheValue) {
          ""});
   }
   for (const Case& c : cases) {
-    const KeelRun r = run_keel(c.args);
+    const KeelRun r = run_keel(c.args, {.binary = c.demo ? KEEL_DEMO_BINARY : KEEL_BINARY});
     EXPECT_EQ(r.status, 2) << c.flag << " '" << c.value << "': " << r.err;
     EXPECT_NE(r.err.find(c.flag), std::string::npos) << c.flag << " '" << c.value << "': " << r.err;
     if (!c.value.empty()) {
@@ -211,9 +212,13 @@ TEST(KeelFlags, BadValuesExitTwoNamingTheFlagAndTheValue) {
     EXPECT_EQ(r.out, "") << c.flag << " '" << c.value << "'";
   }
   // The valid edges are accepted.
-  EXPECT_EQ(run_keel({"demo-core", "--failure-rate", "1", "--seed", "18446744073709551615"}).status,
+  EXPECT_EQ(run_keel({"core", "--failure-rate", "1", "--seed", "18446744073709551615"},
+                     {.binary = KEEL_DEMO_BINARY})
+                .status,
             0);
-  EXPECT_EQ(run_keel({"demo-core", "--failure-rate", "0", "--seed", "0"}).status, 0);
+  EXPECT_EQ(
+      run_keel({"core", "--failure-rate", "0", "--seed", "0"}, {.binary = KEEL_DEMO_BINARY}).status,
+      0);
   EXPECT_EQ(run_keel({"sim", "run", "--scenario", "herd", "--seed", "0"}).status, 0);
 }
 

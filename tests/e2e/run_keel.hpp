@@ -1,5 +1,6 @@
-// Running the keel executable as a process in the e2e tests: arguments without a shell, stdout
-// and stderr captured through files, the exit status and the child's peak resident set.
+// Running the keel executable (or keel-demo) as a process in the e2e tests: arguments without a
+// shell, stdout and stderr captured through files, the exit status and the child's peak resident
+// set.
 #pragma once
 
 #include <fcntl.h>
@@ -62,9 +63,11 @@ struct KeelRunOptions {
   std::string stdout_path;
   /// Run as this user (via runuser) when non-empty.
   std::string as_user;
+  /// The executable to run: keel unless another is named (KEEL_DEMO_BINARY).
+  const char* binary = KEEL_BINARY;
 };
 
-/// Runs keel with `args` (no shell) and waits for it.
+/// Runs keel (or options.binary) with `args` (no shell) and waits for it.
 inline KeelRun run_keel(const std::vector<std::string>& args, const KeelRunOptions& options = {}) {
   TempDir dir;
   const std::string out = options.stdout_path.empty() ? dir.file("out") : options.stdout_path;
@@ -78,7 +81,7 @@ inline KeelRun run_keel(const std::vector<std::string>& args, const KeelRunOptio
     ::dup2(e, 2);
     std::vector<std::string> full;
     if (!options.as_user.empty()) full = {"/usr/sbin/runuser", "-u", options.as_user, "--"};
-    full.push_back(KEEL_BINARY);
+    full.push_back(options.binary);
     full.insert(full.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : full) argv.push_back(a.data());

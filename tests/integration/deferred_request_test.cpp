@@ -1,6 +1,6 @@
 // keel::store's queue-for-later pieces in process: the deferred request's job payload
 // (encode_deferred_request / decode_deferred_request), QueuedWrites on a real SQLite file, and
-// DeferredRequestHandler delivering a job to a keel::testing::FaultServer over loopback with the
+// DeferredRequestHandler delivering a job to a keel::faults::FaultServer over loopback with the
 // job's key, the stored header fields and body, and Keel-Attempt going on from the attempts made
 // before the request was deferred.
 #include "keel/store/handlers/deferred_request.hpp"
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
 #include "keel/store/handlers/webhook_handler.hpp"
-#include "keel/testing/fault_server.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {
@@ -191,7 +191,7 @@ TEST(QueuedWrites, ADatabaseThatCannotBeOpenedIsAnErrorNotAnException) {
 }
 
 TEST(DeferredRequestHandler, SendsTheStoredRequestWithTheJobsKeyAndCountsOnTheAttempts) {
-  testing::FaultServer server({.script = "503,200"});
+  faults::FaultServer server({.script = "503,200"});
   server.start();
   http::Client client(webhook_client_options(5s));
   const DeferredRequestHandler handler(client);

@@ -1,4 +1,4 @@
-// keel::http::Client against keel::testing::FaultServer over real loopback connections: what the
+// keel::http::Client against keel::faults::FaultServer over real loopback connections: what the
 // server saw (arrivals, Idempotency-Key, Keel-Attempt, times) proves what the client did.
 // Timing assertions are lower bounds only (a wait at least as long as Retry-After).
 #include <gtest/gtest.h>
@@ -17,8 +17,8 @@
 
 #include "keel/breaker.hpp"
 #include "keel/budget.hpp"
+#include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
-#include "keel/testing/fault_server.hpp"
 #include "loopback_socket.hpp"
 #include "waiting.hpp"
 
@@ -27,12 +27,12 @@ namespace {
 
 using keel::test::arrivals_at_least;
 
+using faults::Arrival;
+using faults::FaultServer;
+using faults::FaultStep;
+using faults::parse_fault_script;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-using testing::Arrival;
-using testing::FaultServer;
-using testing::FaultStep;
-using testing::parse_fault_script;
 
 // Fast backoff so tests spend their time on the network, not on waiting.
 ClientOptions fast_options(int attempts = 3) {

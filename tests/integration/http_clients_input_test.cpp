@@ -16,20 +16,20 @@
 
 #include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
+#include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
-#include "keel/testing/fault_server.hpp"
 #include "raw_http_server.hpp"
 
 namespace {
 
 using keel::StopReason;
+using keel::faults::Arrival;
+using keel::faults::FaultServer;
 using keel::http::ClientOptions;
 using keel::http::Request;
 using keel::http::Result;
 using keel::test::RawHttpServer;
 using keel::test::response_head;
-using keel::testing::Arrival;
-using keel::testing::FaultServer;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 

@@ -1,5 +1,5 @@
 // One suite, two drivers: the behaviour of keel's HTTP clients, checked against the same
-// keel::testing::FaultServer over loopback, for the blocking keel::http::Client and for the
+// keel::faults::FaultServer over loopback, for the blocking keel::http::Client and for the
 // non-blocking keel::asio::HttpClient (libcurl multi on an Asio loop). What the server saw
 // (arrivals, Idempotency-Key, Keel-Attempt, times) proves what the client did. Timing assertions
 // are lower bounds only.
@@ -37,9 +37,9 @@
 #include "keel/breaker.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/duration.hpp"
+#include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
 #include "keel/latency.hpp"
-#include "keel/testing/fault_server.hpp"
 #include "loopback_socket.hpp"
 
 namespace {
@@ -52,11 +52,11 @@ using keel::test::header;
 using keel::OutcomeKind;
 using keel::OutcomeSource;
 using keel::StopReason;
+using keel::faults::Arrival;
+using keel::faults::FaultServer;
 using keel::http::ClientOptions;
 using keel::http::Request;
 using keel::http::Result;
-using keel::testing::Arrival;
-using keel::testing::FaultServer;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 

@@ -16,8 +16,8 @@
 #include <utility>
 
 #include "keel/asio/http_client.hpp"
+#include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
-#include "keel/testing/fault_server.hpp"
 
 namespace keel::test {
 
@@ -66,7 +66,7 @@ struct HttpDriverNames {
 };
 
 /// The value of header `name` as the FaultServer received it, or "" when absent.
-inline std::string header(const testing::Arrival& a, std::string_view name) {
+inline std::string header(const faults::Arrival& a, std::string_view name) {
   auto v = http::find_header(a.headers, name);
   return v ? std::string(*v) : std::string();
 }

@@ -3,7 +3,7 @@
 // fallbacks.stale_responses: a cached GET served while the host's breaker is open, never older than
 // the cache's max_age) and queue for later (ClientOptions::fallbacks.deferred_writes: a keyed write
 // handed over when the host is down, StopReason::kQueued). The upstream is a
-// keel::testing::FaultServer; what it saw proves what was sent. The cache's ages are read on a
+// keel::faults::FaultServer; what it saw proves what was sent. The cache's ages are read on a
 // keel::ManualClock.
 #include <gtest/gtest.h>
 
@@ -19,20 +19,20 @@
 #include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
 #include "keel/breaker.hpp"
+#include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
 #include "keel/http/deferred_writes.hpp"
 #include "keel/http/response_cache.hpp"
-#include "keel/testing/fault_server.hpp"
 
 namespace {
 
 using keel::test::header;
 
 using keel::StopReason;
+using keel::faults::FaultServer;
 using keel::http::ClientOptions;
 using keel::http::Request;
 using keel::http::Result;
-using keel::testing::FaultServer;
 using namespace std::chrono_literals;
 
 // An in-memory DeferredWrites: records what it was given; refuses when told to.

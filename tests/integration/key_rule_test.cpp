@@ -1,8 +1,8 @@
 // keel's one idempotency key rule where it is applied: the job queue (JobQueue::enqueue on real
 // SQLite and PostgreSQL), the HTTP clients (keel::http::check_request, which both clients run
-// before any attempt) and the receiver (keel::store::parse_idempotency_key, behind keel serve).
-// For each case of tests/key_rule_cases.hpp the three give one verdict and one canonical form,
-// so a job the queue accepts is sent and read as the key it was stored under, and two keys a
+// before any attempt) and the receiver (keel::store::parse_idempotency_key, behind keel-demo
+// serve). For each case of tests/key_rule_cases.hpp the three give one verdict and one canonical
+// form, so a job the queue accepts is sent and read as the key it was stored under, and two keys a
 // receiver reads as one are one job.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// `keel serve` end to end: real processes, real HTTP over 127.0.0.1, a real SQLite file or the
+// `keel-demo serve` end to end: real processes, real HTTP over 127.0.0.1, a real SQLite file or the
 // test PostgreSQL server. Each test starts its own server(s) on a free port (--listen :0).
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -39,7 +39,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-/// A `keel serve` child process. Destroying it kills it (SIGKILL) if still running.
+/// A `keel-demo serve` child process. Destroying it kills it (SIGKILL) if still running.
 class ServeProcess {
  public:
   explicit ServeProcess(std::vector<std::string> args) {
@@ -49,7 +49,7 @@ class ServeProcess {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
     posix_spawn_file_actions_addclose(&actions, out[0]);
-    std::vector<std::string> argv_s = {KEEL_BINARY, "serve"};
+    std::vector<std::string> argv_s = {KEEL_DEMO_BINARY, "serve"};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -71,7 +71,7 @@ class ServeProcess {
     std::vector<char*> envp;
     for (auto& e : env_s) envp.push_back(e.data());
     envp.push_back(nullptr);
-    if (posix_spawn(&pid_, KEEL_BINARY, &actions, nullptr, argv.data(), envp.data()) != 0) {
+    if (posix_spawn(&pid_, KEEL_DEMO_BINARY, &actions, nullptr, argv.data(), envp.data()) != 0) {
       throw std::runtime_error("posix_spawn failed");
     }
     posix_spawn_file_actions_destroy(&actions);
@@ -94,7 +94,7 @@ class ServeProcess {
         return;
       }
     }
-    throw std::runtime_error("keel serve did not start: " + text);
+    throw std::runtime_error("keel-demo serve did not start: " + text);
   }
   ~ServeProcess() {
     if (pid_ > 0) kill9();
@@ -133,9 +133,9 @@ class ServeProcess {
   int port_ = 0;
 };
 
-/// Runs `keel serve` with arguments that must be refused; returns {exit status, stderr}.
+/// Runs `keel-demo serve` with arguments that must be refused; returns {exit status, stderr}.
 std::pair<int, std::string> run_refused(const std::string& args) {
-  const std::string cmd = std::string(KEEL_BINARY) + " serve " + args + " 2>&1";
+  const std::string cmd = std::string(KEEL_DEMO_BINARY) + " serve " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[256];
@@ -665,7 +665,7 @@ TEST_P(Serve, DeepOrDuplicateMemberJsonIs400NotStoredAndTheServerStaysUp) {
     for (const std::string& body : deep_bodies(depth)) {
       auto r =
           c.Post("/v1/charges", headers("deep-" + std::to_string(i++)), body, "application/json");
-      ASSERT_TRUE(r) << "keel serve died on a body nested " << depth << " deep";
+      ASSERT_TRUE(r) << "keel-demo serve died on a body nested " << depth << " deep";
       EXPECT_EQ(r->status, 400);
       EXPECT_EQ(r->get_header_value("Content-Type"), "application/problem+json");
       EXPECT_NE(r->body.find("limit of 64"), std::string::npos) << r->body;

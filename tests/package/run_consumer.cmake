@@ -1,8 +1,8 @@
 # ctest -P script: install the already-built tree into WORK/prefix (the default install, then each
 # install component in COMPONENTS), then configure, build and run tests/package/CONSUMER
 # (default: consumer) against it with find_package(keel). The installed headers must be public
-# ones only (check_headers.cmake). With NO_TESTING, it first checks that
-# the install holds nothing of keel::testing (no header, library or export file).
+# ones only (check_headers.cmake). With NO_FAULTS, it first checks that
+# the install holds nothing of keel::faults (no header, library or export file) and no keel-demo.
 if(NOT CONSUMER)
   set(CONSUMER consumer)
 endif()
@@ -21,12 +21,15 @@ foreach(component IN LISTS COMPONENTS)
   endif()
 endforeach()
 include(${CMAKE_CURRENT_LIST_DIR}/check_headers.cmake)
-if(NO_TESTING)
-  file(GLOB_RECURSE testing_files RELATIVE ${WORK}/prefix ${WORK}/prefix/*keel_testing*
-       ${WORK}/prefix/*keel-testing*)
-  if(EXISTS ${WORK}/prefix/include/keel/testing OR testing_files)
-    message(FATAL_ERROR "the default install has keel::testing: include/keel/testing or "
-                        "${testing_files}")
+if(NO_FAULTS)
+  file(GLOB_RECURSE faults_files RELATIVE ${WORK}/prefix ${WORK}/prefix/*keel_faults*
+       ${WORK}/prefix/*keel-faults*)
+  if(EXISTS ${WORK}/prefix/include/keel/faults OR faults_files)
+    message(FATAL_ERROR "the default install has keel::faults: include/keel/faults or "
+                        "${faults_files}")
+  endif()
+  if(EXISTS ${WORK}/prefix/bin/keel-demo)
+    message(FATAL_ERROR "the default install has keel-demo (the install component demo)")
   endif()
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${KEEL_SOURCE}/tests/package/${CONSUMER} -B ${WORK}/build

@@ -1,6 +1,6 @@
 # ctest -P script: the Debian package of the already-built tree (cpack -G DEB, the configuration
 # of cmake/KeelCPack.cmake) unpacked with dpkg-deb -x into WORK/root, checked (public headers
-# only, nothing of keel::testing, .pc files with prefix=/usr, a stripped keel binary with
+# only, nothing of keel::faults, no keel-demo, .pc files with prefix=/usr, a stripped keel binary with
 # READELF), then tests/package/adapters configured against WORK/root/usr with find_package(keel),
 # built and run.
 file(REMOVE_RECURSE ${WORK})
@@ -24,10 +24,13 @@ set(usr ${WORK}/root/usr)
 
 set(INSTALLED_PREFIX ${usr})
 include(${CMAKE_CURRENT_LIST_DIR}/check_headers.cmake)
-file(GLOB_RECURSE testing_files RELATIVE ${WORK}/root ${WORK}/root/*keel_testing*
-     ${WORK}/root/*keel-testing*)
-if(EXISTS ${usr}/include/keel/testing OR testing_files)
-  message(FATAL_ERROR "the package has keel::testing: include/keel/testing or ${testing_files}")
+file(GLOB_RECURSE faults_files RELATIVE ${WORK}/root ${WORK}/root/*keel_faults*
+     ${WORK}/root/*keel-faults*)
+if(EXISTS ${usr}/include/keel/faults OR faults_files)
+  message(FATAL_ERROR "the package has keel::faults: include/keel/faults or ${faults_files}")
+endif()
+if(EXISTS ${usr}/bin/keel-demo)
+  message(FATAL_ERROR "the package has keel-demo (the install component demo)")
 endif()
 file(STRINGS ${usr}/${LIBDIR}/pkgconfig/keel.pc prefix_line REGEX "^prefix=")
 if(NOT prefix_line STREQUAL "prefix=/usr")

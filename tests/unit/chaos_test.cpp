@@ -1,7 +1,7 @@
-// keel::testing::ChaosDecider and Chaos without a network: with a fixed seed the decisions
+// keel::faults::ChaosDecider and Chaos without a network: with a fixed seed the decisions
 // replay, and over many requests each fault's share is its fraction (within five standard
 // deviations of a binomial, so a correct decider fails about once in two million runs).
-#include "keel/testing/chaos.hpp"
+#include "keel/faults/chaos.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
-namespace keel::testing {
+namespace keel::faults {
 namespace {
 
 using std::chrono::milliseconds;
@@ -135,4 +135,4 @@ TEST(Chaos, ADropFractionNeedsADropHook) {
 }
 
 }  // namespace
-}  // namespace keel::testing
+}  // namespace keel::faults

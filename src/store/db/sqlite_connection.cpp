@@ -228,9 +228,9 @@ class SqliteConnection final : public Connection {
   // try again. SQLite's own handler (sqlite3_busy_timeout) sleeps 1, 2, 5, 10, 15, 20, 25 ... ms
   // between tries, while one of the store's write transactions holds the lock for tens of
   // microseconds: a waiter could oversleep the holder by a hundred times, and with many writers
-  // (keel serve's 16 threads) the unlucky ones waited hundreds of milliseconds. This one sleeps
-  // 100 us, then 200, 400, 800 us, then 1 ms per try, until busy_timeout has passed since the
-  // first call of this wait. Throughput is the same; the tail is shorter (docs/idempotency.md).
+  // (keel-demo serve's 16 threads) the unlucky ones waited hundreds of milliseconds. This one
+  // sleeps 100 us, then 200, 400, 800 us, then 1 ms per try, until busy_timeout has passed since
+  // the first call of this wait. Throughput is the same; the tail is shorter (docs/idempotency.md).
   // It is the one wait in src/ that computes its own delays, and it stays here because it is a
   // lock wait inside one statement, called by SQLite with the lock's state, not a retry: a
   // statement still busy after busy_timeout fails, and retrying its transaction is

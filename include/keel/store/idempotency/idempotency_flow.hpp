@@ -52,7 +52,7 @@
 
 namespace keel::store {
 
-/// What happened to one request, for metrics (keel serve's keel_idempotency_requests_total).
+/// What happened to one request, for metrics (keel-demo serve's keel_idempotency_requests_total).
 /// FlowOutcome says the same more finely.
 enum class IdempotencyOutcome : unsigned char {
   kExecuted,     // the handler ran and its response was stored

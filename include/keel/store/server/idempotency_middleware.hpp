@@ -9,8 +9,8 @@
 // The adapter counts the Idempotency-Key header fields (cpp-httplib hands a handler only the
 // first), so that two of them are refused with 400 by the flow rather than one used silently.
 //
-// What this adapter does not protect against (cpp-httplib 0.11.4, measured on keel serve with 16
-// worker threads); put a proxy that buffers whole requests in front if these matter:
+// What this adapter does not protect against (cpp-httplib 0.11.4, measured on keel-demo serve with
+// 16 worker threads); put a proxy that buffers whole requests in front if these matter:
 //   - Slow clients hold threads: the read timeout bounds each recv(), not a request. 20
 //     connections sending one header line a second hold all 16 workers indefinitely (/healthz
 //     times out); a bigger pool only raises the number of connections needed.
@@ -90,7 +90,7 @@ struct MiddlewareOptions {
   /// Called once per request with its outcome. Default none.
   std::function<void(IdempotencyOutcome)> on_outcome;
   /// Called after the handler's transaction committed, before the response is sent. Default
-  /// none. (keel serve's fault injection drops the connection here.)
+  /// none. (keel-demo serve's fault injection drops the connection here.)
   std::function<void(const httplib::Request&, httplib::Response&)> after_commit;
   /// Limits on JSON bodies: a body whose first non-blank byte is '{' or '[', or whose
   /// Content-Type is application/json or +json, must pass check_json()

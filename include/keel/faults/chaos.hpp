@@ -1,16 +1,16 @@
-// keel::testing::Chaos: seeded fault injection for a cpp-httplib server, the failures that make
+// keel::faults::Chaos: seeded fault injection for a cpp-httplib server, the failures that make
 // clients retry: a fraction of requests answered 503 (optionally with Retry-After), delayed,
 // hung (until the hang passes or the server stops), or committed and then dropped without an
-// answer. It is what `keel serve --chaos-*` runs.
+// answer. It is what `keel-demo serve --chaos-*` runs.
 //
 // Two halves. ChaosDecider is the decision alone: which fault this request gets, from one seeded
 // generator (std::mt19937_64), so a seed replays the same sequence of decisions for the same
 // sequence of calls; a fraction of 0 draws nothing. Chaos applies the decisions to a server
 // through the hooks it installs (pre_routing(), wrap(), after_commit()) and counts each fault
-// kind it injected (injected(); keel serve exports them as keel_chaos_injected_total).
+// kind it injected (injected(); keel-demo serve exports them as keel_chaos_injected_total).
 //
 // The answer to an injected 503 and the dropping of a connection are the server's: Chaos calls
-// the hooks ChaosHooks gives (keel serve passes keel::store's write_problem_and_close() and
+// the hooks ChaosHooks gives (keel-demo serve passes keel::store's write_problem_and_close() and
 // shutdown_connection()); a 503 has a plain-text default, a drop fraction needs a drop hook.
 //
 // Thread-safety: ChaosDecider and Chaos are safe for concurrent use from cpp-httplib's worker
@@ -18,7 +18,7 @@
 // those threads. Chaos must outlive the server's use of the handlers it returned.
 //
 // Example:
-//   keel::testing::Chaos chaos({.fraction_503 = 0.2, .delay_fraction = 0.05, .delay = 300ms,
+//   keel::faults::Chaos chaos({.fraction_503 = 0.2, .delay_fraction = 0.05, .delay = 300ms,
 //                               .seed = 42});
 //   server.set_pre_routing_handler([&](const auto& req, auto& res) {
 //     return chaos.pre_routing(req, res);
@@ -39,7 +39,7 @@
 
 #include "keel/clock.hpp"
 
-namespace keel::testing {
+namespace keel::faults {
 
 /// The kinds of injected fault, as counted and as labelled in metrics ("503", "delay", "hang",
 /// "drop").
@@ -135,4 +135,4 @@ class Chaos {
   std::atomic<std::uint64_t> injected_[kChaosFaults] = {};
 };
 
-}  // namespace keel::testing
+}  // namespace keel::faults

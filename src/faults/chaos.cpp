@@ -1,4 +1,4 @@
-#include "keel/testing/chaos.hpp"
+#include "keel/faults/chaos.hpp"
 
 #include <sstream>
 #include <stdexcept>
@@ -9,10 +9,10 @@
 #include "keel/expected.hpp"
 #include "keel/retry_after.hpp"
 
-namespace keel::testing {
+namespace keel::faults {
 namespace {
 
-constexpr std::string_view kOptions = "keel::testing::ChaosOptions";
+constexpr std::string_view kOptions = "keel::faults::ChaosOptions";
 
 void check_fraction(const char* field, double value) {
   if (!(value >= 0.0 && value <= 1.0)) {
@@ -78,7 +78,7 @@ bool ChaosDecider::drop_after_commit() { return chance(options_.drop_after_commi
 
 Chaos::Chaos(ChaosOptions options, ChaosHooks hooks) : decider_(options), hooks_(std::move(hooks)) {
   if (options.drop_after_commit > 0 && !hooks_.drop_connection) {
-    throw_invalid({.context = "keel::testing::Chaos",
+    throw_invalid({.context = "keel::faults::Chaos",
                    .field = "hooks.drop_connection",
                    .problem = "must be set when drop_after_commit > 0",
                    .got = "empty"});
@@ -137,4 +137,4 @@ std::uint64_t Chaos::injected(ChaosFault fault) const noexcept {
   return injected_[static_cast<int>(fault)].load();
 }
 
-}  // namespace keel::testing
+}  // namespace keel::faults

@@ -1,4 +1,4 @@
-// `keel demo-core`: the core engine deciding, step by step, on a simulated flaky dependency.
+// `keel-demo core`: the core engine deciding, step by step, on a simulated flaky dependency.
 // Runs in virtual time (a ManualClock), so it is instant and, for a given --seed, repeatable.
 #include <cstdio>
 #include <string>
@@ -9,7 +9,7 @@
 
 namespace keel::cli {
 
-Runner add_demo_core(CLI::App& app) {
+Runner add_core(CLI::App& app) {
   // Taken as text and parsed strictly below (CLI11 would accept nan, hex or a negative seed).
   struct Options {
     std::string operations = "5";
@@ -19,7 +19,7 @@ Runner add_demo_core(CLI::App& app) {
   };
   auto opts = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand(
-      "demo-core", "Show the retry engine deciding on a simulated flaky call (virtual time)");
+      "core", "Show the retry engine deciding on a simulated flaky call (virtual time)");
   sub->add_option("--operations", opts->operations, "Logical operations to run (1 to 1000)")
       ->capture_default_str();
   sub->add_option("--failure-rate", opts->failure_rate,
@@ -33,7 +33,7 @@ Runner add_demo_core(CLI::App& app) {
 
   return [opts]() -> int {
     const auto usage = [](const Error& error) {
-      std::fprintf(stderr, "keel demo-core: %s\n", error.message().c_str());
+      std::fprintf(stderr, "keel-demo core: %s\n", error.message().c_str());
       return kExitUsage;
     };
     const auto operations_flag = parse_count("--operations", opts->operations, 1, 1000);

@@ -1,4 +1,4 @@
-#include "keel/testing/fault_server.hpp"
+#include "keel/faults/fault_server.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -23,7 +23,7 @@
 #include "keel/expected.hpp"
 #include "keel/retry_after.hpp"
 
-namespace keel::testing {
+namespace keel::faults {
 namespace {
 
 constexpr int kPollMs = 50;
@@ -436,10 +436,10 @@ struct FaultServer::Impl {
 FaultServer::FaultServer(FaultServerOptions options) : impl_(std::make_unique<Impl>()) {
   auto steps = parse_fault_script(options.script);
   if (!steps) {
-    throw_invalid(steps.error().in(steps.error().field, "keel::testing::FaultServerOptions"));
+    throw_invalid(steps.error().in(steps.error().field, "keel::faults::FaultServerOptions"));
   }
   if (options.port < 0 || options.port > 65535) {
-    throw_invalid({.context = "keel::testing::FaultServerOptions",
+    throw_invalid({.context = "keel::faults::FaultServerOptions",
                    .field = "port",
                    .problem = "must be in [0, 65535]",
                    .got = std::to_string(options.port)});
@@ -455,7 +455,7 @@ void FaultServer::start() {
   if (s.running) return;
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
-    throw std::runtime_error(std::string("keel upstream: socket: ") + std::strerror(errno));
+    throw std::runtime_error(std::string("keel-demo upstream: socket: ") + std::strerror(errno));
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in addr{};
@@ -465,7 +465,7 @@ void FaultServer::start() {
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 128) != 0) {
     const int err = errno;
     ::close(fd);
-    throw std::runtime_error("keel upstream: cannot listen on 127.0.0.1:" +
+    throw std::runtime_error("keel-demo upstream: cannot listen on 127.0.0.1:" +
                              std::to_string(s.requested_port) + ": " + std::strerror(err));
   }
   socklen_t len = sizeof addr;
@@ -508,7 +508,7 @@ std::string FaultServer::url(std::string_view path) const {
 void FaultServer::set_script(std::string_view script) {
   auto steps = parse_fault_script(script);
   if (!steps) {
-    throw_invalid(steps.error().in(steps.error().field, "keel::testing::FaultServer::set_script"));
+    throw_invalid(steps.error().in(steps.error().field, "keel::faults::FaultServer::set_script"));
   }
   std::lock_guard<std::mutex> guard(impl_->mutex);
   impl_->steps = std::move(*steps);
@@ -526,4 +526,4 @@ std::string FaultServer::log_json() const { return impl_->log_json(); }
 
 int FaultServer::connections() const noexcept { return impl_->connection_count.load(); }
 
-}  // namespace keel::testing
+}  // namespace keel::faults

@@ -1,4 +1,4 @@
-// `keel serve`: the payments API of examples/payments_api/ (POST /v1/charges through the
+// `keel-demo serve`: the payments API of examples/payments_api/ (POST /v1/charges through the
 // idempotency middleware on SQLite or PostgreSQL, GET /v1/charges[/{id}], /healthz, /metrics)
 // behind this command's flags.
 // --rate-limit answers 429 + Retry-After per principal; --max-concurrency sheds retries first
@@ -20,11 +20,11 @@
 #include "commands.hpp"
 #include "keel/admission.hpp"
 #include "keel/duration.hpp"
+#include "keel/faults/chaos.hpp"
 #include "keel/metrics/metrics.hpp"
 #include "keel/store/server/admission_middleware.hpp"
 #include "keel/store/server/idempotency_middleware.hpp"
 #include "keel/store/server/rate_limiter.hpp"
-#include "keel/testing/chaos.hpp"
 #include "payments_api.hpp"
 
 namespace keel::cli {
@@ -63,19 +63,19 @@ struct ServeOptions {
 };
 
 // keel_chaos_injected_total{fault}: what the --chaos-* flags injected so far.
-std::string chaos_metrics(const testing::Chaos& chaos) {
+std::string chaos_metrics(const faults::Chaos& chaos) {
   metrics::Scrape scrape;
-  for (const testing::ChaosFault fault : {testing::ChaosFault::k503, testing::ChaosFault::kDelay,
-                                          testing::ChaosFault::kHang, testing::ChaosFault::kDrop}) {
+  for (const faults::ChaosFault fault : {faults::ChaosFault::k503, faults::ChaosFault::kDelay,
+                                         faults::ChaosFault::kHang, faults::ChaosFault::kDrop}) {
     scrape.counter("keel_chaos_injected_total", "Faults injected by --chaos flags.",
-                   {{"fault", std::string(testing::to_string(fault))}},
+                   {{"fault", std::string(faults::to_string(fault))}},
                    static_cast<double>(chaos.injected(fault)));
   }
   return scrape.text();
 }
 
 int usage_error(const Error& error) {
-  std::fprintf(stderr, "keel serve: %s\n", error.message().c_str());
+  std::fprintf(stderr, "keel-demo serve: %s\n", error.message().c_str());
   return kExitUsage;
 }
 
@@ -191,20 +191,20 @@ int run_serve(const ServeOptions& o) {
   // ---- server
   payments::Metrics metrics;
   std::atomic<bool> stopping{false};
-  testing::Chaos chaos({.fraction_503 = o.chaos_503,
-                        .retry_after_503 = chaos_retry_after,
-                        .delay_fraction = o.chaos_delay_fraction,
-                        .delay = *delay,
-                        .hang_fraction = o.chaos_hang_fraction,
-                        .hang = *hang,
-                        .drop_after_commit = o.chaos_drop,
-                        .seed = o.chaos_seed},
-                       {.answer_503 =
-                            [](httplib::Response& res, std::string_view /*detail*/) {
-                              store::write_problem_and_close(res, 503, "Service unavailable",
-                                                             "injected by --chaos-503");
-                            },
-                        .drop_connection = store::shutdown_connection});
+  faults::Chaos chaos({.fraction_503 = o.chaos_503,
+                       .retry_after_503 = chaos_retry_after,
+                       .delay_fraction = o.chaos_delay_fraction,
+                       .delay = *delay,
+                       .hang_fraction = o.chaos_hang_fraction,
+                       .hang = *hang,
+                       .drop_after_commit = o.chaos_drop,
+                       .seed = o.chaos_seed},
+                      {.answer_503 =
+                           [](httplib::Response& res, std::string_view /*detail*/) {
+                             store::write_problem_and_close(res, 503, "Service unavailable",
+                                                            "injected by --chaos-503");
+                           },
+                       .drop_connection = store::shutdown_connection});
   // Principals are stored and rate-limited by their keyed hash, never as the credential.
   std::optional<store::RateLimiter> limiter;
   if (rate) limiter.emplace(*rate, static_cast<std::size_t>(o.rate_limit_principals));
@@ -274,7 +274,7 @@ int run_serve(const ServeOptions& o) {
              }
              return text;
            },
-       .log_prefix = "keel serve"});
+       .log_prefix = "keel-demo serve"});
   api.install(server);
 
   // ---- signals: handled by one thread with sigwait; every other thread has them blocked.
@@ -295,13 +295,13 @@ int run_serve(const ServeOptions& o) {
   if (bound < 0) {
     const int why = errno;
     std::fprintf(
-        stderr, "keel serve: --listen: cannot listen on %s: %s%s\n", o.listen.c_str(),
+        stderr, "keel-demo serve: --listen: cannot listen on %s: %s%s\n", o.listen.c_str(),
         why != 0 ? std::strerror(why) : "bind failed",
         why == EADDRINUSE ? " (another process listens there; --reuse-port shares it)" : "");
     return 1;
   }
   payments::widen_backlog(bound);
-  std::printf("keel serve: listening on http://%s:%d (db %s, idempotency %s)\n", host.c_str(),
+  std::printf("keel-demo serve: listening on http://%s:%d (db %s, idempotency %s)\n", host.c_str(),
               bound, url->redacted.c_str(), o.no_idempotency ? "off" : "on");
   std::fflush(stdout);
 
@@ -312,7 +312,7 @@ int run_serve(const ServeOptions& o) {
     stopping = true;
     chaos.stop();
     if (!done.load()) {
-      std::fprintf(stderr, "keel serve: %s received, finishing in-flight requests\n",
+      std::fprintf(stderr, "keel-demo serve: %s received, finishing in-flight requests\n",
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
     }
     server.stop();
@@ -327,7 +327,7 @@ int run_serve(const ServeOptions& o) {
         while (idempotency.purge_expired(*conn) >= idempotency.options().purge_batch) {
         }
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "keel serve: idempotency sweep failed: %s\n", e.what());
+        std::fprintf(stderr, "keel-demo serve: idempotency sweep failed: %s\n", e.what());
       }
     }
   });
@@ -342,7 +342,7 @@ int run_serve(const ServeOptions& o) {
   { std::lock_guard lock(sweep_mu); }
   sweep_cv.notify_all();
   sweeper.join();
-  std::printf("keel serve: stopped\n");
+  std::printf("keel-demo serve: stopped\n");
   return 0;
 }
 

@@ -1,4 +1,4 @@
-// keel::testing::FaultServer: a small HTTP/1.1 server on 127.0.0.1 that answers from a script of
+// keel::faults::FaultServer: a small HTTP/1.1 server on 127.0.0.1 that answers from a script of
 // faults, for testing retrying clients over real loopback connections, and records every
 // request it saw (arrival time, method, target, headers such as Idempotency-Key and
 // Keel-Attempt).
@@ -27,7 +27,7 @@
 // thread; arrivals are numbered in the order their requests were read.
 //
 // Example:
-//   keel::testing::FaultServer server({.script = "503/retry-after=1,200"});
+//   keel::faults::FaultServer server({.script = "503/retry-after=1,200"});
 //   server.start();                                  // port 0: the kernel picks a free port
 //   std::string url = server.url("/pay");            // "http://127.0.0.1:PORT/pay"
 //   ... run a client ...
@@ -45,7 +45,7 @@
 #include "keel/expected.hpp"
 #include "keel/http/client.hpp"
 
-namespace keel::testing {
+namespace keel::faults {
 
 /// One step of a fault script.
 struct FaultStep {
@@ -126,4 +126,4 @@ class FaultServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace keel::testing
+}  // namespace keel::faults

@@ -1,5 +1,5 @@
-// `keel upstream`: a flaky HTTP server on 127.0.0.1 that answers from a script of faults
-// (keel::testing::FaultServer), to try retrying clients (keel call, curl, your service) against.
+// `keel-demo upstream`: a flaky HTTP server on 127.0.0.1 that answers from a script of faults
+// (keel::faults::FaultServer), to try retrying clients (keel call, curl, your service) against.
 #include <signal.h>
 
 #include <cstdio>
@@ -9,7 +9,7 @@
 
 #include "commands.hpp"
 #include "keel/duration.hpp"
-#include "keel/testing/fault_server.hpp"
+#include "keel/faults/fault_server.hpp"
 
 namespace keel::cli {
 namespace {
@@ -53,13 +53,13 @@ int run_upstream(const UpstreamArgs& a) {
   if (!a.run_for.empty()) {
     const auto d = parse_duration_flag("--for", a.run_for, false);
     if (!d) {
-      std::fprintf(stderr, "keel upstream: %s\n", d.error().message().c_str());
+      std::fprintf(stderr, "keel-demo upstream: %s\n", d.error().message().c_str());
       return kExitUsage;
     }
     run_for = *d;
   }
-  if (const auto script = testing::parse_fault_script(a.script); !script) {
-    std::fprintf(stderr, "keel upstream: --script: %s\n", script.error().message().c_str());
+  if (const auto script = faults::parse_fault_script(a.script); !script) {
+    std::fprintf(stderr, "keel-demo upstream: --script: %s\n", script.error().message().c_str());
     return kExitUsage;
   }
   // Block the stop signals in every thread (the server's threads inherit the mask) and wait for
@@ -70,9 +70,9 @@ int run_upstream(const UpstreamArgs& a) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  testing::FaultServer server({.script = a.script, .port = a.port});
+  faults::FaultServer server({.script = a.script, .port = a.port});
   server.start();
-  std::printf("keel upstream: listening on http://127.0.0.1:%d (script %s)\n", server.port(),
+  std::printf("keel-demo upstream: listening on http://127.0.0.1:%d (script %s)\n", server.port(),
               a.script.c_str());
   std::fflush(stdout);
   if (run_for) {

@@ -1,0 +1,86 @@
+// The flag checks that keel's command-line programs share (keel and keel-demo): each value is
+// taken as text and parsed strictly, into an Error that names the flag when it is refused.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "keel/duration.hpp"
+#include "keel/expected.hpp"
+
+namespace keel::cli {
+
+/// Exit status for invalid arguments, shared by every subcommand.
+inline constexpr int kExitUsage = 2;
+
+/// A whole-number value of `flag`: decimal digits only (no sign, space, hex, exponent or
+/// trailing text) within [min, max]; otherwise an Error naming the flag.
+inline Expected<std::uint64_t> parse_count(std::string_view flag, std::string_view text,
+                                           std::uint64_t min, std::uint64_t max) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) {
+    return Error{
+        .field = std::string(flag), .problem = "must be a whole number", .got = quote_value(text)};
+  }
+  std::uint64_t v = 0;
+  bool overflow = false;
+  for (char c : text) {
+    const auto digit = static_cast<std::uint64_t>(c - '0');
+    if (v > (UINT64_MAX - digit) / 10) {
+      overflow = true;
+      break;
+    }
+    v = v * 10 + digit;
+  }
+  if (overflow || v < min || v > max) {
+    return Error{
+        .field = std::string(flag),
+        .problem = "must be between " + std::to_string(min) + " and " + std::to_string(max),
+        .got = quote_value(text)};
+  }
+  return v;
+}
+
+/// A decimal value of `flag`: plain decimal ("0.25", "1", ".5"; no sign, exponent, nan or inf)
+/// within [min, max]; otherwise an Error naming the flag.
+inline Expected<double> parse_fraction(std::string_view flag, std::string_view text, double min,
+                                       double max) {
+  const std::size_t dot = text.find('.');
+  const bool digits_ok =
+      !text.empty() && text != "." &&
+      text.find_first_not_of("0123456789.") == std::string_view::npos &&
+      (dot == std::string_view::npos || text.find('.', dot + 1) == std::string_view::npos);
+  if (!digits_ok || text.size() > 32) {
+    return Error{.field = std::string(flag),
+                 .problem = "must be a decimal number",
+                 .got = quote_value(text)};
+  }
+  const double v = std::stod(std::string(text));
+  if (!std::isfinite(v) || v < min || v > max) {
+    char range[64];
+    std::snprintf(range, sizeof range, "between %g and %g", min, max);
+    return Error{.field = std::string(flag),
+                 .problem = "must be " + std::string(range),
+                 .got = quote_value(text)};
+  }
+  return v;
+}
+
+/// A duration value of `flag` (keel::parse_duration: no sign, exponent, nan, inf or trailing
+/// text); with `positive`, zero is refused too. Otherwise an Error naming the flag.
+inline Expected<Duration> parse_duration_flag(std::string_view flag, std::string_view text,
+                                              bool positive) {
+  auto d = parse_duration(text);
+  if (!d) return d.error().in(flag);
+  if (positive && *d <= Duration::zero()) {
+    return Error{.field = std::string(flag),
+                 .problem = "must be greater than zero",
+                 .got = quote_value(text)};
+  }
+  return d;
+}
+
+}  // namespace keel::cli
