@@ -3,6 +3,8 @@
 # 1. Only the database layer branches on the backend: outside src/store/db/ and
 #    include/keel/store/db/, no store file names a Backend value (Backend::kSqlite ...) or
 #    compares a backend(); it asks the connection's dialect (keel/store/db/dialect.hpp) instead.
+#    The same holds for the programs over the store (tools/keel/, demo/): they ask the store
+#    (database_exists, the dialect), so a new backend needs no change there either.
 # 2. Includes point down: each folder includes, of the store's folders (public headers
 #    keel/store/<folder>/ or private ones "<folder>/detail/"), only its own and those below it.
 cmake_minimum_required(VERSION 3.25)
@@ -49,9 +51,24 @@ foreach(file IN LISTS files)
   endforeach()
 endforeach()
 
+file(GLOB_RECURSE programs RELATIVE ${KEEL_SOURCE} ${KEEL_SOURCE}/tools/keel/*.cpp
+     ${KEEL_SOURCE}/tools/keel/*.hpp ${KEEL_SOURCE}/demo/*.cpp ${KEEL_SOURCE}/demo/*.hpp)
+foreach(file IN LISTS programs)
+  file(STRINGS ${KEEL_SOURCE}/${file} lines)
+  set(n 0)
+  foreach(line IN LISTS lines)
+    math(EXPR n "${n} + 1")
+    if(line MATCHES "Backend::k|backend\\(\\) *[!=]=")
+      list(APPEND failures "${file}:${n}: branches on the backend (ask the store): ${line}")
+    endif()
+  endforeach()
+endforeach()
+
 if(failures)
   list(JOIN failures "\n  " text)
   message(FATAL_ERROR "keel::store's layering is broken:\n  ${text}")
 endif()
 list(LENGTH files count)
-message(STATUS "${count} store files: only db/ branches on the backend, includes point down")
+list(LENGTH programs program_count)
+message(STATUS "${count} store files and ${program_count} program files: only db/ branches on the "
+               "backend, includes point down")

@@ -71,7 +71,7 @@ struct HedgeOptions {
   int max_hedges = 1;
   /// When set, the delay is this quantile of the dependency's recent latencies (its
   /// keel::LatencyTracker: the HTTP clients use the per-host adaptive timeout's when
-  /// adaptive_timeouts is on), once it holds min_samples of them; until then `delay`.
+  /// brakes.adaptive_timeouts is on), once it holds min_samples of them; until then `delay`.
   /// Requires: in (0, 1). Default none (the fixed delay).
   std::optional<double> latency_quantile;
   /// Latencies the tracker must hold before latency_quantile is used. Requires: >= 1.

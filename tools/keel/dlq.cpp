@@ -252,7 +252,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
     if (!parsed) return kExitUsage;
     show_id = parsed->front();
   }
-  if (!queue_cli::database_exists(*url)) {
+  if (!store::database_exists(*url)) {
     return usage("--db: database '" + url->redacted + "' does not exist");
   }
   bool has_schema = false;

@@ -140,7 +140,7 @@ int run_stats(const JobsArgs& a) {
   store::QueueOptions options;
   if (!dead_letter_flags(a, options)) return kExitUsage;
   const bool retention = !a.dead_letter_retention.empty();
-  if (!queue_cli::database_exists(*url)) {
+  if (!store::database_exists(*url)) {
     return usage("--db: database '" + url->redacted + "' does not exist");
   }
   bool has_schema = false;

@@ -20,7 +20,7 @@ int run_check_keys(const JobsArgs& a) {
       return usage(queue.error().in("--queue").message());
     }
   }
-  if (!queue_cli::database_exists(*url)) {
+  if (!store::database_exists(*url)) {
     return usage("--db: database '" + url->redacted + "' does not exist");
   }
   bool has_schema = false;

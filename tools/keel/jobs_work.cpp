@@ -129,7 +129,7 @@ int run_work(const JobsArgs& a) {
       return usage("--metrics-listen: invalid port in '" + a.metrics_listen + "'");
     }
   }
-  if (url->backend == store::Backend::kSqlite && !queue_cli::database_exists(*url)) {
+  if (!store::database_exists(*url)) {
     return usage("--db: database '" + url->redacted + "' does not exist (enqueue creates it)");
   }
 

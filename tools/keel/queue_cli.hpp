@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,15 +35,6 @@ inline std::optional<store::DatabaseUrl> parse_db_flag(const char* command,
     return std::nullopt;
   }
   return *std::move(url);
-}
-
-/// Whether the database may be opened without creating it: a SQLite file must exist (read and
-/// dead-letter commands never create a database); PostgreSQL always may.
-inline bool database_exists(const store::DatabaseUrl& url) {
-  if (url.backend != store::Backend::kSqlite) return true;
-  if (url.target == ":memory:") return true;
-  std::error_code ec;
-  return std::filesystem::exists(url.target, ec);
 }
 
 /// Opens the database; with `create`, migrates the queue's schema. Without it, a database that

@@ -1,7 +1,9 @@
 // Database URL parsing: sqlite:PATH and postgres:// / postgresql:// URIs (validated by libpq).
 #include <libpq-fe.h>
 
+#include <filesystem>
 #include <memory>
+#include <system_error>
 
 #include "keel/store/db/database.hpp"
 
@@ -77,6 +79,12 @@ Expected<DatabaseUrl> parse_database_url(std::string_view text) {
   }
   return fail("has the scheme " + quote_value(text.substr(0, colon)) +
               ", which is not supported (expected sqlite or postgres/postgresql)");
+}
+
+bool database_exists(const DatabaseUrl& url) {
+  if (url.backend != Backend::kSqlite || url.target == ":memory:") return true;
+  std::error_code ec;
+  return std::filesystem::exists(url.target, ec);
 }
 
 }  // namespace keel::store

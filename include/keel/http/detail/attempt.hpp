@@ -73,7 +73,7 @@ class OperationGuards {
                                          std::shared_ptr<CircuitBreaker>& breaker) const;
 
   /// The adaptive timeout of `request`'s host, which the caller holds for the whole operation;
-  /// nullptr when adaptive_timeouts is false, the URL has no host, or the registry is full.
+  /// nullptr when brakes.adaptive_timeouts is false, the URL has no host, or the registry is full.
   [[nodiscard]] std::shared_ptr<AdaptiveTimeout> adaptive_timeout(const Request& request) const;
 
  private:

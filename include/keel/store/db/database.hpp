@@ -74,6 +74,11 @@ struct DatabaseUrl {
 /// password redacted) on anything malformed: unknown scheme, empty path, a URI libpq rejects.
 [[nodiscard]] Expected<DatabaseUrl> parse_database_url(std::string_view text);
 
+/// Whether the database can be opened without creating it: a SQLite file (other than :memory:)
+/// must exist; a server database (PostgreSQL) is always taken to exist, opening it says if not.
+/// For commands that read or administer a database and must never create one by a typo.
+[[nodiscard]] bool database_exists(const DatabaseUrl& url);
+
 /// A failed database operation.
 class DatabaseError : public std::runtime_error {
  public:
