@@ -382,7 +382,8 @@ TEST(SimScenarios, DemoStoryNaiveSendsFourCallsPerOperationIntoTheOutageABudgetA
     // the blip alive drained while the dependency was down.
     for (const Report* run : {&naive_run, &full_run, &budget_run}) {
       SCOPED_TRACE(run->policy);
-      const auto& after = phase(keel::sim::phase_loads(*run), "after the outage");
+      const auto loads = keel::sim::phase_loads(*run);  // phase() refers into it
+      const auto& after = phase(loads, "after the outage");
       ASSERT_TRUE(after.under_capacity_after.has_value());
       EXPECT_LE(*after.under_capacity_after, 1s);
     }
