@@ -57,11 +57,17 @@ class Raw {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   }
-  ~Raw() { ::close(fd_); }
+  ~Raw() { close(); }
   Raw(const Raw&) = delete;
   Raw& operator=(const Raw&) = delete;
 
   [[nodiscard]] bool connected() const { return connected_; }
+  /// Closes our end (the server stops waiting for it).
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    closed_ = true;
+  }
   [[nodiscard]] bool closed() const { return closed_; }
 
   /// Writes all of `bytes` in one send() where the kernel takes it (false: the peer is gone).
@@ -498,6 +504,7 @@ TEST_F(BeastServer, GracefulShutdownAnswersTheRequestInFlightAndRefusesNewConnec
   EXPECT_EQ(a.status, 201);
   EXPECT_TRUE(a.has("Connection: close")) << a.head;
   EXPECT_TRUE(busy.wait_closed(5s));
+  busy.close();
   stopping.join();
   EXPECT_EQ(h.rows(), 1);
 }
