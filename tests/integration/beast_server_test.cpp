@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <boost/asio/thread_pool.hpp>
+#include <boost/system/system_error.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -507,6 +507,28 @@ TEST_F(BeastServer, GracefulShutdownAnswersTheRequestInFlightAndRefusesNewConnec
   busy.close();
   stopping.join();
   EXPECT_EQ(h.rows(), 1);
+}
+
+TEST_F(BeastServer, HeadAnswerCarriesNoBodyAndTheNextRequestIsAnswered) {
+  Harness& h = start();
+  Raw c(h.port());
+  ASSERT_TRUE(c.send("HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n" + kHealthz));
+  const auto until = Clock::now() + 5s;
+  while (c.text().find("ok\n") == std::string::npos && !c.closed() && Clock::now() < until) {
+    c.poll_read(50ms);
+  }
+  // 405 (no HEAD route) with its Content-Length and no body, then the GET's 200.
+  const std::string& text = c.text();
+  ASSERT_EQ(text.rfind("HTTP/1.1 405", 0), 0u) << text;
+  const std::size_t second = text.find("\r\n\r\n") + 4;
+  EXPECT_EQ(text.compare(second, 12, "HTTP/1.1 200"), 0) << text;
+}
+
+TEST_F(BeastServer, StartThrowsWhenThePortIsTaken) {
+  Harness& h = start();
+  Server other({.port = static_cast<std::uint16_t>(h.port())});
+  EXPECT_THROW(other.start(), boost::system::system_error);
+  h.expect_healthy();
 }
 
 /// The pipelined charges on both backends.

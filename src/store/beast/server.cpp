@@ -8,6 +8,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -117,6 +118,7 @@ struct Server::Impl {
 
   std::mutex mu;
   std::condition_variable all_closed;
+  bool starting = false;      // guarded by mu: start() is binding
   bool started = false;       // guarded by mu
   bool stopped = false;       // guarded by mu
   bool stopping = false;      // guarded by mu: no new session once set
@@ -129,6 +131,7 @@ struct Server::Impl {
   net::io_context ioc;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> guard;
   std::optional<tcp::acceptor> acceptor;
+  std::optional<net::steady_timer> accept_backoff;  // after a failed accept (EMFILE ...)
   std::vector<std::thread> loop_threads;
   std::unique_ptr<net::thread_pool> workers;
 };
@@ -286,6 +289,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.reset();
     version_ = req.version();
     keep_alive_ = req.keep_alive();
+    head_request_ = req.method() == http::verb::head;
     const std::string_view target(req.target().data(), req.target().size());
     const std::string_view path = target.substr(0, target.find('?'));
     const Route* route = nullptr;
@@ -330,6 +334,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res.version(version_);
     res.keep_alive(keep);
     res.prepare_payload();
+    if (head_request_) res.body().clear();  // Content-Length stays that of the GET answer
     auto message = std::make_shared<Response>(std::move(res));
     stream_.expires_after(options_.write_timeout);
     http::async_write(
@@ -378,6 +383,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool first_ = true;
   bool draining_ = false;
   bool keep_alive_ = true;
+  bool head_request_ = false;
   unsigned version_ = 11;
 };
 
@@ -396,8 +402,15 @@ void Server::Impl::accept() {
       net::make_strand(ioc), [this](boost::system::error_code ec, tcp::socket socket) {
         if (ec == net::error::operation_aborted || !acceptor->is_open()) return;
         if (ec) {
+          // Out of descriptors or memory: wait a moment rather than spin on the same error.
           options.log("accept failed: " + ec.message());
-        } else {
+          accept_backoff->expires_after(std::chrono::milliseconds(100));
+          accept_backoff->async_wait([this](boost::system::error_code) {
+            if (acceptor->is_open()) accept();
+          });
+          return;
+        }
+        {
           std::shared_ptr<Session> session;
           {
             std::lock_guard lock(mu);
@@ -421,16 +434,25 @@ void Server::Impl::accept() {
 void Server::Impl::start() {
   {
     std::lock_guard lock(mu);
-    if (started) throw std::logic_error("keel::store::beast::Server::start: called twice");
-    started = true;
+    if (started || starting)
+      throw std::logic_error("keel::store::beast::Server::start: called twice");
+    starting = true;
   }
-  const tcp::endpoint endpoint(net::ip::make_address(options.address), options.port);
-  acceptor.emplace(net::make_strand(ioc));
-  acceptor->open(endpoint.protocol());
-  acceptor->set_option(net::socket_base::reuse_address(true));
-  acceptor->bind(endpoint);
-  acceptor->listen(net::socket_base::max_listen_connections);
-  port.store(acceptor->local_endpoint().port());
+  try {
+    const tcp::endpoint endpoint(net::ip::make_address(options.address), options.port);
+    acceptor.emplace(net::make_strand(ioc));
+    acceptor->open(endpoint.protocol());
+    acceptor->set_option(net::socket_base::reuse_address(true));
+    acceptor->bind(endpoint);
+    acceptor->listen(net::socket_base::max_listen_connections);
+    port.store(acceptor->local_endpoint().port());
+  } catch (...) {
+    acceptor.reset();
+    std::lock_guard lock(mu);
+    starting = false;
+    throw;
+  }
+  accept_backoff.emplace(acceptor->get_executor());
   guard.emplace(net::make_work_guard(ioc));
   workers = std::make_unique<net::thread_pool>(static_cast<std::size_t>(options.worker_threads));
   net::post(acceptor->get_executor(), [this] { accept(); });
@@ -446,6 +468,8 @@ void Server::Impl::start() {
       }
     });
   }
+  std::lock_guard lock(mu);
+  started = true;
 }
 
 void Server::Impl::stop() {
@@ -459,6 +483,7 @@ void Server::Impl::stop() {
   net::post(acceptor->get_executor(), [this, &listener_closed] {
     boost::system::error_code ignored;
     acceptor->close(ignored);
+    accept_backoff->cancel();
     listener_closed.set_value();
   });
   listener_closed.get_future().wait();
