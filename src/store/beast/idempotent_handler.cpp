@@ -26,6 +26,13 @@ std::optional<std::string_view> header(const Request& request, std::string_view 
   return view(it->value());
 }
 
+/// The request target without its query string (what identifies the operation, as the
+/// cpp-httplib adapter's request.path).
+std::string_view path_of(const Request& request) {
+  const std::string_view target = view(request.target());
+  return target.substr(0, target.find('?'));
+}
+
 std::size_t header_count(const Request& request, std::string_view name) {
   return request.count(boost::beast::string_view(name.data(), name.size()));
 }
@@ -113,7 +120,7 @@ Response IdempotentHandler::run(const Request& request, std::string_view princip
                                 TimePoint arrival, Admission& admission) const {
   const TimePoint started = clock().now();
   const FlowRequest flow_request{.method = view(request.method_string()),
-                                 .path = view(request.target()),
+                                 .path = path_of(request),
                                  .idempotency_key = header(request, "Idempotency-Key"),
                                  .idempotency_key_fields = header_count(request, "Idempotency-Key"),
                                  .content_type = header(request, "Content-Type").value_or(""),
