@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -71,7 +72,7 @@ class Raw {
   [[nodiscard]] bool closed() const { return closed_; }
 
   /// Writes all of `bytes` in one send() where the kernel takes it (false: the peer is gone).
-  bool send(const std::string& bytes) {
+  bool send(std::string_view bytes) {
     std::size_t sent = 0;
     while (sent < bytes.size()) {
       const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
@@ -153,7 +154,7 @@ std::string post(const std::string& key, const std::string& body,
          body;
 }
 
-const std::string kHealthz = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+constexpr std::string_view kHealthz = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
 
 /// The server, a flow route POST /v1/charges that inserts its body into `charges` and answers it,
 /// and GET /healthz, over a fresh database at `url`.
@@ -264,6 +265,7 @@ TEST_F(BeastServer, TricklingHeadsDoNotDelayAFreshHealthzAndAreCutAtTheHeaderDea
   const std::string head =
       "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(260, 'a') + "\r\n\r\n";
   std::vector<std::unique_ptr<Raw>> tricklers;
+  tricklers.reserve(48);
   for (int i = 0; i < 48; ++i) tricklers.push_back(std::make_unique<Raw>(h.port()));
   std::atomic<bool> done{false};
   std::vector<Clock::duration> cut_after(tricklers.size(), Clock::duration::max());
@@ -374,7 +376,7 @@ TEST_F(BeastServer, OversizedHeadIs431) {
 }
 
 TEST_F(BeastServer, OversizedBodyIs413WhateverItsContentType) {
-  constexpr std::size_t kLimit = 2 * 1024 * 1024;
+  constexpr std::size_t kLimit = std::size_t{2} * 1024 * 1024;
   Harness& h = start({.max_body_bytes = kLimit});
   int i = 0;
   for (const std::string type :
@@ -407,7 +409,7 @@ TEST_F(BeastServer, OversizedBodyIs413WhateverItsContentType) {
 }
 
 TEST_F(BeastServer, OneMebibyteFormBodyUnderATwoMebibyteLimitIsAccepted) {
-  Harness& h = start({.max_body_bytes = 2 * 1024 * 1024});
+  Harness& h = start({.max_body_bytes = std::size_t{2} * 1024 * 1024});
   Raw c(h.port());
   const std::string body = "a=" + std::string(1024 * 1024 - 2, 'b');
   ASSERT_TRUE(c.send(post("form-1mib", body, "application/x-www-form-urlencoded")));
@@ -417,7 +419,7 @@ TEST_F(BeastServer, OneMebibyteFormBodyUnderATwoMebibyteLimitIsAccepted) {
 
 TEST_F(BeastServer, FramingConflictsAre400AndTheConnectionIsClosed) {
   Harness& h = start();
-  const std::string smuggled = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string smuggled(kHealthz);
   const std::string start_line =
       "POST /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: f\r\nContent-Type: text/plain\r\n";
   for (const std::string& request : {
@@ -512,7 +514,7 @@ TEST_F(BeastServer, GracefulShutdownAnswersTheRequestInFlightAndRefusesNewConnec
 TEST_F(BeastServer, HeadAnswerCarriesNoBodyAndTheNextRequestIsAnswered) {
   Harness& h = start();
   Raw c(h.port());
-  ASSERT_TRUE(c.send("HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n" + kHealthz));
+  ASSERT_TRUE(c.send("HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(kHealthz)));
   const auto until = Clock::now() + 5s;
   while (c.text().find("ok\n") == std::string::npos && !c.closed() && Clock::now() < until) {
     c.poll_read(50ms);
@@ -582,7 +584,7 @@ TEST(BeastServerOptions, InvalidOptionsAreRejectedNamingTheField) {
   EXPECT_THROW(Server({.header_timeout = 0ms}), std::invalid_argument);
   EXPECT_THROW(Server({.max_header_bytes = 10}), std::invalid_argument);
   try {
-    Server({.max_body_bytes = 0});
+    const Server server({.max_body_bytes = 0});
     ADD_FAILURE() << "no exception";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("max_body_bytes"), std::string::npos) << e.what();

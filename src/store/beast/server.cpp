@@ -184,7 +184,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void wait_for_request() {
     if (state_ == State::kClosed) return;
     state_ = State::kIdle;
-    if (draining_) return close();
+    if (draining_ || server_.draining.load(std::memory_order_relaxed)) return close();
     if (buffer_.size() > 0) {  // a pipelined request is already here
       if (!first_) head_started_ = std::chrono::steady_clock::now();
       return read_head();
@@ -410,22 +410,25 @@ void Server::Impl::accept() {
           });
           return;
         }
+        // Sessions are only added here, on the acceptor's strand, so the count checked is the
+        // count the new session joins (it can only have dropped meanwhile).
+        std::uint64_t id = 0;
+        bool admitted = false;
         {
-          std::shared_ptr<Session> session;
+          std::lock_guard lock(mu);
+          admitted = !stopping && sessions.size() < options.max_connections;
+          if (admitted) id = next_id++;
+        }
+        if (!admitted) {
+          boost::system::error_code ignored;
+          socket.close(ignored);  // over max_connections: accepted and closed at once
+        } else {
+          auto session = std::make_shared<Session>(*this, std::move(socket), id);
           {
             std::lock_guard lock(mu);
-            if (!stopping && sessions.size() < options.max_connections) {
-              const std::uint64_t id = next_id++;
-              session = std::make_shared<Session>(*this, std::move(socket), id);
-              sessions.emplace(id, session);
-            }
+            sessions.emplace(id, session);
           }
-          if (session) {
-            session->start();
-          } else {
-            boost::system::error_code ignored;
-            socket.close(ignored);  // over max_connections: accepted and closed at once
-          }
+          session->start();
         }
         accept();
       });
@@ -529,19 +532,19 @@ Server::~Server() { stop(); }
 
 void Server::on(http::verb method, std::string path, LoopHandler handler) {
   Impl* impl = impl_.get();
-  impl_->routes.push_back({method, std::move(path),
-                           [impl, handler = std::move(handler)](Request request, Respond respond) {
-                             Response res;
-                             try {
-                               res = handler(request);
-                             } catch (const std::exception& e) {
-                               impl->options.log(std::string("a handler threw: ") + e.what());
-                               res = problem_response(500, title_of(500),
-                                                      "the server failed to handle the request",
-                                                      request.version());
-                             }
-                             respond(std::move(res));
-                           }});
+  impl_->routes.push_back(
+      {method, std::move(path),
+       [impl, handler = std::move(handler)](const Request& request, const Respond& respond) {
+         Response res;
+         try {
+           res = handler(request);
+         } catch (const std::exception& e) {
+           impl->options.log(std::string("a handler threw: ") + e.what());
+           res = problem_response(500, title_of(500), "the server failed to handle the request",
+                                  request.version());
+         }
+         respond(std::move(res));
+       }});
 }
 
 void Server::on_async(http::verb method, std::string path, AsyncHandler handler) {

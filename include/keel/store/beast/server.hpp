@@ -84,10 +84,10 @@ struct ServerOptions {
   std::size_t max_connections = 1024;
   /// Largest request head (request line and header fields, in bytes); 431 past it.
   /// Requires: >= 64. Default 8 KiB.
-  std::size_t max_header_bytes = 8 * 1024;
+  std::size_t max_header_bytes = std::size_t{8} * 1024;
   /// Largest request body, whatever its Content-Type (chunked bodies included); 413 past it.
   /// Requires: >= 1. Default 1 MiB.
-  std::size_t max_body_bytes = 1024 * 1024;
+  std::size_t max_body_bytes = std::size_t{1024} * 1024;
   /// TCP_NODELAY on accepted connections. Default true.
   bool tcp_nodelay = true;
   /// Keep connections open between requests (HTTP/1.1 persistent connections; a request's own
