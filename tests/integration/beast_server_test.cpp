@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/system/system_error.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -531,6 +533,56 @@ TEST_F(BeastServer, StartThrowsWhenThePortIsTaken) {
   Server other({.port = static_cast<std::uint16_t>(h.port())});
   EXPECT_THROW(other.start(), boost::system::system_error);
   h.expect_healthy();
+}
+
+TEST(BeastIdempotentHandler, RunsTheFlowOnTheGivenExecutorAndReplaysTheRepeat) {
+  // The adapter on its own, as a user's Beast session would call it.
+  test::TempDir dir;
+  ConnectionPool pool(parse_database_url("sqlite:" + (dir.path() / "db.sqlite").string()).value());
+  IdempotencyStore store;
+  IdempotencyStore::migrate(*pool.acquire());
+  std::atomic<int> runs{0};
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<bool> ran_elsewhere{false};
+  IdempotentHandler charges(
+      {.flow = {.store = &store, .pool = &pool}}, [&](const Request& req, Connection&) {
+        ++runs;
+        ran_elsewhere = std::this_thread::get_id() != caller;
+        return StoredResponse{201, {{"Content-Type", "text/plain"}}, "charged " + req.body()};
+      });
+  Request req{http::verb::post, "/v1/charges?source=test", 11};
+  req.set("Idempotency-Key", "own-server-1");
+  req.set(http::field::authorization, "Bearer alice");
+  req.set(http::field::content_type, "text/plain");
+  req.body() = "5";
+  req.prepare_payload();
+  EXPECT_EQ(charges.principal(req), "alice");
+
+  boost::asio::thread_pool workers(2);
+  std::promise<Response> answered;
+  charges.async_handle(req, charges.principal(req), charges.clock().now(), workers.get_executor(),
+                       [&](Response res) { answered.set_value(std::move(res)); });
+  const Response first = answered.get_future().get();
+  EXPECT_EQ(first.result_int(), 201u);
+  EXPECT_EQ(first.body(), "charged 5");
+  EXPECT_EQ(first[http::field::content_type], "text/plain");
+  EXPECT_TRUE(ran_elsewhere) << "the flow ran on the calling thread, not the executor";
+
+  const Response again = charges.handle(req, "alice", charges.clock().now());
+  EXPECT_EQ(again.result_int(), 201u);
+  EXPECT_EQ(again["Idempotent-Replayed"], "true");
+  EXPECT_EQ(again.body(), "charged 5");
+  EXPECT_EQ(runs.load(), 1);
+
+  // A passed deadline is answered on the calling thread, before the handler.
+  req.set("Idempotency-Key", "own-server-2");
+  req.set("Keel-Deadline-Ms", "0");
+  std::promise<Response> refused;
+  charges.async_handle(req, "alice", charges.clock().now(), workers.get_executor(),
+                       [&](Response res) { refused.set_value(std::move(res)); });
+  EXPECT_EQ(refused.get_future().get().result_int(), 400u);
+  EXPECT_EQ(runs.load(), 1);
+  workers.join();
 }
 
 /// The pipelined charges on both backends.
