@@ -3,6 +3,7 @@
 // the head), checked, routed, answered, then the next one (see keel/store/beast/server.hpp).
 #include "keel/store/beast/server.hpp"
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -24,12 +25,14 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "keel/backoff.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 
@@ -132,6 +135,13 @@ struct Server::Impl {
   std::optional<net::executor_work_guard<net::io_context::executor_type>> guard;
   std::optional<tcp::acceptor> acceptor;
   std::optional<net::steady_timer> accept_backoff;  // after a failed accept (EMFILE ...)
+  // The wait after failed accepts in a row: core's full jitter under ceilings from 10 ms up to
+  // 1 s, so a server out of descriptors neither spins nor waits long once one is free. Touched
+  // only by the one accept in flight at a time.
+  Backoff accept_policy{{.base = std::chrono::milliseconds(10), .cap = std::chrono::seconds(1)}};
+  Rng accept_rng{(std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};
+  int accept_failures = 0;
+  Duration accept_delay = Duration::zero();
   std::vector<std::thread> loop_threads;
   std::unique_ptr<net::thread_pool> workers;
 };
@@ -402,14 +412,19 @@ void Server::Impl::accept() {
       net::make_strand(ioc), [this](boost::system::error_code ec, tcp::socket socket) {
         if (ec == net::error::operation_aborted || !acceptor->is_open()) return;
         if (ec) {
-          // Out of descriptors or memory: wait a moment rather than spin on the same error.
+          // Out of descriptors or memory: wait, jittered and growing while it lasts, rather
+          // than spin on the same error.
           options.log("accept failed: " + ec.message());
-          accept_backoff->expires_after(std::chrono::milliseconds(100));
+          accept_delay = accept_policy.delay(accept_failures, accept_delay, accept_rng);
+          accept_failures = std::min(accept_failures + 1, 30);
+          accept_backoff->expires_after(accept_delay);
           accept_backoff->async_wait([this](boost::system::error_code) {
             if (acceptor->is_open()) accept();
           });
           return;
         }
+        accept_failures = 0;
+        accept_delay = Duration::zero();
         // Sessions are only added here, on the acceptor's strand, so the count checked is the
         // count the new session joins (it can only have dropped meanwhile).
         std::uint64_t id = 0;
