@@ -13,6 +13,7 @@ build_packages=(
   libcurl4-openssl-dev libsqlite3-dev libpq-dev libssl-dev
   prometheus-cpp-dev  # keel::metrics and the /metrics of keel jobs work and keel-demo serve
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libasio-dev
+  libboost-dev  # Boost.Beast and Boost.Asio, header-only: keel::store_beast
   gnuplot-nox curl procps
 )
 test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang-tidy

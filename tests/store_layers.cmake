@@ -18,8 +18,9 @@ set(allowed_json json)
 set(allowed_queue queue db json)
 set(allowed_idempotency idempotency db json)
 set(allowed_server server idempotency db json)
+set(allowed_beast beast idempotency db json)
 set(allowed_handlers handlers queue db json)
-set(folders db json queue idempotency server handlers)
+set(folders db json queue idempotency server beast handlers)
 
 set(failures "")
 file(GLOB_RECURSE files RELATIVE ${KEEL_SOURCE} ${KEEL_SOURCE}/src/store/*.cpp
