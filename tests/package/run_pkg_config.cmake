@@ -55,6 +55,7 @@ set(sources ${KEEL_SOURCE}/tests/package)
 build_with(consumer keel ${sources}/consumer/main.cpp)
 if(ADAPTERS)
   build_with(adapters
-             "keel-http;keel-store;keel-store-http;keel-store-handlers;keel-store-webhook;keel-sim;keel-asio;keel-metrics"
-             ${sources}/adapters/main.cpp ${sources}/adapters/metrics.cpp)
+             "keel-http;keel-store;keel-store-http;keel-store-handlers;keel-store-webhook;keel-store-beast;keel-sim;keel-asio;keel-metrics"
+             ${sources}/adapters/main.cpp ${sources}/adapters/metrics.cpp
+             ${sources}/adapters/beast.cpp)
 endif()

@@ -12,6 +12,7 @@
 #include <keel/store/server/idempotency_middleware.hpp>
 
 int consumer_metrics();
+int consumer_beast();
 
 int main() {
   keel::http::Client client;  // libcurl initialised, a breaker registry and a budget of its own
@@ -31,6 +32,7 @@ int main() {
               static_cast<long long>(rows.integer(0, 0)), scenarios,
               client.options().retry.max_attempts);
   if (consumer_metrics() != 0) return 1;  // metrics.cpp
+  if (consumer_beast() != 0) return 1;    // beast.cpp
   return rows.integer(0, 0) == 42 && scenarios > 0 && store_http_ok && http_attempt_ok && webhook_ok
              ? 0
              : 1;
