@@ -35,6 +35,7 @@
 #include "keel/backoff.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/store/idempotency/idempotency_flow.hpp"
 
 namespace keel::store::beast {
 namespace {
@@ -43,23 +44,6 @@ namespace net = boost::asio;
 namespace http = boost::beast::http;
 using tcp = net::ip::tcp;
 using SteadyTime = std::chrono::steady_clock::time_point;
-
-std::string_view title_of(int status) {
-  switch (status) {
-    case 400:
-      return "Bad request";
-    case 404:
-      return "Not found";
-    case 405:
-      return "Method not allowed";
-    case 413:
-      return "Payload too large";
-    case 431:
-      return "Request header fields too large";
-    default:
-      return "Internal error";
-  }
-}
 
 void validate(const ServerOptions& o) {
   const auto fail = [](std::string_view field, std::string_view requirement, std::string got) {
@@ -290,7 +274,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void refuse(int status, const std::string& detail) {
-    write(problem_response(status, title_of(status), detail), /*close_after=*/true);
+    write(problem_response(status, problem_title(status), detail), /*close_after=*/true);
   }
 
   void dispatch() {
@@ -315,11 +299,11 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (route == nullptr) {
       if (allow.empty()) {
-        return write(problem_response(404, title_of(404), "no resource at this path", version_),
-                     false);
+        return write(
+            problem_response(404, problem_title(404), "no resource at this path", version_), false);
       }
       Response res = problem_response(
-          405, title_of(405),
+          405, problem_title(405),
           std::string(req.method_string()) + " is not allowed on this path; allowed: " + allow,
           version_);
       res.set(http::field::allow, allow);
@@ -330,9 +314,9 @@ class Session : public std::enable_shared_from_this<Session> {
                      [self = shared_from_this()](Response res) { self->respond(std::move(res)); });
     } catch (const std::exception& e) {
       server_.options.log(std::string("a handler threw: ") + e.what());
-      write(
-          problem_response(500, title_of(500), "the server failed to handle the request", version_),
-          false);
+      write(problem_response(500, problem_title(500), "the server failed to handle the request",
+                             version_),
+            false);
     }
   }
 
@@ -555,8 +539,8 @@ void Server::on(http::verb method, std::string path, LoopHandler handler) {
            res = handler(request);
          } catch (const std::exception& e) {
            impl->options.log(std::string("a handler threw: ") + e.what());
-           res = problem_response(500, title_of(500), "the server failed to handle the request",
-                                  request.version());
+           res = problem_response(500, problem_title(500),
+                                  "the server failed to handle the request", request.version());
          }
          respond(std::move(res));
        }});

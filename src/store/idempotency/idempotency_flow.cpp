@@ -236,6 +236,35 @@ std::string problem_json(int status, std::string_view title, std::string_view de
   return problem.dump();
 }
 
+std::string_view problem_title(int status) noexcept {
+  switch (status) {
+    case 400:
+      return "Bad request";
+    case 404:
+      return "Not found";
+    case 405:
+      return "Method not allowed";
+    case 411:
+      return "Length required";
+    case 413:
+      return "Payload too large";
+    case 414:
+      return "URI too long";
+    case 415:
+      return "Unsupported media type";
+    case 416:
+      return "Range not satisfiable";
+    case 431:
+      return "Request header fields too large";
+    case 500:
+      return "Internal error";
+    case 503:
+      return "Service unavailable";
+    default:
+      return status < 500 ? "Client error" : "Server error";
+  }
+}
+
 std::string principal_from_authorization(std::optional<std::string_view> authorization) {
   if (!authorization) return "";
   const std::string_view auth = *authorization;

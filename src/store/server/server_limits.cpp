@@ -13,6 +13,7 @@
 #include "idempotency/detail/ascii.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/store/idempotency/idempotency_flow.hpp"
 #include "keel/store/server/idempotency_middleware.hpp"
 #include "server/detail/close_after_answer.hpp"
 
@@ -29,35 +30,6 @@ bool all_digits(std::string_view s) {
     if (c < '0' || c > '9') return false;
   }
   return true;
-}
-
-std::string_view title_of(int status) {
-  switch (status) {
-    case 400:
-      return "Bad request";
-    case 404:
-      return "Not found";
-    case 405:
-      return "Method not allowed";
-    case 411:
-      return "Length required";
-    case 413:
-      return "Payload too large";
-    case 414:
-      return "URI too long";
-    case 415:
-      return "Unsupported media type";
-    case 416:
-      return "Range not satisfiable";
-    case 431:
-      return "Request header fields too large";
-    case 500:
-      return "Internal error";
-    case 503:
-      return "Service unavailable";
-    default:
-      return status < 500 ? "Client error" : "Server error";
-  }
 }
 
 bool method_listed(std::string_view allow, std::string_view method) {
@@ -152,7 +124,7 @@ void write_problem_and_close(httplib::Response& response, int status, std::strin
 HandlerResponse refuse_unsafe_request(const httplib::Request& request, httplib::Response& response,
                                       const ServerLimits& limits) {
   const auto refuse = [&](int status, std::string_view detail) {
-    write_problem_and_close(response, status, title_of(status), detail);
+    write_problem_and_close(response, status, problem_title(status), detail);
     return HandlerResponse::Handled;
   };
   std::size_t header_bytes = 0;
@@ -240,7 +212,7 @@ httplib::Server::HandlerWithContentReader read_whole_body(httplib::Server::Handl
     }
     if (!read) {
       const int status = response.status == 413 ? 413 : 400;
-      write_problem_and_close(response, status, title_of(status),
+      write_problem_and_close(response, status, problem_title(status),
                               status == 413 ? "the request body is over the server's limit"
                                             : "the request body could not be read");
       return;
@@ -311,7 +283,7 @@ void apply_server_limits(httplib::Server& server, ServerLimits limits) {
           for (const auto& [pattern, allow] : *routes) {
             if (std::regex_match(request.path, pattern) && !method_listed(allow, request.method)) {
               response.set_header("Allow", allow);
-              write_problem(response, 405, title_of(405),
+              write_problem(response, 405, problem_title(405),
                             request.method + " is not allowed on this path; allowed: " + allow);
               return HandlerResponse::Handled;
             }
@@ -335,14 +307,14 @@ void apply_server_limits(httplib::Server& server, ServerLimits limits) {
                 "request line or header, or a malformed body)";
             break;
           default:
-            detail = std::string(title_of(status));
+            detail = std::string(problem_title(status));
             break;
         }
         if (status == 404) {
-          write_problem(response, status, title_of(status), detail);
+          write_problem(response, status, problem_title(status), detail);
         } else {
           // cpp-httplib answered on its own, possibly mid-request: do not read on.
-          write_problem_and_close(response, status, title_of(status), detail);
+          write_problem_and_close(response, status, problem_title(status), detail);
         }
         return HandlerResponse::Handled;
       }));

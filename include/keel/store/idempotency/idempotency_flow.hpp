@@ -239,6 +239,11 @@ inline constexpr std::string_view kAnonymousScope = "anonymous";
 /// sent as application/problem+json.
 [[nodiscard]] std::string problem_json(int status, std::string_view title, std::string_view detail);
 
+/// The title of a problem a server adapter answers by itself (a refused frame, a missing route):
+/// "Payload too large" for 413 and so on; "Client error" or "Server error" for a status it does
+/// not name.
+[[nodiscard]] std::string_view problem_title(int status) noexcept;
+
 class IdempotentRequestFlow {
  public:
   /// Throws std::invalid_argument naming the field when store or pool is null, or a limit breaks
