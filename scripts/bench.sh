@@ -19,7 +19,9 @@
 # simulator's benchmark (keel_bench_sim) when it was built; row 7 (both HTTP clients against raw
 # libcurl) from keel_bench_http, its benchmarks in randomly interleaved repetitions; row 8 (the
 # event stream on the success path) from keel_bench_events. Missing ones are reported as "not
-# available".
+# available". scripts/bench-beast.sh (the idempotency layer on the Boost.Beast server) writes
+# raw/beast.txt, a markdown table of its own, when keel_bench_beast_serve was built and wrk is
+# installed.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -200,6 +202,22 @@ elif [[ -x "$root/scripts/bench-serve.sh" ]]; then
   fi
 else
   skip serve_1client "not available: scripts/bench-serve.sh does not exist yet"
+fi
+
+# Boost.Beast: keel::store::beast::Server with and without the idempotency layer, and the bare
+# Beast server doing the same insert (scripts/bench-beast.sh; raw/beast.txt holds its table).
+if ((smoke)); then
+  skip beast "not run in smoke mode (needs wrk/PostgreSQL and minutes)"
+elif [[ ! -x "$bin/keel_bench_beast_serve" ]]; then
+  skip beast "not available: keel_bench_beast_serve was not built (bench/beast_serve.cpp, needs keel::store_beast)"
+elif ! command -v wrk >/dev/null; then
+  skip beast "wrk is not installed (Debian wrk)"
+else
+  log "beast: running scripts/bench-beast.sh"
+  if ! timeout 900 "$root/scripts/bench-beast.sh" "$build_dir" >"$raw/beast.txt" \
+    2>"$raw/beast.stderr.txt"; then
+    skip beast "scripts/bench-beast.sh failed (see raw/beast.stderr.txt)"
+  fi
 fi
 
 # --- HTTP clients against raw libcurl -----------------------------------------------------------
