@@ -61,7 +61,8 @@ function request()
 end
 LUA
 
-# run_one MODE DB_URL: prints "rps non2xx" for MODE's server on DB_URL, measured after a warm-up.
+# run_one MODE DB_URL: runs MODE's server on DB_URL, measures it after a warm-up and sets rps and
+# non2xx. Runs in this shell (not a subshell), so that cleanup sees the server's pid.
 run_one() {
   "$server" --mode "$1" --db "$2" --workers "$WORKERS" >"$work/serve.log" 2>&1 &
   server_pid=$!
@@ -71,19 +72,31 @@ run_one() {
     [[ -n "$port" ]] && break
     sleep 0.1
   done
-  [[ -n "$port" ]] || { cat "$work/serve.log" >&2; exit 1; }
-  wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"$WARMUP" -s "$work/charges.lua" \
-    "http://127.0.0.1:$port" >/dev/null 2>&1
-  wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"$DURATION" -s "$work/charges.lua" \
-    "http://127.0.0.1:$port" >"$work/wrk.out" 2>&1
-  kill "$server_pid"
-  wait "$server_pid" 2>/dev/null || true
+  [[ -n "$port" ]] || { echo "bench-beast: the $1 server did not start" >&2; cat "$work/serve.log" >&2; exit 1; }
+  local duration
+  for duration in "$WARMUP" "$DURATION"; do
+    wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"$duration" -s "$work/charges.lua" \
+      "http://127.0.0.1:$port" >"$work/wrk.out" 2>&1 || {
+      echo "bench-beast: wrk failed against the $1 server on $backend" >&2
+      cat "$work/wrk.out" "$work/serve.log" >&2
+      exit 1
+    }
+  done
+  if ! kill "$server_pid" 2>/dev/null; then
+    local status=0
+    wait "$server_pid" || status=$?
+    echo "bench-beast: the $1 server on $backend exited during the run (status $status)" >&2
+    cat "$work/serve.log" >&2
+    exit 1
+  fi
+  local status=0
+  wait "$server_pid" 2>/dev/null || status=$?
+  ((status == 0)) || echo "bench-beast: the $1 server on $backend stopped with status $status" >&2
   server_pid=
-  local rps non2xx
   rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/wrk.out")
   non2xx=$(awk '/Non-2xx/ {print $NF}' "$work/wrk.out")
-  [[ -n "$rps" ]] || { cat "$work/wrk.out" "$work/serve.log" >&2; exit 1; }
-  echo "$rps ${non2xx:-0}"
+  non2xx=${non2xx:-0}
+  [[ -n "$rps" ]] || { echo "bench-beast: wrk gave no rate for $1 on $backend" >&2; cat "$work/wrk.out" "$work/serve.log" >&2; exit 1; }
 }
 
 echo "| backend | bare req/s | nolayer req/s | layer req/s | nolayer/bare | layer/nolayer |"
@@ -105,9 +118,12 @@ for backend in $BACKENDS; do
       ;;
     *) echo "bench-beast: unknown backend $backend" >&2; exit 2 ;;
   esac
-  read -r rps_bare bad_bare < <(run_one bare "${url[bare]}")
-  read -r rps_nolayer bad_nolayer < <(run_one nolayer "${url[nolayer]}")
-  read -r rps_layer bad_layer < <(run_one layer "${url[layer]}")
+  run_one bare "${url[bare]}"
+  rps_bare=$rps bad_bare=$non2xx
+  run_one nolayer "${url[nolayer]}"
+  rps_nolayer=$rps bad_nolayer=$non2xx
+  run_one layer "${url[layer]}"
+  rps_layer=$rps bad_layer=$non2xx
   awk -v n="$backend" -v b="$rps_bare" -v o="$rps_nolayer" -v l="$rps_layer" \
     'BEGIN { printf "| %s | %.0f | %.0f | %.0f | %.2f | %.2f |\n", n, b, o, l, o / b, l / o }'
   if [[ $bad_bare != 0 || $bad_nolayer != 0 || $bad_layer != 0 ]]; then
