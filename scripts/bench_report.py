@@ -296,6 +296,31 @@ def http_rows(path, emit, mach, date, goals):
     emit("")
 
 
+def beast_rows(raw, emit, goals):
+    """The table scripts/bench-beast.sh wrote (raw/beast.txt): the idempotency layer on
+    keel::store::beast::Server against the same server without it, and that server against a bare
+    Boost.Beast server doing the same insert; its two ratios per backend go to the goals."""
+    emit("### The idempotency layer on Boost.Beast")
+    emit("")
+    path = os.path.join(raw, "beast.txt")
+    reason = skipped(raw, "beast")
+    if reason is not None or not os.path.exists(path):
+        emit(reason or "not measured")
+        emit("")
+        return
+    with open(path, encoding="utf-8") as f:
+        text = f.read().strip()
+    emit("Output of scripts/bench-beast.sh:")
+    emit("")
+    emit(text or "(no output)")
+    emit("")
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0] in ("sqlite", "postgres"):
+            goals.append((f"Beast server, {cells[0]}: no layer / bare Beast (goal 0.9)", cells[4]))
+            goals.append((f"Beast server, {cells[0]}: layer / no layer (goal 0.9)", cells[5]))
+
+
 def queue_rows(text, emit, mach, date, goals):
     """Table rows from scripts/bench-queue.sh: the pgbench rate, then PostgreSQL and SQLite
     '  batch N  <rate> jobs/s ...' lines."""
@@ -637,6 +662,7 @@ def main():
             else:
                 emit(reason or "not measured")
             emit("")
+            beast_rows(raw, emit, goals)
 
     emit("## 6. Simulator")
     emit("")
