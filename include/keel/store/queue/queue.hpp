@@ -56,17 +56,17 @@
 // run lease expiry and backoff in virtual time.
 //
 // Where each role lives: JobQueue's methods are grouped below by who calls them, and each group
-// is implemented in a file of its own. Producers enqueue (src/store/queue/queue_producer.cpp). Workers
-// lease, heartbeat, release and complete_and_lease (src/store/queue/queue_lease.cpp, which also sweeps
-// expired leases) and report outcomes with complete and complete_done
-// (src/store/queue/queue_complete.cpp). Operators read a job with get (src/store/queue/queue.cpp) and
-// administer the dead-letter queue by id or by queue with list_dead, replay and discard
+// is implemented in a file of its own. Producers enqueue (src/store/queue/queue_producer.cpp).
+// Workers lease, heartbeat, release and complete_and_lease (src/store/queue/queue_lease.cpp, which
+// also sweeps expired leases) and report outcomes with complete and complete_done
+// (src/store/queue/queue_complete.cpp). Operators read a job with get (src/store/queue/queue.cpp)
+// and administer the dead-letter queue by id or by queue with list_dead, replay and discard
 // (src/store/queue/queue_dead_letters.cpp; by filter, with paced replays:
 // keel/store/queue/dead_letters.hpp). Dashboards and housekeeping use stats, dead_depth,
 // dead_expiring, queue_exists, idle, prune_done and prune_dead (src/store/queue/queue_stats.cpp).
-// Construction, the schema and its migrations are src/store/queue/queue.cpp; what the files share is
-// src/store/queue/detail/queue_sql.hpp. The long-running consumer built on the worker protocol is
-// keel::store::Worker (keel/store/queue/queue_worker.hpp).
+// Construction, the schema and its migrations are src/store/queue/queue.cpp; what the files share
+// is src/store/queue/detail/queue_sql.hpp. The long-running consumer built on the worker protocol
+// is keel::store::Worker (keel/store/queue/queue_worker.hpp).
 //
 // Thread-safety: JobQueue is immutable after construction except for its random generator (which
 // a mutex guards) and the time of its last expired-lease sweep (an atomic); it is safe for
@@ -478,8 +478,8 @@ class JobQueue {
   /// The job with its full attempt history, or nullopt. Throws DatabaseError.
   [[nodiscard]] std::optional<Job> get(Connection& connection, std::int64_t job_id) const;
 
-  // Dead-letter administration by id or by queue (src/store/queue/queue_dead_letters.cpp). Selecting
-  // by reason or age, and paced replays: keel/store/queue/dead_letters.hpp.
+  // Dead-letter administration by id or by queue (src/store/queue/queue_dead_letters.cpp).
+  // Selecting by reason or age, and paced replays: keel/store/queue/dead_letters.hpp.
 
   /// Dead jobs (no history), oldest first; all queues when `queue` is empty. Throws DatabaseError.
   [[nodiscard]] std::vector<Job> list_dead(Connection& connection, std::string_view queue = {},
