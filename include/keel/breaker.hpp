@@ -97,6 +97,13 @@ struct BreakerOptions {
   Clock* clock = nullptr;
   /// Called on every state change, on the thread that made it, with no lock held. Default none.
   std::function<void(BreakerState from, BreakerState to)> on_state_change;
+  /// Asked, on the calling thread with no lock held, each time the breaker is about to admit a
+  /// half-open trial: zero lets the trial run; a positive duration means somebody else runs the
+  /// trial (a fleet's one probe per break, see keel::store::SharedBreakers), and the breaker goes
+  /// back to open for that long without counting a trip, refusing the call. It may block for one
+  /// bounded round trip; it must not call back into this breaker. An exception counts as zero.
+  /// Default none (every trial runs).
+  std::function<Duration()> trial_gate;
 
   /// The seeds' rule: open when more than half of the calls in the last `window` failed (and at
   /// least `minimum_calls` were made).
@@ -169,6 +176,19 @@ class CircuitBreaker {
   /// call is a half-open trial).
   void force_open(Duration break_for) noexcept;
 
+  /// Makes this breaker one of `processes` that share what their breakers learn (a fleet, see
+  /// keel::store::SharedBreakers): its window holds about 1/processes of the fleet's calls to
+  /// the dependency, so it judges after ceil(minimum_calls / processes) calls of its own (never
+  /// fewer than 3, nor than minimum_calls when that is smaller) and the fleet as a whole trips
+  /// after about minimum_calls calls, as one process would. The failure rate is still measured
+  /// over every call in the window. Values < 1 count as 1 (alone, the default).
+  void set_fleet_size(int processes) noexcept;
+  /// The calls this breaker needs in its window before it may trip: minimum_calls, or less in a
+  /// fleet (set_fleet_size).
+  [[nodiscard]] int minimum_calls() const noexcept {
+    return minimum_calls_.load(std::memory_order_relaxed);
+  }
+
   [[nodiscard]] const BreakerOptions& options() const noexcept { return options_; }
 
  private:
@@ -176,6 +196,7 @@ class CircuitBreaker {
   void record_closed(const BreakerPermit& permit, bool failure, bool slow, TimePoint now) noexcept;
   void record_trial(const BreakerPermit& permit, bool failure) noexcept;
   bool transition(std::uint64_t from_word, BreakerState to, TimePoint now) noexcept;
+  [[nodiscard]] bool gate_allows_trial(std::uint64_t half_open_word) noexcept;
   [[nodiscard]] bool should_trip(std::int64_t calls, std::int64_t failures,
                                  std::int64_t slow) const noexcept;
   [[nodiscard]] Duration break_for(int trips) const noexcept;
@@ -196,6 +217,7 @@ class CircuitBreaker {
   // [generation:22][admitted:14][successes:14][failures:14] of the current half-open round.
   alignas(64) std::atomic<std::uint64_t> trials_word_{0};
   std::atomic<int> consecutive_trips_{0};
+  std::atomic<int> minimum_calls_;  // options_.minimum_calls, or less in a fleet
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -214,6 +236,9 @@ struct BreakerRegistryOptions {
 /// A listener on a registry: key, old state, new state.
 using BreakerListener =
     std::function<void(std::string_view key, BreakerState from, BreakerState to)>;
+
+/// A registry-wide trial gate: BreakerOptions::trial_gate for the breaker of `key`.
+using BreakerTrialGate = std::function<Duration(std::string_view key)>;
 
 /// Breakers keyed by dependency: "host" or "host/endpoint-group". Each key gets its own
 /// breaker, so one broken endpoint cannot block another.
@@ -241,8 +266,21 @@ class BreakerRegistry {
   }
 
   /// Adds a listener called on every state change of every breaker, on the thread that made the
-  /// change. Requires: the listener does not call add_listener.
-  void add_listener(BreakerListener listener);
+  /// change, and returns its id for remove_listener. Requires: the listener does not call
+  /// add_listener or remove_listener.
+  std::uint64_t add_listener(BreakerListener listener);
+  /// Removes the listener `id` (nothing when unknown). When it returns, the listener is not
+  /// running and will not be called again. Requires: not called from a listener.
+  void remove_listener(std::uint64_t id);
+
+  /// set_fleet_size(processes) on every breaker of the registry, those created later included.
+  void set_fleet_size(int processes);
+  [[nodiscard]] int fleet_size() const noexcept { return fleet_size_.load(); }
+
+  /// Installs the trial gate of every breaker of the registry, those created already included
+  /// (BreakerOptions::trial_gate; the registry's options' own gate is replaced). An empty gate
+  /// removes it; when it returns, the old gate is not running. Requires: not called from a gate.
+  void set_trial_gate(BreakerTrialGate gate);
 
  private:
   struct Entry {
@@ -250,6 +288,7 @@ class BreakerRegistry {
     std::uint64_t created = 0;
   };
   struct Listeners;
+  struct Gate;
   struct StringHash {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const noexcept {
@@ -258,11 +297,13 @@ class BreakerRegistry {
   };
   BreakerRegistryOptions options_;
   std::shared_ptr<Listeners> listeners_;
+  std::shared_ptr<Gate> gate_;
   mutable std::shared_mutex mutex_;
   // Guarded by mutex_.
   std::unordered_map<std::string, Entry, StringHash, std::equal_to<>> entries_;
   std::uint64_t created_ = 0;  // guarded by mutex_
   std::atomic<std::uint64_t> evictions_{0};
+  std::atomic<int> fleet_size_{1};
 };
 
 }  // namespace keel

@@ -283,6 +283,7 @@ CircuitBreaker::CircuitBreaker(BreakerOptions options)
     w.init_count(o.window_calls);
   }
   origin_ = clock_->now();
+  minimum_calls_.store(o.minimum_calls, std::memory_order_relaxed);
   state_word_.store(make_word(BreakerState::kClosed, 0, 0), std::memory_order_release);
 }
 
@@ -309,7 +310,7 @@ Duration CircuitBreaker::break_for(int trips) const noexcept {
 
 bool CircuitBreaker::should_trip(std::int64_t calls, std::int64_t failures,
                                  std::int64_t slow) const noexcept {
-  if (calls < options_.minimum_calls || calls <= 0) return false;
+  if (calls < minimum_calls_.load(std::memory_order_relaxed) || calls <= 0) return false;
   const bool strict = options_.trip_only_above_threshold;
   return rate_reached(failures, calls, failure_ppm_, strict) ||
          (track_slow_ && rate_reached(slow, calls, slow_ppm_, strict));
@@ -368,6 +369,7 @@ BreakerPermit CircuitBreaker::try_acquire() noexcept {
           if (t.admitted >= static_cast<std::uint64_t>(options_.half_open_trials)) break;
           ++t.admitted;
           if (trials_word_.compare_exchange_weak(tw, pack(t), std::memory_order_acq_rel)) {
+            if (options_.trial_gate && !gate_allows_trial(w)) return permit;
             permit.allowed = true;
             permit.trial = true;
             permit.generation = gen;
@@ -385,6 +387,31 @@ BreakerPermit CircuitBreaker::try_acquire() noexcept {
     w = state_word_.load(std::memory_order_acquire);
   }
   return permit;
+}
+
+bool CircuitBreaker::gate_allows_trial(std::uint64_t half_open_word) noexcept {
+  Duration hold = Duration::zero();
+  try {
+    hold = options_.trial_gate();
+  } catch (...) {
+    hold = Duration::zero();  // a gate that fails lets the breaker decide alone
+  }
+  if (hold <= Duration::zero()) return true;
+  // Somebody else runs the trial: give the slot back and stay open for `hold`, not a trip.
+  BreakerPermit slot;
+  slot.allowed = true;
+  slot.trial = true;
+  slot.generation = gen_of(half_open_word);
+  release(slot);
+  const std::uint64_t next =
+      make_word(BreakerState::kOpen, gen_of(half_open_word) + 1,
+                to_ticks(saturating_add(clock_->now(), hold)));
+  std::uint64_t expected = half_open_word;
+  if (state_word_.compare_exchange_strong(expected, next, std::memory_order_acq_rel) &&
+      options_.on_state_change) {
+    options_.on_state_change(BreakerState::kHalfOpen, BreakerState::kOpen);
+  }
+  return false;
 }
 
 void CircuitBreaker::record(const BreakerPermit& permit, const Outcome& outcome) noexcept {
@@ -445,8 +472,9 @@ void CircuitBreaker::record_closed(const BreakerPermit& /*permit*/, bool failure
   // path of a healthy dependency from summing the window.
   const std::int64_t failures = win.failures();
   const std::int64_t slow_calls = win.slow();
-  if (!rate_reached(failures, options_.minimum_calls, failure_ppm_, false) &&
-      !(track_slow_ && rate_reached(slow_calls, options_.minimum_calls, slow_ppm_, false))) {
+  const std::int64_t minimum = minimum_calls_.load(std::memory_order_relaxed);
+  if (!rate_reached(failures, minimum, failure_ppm_, false) &&
+      !(track_slow_ && rate_reached(slow_calls, minimum, slow_ppm_, false))) {
     return;
   }
   const std::int64_t calls = win.live_calls(now_step);
@@ -561,6 +589,16 @@ void CircuitBreaker::reset() noexcept {
   window_->clear();
 }
 
+void CircuitBreaker::set_fleet_size(int processes) noexcept {
+  const int full = options_.minimum_calls;
+  if (processes <= 1) {
+    minimum_calls_.store(full, std::memory_order_relaxed);
+    return;
+  }
+  const int share = (full + processes - 1) / processes;
+  minimum_calls_.store(std::max(share, std::min(full, 3)), std::memory_order_relaxed);
+}
+
 void CircuitBreaker::force_open(Duration break_for) noexcept {
   if (break_for < Duration::zero()) break_for = Duration::zero();
   std::uint64_t w = state_word_.load(std::memory_order_acquire);
@@ -590,22 +628,39 @@ void CircuitBreaker::force_open(Duration break_for) noexcept {
 
 struct BreakerRegistry::Listeners {
   mutable std::shared_mutex mutex;
-  std::vector<BreakerListener> list;  // guarded by mutex
+  std::vector<std::pair<std::uint64_t, BreakerListener>> list;  // guarded by mutex
+  std::uint64_t next_id = 0;                                     // guarded by mutex
 
   void notify(std::string_view key, BreakerState from, BreakerState to) const {
     std::shared_lock lock(mutex);
-    for (const auto& l : list) l(key, from, to);
+    for (const auto& [id, l] : list) l(key, from, to);
+  }
+};
+
+struct BreakerRegistry::Gate {
+  mutable std::shared_mutex mutex;
+  BreakerTrialGate gate;  // guarded by mutex
+
+  [[nodiscard]] Duration ask(std::string_view key) const {
+    std::shared_lock lock(mutex);
+    return gate ? gate(key) : Duration::zero();
   }
 };
 
 BreakerRegistry::BreakerRegistry(BreakerRegistryOptions options)
-    : options_(std::move(options)), listeners_(std::make_shared<Listeners>()) {
+    : options_(std::move(options)),
+      listeners_(std::make_shared<Listeners>()),
+      gate_(std::make_shared<Gate>()) {
   if (options_.max_keys < 1) {
     detail::reject("BreakerRegistry", "max_keys", ">= 1", "0");
   }
   BreakerOptions probe = options_.breaker;
   probe.on_state_change = nullptr;
+  probe.trial_gate = nullptr;
   CircuitBreaker validate(probe);  // throws on invalid breaker options
+  if (options_.breaker.trial_gate) {
+    gate_->gate = [own = options_.breaker.trial_gate](std::string_view) { return own(); };
+  }
 }
 
 BreakerRegistry::~BreakerRegistry() = default;
@@ -641,7 +696,9 @@ std::shared_ptr<CircuitBreaker> BreakerRegistry::get(std::string_view key) {
                                                                         BreakerState to) {
     listeners->notify(name, from, to);
   };
+  o.trial_gate = [gate = gate_, name = std::string(key)] { return gate->ask(name); };
   auto breaker = std::make_shared<CircuitBreaker>(std::move(o));
+  breaker->set_fleet_size(fleet_size_.load());
   entries_.emplace(std::string(key), Entry{breaker, ++created_});
   return breaker;
 }
@@ -668,9 +725,27 @@ std::size_t BreakerRegistry::size() const {
   return entries_.size();
 }
 
-void BreakerRegistry::add_listener(BreakerListener listener) {
+std::uint64_t BreakerRegistry::add_listener(BreakerListener listener) {
   std::unique_lock lock(listeners_->mutex);
-  listeners_->list.push_back(std::move(listener));
+  const std::uint64_t id = ++listeners_->next_id;
+  listeners_->list.emplace_back(id, std::move(listener));
+  return id;
+}
+
+void BreakerRegistry::remove_listener(std::uint64_t id) {
+  std::unique_lock lock(listeners_->mutex);
+  std::erase_if(listeners_->list, [id](const auto& entry) { return entry.first == id; });
+}
+
+void BreakerRegistry::set_fleet_size(int processes) {
+  std::shared_lock lock(mutex_);  // get() reads fleet_size_ under the exclusive lock
+  fleet_size_.store(processes < 1 ? 1 : processes);
+  for (const auto& [key, entry] : entries_) entry.breaker->set_fleet_size(processes);
+}
+
+void BreakerRegistry::set_trial_gate(BreakerTrialGate gate) {
+  std::unique_lock lock(gate_->mutex);
+  gate_->gate = std::move(gate);
 }
 
 }  // namespace keel

@@ -359,6 +359,126 @@ TEST(Breaker, ForceOpenReplacesTheBreakOfAnOpenOrHalfOpenBreaker) {
   EXPECT_EQ(b.snapshot().consecutive_trips, 0);
 }
 
+TEST(Breaker, TheTrialGateHoldsTheBreakerOpenWhileSomebodyElseProbes) {
+  keel::ManualClock clock;
+  std::vector<std::pair<BreakerState, BreakerState>> changes;
+  std::vector<keel::Duration> answers = {2s, 0s};  // first: another process probes; then: us
+  int asked = 0;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 1,
+                          .minimum_calls = 1,
+                          .break_duration = 5s,
+                          .clock = &clock,
+                          .on_state_change =
+                              [&](BreakerState from, BreakerState to) {
+                                changes.emplace_back(from, to);
+                              },
+                          .trial_gate = [&] { return answers.at(asked++); }});
+  ASSERT_TRUE(call(b, kF));  // tripped: open for 5 s
+  ASSERT_EQ(asked, 0);       // closed-state calls never ask
+  clock.advance(5s);
+  EXPECT_FALSE(b.try_acquire());  // the gate says somebody else probes: held open for 2 s
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_EQ(b.retry_in(), 2s);
+  EXPECT_EQ(b.snapshot().consecutive_trips, 1);  // a hold is not a trip
+  clock.advance(2s - 1ms);
+  EXPECT_FALSE(b.try_acquire());  // still held; the gate is not asked while open
+  EXPECT_EQ(asked, 1);
+  clock.advance(1ms);
+  const auto trial = b.try_acquire();  // the gate lets this one probe
+  ASSERT_TRUE(trial);
+  EXPECT_TRUE(trial.trial);
+  EXPECT_EQ(asked, 2);
+  EXPECT_FALSE(b.try_acquire());  // the one trial is out: refused without asking
+  EXPECT_EQ(asked, 2);
+  b.record(trial, kS);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  const std::vector<std::pair<BreakerState, BreakerState>> expected = {
+      {BreakerState::kClosed, BreakerState::kOpen},
+      {BreakerState::kOpen, BreakerState::kHalfOpen},
+      {BreakerState::kHalfOpen, BreakerState::kOpen},  // held
+      {BreakerState::kOpen, BreakerState::kHalfOpen},
+      {BreakerState::kHalfOpen, BreakerState::kClosed}};
+  EXPECT_EQ(changes, expected);
+}
+
+TEST(Breaker, ATrialGateThatThrowsLetsTheBreakerDecideAlone) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 1,
+                          .minimum_calls = 1,
+                          .break_duration = 1s,
+                          .clock = &clock,
+                          .trial_gate = []() -> keel::Duration {
+                            throw std::runtime_error("database unreachable");
+                          }});
+  ASSERT_TRUE(call(b, kF));
+  clock.advance(1s);
+  const auto trial = b.try_acquire();
+  ASSERT_TRUE(trial);
+  EXPECT_TRUE(trial.trial);
+}
+
+TEST(Breaker, AHeldTrialSlotIsFreeForTheNextRoundUnderRealThreads) {
+  // Many threads reach half-open at once; the gate holds the first three rounds and lets the
+  // fourth probe. Exactly one trial runs in the whole run; it closes the breaker.
+  keel::ManualClock clock;
+  std::atomic<int> asked{0};
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 1,
+                          .minimum_calls = 1,
+                          .break_duration = 1s,
+                          .clock = &clock,
+                          .trial_gate = [&]() -> keel::Duration {
+                            return asked.fetch_add(1) < 3 ? keel::Duration(1ns) : keel::Duration{};
+                          }});
+  ASSERT_TRUE(call(b, kF));
+  clock.advance(1s);
+  std::atomic<int> admitted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        const auto p = b.try_acquire();
+        if (p.trial) {
+          admitted.fetch_add(1);
+          b.record(p, kS);
+        }
+        clock.advance(1ms);  // holds of 1 ns end at the next millisecond tick
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(admitted.load(), 1);
+  EXPECT_EQ(asked.load(), 4);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+}
+
+TEST(Breaker, OneOfAFleetJudgesAfterItsShareOfTheMinimumCalls) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.minimum_calls = 20, .clock = &clock});
+  EXPECT_EQ(b.minimum_calls(), 20);
+  b.set_fleet_size(8);
+  EXPECT_EQ(b.minimum_calls(), 3);  // ceil(20 / 8)
+  b.set_fleet_size(100);
+  EXPECT_EQ(b.minimum_calls(), 3);  // never fewer than 3
+  b.set_fleet_size(4);
+  EXPECT_EQ(b.minimum_calls(), 5);
+  ASSERT_TRUE(call(b, kF));
+  ASSERT_TRUE(call(b, kS));
+  ASSERT_TRUE(call(b, kF));
+  ASSERT_TRUE(call(b, kS));
+  EXPECT_EQ(b.state(), BreakerState::kClosed);  // 4 calls: not yet judged
+  ASSERT_TRUE(call(b, kF));                     // 3 of 5 failed
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  b.set_fleet_size(0);  // alone again
+  EXPECT_EQ(b.minimum_calls(), 20);
+  keel::CircuitBreaker small({.minimum_calls = 2, .clock = &clock});
+  small.set_fleet_size(8);
+  EXPECT_EQ(small.minimum_calls(), 2);  // a minimum below 3 is kept
+}
+
 TEST(Breaker, RejectsInvalidOptionsNamingTheField) {
   const auto message = [](keel::BreakerOptions o) -> std::string {
     try {
@@ -602,6 +722,68 @@ TEST(BreakerRegistry, ListenersHearEveryChangeWithTheKey) {
   const std::vector<std::string> expected = {"db: closed -> open", "db: open -> half-open",
                                              "db: half-open -> closed"};
   EXPECT_EQ(heard, expected);
+}
+
+TEST(BreakerRegistry, ARemovedListenerHearsNothingMore) {
+  keel::ManualClock clock;
+  keel::BreakerRegistry registry(registry_options(clock));
+  int first = 0;
+  int second = 0;
+  const auto id = registry.add_listener([&](std::string_view, BreakerState, BreakerState) {
+    ++first;
+  });
+  registry.add_listener([&](std::string_view, BreakerState, BreakerState) { ++second; });
+  auto b = registry.get("db");
+  ASSERT_TRUE(call(*b, kF));
+  ASSERT_TRUE(call(*b, kF));  // closed -> open
+  registry.remove_listener(id);
+  registry.remove_listener(id + 100);  // unknown: nothing
+  clock.advance(5s);
+  ASSERT_TRUE(call(*b, kS));  // open -> half-open -> closed
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(second, 3);
+}
+
+TEST(BreakerRegistry, TheTrialGateReachesBreakersMadeBeforeAndAfterItWithTheirKey) {
+  keel::ManualClock clock;
+  keel::BreakerRegistry registry(registry_options(clock));
+  auto before = registry.get("before");
+  std::vector<std::string> asked;
+  registry.set_trial_gate([&](std::string_view key) {
+    asked.emplace_back(key);
+    return keel::Duration(3s);  // somebody else probes every key
+  });
+  auto after = registry.get("after");
+  for (auto* b : {before.get(), after.get()}) {
+    ASSERT_TRUE(call(*b, kF));
+    ASSERT_TRUE(call(*b, kF));
+  }
+  clock.advance(5s);
+  EXPECT_FALSE(before->try_acquire());
+  EXPECT_FALSE(after->try_acquire());
+  EXPECT_EQ(asked, (std::vector<std::string>{"before", "after"}));
+  EXPECT_EQ(before->retry_in(), 3s);
+  registry.set_trial_gate(nullptr);  // removed: the breakers probe for themselves again
+  clock.advance(3s);
+  EXPECT_TRUE(before->try_acquire().trial);
+  EXPECT_EQ(asked.size(), 2U);
+}
+
+TEST(BreakerRegistry, TheFleetSizeReachesBreakersMadeBeforeAndAfterIt) {
+  keel::ManualClock clock;
+  keel::BreakerRegistryOptions o;
+  o.breaker.minimum_calls = 20;
+  o.breaker.clock = &clock;
+  keel::BreakerRegistry registry(o);
+  auto before = registry.get("before");
+  registry.set_fleet_size(4);
+  auto after = registry.get("after");
+  EXPECT_EQ(registry.fleet_size(), 4);
+  EXPECT_EQ(before->minimum_calls(), 5);
+  EXPECT_EQ(after->minimum_calls(), 5);
+  registry.set_fleet_size(1);
+  EXPECT_EQ(before->minimum_calls(), 20);
+  EXPECT_EQ(after->minimum_calls(), 20);
 }
 
 TEST(BreakerRegistry, TheNumberOfKeysIsBounded) {
