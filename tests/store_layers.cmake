@@ -16,11 +16,12 @@ endif()
 set(allowed_db db)
 set(allowed_json json)
 set(allowed_queue queue db json)
+set(allowed_fleet fleet db)
 set(allowed_idempotency idempotency db json)
 set(allowed_server server idempotency db json)
 set(allowed_beast beast idempotency db json)
 set(allowed_handlers handlers queue db json)
-set(folders db json queue idempotency server beast handlers)
+set(folders db json queue idempotency fleet server beast handlers)
 
 set(failures "")
 file(GLOB_RECURSE files RELATIVE ${KEEL_SOURCE} ${KEEL_SOURCE}/src/store/*.cpp

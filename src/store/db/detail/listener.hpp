@@ -1,7 +1,8 @@
 // A connection that only listens: PostgreSQL's LISTEN on a connection of its own, waited on with
 // poll(2) on its socket, so that a process learns at once that another session committed a
-// NOTIFY (the job queue wakes its idle workers with one). SQLite has no equivalent. Private to
-// keel::store_db and keel::store_queue (Worker wakeups).
+// NOTIFY (the job queue wakes its idle workers with one; shared breakers announce their changes
+// with one). SQLite has no equivalent. Private to keel::store_db, keel::store_queue (Worker
+// wakeups) and keel::store_fleet (SharedBreakers).
 //
 // Thread-safety: one thread calls listen() and wait(); interrupt() may be called from any thread
 // at any time (it writes to an eventfd that wait() polls beside the socket).

@@ -1,0 +1,181 @@
+// Circuit breakers shared by a fleet of processes on one PostgreSQL database: when any process's
+// breaker for a dependency opens, every process's breaker for it opens until the same probe
+// time; the fleet sends one half-open probe per break, and the probe's result closes (or
+// re-opens) the breaker everywhere. docs/fleet.md has the design and the drill's figures.
+//
+// What is shared and what stays local:
+//   - Each process keeps its own BreakerRegistry and decides on its own calls as before: the
+//     local breaker is the fast path, and no call waits for the database, except the one call
+//     per break that would be the fleet's probe, which waits one bounded round trip for the
+//     probe lease (BreakerOptions::trial_gate).
+//   - A state change of a local breaker (opened by its own calls, a probe's result) is written
+//     to the table keel_breakers and announced with NOTIFY from a background thread; the other
+//     processes apply it to their breakers (CircuitBreaker::force_open, reset). The table is the
+//     truth for processes that start later or missed a notification while disconnected.
+//   - Each process judges a dependency after its share of the breaker's minimum calls (the
+//     fleet's size comes from a heartbeat every few seconds), so the fleet trips after about
+//     the calls one process would make, not one process's worth per process.
+//   - After a successful probe each process closes its breaker at a random moment within
+//     release_spread, so that the recovered dependency is not met by the whole fleet at once.
+//   - When the database is slow or unreachable, each process falls back to its own breakers
+//     and says so once (on_notice); it reconnects with core's jittered backoff, reads the table
+//     and publishes what its breakers learnt meanwhile. Sharing never blocks or fails a call.
+//
+// PostgreSQL only: a SQLite database has no notifications, and on it breakers stay
+// per-process (the constructor refuses a SQLite URL).
+//
+// Thread-safety: safe for concurrent use. The registry's breakers may be used from any thread
+// while a SharedBreakers is attached; the registry must outlive it.
+//
+// Example:
+//   keel::BreakerRegistry breakers;
+//   keel::store::SharedBreakers shared(breakers, keel::store::parse_database_url(url).value());
+//   options.brakes.breakers = &breakers;  // an http::Client's brakes, as without sharing
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "keel/backoff.hpp"
+#include "keel/breaker.hpp"
+#include "keel/clock.hpp"
+#include "keel/random.hpp"
+#include "keel/store/db/database.hpp"
+
+namespace keel::store {
+
+namespace detail {
+class Listener;
+}
+
+struct SharedBreakersOptions {
+  /// How long the process that takes a break's probe holds it. When it has not reported by then
+  /// (it died, or its call hangs) the next process whose breaker asks takes the probe over.
+  /// Requires: >= 10 ms. Default 10 s.
+  Duration probe_lease = std::chrono::seconds(10);
+  /// The longest a statement of the sharing may take (the server's statement_timeout); over it
+  /// the call that asked for the probe lease probes as if alone. Requires: >= 1 ms. Default
+  /// 250 ms.
+  Duration round_trip_limit = std::chrono::milliseconds(250);
+  /// After the fleet's probe succeeded, this process closes its breaker at a uniformly random
+  /// moment within this spread. Requires: >= 0. Default 1 s.
+  Duration release_spread = std::chrono::seconds(1);
+  /// How often this process tells the table it is alive; the fleet's size (processes seen
+  /// within 3 heartbeats) sets each breaker's share of the minimum calls
+  /// (BreakerRegistry::set_fleet_size), so that the fleet trips after about as many calls as
+  /// one process would. Jittered by +-50%. Requires: >= 10 ms. Default 5 s.
+  Duration heartbeat = std::chrono::seconds(5);
+  /// The wait between reconnections to an unreachable database (core's full jitter). Default
+  /// base 100 ms, cap 10 s.
+  BackoffOptions reconnect = {};
+  /// Connection options of the two connections it holds (one listens, one writes).
+  ConnectOptions connect = {};
+  /// This process's name in the table and the notifications. Requires: no whitespace.
+  /// Default "hostname:pid:random".
+  std::string process;
+  /// Told, once per change, when sharing stops (the process falls back to its own breakers) and
+  /// when it starts again. Called from the background thread. Default: a line on stderr.
+  std::function<void(std::string_view message)> on_notice;
+};
+
+/// Counters, for tests, metrics and the drill.
+struct SharedBreakersStats {
+  bool sharing = false;             // connected, listening and the table read
+  std::uint64_t published = 0;      // state changes this process wrote to the table
+  std::uint64_t applied_opens = 0;  // breakers opened for another process
+  std::uint64_t applied_closes = 0;  // breakers closed after another process's probe
+  std::uint64_t probes_taken = 0;    // probe leases this process took
+  std::uint64_t probes_held = 0;     // trials refused: another process holds the probe
+  std::uint64_t fallbacks = 0;       // trials decided locally: the database did not answer
+  std::uint64_t reconnects = 0;      // times sharing started again after a failure
+  int fleet_size = 1;                // processes sharing, this one included (1 when not sharing)
+};
+
+class SharedBreakers {
+ public:
+  /// Attaches to `registry` (a listener and its trial gate) and starts the background thread,
+  /// which connects, creates the table on first use, listens and reads the fleet's state. An
+  /// unreachable database is not an error: the process shares once it is back. Throws
+  /// std::invalid_argument for invalid options or a database without notifications (SQLite).
+  SharedBreakers(BreakerRegistry& registry, DatabaseUrl url, SharedBreakersOptions options = {});
+  /// Detaches from the registry and stops the thread. Publications not yet written are dropped.
+  ~SharedBreakers();
+  SharedBreakers(const SharedBreakers&) = delete;
+  SharedBreakers& operator=(const SharedBreakers&) = delete;
+
+  /// Waits until sharing (connected, listening, the fleet's state applied) or `timeout`.
+  /// Returns whether it is sharing. `keel call` uses it to start with the fleet's state.
+  [[nodiscard]] bool wait_until_sharing(Duration timeout);
+  /// Waits until every state change published so far is written, or `timeout`. Returns whether
+  /// it is. For tests and for a process about to exit.
+  [[nodiscard]] bool flush(Duration timeout);
+
+  [[nodiscard]] SharedBreakersStats stats() const;
+  [[nodiscard]] const std::string& process() const noexcept { return options_.process; }
+
+ private:
+  using Instant = std::chrono::steady_clock::time_point;
+  struct Publication {
+    bool open = false;  // else closed
+    Instant until{};    // when open: the end of the break
+  };
+
+  void on_change(std::string_view key, BreakerState from, BreakerState to);
+  [[nodiscard]] Duration gate(std::string_view key);
+  void run();
+  void share(detail::Listener& listener);
+  void apply(std::string_view payload);
+  void apply_open(const std::string& key, Duration remaining);
+  [[nodiscard]] Duration release_due();
+  void publish_pending();
+  void read_fleet_state();
+  void heartbeat();
+  void notice(const std::string& message);
+
+  BreakerRegistry& registry_;
+  DatabaseUrl url_;
+  SharedBreakersOptions options_;
+  Backoff reconnect_;
+  std::uint64_t listener_id_ = 0;
+
+  // The writing connection, used by the background thread (publications) and by callers
+  // asking for the probe lease; work_mu_ guards it.
+  std::timed_mutex work_mu_;
+  std::unique_ptr<Connection> work_;  // guarded by work_mu_
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Publication, std::less<>> pending_;  // guarded by mu_
+  std::map<std::string, Instant, std::less<>> releases_;     // guarded by mu_
+  detail::Listener* listener_ = nullptr;                     // guarded by mu_
+  bool writing_ = false;  // guarded by mu_: publications taken but not yet written
+  Rng rng_;               // guarded by mu_
+  // The background thread's own: the tables' schema (notifications of other schemas are
+  // ignored) and the failures since sharing last worked.
+  std::string schema_;
+  int failures_ = 0;
+
+  std::atomic<bool> sharing_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> broken_{false};  // a caller saw the writing connection fail
+  std::atomic<std::uint64_t> published_{0};
+  std::atomic<std::uint64_t> applied_opens_{0};
+  std::atomic<std::uint64_t> applied_closes_{0};
+  std::atomic<std::uint64_t> probes_taken_{0};
+  std::atomic<std::uint64_t> probes_held_{0};
+  std::atomic<std::uint64_t> fallbacks_{0};
+  std::atomic<std::uint64_t> reconnects_{0};
+  std::thread thread_;
+};
+
+}  // namespace keel::store
