@@ -112,6 +112,7 @@ struct CallArgs {
   std::string idempotency_key = "auto";
   std::string duplicate_is_success;  // STATUS[:TEXT]; empty: off
   std::string queue_on_failure;      // DB; empty: off
+  std::string share_breakers;        // DB; empty: the call's own breakers
   std::string defer_queue = "deferred-http";
   std::string hedge;       // DELAY; empty: no hedging
   std::string max_hedges;  // N; empty: 1
@@ -312,6 +313,13 @@ int run_call(const CallArgs& a) {
     };
   }
 #if KEEL_CLI_JOBS
+  std::unique_ptr<SharedBreakersForCall> shared;
+  if (!a.share_breakers.empty()) {
+    auto opened = SharedBreakersForCall::open(a.share_breakers, std::chrono::seconds(2));
+    if (!opened) return usage_error(opened.error().message());
+    shared = std::move(*opened);
+    options.brakes.breakers = &shared->registry();
+  }
   std::unique_ptr<QueueOnFailure> queue;
   if (!a.queue_on_failure.empty()) {
     auto opened = QueueOnFailure::open(a.queue_on_failure, a.defer_queue, a.secret_headers);
@@ -320,8 +328,10 @@ int run_call(const CallArgs& a) {
     options.fallbacks.deferred_writes = &queue->writes();
   }
 #else
-  if (!a.queue_on_failure.empty()) {
-    return usage_error("--queue-on-failure: this keel was built without keel::store");
+  if (!a.queue_on_failure.empty() || !a.share_breakers.empty()) {
+    return usage_error(std::string(a.queue_on_failure.empty() ? "--share-breakers"
+                                                              : "--queue-on-failure") +
+                       ": this keel was built without keel::store");
   }
 #endif
   http::Client client(std::move(options));
@@ -409,6 +419,10 @@ Runner add_call(CLI::App& app) {
   sub->add_option("--queue-on-failure", a->queue_on_failure,
                   "When the host is down, queue a request with an Idempotency-Key for later "
                   "in DB's job queue (exit 8, the job id on stdout)")
+      ->type_name("DB");
+  sub->add_option("--share-breakers", a->share_breakers,
+                  "Share the host's circuit breaker with every process on this PostgreSQL "
+                  "database: refused at once while the fleet's breaker is open (docs/fleet.md)")
       ->type_name("DB");
   sub->add_option("--defer-queue", a->defer_queue, "The queue --queue-on-failure writes to")
       ->capture_default_str();

@@ -19,7 +19,9 @@
 #include "keel/http/request.hpp"
 
 #if KEEL_CLI_JOBS
+#include "keel/breaker.hpp"
 #include "keel/store/db/database.hpp"
+#include "keel/store/fleet/shared_breakers.hpp"
 #include "keel/store/handlers/deferred_request.hpp"
 #include "keel/store/queue/queue.hpp"
 #endif
@@ -83,6 +85,36 @@ class QueueOnFailure {
   store::ConnectionPool pool_;
   store::JobQueue queue_;
   store::QueuedWrites writes_;
+};
+/// --share-breakers DB: the call's breakers shared with a fleet on DB (keel::store::
+/// SharedBreakers), so that a call to a dependency the fleet has found down is refused at once,
+/// and a call that is the fleet's probe reports its result to everyone.
+class SharedBreakersForCall {
+ public:
+  /// Reads the fleet's state before the call (waiting at most `wait` for the database). Returns
+  /// an Error naming --share-breakers for a bad URL or a database without notifications.
+  static Expected<std::unique_ptr<SharedBreakersForCall>> open(const std::string& text,
+                                                               Duration wait) {
+    auto url = store::parse_database_url(text);
+    if (!url) return url.error().in("--share-breakers");
+    auto self = std::unique_ptr<SharedBreakersForCall>(new SharedBreakersForCall());
+    try {
+      self->shared_ = std::make_unique<store::SharedBreakers>(self->registry_, std::move(*url));
+    } catch (const std::invalid_argument& e) {
+      return Error{.field = "--share-breakers", .problem = std::string("is refused: ") + e.what(), .got = quote_value(text)};
+    }
+    (void)self->shared_->wait_until_sharing(wait);
+    return self;
+  }
+  ~SharedBreakersForCall() {
+    if (shared_) (void)shared_->flush(std::chrono::seconds(1));  // what the call taught it
+  }
+  [[nodiscard]] BreakerRegistry& registry() noexcept { return registry_; }
+
+ private:
+  SharedBreakersForCall() = default;
+  BreakerRegistry registry_;
+  std::unique_ptr<store::SharedBreakers> shared_;
 };
 #endif
 

@@ -339,7 +339,16 @@ Runner add_jobs(CLI::App& app) {
                  "Exit 0 once nothing is ready, running or scheduled for retry");
   work->add_option("--metrics-listen", args->metrics_listen,
                    "Serve Prometheus metrics on HOST:PORT (/metrics; port 0 picks one)");
-  work->callback([cmd] { *cmd = "work"; });
+  CLI::Option* share =
+      work->add_option("--share-breakers", args->share_breakers_url,
+                       "--deliver, --deferred: share circuit breakers with every process on this "
+                       "PostgreSQL database (default: --db), so that the fleet opens together "
+                       "and sends one probe per break (docs/fleet.md)")
+          ->expected(0, 1);
+  work->callback([cmd, args, share] {
+    *cmd = "work";
+    args->share_breakers = share->count() > 0;
+  });
 
   CLI::App* stats = jobs->add_subcommand("stats", "Counts per queue and state, dead-letter depth");
   stats->add_flag("--json", args->json, "JSON output");

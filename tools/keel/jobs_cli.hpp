@@ -37,6 +37,9 @@ struct JobsArgs {
   std::string poll;       // empty: 100ms, and the idle poll is --idle-poll's
   std::string idle_poll;  // empty: 5s, or --poll when that is given
   bool no_wakeups = false;
+  // --share-breakers[=URL]: breakers shared through PostgreSQL (empty URL: --db).
+  bool share_breakers = false;
+  std::string share_breakers_url;
   // One attempt's limit. Empty (not given): kDeliverTimeout for --deliver and --deferred, none
   // for --exec, whose commands may legitimately run long.
   std::string timeout;

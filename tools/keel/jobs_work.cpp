@@ -21,6 +21,7 @@
 #include "keel/budget.hpp"
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
+#include "keel/store/fleet/shared_breakers.hpp"
 #include "keel/store/handlers/command_handler.hpp"
 #include "keel/store/handlers/deferred_request.hpp"
 #include "keel/store/handlers/webhook_handler.hpp"
@@ -46,6 +47,20 @@ int run_work(const JobsArgs& a) {
   if (!a.deliver.empty() && !a.deliver.starts_with("http://") &&
       !a.deliver.starts_with("https://")) {
     return usage("--deliver: URL '" + a.deliver + "' must start with http:// or https://");
+  }
+  std::optional<store::DatabaseUrl> share_url;
+  if (a.share_breakers) {
+    if (!a.exec.empty()) {
+      return usage("--share-breakers: needs --deliver or --deferred (an --exec job calls no "
+                   "dependency keel knows of)");
+    }
+    if (a.share_breakers_url.empty()) {
+      share_url = *url;
+    } else {
+      auto parsed = store::parse_database_url(a.share_breakers_url);
+      if (!parsed) return usage(parsed.error().in("--share-breakers").message());
+      share_url = std::move(*parsed);
+    }
   }
   if (a.concurrency < 1 || a.concurrency > 256) {
     return usage("--concurrency: must be 1..256, got " + std::to_string(a.concurrency));
@@ -167,10 +182,23 @@ int run_work(const JobsArgs& a) {
     budget = std::make_unique<RatioBudget>(RatioBudgetOptions{.ratio = *budget_ratio});
   BreakerRegistry breakers;
   BreakerLog breaker_log(breakers);
+  std::unique_ptr<store::SharedBreakers> shared_breakers;
   if (!a.deliver.empty() || a.deferred) {
     breakers.add_listener([&](std::string_view key, BreakerState from, BreakerState to) {
       breaker_log.on_change(key, from, to);
     });
+    if (share_url) {
+      try {
+        shared_breakers = std::make_unique<store::SharedBreakers>(breakers, *share_url);
+      } catch (const std::invalid_argument& e) {
+        return usage(std::string("--share-breakers: ") + e.what());
+      }
+      // Start with the fleet's state; an unreachable database was said by SharedBreakers.
+      if (shared_breakers->wait_until_sharing(std::chrono::seconds(5))) {
+        std::fprintf(stderr, "keel jobs: breakers shared through %s as %s\n",
+                     share_url->redacted.c_str(), shared_breakers->process().c_str());
+      }
+    }
     http::ClientOptions options = store::webhook_client_options(*timeout);
     options.brakes.breakers = &breakers;
     options.brakes.retry_budget = budget != nullptr;
