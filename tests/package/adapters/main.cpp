@@ -8,6 +8,7 @@
 #include <keel/http/request.hpp>
 #include <keel/sim/scenarios.hpp>
 #include <keel/store/db/database.hpp>
+#include <keel/store/fleet/shared_breakers.hpp>
 #include <keel/store/handlers/webhook_handler.hpp>
 #include <keel/store/server/idempotency_middleware.hpp>
 
@@ -28,12 +29,22 @@ int main() {
   const bool webhook_ok =
       keel::store::webhook_client_options(std::chrono::seconds(2)).retry.max_attempts == 1;
   const bool http_attempt_ok = keel::http::breaker_key("http://Example.com/") == "example.com:80";
+  // keel::store_fleet: shared breakers refuse a database without notifications, by name.
+  bool fleet_ok = false;
+  try {
+    keel::BreakerRegistry breakers;
+    keel::store::SharedBreakers shared(breakers,
+                                       keel::store::parse_database_url("sqlite::memory:").value());
+  } catch (const std::invalid_argument& e) {
+    fleet_ok = std::string(e.what()).find("PostgreSQL only") != std::string::npos;
+  }
   std::printf("sqlite says %lld, %zu scenarios, max attempts %d\n",
               static_cast<long long>(rows.integer(0, 0)), scenarios,
               client.options().retry.max_attempts);
   if (consumer_metrics() != 0) return 1;  // metrics.cpp
   if (consumer_beast() != 0) return 1;    // beast.cpp
-  return rows.integer(0, 0) == 42 && scenarios > 0 && store_http_ok && http_attempt_ok && webhook_ok
+  return rows.integer(0, 0) == 42 && scenarios > 0 && store_http_ok && http_attempt_ok &&
+                 webhook_ok && fleet_ok
              ? 0
              : 1;
 }
