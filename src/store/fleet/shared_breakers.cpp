@@ -328,7 +328,10 @@ void SharedBreakers::run() {
     delay = reconnect_.delay(std::max(0, failures_ - 1), delay, rng_);
     cv_.wait_for(lock, delay, [&] { return stopping_.load(); });
   }
-  sharing_.store(false);
+  {
+    std::lock_guard lock(mu_);
+    sharing_.store(false);
+  }
   cv_.notify_all();
 }
 
@@ -348,7 +351,10 @@ void SharedBreakers::share(detail::Listener& listener) {
     publish_pending();  // what this process learnt while it could not share
     read_fleet_state();
   }
-  sharing_.store(true);
+  {
+    std::lock_guard lock(mu_);  // a waiter checks sharing_ under mu_: no wakeup is lost
+    sharing_.store(true);
+  }
   cv_.notify_all();
   if (failures_ > 0) {
     reconnects_.fetch_add(1);
