@@ -94,7 +94,7 @@ struct MiddlewareOptions {
   /// Called once per request with its outcome. Default none.
   std::function<void(IdempotencyOutcome)> on_outcome;
   /// Called after the handler's transaction committed, before the response is sent. Default
-  /// none. (keel-demo serve's fault injection drops the connection here.)
+  /// none. (Fault injection drops the connection here: keel::faults::Chaos::after_commit.)
   std::function<void(const httplib::Request&, httplib::Response&)> after_commit;
   /// Limits on JSON bodies: a body whose first non-blank byte is '{' or '[', or whose
   /// Content-Type is application/json or +json, must pass check_json()
