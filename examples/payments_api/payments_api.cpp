@@ -31,8 +31,9 @@ using store::StoredResponse;
 
 namespace {
 
-beast::Response json_response(const beast::Request& req, std::string body,
-                              std::string_view type = "application/json") {
+/// A 200 answer to `req` with `body` of Content-Type `type`.
+beast::Response ok_response(const beast::Request& req, std::string body,
+                            std::string_view type = "application/json") {
   beast::Response res{http::status::ok, req.version()};
   res.set(http::field::content_type, std::string(type));
   res.body() = std::move(body);
@@ -318,7 +319,7 @@ void PaymentsApi::install(beast::Server& server) {
               {scope_of(req, options_.scope_secret), *customer});
           nlohmann::json list = nlohmann::json::array();
           for (std::size_t i = 0; i < rows.size(); ++i) list.push_back(charge_json(rows, i));
-          return json_response(req, nlohmann::json{{"data", list}}.dump());
+          return ok_response(req, nlohmann::json{{"data", list}}.dump());
         });
 
   if (options_.no_idempotency) {
@@ -372,7 +373,7 @@ void PaymentsApi::install(beast::Server& server) {
           if (rows.empty()) {
             return beast::problem_response(404, "Not found", "no such charge", req.version());
           }
-          return json_response(req, charge_json(rows, 0).dump());
+          return ok_response(req, charge_json(rows, 0).dump());
         });
 
   route(server, http::verb::get, "/healthz", false,
@@ -380,7 +381,7 @@ void PaymentsApi::install(beast::Server& server) {
           try {
             auto conn = options_.pool->acquire();
             (void)conn->query("SELECT 1");
-            return json_response(req, "ok\n", "text/plain");
+            return ok_response(req, "ok\n", "text/plain");
           } catch (const std::exception& e) {
             std::fprintf(stderr, "%s: /healthz: %s\n", prefix.c_str(), e.what());
             return beast::problem_response(503, "Database unavailable",
@@ -392,7 +393,7 @@ void PaymentsApi::install(beast::Server& server) {
   server.on(http::verb::get, "/metrics", [this](const beast::Request& req) {
     std::string text = metrics_->render();
     if (options_.extra_metrics) text += options_.extra_metrics();
-    return json_response(req, std::move(text), "text/plain; version=0.0.4");
+    return ok_response(req, std::move(text), "text/plain; version=0.0.4");
   });
 }
 
