@@ -2,7 +2,9 @@
 // --no-idempotency` does for POST /v1/charges (parse the JSON body, insert one row into charges,
 // answer 201 with the charge), with none of keel's layers. scripts/bench-serve.sh runs it next to
 // keel-demo serve so that the cost of keel's server (limits, routing, metrics) and of the
-// idempotency layer can each be read against it.
+// idempotency layer can each be read against it. keel-demo serve now runs on
+// keel::store::beast::Server, so that reading includes the change of framework;
+// scripts/bench-beast.sh's bare Beast server is the like-for-like floor.
 //
 //   keel_bench_serve_floor --db URL [--threads N]
 //

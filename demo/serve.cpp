@@ -1,15 +1,17 @@
 // `keel-demo serve`: the payments API of examples/payments_api/ (POST /v1/charges through the
-// idempotency middleware on SQLite or PostgreSQL, GET /v1/charges[/{id}], /healthz, /metrics)
-// behind this command's flags.
+// idempotency flow on SQLite or PostgreSQL, GET /v1/charges[/{id}], /healthz, /metrics) on
+// keel::store::beast::Server, behind this command's flags.
 // --rate-limit answers 429 + Retry-After per principal; --max-concurrency sheds retries first
-// (503 + Retry-After, keel/store/server/admission_middleware.hpp); the --chaos-* flags inject the
-// failures that make clients retry (503s, delays, hangs, and "commit then drop the response").
+// (503 + Retry-After, keel/admission.hpp); the --chaos-* flags inject the failures that make
+// clients retry (503s, delays, hangs, and "commit then drop the response").
 // Stops cleanly on SIGTERM/SIGINT: the listener closes, in-flight requests finish.
 #include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
-#include <cerrno>
+#include <boost/asio/error.hpp>
+#include <boost/beast/http/field.hpp>
+#include <boost/system/system_error.hpp>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -22,8 +24,8 @@
 #include "keel/duration.hpp"
 #include "keel/faults/chaos.hpp"
 #include "keel/metrics/metrics.hpp"
-#include "keel/store/server/admission_middleware.hpp"
-#include "keel/store/server/idempotency_middleware.hpp"
+#include "keel/retry_after.hpp"
+#include "keel/store/beast/server.hpp"
 #include "keel/store/server/rate_limiter.hpp"
 #include "payments_api.hpp"
 
@@ -189,6 +191,8 @@ int run_serve(const ServeOptions& o) {
   const store::IdempotencyStore idempotency({.ttl = *ttl, .lock_timeout = *lock_timeout});
 
   // ---- server
+  namespace beast = store::beast;
+  namespace http = boost::beast::http;
   payments::Metrics metrics;
   std::atomic<bool> stopping{false};
   faults::Chaos chaos({.fraction_503 = o.chaos_503,
@@ -198,47 +202,10 @@ int run_serve(const ServeOptions& o) {
                        .hang_fraction = o.chaos_hang_fraction,
                        .hang = *hang,
                        .drop_after_commit = o.chaos_drop,
-                       .seed = o.chaos_seed},
-                      {.answer_503 =
-                           [](httplib::Response& res, std::string_view /*detail*/) {
-                             store::write_problem_and_close(res, 503, "Service unavailable",
-                                                            "injected by --chaos-503");
-                           },
-                       .drop_connection = store::shutdown_connection});
+                       .seed = o.chaos_seed});
   // Principals are stored and rate-limited by their keyed hash, never as the credential.
   std::optional<store::RateLimiter> limiter;
   if (rate) limiter.emplace(*rate, static_cast<std::size_t>(o.rate_limit_principals));
-
-  httplib::Server server;
-  const int threads = o.threads;
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-
-  // The order of the checks every /v1 request meets, decided here: limits, framing checks and an
-  // exclusive port first; then a deadline that passed before the request arrived (400, before
-  // it can spend a rate-limit token or an admission slot: it is not retryable, a 429 would be);
-  // then the rate limit and the chaos.
-  store::ServerLimits limits{.max_body_bytes = static_cast<std::size_t>(*max_body),
-                             .reuse_port = o.reuse_port,
-                             .routes = payments::routes()};
-  limits.pre_routing = [&](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (store::refuse_expired_deadline(req, res) == httplib::Server::HandlerResponse::Handled) {
-      ++metrics.outcomes[static_cast<int>(store::IdempotencyOutcome::kDeadlineExceeded)];
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (limiter) {
-      const Duration wait = limiter->admit(payments::scope_of(req, scope_secret));
-      metrics.rate_limit_principals = limiter->size();
-      if (wait > Duration::zero()) {
-        ++metrics.rate_limited;
-        store::write_rate_limited(res, wait,
-                                  "the rate limit for this principal is " + o.rate_limit);
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
-    return chaos.pre_routing(req, res);
-  };
-  store::apply_server_limits(server, std::move(limits));
 
   // --max-concurrency: one limiter over every /v1 route, retries shed first. The injected delays
   // and hangs run inside the admitted region, as a slow handler or database would.
@@ -250,34 +217,78 @@ int run_serve(const ServeOptions& o) {
                                               : std::max<std::int64_t>(1, o.max_concurrency / 4),
         .latency_threshold = adaptive_latency.value_or(Duration::zero())});
   }
-  const auto guarded = [&](httplib::Server::Handler handler) -> httplib::Server::Handler {
-    httplib::Server::Handler slowed = chaos.wrap(std::move(handler));
-    if (!admission_limiter) return slowed;
-    return store::AdmissionMiddleware({.limiter = &*admission_limiter}).wrap(std::move(slowed));
+
+  // Limits, framing checks and deadlines per request are the server's (keel/store/beast/
+  // server.hpp). The order of the checks every /v1 request meets next, decided here, on the event
+  // loop: a deadline that passed before the request arrived (400, before it can spend a
+  // rate-limit token or an admission slot: it is not retryable, a 429 would be); then the rate
+  // limit and the injected 503; then admission (the API's limiter).
+  const auto refuse = [&](const beast::Request& req) -> std::optional<beast::Response> {
+    const TimePoint now = steady_clock().now();
+    if (beast::request_deadline(req, now).expired(now)) {
+      ++metrics.outcomes[static_cast<int>(store::IdempotencyOutcome::kDeadlineExceeded)];
+      return beast::to_response(store::deadline_exceeded_response("before it arrived"),
+                                req.version());
+    }
+    if (limiter) {
+      const Duration wait = limiter->admit(payments::scope_of(req, scope_secret));
+      metrics.rate_limit_principals = limiter->size();
+      if (wait > Duration::zero()) {
+        ++metrics.rate_limited;
+        beast::Response res = beast::problem_response(
+            429, "Too many requests", "the rate limit for this principal is " + o.rate_limit,
+            req.version());
+        res.set(http::field::retry_after, format_retry_after(wait));
+        return res;
+      }
+    }
+    if (chaos.inject_503()) {
+      beast::Response res = beast::problem_response(503, "Service unavailable",
+                                                    "injected by --chaos-503", req.version());
+      if (chaos.retry_after_503()) {
+        res.set(http::field::retry_after, format_retry_after(*chaos.retry_after_503()));
+      }
+      return res;
+    }
+    return std::nullopt;
   };
 
-  payments::PaymentsApi api(
-      {.pool = &pool,
-       .idempotency = &idempotency,
-       .scope_secret = scope_secret,
-       .json_limits = json_limits,
-       .retry_after_spread = static_cast<int>(*spread),
-       .no_idempotency = o.no_idempotency,
-       .metrics = &metrics,
-       .guard = guarded,
-       .after_commit = [&](const httplib::Request& req) { (void)chaos.after_commit(req); },
-       .extra_metrics =
-           [&] {
-             std::string text = chaos_metrics(chaos);
-             if (admission_limiter) {
-               text += payments::render_admission(admission_limiter->stats());
-             }
-             return text;
-           },
-       .log_prefix = "keel-demo serve"});
+  payments::PaymentsApi api({.pool = &pool,
+                             .idempotency = &idempotency,
+                             .scope_secret = scope_secret,
+                             .json_limits = json_limits,
+                             .retry_after_spread = static_cast<int>(*spread),
+                             .no_idempotency = o.no_idempotency,
+                             .metrics = &metrics,
+                             .refuse = refuse,
+                             .limiter = admission_limiter ? &*admission_limiter : nullptr,
+                             .before = [&](const beast::Request&) { chaos.slow_down(); },
+                             .after_commit =
+                                 [&](const beast::Request&, beast::Response& res) {
+                                   if (chaos.drop_after_commit()) res = beast::no_answer();
+                                 },
+                             .extra_metrics =
+                                 [&] {
+                                   std::string text = chaos_metrics(chaos);
+                                   if (admission_limiter) {
+                                     text += payments::render_admission(admission_limiter->stats());
+                                   }
+                                   return text;
+                                 },
+                             .log_prefix = "keel-demo serve"});
+  beast::Server server({.address = host,
+                        .port = static_cast<std::uint16_t>(port),
+                        .event_loop_threads = 2,
+                        .worker_threads = o.threads,
+                        .max_body_bytes = static_cast<std::size_t>(*max_body),
+                        .reuse_port = o.reuse_port,
+                        .log = [](std::string_view message) {
+                          std::fprintf(stderr, "keel-demo serve: %.*s\n",
+                                       static_cast<int>(message.size()), message.data());
+                        }});
   api.install(server);
 
-  // ---- signals: handled by one thread with sigwait; every other thread has them blocked.
+  // ---- signals: handled here with sigwait; every other thread has them blocked.
   signal(SIGPIPE, SIG_IGN);
   sigset_t signals;
   sigemptyset(&signals);
@@ -285,38 +296,20 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  int bound = port;
-  errno = 0;
-  if (port == 0) {
-    bound = server.bind_to_any_port(host);
-  } else if (!server.bind_to_port(host, port)) {
-    bound = -1;
-  }
-  if (bound < 0) {
-    const int why = errno;
-    std::fprintf(
-        stderr, "keel-demo serve: --listen: cannot listen on %s: %s%s\n", o.listen.c_str(),
-        why != 0 ? std::strerror(why) : "bind failed",
-        why == EADDRINUSE ? " (another process listens there; --reuse-port shares it)" : "");
+  try {
+    server.start();
+  } catch (const boost::system::system_error& e) {
+    const bool in_use = e.code() == boost::asio::error::address_in_use;
+    std::fprintf(stderr, "keel-demo serve: --listen: cannot listen on %s: %s%s\n", o.listen.c_str(),
+                 e.code().message().c_str(),
+                 in_use ? " (another process listens there; --reuse-port shares it)" : "");
     return 1;
   }
-  payments::widen_backlog(bound);
   std::printf("keel-demo serve: listening on http://%s:%d (db %s, idempotency %s)\n", host.c_str(),
-              bound, url->redacted.c_str(), o.no_idempotency ? "off" : "on");
+              static_cast<int>(server.port()), url->redacted.c_str(),
+              o.no_idempotency ? "off" : "on");
   std::fflush(stdout);
 
-  std::atomic<bool> done{false};
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    stopping = true;
-    chaos.stop();
-    if (!done.load()) {
-      std::fprintf(stderr, "keel-demo serve: %s received, finishing in-flight requests\n",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM");
-    }
-    server.stop();
-  });
   std::mutex sweep_mu;
   std::condition_variable sweep_cv;
   std::thread sweeper([&] {
@@ -332,14 +325,16 @@ int run_serve(const ServeOptions& o) {
     }
   });
 
-  server.listen_after_bind();
-  done = true;
-  stopping = true;
-  chaos.stop();
-  if (!signal_thread.joinable()) return 0;
-  pthread_kill(signal_thread.native_handle(), SIGTERM);  // wakes sigwait if no signal came
-  signal_thread.join();
-  { std::lock_guard lock(sweep_mu); }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "keel-demo serve: %s received, finishing in-flight requests\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM");
+  chaos.stop();  // hangs end now: their requests are answered before the drain ends
+  server.stop();
+  {
+    std::lock_guard lock(sweep_mu);
+    stopping = true;
+  }
   sweep_cv.notify_all();
   sweeper.join();
   std::printf("keel-demo serve: stopped\n");
@@ -373,7 +368,8 @@ Runner add_serve(CLI::App& app) {
                   "they are stored (default: a key kept in the database)");
   sub->add_option("--sweep-interval", o->sweep_interval, "How often expired records are purged")
       ->capture_default_str();
-  sub->add_option("--threads", o->threads, "Worker threads")
+  sub->add_option("--threads", o->threads,
+                  "Worker threads (the database work; the event loop reads and writes apart)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   sub->add_option("--max-concurrency", o->max_concurrency,

@@ -10,6 +10,9 @@
 # with durable settings (fsync on); SQLite is a WAL file with synchronous=NORMAL in a temp dir.
 # Prints requests/s, p99 and p50 latency for each run, and the with/without ratio per backend.
 # One keep-alive client's latency per request: CONNECTIONS=1 WRK_THREADS=1.
+# keel-demo serve runs on keel::store::beast::Server while the floor is a bare cpp-httplib
+# server, so the server ratio here includes the change of framework; scripts/bench-beast.sh
+# compares against a bare Beast server.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}

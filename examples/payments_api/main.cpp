@@ -1,6 +1,6 @@
 // The payments API of `keel-demo serve` as a program of its own: examples/payments_api's library on
-// SQLite in a scratch folder, listening on 127.0.0.1 (a port the kernel picks), called over
-// loopback by keel::http::Client as a retrying caller would.
+// SQLite in a scratch folder, on keel::store::beast::Server listening on 127.0.0.1 (a port the
+// kernel picks), called over loopback by keel::http::Client as a retrying caller would.
 //
 // The first committed charge loses its response (the connection is dropped after the commit, the
 // failure a retry must not turn into a second charge). The client retries with the same
@@ -12,13 +12,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <keel/http/client.hpp>
+#include <keel/store/beast/server.hpp>
 #include <keel/store/db/database.hpp>
 #include <keel/store/idempotency/idempotency.hpp>
-#include <keel/store/server/idempotency_middleware.hpp>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 #include "payments_api.hpp"
 
@@ -56,23 +55,15 @@ int main() {
                                .idempotency = &records,
                                .scope_secret = secret,
                                .after_commit =
-                                   [&](const httplib::Request& req) {
+                                   [&](const store::beast::Request&, store::beast::Response& res) {
                                      // The first commit's response never reaches the caller.
-                                     if (dropped.fetch_add(1) == 0) {
-                                       (void)store::shutdown_connection(req);
-                                     }
+                                     if (dropped.fetch_add(1) == 0) res = store::beast::no_answer();
                                    },
                                .log_prefix = "payments_api"});
-    httplib::Server server;
-    store::apply_server_limits(server, {.max_body_bytes = 64 * 1024, .routes = payments::routes()});
+    store::beast::Server server({.worker_threads = 4, .max_body_bytes = 64 * 1024});
     api.install(server);
-    const int port = server.bind_to_any_port("127.0.0.1");
-    if (port <= 0) {
-      std::fprintf(stderr, "cannot bind 127.0.0.1\n");
-      return 1;
-    }
-    payments::widen_backlog(port);
-    std::thread listener([&] { server.listen_after_bind(); });
+    server.start();  // throws when 127.0.0.1 cannot be bound
+    const int port = server.port();
 
     // ---- a caller
     auto client = std::make_unique<keel::http::Client>(keel::http::ClientOptions{
@@ -117,7 +108,6 @@ int main() {
 
     client.reset();  // close its kept-alive connections, so the server stops at once
     server.stop();
-    listener.join();
   }
   std::filesystem::remove_all(dir);
   std::printf("%s\n", ok ? "ok" : "FAILED");

@@ -1,12 +1,10 @@
 #include "payments_api.hpp"
 
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netinet/in.h>
 #include <openssl/rand.h>
-#include <sys/socket.h>
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
+#include <boost/beast/http/field.hpp>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +19,8 @@
 namespace payments {
 
 namespace store = keel::store;
+namespace beast = keel::store::beast;
+namespace http = boost::beast::http;
 using keel::AdmissionStats;
 using keel::Error;
 using keel::Expected;
@@ -30,6 +30,39 @@ using store::Connection;
 using store::StoredResponse;
 
 namespace {
+
+/// A 200 answer to `req` with `body` of Content-Type `type`.
+beast::Response ok_response(const beast::Request& req, std::string body,
+                            std::string_view type = "application/json") {
+  beast::Response res{http::status::ok, req.version()};
+  res.set(http::field::content_type, std::string(type));
+  res.body() = std::move(body);
+  res.prepare_payload();
+  return res;
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::string percent_decode(std::string_view text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '+') {
+      out += ' ';
+    } else if (text[i] == '%' && i + 2 < text.size() && hex_digit(text[i + 1]) >= 0 &&
+               hex_digit(text[i + 2]) >= 0) {
+      out += static_cast<char>(hex_digit(text[i + 1]) * 16 + hex_digit(text[i + 2]));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
 
 nlohmann::json charge_json(const store::Rows& rows, std::size_t i) {
   return {{"id", rows.text(i, 0)},
@@ -140,41 +173,28 @@ std::string prepare_database(Connection& conn, std::string scope_secret) {
   return scope_secret;
 }
 
-std::string scope_of(const httplib::Request& request, std::string_view secret) {
-  return store::principal_scope(store::bearer_principal(request), secret);
+std::string scope_of(const beast::Request& request, std::string_view secret) {
+  const auto it = request.find(http::field::authorization);
+  std::optional<std::string_view> authorization;
+  if (it != request.end()) authorization = std::string_view(it->value().data(), it->value().size());
+  return store::principal_scope(store::principal_from_authorization(authorization), secret);
 }
 
-/// cpp-httplib 0.11 listens with a backlog of 5: a burst of concurrent connections overflows it
-/// and clients see resets. listen() again on the bound socket raises the backlog (Linux).
-void widen_backlog(int port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    int listening = 0;
-    socklen_t len = sizeof listening;
-    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
-        listening == 0) {
-      continue;
+std::optional<std::string> query_param(std::string_view target, std::string_view name) {
+  const std::size_t mark = target.find('?');
+  if (mark == std::string_view::npos) return std::nullopt;
+  std::string_view query = target.substr(mark + 1);
+  while (!query.empty()) {
+    const std::size_t amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    const std::size_t eq = pair.find('=');
+    if (percent_decode(pair.substr(0, eq)) == name) {
+      return eq == std::string_view::npos ? std::string() : percent_decode(pair.substr(eq + 1));
     }
-    sockaddr_storage local{};
-    len = sizeof local;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
-    const int p = local.ss_family == AF_INET
-                      ? ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port)
-                      : ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
-    if (p == port) ::listen(static_cast<int>(fd), SOMAXCONN);
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
   }
-  closedir(dir);
-}
-
-std::vector<std::pair<std::string, std::string>> routes() {
-  return {{"/v1/charges", "GET, POST"},
-          {"/v1/charges/[A-Za-z0-9_]+", "GET"},
-          {"/healthz", "GET"},
-          {"/metrics", "GET"}};
+  return std::nullopt;
 }
 
 PaymentsApi::PaymentsApi(PaymentsApiOptions options) : options_(std::move(options)) {
@@ -186,150 +206,195 @@ PaymentsApi::PaymentsApi(PaymentsApiOptions options) : options_(std::move(option
   }
   if (options_.metrics == nullptr) own_metrics_ = std::make_unique<Metrics>();
   metrics_ = options_.metrics != nullptr ? options_.metrics : own_metrics_.get();
-  middleware_ = std::make_unique<store::IdempotencyMiddleware>(
-      store::MiddlewareOptions{.store = options_.idempotency,
-                               .pool = options_.pool,
-                               .scope_secret = options_.scope_secret,
-                               .on_outcome =
-                                   [this](store::IdempotencyOutcome outcome) {
-                                     ++metrics_->outcomes[static_cast<int>(outcome)];
-                                   },
-                               .after_commit =
-                                   [this](const httplib::Request& req, httplib::Response& /*res*/) {
-                                     ++metrics_->charges_created;
-                                     if (options_.after_commit) options_.after_commit(req);
-                                   },
-                               .json_limits = options_.json_limits,
-                               .retry_after_spread = options_.retry_after_spread});
+  charges_ = std::make_unique<beast::IdempotentHandler>(
+      beast::IdempotentHandlerOptions{
+          .flow = {.store = options_.idempotency,
+                   .pool = options_.pool,
+                   .scope_secret = options_.scope_secret,
+                   .on_outcome =
+                       [this](store::IdempotencyOutcome outcome) {
+                         ++metrics_->outcomes[static_cast<int>(outcome)];
+                       },
+                   .json_limits = options_.json_limits,
+                   .retry_after_spread = options_.retry_after_spread}},
+      [this](const beast::Request& req, Connection& tx) { return create_charge(req, tx); });
 }
 
 PaymentsApi::~PaymentsApi() = default;
 
-void PaymentsApi::install(httplib::Server& server) {
+StoredResponse PaymentsApi::create_charge(const beast::Request& req, Connection& tx) const {
+  const auto input = parse_charge(req.body(), options_.json_limits);
+  if (!input) {
+    const nlohmann::json problem = {{"type", "about:blank"},
+                                    {"title", "Invalid charge"},
+                                    {"status", 400},
+                                    {"detail", input.error().message()}};
+    return {400, {{"Content-Type", "application/problem+json"}}, problem.dump()};
+  }
+  const std::string id = "ch_" + random_hex(12);
+  const std::int64_t created =
+      std::chrono::duration_cast<std::chrono::seconds>(steady_clock().wall_now().time_since_epoch())
+          .count();
+  tx.query(
+      "INSERT INTO charges (id, principal, amount, currency, customer, created)"
+      " VALUES ($1, $2, $3, $4, $5, $6)",
+      {id, scope_of(req, options_.scope_secret), input->amount, input->currency, input->customer,
+       created});
+  const nlohmann::json body = {{"id", id},
+                               {"amount", input->amount},
+                               {"currency", input->currency},
+                               {"customer", input->customer},
+                               {"created", created}};
+  return {
+      201, {{"Content-Type", "application/json"}, {"Location", "/v1/charges/" + id}}, body.dump()};
+}
+
+void PaymentsApi::route(beast::Server& server, http::verb method, std::string path, bool guarded,
+                        Work work) {
+  server.on_async(
+      method, std::move(path),
+      [this, &server, guarded, work = std::move(work)](beast::Request request,
+                                                       beast::Respond respond) {
+        // On the event loop: the refusals that cost nothing, before the request waits for a worker.
+        const keel::TimePoint arrival = steady_clock().now();
+        keel::Admission admission;
+        if (guarded && options_.refuse) {
+          if (auto refused = options_.refuse(request)) return respond(std::move(*refused));
+        }
+        if (guarded && options_.limiter != nullptr) {
+          admission = options_.limiter->admit(beast::request_attempt(request), keel::thread_rng());
+          if (!admission) return respond(beast::shed_response(admission, request.version()));
+        }
+        // Move-only state in a shared_ptr: the work item must be copyable for the executor.
+        struct Job {
+          beast::Request request;
+          keel::Admission admission;
+          beast::Respond respond;
+        };
+        auto job = std::make_shared<Job>(
+            Job{std::move(request), std::move(admission), std::move(respond)});
+        boost::asio::post(server.worker_executor(), [this, job, guarded, arrival, &work] {
+          const keel::TimePoint started = steady_clock().now();
+          beast::Response res;
+          try {
+            if (guarded && options_.before) options_.before(job->request);
+            res = work(job->request, arrival);
+          } catch (const std::exception& e) {
+            // The text goes to the log, never to the client.
+            std::fprintf(stderr, "%s: %s %s failed: %s\n", options_.log_prefix.c_str(),
+                         std::string(job->request.method_string()).c_str(),
+                         std::string(job->request.target()).c_str(), e.what());
+            res = beast::problem_response(503, "Internal error", "the request failed on the server",
+                                          job->request.version());
+            res.set(http::field::retry_after,
+                    keel::format_retry_after(
+                        keel::spread_retry_after(options_.retry_after_spread, keel::thread_rng())));
+          }
+          job->admission.release(steady_clock().now() - started);
+          job->respond(std::move(res));
+        });
+      });
+}
+
+void PaymentsApi::install(beast::Server& server) {
   const std::string prefix = options_.log_prefix;
-  const auto guarded = [this](httplib::Server::Handler handler) {
-    return options_.guard ? options_.guard(std::move(handler)) : handler;
-  };
-  const auto after_commit = [this](const httplib::Request& req, httplib::Response& /*res*/) {
+  const auto after_commit = [this](const beast::Request& req, beast::Response& res) {
     ++metrics_->charges_created;
-    if (options_.after_commit) options_.after_commit(req);
+    if (options_.after_commit) options_.after_commit(req, res);
   };
-  const store::TransactionalHandler create_charge = [this](const httplib::Request& req,
-                                                           Connection& tx) -> StoredResponse {
-    const auto input = parse_charge(req.body, options_.json_limits);
-    if (!input) {
-      const nlohmann::json problem = {{"type", "about:blank"},
-                                      {"title", "Invalid charge"},
-                                      {"status", 400},
-                                      {"detail", input.error().message()}};
-      return {400, {{"Content-Type", "application/problem+json"}}, problem.dump()};
-    }
-    const std::string id = "ch_" + random_hex(12);
-    const std::int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
-                                     steady_clock().wall_now().time_since_epoch())
-                                     .count();
-    tx.query(
-        "INSERT INTO charges (id, principal, amount, currency, customer, created)"
-        " VALUES ($1, $2, $3, $4, $5, $6)",
-        {id, scope_of(req, options_.scope_secret), input->amount, input->currency, input->customer,
-         created});
-    const nlohmann::json body = {{"id", id},
-                                 {"amount", input->amount},
-                                 {"currency", input->currency},
-                                 {"customer", input->customer},
-                                 {"created", created}};
-    return {201,
-            {{"Content-Type", "application/json"}, {"Location", "/v1/charges/" + id}},
-            body.dump()};
-  };
+
+  // GET before POST on /v1/charges: a 405's Allow lists them in that order.
+  route(server, http::verb::get, "/v1/charges", true,
+        [this](const beast::Request& req, keel::TimePoint) {
+          const auto customer =
+              query_param(std::string_view(req.target().data(), req.target().size()), "customer");
+          if (!customer) {
+            return beast::problem_response(400, "Missing parameter",
+                                           "GET /v1/charges needs ?customer=ID", req.version());
+          }
+          auto conn = options_.pool->acquire();
+          const store::Rows rows = conn->query(
+              "SELECT id, amount, currency, customer, created FROM charges"
+              " WHERE principal = $1 AND customer = $2 ORDER BY created, id LIMIT 1000",
+              {scope_of(req, options_.scope_secret), *customer});
+          nlohmann::json list = nlohmann::json::array();
+          for (std::size_t i = 0; i < rows.size(); ++i) list.push_back(charge_json(rows, i));
+          return ok_response(req, nlohmann::json{{"data", list}}.dump());
+        });
 
   if (options_.no_idempotency) {
-    server.Post(
-        "/v1/charges",
-        store::read_whole_body(guarded([this, create_charge, after_commit, prefix](
-                                           const httplib::Request& req, httplib::Response& res) {
-          auto conn = options_.pool->acquire();
-          StoredResponse out;
-          const auto tx = store::with_transaction_retry(*conn, [&](Connection& t) {
-            out = create_charge(req, t);
-            return out.status < 400;
+    route(server, http::verb::post, "/v1/charges", true,
+          [this, prefix, after_commit](const beast::Request& req, keel::TimePoint) {
+            auto conn = options_.pool->acquire();
+            StoredResponse out;
+            const auto tx = store::with_transaction_retry(*conn, [&](Connection& t) {
+              out = create_charge(req, t);
+              return out.status < 400;
+            });
+            if (!tx.committed() && tx.status != store::TransactionStatus::kRolledBack) {
+              std::fprintf(stderr, "%s: POST /v1/charges: %s\n", prefix.c_str(), tx.error.c_str());
+              return beast::problem_response(503, "Database unavailable",
+                                             "the database is unavailable", req.version());
+            }
+            beast::Response res = beast::to_response(
+                {.status = out.status, .headers = out.headers, .body = out.body}, req.version());
+            if (tx.committed()) after_commit(req, res);
+            return res;
           });
-          if (!tx.committed() && tx.status != store::TransactionStatus::kRolledBack) {
-            std::fprintf(stderr, "%s: POST /v1/charges: %s\n", prefix.c_str(), tx.error.c_str());
-            store::write_problem(res, 503, "Database unavailable", "the database is unavailable");
-            return;
-          }
-          res.status = out.status;
-          for (const auto& [name, value] : out.headers) {
-            if (name != "Content-Type") res.set_header(name, value);
-          }
-          res.set_content(out.body,
-                          out.status < 400 ? "application/json" : "application/problem+json");
-          if (tx.committed()) after_commit(req, res);
-        })));
   } else {
-    server.Post("/v1/charges", store::read_whole_body(guarded(middleware_->wrap(create_charge))));
+    route(server, http::verb::post, "/v1/charges", true,
+          [this, after_commit](const beast::Request& req, keel::TimePoint arrival) {
+            beast::Response res = charges_->handle(req, charges_->principal(req), arrival);
+            // A 2xx or 3xx the flow did not replay is a charge it committed just now.
+            if (res.result_int() < 400 && res.find("Idempotent-Replayed") == res.end()) {
+              after_commit(req, res);
+            }
+            return res;
+          });
   }
 
-  server.Get(R"(/v1/charges/([A-Za-z0-9_]+))",
-             guarded([this](const httplib::Request& req, httplib::Response& res) {
-               auto conn = options_.pool->acquire();
-               const store::Rows rows = conn->query(
-                   "SELECT id, amount, currency, customer, created FROM charges"
-                   " WHERE id = $1 AND principal = $2",
-                   {req.matches[1].str(), scope_of(req, options_.scope_secret)});
-               if (rows.empty()) {
-                 store::write_problem(res, 404, "Not found", "no such charge");
-                 return;
-               }
-               res.set_content(charge_json(rows, 0).dump(), "application/json");
-             }));
-  server.Get("/v1/charges", guarded([this](const httplib::Request& req, httplib::Response& res) {
-               if (!req.has_param("customer")) {
-                 store::write_problem(res, 400, "Missing parameter",
-                                      "GET /v1/charges needs ?customer=ID");
-                 return;
-               }
-               auto conn = options_.pool->acquire();
-               const store::Rows rows = conn->query(
-                   "SELECT id, amount, currency, customer, created FROM charges"
-                   " WHERE principal = $1 AND customer = $2 ORDER BY created, id LIMIT 1000",
-                   {scope_of(req, options_.scope_secret), req.get_param_value("customer")});
-               nlohmann::json list = nlohmann::json::array();
-               for (std::size_t i = 0; i < rows.size(); ++i) list.push_back(charge_json(rows, i));
-               res.set_content(nlohmann::json{{"data", list}}.dump(), "application/json");
-             }));
-  server.Get("/healthz", [this, prefix](const httplib::Request&, httplib::Response& res) {
-    try {
-      auto conn = options_.pool->acquire();
-      (void)conn->query("SELECT 1");
-      res.set_content("ok\n", "text/plain");
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: /healthz: %s\n", prefix.c_str(), e.what());
-      store::write_problem(res, 503, "Database unavailable", "the database does not answer");
-    }
-  });
-  server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  route(server, http::verb::get, "/v1/charges/*", true,
+        [this](const beast::Request& req, keel::TimePoint) {
+          const std::string_view target(req.target().data(), req.target().size());
+          const std::string_view path = target.substr(0, target.find('?'));
+          const std::string id(path.substr(std::string_view("/v1/charges/").size()));
+          const bool well_formed = std::all_of(id.begin(), id.end(), [](char c) {
+            return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+          });
+          if (!well_formed) {
+            return beast::problem_response(404, "Not found", "no resource at this path",
+                                           req.version());
+          }
+          auto conn = options_.pool->acquire();
+          const store::Rows rows = conn->query(
+              "SELECT id, amount, currency, customer, created FROM charges"
+              " WHERE id = $1 AND principal = $2",
+              {id, scope_of(req, options_.scope_secret)});
+          if (rows.empty()) {
+            return beast::problem_response(404, "Not found", "no such charge", req.version());
+          }
+          return ok_response(req, charge_json(rows, 0).dump());
+        });
+
+  route(server, http::verb::get, "/healthz", false,
+        [this, prefix](const beast::Request& req, keel::TimePoint) {
+          try {
+            auto conn = options_.pool->acquire();
+            (void)conn->query("SELECT 1");
+            return ok_response(req, "ok\n", "text/plain");
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "%s: /healthz: %s\n", prefix.c_str(), e.what());
+            return beast::problem_response(503, "Database unavailable",
+                                           "the database does not answer", req.version());
+          }
+        });
+
+  // Counters only: answered on the event loop.
+  server.on(http::verb::get, "/metrics", [this](const beast::Request& req) {
     std::string text = metrics_->render();
     if (options_.extra_metrics) text += options_.extra_metrics();
-    res.set_content(text, "text/plain; version=0.0.4");
+    return ok_response(req, std::move(text), "text/plain; version=0.0.4");
   });
-  server.set_exception_handler(
-      [prefix, this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown error";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        // The text goes to the log, never to the client.
-        std::fprintf(stderr, "%s: %s %s failed: %s\n", prefix.c_str(), req.method.c_str(),
-                     req.path.c_str(), what.c_str());
-        res.set_header("Retry-After", keel::format_retry_after(keel::spread_retry_after(
-                                          options_.retry_after_spread, keel::thread_rng())));
-        store::write_problem(res, 503, "Internal error", "the request failed on the server");
-      });
 }
 
 }  // namespace payments

@@ -1,7 +1,10 @@
 // The payments API of `keel-demo serve` and of examples/payments_api/main.cpp: a small service that
-// shows the receiver's half of safe retries. POST /v1/charges goes through the idempotency
-// middleware (keel/store/server/idempotency_middleware.hpp) on SQLite or PostgreSQL;
-// GET /v1/charges/{id}, GET /v1/charges?customer=ID, /healthz and /metrics.
+// shows the receiver's half of safe retries, on keel::store::beast::Server
+// (keel/store/beast/server.hpp). POST /v1/charges goes through the idempotency flow
+// (keel::store::beast::IdempotentHandler) on SQLite or PostgreSQL; GET /v1/charges/{id},
+// GET /v1/charges?customer=ID, /healthz and /metrics. The routes that touch the database run on
+// the server's worker threads; the refusals (the caller's own check, admission) on its event
+// loop, before a request waits for a worker.
 //
 // Principals are stored by their keyed hash (keel::store::principal_scope under the scope
 // secret), never as the credential: charges are visible to the principal that created them only.
@@ -9,22 +12,21 @@
 // given, and upgrades schema 1 (plaintext principals) once.
 //
 // An example, not an installed library: the CLI's flags, rate limiting, admission control and
-// fault injection are the caller's, plugged in through PaymentsApiOptions (guard, after_commit,
-// extra_metrics).
+// fault injection are the caller's, plugged in through PaymentsApiOptions (refuse, limiter,
+// before, after_commit, extra_metrics).
 //
-// Thread-safety: PaymentsApi's handlers are safe to run from cpp-httplib's worker threads at once;
-// the pool and the store it was given, and the PaymentsApi itself, must outlive the server.
+// Thread-safety: PaymentsApi's handlers are safe to run from the server's threads at once; the
+// pool and the store it was given, and the PaymentsApi itself, must outlive the server.
 //
 // Example:
 //   keel::store::ConnectionPool pool(url, {.max_connections = 8});
 //   std::string secret = payments::prepare_database(*pool.acquire(), "");
 //   const keel::store::IdempotencyStore records({.ttl = 24h});
 //   payments::PaymentsApi api({.pool = &pool, .idempotency = &records, .scope_secret = secret});
-//   httplib::Server server;
+//   keel::store::beast::Server server({.worker_threads = 8});
 //   api.install(server);
+//   server.start();
 #pragma once
-
-#include <httplib.h>
 
 #include <atomic>
 #include <cstdint>
@@ -34,14 +36,14 @@
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 #include "keel/admission.hpp"
 #include "keel/expected.hpp"
+#include "keel/store/beast/idempotent_handler.hpp"
+#include "keel/store/beast/server.hpp"
 #include "keel/store/db/database.hpp"
 #include "keel/store/idempotency/idempotency.hpp"
 #include "keel/store/json/json_check.hpp"
-#include "keel/store/server/idempotency_middleware.hpp"
 
 namespace payments {
 
@@ -70,7 +72,13 @@ struct ChargeInput {
                                            std::string scope_secret);
 
 /// The stored scope of the request's principal (its bearer token, hashed under `secret`).
-[[nodiscard]] std::string scope_of(const httplib::Request& request, std::string_view secret);
+[[nodiscard]] std::string scope_of(const keel::store::beast::Request& request,
+                                   std::string_view secret);
+
+/// The value of query parameter `name` in `target` (a request target), percent-decoded and with
+/// '+' as a space; nullopt when absent.
+[[nodiscard]] std::optional<std::string> query_param(std::string_view target,
+                                                     std::string_view name);
 
 /// The API's counters, as /metrics shows them.
 struct Metrics {
@@ -86,14 +94,6 @@ struct Metrics {
 /// An admission limiter's counters in the Prometheus text format (keel_admission_*).
 [[nodiscard]] std::string render_admission(const keel::AdmissionStats& stats);
 
-/// cpp-httplib 0.11 listens with a backlog of 5: a burst of concurrent connections overflows it
-/// and clients see resets. Calling listen() again on the socket bound to `port` (found in
-/// /proc/self/fd) raises the backlog to SOMAXCONN (Linux). Call it after binding.
-void widen_backlog(int port);
-
-/// The API's routes and the methods each allows, for keel::store::ServerLimits::routes.
-[[nodiscard]] std::vector<std::pair<std::string, std::string>> routes();
-
 struct PaymentsApiOptions {
   /// Required (non-null).
   keel::store::ConnectionPool* pool = nullptr;
@@ -103,17 +103,29 @@ struct PaymentsApiOptions {
   std::string scope_secret;
   /// Limits of the JSON bodies. Default keel::store::JsonLimits{}.
   keel::store::JsonLimits json_limits;
-  /// The idempotency layer's MiddlewareOptions::retry_after_spread: Retry-After of its 503 and
+  /// The idempotency flow's FlowOptions::retry_after_spread: Retry-After of its 503 and
   /// 500 answers uniform over 1..N seconds. Requires: 1 to 3600. Default 3.
   int retry_after_spread = 3;
   /// Serve POST /v1/charges without the idempotency layer (for comparison). Default false.
   bool no_idempotency = false;
   /// Counters to update. Default none (the API keeps its own).
   Metrics* metrics = nullptr;
-  /// Wraps each /v1 handler (admission control, injected delays). Default none.
-  std::function<httplib::Server::Handler(httplib::Server::Handler)> guard;
-  /// Called after a charge committed, before its answer is written. Default none.
-  std::function<void(const httplib::Request&)> after_commit;
+  /// Called on the event loop for each /v1 request before its work is queued, and must not block
+  /// (a passed deadline, a rate limit, an injected 503): a response returned is the answer.
+  /// Default none.
+  std::function<std::optional<keel::store::beast::Response>(const keel::store::beast::Request&)>
+      refuse;
+  /// Admission control over every /v1 route, taken on the event loop after `refuse` (a shed
+  /// request is answered 503 + Retry-After at once) and held until the route's work is done,
+  /// its latency included. Must outlive the server. Default none.
+  keel::AdmissionLimiter* limiter = nullptr;
+  /// Called on the worker thread before each /v1 route's work, inside the admitted region (an
+  /// injected delay, as a slow handler would be). Default none.
+  std::function<void(const keel::store::beast::Request&)> before;
+  /// Called on the worker thread after a charge committed, before its answer is sent; may
+  /// replace the answer (keel::store::beast::no_answer() drops the connection). Default none.
+  std::function<void(const keel::store::beast::Request&, keel::store::beast::Response&)>
+      after_commit;
   /// Text appended to /metrics. Default none.
   std::function<std::string()> extra_metrics;
   /// Prefix of the lines written to stderr. Default "payments".
@@ -128,17 +140,28 @@ class PaymentsApi {
   PaymentsApi& operator=(const PaymentsApi&) = delete;
   ~PaymentsApi();
 
-  /// Registers the routes on `server` and its exception handler (a 503 problem, the reason to
-  /// stderr only).
-  void install(httplib::Server& server);
+  /// Registers the routes on `server`. A route's exception is answered 503 + Retry-After
+  /// problem+json, its text to stderr only. Requires: `server` not started.
+  void install(keel::store::beast::Server& server);
 
   [[nodiscard]] Metrics& metrics() noexcept { return *metrics_; }
 
  private:
+  /// A route's work, given the request and when it arrived (the start of its Keel-Deadline-Ms).
+  using Work = std::function<keel::store::beast::Response(const keel::store::beast::Request&,
+                                                          keel::TimePoint arrival)>;
+  /// Routes `method` on `path` to `work`, run on the server's worker threads; a /v1 route
+  /// (`guarded`) meets refuse and the limiter on the event loop first, then before.
+  /// POST /v1/charges' transactional handler: parses the body and inserts the charge.
+  [[nodiscard]] keel::store::StoredResponse create_charge(const keel::store::beast::Request& req,
+                                                          keel::store::Connection& tx) const;
+  void route(keel::store::beast::Server& server, boost::beast::http::verb method, std::string path,
+             bool guarded, Work work);
+
   PaymentsApiOptions options_;
   std::unique_ptr<Metrics> own_metrics_;
   Metrics* metrics_;
-  std::unique_ptr<keel::store::IdempotencyMiddleware> middleware_;
+  std::unique_ptr<keel::store::beast::IdempotentHandler> charges_;
 };
 
 }  // namespace payments

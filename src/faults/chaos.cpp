@@ -77,12 +77,6 @@ ChaosSlowdown ChaosDecider::slow_down() {
 bool ChaosDecider::drop_after_commit() { return chance(options_.drop_after_commit); }
 
 Chaos::Chaos(ChaosOptions options, ChaosHooks hooks) : decider_(options), hooks_(std::move(hooks)) {
-  if (options.drop_after_commit > 0 && !hooks_.drop_connection) {
-    throw_invalid({.context = "keel::faults::Chaos",
-                   .field = "hooks.drop_connection",
-                   .problem = "must be set when drop_after_commit > 0",
-                   .got = "empty"});
-  }
   if (!hooks_.answer_503) {
     hooks_.answer_503 = [](httplib::Response& response, std::string_view /*detail*/) {
       response.status = 503;
@@ -91,11 +85,41 @@ Chaos::Chaos(ChaosOptions options, ChaosHooks hooks) : decider_(options), hooks_
   }
 }
 
+bool Chaos::inject_503() {
+  if (!decider_.answer_503()) return false;
+  ++injected_[static_cast<int>(ChaosFault::k503)];
+  return true;
+}
+
+void Chaos::slow_down() {
+  switch (decider_.slow_down()) {
+    case ChaosSlowdown::kHang: {
+      ++injected_[static_cast<int>(ChaosFault::kHang)];
+      const TimePoint until = saturating_add(steady_clock().now(), decider_.options().hang);
+      while (!stopping_.load() && steady_clock().now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      break;
+    }
+    case ChaosSlowdown::kDelay:
+      ++injected_[static_cast<int>(ChaosFault::kDelay)];
+      std::this_thread::sleep_for(decider_.options().delay);
+      break;
+    case ChaosSlowdown::kNone:
+      break;
+  }
+}
+
+bool Chaos::drop_after_commit() {
+  if (!decider_.drop_after_commit()) return false;
+  ++injected_[static_cast<int>(ChaosFault::kDrop)];
+  return true;
+}
+
 httplib::Server::HandlerResponse Chaos::pre_routing(const httplib::Request& /*request*/,
                                                     httplib::Response& response) {
-  if (!decider_.answer_503()) return httplib::Server::HandlerResponse::Unhandled;
-  ++injected_[static_cast<int>(ChaosFault::k503)];
-  if (const auto& retry_after = decider_.options().retry_after_503) {
+  if (!inject_503()) return httplib::Server::HandlerResponse::Unhandled;
+  if (const auto& retry_after = retry_after_503()) {
     response.set_header("Retry-After", format_retry_after(*retry_after));
   }
   hooks_.answer_503(response, "an injected fault");
@@ -105,28 +129,18 @@ httplib::Server::HandlerResponse Chaos::pre_routing(const httplib::Request& /*re
 httplib::Server::Handler Chaos::wrap(httplib::Server::Handler handler) {
   return [this, handler = std::move(handler)](const httplib::Request& request,
                                               httplib::Response& response) {
-    switch (decider_.slow_down()) {
-      case ChaosSlowdown::kHang: {
-        ++injected_[static_cast<int>(ChaosFault::kHang)];
-        const TimePoint until = saturating_add(steady_clock().now(), decider_.options().hang);
-        while (!stopping_.load() && steady_clock().now() < until) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-        break;
-      }
-      case ChaosSlowdown::kDelay:
-        ++injected_[static_cast<int>(ChaosFault::kDelay)];
-        std::this_thread::sleep_for(decider_.options().delay);
-        break;
-      case ChaosSlowdown::kNone:
-        break;
-    }
+    slow_down();
     handler(request, response);
   };
 }
 
 bool Chaos::after_commit(const httplib::Request& request) {
-  if (!decider_.drop_after_commit() || !hooks_.drop_connection(request)) return false;
+  if (!decider_.drop_after_commit()) return false;
+  if (!hooks_.drop_connection) {
+    throw std::logic_error(
+        "keel::faults::Chaos::after_commit: a drop was decided and hooks.drop_connection is empty");
+  }
+  if (!hooks_.drop_connection(request)) return false;
   ++injected_[static_cast<int>(ChaosFault::kDrop)];
   return true;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/system/system_error.hpp>
 #include <chrono>
@@ -641,6 +642,56 @@ TEST(BeastServerOptions, InvalidOptionsAreRejectedNamingTheField) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("max_body_bytes"), std::string::npos) << e.what();
   }
+}
+
+TEST(BeastServerRoutes, SubtreesNoAnswerAndTheWorkerExecutor) {
+  Server server({.log = [](std::string_view) {}});
+  const auto echo = [](std::string text) {
+    return [text](const Request& req) {
+      Response res{http::status::ok, req.version()};
+      res.body() = text.empty() ? std::string(req.target()) : text;
+      return res;
+    };
+  };
+  server.on(http::verb::get, "/items/*", echo(""));
+  server.on(http::verb::get, "/items", echo("list"));
+  server.on(http::verb::get, "/drop", [](const Request&) { return no_answer(); });
+  server.on_async(http::verb::get, "/blocking", [&server](Request req, Respond respond) {
+    boost::asio::post(server.worker_executor(), [respond, version = req.version()] {
+      Response res{http::status::ok, version};
+      res.body() = "worker";
+      respond(std::move(res));
+    });
+  });
+  server.start();
+  Raw c(server.port());
+  ASSERT_TRUE(
+      c.send("GET /items/ch_1?x=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /items HTTP/1.1\r\nHost: x\r\n\r\n"
+             "GET /items/ HTTP/1.1\r\nHost: x\r\n\r\nDELETE /items/a HTTP/1.1\r\nHost: x\r\n\r\n"
+             "GET /blocking HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const auto answers = c.answers(5);
+  ASSERT_EQ(answers.size(), 5u) << c.text();
+  EXPECT_EQ(answers[0].status, 200);
+  EXPECT_EQ(answers[0].body, "/items/ch_1?x=1");
+  EXPECT_EQ(answers[1].body, "list");
+  EXPECT_EQ(answers[2].status, 404);  // a subtree route needs a path under it
+  EXPECT_EQ(answers[3].status, 405);
+  EXPECT_TRUE(answers[3].has("Allow: GET\r\n")) << answers[3].head;
+  EXPECT_EQ(answers[4].body, "worker");
+  Raw dropped(server.port());
+  ASSERT_TRUE(dropped.send("GET /drop HTTP/1.1\r\nHost: x\r\n\r\n"));
+  EXPECT_TRUE(dropped.wait_closed(5s));
+  EXPECT_TRUE(dropped.text().empty()) << dropped.text();
+  server.stop();
+}
+
+TEST(BeastServerOptions, APortInUseFailsStartUnlessEveryListenerSharesIt) {
+  Server first({.reuse_port = true, .log = [](std::string_view) {}});
+  first.start();
+  Server second({.port = first.port(), .reuse_port = true, .log = [](std::string_view) {}});
+  EXPECT_NO_THROW(second.start());
+  Server third({.port = first.port(), .log = [](std::string_view) {}});
+  EXPECT_THROW(third.start(), boost::system::system_error);
 }
 
 }  // namespace

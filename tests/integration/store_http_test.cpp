@@ -1,7 +1,7 @@
 // keel::store_http in process: the idempotency middleware and apply_server_limits() on a real
 // httplib::Server bound to 127.0.0.1 port 0, over a real SQLite file; raw sockets write hostile
 // requests byte by byte. Also check_json(), the one JSON validation the middleware, the fingerprint
-// and keel-demo serve's payments handler share.
+// and the payments handler share.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>

@@ -129,9 +129,33 @@ TEST(Chaos, AHangEndsAtStop) {
   EXPECT_EQ(chaos.injected(ChaosFault::kHang), 1u);
 }
 
-TEST(Chaos, ADropFractionNeedsADropHook) {
-  EXPECT_THROW(Chaos({.drop_after_commit = 0.1}), std::invalid_argument);
-  EXPECT_NO_THROW(Chaos({.fraction_503 = 0.1}));
+TEST(Chaos, ADropThroughTheHttplibHookNeedsTheHook) {
+  Chaos chaos({.drop_after_commit = 1});
+  httplib::Request request;
+  EXPECT_THROW((void)chaos.after_commit(request), std::logic_error);
+  EXPECT_EQ(chaos.injected(ChaosFault::kDrop), 0u);
+}
+
+TEST(Chaos, TheFrameworkFreeCallsDecideApplyAndCount) {
+  Chaos chaos({.fraction_503 = 1,
+               .retry_after_503 = milliseconds(2500),
+               .delay_fraction = 1,
+               .delay = milliseconds(0),
+               .drop_after_commit = 1});
+  EXPECT_TRUE(chaos.inject_503());
+  ASSERT_TRUE(chaos.retry_after_503().has_value());
+  EXPECT_EQ(*chaos.retry_after_503(), milliseconds(2500));
+  chaos.slow_down();
+  EXPECT_TRUE(chaos.drop_after_commit());
+  EXPECT_EQ(chaos.injected(ChaosFault::k503), 1u);
+  EXPECT_EQ(chaos.injected(ChaosFault::kDelay), 1u);
+  EXPECT_EQ(chaos.injected(ChaosFault::kDrop), 1u);
+  Chaos calm({});
+  EXPECT_FALSE(calm.inject_503());
+  calm.slow_down();
+  EXPECT_FALSE(calm.drop_after_commit());
+  EXPECT_FALSE(calm.retry_after_503().has_value());
+  EXPECT_EQ(calm.injected(ChaosFault::kDelay), 0u);
 }
 
 }  // namespace

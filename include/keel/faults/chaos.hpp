@@ -10,8 +10,10 @@
 // kind it injected (injected(); keel-demo serve exports them as keel_chaos_injected_total).
 //
 // The answer to an injected 503 and the dropping of a connection are the server's: Chaos calls
-// the hooks ChaosHooks gives (keel-demo serve passes keel::store's write_problem_and_close() and
-// shutdown_connection()); a 503 has a plain-text default, a drop fraction needs a drop hook.
+// the hooks ChaosHooks gives (a 503 has a plain-text default, a drop fraction needs a drop hook).
+// A server other than cpp-httplib uses the three framework-free calls instead, which decide,
+// apply what needs no server (the delays and hangs) and count: inject_503(), slow_down() and
+// drop_after_commit() (keel-demo serve does so on keel::store::beast::Server).
 //
 // Thread-safety: ChaosDecider and Chaos are safe for concurrent use from cpp-httplib's worker
 // threads (the generator is behind a mutex, the counters are atomic). The hooks are called from
@@ -99,16 +101,16 @@ struct ChaosHooks {
   /// Writes the answer to an injected 503 (Retry-After is already set when configured).
   /// Default: status 503, "Service unavailable\n" as text/plain.
   std::function<void(httplib::Response& response, std::string_view detail)> answer_503;
-  /// Closes the request's connection without an answer; false when it could not. Required when
-  /// drop_after_commit > 0.
+  /// Closes the request's connection without an answer; false when it could not. Required for
+  /// after_commit() when drop_after_commit > 0 (drop_after_commit(), the framework-free form,
+  /// needs none).
   std::function<bool(const httplib::Request& request)> drop_connection;
 };
 
 /// The decisions applied to a cpp-httplib server, with a counter per fault kind.
 class Chaos {
  public:
-  /// Throws std::invalid_argument as ChaosDecider does, and when drop_after_commit > 0 without a
-  /// drop_connection hook.
+  /// Throws std::invalid_argument as ChaosDecider does.
   explicit Chaos(ChaosOptions options, ChaosHooks hooks = {});
   Chaos(const Chaos&) = delete;
   Chaos& operator=(const Chaos&) = delete;
@@ -120,8 +122,21 @@ class Chaos {
   /// would).
   [[nodiscard]] httplib::Server::Handler wrap(httplib::Server::Handler handler);
   /// For after a request committed: drops its connection when so decided. Returns whether it
-  /// did.
+  /// did. Throws std::logic_error when a drop is decided and there is no drop_connection hook.
   bool after_commit(const httplib::Request& request);
+  /// Framework-free: whether this request is answered 503 (counted when so); the caller writes
+  /// the answer, with Retry-After retry_after_503() when set.
+  [[nodiscard]] bool inject_503();
+  /// Framework-free: the injected hang or delay for this request, if any, on the calling thread
+  /// (it blocks: call it where a slow handler would run, never on an event loop).
+  void slow_down();
+  /// Framework-free: whether this committed request's answer is dropped; the caller drops it
+  /// and the drop is counted.
+  [[nodiscard]] bool drop_after_commit();
+  /// ChaosOptions::retry_after_503.
+  [[nodiscard]] const std::optional<Duration>& retry_after_503() const noexcept {
+    return decider_.options().retry_after_503;
+  }
   /// Ends the hangs in progress and makes new ones return at once (at shutdown). Idempotent.
   void stop() noexcept;
 

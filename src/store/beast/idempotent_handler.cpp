@@ -75,6 +75,19 @@ Response problem_response(int status, std::string_view title, std::string_view d
   return res;
 }
 
+Response shed_response(const Admission& admission, unsigned version) {
+  const bool retry = admission.reason() == ShedReason::kRetryOverLimit;
+  Response res = problem_response(
+      503, "Overloaded",
+      retry ? "the server is at its concurrency limit and sheds retries first; retry after the "
+              "Retry-After delay"
+            : "the server is over its concurrency limit and its queue bound; retry after the "
+              "Retry-After delay",
+      version);
+  res.set(http::field::retry_after, format_retry_after(admission.retry_after()));
+  return res;
+}
+
 IdempotentHandler::IdempotentHandler(IdempotentHandlerOptions options, TransactionalHandler handler)
     : options_(std::move(options)), handler_(std::move(handler)), flow_(options_.flow) {
   if (!handler_) {
@@ -104,16 +117,7 @@ std::optional<Response> IdempotentHandler::refuse(const Request& request, TimePo
   admission = options_.limiter->admit(request_attempt(request), thread_rng());
   if (admission) return std::nullopt;
   if (options_.on_shed) options_.on_shed(request, admission);
-  const bool retry = admission.reason() == ShedReason::kRetryOverLimit;
-  Response res = problem_response(
-      503, "Overloaded",
-      retry ? "the server is at its concurrency limit and sheds retries first; retry after the "
-              "Retry-After delay"
-            : "the server is over its concurrency limit and its queue bound; retry after the "
-              "Retry-After delay",
-      request.version());
-  res.set(http::field::retry_after, format_retry_after(admission.retry_after()));
-  return res;
+  return shed_response(admission, request.version());
 }
 
 Response IdempotentHandler::run(const Request& request, std::string_view principal,

@@ -79,6 +79,16 @@ struct Route {
   http::verb method;
   std::string path;
   AsyncHandler handler;
+
+  // `path` exactly, or under it when the route's path ends in "/*".
+  [[nodiscard]] bool matches(std::string_view target_path) const {
+    const std::string_view p(path);
+    if (p.size() >= 2 && p.substr(p.size() - 2) == "/*") {
+      const std::string_view prefix = p.substr(0, p.size() - 1);
+      return target_path.size() > prefix.size() && target_path.substr(0, prefix.size()) == prefix;
+    }
+    return p == target_path;
+  }
 };
 
 }  // namespace
@@ -289,7 +299,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const Route* route = nullptr;
     std::string allow;
     for (const Route& r : server_.routes) {
-      if (r.path != path) continue;
+      if (!r.matches(path)) continue;
       if (r.method == req.method()) {
         route = &r;
         break;
@@ -322,6 +332,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void write(Response res, bool close_after) {
     if (state_ == State::kClosed || state_ == State::kWriting) return;
+    if (res.result_int() == 0) return close();  // no_answer(): nothing is sent
     state_ = State::kWriting;
     const bool keep = !close_after && options_.keep_alive && keep_alive_ && !draining_ &&
                       !server_.draining.load(std::memory_order_relaxed);
@@ -445,6 +456,9 @@ void Server::Impl::start() {
     acceptor.emplace(net::make_strand(ioc));
     acceptor->open(endpoint.protocol());
     acceptor->set_option(net::socket_base::reuse_address(true));
+    if (options.reuse_port) {
+      acceptor->set_option(net::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true));
+    }
     acceptor->bind(endpoint);
     acceptor->listen(net::socket_base::max_listen_connections);
     port.store(acceptor->local_endpoint().port());
@@ -565,6 +579,16 @@ void Server::start() { impl_->start(); }
 void Server::stop() { impl_->stop(); }
 
 std::uint16_t Server::port() const noexcept { return impl_->port.load(); }
+
+boost::asio::any_io_executor Server::worker_executor() const {
+  return impl_->workers->get_executor();
+}
+
+Response no_answer() {
+  Response res;
+  res.result(0);
+  return res;
+}
 
 std::size_t Server::connections() const {
   std::lock_guard lock(impl_->mu);

@@ -89,6 +89,11 @@ struct IdempotentHandlerOptions {
 [[nodiscard]] Response problem_response(int status, std::string_view title, std::string_view detail,
                                         unsigned version = 11);
 
+/// The answer to a request that `admission` shed: 503 problem+json with its Retry-After, the
+/// detail saying whether it was shed as a retry or past the queue bound. What IdempotentHandler
+/// answers, for routes that take admission themselves. Requires: `admission` was shed (false).
+[[nodiscard]] Response shed_response(const Admission& admission, unsigned version = 11);
+
 class IdempotentHandler {
  public:
   /// Throws std::invalid_argument naming the field when the flow's options are invalid (see

@@ -22,11 +22,14 @@
 //     connections are closed, in-flight requests get their answers (with Connection: close), and
 //     whatever is left at drain_timeout is closed.
 //   - Errors are application/problem+json (RFC 9457), as IdempotentRequestFlow's.
+//   - A handler may answer no_answer(): the connection is closed and nothing is sent (a
+//     response lost after its work was done, as fault injection plays it).
 //
 // Handlers of on() run on an event-loop thread: they must not block (GET /healthz, metrics).
 // Blocking work, the database above all, goes through on_idempotent() (the flow runs on the
 // server's worker threads, after the deadline and admission checks) or on_async() (the handler
-// posts its work where it likes and answers through the Respond it is given).
+// posts its work where it likes, worker_executor() for instance, and answers through the Respond
+// it is given).
 //
 // Thread-safety: register routes before start(); after it, port(), stop() and the destructor may
 // be called from any thread but an event-loop or worker thread of the server. Respond objects may
@@ -88,6 +91,10 @@ struct ServerOptions {
   /// Largest request body, whatever its Content-Type (chunked bodies included); 413 past it.
   /// Requires: >= 1. Default 1 MiB.
   std::size_t max_body_bytes = std::size_t{1024} * 1024;
+  /// SO_REUSEPORT on the listening socket: other processes (each with it set) may listen on the
+  /// same port and the kernel spreads connections among them. Without it a port in use is an
+  /// error of start(). Default false.
+  bool reuse_port = false;
   /// TCP_NODELAY on accepted connections. Default true.
   bool tcp_nodelay = true;
   /// Keep connections open between requests (HTTP/1.1 persistent connections; a request's own
@@ -101,13 +108,19 @@ struct ServerOptions {
 };
 
 /// Answers a request; callable from any thread, once. Calling it after the server stopped
-/// does nothing.
+/// does nothing. Given no_answer(), it closes the connection without sending anything.
 using Respond = std::function<void(Response)>;
 /// A handler run on the event loop: must not block. An exception is answered 500.
 using LoopHandler = std::function<Response(const Request&)>;
 /// A handler that answers later, through `respond`, from any thread (it is called on the event
 /// loop and must not block: post the work elsewhere).
 using AsyncHandler = std::function<void(Request request, Respond respond)>;
+
+/// The answer that is never sent: a handler that returns it (or a Respond given it) has its
+/// connection closed at once, as if the server had died after doing the work. For fault
+/// injection (a commit whose response is lost) and for requests a handler gives up on. It is a
+/// response of status 0 (boost::beast::http::status::unknown), which no server sends.
+[[nodiscard]] Response no_answer();
 
 namespace detail {
 class Session;
@@ -122,8 +135,10 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  /// Routes `method` on `path` (the request target without its query string, compared exactly)
-  /// to `handler`, run on the event loop. Requires: before start().
+  /// Routes `method` on `path` (the request target without its query string, compared exactly;
+  /// a `path` ending in "/*" matches every path under it, "/v1/charges/*" matches
+  /// "/v1/charges/ch_1" but not "/v1/charges") to `handler`, run on the event loop. The first
+  /// route registered that matches wins. Requires: before start().
   void on(boost::beast::http::verb method, std::string path, LoopHandler handler);
   /// The same for a handler that answers through `respond`.
   void on_async(boost::beast::http::verb method, std::string path, AsyncHandler handler);
@@ -135,6 +150,9 @@ class Server {
   /// Binds, listens and starts the threads. Throws boost::system::system_error when the address
   /// cannot be bound, std::logic_error when called twice.
   void start();
+  /// The executor of the worker threads (after start()), for on_async() handlers whose work
+  /// blocks (a database query): post it there and answer through the Respond.
+  [[nodiscard]] boost::asio::any_io_executor worker_executor() const;
   /// The bound port (after start()); 0 before.
   [[nodiscard]] std::uint16_t port() const noexcept;
   /// Graceful shutdown (see the file comment); returns once every connection is closed and the

@@ -9,17 +9,21 @@
 // The adapter counts the Idempotency-Key header fields (cpp-httplib hands a handler only the
 // first), so that two of them are refused with 400 by the flow rather than one used silently.
 //
-// What this adapter does not protect against (cpp-httplib 0.11.4, measured on keel-demo serve with
-// 16 worker threads); put a proxy that buffers whole requests in front if these matter:
-//   - Slow clients hold threads: the read timeout bounds each recv(), not a request. 20
-//     connections sending one header line a second hold all 16 workers indefinitely (/healthz
-//     times out); a bigger pool only raises the number of connections needed.
+// What this adapter does not protect against (cpp-httplib 0.11.4, measured on the payments API of
+// keel-demo serve with 16 worker threads, when it ran on this adapter); put a proxy that buffers
+// whole requests in front, or run the flow on keel::store::beast::Server
+// (keel/store/beast/server.hpp, what keel-demo serve runs now), if these matter:
+//   - A read timeout per recv(), not per request: slow clients hold threads. 48 connections
+//     trickling their headers a byte at a time held every worker, and a fresh GET /healthz took
+//     99 s; 20 sending one header line a second hold 16 workers indefinitely. A bigger pool
+//     only raises the number of connections needed.
 //   - No HTTP/1.1 pipelining: each request is read through a fresh 4 KiB buffer, so requests
-//     written in the same packet after the first are dropped and the connection closes at the
-//     keep-alive timeout.
-//   - Form bodies: cpp-httplib answers a form-urlencoded body over 8,192 bytes with 413 whatever
-//     set_payload_max_length() says (CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH, compiled
-//     into Debian's libcpp-httplib), unless the route is registered through read_whole_body().
+//     written in the same packet after the first are dropped (3 pipelined POSTs, 1 answer) and
+//     the connection closes at the keep-alive timeout.
+//   - A form-body limit of its own: cpp-httplib answers a form-urlencoded body over 8,192 bytes
+//     with 413 whatever set_payload_max_length() (max_body_bytes) says
+//     (CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH, compiled into Debian's libcpp-httplib),
+//     unless the route is registered through read_whole_body().
 //
 // Thread-safety: the returned handler is safe to call from cpp-httplib's worker threads at once;
 // each call takes its own connection from the pool. The options' store, pool and hooks must
@@ -90,7 +94,7 @@ struct MiddlewareOptions {
   /// Called once per request with its outcome. Default none.
   std::function<void(IdempotencyOutcome)> on_outcome;
   /// Called after the handler's transaction committed, before the response is sent. Default
-  /// none. (keel-demo serve's fault injection drops the connection here.)
+  /// none. (Fault injection drops the connection here: keel::faults::Chaos::after_commit.)
   std::function<void(const httplib::Request&, httplib::Response&)> after_commit;
   /// Limits on JSON bodies: a body whose first non-blank byte is '{' or '[', or whose
   /// Content-Type is application/json or +json, must pass check_json()
