@@ -362,7 +362,8 @@ def fleet_rows(text, emit, mach, date, goals, tps):
     same backlog ('  <who> batch B, W workers, P process(es)  <rate> jobs/s ...'), then the
     pickup latency ('  <who>  median M ms   p99 Q ms'). Goals: keel's Worker against the best
     peer batched and unbatched (>= 1.5), unbatched against pgbench (>= 0.5), and no row where
-    more workers drain slower than fewer."""
+    more workers drain slower than fewer in as many processes (beyond 5%, the noise of a shared
+    machine)."""
     fleet = []
     for m in re.finditer(r"^\s+(.+?) batch (\d+), (\d+) workers, (\d+) process\S*\s+([\d.]+) jobs/s",
                          text, re.M):
@@ -399,8 +400,9 @@ def fleet_rows(text, emit, mach, date, goals, tps):
                           f"{keel / tps:.2f}"))
     slower = [f"{w} batch {b}: {n} workers in {p}" for w, b, n, p, r in fleet
               for w2, b2, n2, p2, r2 in fleet
-              if (w2, b2, p2) == (w, b, p) and n2 < n and r < r2]
-    goals.append(("queue fleet: rows where more workers drain slower than fewer (goal none)",
+              if (w2, b2, p2) == (w, b, p) and n2 < n and r < 0.95 * r2]
+    goals.append(("queue fleet: rows where more workers drain over 5% slower than fewer"
+                  " (goal none)",
                   "; ".join(sorted(set(slower))) or "none"))
 
 
