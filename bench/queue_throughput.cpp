@@ -4,13 +4,16 @@
 // leases up to B more in one step (JobQueue::complete_and_lease: one statement on PostgreSQL,
 // one transaction on SQLite); --batch 1 enqueues with one statement.
 //
-//   keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B] [--worker 1]
+//   keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B]
+//                    [--worker 1 [--processes P] [--seconds S]]
 //   keel_bench_queue --db URL --latency N [--producer thread|process] [--gap-ms G] [--poll-ms P]
 //
 // --worker 1 drains through keel::store::Worker instead (what `keel jobs work` runs): the jobs are
 // enqueued first, then one Worker with concurrency W and batch B drains them with a no-op
-// handler; the line adds the log lines that mention a deadlock (40P01) and the jobs that ran more
-// than once (a lease that expired).
+// handler (with --processes P, one Worker in each of P processes, W / P slots each; with
+// --seconds S, each stops after S seconds and the rate counts the jobs done by then); the line
+// adds the log lines that mention a deadlock (40P01) and the jobs that ran more than once (a
+// lease that expired).
 //
 // --latency N measures pickup latency instead: one keel::store::Worker with the default options
 // (concurrency 1; --poll-ms sets WorkerOptions::poll_interval) waits on an empty queue while a
@@ -29,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,28 +51,19 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B]"
-               " [--worker 1]\n"
+               " [--worker 1 [--processes P] [--seconds S]]\n"
                "       keel_bench_queue --db URL --latency N [--producer thread|process]"
                " [--gap-ms G] [--poll-ms P]\n");
   return 2;
 }
 
-// --worker 1: enqueue everything, then drain with one keel::store::Worker.
-int run_worker(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& q,
-               const std::string& queue, int jobs, int workers, int batch) {
-  {
-    auto conn = keel::store::open_database(url);
-    constexpr int kChunk = 1000;
-    for (int done = 0; done < jobs; done += kChunk) {
-      std::vector<keel::store::EnqueueRequest> reqs(
-          static_cast<std::size_t>(std::min(kChunk, jobs - done)),
-          keel::store::EnqueueRequest{.queue = queue, .payload = "{}"});
-      (void)q.enqueue_many(*conn, reqs);
-    }
-  }
+// One keel::store::Worker with `workers` slots and batch `batch` drains `queue` with a no-op
+// handler until it is idle or `seconds` have passed (0: no limit). Returns what it recorded.
+std::int64_t drain(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& q,
+                   const std::string& queue, int workers, int batch, double seconds,
+                   int* deadlock_lines) {
   keel::store::ConnectionPool pool(url, {.max_connections = workers + 2});
   std::mutex mu;
-  int deadlock_lines = 0;
   int log_lines = 0;
   keel::store::Worker worker(pool, q,
                              {.queue = queue,
@@ -82,7 +77,7 @@ int run_worker(const keel::store::DatabaseUrl& url, const keel::store::JobQueue&
                                     ++log_lines;
                                     if (line.find("40P01") != std::string_view::npos ||
                                         line.find("deadlock") != std::string_view::npos) {
-                                      ++deadlock_lines;
+                                      ++*deadlock_lines;
                                     }
                                     if (log_lines <= 3)
                                       std::fprintf(stderr, "worker: %.*s\n", int(line.size()),
@@ -91,20 +86,79 @@ int run_worker(const keel::store::DatabaseUrl& url, const keel::store::JobQueue&
                              [](const keel::store::LeasedJob&, const std::atomic<bool>&) {
                                return keel::store::AttemptReport::success();
                              });
-  const auto start = std::chrono::steady_clock::now();
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool finished = false;
+  std::thread timer([&] {
+    if (seconds <= 0) return;
+    std::unique_lock lock(stop_mu);
+    if (!stop_cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return finished; })) {
+      worker.stop();
+    }
+  });
   const std::int64_t recorded = worker.run();
-  const double seconds =
+  {
+    std::lock_guard lock(stop_mu);
+    finished = true;
+  }
+  stop_cv.notify_all();
+  timer.join();
+  return recorded;
+}
+
+// --worker 1: enqueue everything, then drain with keel::store::Worker, in this process or (with
+// --processes P > 1) in P child processes forked before any thread starts, each with
+// max(1, W / P) slots. The rate counts the jobs done when the last worker returned.
+int run_worker(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& q,
+               const std::string& queue, int jobs, int workers, int batch, int processes,
+               double seconds) {
+  {
+    auto conn = keel::store::open_database(url);
+    constexpr int kChunk = 1000;
+    for (int done = 0; done < jobs; done += kChunk) {
+      std::vector<keel::store::EnqueueRequest> reqs(
+          static_cast<std::size_t>(std::min(kChunk, jobs - done)),
+          keel::store::EnqueueRequest{.queue = queue, .payload = "{}"});
+      (void)q.enqueue_many(*conn, reqs);
+    }
+  }
+  int deadlock_lines = 0;
+  const auto start = std::chrono::steady_clock::now();
+  if (processes <= 1) {
+    (void)drain(url, q, queue, workers, batch, seconds, &deadlock_lines);
+  } else {
+    std::vector<pid_t> children;
+    for (int p = 0; p < processes; ++p) {
+      const pid_t child = fork();
+      if (child == 0) {
+        int lines = 0;
+        (void)drain(url, q, queue, std::max(1, workers / processes), batch, seconds, &lines);
+        _exit(lines > 0 ? 3 : 0);
+      }
+      if (child < 0) return 1;
+      children.push_back(child);
+    }
+    for (const pid_t child : children) {
+      int status = 0;
+      waitpid(child, &status, 0);
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 3) ++deadlock_lines;
+    }
+  }
+  const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto conn = keel::store::open_database(url);
-  const std::int64_t reruns =
-      conn->query("SELECT COUNT(*) FROM keel_jobs WHERE queue = $1 AND attempts > 1", {queue})
-          .integer(0, 0);
+  const keel::store::Rows counts = conn->query(
+      "SELECT COUNT(*) FILTER (WHERE state = 'done'),"
+      " COUNT(*) FILTER (WHERE attempts > 1) FROM keel_jobs WHERE queue = $1",
+      {queue});
+  const std::int64_t done = counts.integer(0, 0);
   std::printf(
-      "backend=%s mode=worker batch=%d workers=%d jobs=%d seconds=%.3f jobs_per_s=%.1f"
-      " recorded=%lld deadlock_log_lines=%d rerun_jobs=%lld\n",
-      std::string(keel::store::to_string(url.backend)).c_str(), batch, workers, jobs, seconds,
-      jobs / seconds, static_cast<long long>(recorded), deadlock_lines,
-      static_cast<long long>(reruns));
+      "backend=%s mode=worker batch=%d workers=%d processes=%d jobs=%lld seconds=%.3f"
+      " jobs_per_s=%.1f deadlock_log_lines=%d rerun_jobs=%lld\n",
+      std::string(keel::store::to_string(url.backend)).c_str(), batch, workers,
+      std::max(1, processes), static_cast<long long>(done), elapsed,
+      static_cast<double>(done) / elapsed, deadlock_lines,
+      static_cast<long long>(counts.integer(0, 1)));
   return 0;
 }
 
@@ -212,6 +266,8 @@ int main(int argc, char** argv) {
   bool process_producer = false;
   int gap_ms = 100;
   int poll_ms = 0;
+  int processes = 1;
+  double limit_s = 0;  // --seconds
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const char* v = argv[i + 1];
@@ -232,6 +288,10 @@ int main(int argc, char** argv) {
       process_producer = std::strcmp(v, "process") == 0;
     } else if (flag == "--gap-ms") {
       gap_ms = std::atoi(v);
+    } else if (flag == "--processes") {
+      processes = std::atoi(v);
+    } else if (flag == "--seconds") {
+      limit_s = std::atof(v);
     } else if (flag == "--poll-ms") {
       poll_ms = std::atoi(v);
     } else {
@@ -255,7 +315,7 @@ int main(int argc, char** argv) {
   if (latency > 0) {
     return run_latency(*url, q, queue, latency, process_producer, std::max(0, gap_ms), poll_ms);
   }
-  if (use_worker) return run_worker(*url, q, queue, jobs, workers, batch);
+  if (use_worker) return run_worker(*url, q, queue, jobs, workers, batch, processes, limit_s);
   std::atomic<int> remaining_to_enqueue{jobs};
   std::atomic<int> completed{0};
   std::atomic<bool> failed{false};

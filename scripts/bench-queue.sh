@@ -5,9 +5,12 @@
 # SQLite; each with batch sizes 1, 10 and 100 to show what batching gains, and SQLite unbatched
 # with glibc's heap trimming off. Then the table after
 # --bloat-jobs jobs (batch 100, in a schema of their own): keel_jobs' and keel_job_attempts' size
-# with their indexes, and their live and dead tuples.
+# with their indexes, and their live and dead tuples. Between the two, the fleet: keel's Worker
+# with 2 to 16 slots in 1 and 4 processes against graphile-worker and pg-boss (npm, bench/peers)
+# on the same server, each row at most --fleet-seconds, and the pickup latency of each.
 #
 #   scripts/bench-queue.sh [--build-dir DIR] [--jobs N] [--seconds S] [--bloat-jobs N]
+#                          [--fleet-jobs N] [--fleet-seconds S]
 #
 # Needs keel_bench_queue built in DIR (default: build) and Debian's postgresql-15 (pgbench and a
 # throwaway server from scripts/pg-test-server.sh; that server runs with fsync=off and
@@ -20,13 +23,17 @@ build="$root/build"
 jobs=4000
 seconds=10
 bloat_jobs=100000
+fleet_jobs=30000
+fleet_seconds=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --bloat-jobs) bloat_jobs=$2; shift 2 ;;
-    *) echo "usage: $0 [--build-dir DIR] [--jobs N] [--seconds S] [--bloat-jobs N]" >&2; exit 2 ;;
+    --fleet-jobs) fleet_jobs=$2; shift 2 ;;
+    --fleet-seconds) fleet_seconds=$2; shift 2 ;;
+    *) echo "usage: $0 [--build-dir DIR] [--jobs N] [--seconds S] [--bloat-jobs N] [--fleet-jobs N] [--fleet-seconds S]" >&2; exit 2 ;;
   esac
 done
 bench=$(find "$build" -name keel_bench_queue -type f -perm -u+x | head -n1)
@@ -73,6 +80,62 @@ for batch in 1 10 100; do
   ratio=$(awk -v a="$rate" -v b="$pgbench_tps" 'BEGIN { printf "%.2f", a / b }')
   printf '  batch %-4s %10s jobs/s   %s x the pgbench rate   %s WAL bytes/job\n' "$batch" "$rate" \
     "$ratio" "$wal"
+done
+
+# The fleet: keel::store::Worker (what `keel jobs work` runs) with 2, 8 and 16 slots in one
+# process and 8 and 16 split over 4 processes, unbatched and leasing 10 at a time, then the npm
+# peers (bench/peers/queue_peer.mjs: graphile-worker and pg-boss, each with its own batching) on
+# the same server with the same no-op job. Each row drains a backlog for at most $fleet_seconds s.
+# Then pickup latency: enqueue to handler start, producer in the worker's process, one job every
+# 10-30 ms on an idle queue.
+echo
+echo "fleet (same server), no-op jobs, at most ${fleet_seconds}s per row: jobs/s and x the pgbench rate"
+fleet_row() {  # fleet_row LABEL LINE
+  local rate
+  rate=$(sed -n 's/.*jobs_per_s=\([0-9.]*\).*/\1/p' <<<"$2")
+  printf '  %-46s %10s jobs/s   %s x pgbench\n' "$1" "$rate" \
+    "$(awk -v a="$rate" -v b="$pgbench_tps" 'BEGIN { printf "%.2f", a / b }')"
+}
+for batch in 1 10; do
+  for shape in 2:1 8:1 16:1 8:4 16:4; do
+    w=${shape%:*} p=${shape#*:}
+    line=$("$bench" --db "$pg_url" --jobs "$fleet_jobs" --workers "$w" --batch "$batch" \
+      --worker 1 --processes "$p" --seconds "$fleet_seconds")
+    fleet_row "keel Worker batch $batch, $w workers, $p process(es)" "$line"
+  done
+done
+peers="$root/bench/peers"
+for peer in graphile-worker pg-boss; do
+  if ! command -v node >/dev/null || [[ ! -d "$peers/node_modules/$peer" ]]; then
+    echo "  $peer: not installed in bench/peers/node_modules (make bench installs it)"
+    continue
+  fi
+  for batch in 1 10; do
+    for w in 2 8 16; do
+      if line=$(timeout 60 node "$peers/queue_peer.mjs" --peer "$peer" --db "$pg_url" \
+        --jobs "$fleet_jobs" --workers "$w" --batch "$batch" --seconds "$fleet_seconds"); then
+        version=$(sed -n 's/.* version=\([^ ]*\).*/\1/p' <<<"$line")
+        fleet_row "$peer $version batch $batch, $w workers, 1 process" "$line"
+      else
+        echo "  $peer batch $batch, $w workers: failed"
+      fi
+    done
+  done
+done
+
+echo
+echo "pickup latency (enqueue to handler start, producer in the same process, 200 jobs 10-30 ms apart)"
+latency_row() {  # latency_row LABEL LINE
+  printf '  %-24s median %8s ms   p99 %8s ms\n' "$1" \
+    "$(sed -n 's/.*median_ms=\([0-9.]*\).*/\1/p' <<<"$2")" "$(sed -n 's/.*p99_ms=\([0-9.]*\).*/\1/p' <<<"$2")"
+}
+latency_row "keel Worker" "$("$bench" --db "$pg_url" --latency 200 --gap-ms 10 --producer thread)"
+for peer in graphile-worker pg-boss; do
+  [[ -d "$peers/node_modules/$peer" ]] && command -v node >/dev/null || continue
+  if line=$(timeout 60 node "$peers/queue_peer.mjs" --peer "$peer" --db "$pg_url" --latency 200 \
+    --gap-ms 10); then
+    latency_row "$peer $(sed -n 's/.* version=\([^ ]*\).*/\1/p' <<<"$line")" "$line"
+  fi
 done
 
 if ((bloat_jobs > 0)); then

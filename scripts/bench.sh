@@ -90,7 +90,8 @@ peers="$root/bench/peers"
 if ((!smoke)); then
   "$root/scripts/bootstrap.sh" --bench
   if command -v npm >/dev/null &&
-    { [[ ! -d "$peers/node_modules/cockatiel" || ! -d "$peers/node_modules/opossum" ]] ||
+    { [[ ! -d "$peers/node_modules/cockatiel" || ! -d "$peers/node_modules/opossum" ||
+      ! -d "$peers/node_modules/graphile-worker" || ! -d "$peers/node_modules/pg-boss" ]] ||
       [[ "$peers/package-lock.json" -nt "$peers/node_modules" ]]; }; then
     log "installing the npm peers into bench/peers/node_modules"
     (cd "$peers" && npm ci --no-audit --no-fund --loglevel=error)

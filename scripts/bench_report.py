@@ -354,6 +354,56 @@ def queue_rows(text, emit, mach, date, goals):
         else:
             emit(f"| queue, {section}, batch {batch} | {rate:.0f} jobs/s | - | - | {mach} | {date} |")
     emit("")
+    fleet_rows(text, emit, mach, date, goals, tps)
+
+
+def fleet_rows(text, emit, mach, date, goals, tps):
+    """The fleet part of scripts/bench-queue.sh: keel's Worker and the npm peers draining the
+    same backlog ('  <who> batch B, W workers, P process(es)  <rate> jobs/s ...'), then the
+    pickup latency ('  <who>  median M ms   p99 Q ms'). Goals: keel's Worker against the best
+    peer batched and unbatched (>= 1.5), unbatched against pgbench (>= 0.5), and no row where
+    more workers drain slower than fewer in as many processes (beyond 5%, the noise of a shared
+    machine)."""
+    fleet = []
+    for m in re.finditer(r"^\s+(.+?) batch (\d+), (\d+) workers, (\d+) process\S*\s+([\d.]+) jobs/s",
+                         text, re.M):
+        fleet.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)),
+                      float(m.group(5))))
+    latency = re.findall(r"^\s+(.+?)\s+median\s+([\d.]+) ms\s+p99\s+([\d.]+) ms", text, re.M)
+    if not fleet:
+        return
+    emit("Fleet: keel::store::Worker against graphile-worker and pg-boss on the same server, the same"
+         " no-op job, draining a backlog (jobs/s; ratio = x pgbench's single-row UPDATE rate).")
+    emit("")
+    emit("| workload | jobs/s | x pgbench | machine | date |")
+    emit("| --- | --- | --- | --- | --- |")
+    for who, batch, workers, procs, rate in fleet:
+        ratio = f"{rate / tps:.2f}" if tps else "-"
+        emit(f"| {who}, batch {batch}, {workers} workers, {procs} process(es) | {rate:.0f} |"
+             f" {ratio} | {mach} | {date} |")
+    emit("")
+    if latency:
+        emit("| pickup latency (enqueue to handler start, in-process producer) | median | p99 |")
+        emit("| --- | --- | --- |")
+        for who, median, p99 in latency:
+            emit(f"| {who} | {median} ms | {p99} ms |")
+        emit("")
+    for batch in (1, 10):
+        keel = max((r for w, b, _, _, r in fleet if w.startswith("keel") and b == batch), default=0)
+        peer = max((r for w, b, _, _, r in fleet if not w.startswith("keel") and b == batch),
+                   default=0)
+        if keel and peer:
+            goals.append((f"queue fleet, batch {batch}: keel Worker / best peer (goal >= 1.5)",
+                          f"{keel / peer:.2f}"))
+        if keel and tps and batch == 1:
+            goals.append(("queue fleet, batch 1: keel Worker / pgbench tps (goal >= 0.5)",
+                          f"{keel / tps:.2f}"))
+    slower = [f"{w} batch {b}: {n} workers in {p}" for w, b, n, p, r in fleet
+              for w2, b2, n2, p2, r2 in fleet
+              if (w2, b2, p2) == (w, b, p) and n2 < n and r < 0.95 * r2]
+    goals.append(("queue fleet: rows where more workers drain over 5% slower than fewer"
+                  " (goal none)",
+                  "; ".join(sorted(set(slower))) or "none"))
 
 
 def hedge_rows(raw, emit, goals):

@@ -740,6 +740,79 @@ TEST_P(JobQueueTest, ACrashChargesOnlyTheJobsWhoseAttemptStarted) {
   EXPECT_FALSE(q.start(*conn_, batch[2].id, batch[2].fence));
 }
 
+TEST_P(JobQueueTest, ASuccessIsRecordedWithTheStartOfTheNextJobOfTheBatch) {
+  JobQueue q = make_queue({.lease = 10s});
+  std::vector<EnqueueRequest> reqs(3, EnqueueRequest{.queue = "q", .payload = "{}"});
+  (void)q.enqueue_many(*conn_, reqs);
+  const auto batch = q.lease(*conn_, "q", "w1", 3, 1);
+  ASSERT_EQ(batch.size(), 3u);
+  // The first job succeeded: its success and the second job's start in one step.
+  const DoneAndStarted step =
+      q.complete_and_start(*conn_, {{batch[0].id, batch[0].fence}}, batch[1].id, batch[1].fence);
+  EXPECT_EQ(step.current, 1);
+  EXPECT_TRUE(step.started);
+  EXPECT_EQ(q.get(*conn_, batch[0].id)->state, JobState::kDone);
+  EXPECT_EQ(q.get(*conn_, batch[0].id)->attempts, 1);
+  EXPECT_EQ(count("SELECT SUM(attempts) FROM keel_jobs"), 2);
+  // The worker dies running the second: it alone is charged, the first stays done and the third
+  // comes back uncharged.
+  clock_.advance(11s);
+  const auto next = q.lease(*conn_, "q", "w2", 3);
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].id, batch[2].id);
+  EXPECT_EQ(next[0].attempt, 1);
+  EXPECT_EQ(q.get(*conn_, batch[0].id)->state, JobState::kDone);
+  EXPECT_EQ(q.get(*conn_, batch[1].id)->state, JobState::kRetryScheduled);
+  // The first worker comes back: nothing of it is current any more, and nothing changes.
+  const DoneAndStarted late =
+      q.complete_and_start(*conn_, {{batch[1].id, batch[1].fence}}, batch[2].id, batch[2].fence);
+  EXPECT_EQ(late.current, 0);
+  EXPECT_FALSE(late.started);
+  EXPECT_EQ(q.get(*conn_, batch[1].id)->state, JobState::kRetryScheduled);
+  EXPECT_EQ(q.get(*conn_, batch[2].id)->fence, next[0].fence);
+}
+
+TEST_P(JobQueueTest, AWorkerRecordsEachSuccessOfABatchInOrderAndOnce) {
+  ConnectionPool pool(url(), {.max_connections = 4});
+  JobQueue q = make_queue();
+  std::vector<EnqueueRequest> reqs(12, EnqueueRequest{.queue = "q", .payload = "{}"});
+  (void)q.enqueue_many(*conn_, reqs);
+  std::mutex mu;
+  std::vector<std::pair<std::int64_t, CompleteStatus>> events;
+  std::size_t runs = 0;
+  Worker worker(pool, q,
+                {.queue = "q",
+                 .batch = 5,
+                 .poll_interval = 1ms,
+                 .exit_when_idle = true,
+                 .on_event =
+                     [&](const WorkerEvent& e) {
+                       std::lock_guard lock(mu);
+                       events.emplace_back(e.job.id, e.result.status);
+                     }},
+                [&](const LeasedJob& job, const std::atomic<bool>&) {
+                  std::lock_guard lock(mu);
+                  // When a job runs, every job that ran before it has been recorded: a crash
+                  // now re-runs only this one.
+                  EXPECT_EQ(events.size(), runs) << job.id;
+                  ++runs;
+                  return job.id % 4 == 0
+                             ? AttemptReport{.outcome = Outcome::permanent(), .error = "no"}
+                             : AttemptReport::success();
+                });
+  EXPECT_EQ(worker.run(), 12);
+  ASSERT_EQ(events.size(), 12u);
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const auto [id, status] = events[i];
+    if (i > 0) {
+      EXPECT_LT(events[i - 1].first, id);
+    }
+    EXPECT_EQ(status, id % 4 == 0 ? CompleteStatus::kDead : CompleteStatus::kDone) << id;
+  }
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done' AND attempts = 1"),
+            count("SELECT COUNT(*) FROM keel_jobs WHERE id % 4 <> 0"));
+}
+
 TEST_P(JobQueueTest, AReleaseChargesAStartedJobSoNothingLoopsUnseen) {
   std::vector<std::string> reasons;
   JobQueue q = make_queue(

@@ -21,6 +21,33 @@ namespace {
 
 constexpr int kReapBatch = 100;
 
+// "v (id, fence) AS (VALUES ...), done AS (UPDATE ... RETURNING j.id)": the CTEs that record the
+// successes of `done` in a statement whose $2 is now, their parameters appended to `params`.
+std::string done_ctes(const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+                      std::vector<Value>& params) {
+  std::string sql = "v (id, fence) AS (VALUES ";
+  for (std::size_t i = 0; i < done.size(); ++i) {
+    const std::string a = std::to_string(params.size() + 1);
+    const std::string b = std::to_string(params.size() + 2);
+    sql += (i ? ", ($" : "($") + a + "::bigint, $" + b + "::bigint)";
+    params.emplace_back(done[i].first);
+    params.emplace_back(done[i].second);
+  }
+  // The success's history row is the done row itself (detail::kMarkDone).
+  return sql + "), done AS (UPDATE keel_jobs j" + std::string(detail::kMarkDone) +
+         " FROM v WHERE j.id = v.id AND j.fence = v.fence AND j.state = 'running'"
+         " RETURNING j.id)";
+}
+
+// The start of job $1 under fence $3 at $2 (now): its attempt counts from now, and a crash
+// charges it. The lease is not extended: the worker heartbeats the jobs of its batch from their
+// lease on, and leaving lease_expires_ms and run_at_ms alone keeps the start off every index
+// (keel_jobs_due holds run_at_ms), so PostgreSQL can update the row in place (a HOT update).
+constexpr std::string_view kStart =
+    "UPDATE keel_jobs SET attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END,"
+    " started_ms = COALESCE(started_ms, $2), updated_ms = $2"
+    " WHERE id = $1 AND fence = $3 AND state = 'running'";
+
 }  // namespace
 
 std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
@@ -108,20 +135,7 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       started = "j.id IN (SELECT id FROM picked ORDER BY id LIMIT $6)";
     }
     std::string sql = "WITH ";
-    if (!done.empty()) {
-      sql += "v (id, fence) AS (VALUES ";
-      for (std::size_t i = 0; i < done.size(); ++i) {
-        const std::string a = std::to_string(params.size() + 1);
-        const std::string b = std::to_string(params.size() + 2);
-        sql += (i ? ", ($" : "($") + a + "::bigint, $" + b + "::bigint)";
-        params.emplace_back(done[i].first);
-        params.emplace_back(done[i].second);
-      }
-      // The success's history row is the done row itself (detail::kMarkDone).
-      sql += "), done AS (UPDATE keel_jobs j" + std::string(detail::kMarkDone) +
-             " FROM v WHERE j.id = v.id AND j.fence = v.fence AND j.state = 'running'"
-             " RETURNING j.id), ";
-    }
+    if (!done.empty()) sql += done_ctes(done, params) + ", ";
     sql += "picked AS (SELECT id" + std::string(kDue) + " LIMIT $4" +
            std::string(connection.dialect().lock_rows_skip_locked()) +
            "), leased AS (UPDATE keel_jobs j" + std::string(kSetRunning) +
@@ -278,18 +292,45 @@ std::optional<std::int64_t> JobQueue::next_due(Connection& connection,
 }
 
 bool JobQueue::start(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
-  bool current = false;
-  in_statement(connection, [&](Connection& c) {
-    const std::int64_t now = now_ms();
-    const Rows r = c.query(
-        "UPDATE keel_jobs SET attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0"
-        " END, started_ms = COALESCE(started_ms, $3), lease_expires_ms = $4, run_at_ms = $4,"
-        " updated_ms = $3 WHERE id = $1 AND fence = $2 AND state = 'running'",
-        {job_id, fence, now, now + to_ms(options_.lease)});
-    current = r.affected() == 1;
+  return complete_and_start(connection, {}, job_id, fence).started;
+}
+
+DoneAndStarted JobQueue::complete_and_start(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::int64_t job_id, std::int64_t fence) const {
+  DoneAndStarted out;
+  const std::int64_t now = now_ms();
+  if (done.empty()) {
+    in_statement(connection, [&](Connection& c) {
+      out.started = c.query(std::string(kStart), {job_id, now, fence}).affected() == 1;
+      return true;
+    });
+    return out;
+  }
+  if (connection.dialect().data_modifying_ctes()) {
+    // One statement: the successes and the start, each UPDATE counted by the row it returns.
+    std::vector<Value> params = {job_id, now, fence};
+    const std::string sql = "WITH " + done_ctes(done, params) + ", started AS (" +
+                            std::string(kStart) +
+                            " RETURNING id) SELECT (SELECT count(*) FROM done),"
+                            " (SELECT count(*) FROM started)";
+    in_statement(connection, [&](Connection& c) {
+      const Rows r = c.query(sql, params);
+      out.current = static_cast<int>(r.integer(0, 0));
+      out.started = r.integer(0, 1) == 1;
+      return true;
+    });
+    return out;
+  }
+  in_transaction(connection, [&](Connection& tx) {
+    out = {};
+    for (const auto& [id, f] : done) {
+      if (detail::mark_done(tx, id, f, now)) ++out.current;
+    }
+    out.started = tx.query(std::string(kStart), {job_id, now, fence}).affected() == 1;
     return true;
   });
-  return current;
+  return out;
 }
 
 bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64_t fence) const {

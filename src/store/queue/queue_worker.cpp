@@ -195,16 +195,55 @@ void Worker::database_ok() {
   if (!line.empty()) log(line);
 }
 
-void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJob>* next) {
+void Worker::recorded(const WorkerEvent& event) {
+  if (event.result.status != CompleteStatus::kStale) recorded_.fetch_add(1);
+  // A brake that says when it will admit a call again (an open breaker's retry_in) pauses
+  // leasing until then; one that cannot say (an empty retry budget) defers just this job.
+  if (event.result.status == CompleteStatus::kDeferred && event.report.outcome.has_server_delay()) {
+    pause(event.result.delay, event.report);
+  }
+  if (options_.on_event) options_.on_event(event);
+}
+
+void Worker::record_pending(Connection& conn, std::optional<WorkerEvent>& pending) {
+  if (!pending) return;
+  WorkerEvent event = std::move(*pending);
+  pending.reset();  // if recording throws, its lease expires and the job runs again
+  event.result = queue_.complete(conn, event.job.id, event.job.fence, event.report);
+  recorded(event);
+}
+
+void Worker::process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
+                     std::vector<LeasedJob>* next) {
   const TimePoint start = queue_.clock().now();
+  std::optional<WorkerEvent> finished = std::move(pending);  // recorded by this job's start
+  pending.reset();
   AttemptReport report;
   std::optional<CompleteStatus> settled;  // recorded in the handler's transaction already
   if (paused_for() > Duration::zero()) {
+    record_pending(conn, finished);
     // Leased before a refusal paused the worker: defer it the same way, sending nothing.
     std::lock_guard lock(mu_);
     report = pause_report_;
   } else {
-    if (!job.started && !queue_.start(conn, job.id, job.fence)) {
+    bool current = true;
+    if (!job.started) {
+      // The previous job's success and this job's start in one statement (one transaction on
+      // SQLite): a crash in between re-runs neither, and one after charges only this job.
+      const DoneAndStarted step =
+          finished ? queue_.complete_and_start(conn, {{finished->job.id, finished->job.fence}},
+                                               job.id, job.fence)
+                   : DoneAndStarted{.started = queue_.start(conn, job.id, job.fence)};
+      if (finished) {
+        finished->result.status =
+            step.current == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
+        recorded(*finished);
+        finished.reset();
+      }
+      current = step.started;
+    }
+    record_pending(conn, finished);  // a started job: nothing to record it with
+    if (!current) {
       // The lease was lost while the job waited in this batch: another worker has it.
       {
         std::lock_guard lock(mu_);
@@ -247,10 +286,15 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJ
   event.job = job;
   event.report = report;
   event.took = queue_.clock().now() - start;
+  const bool busy = report.outcome.kind == OutcomeKind::kSuccess && !stopping_.load() &&
+                    paused_for() == Duration::zero();
   if (settled) {
     event.result.status = *settled;
-  } else if (next != nullptr && report.outcome.kind == OutcomeKind::kSuccess && !stopping_.load() &&
-             paused_for() == Duration::zero()) {
+  } else if (next == nullptr && busy) {
+    // A success with more of the batch to run: recorded with the next job's start.
+    pending = std::move(event);
+    return;
+  } else if (next != nullptr && busy) {
     // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
     DoneAndLeased step = queue_.complete_and_lease(conn, {{job.id, job.fence}}, options_.queue,
                                                    options_.worker_id, options_.batch, 1);
@@ -263,20 +307,15 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::vector<LeasedJ
   } else {
     event.result = queue_.complete(conn, job.id, job.fence, report);
   }
-  if (event.result.status != CompleteStatus::kStale) recorded_.fetch_add(1);
-  // A brake that says when it will admit a call again (an open breaker's retry_in) pauses
-  // leasing until then; one that cannot say (an empty retry budget) defers just this job.
-  if (event.result.status == CompleteStatus::kDeferred && report.outcome.has_server_delay()) {
-    pause(event.result.delay, report);
-  }
-  if (options_.on_event) options_.on_event(event);
+  recorded(event);
 }
 
 void Worker::slot_loop() {
   std::optional<ConnectionPool::Lease> conn;
-  std::vector<LeasedJob> next;  // leased by the last success of a batch (complete_and_lease)
-  std::uint64_t seen = 0;       // the wakeups counted before the last lease
-  bool woken = false;           // the last idle wait ended with a wakeup
+  std::vector<LeasedJob> next;         // leased by the last success of a batch (complete_and_lease)
+  std::optional<WorkerEvent> pending;  // a success of the batch, recorded with the next start
+  std::uint64_t seen = 0;              // the wakeups counted before the last lease
+  bool woken = false;                  // the last idle wait ended with a wakeup
   while (!stopping_.load()) {
     if (const Duration paused = paused_for(); paused > Duration::zero()) {
       // A brake refused: lease nothing until it expects to admit a call again.
@@ -325,6 +364,7 @@ void Worker::slot_loop() {
       const LeasedJob& job = jobs[i];
       try {
         if (stopping_.load()) {
+          record_pending(**conn, pending);
           // Leased in this batch but not started: give it back at once.
           {
             std::lock_guard lock(mu_);
@@ -335,8 +375,9 @@ void Worker::slot_loop() {
           }
           continue;
         }
-        process(**conn, job, i + 1 == jobs.size() ? &next : nullptr);
+        process(**conn, job, pending, i + 1 == jobs.size() ? &next : nullptr);
       } catch (const std::exception& e) {
+        pending.reset();  // not recorded: its lease expires and it runs again
         log("job " + std::to_string(job.id) + ": recording the outcome failed: " + e.what() +
             " (the lease expires and the job runs again)");
         std::lock_guard lock(mu_);

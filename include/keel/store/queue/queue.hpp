@@ -290,6 +290,14 @@ struct DoneAndLeased {
   std::vector<LeasedJob> leased;
 };
 
+/// What JobQueue::complete_and_start did.
+struct DoneAndStarted {
+  /// How many of the finished jobs were current (the stale ones are skipped).
+  int current = 0;
+  /// Whether the job to start was current (start()'s answer).
+  bool started = false;
+};
+
 /// Counts for one queue.
 struct QueueStats {
   std::string queue;
@@ -424,9 +432,19 @@ class JobQueue {
 
   /// Starts the attempt of a leased job whose lease did not start it (LeasedJob::started false):
   /// from now on the attempt counts, and a crash charges it. Call it right before the handler
-  /// runs. Also extends the lease. Idempotent for a started job. Returns false when the token is
+  /// runs. Leaves the lease as it is (heartbeat() extends it), so that on PostgreSQL the row is
+  /// updated in place. Idempotent for a started job. Returns false when the token is
   /// stale (the lease was lost): do not run the handler. Throws DatabaseError.
   [[nodiscard]] bool start(Connection& connection, std::int64_t job_id, std::int64_t fence) const;
+
+  /// Records the success of each leased job in `done` (id, fence) and starts the leased job
+  /// (job_id, fence) as start() does: a worker's step between two jobs of a batch, in one
+  /// statement on PostgreSQL (one transaction on SQLite) instead of a completion and a start.
+  /// The finished jobs are recorded whether or not the start is current. `done` may be empty
+  /// (then it is start()). Throws DatabaseError.
+  [[nodiscard]] DoneAndStarted complete_and_start(
+      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+      std::int64_t job_id, std::int64_t fence) const;
 
   /// Extends the lease to now + options().lease. Returns false when the token is stale (the
   /// lease was taken over, or the job released): the worker no longer owns the job. Throws

@@ -17,7 +17,10 @@
 // with the lease; each of the others is started (JobQueue::start: its attempt counts from then)
 // right before its handler runs, so a worker that dies mid-batch is charged only for the jobs
 // whose handlers were running (at most `concurrency`); the rest go back to ready uncharged when
-// their leases expire.
+// their leases expire. A success is recorded by the statement that starts the next job of the
+// batch (JobQueue::complete_and_start), the batch's last by the one that leases the next batch
+// (complete_and_lease): one statement per job, and a crash between a handler and its record
+// re-runs only that job. Failures are recorded on their own, as without batches.
 //
 // Shutdown (stop(), e.g. on SIGTERM): no new job is leased; jobs leased but not started are
 // released at once, uncharged; running handlers get `grace` to finish and record their outcome.
@@ -222,10 +225,17 @@ class Worker {
   void log(const std::string& line) const;
   // Housekeeping on the heartbeat thread: prune_done and prune_dead, as configured.
   void prune(Connection& conn);
-  // Runs the handler (or, while paused, defers with `pause_report_`) and records the outcome.
-  // Runs one job and records its outcome. With `next`, a success is recorded by
-  // complete_and_lease and the jobs it leased are put in *next (and heartbeated).
-  void process(Connection& conn, const LeasedJob& job, std::vector<LeasedJob>* next = nullptr);
+  // Runs one job (or, while paused, defers it with `pause_report_`) and records its outcome.
+  // `pending` is the batch's previous success, not recorded yet: this job's start records it
+  // (complete_and_start). With `next` (the batch's last job), a success is recorded by
+  // complete_and_lease and the jobs it leased are put in *next (and heartbeated); without it, a
+  // success is left in `pending` for the next job's start.
+  void process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
+               std::vector<LeasedJob>* next);
+  // The bookkeeping after an outcome was recorded: the count, a brake's pause, on_event.
+  void recorded(const WorkerEvent& event);
+  // Records `pending` (a success) on its own, if there is one, and clears it.
+  void record_pending(Connection& conn, std::optional<WorkerEvent>& pending);
   void pause(Duration delay, const AttemptReport& report);
   // A lease failed: logs (rate-limited), gives up past max_database_outage; returns the wait.
   Duration database_failed(const std::string& what);

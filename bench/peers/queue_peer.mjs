@@ -1,0 +1,191 @@
+// The job-queue peers of scripts/bench-queue.sh: graphile-worker and pg-boss drain a backlog of
+// no-op jobs on the same throwaway PostgreSQL server as keel_bench_queue, or measure pickup
+// latency (enqueue to handler start) with a producer in the same process. Prints one line in
+// keel_bench_queue's format:
+//
+//   node queue_peer.mjs --peer graphile-worker|pg-boss --db URL [--jobs N] [--workers W]
+//                       [--batch B] [--seconds S]
+//   node queue_peer.mjs --peer ... --db URL --latency N [--gap-ms G]
+//
+// Throughput: N jobs are enqueued first (in bulk), then one worker with W concurrent slots drains
+// them until all have run or S seconds have passed; the rate is the handlers that ran over the
+// time to the last one. --batch B > 1 turns on what each peer has for batching: graphile-worker's
+// local queue (B jobs per fetch per slot) with batched completions (completeJobBatchDelay 0);
+// pg-boss's work() with batchSize B and burstWhenBatchFull (fetch again at once while fetches
+// come back full). Unbatched, pg-boss runs W loops of fetch, handler, complete, since its work()
+// waits at least its shortest poll (0.5 s) after each fetch of one job. Latency: the worker waits on an empty queue
+// (both peers are woken by LISTEN/NOTIFY) while N jobs are enqueued one at a time, G ms apart
+// (plus up to 20 ms of spread), each carrying Date.now() + performance's sub-ms part.
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+
+const require = createRequire(import.meta.url);
+// A package's version from its package.json (neither peer exports that file).
+const versionOf = (name) =>
+  JSON.parse(readFileSync(new URL(`./node_modules/${name}/package.json`, import.meta.url))).version;
+
+function parseArgs(argv) {
+  const out = { jobs: 20000, workers: 2, batch: 1, seconds: 3, latency: 0, gapMs: 20 };
+  const names = {
+    '--peer': 'peer', '--db': 'db', '--jobs': 'jobs', '--workers': 'workers', '--batch': 'batch',
+    '--seconds': 'seconds', '--latency': 'latency', '--gap-ms': 'gapMs',
+  };
+  for (let i = 2; i < argv.length; i += 2) {
+    const key = names[argv[i]];
+    if (!key || argv[i + 1] === undefined) {
+      console.error(`queue_peer: unknown flag or missing value: ${argv[i]}`);
+      process.exit(2);
+    }
+    out[key] = ['peer', 'db'].includes(key) ? argv[i + 1] : Number(argv[i + 1]);
+  }
+  if (!['graphile-worker', 'pg-boss'].includes(out.peer) || !out.db) {
+    console.error('usage: node queue_peer.mjs --peer graphile-worker|pg-boss --db URL ...');
+    process.exit(2);
+  }
+  return out;
+}
+
+const nowUs = () => Math.round((performance.timeOrigin + performance.now()) * 1000);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// What each peer needs: setup(), enqueue(payloads), work(handler), stop().
+async function graphileWorker(args, batched) {
+  const { run, makeWorkerUtils } = require('graphile-worker');
+  const utils = await makeWorkerUtils({ connectionString: args.db });
+  await utils.migrate();
+  // A run starts from an empty queue (jobs left by an earlier run that hit its time limit).
+  await utils.withPgClient((client) => client.query('DELETE FROM graphile_worker._private_jobs'));
+  let runner;
+  return {
+    version: versionOf('graphile-worker'),
+    enqueue: (payloads) => utils.addJobs(payloads.map((p) => ({ identifier: 'noop', payload: p }))),
+    async work(handler) {
+      const worker = { concurrentJobs: args.workers, pollInterval: 2000 };
+      if (batched) {
+        worker.localQueue = { size: args.batch * args.workers };
+        worker.completeJobBatchDelay = 0;
+        worker.failJobBatchDelay = 0;
+      }
+      runner = await run({
+        connectionString: args.db,
+        concurrency: args.workers,
+        noHandleSignals: true,
+        logger: quietLogger(require('graphile-worker').Logger),
+        preset: { worker },
+        taskList: { noop: async (payload) => handler(payload) },
+      });
+    },
+    async stop() {
+      await runner?.stop();
+      await utils.release();
+    },
+  };
+}
+
+function quietLogger(Logger) {
+  return new Logger(() => (level, message) => {
+    if (level === 'error') console.error(message);
+  });
+}
+
+async function pgBoss(args, batched) {
+  const { PgBoss } = await import('pg-boss');
+  const boss = new PgBoss({
+    connectionString: args.db,
+    max: args.workers + 4,
+    schedule: false,
+    useListenNotify: true,  // with the queue's notify option: workers woken on each insert
+  });
+  boss.on('error', (e) => console.error(`pg-boss: ${e.message}`));
+  await boss.start();
+  const queue = `bench_${process.pid}`;
+  await boss.createQueue(queue, { notify: true });
+  let stopping = false;
+  const loops = [];
+  return {
+    version: versionOf('pg-boss'),
+    enqueue: (payloads) => boss.insert(queue, payloads.map((p) => ({ data: p }))),
+    async work(handler) {
+      if (!batched && !args.latency) {
+        // W loops of fetch, handler, complete: work() waits its shortest poll (0.5 s) after
+        // every fetch of one job.
+        for (let w = 0; w < args.workers; w += 1) {
+          loops.push((async () => {
+            while (!stopping) {
+              const [job] = await boss.fetch(queue);
+              if (!job) { await sleep(5); continue; }
+              handler(job.data);
+              await boss.complete(queue, job.id);
+            }
+          })());
+        }
+        return;
+      }
+      await boss.work(queue, {
+        localConcurrency: args.workers, pollingIntervalSeconds: 0.5, batchSize: Math.max(1, args.batch),
+        burstWhenBatchFull: true,
+      }, async (jobs) => {
+        for (const job of jobs) handler(job.data);
+      });
+    },
+    async stop() {
+      stopping = true;
+      await Promise.all(loops);
+      await boss.stop({ graceful: false, wait: true, timeout: 2000 });
+    },
+  };
+}
+
+async function throughput(args, peer) {
+  const chunk = 1000;
+  for (let done = 0; done < args.jobs; done += chunk) {
+    await peer.enqueue(Array.from({ length: Math.min(chunk, args.jobs - done) }, () => ({})));
+  }
+  let ran = 0;
+  let last = 0;
+  let finish;
+  const finished = new Promise((r) => { finish = r; });
+  const start = performance.now();
+  await peer.work(() => {
+    ran += 1;
+    last = performance.now();
+    if (ran === args.jobs) finish();
+  });
+  await Promise.race([finished, sleep(args.seconds * 1000)]);
+  const seconds = ((ran > 0 ? last : performance.now()) - start) / 1000;
+  await peer.stop();
+  console.log(`backend=postgres peer=${args.peer} version=${peer.version} mode=worker` +
+    ` batch=${args.batch} workers=${args.workers} jobs=${ran} seconds=${seconds.toFixed(3)}` +
+    ` jobs_per_s=${(ran / seconds).toFixed(1)}`);
+}
+
+async function latency(args, peer) {
+  await peer.enqueue([{ t: 0 }]);  // the queue exists and the worker has something to start on
+  const samples = [];
+  let finish;
+  const finished = new Promise((r) => { finish = r; });
+  await peer.work((payload) => {
+    if (!payload.t) return;
+    samples.push((nowUs() - payload.t) / 1000);
+    if (samples.length === args.latency) finish();
+  });
+  await sleep(500);  // the worker is idle
+  for (let i = 0; i < args.latency; i += 1) {
+    await sleep(args.gapMs + Math.floor(Math.random() * 21));
+    await peer.enqueue([{ t: nowUs() }]);
+  }
+  await Promise.race([finished, sleep(5000)]);
+  await peer.stop();
+  samples.sort((a, b) => a - b);
+  const at = (f) => samples[Math.min(samples.length - 1, Math.floor(f * samples.length))];
+  console.log(`backend=postgres peer=${args.peer} version=${peer.version} mode=latency` +
+    ` producer=thread jobs=${samples.length} gap_ms=${args.gapMs} median_ms=${at(0.5).toFixed(2)}` +
+    ` p90_ms=${at(0.9).toFixed(2)} p99_ms=${at(0.99).toFixed(2)}` +
+    ` max_ms=${samples[samples.length - 1].toFixed(2)}`);
+}
+
+const args = parseArgs(process.argv);
+const make = args.peer === 'graphile-worker' ? graphileWorker : pgBoss;
+const peer = await make(args, args.batch > 1);
+await (args.latency > 0 ? latency(args, peer) : throughput(args, peer));
+process.exit(0);
