@@ -183,6 +183,8 @@ class PostgresConnection final : public Connection {
         values_[i] = texts_[i].c_str();
       }
     }
+    Params(const Params&) = delete;  // values_ points into texts_
+    Params& operator=(const Params&) = delete;
     [[nodiscard]] int size() const noexcept { return static_cast<int>(values_.size()); }
     [[nodiscard]] const char* const* values() const noexcept { return values_.data(); }
 
