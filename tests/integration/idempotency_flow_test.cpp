@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -13,10 +15,12 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "keel/random.hpp"
+#include "keel/store/db/dialect.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {
@@ -380,37 +384,89 @@ TEST_P(Flow, ADeadlineThatPassedInTransitIsRefused) {
   EXPECT_EQ(handled_, 0);
 }
 
-// A clock on which every read is one second later than the last: each of the flow's checks sees
-// time pass, as if it had waited for a connection, then for its claim.
-class SteppingClock final : public Clock {
+// Counts each exchange a connection has with its database by kind: a statement, BEGIN, COMMIT,
+// and the pairs sent together (a statement then BEGIN, a statement then COMMIT); `on_statement`
+// sees each statement's SQL before it runs.
+class ExchangeCountingConnection final : public Connection {
  public:
-  [[nodiscard]] TimePoint now() const noexcept override {
-    return TimePoint(std::chrono::seconds(reads_.fetch_add(1) + 1));
+  struct Counts {
+    std::atomic<int> query{0}, begin{0}, commit{0}, query_then_begin{0}, query_then_commit{0};
+    std::function<void(std::string_view sql)> on_statement = [](std::string_view) {};
+  };
+  ExchangeCountingConnection(std::unique_ptr<Connection> inner, Counts& counts)
+      : inner_(std::move(inner)), counts_(counts) {}
+  [[nodiscard]] Backend backend() const noexcept override { return inner_->backend(); }
+  void execute(std::string_view sql) override { inner_->execute(sql); }
+  Rows query(std::string_view sql, std::span<const Value> params) override {
+    ++counts_.query;
+    counts_.on_statement(sql);
+    return inner_->query(sql, params);
   }
-  [[nodiscard]] WallTime wall_now() const noexcept override { return WallTime(); }
-  void sleep_for(Duration) override {}
+  void begin(Isolation isolation) override {
+    ++counts_.begin;
+    inner_->begin(isolation);
+  }
+  void commit() override {
+    ++counts_.commit;
+    inner_->commit();
+  }
+  Rows query_then_begin(std::string_view sql, std::span<const Value> params,
+                        Isolation isolation) override {
+    ++counts_.query_then_begin;
+    counts_.on_statement(sql);
+    return inner_->query_then_begin(sql, params, isolation);
+  }
+  Rows query_then_commit(std::string_view sql, std::span<const Value> params) override {
+    ++counts_.query_then_commit;
+    counts_.on_statement(sql);
+    return inner_->query_then_commit(sql, params);
+  }
+  void rollback() noexcept override { inner_->rollback(); }
+  [[nodiscard]] bool in_transaction() const noexcept override { return inner_->in_transaction(); }
+  [[nodiscard]] bool broken() const noexcept override { return inner_->broken(); }
 
  private:
-  mutable std::atomic<int> reads_{0};
+  std::unique_ptr<Connection> inner_;
+  Counts& counts_;
+};
+
+// A flow over a pool of one connection whose exchanges `counts` counts.
+struct CountedFlow {
+  CountedFlow(const DatabaseUrl& url, const IdempotencyStore& store, Clock& clock,
+              ExchangeCountingConnection::Counts& counts)
+      : pool(url, {.max_connections = 1,
+                   .open =
+                       [&counts](const DatabaseUrl& u, const ConnectOptions& o) {
+                         return std::make_unique<ExchangeCountingConnection>(open_database(u, o),
+                                                                             counts);
+                       }}),
+        flow({.store = &store,
+              .pool = &pool,
+              .scope_secret = "0123456789abcdef0123456789abcdef",
+              .clock = &clock,
+              .log = [](std::string_view) {}}) {}
+  ConnectionPool pool;
+  IdempotentRequestFlow flow;
 };
 
 TEST_P(Flow, ADeadlineThatPassesWhileClaimingReleasesTheClaimAndRunsNothing) {
-  SteppingClock stepping;
-  const IdempotentRequestFlow flow({.store = &store_,
-                                    .pool = pool_.get(),
-                                    .scope_secret = "0123456789abcdef0123456789abcdef",
-                                    .clock = &stepping,
-                                    .log = [](std::string_view) {}});
+  // The claim's INSERT takes 2 s of the request's 1 s.
+  ExchangeCountingConnection::Counts counts;
+  counts.on_statement = [&](std::string_view sql) {
+    if (sql.starts_with("INSERT INTO keel_idempotency")) clock_.advance(2s);
+  };
+  const CountedFlow counted(url(), store_, clock_, counts);
+  const IdempotentRequestFlow& flow = counted.flow;
   FlowRequest req = request("late-3");
-  // Reads at 1 s (arrival check) and 2 s (connection) are in time; 3 s (after the claim) is not.
-  req.deadline = Deadline::at(TimePoint(2500ms));
+  req.deadline = request_deadline("1000", clock_.now());
   int handled = 0;
   const FlowResponse r = flow.run(req, [&](Connection&) {
     ++handled;
     return StoredResponse{201, {}, "{}"};
   });
   EXPECT_EQ(r.outcome, FlowOutcome::kDeadlineExceeded);
-  EXPECT_NE(problem(r)["detail"].get<std::string>().find("claimed"), std::string::npos);
+  EXPECT_NE(problem(r)["detail"].get<std::string>().find("claimed"), std::string::npos)
+      << problem(r)["detail"];
   EXPECT_EQ(handled, 0);
   EXPECT_EQ(rows("keel_idempotency"), 0) << "the claim was released";
   EXPECT_EQ(claim_elsewhere("late-3").status, ClaimStatus::kClaimed);
@@ -472,6 +528,90 @@ TEST(FlowOutcomes, DeadlineExceededHasItsOwnNameAndCounter) {
   EXPECT_EQ(metrics_outcome(FlowOutcome::kDeadlineExceeded), IdempotencyOutcome::kDeadlineExceeded);
   EXPECT_EQ(to_string(IdempotencyOutcome::kDeadlineExceeded), "deadline_exceeded");
   EXPECT_EQ(static_cast<int>(IdempotencyOutcome::kDeadlineExceeded), kIdempotencyOutcomes - 1);
+}
+
+// --- what a request costs the database ---
+
+TEST_P(Flow, ANewKeyCostsTheHandlersStatementsPlusTwoSentWithBeginAndCommit) {
+  ExchangeCountingConnection::Counts counts;
+  const CountedFlow counted(url(), store_, clock_, counts);
+  const IdempotentRequestFlow& flow = counted.flow;
+  const FlowResponse r = flow.run(request("cost-1"), [](Connection& tx) {
+    tx.query("INSERT INTO charges (body) VALUES ($1)", {"{}"});
+    return StoredResponse{201, {}, "{}"};
+  });
+  ASSERT_EQ(r.outcome, FlowOutcome::kExecuted);
+  if (counted.pool.dialect().row_level_locks()) {
+    // The claim commits on its own, sent with the handler's BEGIN; the completion is sent with
+    // COMMIT: the handler's one INSERT plus two round trips, as many as BEGIN and COMMIT alone.
+    EXPECT_EQ(counts.query_then_begin, 1);
+    EXPECT_EQ(counts.query, 1);
+    EXPECT_EQ(counts.query_then_commit, 1);
+    EXPECT_EQ(counts.begin, 0);
+    EXPECT_EQ(counts.commit, 0);
+  } else {
+    // One transaction: the claim, the handler's INSERT and the completion, one commit.
+    EXPECT_EQ(counts.begin, 1);
+    EXPECT_EQ(counts.query, 3);
+    EXPECT_EQ(counts.commit, 1);
+    EXPECT_EQ(counts.query_then_begin + counts.query_then_commit, 0);
+  }
+  EXPECT_EQ(rows("charges"), 1);
+  EXPECT_EQ(run(request("cost-1")).outcome, FlowOutcome::kReplayed);
+}
+
+// Two requests with one key at once, on real threads, the second arriving while the first's
+// handler runs. Where the claim commits on its own (row locks: PostgreSQL), the second sees it
+// and is answered 409 at once, while the first still runs; where the claim is made in the
+// handler's transaction (one write lock: SQLite), the second waits for that lock, as its claim
+// always did while a handler ran, and then replays the first's answer. The handler runs once.
+TEST_P(Flow, AConcurrentDuplicateIs409OrWaitsAndReplaysButNeverRunsTwice) {
+  const IdempotentRequestFlow flow({.store = &store_,
+                                    .pool = pool_.get(),
+                                    .scope_secret = "0123456789abcdef0123456789abcdef",
+                                    .clock = &clock_,
+                                    .log = [](std::string_view) {}});
+  const bool claim_commits_alone = pool_->dialect().row_level_locks();
+  std::atomic<int> handled{0};
+  std::promise<void> first_in_handler;
+  std::promise<void> second_went;  // PostgreSQL: answered; SQLite: about to claim
+  std::future<void> second_gone = second_went.get_future();
+  const auto handler = [&](Connection& tx) {
+    ++handled;
+    tx.query("INSERT INTO charges (body) VALUES ($1)", {"{}"});
+    if (handled == 1) {
+      first_in_handler.set_value();
+      // Bounded, so that a second request that waits for this one cannot hang the test.
+      EXPECT_EQ(second_gone.wait_for(5s), std::future_status::ready);
+      // Give the second request time to reach the write lock (its answer is the same without).
+      if (!claim_commits_alone) std::this_thread::sleep_for(50ms);
+    }
+    return StoredResponse{201, {{"Content-Type", "application/json"}}, R"({"id":"first"})"};
+  };
+  FlowResponse first_answer;
+  std::thread first([&] { first_answer = flow.run(request("together"), handler); });
+  first_in_handler.get_future().wait();
+  FlowResponse second_answer;
+  std::thread second([&] {
+    if (!claim_commits_alone) second_went.set_value();
+    second_answer = flow.run(request("together"), handler);
+    if (claim_commits_alone) second_went.set_value();
+  });
+  second.join();
+  first.join();
+  EXPECT_EQ(first_answer.outcome, FlowOutcome::kExecuted);
+  if (claim_commits_alone) {
+    EXPECT_EQ(second_answer.outcome, FlowOutcome::kInProgress);
+    EXPECT_EQ(second_answer.status, 409);
+    EXPECT_TRUE(second_answer.header("Retry-After").has_value());
+  } else {
+    EXPECT_EQ(second_answer.outcome, FlowOutcome::kReplayed);
+    EXPECT_EQ(second_answer.status, 201);
+    EXPECT_EQ(second_answer.body, R"({"id":"first"})");
+  }
+  EXPECT_EQ(handled, 1);
+  EXPECT_EQ(rows("charges"), 1);
+  EXPECT_EQ(run(request("together")).outcome, FlowOutcome::kReplayed);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Flow, ::testing::Values(Backend::kSqlite, Backend::kPostgres),

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "keel/store/db/database.hpp"
+#include "keel/store/db/dialect.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {
@@ -148,6 +149,99 @@ TEST_P(Database, FailedStatementInsideTransactionFailsTheCommitOrIsRolledBack) {
   conn->rollback();
   EXPECT_FALSE(conn->in_transaction());
   EXPECT_TRUE(open_database(url())->query("SELECT id FROM t").empty());
+}
+
+std::vector<std::int64_t> ids(Connection& conn) {
+  std::vector<std::int64_t> out;
+  const Rows rows = conn.query("SELECT id FROM t ORDER BY id");
+  for (std::size_t i = 0; i < rows.size(); ++i) out.push_back(rows.integer(i, 0));
+  return out;
+}
+
+TEST_P(Database, AStatementThenBeginCommitsTheStatementAndOpensATransaction) {
+  auto conn = open_database(url());
+  auto other = open_database(url());
+  conn->execute("CREATE TABLE t (id INTEGER PRIMARY KEY)");
+  const Value one[] = {1};
+  EXPECT_EQ(conn->query_then_begin("INSERT INTO t (id) VALUES ($1)", one).affected(), 1);
+  EXPECT_TRUE(conn->in_transaction());
+  conn->query("INSERT INTO t (id) VALUES ($1)", {2});
+  conn->rollback();
+  EXPECT_EQ(ids(*other), std::vector<std::int64_t>{1});  // the statement alone committed
+  // A failed statement leaves no transaction open, and the connection usable.
+  EXPECT_THROW(
+      (void)conn->query_then_begin("INSERT INTO t (id) VALUES ($1)", one, Isolation::kSerializable),
+      DatabaseError);
+  EXPECT_FALSE(conn->in_transaction());
+  EXPECT_FALSE(conn->broken());
+  const Value three[] = {3};
+  (void)conn->query_then_begin("INSERT INTO t (id) VALUES ($1)", three, Isolation::kSerializable);
+  conn->commit();
+  EXPECT_EQ(ids(*other), (std::vector<std::int64_t>{1, 3}));
+}
+
+TEST_P(Database, AStatementThenCommitCommitsOnlyWhenTheStatementSucceeded) {
+  auto conn = open_database(url());
+  auto other = open_database(url());
+  conn->execute("CREATE TABLE t (id INTEGER PRIMARY KEY)");
+  conn->begin();
+  conn->query("INSERT INTO t (id) VALUES ($1)", {1});
+  const Value two[] = {2};
+  EXPECT_EQ(conn->query_then_commit("INSERT INTO t (id) VALUES ($1)", two).affected(), 1);
+  EXPECT_FALSE(conn->in_transaction());
+  EXPECT_EQ(ids(*other), (std::vector<std::int64_t>{1, 2}));
+  // The statement fails: the transaction's earlier writes are rolled back, none is open.
+  conn->begin();
+  conn->query("INSERT INTO t (id) VALUES ($1)", {3});
+  try {
+    (void)conn->query_then_commit("INSERT INTO t (id) VALUES ($1)", two);
+    FAIL() << "a duplicate committed";
+  } catch (const DatabaseError& e) {
+    EXPECT_TRUE(e.is_unique_violation()) << e.what();
+    EXPECT_FALSE(e.details().during_commit);
+  }
+  EXPECT_FALSE(conn->in_transaction());
+  EXPECT_FALSE(conn->broken());
+  EXPECT_EQ(ids(*other), (std::vector<std::int64_t>{1, 2}));
+  EXPECT_EQ(ids(*conn), (std::vector<std::int64_t>{1, 2}));
+}
+
+TEST_P(Database, AnUpdateThatMustChangeOneRowRefusesNoneAndTheCommitBehindIt) {
+  auto conn = open_database(url());
+  auto other = open_database(url());
+  conn->execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)");
+  conn->query("INSERT INTO t (id, v) VALUES ($1, $2)", {1, "open"});
+  const Dialect& dialect = conn->dialect();
+  const std::string checked =
+      dialect.update_exactly_one_row("UPDATE t SET v = $1 WHERE id = $2 AND v = 'open'");
+  if (checked.empty()) {
+    GTEST_SKIP() << to_string(GetParam()) << " counts the UPDATE's rows before COMMIT instead";
+  }
+  conn->begin();
+  conn->query("INSERT INTO t (id, v) VALUES ($1, $2)", {2, "written before"});
+  const Value missing[] = {"done", 99};
+  try {
+    (void)conn->query_then_commit(checked, missing);
+    FAIL() << "an UPDATE of no row committed";
+  } catch (const DatabaseError& e) {
+    EXPECT_TRUE(dialect.is_row_count_refusal(e.details())) << e.what();
+    EXPECT_FALSE(e.details().during_commit);
+  }
+  EXPECT_FALSE(conn->in_transaction());
+  EXPECT_EQ(ids(*other), std::vector<std::int64_t>{1});  // the insert before it rolled back
+  conn->begin();
+  conn->query("INSERT INTO t (id, v) VALUES ($1, $2)", {2, "written before"});
+  const Value first[] = {"done", 1};
+  (void)conn->query_then_commit(checked, first);
+  EXPECT_EQ(ids(*other), (std::vector<std::int64_t>{1, 2}));
+  EXPECT_EQ(other->query("SELECT v FROM t WHERE id = 1").text(0, 0), "done");
+  // Another error is not the refusal.
+  try {
+    conn->query("INSERT INTO t (id, v) VALUES ($1, $2)", {1, "again"});
+    FAIL() << "a duplicate was accepted";
+  } catch (const DatabaseError& e) {
+    EXPECT_FALSE(dialect.is_row_count_refusal(e.details()));
+  }
 }
 
 TEST_P(Database, MigrationsRunOncePerVersionAndRefuseDowngrade) {

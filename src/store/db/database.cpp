@@ -68,6 +68,27 @@ std::int64_t Rows::integer(std::size_t row, std::size_t column) const {
   return v;
 }
 
+// One statement after another where nothing is saved by sending them together (SQLite: no round
+// trips).
+Rows Connection::query_then_begin(std::string_view sql, std::span<const Value> params,
+                                  Isolation isolation) {
+  Rows rows = query(sql, params);
+  begin(isolation);
+  return rows;
+}
+
+Rows Connection::query_then_commit(std::string_view sql, std::span<const Value> params) {
+  Rows rows;
+  try {
+    rows = query(sql, params);
+  } catch (const DatabaseError&) {
+    rollback();
+    throw;
+  }
+  commit();
+  return rows;
+}
+
 std::unique_ptr<Connection> open_database(const DatabaseUrl& url, const ConnectOptions& options) {
   if (options.busy_timeout.count() < 0) {
     throw_invalid({.context = "keel::store::ConnectOptions",

@@ -5,6 +5,7 @@
 #include <libpq-fe.h>
 
 #include <cstring>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -76,54 +77,73 @@ class PostgresConnection final : public Connection {
 
   Rows query(std::string_view sql, std::span<const Value> params) override {
     const std::string& name = prepare(sql, static_cast<int>(params.size()));
-    std::vector<std::string> texts(params.size());
-    std::vector<const char*> values(params.size(), nullptr);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      if (params[i].is_null()) continue;
-      texts[i] = params[i].to_text();
-      values[i] = texts[i].c_str();
-    }
-    Result r(PQexecPrepared(conn_, name.c_str(), static_cast<int>(params.size()), values.data(),
-                            nullptr, nullptr, 0));
+    const Params bound(params);
+    Result r(
+        PQexecPrepared(conn_, name.c_str(), bound.size(), bound.values(), nullptr, nullptr, 0));
     check(r, false);
-    Rows rows;
-    const int columns = PQnfields(r.get());
-    std::vector<std::string> names;
-    names.reserve(static_cast<std::size_t>(columns));
-    for (int c = 0; c < columns; ++c) names.emplace_back(PQfname(r.get(), c));
-    rows.set_columns(std::move(names));
-    const int n = PQntuples(r.get());
-    for (int i = 0; i < n; ++i) {
-      std::vector<Rows::Cell> row;
-      row.reserve(static_cast<std::size_t>(columns));
-      for (int c = 0; c < columns; ++c) {
-        if (PQgetisnull(r.get(), i, c) != 0) {
-          row.emplace_back(std::nullopt);
-        } else {
-          row.emplace_back(std::string(PQgetvalue(r.get(), i, c),
-                                       static_cast<std::size_t>(PQgetlength(r.get(), i, c))));
-        }
-      }
-      rows.add_row(std::move(row));
-    }
-    const char* tuples = PQcmdTuples(r.get());
-    rows.set_affected(tuples != nullptr && *tuples != '\0' ? std::stoll(tuples) : 0);
-    return rows;
+    return to_rows(r.get());
   }
 
-  void begin(Isolation isolation) override {
-    execute(isolation == Isolation::kSerializable ? "BEGIN ISOLATION LEVEL SERIALIZABLE" : "BEGIN");
+  // The statement, a Sync (which commits it: it ran in an implicit transaction of its own) and
+  // BEGIN, sent in one pipeline without waiting between them.
+  Rows query_then_begin(std::string_view sql, std::span<const Value> params,
+                        Isolation isolation) override {
+    const std::string& name = prepare(sql, static_cast<int>(params.size()));
+    const Params bound(params);
+    Pipeline pipeline(*this);
+    pipeline.send(PQsendQueryPrepared(conn_, name.c_str(), bound.size(), bound.values(), nullptr,
+                                      nullptr, 0));
+    pipeline.sync();
+    pipeline.send(
+        PQsendQueryParams(conn_, begin_sql(isolation), 0, nullptr, nullptr, nullptr, nullptr, 0));
+    pipeline.sync();
+    Result statement = pipeline.next();
+    pipeline.end_of_sync();
+    Result begun = pipeline.next();
+    pipeline.end_of_sync();
+    pipeline.close();
+    try {
+      check(statement, false);
+    } catch (const DatabaseError&) {
+      rollback();  // the BEGIN after the statement's Sync ran regardless
+      throw;
+    }
+    check(begun, false);
+    return to_rows(statement.get());
   }
 
-  void commit() override {
-    Result r(PQexec(conn_, "COMMIT"));
-    check(r, true);
-    // COMMIT of a transaction that already failed answers "ROLLBACK" without an error.
-    if (std::strcmp(PQcmdStatus(r.get()), "ROLLBACK") == 0) {
-      throw DatabaseError("PostgreSQL: COMMIT rolled back a failed transaction",
-                          {.backend = Backend::kPostgres, .sqlstate = "25P02"});
+  // The statement and COMMIT in one pipeline: when the statement fails, the server skips the
+  // COMMIT (the pipeline is aborted until its Sync) and the transaction is left failed, then
+  // rolled back here.
+  Rows query_then_commit(std::string_view sql, std::span<const Value> params) override {
+    const std::string& name = prepare(sql, static_cast<int>(params.size()));
+    const Params bound(params);
+    Result statement;
+    Result committed;
+    {
+      Pipeline pipeline(*this);
+      pipeline.send(PQsendQueryPrepared(conn_, name.c_str(), bound.size(), bound.values(), nullptr,
+                                        nullptr, 0));
+      pipeline.send(PQsendQueryParams(conn_, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0));
+      pipeline.sync();
+      statement = pipeline.next();
+      committed = pipeline.next();
+      pipeline.end_of_sync();
+      pipeline.close();
     }
+    try {
+      check(statement, false);
+    } catch (const DatabaseError&) {
+      rollback();
+      throw;
+    }
+    check_commit(committed);
+    return to_rows(statement.get());
   }
+
+  void begin(Isolation isolation) override { execute(begin_sql(isolation)); }
+
+  void commit() override { check_commit(Result(PQexec(conn_, "COMMIT"))); }
 
   void rollback() noexcept override {
     if (!in_transaction()) return;
@@ -148,12 +168,123 @@ class PostgresConnection final : public Connection {
   }
 
  private:
+  static const char* begin_sql(Isolation isolation) noexcept {
+    return isolation == Isolation::kSerializable ? "BEGIN ISOLATION LEVEL SERIALIZABLE" : "BEGIN";
+  }
+
+  // A statement's parameters as libpq takes them: text, or a null pointer for NULL.
+  class Params {
+   public:
+    explicit Params(std::span<const Value> params)
+        : texts_(params.size()), values_(params.size(), nullptr) {
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (params[i].is_null()) continue;
+        texts_[i] = params[i].to_text();
+        values_[i] = texts_[i].c_str();
+      }
+    }
+    Params(const Params&) = delete;  // values_ points into texts_
+    Params& operator=(const Params&) = delete;
+    [[nodiscard]] int size() const noexcept { return static_cast<int>(values_.size()); }
+    [[nodiscard]] const char* const* values() const noexcept { return values_.data(); }
+
+   private:
+    std::vector<std::string> texts_;
+    std::vector<const char*> values_;
+  };
+
+  // libpq's pipeline mode for one exchange: statements sent without waiting, then their results
+  // read in order. A failure to send or a lost connection throws as check() does; a statement the
+  // server skipped because an earlier one failed comes back as PGRES_PIPELINE_ABORTED.
+  class Pipeline {
+   public:
+    explicit Pipeline(PostgresConnection& c) : c_(c) {
+      if (PQenterPipelineMode(c_.conn_) != 1) c_.check(Result(), false);
+    }
+    ~Pipeline() {
+      if (open_) c_.abandon_pipeline();
+    }
+    Pipeline(const Pipeline&) = delete;
+    Pipeline& operator=(const Pipeline&) = delete;
+
+    void send(int sent) {
+      if (sent != 1) c_.check(Result(), false);
+    }
+    void sync() {
+      if (PQpipelineSync(c_.conn_) != 1) c_.check(Result(), false);
+    }
+    // The next statement's result (libpq ends each with a null result).
+    Result next() {
+      Result r(PQgetResult(c_.conn_));
+      if (!r) c_.check(r, false);
+      if (const Result extra(PQgetResult(c_.conn_)); extra) {
+        c_.broken_ = true;  // one result per statement was expected
+      }
+      return r;
+    }
+    // The Sync's marker, after the results of the statements before it.
+    void end_of_sync() {
+      const Result r(PQgetResult(c_.conn_));
+      if (!r || PQresultStatus(r.get()) != PGRES_PIPELINE_SYNC) c_.check(r, false);
+    }
+    void close() {
+      open_ = false;
+      if (PQexitPipelineMode(c_.conn_) != 1) c_.check(Result(), false);
+    }
+
+   private:
+    PostgresConnection& c_;
+    bool open_ = true;
+  };
+
+  // After a failure inside a pipeline: results may be pending, so the connection is not reused.
+  void abandon_pipeline() noexcept {
+    broken_ = true;
+    while (PGresult* r = PQgetResult(conn_)) PQclear(r);
+    PQexitPipelineMode(conn_);
+  }
+
+  static Rows to_rows(const PGresult* r) {
+    Rows rows;
+    const int columns = PQnfields(r);
+    std::vector<std::string> names;
+    names.reserve(static_cast<std::size_t>(columns));
+    for (int c = 0; c < columns; ++c) names.emplace_back(PQfname(r, c));
+    rows.set_columns(std::move(names));
+    const int n = PQntuples(r);
+    for (int i = 0; i < n; ++i) {
+      std::vector<Rows::Cell> row;
+      row.reserve(static_cast<std::size_t>(columns));
+      for (int c = 0; c < columns; ++c) {
+        if (PQgetisnull(r, i, c) != 0) {
+          row.emplace_back(std::nullopt);
+        } else {
+          row.emplace_back(
+              std::string(PQgetvalue(r, i, c), static_cast<std::size_t>(PQgetlength(r, i, c))));
+        }
+      }
+      rows.add_row(std::move(row));
+    }
+    const char* tuples = PQcmdTuples(const_cast<PGresult*>(r));
+    rows.set_affected(tuples != nullptr && *tuples != '\0' ? std::stoll(tuples) : 0);
+    return rows;
+  }
+
   const std::string& prepare(std::string_view sql, int nparams) {
     const std::string key(sql);
     if (auto it = prepared_.find(key); it != prepared_.end()) return it->second;
     std::string name = "keel_" + std::to_string(prepared_.size() + 1);
     check(Result(PQprepare(conn_, name.c_str(), key.c_str(), nparams, nullptr)), false);
     return prepared_.emplace(key, std::move(name)).first->second;
+  }
+
+  void check_commit(const Result& r) {
+    check(r, true);
+    // COMMIT of a transaction that already failed answers "ROLLBACK" without an error.
+    if (std::strcmp(PQcmdStatus(r.get()), "ROLLBACK") == 0) {
+      throw DatabaseError("PostgreSQL: COMMIT rolled back a failed transaction",
+                          {.backend = Backend::kPostgres, .sqlstate = "25P02"});
+    }
   }
 
   void check(const Result& r, bool during_commit) {

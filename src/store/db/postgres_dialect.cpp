@@ -17,6 +17,12 @@ struct PostgresDialect final : Dialect {
   bool data_modifying_ctes() const noexcept override { return true; }
   std::string_view inserted_id_query() const noexcept override { return ""; }
   bool commit_without_flush() const noexcept override { return true; }
+  // The UPDATE's rows counted by a data-modifying CTE, divided into 1: division by zero when it
+  // changed none, which aborts the transaction, so that the COMMIT behind it rolls back instead.
+  std::string update_exactly_one_row(std::string_view update) const override {
+    return "WITH changed AS (" + std::string(update) +
+           " RETURNING 1) SELECT 1 / COUNT(*) FROM changed";
+  }
   bool listen_notify() const noexcept override { return true; }
 
   std::string substring_position(std::string_view haystack,
@@ -47,6 +53,9 @@ struct PostgresDialect final : Dialect {
   }
   bool is_foreign_key_violation(const DatabaseError::Details& error) const noexcept override {
     return error.sqlstate == "23503";  // foreign_key_violation
+  }
+  bool is_row_count_refusal(const DatabaseError::Details& error) const noexcept override {
+    return error.sqlstate == "22012";  // division_by_zero, update_exactly_one_row's refusal
   }
 };
 

@@ -21,6 +21,8 @@ struct SqliteDialect final : Dialect {
     return "SELECT last_insert_rowid()";
   }
   bool commit_without_flush() const noexcept override { return false; }
+  // No data-modifying CTE to count the UPDATE's rows in, and nothing to save: no round trips.
+  std::string update_exactly_one_row(std::string_view /*update*/) const override { return ""; }
   bool listen_notify() const noexcept override { return false; }
 
   std::string substring_position(std::string_view haystack,
@@ -45,6 +47,9 @@ struct SqliteDialect final : Dialect {
   }
   bool is_foreign_key_violation(const DatabaseError::Details& error) const noexcept override {
     return error.sqlite_code == SQLITE_CONSTRAINT_FOREIGNKEY;
+  }
+  bool is_row_count_refusal(const DatabaseError::Details& /*error*/) const noexcept override {
+    return false;  // update_exactly_one_row has no statement here
   }
 };
 

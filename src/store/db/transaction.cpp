@@ -3,6 +3,8 @@
 // database, and refusing to re-run a commit in doubt.
 #include "keel/store/db/transaction.hpp"
 
+#include "db/detail/commit.hpp"
+
 namespace keel::store {
 
 std::string_view to_string(TransactionStatus status) noexcept {
@@ -31,9 +33,11 @@ namespace {
 // The one retry loop for the store's atomic units: a BEGIN ... COMMIT transaction, or (wrap
 // false) a single statement in autocommit, which is a transaction of its own and is re-run
 // whole in the same way. keel::core's RetryState decides every retry and its jittered delay.
+// `ends` (wrap only) may say the first transaction is open already and how to commit.
 TransactionResult run_with_retry(Connection& connection, const std::function<bool(Connection&)>& fn,
                                  const RetryPolicy& policy, Isolation isolation,
-                                 const CallOptions& call, bool wrap) {
+                                 const CallOptions& call, bool wrap,
+                                 const detail::TransactionEnds& ends = {}) {
   TransactionResult result;
   CallOptions options = call;
   options.safe_to_repeat = false;  // an ambiguous outcome (commit in doubt) is never re-run
@@ -41,14 +45,23 @@ TransactionResult run_with_retry(Connection& connection, const std::function<boo
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
     result.attempts = start.attempt.number;
     try {
-      if (wrap) connection.begin(isolation);
+      if (wrap && !(ends.begun && result.attempts == 1)) connection.begin(isolation);
       if (!fn(connection)) {
         if (wrap) connection.rollback();
         result.status = TransactionStatus::kRolledBack;
         result.outcome = Outcome::success();
         return result;
       }
-      if (wrap) connection.commit();
+      if (wrap && ends.commit) {
+        if (!ends.commit(connection)) {
+          connection.rollback();
+          result.status = TransactionStatus::kRolledBack;
+          result.outcome = Outcome::success();
+          return result;
+        }
+      } else if (wrap) {
+        connection.commit();
+      }
       result.status = TransactionStatus::kCommitted;
       result.outcome = Outcome::success();
       result.error.clear();
@@ -77,6 +90,7 @@ TransactionResult run_with_retry(Connection& connection, const std::function<boo
     }
   }
   if (result.attempts == 0) {
+    if (ends.begun) connection.rollback();  // the caller's transaction never ran
     // The engine refused the first transaction (the call's deadline or ceiling had passed, or
     // its breaker was open): nothing ran, and nothing was committed.
     result.status = TransactionStatus::kFailed;
@@ -96,6 +110,13 @@ TransactionResult with_transaction_retry(Connection& connection,
 }
 
 namespace detail {
+
+TransactionResult with_transaction_retry(Connection& connection,
+                                         const std::function<bool(Connection&)>& fn,
+                                         const TransactionEnds& ends, const RetryPolicy& policy,
+                                         Isolation isolation, const CallOptions& call) {
+  return run_with_retry(connection, fn, policy, isolation, call, true, ends);
+}
 
 TransactionResult with_statement_retry(Connection& connection,
                                        const std::function<bool(Connection&)>& fn) {

@@ -89,6 +89,12 @@ constexpr std::string_view kAsyncClaimInsert =
     " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_claim"
     " ON CONFLICT (scope, idem_key) DO NOTHING";
 
+// Fenced by the claim's token: a claim taken over (or purged) meanwhile matches no row.
+constexpr std::string_view kCompletion =
+    "UPDATE keel_idempotency SET status = 'completed', response_status = $4,"
+    " response_headers = $5, response_body = $6"
+    " WHERE scope = $1 AND idem_key = $2 AND lock_token = $3 AND status = 'in_progress'";
+
 }  // namespace
 
 std::string request_fingerprint(std::string_view method, std::string_view path,
@@ -204,6 +210,18 @@ std::int64_t IdempotencyStore::now_ms() const noexcept {
 
 Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, std::string_view key,
                               std::string_view fingerprint) const {
+  return claim(connection, scope, key, fingerprint, std::nullopt);
+}
+
+Claim IdempotencyStore::claim_then_begin(Connection& connection, std::string_view scope,
+                                         std::string_view key, std::string_view fingerprint,
+                                         Isolation isolation) const {
+  return claim(connection, scope, key, fingerprint, isolation);
+}
+
+Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, std::string_view key,
+                              std::string_view fingerprint,
+                              std::optional<Isolation> then_begin) const {
   const std::int64_t lock_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.lock_timeout).count();
   const std::int64_t ttl_ms =
@@ -213,16 +231,26 @@ Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, st
   // commit, so there the claim is an ordinary insert.
   const bool async_commit =
       connection.dialect().commit_without_flush() && !connection.in_transaction();
+  // A claim that won opens the handler's transaction when asked to; the first pass's INSERT is
+  // sent with that BEGIN, and a later pass (a takeover, a record past its TTL) begins after it.
+  const auto claimed = [&](Claim out) {
+    if (then_begin && !connection.in_transaction()) connection.begin(*then_begin);
+    return out;
+  };
   // Each pass either decides or sees the record change under it (taken over, purged); a few
   // passes settle any realistic race.
   for (int pass = 0; pass < 8; ++pass) {
     const std::int64_t now = now_ms();
     Claim out;
     out.token = new_token();
-    const Rows inserted =
-        connection.query(async_commit ? kAsyncClaimInsert : kClaimInsert,
-                         {scope, key, fingerprint, out.token, now + lock_ms, now});
-    if (inserted.affected() == 1) return out;
+    const Value insert[] = {scope, key, fingerprint, out.token, now + lock_ms, now};
+    const std::string_view insert_sql = async_commit ? kAsyncClaimInsert : kClaimInsert;
+    const Rows inserted = then_begin && pass == 0
+                              ? connection.query_then_begin(insert_sql, insert, *then_begin)
+                              : connection.query(insert_sql, insert);
+    if (inserted.affected() == 1) return claimed(std::move(out));
+    // The key has a record: decide outside the transaction the INSERT's BEGIN opened.
+    if (then_begin) connection.rollback();
 
     const Rows row = connection.query(
         "SELECT fingerprint, status, lock_token, lock_expires_ms, response_status,"
@@ -242,7 +270,7 @@ Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, st
           " response_body = NULL, created_ms = $6"
           " WHERE scope = $1 AND idem_key = $2 AND lock_token = $7",
           {scope, key, fingerprint, out.token, now + lock_ms, now, old_token});
-      if (replaced.affected() == 1) return out;
+      if (replaced.affected() == 1) return claimed(std::move(out));
       continue;
     }
     if (row.text(0, 0) != fingerprint) {
@@ -273,7 +301,7 @@ Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, st
         {scope, key, out.token, now + lock_ms, old_token});
     if (taken.affected() == 1) {
       out.took_over = true;
-      return out;
+      return claimed(std::move(out));
     }
   }
   Claim busy;
@@ -286,11 +314,33 @@ bool IdempotencyStore::complete(Connection& connection, std::string_view scope,
                                 std::string_view key, std::string_view token,
                                 const StoredResponse& response) const {
   const Rows updated = connection.query(
-      "UPDATE keel_idempotency SET status = 'completed', response_status = $4,"
-      " response_headers = $5, response_body = $6"
-      " WHERE scope = $1 AND idem_key = $2 AND lock_token = $3 AND status = 'in_progress'",
+      kCompletion,
       {scope, key, token, response.status, encode_headers(response.headers), response.body});
   return updated.affected() == 1;
+}
+
+bool IdempotencyStore::complete_then_commit(Connection& connection, std::string_view scope,
+                                            std::string_view key, std::string_view token,
+                                            const StoredResponse& response) const {
+  const Dialect& dialect = connection.dialect();
+  const std::string checked = dialect.update_exactly_one_row(kCompletion);
+  if (checked.empty()) {
+    if (!complete(connection, scope, key, token, response)) {
+      connection.rollback();
+      return false;
+    }
+    connection.commit();
+    return true;
+  }
+  const Value params[] = {
+      scope, key, token, response.status, encode_headers(response.headers), response.body};
+  try {
+    (void)connection.query_then_commit(checked, params);
+    return true;
+  } catch (const DatabaseError& e) {
+    if (dialect.is_row_count_refusal(e.details())) return false;  // rolled back
+    throw;
+  }
 }
 
 void IdempotencyStore::release(Connection& connection, std::string_view scope, std::string_view key,

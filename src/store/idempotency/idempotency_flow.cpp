@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "db/detail/commit.hpp"
 #include "idempotency/detail/ascii.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
@@ -111,6 +112,11 @@ FlowResponse deadline_exceeded_response(std::string_view when) {
 }
 
 namespace {
+
+/// "METHOD PATH", for the log.
+std::string what(const FlowRequest& request) {
+  return std::string(request.method) + " " + std::string(request.path);
+}
 
 /// The text of the exception being handled (call inside a catch block).
 std::string current_exception_text() {
@@ -387,16 +393,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   const std::string fingerprint =
       request_fingerprint(request.method, request.path, request.body, json);
   const IdempotencyStore& store = *options_.store;
-  const std::string what = std::string(request.method) + " " + std::string(request.path);
-
-  std::optional<ConnectionPool::Lease> lease;
-  Claim claim;
-  try {
-    lease.emplace(options_.pool->acquire());
-    if (expired())
-      return finish(deadline_exceeded_response("while it waited for a database connection"));
-    claim = store.claim(**lease, scope, *key.key, fingerprint);
-  } catch (const DatabaseError& e) {
+  const auto unavailable = [&](const DatabaseError& e) {
     FlowResponse out =
         problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
                 "the idempotency store is unavailable; retry after the delay in Retry-After",
@@ -404,69 +401,95 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     out.error = std::string("claiming an Idempotency-Key failed: ") + e.what();
     options_.log(out.error);
     return finish(std::move(out));
-  }
-  switch (claim.status) {
-    case ClaimStatus::kReplay: {
-      FlowResponse out = stored_answer(FlowOutcome::kReplayed, claim.response);
-      out.headers.insert(out.headers.end() - 1, {"Idempotent-Replayed", "true"});
-      return finish(std::move(out));
-    }
-    case ClaimStatus::kMismatch:
-      return finish(problem(FlowOutcome::kMismatch, 422, "Idempotency-Key reused",
-                            "this Idempotency-Key was used with a different request (method, path "
-                            "or body); use a new key for a new request"));
-    case ClaimStatus::kInProgress:
-      return finish(problem(FlowOutcome::kInProgress, 409, "Request in progress",
-                            "a request with this Idempotency-Key is still being processed; retry "
-                            "after the delay in Retry-After",
-                            spread_retry_after_value(claim.retry_after)));
-    case ClaimStatus::kClaimed:
-      break;
+  };
+
+  std::optional<ConnectionPool::Lease> lease;
+  try {
+    lease.emplace(options_.pool->acquire());
+  } catch (const DatabaseError& e) {
+    return unavailable(e);
   }
   if (expired()) {
+    return finish(deadline_exceeded_response("while it waited for a database connection"));
+  }
+  Connection& conn = **lease;
+  // Where every writer takes the database's one write lock (SQLite), the handler's transaction
+  // holds it while the handler runs, so a concurrent duplicate's claim waits for it in any case:
+  // the claim goes into that transaction, one write lock and one commit instead of two. Where
+  // writers lock rows (PostgreSQL), the claim commits on its own so that a duplicate sees it at
+  // once (409) instead of waiting on the new row's lock; it is sent with the handler's BEGIN and
+  // the completion with the COMMIT, three round trips in all. docs/idempotency.md, "Round trips
+  // per request".
+  const bool claim_in_transaction = !conn.dialect().row_level_locks();
+  Claim claim;
+  const auto release = [&](Connection& c) {
+    if (claim_in_transaction) return;  // the claim rolled back with the transaction
     try {
-      store.release(**lease, scope, *key.key, claim.token);
+      store.release(c, scope, *key.key, claim.token);
     } catch (const DatabaseError&) {
-      // The lock expires on its own.
+      // The lock expires on its own; a retry then takes over.
     }
-    return finish(deadline_exceeded_response("while it claimed its Idempotency-Key"));
+  };
+  if (!claim_in_transaction) {
+    try {
+      claim = store.claim_then_begin(conn, scope, *key.key, fingerprint, options_.isolation);
+    } catch (const DatabaseError& e) {
+      return unavailable(e);
+    }
+    if (claim.status != ClaimStatus::kClaimed) return finish(claimed_elsewhere(claim));
+    if (expired()) {
+      conn.rollback();
+      release(conn);
+      return finish(deadline_exceeded_response("while it claimed its Idempotency-Key"));
+    }
   }
 
-  Connection& conn = **lease;
   StoredResponse result;
   bool lost_claim = false;
   bool declined = false;
+  bool expired_after_claim = false;
+  const auto body = [&](Connection& t) {
+    lost_claim = false;
+    declined = false;
+    if (claim_in_transaction) {
+      claim = store.claim(t, scope, *key.key, fingerprint);
+      if (claim.status != ClaimStatus::kClaimed) return false;
+      if (expired()) {
+        expired_after_claim = true;
+        return false;
+      }
+    }
+    result = handler(t);
+    if (result.status >= 400) {
+      declined = true;
+      return false;
+    }
+    if (claim_in_transaction && !store.complete(t, scope, *key.key, claim.token, result)) {
+      lost_claim = true;
+      return false;
+    }
+    return true;
+  };
+  detail::TransactionEnds ends;
+  if (!claim_in_transaction) {
+    ends.begun = true;
+    ends.commit = [&](Connection& t) {
+      lost_claim = !store.complete_then_commit(t, scope, *key.key, claim.token, result);
+      return !lost_claim;
+    };
+  }
   TransactionResult tx;
   try {
     const DeadlineScope deadline_scope(request.deadline);
-    tx = with_transaction_retry(
-        conn,
-        [&](Connection& t) {
-          lost_claim = false;
-          declined = false;
-          result = handler(t);
-          if (result.status >= 400) {
-            declined = true;
-            return false;
-          }
-          if (!store.complete(t, scope, *key.key, claim.token, result)) {
-            lost_claim = true;
-            return false;
-          }
-          return true;
-        },
-        *options_.transaction_policy, options_.isolation,
+    tx = detail::with_transaction_retry(
+        conn, body, ends, *options_.transaction_policy, options_.isolation,
         // The caller's deadline bounds the transaction's retries too: nobody waits past it.
         {.clock = options_.clock, .ceiling = request.deadline});
   } catch (...) {
     FlowResponse out = problem(FlowOutcome::kHandlerError, 500, "Handler failed",
                                "the request failed on the server; nothing was stored");
-    out.error = "the handler of " + what + " threw: " + current_exception_text();
-    try {
-      store.release(conn, scope, *key.key, claim.token);
-    } catch (const DatabaseError&) {
-      // The lock expires on its own.
-    }
+    out.error = "the handler of " + what(request) + " threw: " + current_exception_text();
+    release(conn);
     options_.log(out.error);
     return finish(std::move(out));
   }
@@ -474,6 +497,12 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   if (tx.committed()) {
     return finish(
         stored_answer(claim.took_over ? FlowOutcome::kTookOver : FlowOutcome::kExecuted, result));
+  }
+  if (tx.status == TransactionStatus::kRolledBack && claim.status != ClaimStatus::kClaimed) {
+    return finish(claimed_elsewhere(claim));
+  }
+  if (tx.status == TransactionStatus::kRolledBack && expired_after_claim) {
+    return finish(deadline_exceeded_response("while it claimed its Idempotency-Key"));
   }
   if (tx.status == TransactionStatus::kRolledBack && lost_claim) {
     return finish(problem(FlowOutcome::kClaimLost, 409, "Request in progress",
@@ -483,21 +512,23 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   }
   // Not stored: release the claim so that a retry runs afresh. After a commit in doubt the
   // release is harmless: it only deletes a record still in progress.
-  try {
+  if (!claim_in_transaction) {
     if (conn.broken()) {
-      auto fresh = options_.pool->acquire();
-      store.release(*fresh, scope, *key.key, claim.token);
+      try {
+        auto fresh = options_.pool->acquire();
+        release(*fresh);
+      } catch (const DatabaseError&) {
+        // The lock expires on its own; a retry then takes over.
+      }
     } else {
-      store.release(conn, scope, *key.key, claim.token);
+      release(conn);
     }
-  } catch (const DatabaseError&) {
-    // The lock expires on its own; a retry then takes over.
   }
   if (tx.status == TransactionStatus::kRolledBack && declined) {
     return finish(stored_answer(FlowOutcome::kNotStored, result));
   }
   if (tx.status == TransactionStatus::kFailed && expired()) {
-    options_.log("the transaction of " + what + " failed: " + tx.error);
+    options_.log("the transaction of " + what(request) + " failed: " + tx.error);
     return finish(deadline_exceeded_response("while its transaction ran"));
   }
   const bool in_doubt = tx.status == TransactionStatus::kCommitInDoubt;
@@ -509,9 +540,30 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
                : problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
                          "the database is unavailable; retry after the delay in Retry-After",
                          spread_retry_after_value(Duration::zero()));
-  out.error = "the transaction of " + what + " failed: " + tx.error;
+  out.error = "the transaction of " + what(request) + " failed: " + tx.error;
   options_.log(out.error);
   return finish(std::move(out));
+}
+
+FlowResponse IdempotentRequestFlow::claimed_elsewhere(const Claim& claim) const {
+  switch (claim.status) {
+    case ClaimStatus::kReplay: {
+      FlowResponse out = stored_answer(FlowOutcome::kReplayed, claim.response);
+      out.headers.insert(out.headers.end() - 1, {"Idempotent-Replayed", "true"});
+      return out;
+    }
+    case ClaimStatus::kMismatch:
+      return problem(FlowOutcome::kMismatch, 422, "Idempotency-Key reused",
+                     "this Idempotency-Key was used with a different request (method, path "
+                     "or body); use a new key for a new request");
+    case ClaimStatus::kInProgress:
+    case ClaimStatus::kClaimed:
+      break;
+  }
+  return problem(FlowOutcome::kInProgress, 409, "Request in progress",
+                 "a request with this Idempotency-Key is still being processed; retry "
+                 "after the delay in Retry-After",
+                 spread_retry_after_value(claim.retry_after));
 }
 
 }  // namespace keel::store

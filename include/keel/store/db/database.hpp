@@ -205,6 +205,19 @@ class Connection {
   virtual void rollback() noexcept = 0;
   [[nodiscard]] virtual bool in_transaction() const noexcept = 0;
 
+  /// Runs one statement on its own (in autocommit: committed when it returns) and then BEGIN at
+  /// `isolation`, sent together where the backend can (PostgreSQL's pipeline mode: one round trip
+  /// instead of two). Returns the statement's rows with the transaction open. When the statement
+  /// fails, no transaction is left open and its DatabaseError is thrown; when BEGIN fails, the
+  /// statement has committed and BEGIN's error is thrown. Requires: no transaction open.
+  virtual Rows query_then_begin(std::string_view sql, std::span<const Value> params,
+                                Isolation isolation = Isolation::kReadCommitted);
+  /// Runs one statement as the open transaction's last and COMMITs, sent together where the
+  /// backend can (one round trip instead of two); COMMIT runs only when the statement succeeded.
+  /// When the statement fails, the transaction is rolled back and its DatabaseError thrown
+  /// (during_commit false); a failed COMMIT throws as commit() does. Requires: a transaction open.
+  virtual Rows query_then_commit(std::string_view sql, std::span<const Value> params);
+
   /// The connection cannot be used again (lost, or left in an unknown state).
   [[nodiscard]] virtual bool broken() const noexcept = 0;
 

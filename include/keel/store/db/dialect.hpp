@@ -48,6 +48,11 @@ class Dialect {
   /// A transaction may commit without waiting for its log to reach the disk (PostgreSQL's
   /// synchronous_commit = off, set for one transaction with set_config(..., true)).
   [[nodiscard]] virtual bool commit_without_flush() const noexcept = 0;
+  /// A statement that runs `update` (an UPDATE without RETURNING) and fails, with an error that
+  /// is_row_count_refusal() recognises, unless it changed exactly one row: a COMMIT sent behind it
+  /// without waiting for its answer (Connection::query_then_commit) then commits only when it
+  /// did. "" where no single statement can do that (the caller reads the UPDATE's count instead).
+  [[nodiscard]] virtual std::string update_exactly_one_row(std::string_view update) const = 0;
   /// The server pushes notifications to sessions that listen for them (LISTEN/NOTIFY), which
   /// detail::open_listener opens.
   [[nodiscard]] virtual bool listen_notify() const noexcept = 0;
@@ -82,6 +87,9 @@ class Dialect {
       const DatabaseError::Details& error) const noexcept = 0;
   /// The error is a FOREIGN KEY constraint refusing a row whose parent is missing.
   [[nodiscard]] virtual bool is_foreign_key_violation(
+      const DatabaseError::Details& error) const noexcept = 0;
+  /// The error is update_exactly_one_row()'s statement refusing an UPDATE that changed no row.
+  [[nodiscard]] virtual bool is_row_count_refusal(
       const DatabaseError::Details& error) const noexcept = 0;
 };
 

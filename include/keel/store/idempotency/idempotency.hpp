@@ -2,14 +2,18 @@
 //
 // A request carrying an Idempotency-Key is an operation identified by (scope, key), where scope
 // is the authenticated principal. The flow (what keel::store's HTTP middleware does):
-//   1. claim(): insert an in_progress record with a lock expiry, committed on its own (on
-//      PostgreSQL outside a transaction, without waiting for the WAL flush: a claim a crash
-//      loses is harmless, see docs/idempotency.md). The database's primary key on (scope, key)
-//      decides who wins a race, never a read-then-insert.
+//   1. claim(): insert an in_progress record with a lock expiry. Where writers lock rows
+//      (PostgreSQL) it is committed on its own, without waiting for the WAL flush (a claim a
+//      crash loses is harmless, see docs/idempotency.md), and claim_then_begin() sends it with
+//      the handler's BEGIN; where every writer takes the one write lock (SQLite) the flow makes
+//      it in the handler's transaction. The database's primary key on (scope, key) decides who
+//      wins a race, never a read-then-insert.
 //   2. run the handler inside a transaction on the same connection;
 //   3. complete() in that same transaction stores the response with the handler's business
-//      writes, and the transaction commits once: both happen or neither does.
-//   4. if the handler fails before committing, release() deletes the claim: a retry runs afresh.
+//      writes, and the transaction commits once: both happen or neither does
+//      (complete_then_commit() sends the completion with the COMMIT).
+//   4. if the handler fails before committing, release() deletes a claim committed on its own:
+//      a retry runs afresh.
 // A repeated key then gets, from claim():
 //   kReplay      completed with the same fingerprint: the stored status, headers and body;
 //   kMismatch    a different fingerprint (completed or in progress): answer 422;
@@ -133,16 +137,34 @@ class IdempotencyStore {
   /// DatabaseError.
   static void migrate(Connection& connection);
 
-  /// Step 1 of the flow. Runs in autocommit. Requires: no transaction open on `connection`.
-  /// Throws DatabaseError.
+  /// Step 1 of the flow. Outside a transaction each statement commits on its own (a new claim on
+  /// PostgreSQL without waiting for its WAL flush: docs/idempotency.md); inside the caller's
+  /// transaction the claim commits or rolls back with it. Throws DatabaseError.
   [[nodiscard]] Claim claim(Connection& connection, std::string_view scope, std::string_view key,
                             std::string_view fingerprint) const;
+
+  /// claim(), and when it returns kClaimed, a transaction opened at `isolation` on `connection`
+  /// for the handler, the claim's INSERT and BEGIN sent together (Connection::query_then_begin).
+  /// Any other status leaves no transaction open. Requires: no transaction open on `connection`.
+  /// Throws DatabaseError (no transaction left open).
+  [[nodiscard]] Claim claim_then_begin(Connection& connection, std::string_view scope,
+                                       std::string_view key, std::string_view fingerprint,
+                                       Isolation isolation) const;
 
   /// Stores the response and marks the record completed. Requires: a transaction open on
   /// `connection` (the handler's). Returns false when the claim was lost (taken over after its
   /// lock expired, or purged): the caller must roll back. Throws DatabaseError.
   [[nodiscard]] bool complete(Connection& connection, std::string_view scope, std::string_view key,
                               std::string_view token, const StoredResponse& response) const;
+
+  /// complete() and COMMIT, sent together where the dialect can refuse an UPDATE that changed
+  /// no row (Dialect::update_exactly_one_row, Connection::query_then_commit). Returns true when
+  /// committed, false when the claim was lost and the transaction rolled back. Requires: a
+  /// transaction open on `connection` (the handler's). Throws DatabaseError as COMMIT does
+  /// (during_commit set when the outcome is unknown); the transaction is then not open.
+  [[nodiscard]] bool complete_then_commit(Connection& connection, std::string_view scope,
+                                          std::string_view key, std::string_view token,
+                                          const StoredResponse& response) const;
 
   /// Deletes an in_progress claim (the handler failed). Safe to call after losing the claim.
   /// Throws DatabaseError.
@@ -157,6 +179,9 @@ class IdempotencyStore {
 
  private:
   [[nodiscard]] std::int64_t now_ms() const noexcept;
+  [[nodiscard]] Claim claim(Connection& connection, std::string_view scope, std::string_view key,
+                            std::string_view fingerprint,
+                            std::optional<Isolation> then_begin) const;
 
   IdempotencyOptions options_;
   Clock* clock_;

@@ -264,6 +264,8 @@ class IdempotentRequestFlow {
   [[nodiscard]] FlowResponse finish(FlowResponse response) const;
   // A Retry-After of max(wait, 1 s) plus a draw from 0..retry_after_spread-1 seconds.
   [[nodiscard]] std::string spread_retry_after_value(Duration wait) const;
+  /// The answer to a claim that did not win: the replay, 422 or 409.
+  [[nodiscard]] FlowResponse claimed_elsewhere(const Claim& claim) const;
 
   FlowOptions options_;
 };

@@ -13,6 +13,25 @@
 
 namespace keel::store::detail {
 
+// How with_transaction_retry's transactions start and end when the caller saves round trips on
+// them: the first one opened already with the statement before it (Connection::query_then_begin),
+// the commit sent with the transaction's last statement (Connection::query_then_commit).
+struct TransactionEnds {
+  /// The first attempt runs in the transaction the caller opened at the same isolation (rolled
+  /// back when no attempt may start); a retry opens its own.
+  bool begun = false;
+  /// Ends a transaction whose fn returned true, in place of Connection::commit(): returns true
+  /// when it committed, false when it rolled back on purpose (reported as kRolledBack, as when fn
+  /// returns false); a DatabaseError it throws is handled as one from COMMIT or fn is.
+  std::function<bool(Connection&)> commit;
+};
+
+// with_transaction_retry (transaction.hpp) with the transaction's ends as `ends` says.
+TransactionResult with_transaction_retry(Connection& connection,
+                                         const std::function<bool(Connection&)>& fn,
+                                         const TransactionEnds& ends, const RetryPolicy& policy,
+                                         Isolation isolation, const CallOptions& call);
+
 // Runs fn, which runs ONE statement, atomic on its own, as with_transaction_retry runs a
 // transaction: re-run whole on 40001/40P01 or a busy database, after core's jittered delay, and
 // in doubt (never re-run) when the connection is lost mid-statement. Without BEGIN and COMMIT:
