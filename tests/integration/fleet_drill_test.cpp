@@ -40,9 +40,10 @@ using test_jobs::Receiver;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kQueue[] = "fleet";
-// The API's threads: one per connection a worker keeps alive, for 8 workers of 4 (cpp-httplib's
-// default of 8 would leave the others' requests waiting past their timeout after recovery).
-constexpr int kReceiverThreads = 40;
+// The API's threads: one per connection a worker keeps alive, for 8 workers of 4 and the idle
+// connections of the outage, which hold a thread until the server's keep-alive timeout (5 s):
+// with too few, requests wait past their 1 s timeout after recovery, fail, and re-open the fleet.
+constexpr int kReceiverThreads = 128;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -126,10 +127,20 @@ class FleetDrill : public test_jobs::JobsHarness<FleetDatabase> {
     }
     for (auto& w : workers) EXPECT_EQ(w->wait(), 0) << w->err();
   }
+  // One connection for the polls, which come every 5 ms (a connection each would cost the
+  // server a process each, beside the workers').
+  Connection& poller() {
+    if (!poller_ || poller_url_ != url_text() || poller_->broken()) {
+      poller_ = open_database(url());
+      poller_url_ = url_text();
+    }
+    return *poller_;
+  }
+  std::int64_t done_jobs() {
+    return poller().query("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'").integer(0, 0);
+  }
   bool drained(int jobs, std::chrono::milliseconds bound) {
-    return test::wait_until(
-        [&] { return count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'") == jobs; },
-        bound);
+    return test::wait_until([&] { return done_jobs() == jobs; }, bound);
   }
   // No job dead, every job done and applied exactly once, never two deliveries at once.
   void expect_every_job_once(Receiver& api, int jobs) {
@@ -148,6 +159,10 @@ class FleetDrill : public test_jobs::JobsHarness<FleetDatabase> {
     if (r.size() != 1) return {-1, -1};
     return {r.integer(0, 0), r.integer(0, 1)};
   }
+
+ private:
+  std::unique_ptr<Connection> poller_;
+  std::string poller_url_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -210,8 +225,7 @@ class FleetOutage : public FleetDrill {
           if (first_second < 0 && Clock::now() >= recovered + 1s) {
             first_second = api.total_requests() - at_recovery;
           }
-          if (phase.drain_s == 0 &&
-              count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'") == kJobs) {
+          if (phase.drain_s == 0 && done_jobs() == kJobs) {
             phase.drain_s = seconds_since(back);
           }
           return first_second >= 0 && phase.drain_s > 0;
@@ -280,7 +294,9 @@ TEST_F(FleetDrill, AProberKilledHoldingTheLeaseIsReplacedAndItsJobIsDeliveredOnc
   ASSERT_FALSE(HasFailure());
   enqueue_many(kQueue, kKillJobs);
   const auto fleet_open = [&] {
-    return count("SELECT COUNT(*) FROM keel_breakers WHERE state = 'open'") == 1;
+    return poller()
+               .query("SELECT COUNT(*) FROM keel_breakers WHERE state = 'open'")
+               .integer(0, 0) == 1;
   };
   ASSERT_TRUE(test::wait_until(fleet_open, 30s)) << first_err(workers);
   api.set_outage(Receiver::kHang);  // from now on the API answers nothing: the probe hangs
@@ -290,8 +306,7 @@ TEST_F(FleetDrill, AProberKilledHoldingTheLeaseIsReplacedAndItsJobIsDeliveredOnc
   std::string victim_key;
   const bool probing = test::wait_until(
       [&] {
-        auto conn = open_database(url());
-        const Rows r = conn->query(
+        const Rows r = poller().query(
             "SELECT probe_holder FROM keel_breakers WHERE probe_holder IS NOT NULL"
             " AND probe_until > now()");
         if (r.empty()) return false;
