@@ -159,6 +159,27 @@ void validate(const SharedBreakersOptions& o) {
 
 }  // namespace
 
+void SharedBreakers::TimedLock::lock() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !held_; });
+  held_ = true;
+}
+
+void SharedBreakers::TimedLock::unlock() {
+  {
+    std::lock_guard lock(mu_);
+    held_ = false;
+  }
+  cv_.notify_one();
+}
+
+bool SharedBreakers::TimedLock::try_lock_for(Duration timeout) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !held_; })) return false;
+  held_ = true;
+  return true;
+}
+
 SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
                                SharedBreakersOptions options)
     : registry_(registry),

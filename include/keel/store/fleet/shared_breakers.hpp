@@ -154,9 +154,24 @@ class SharedBreakers {
   Backoff reconnect_;
   std::uint64_t listener_id_ = 0;
 
+  // A mutex with a bounded wait (lock, unlock, try_lock_for). Not std::timed_mutex: libstdc++
+  // waits for one in pthread_mutex_clocklock, which GCC 12's ThreadSanitizer does not intercept,
+  // so that every use of the connection it guards was reported as a race.
+  class TimedLock {
+   public:
+    void lock();
+    void unlock();
+    [[nodiscard]] bool try_lock_for(Duration timeout);
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool held_ = false;  // guarded by mu_
+  };
+
   // The writing connection, used by the background thread (publications) and by callers
   // asking for the probe lease; work_mu_ guards it.
-  std::timed_mutex work_mu_;
+  TimedLock work_mu_;
   std::unique_ptr<Connection> work_;  // guarded by work_mu_
 
   mutable std::mutex mu_;
