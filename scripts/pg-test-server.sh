@@ -4,6 +4,11 @@
 #   scripts/pg-test-server.sh start STATE_DIR   start a server; write its URL to STATE_DIR/url
 #   scripts/pg-test-server.sh stop STATE_DIR    stop it and delete its data
 #   scripts/pg-test-server.sh url STATE_DIR     print the URL of the running server
+#   scripts/pg-test-server.sh pause STATE_DIR   stop the server, keeping its data
+#   scripts/pg-test-server.sh resume STATE_DIR  start a paused server again, on the same port
+#
+# pause and resume restart the database under its clients (the fleet drill's "the database
+# restarted mid-outage"): the URL stays valid, connections in between are refused.
 #
 # The server runs Debian's postgresql-15 (/usr/lib/postgresql/15/bin; override with PG_BIN) from
 # a fresh data directory made with mktemp under $TMPDIR (default /tmp), listening on a Unix socket
@@ -20,7 +25,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 start|stop|url STATE_DIR" >&2
+  echo "usage: $0 start|stop|url|pause|resume STATE_DIR" >&2
   exit 2
 }
 [[ $# -eq 2 ]] || usage
@@ -49,6 +54,15 @@ stop_server() {
   rm -f -- "$state/datadir" "$state/url"
 }
 
+# start_on_port BASE PORT: the server of BASE/data on 127.0.0.1:PORT; fails when it cannot.
+start_on_port() {
+  local fast="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+  [[ "${KEEL_PG_DURABLE:-0}" == 1 ]] && fast=""
+  as_pg "$PG_BIN/pg_ctl" -D "$1/data" -w -t 30 -l "$1/server.log" \
+    -o "-p $2 -k $1 -c listen_addresses=127.0.0.1 -c max_connections=300 $fast" \
+    start >/dev/null 2>&1
+}
+
 case "$action" in
   start)
     if [[ ! -x "$PG_BIN/initdb" ]]; then
@@ -68,15 +82,11 @@ case "$action" in
       cat "$base/initdb.log" >&2
       exit 1
     }
-    fast="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-    [[ "${KEEL_PG_DURABLE:-0}" == 1 ]] && fast=""
     # Try random ports until one is free (postgres cannot be told to pick one itself).
     started=0
     for _ in $(seq 1 20); do
       port=$((20000 + RANDOM % 40000))
-      if as_pg "$PG_BIN/pg_ctl" -D "$base/data" -w -t 30 -l "$base/server.log" \
-        -o "-p $port -k $base -c listen_addresses=127.0.0.1 -c max_connections=300 $fast" \
-        start >/dev/null 2>&1; then
+      if start_on_port "$base" "$port"; then
         started=1
         break
       fi
@@ -97,6 +107,21 @@ case "$action" in
     ;;
   url)
     cat "$state/url"
+    ;;
+  pause)
+    base=$(cat "$state/datadir")
+    as_pg "$PG_BIN/pg_ctl" -D "$base/data" -m fast -w stop >/dev/null
+    echo "pg-test-server: paused"
+    ;;
+  resume)
+    base=$(cat "$state/datadir")
+    port=$(sed -E 's|.*:([0-9]+)/.*|\1|' "$state/url")
+    if ! start_on_port "$base" "$port"; then
+      echo "pg-test-server: could not start PostgreSQL again on port $port; log:" >&2
+      tail -n 20 "$base/server.log" >&2 || true
+      exit 1
+    fi
+    echo "pg-test-server: resumed on 127.0.0.1:$port"
     ;;
   *) usage ;;
 esac

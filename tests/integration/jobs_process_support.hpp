@@ -114,7 +114,11 @@ class Receiver {
  public:
   enum Outage : int { kNone = 0, kDown503 = 1, kHang = 2 };
 
-  explicit Receiver(std::uint64_t seed = 2024) : rng_(seed) { listen(0); }
+  /// `threads`: the server's thread pool, one thread per open connection (0: cpp-httplib's
+  /// default, 8 or more); a fleet of workers keeps more connections alive than that.
+  explicit Receiver(std::uint64_t seed = 2024, int threads = 0) : threads_(threads), rng_(seed) {
+    listen(0);
+  }
   ~Receiver() { stop_listening(); }
   [[nodiscard]] std::string url(const std::string& path) const {
     return "http://127.0.0.1:" + std::to_string(port_) + path;
@@ -156,6 +160,11 @@ class Receiver {
  private:
   void listen(int port) {
     server_ = std::make_unique<httplib::Server>();
+    if (threads_ > 0) {
+      server_->new_task_queue = [n = threads_] {
+        return new httplib::ThreadPool(static_cast<std::size_t>(n));
+      };
+    }
     server_->Post("/hook", [this](const httplib::Request& req, httplib::Response& res) {
       handle(req, res, /*poison=*/false, /*always_fail=*/false);
     });
@@ -210,6 +219,7 @@ class Receiver {
   }
 
   std::unique_ptr<httplib::Server> server_;
+  int threads_ = 0;
   int port_ = 0;
   std::thread thread_;
   std::condition_variable outage_changed_;

@@ -66,9 +66,7 @@ struct Member {
     }
     ASSERT_EQ(b->state(), BreakerState::kOpen);
   }
-  [[nodiscard]] BreakerState state(const std::string& key) {
-    return registry.get(key)->state();
-  }
+  [[nodiscard]] BreakerState state(const std::string& key) { return registry.get(key)->state(); }
 
   BreakerRegistry registry;
   std::mutex mu;
@@ -108,10 +106,12 @@ TEST_F(SharedBreakersTest, OneProcessOpensAndEveryProcessOpensWithinASecond) {
   (void)b->registry.get("api:443");  // b knows the key already; c learns it from the fleet
   const auto opened = std::chrono::steady_clock::now();
   a->trip("api:443");
-  ASSERT_TRUE(test::wait_until([&] {
-    return b->registry.state("api:443") == BreakerState::kOpen &&
-           c->registry.state("api:443") == BreakerState::kOpen;
-  }, 10s));
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        return b->registry.state("api:443") == BreakerState::kOpen &&
+               c->registry.state("api:443") == BreakerState::kOpen;
+      },
+      10s));
   if (test::kTimingAsserted) {
     EXPECT_LT(std::chrono::steady_clock::now() - opened, 1s);
   }
@@ -131,15 +131,17 @@ TEST_F(SharedBreakersTest, TheFleetSendsOneProbePerBreakAndItsSuccessClosesEvery
   std::vector<std::unique_ptr<Member>> fleet;
   for (int i = 0; i < 4; ++i) fleet.push_back(member("p" + std::to_string(i), 300ms));
   fleet[0]->trip("api:443");
-  ASSERT_TRUE(test::wait_until([&] {
-    for (auto& m : fleet) {
-      if (m->registry.state("api:443") != BreakerState::kOpen) return false;
-    }
-    return true;
-  }, 10s));
-  // The break ends for everyone at once; every process asks for a trial, from 2 threads each.
   ASSERT_TRUE(test::wait_until(
-      [&] { return fleet[0]->state("api:443") == BreakerState::kHalfOpen; }, 10s));
+      [&] {
+        for (auto& m : fleet) {
+          if (m->registry.state("api:443") != BreakerState::kOpen) return false;
+        }
+        return true;
+      },
+      10s));
+  // The break ends for everyone at once; every process asks for a trial, from 2 threads each.
+  ASSERT_TRUE(
+      test::wait_until([&] { return fleet[0]->state("api:443") == BreakerState::kHalfOpen; }, 10s));
   std::this_thread::sleep_for(50ms);  // the others' breaks (applied a little later) are over too
   std::atomic<int> trials{0};
   std::mutex mu;
@@ -162,12 +164,14 @@ TEST_F(SharedBreakersTest, TheFleetSendsOneProbePerBreakAndItsSuccessClosesEvery
   EXPECT_EQ(row("api:443").first, 1);
   // The probe succeeds: every process closes.
   probes[0].first->record(probes[0].second, kS);
-  EXPECT_TRUE(test::wait_until([&] {
-    for (auto& m : fleet) {
-      if (m->registry.state("api:443") != BreakerState::kClosed) return false;
-    }
-    return true;
-  }, 10s));
+  EXPECT_TRUE(test::wait_until(
+      [&] {
+        for (auto& m : fleet) {
+          if (m->registry.state("api:443") != BreakerState::kClosed) return false;
+        }
+        return true;
+      },
+      10s));
 }
 
 TEST_F(SharedBreakersTest, AFailedProbeReopensEveryProcessForTheNextBreak) {
@@ -175,8 +179,8 @@ TEST_F(SharedBreakersTest, AFailedProbeReopensEveryProcessForTheNextBreak) {
   auto b = member("b", 200ms);
   a->trip("api:443");
   ASSERT_TRUE(test::wait_until([&] { return b->registry.state("api:443").has_value(); }, 10s));
-  ASSERT_TRUE(test::wait_until(
-      [&] { return a->state("api:443") == BreakerState::kHalfOpen; }, 10s));
+  ASSERT_TRUE(
+      test::wait_until([&] { return a->state("api:443") == BreakerState::kHalfOpen; }, 10s));
   const auto breaker = a->registry.get("api:443");
   BreakerPermit probe;
   ASSERT_TRUE(test::wait_until([&] { return (probe = breaker->try_acquire()).allowed; }, 10s));
@@ -197,8 +201,8 @@ TEST_F(SharedBreakersTest, AProberThatDiesIsReplacedWhenItsLeaseEnds) {
   auto b = member("b", 100ms, lease);
   a->trip("api:443");
   ASSERT_TRUE(test::wait_until([&] { return b->registry.state("api:443").has_value(); }, 10s));
-  ASSERT_TRUE(test::wait_until(
-      [&] { return a->state("api:443") == BreakerState::kHalfOpen; }, 10s));
+  ASSERT_TRUE(
+      test::wait_until([&] { return a->state("api:443") == BreakerState::kHalfOpen; }, 10s));
   // a's own break may end a little before the fleet's (it tripped before it published): it is
   // held open until the fleet's probe time, then takes the probe.
   const auto ab = a->registry.get("api:443");
@@ -212,15 +216,45 @@ TEST_F(SharedBreakersTest, AProberThatDiesIsReplacedWhenItsLeaseEnds) {
   EXPECT_EQ(b->shared->stats().probes_held, 1U);
   // When the lease ends, b's next trial is the fleet's probe.
   std::optional<BreakerPermit> taken;
-  ASSERT_TRUE(test::wait_until([&] {
-    const auto p = bb->try_acquire();
-    if (p) taken = p;
-    return p.allowed;
-  }, 10s));
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        const auto p = bb->try_acquire();
+        if (p) taken = p;
+        return p.allowed;
+      },
+      10s));
   EXPECT_TRUE(taken->trial);
   EXPECT_EQ(row("api:443").first, 2);
   EXPECT_EQ(b->shared->stats().probes_taken, 1U);
   bb->record(*taken, kS);
+}
+
+TEST_F(SharedBreakersTest, AProcessHeldForAnotherProcesssProbeAsksAgainWithinProbeWait) {
+  SharedBreakersOptions o;
+  o.probe_lease = 30s;
+  o.probe_wait = 200ms;
+  auto a = member("a", 100ms, o);
+  auto b = member("b", 100ms, o);
+  a->trip("api:443");
+  ASSERT_TRUE(test::wait_until([&] { return b->registry.state("api:443").has_value(); }, 10s));
+  const auto ab = a->registry.get("api:443");
+  BreakerPermit probe;
+  ASSERT_TRUE(test::wait_until([&] { return (probe = ab->try_acquire()).allowed; }, 10s));
+  ASSERT_TRUE(probe.trial);  // a probes, with a lease of 30 s
+  const auto bb = b->registry.get("api:443");
+  ASSERT_TRUE(test::wait_until([&] { return bb->state() == BreakerState::kHalfOpen; }, 10s));
+  EXPECT_FALSE(bb->try_acquire()) << "a holds the probe";
+  EXPECT_EQ(b->shared->stats().probes_held, 1U);
+  // Held open for probe_wait, not for a's whole lease: a queue defers its jobs by retry_in.
+  EXPECT_LE(bb->retry_in(), 201ms);  // the breaker's millisecond ticks round up
+  EXPECT_GT(bb->retry_in(), 0ms);
+  // b asks again, is held again while a's probe is out, and closes when it succeeds.
+  ASSERT_TRUE(test::wait_until([&] { return bb->state() == BreakerState::kHalfOpen; }, 10s));
+  EXPECT_FALSE(bb->try_acquire());
+  EXPECT_EQ(b->shared->stats().probes_held, 2U);
+  ab->record(probe, kS);
+  EXPECT_TRUE(test::wait_until([&] { return bb->state() == BreakerState::kClosed; }, 10s));
+  EXPECT_EQ(row("api:443").first, 1) << "one probe";
 }
 
 TEST_F(SharedBreakersTest, AProcessThatStartsLaterReadsTheFleetsState) {
@@ -253,12 +287,14 @@ TEST_F(SharedBreakersTest, EachProcessJudgesAfterItsShareOfTheFleetsMinimumCalls
   std::vector<std::unique_ptr<Member>> fleet;
   for (int i = 0; i < 4; ++i) fleet.push_back(member("p" + std::to_string(i), 30s, fast));
   const auto sized = [&](int n) {
-    return test::wait_until([&] {
-      for (auto& m : fleet) {
-        if (m->shared->stats().fleet_size != n) return false;
-      }
-      return true;
-    }, 10s);
+    return test::wait_until(
+        [&] {
+          for (auto& m : fleet) {
+            if (m->shared->stats().fleet_size != n) return false;
+          }
+          return true;
+        },
+        10s);
   };
   ASSERT_TRUE(sized(4));
   // minimum_calls 2 stays 2 (a minimum below 3 is kept); a registry of 20 would judge after 5.
@@ -282,8 +318,8 @@ TEST_F(SharedBreakersTest, AnUnreachableDatabaseMeansPerProcessBreakersSaidOnce)
   EXPECT_FALSE(alone.shared->stats().sharing);
   // The local breaker works as without sharing: it trips, and probes for itself.
   alone.trip("api:443");
-  ASSERT_TRUE(test::wait_until(
-      [&] { return alone.state("api:443") == BreakerState::kHalfOpen; }, 10s));
+  ASSERT_TRUE(
+      test::wait_until([&] { return alone.state("api:443") == BreakerState::kHalfOpen; }, 10s));
   const auto b = alone.registry.get("api:443");
   const auto probe = b->try_acquire();
   ASSERT_TRUE(probe.trial);
@@ -305,6 +341,9 @@ TEST(SharedBreakers, RefusesSqliteAndInvalidOptionsNamingTheProblem) {
   const auto pg = parse_database_url("postgresql://postgres@127.0.0.1:1/x").value();
   SharedBreakersOptions bad;
   bad.probe_lease = 1ms;
+  EXPECT_THROW(SharedBreakers(registry, pg, bad), std::invalid_argument);
+  bad = {};
+  bad.probe_wait = 0ms;
   EXPECT_THROW(SharedBreakers(registry, pg, bad), std::invalid_argument);
   bad = {};
   bad.process = "two words";

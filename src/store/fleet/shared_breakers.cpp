@@ -33,8 +33,8 @@ constexpr std::string_view kChannel = "keel_breakers";
 constexpr Migration kMigrations[] = {
     {.sql = "CREATE TABLE keel_breakers ("
             " key TEXT PRIMARY KEY,"
-            " state TEXT NOT NULL,"             // 'open' or 'closed'
-            " open_until TIMESTAMPTZ,"          // when open: the fleet's probe time
+            " state TEXT NOT NULL,"               // 'open' or 'closed'
+            " open_until TIMESTAMPTZ,"            // when open: the fleet's probe time
             " breaks BIGINT NOT NULL DEFAULT 0,"  // times the fleet opened it
             " probes BIGINT NOT NULL DEFAULT 0,"  // probe leases granted
             " probe_holder TEXT,"
@@ -119,7 +119,8 @@ std::string default_process() {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   std::string name = host[0] != '\0' ? host : "localhost";
-  std::replace_if(name.begin(), name.end(), [](char c) { return c == ' ' || c == '\n'; }, '_');
+  std::replace_if(
+      name.begin(), name.end(), [](char c) { return c == ' ' || c == '\n'; }, '_');
   std::random_device rd;
   char tail[16];
   std::snprintf(tail, sizeof tail, "%04x", static_cast<unsigned>(rd() & 0xffffu));
@@ -139,6 +140,9 @@ void validate(const SharedBreakersOptions& o) {
   if (o.probe_lease < std::chrono::milliseconds(10)) {
     reject("probe_lease", ">= 10ms", format_duration(o.probe_lease));
   }
+  if (o.probe_wait < std::chrono::milliseconds(1)) {
+    reject("probe_wait", ">= 1ms", format_duration(o.probe_wait));
+  }
   if (o.round_trip_limit < std::chrono::milliseconds(1)) {
     reject("round_trip_limit", ">= 1ms", format_duration(o.round_trip_limit));
   }
@@ -154,6 +158,27 @@ void validate(const SharedBreakersOptions& o) {
 }
 
 }  // namespace
+
+void SharedBreakers::TimedLock::lock() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !held_; });
+  held_ = true;
+}
+
+void SharedBreakers::TimedLock::unlock() {
+  {
+    std::lock_guard lock(mu_);
+    held_ = false;
+  }
+  cv_.notify_one();
+}
+
+bool SharedBreakers::TimedLock::try_lock_for(Duration timeout) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !held_; })) return false;
+  held_ = true;
+  return true;
+}
 
 SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
                                SharedBreakersOptions options)
@@ -175,8 +200,8 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
                    message.data());
     };
   }
-  listener_id_ = registry_.add_listener(
-      [this](std::string_view key, BreakerState from, BreakerState to) { on_change(key, from, to); });
+  listener_id_ = registry_.add_listener([this](std::string_view key, BreakerState from,
+                                               BreakerState to) { on_change(key, from, to); });
   registry_.set_trial_gate([this](std::string_view key) { return gate(key); });
   thread_ = std::thread([this] { run(); });
 }
@@ -274,9 +299,12 @@ Duration SharedBreakers::gate(std::string_view key) {
     if (row.empty() || row.text(0, 0) != "open") return Duration::zero();
     const std::int64_t open_ms = row.integer(0, 1);
     const std::int64_t lease_ms = row.integer(0, 2);
-    // Re-opened by the fleet (a notification missed), or another process holds the probe.
-    // Neither and no lease taken means the lease was freed in between: ask again soon.
-    const std::int64_t hold = std::max<std::int64_t>(1, open_ms > 0 ? open_ms : lease_ms);
+    // Re-opened by the fleet (a notification missed): hold for the rest of its break. Another
+    // process holds the probe: ask again within probe_wait, when its result has likely come
+    // (a hold of the whole lease would outlast the fleet's close by up to the lease). Neither
+    // and no lease taken means the lease was freed in between: ask again soon.
+    const std::int64_t hold = std::max<std::int64_t>(
+        1, open_ms > 0 ? open_ms : std::min(lease_ms, to_ms(options_.probe_wait)));
     probes_held_.fetch_add(1);
     t_held_by = this;
     t_held_key = std::string(key);

@@ -63,6 +63,12 @@ struct SharedBreakersOptions {
   /// (it died, or its call hangs) the next process whose breaker asks takes the probe over.
   /// Requires: >= 10 ms. Default 10 s.
   Duration probe_lease = std::chrono::seconds(10);
+  /// While another process holds the probe, this process's breaker stays open and asks again
+  /// after at most this long (or when the lease ends, if sooner); the probe's result usually
+  /// arrives first, by notification. The hold is what a queue defers its jobs and pauses its
+  /// worker by, so a hold of the whole lease would keep them waiting after the fleet has closed.
+  /// Requires: >= 1 ms. Default 1 s.
+  Duration probe_wait = std::chrono::seconds(1);
   /// The longest a statement of the sharing may take (the server's statement_timeout); over it
   /// the call that asked for the probe lease probes as if alone. Requires: >= 1 ms. Default
   /// 250 ms.
@@ -90,9 +96,9 @@ struct SharedBreakersOptions {
 
 /// Counters, for tests, metrics and the drill.
 struct SharedBreakersStats {
-  bool sharing = false;             // connected, listening and the table read
-  std::uint64_t published = 0;      // state changes this process wrote to the table
-  std::uint64_t applied_opens = 0;  // breakers opened for another process
+  bool sharing = false;              // connected, listening and the table read
+  std::uint64_t published = 0;       // state changes this process wrote to the table
+  std::uint64_t applied_opens = 0;   // breakers opened for another process
   std::uint64_t applied_closes = 0;  // breakers closed after another process's probe
   std::uint64_t probes_taken = 0;    // probe leases this process took
   std::uint64_t probes_held = 0;     // trials refused: another process holds the probe
@@ -148,9 +154,24 @@ class SharedBreakers {
   Backoff reconnect_;
   std::uint64_t listener_id_ = 0;
 
+  // A mutex with a bounded wait (lock, unlock, try_lock_for). Not std::timed_mutex: libstdc++
+  // waits for one in pthread_mutex_clocklock, which GCC 12's ThreadSanitizer does not intercept,
+  // so that every use of the connection it guards was reported as a race.
+  class TimedLock {
+   public:
+    void lock();
+    void unlock();
+    [[nodiscard]] bool try_lock_for(Duration timeout);
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool held_ = false;  // guarded by mu_
+  };
+
   // The writing connection, used by the background thread (publications) and by callers
   // asking for the probe lease; work_mu_ guards it.
-  std::timed_mutex work_mu_;
+  TimedLock work_mu_;
   std::unique_ptr<Connection> work_;  // guarded by work_mu_
 
   mutable std::mutex mu_;
