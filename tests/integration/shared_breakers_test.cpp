@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -172,6 +173,53 @@ TEST_F(SharedBreakersTest, TheFleetSendsOneProbePerBreakAndItsSuccessClosesEvery
         return true;
       },
       10s));
+}
+
+TEST_F(SharedBreakersTest, AfterTheFleetsProbeSucceedsTheOthersCloseSpreadOverTheReleaseSpread) {
+  SharedBreakersOptions spread;
+  spread.release_spread = 600ms;
+  spread.heartbeat = 50ms;  // a joining process is counted at once anyway
+  std::vector<std::unique_ptr<Member>> fleet;
+  for (int i = 0; i < 5; ++i) fleet.push_back(member("p" + std::to_string(i), 200ms, spread));
+  fleet[0]->trip("api:443");
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        for (auto& m : fleet) {
+          if (m->registry.state("api:443") != BreakerState::kOpen) return false;
+        }
+        return true;
+      },
+      10s));
+  // Every process asks for a trial as soon as its break allows; exactly one probes.
+  std::mutex mu;
+  std::vector<std::chrono::steady_clock::time_point> closed(fleet.size());
+  std::atomic<int> trials{0};
+  std::vector<std::thread> threads;
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  for (std::size_t i = 0; i < fleet.size(); ++i) {
+    threads.emplace_back([&, i, b = fleet[i]->registry.get("api:443")] {
+      while (std::chrono::steady_clock::now() < give_up) {
+        if (b->state() == BreakerState::kClosed) break;
+        const auto p = b->try_acquire();
+        if (p.trial) {
+          trials.fetch_add(1);
+          b->record(p, kS);
+        } else if (p) {
+          b->release(p);
+        }
+        std::this_thread::sleep_for(2ms);
+      }
+      std::lock_guard lock(mu);
+      closed[i] = std::chrono::steady_clock::now();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& m : fleet) EXPECT_EQ(m->state("api:443"), BreakerState::kClosed);
+  EXPECT_EQ(trials.load(), 1) << "one probe; the others close at their release times";
+  if (test::kTimingAsserted) {
+    const auto [first, last] = std::minmax_element(closed.begin(), closed.end());
+    EXPECT_GE(*last - *first, 30ms) << "the fleet came back at once";
+  }
 }
 
 TEST_F(SharedBreakersTest, AFailedProbeReopensEveryProcessForTheNextBreak) {

@@ -47,13 +47,17 @@ constexpr Migration kMigrations[] = {
 
 // $1 process, $2 how long a member counts without a heartbeat, in ms. Returns the fleet's size,
 // this process included.
+// $1 process, $2 how long a member counts without a heartbeat, in ms, $3 the notification a
+// process sends when it joins (so that the others count it at once, not at their next
+// heartbeat). Returns the fleet's size, this process included.
 constexpr std::string_view kHeartbeat =
     "WITH beat AS (INSERT INTO keel_breaker_members (process, seen_at) VALUES ($1, now())"
-    "  ON CONFLICT (process) DO UPDATE SET seen_at = now()),"
+    "  ON CONFLICT (process) DO UPDATE SET seen_at = now() RETURNING (xmax = 0) AS joined),"
     " gone AS (DELETE FROM keel_breaker_members"
-    "  WHERE seen_at < now() - $2 * interval '1 millisecond')"
-    " SELECT count(*) FILTER (WHERE process <> $1) + 1 FROM keel_breaker_members"
-    " WHERE seen_at >= now() - $2 * interval '1 millisecond'";
+    "  WHERE seen_at < now() - $2 * interval '1 millisecond'),"
+    " hello AS (SELECT pg_notify('keel_breakers', $3) FROM beat WHERE joined)"
+    " SELECT count(*) FILTER (WHERE process <> $1) + 1, (SELECT count(*) FROM hello)"
+    " FROM keel_breaker_members WHERE seen_at >= now() - $2 * interval '1 millisecond'";
 
 constexpr std::string_view kLeave = "DELETE FROM keel_breaker_members WHERE process = $1";
 
@@ -294,9 +298,17 @@ Duration SharedBreakers::gate(std::string_view key) {
     }
     const Value which[] = {std::string(key)};
     const Rows row = work_->query(kFleetState, which);
-    // No row: the fleet has not heard of this break yet. Closed: the fleet's probe succeeded
-    // and this process's release is on its way. Either way the trial runs.
-    if (row.empty() || row.text(0, 0) != "open") return Duration::zero();
+    // No row: the fleet has not heard of this break yet; the trial runs.
+    if (row.empty()) return Duration::zero();
+    if (row.text(0, 0) != "open") {
+      // Closed: the fleet's probe succeeded. Stay open until this process's release time, so
+      // that the fleet comes back spread over release_spread rather than at once.
+      // A release that is due is being applied by the background thread: a few ms more.
+      const Duration release = release_in(std::string(key));
+      t_held_by = this;
+      t_held_key = std::string(key);
+      return std::max<Duration>(release, std::chrono::milliseconds(5));
+    }
     const std::int64_t open_ms = row.integer(0, 1);
     const std::int64_t lease_ms = row.integer(0, 2);
     // Re-opened by the fleet (a notification missed): hold for the rest of its break. Another
@@ -389,20 +401,20 @@ void SharedBreakers::share(detail::Listener& listener) {
     notice("sharing again: the database is back");
   }
   failures_ = 0;
-  auto next_beat = std::chrono::steady_clock::now();
+  next_beat_ = std::chrono::steady_clock::now();
   while (!stopping_.load() && !broken_.load()) {
     {
       std::lock_guard work(work_mu_);
       publish_pending();
-      if (std::chrono::steady_clock::now() >= next_beat) {
+      if (std::chrono::steady_clock::now() >= next_beat_) {
         heartbeat();
         std::lock_guard lock(mu_);
-        next_beat = std::chrono::steady_clock::now() +
-                    uniform_duration(options_.heartbeat / 2, options_.heartbeat / 2 * 3, rng_);
+        next_beat_ = std::chrono::steady_clock::now() +
+                     uniform_duration(options_.heartbeat / 2, options_.heartbeat / 2 * 3, rng_);
       }
     }
     const Duration wait =
-        std::min<Duration>(release_due(), next_beat - std::chrono::steady_clock::now());
+        std::min<Duration>(release_due(), next_beat_ - std::chrono::steady_clock::now());
     for (const detail::Notification& n : listener.wait(std::max<Duration>(wait, Duration{}))) {
       apply(n.payload);
     }
@@ -459,7 +471,8 @@ void SharedBreakers::publish_pending() {
 
 // Requires: work_mu_ held.
 void SharedBreakers::heartbeat() {
-  const Value params[] = {options_.process, to_ms(options_.heartbeat * 3)};
+  const std::string hello = schema_ + "\nmembers\n0\n" + options_.process + "\n*";
+  const Value params[] = {options_.process, to_ms(options_.heartbeat * 3), hello};
   const Rows rows = work_->query(kHeartbeat, params);
   registry_.set_fleet_size(static_cast<int>(std::min<std::int64_t>(rows.integer(0, 0), 1 << 20)));
 }
@@ -492,10 +505,25 @@ void SharedBreakers::apply(std::string_view payload) {
     }
     apply_open(key, std::chrono::milliseconds(ms));
   } else if (parts[1] == "closed") {
-    std::lock_guard lock(mu_);
-    const Duration after = uniform_duration(Duration::zero(), options_.release_spread, rng_);
-    releases_.insert_or_assign(key, std::chrono::steady_clock::now() + after);
+    (void)release_in(key);
+  } else if (parts[1] == "members") {
+    next_beat_ = std::chrono::steady_clock::now();  // a process joined: count again now
   }
+}
+
+// When this process closes `key`'s breaker after the fleet's probe succeeded: a random moment
+// within release_spread, drawn once per close (by the notification or by the trial gate,
+// whichever comes first). Returns the time left until then.
+Duration SharedBreakers::release_in(const std::string& key) {
+  std::lock_guard lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  auto it = releases_.find(key);
+  if (it == releases_.end()) {
+    const Duration after = uniform_duration(Duration::zero(), options_.release_spread, rng_);
+    it = releases_.emplace(key, now + after).first;
+    if (listener_ != nullptr) listener_->interrupt();  // the background thread's next wait
+  }
+  return it->second > now ? Duration(it->second - now) : Duration::zero();
 }
 
 void SharedBreakers::apply_open(const std::string& key, Duration remaining) {
@@ -513,28 +541,32 @@ void SharedBreakers::apply_open(const std::string& key, Duration remaining) {
 
 // Closes the breakers whose release is due; returns how long until the next one.
 Duration SharedBreakers::release_due() {
-  std::vector<std::string> due;
+  std::vector<std::pair<std::string, Instant>> due;
   Duration next = kInfinite;
   {
     std::lock_guard lock(mu_);
     const auto now = std::chrono::steady_clock::now();
-    for (auto it = releases_.begin(); it != releases_.end();) {
-      if (it->second <= now) {
-        due.push_back(it->first);
-        it = releases_.erase(it);
+    for (const auto& [key, at] : releases_) {
+      if (at <= now) {
+        due.emplace_back(key, at);
       } else {
-        next = std::min<Duration>(next, it->second - now);
-        ++it;
+        next = std::min<Duration>(next, at - now);
       }
     }
   }
-  for (const std::string& key : due) {
+  for (const auto& [key, at] : due) {
     const auto breaker = registry_.find(key);
-    if (!breaker || breaker->state() == BreakerState::kClosed) continue;
-    t_applying = this;
-    breaker->reset();
-    t_applying = nullptr;
-    applied_closes_.fetch_add(1);
+    if (breaker && breaker->state() != BreakerState::kClosed) {
+      t_applying = this;
+      breaker->reset();
+      t_applying = nullptr;
+      applied_closes_.fetch_add(1);
+    }
+    // Forgotten only once the breaker is closed: a trial asked for meanwhile is held, not run.
+    std::lock_guard lock(mu_);
+    if (const auto it = releases_.find(key); it != releases_.end() && it->second == at) {
+      releases_.erase(it);
+    }
   }
   return next;
 }

@@ -143,6 +143,7 @@ class SharedBreakers {
   void apply(std::string_view payload);
   void apply_open(const std::string& key, Duration remaining);
   [[nodiscard]] Duration release_due();
+  [[nodiscard]] Duration release_in(const std::string& key);
   void publish_pending();
   void read_fleet_state();
   void heartbeat();
@@ -185,6 +186,7 @@ class SharedBreakers {
   // ignored) and the failures since sharing last worked.
   std::string schema_;
   int failures_ = 0;
+  Instant next_beat_{};  // the next heartbeat
 
   std::atomic<bool> sharing_{false};
   std::atomic<bool> stopping_{false};
