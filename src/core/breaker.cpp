@@ -403,9 +403,8 @@ bool CircuitBreaker::gate_allows_trial(std::uint64_t half_open_word) noexcept {
   slot.trial = true;
   slot.generation = gen_of(half_open_word);
   release(slot);
-  const std::uint64_t next =
-      make_word(BreakerState::kOpen, gen_of(half_open_word) + 1,
-                to_ticks(saturating_add(clock_->now(), hold)));
+  const std::uint64_t next = make_word(BreakerState::kOpen, gen_of(half_open_word) + 1,
+                                       to_ticks(saturating_add(clock_->now(), hold)));
   std::uint64_t expected = half_open_word;
   if (state_word_.compare_exchange_strong(expected, next, std::memory_order_acq_rel) &&
       options_.on_state_change) {
@@ -629,7 +628,7 @@ void CircuitBreaker::force_open(Duration break_for) noexcept {
 struct BreakerRegistry::Listeners {
   mutable std::shared_mutex mutex;
   std::vector<std::pair<std::uint64_t, BreakerListener>> list;  // guarded by mutex
-  std::uint64_t next_id = 0;                                     // guarded by mutex
+  std::uint64_t next_id = 0;                                    // guarded by mutex
 
   void notify(std::string_view key, BreakerState from, BreakerState to) const {
     std::shared_lock lock(mutex);

@@ -364,16 +364,15 @@ TEST(Breaker, TheTrialGateHoldsTheBreakerOpenWhileSomebodyElseProbes) {
   std::vector<std::pair<BreakerState, BreakerState>> changes;
   std::vector<keel::Duration> answers = {2s, 0s};  // first: another process probes; then: us
   int asked = 0;
-  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
-                          .window_calls = 1,
-                          .minimum_calls = 1,
-                          .break_duration = 5s,
-                          .clock = &clock,
-                          .on_state_change =
-                              [&](BreakerState from, BreakerState to) {
-                                changes.emplace_back(from, to);
-                              },
-                          .trial_gate = [&] { return answers.at(asked++); }});
+  keel::CircuitBreaker b(
+      {.window = keel::BreakerWindow::kCount,
+       .window_calls = 1,
+       .minimum_calls = 1,
+       .break_duration = 5s,
+       .clock = &clock,
+       .on_state_change = [&](BreakerState from,
+                              BreakerState to) { changes.emplace_back(from, to); },
+       .trial_gate = [&] { return answers.at(asked++); }});
   ASSERT_TRUE(call(b, kF));  // tripped: open for 5 s
   ASSERT_EQ(asked, 0);       // closed-state calls never ask
   clock.advance(5s);
@@ -405,14 +404,13 @@ TEST(Breaker, TheTrialGateHoldsTheBreakerOpenWhileSomebodyElseProbes) {
 
 TEST(Breaker, ATrialGateThatThrowsLetsTheBreakerDecideAlone) {
   keel::ManualClock clock;
-  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
-                          .window_calls = 1,
-                          .minimum_calls = 1,
-                          .break_duration = 1s,
-                          .clock = &clock,
-                          .trial_gate = []() -> keel::Duration {
-                            throw std::runtime_error("database unreachable");
-                          }});
+  keel::CircuitBreaker b(
+      {.window = keel::BreakerWindow::kCount,
+       .window_calls = 1,
+       .minimum_calls = 1,
+       .break_duration = 1s,
+       .clock = &clock,
+       .trial_gate = []() -> keel::Duration { throw std::runtime_error("database unreachable"); }});
   ASSERT_TRUE(call(b, kF));
   clock.advance(1s);
   const auto trial = b.try_acquire();
@@ -729,9 +727,8 @@ TEST(BreakerRegistry, ARemovedListenerHearsNothingMore) {
   keel::BreakerRegistry registry(registry_options(clock));
   int first = 0;
   int second = 0;
-  const auto id = registry.add_listener([&](std::string_view, BreakerState, BreakerState) {
-    ++first;
-  });
+  const auto id =
+      registry.add_listener([&](std::string_view, BreakerState, BreakerState) { ++first; });
   registry.add_listener([&](std::string_view, BreakerState, BreakerState) { ++second; });
   auto b = registry.get("db");
   ASSERT_TRUE(call(*b, kF));

@@ -329,9 +329,9 @@ int run_call(const CallArgs& a) {
   }
 #else
   if (!a.queue_on_failure.empty() || !a.share_breakers.empty()) {
-    return usage_error(std::string(a.queue_on_failure.empty() ? "--share-breakers"
-                                                              : "--queue-on-failure") +
-                       ": this keel was built without keel::store");
+    return usage_error(
+        std::string(a.queue_on_failure.empty() ? "--share-breakers" : "--queue-on-failure") +
+        ": this keel was built without keel::store");
   }
 #endif
   http::Client client(std::move(options));

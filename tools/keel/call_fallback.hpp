@@ -101,7 +101,9 @@ class SharedBreakersForCall {
     try {
       self->shared_ = std::make_unique<store::SharedBreakers>(self->registry_, std::move(*url));
     } catch (const std::invalid_argument& e) {
-      return Error{.field = "--share-breakers", .problem = std::string("is refused: ") + e.what(), .got = quote_value(text)};
+      return Error{.field = "--share-breakers",
+                   .problem = std::string("is refused: ") + e.what(),
+                   .got = quote_value(text)};
     }
     (void)self->shared_->wait_until_sharing(wait);
     return self;

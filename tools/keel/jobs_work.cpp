@@ -51,8 +51,9 @@ int run_work(const JobsArgs& a) {
   std::optional<store::DatabaseUrl> share_url;
   if (a.share_breakers) {
     if (!a.exec.empty()) {
-      return usage("--share-breakers: needs --deliver or --deferred (an --exec job calls no "
-                   "dependency keel knows of)");
+      return usage(
+          "--share-breakers: needs --deliver or --deferred (an --exec job calls no "
+          "dependency keel knows of)");
     }
     if (a.share_breakers_url.empty()) {
       share_url = *url;
