@@ -75,6 +75,15 @@ struct Member {
   std::unique_ptr<SharedBreakers> shared;
 };
 
+// Whether every member's breaker for `key` is in `state`.
+bool all_in(const std::vector<std::unique_ptr<Member>>& fleet, const std::string& key,
+            BreakerState state) {
+  for (const auto& m : fleet) {
+    if (m->registry.state(key) != state) return false;
+  }
+  return true;
+}
+
 class SharedBreakersTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -132,14 +141,7 @@ TEST_F(SharedBreakersTest, TheFleetSendsOneProbePerBreakAndItsSuccessClosesEvery
   std::vector<std::unique_ptr<Member>> fleet;
   for (int i = 0; i < 4; ++i) fleet.push_back(member("p" + std::to_string(i), 300ms));
   fleet[0]->trip("api:443");
-  ASSERT_TRUE(test::wait_until(
-      [&] {
-        for (auto& m : fleet) {
-          if (m->registry.state("api:443") != BreakerState::kOpen) return false;
-        }
-        return true;
-      },
-      10s));
+  ASSERT_TRUE(test::wait_until([&] { return all_in(fleet, "api:443", BreakerState::kOpen); }, 10s));
   // The break ends for everyone at once; every process asks for a trial, from 2 threads each.
   ASSERT_TRUE(
       test::wait_until([&] { return fleet[0]->state("api:443") == BreakerState::kHalfOpen; }, 10s));
@@ -165,14 +167,8 @@ TEST_F(SharedBreakersTest, TheFleetSendsOneProbePerBreakAndItsSuccessClosesEvery
   EXPECT_EQ(row("api:443").first, 1);
   // The probe succeeds: every process closes.
   probes[0].first->record(probes[0].second, kS);
-  EXPECT_TRUE(test::wait_until(
-      [&] {
-        for (auto& m : fleet) {
-          if (m->registry.state("api:443") != BreakerState::kClosed) return false;
-        }
-        return true;
-      },
-      10s));
+  EXPECT_TRUE(
+      test::wait_until([&] { return all_in(fleet, "api:443", BreakerState::kClosed); }, 10s));
 }
 
 TEST_F(SharedBreakersTest, AfterTheFleetsProbeSucceedsTheOthersCloseSpreadOverTheReleaseSpread) {
@@ -182,14 +178,7 @@ TEST_F(SharedBreakersTest, AfterTheFleetsProbeSucceedsTheOthersCloseSpreadOverTh
   std::vector<std::unique_ptr<Member>> fleet;
   for (int i = 0; i < 5; ++i) fleet.push_back(member("p" + std::to_string(i), 200ms, spread));
   fleet[0]->trip("api:443");
-  ASSERT_TRUE(test::wait_until(
-      [&] {
-        for (auto& m : fleet) {
-          if (m->registry.state("api:443") != BreakerState::kOpen) return false;
-        }
-        return true;
-      },
-      10s));
+  ASSERT_TRUE(test::wait_until([&] { return all_in(fleet, "api:443", BreakerState::kOpen); }, 10s));
   // Every process asks for a trial as soon as its break allows; exactly one probes.
   std::mutex mu;
   std::vector<std::chrono::steady_clock::time_point> closed(fleet.size());
