@@ -8,10 +8,12 @@
 //             insert in a transaction and stores the response in it (a pool of N connections)
 //   nolayer   Server::on_async: the handler posts the insert, in a transaction, to a thread pool
 //             of N workers with one connection each
+//   record    nolayer, and the same transaction also inserts a completed keel_idempotency row
+//             the size of the layer's: what the layer would cost if it cost only its record
 //   bare      the smallest Beast server: one io_context thread accepting and reading, each request
 //             handed to a thread pool of N workers with one connection each, keep-alive
 //
-//   keel_bench_beast_serve --mode layer|nolayer|bare --db URL [--workers N] [--requests N]
+//   keel_bench_beast_serve --mode layer|nolayer|record|bare --db URL [--workers N] [--requests N]
 //
 // Listens on 127.0.0.1 on a free port and prints "listening on http://127.0.0.1:PORT", then serves
 // until SIGINT or SIGTERM. --requests N instead sends N charges to itself over one keep-alive
@@ -54,9 +56,10 @@ using keel::store::beast::Request;
 using keel::store::beast::Response;
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: keel_bench_beast_serve --mode layer|nolayer|bare --db URL [--workers N]"
-               " [--requests N]\n");
+  std::fprintf(
+      stderr,
+      "usage: keel_bench_beast_serve --mode layer|nolayer|record|bare --db URL [--workers N]"
+      " [--requests N]\n");
   return 2;
 }
 
@@ -91,14 +94,17 @@ class Charges {
   }
 
   // Without the layer: the insert in its own transaction on this thread's connection (one per
-  // worker thread, opened on first use).
-  Response create_in_transaction(const Request& req) {
+  // worker thread, opened on first use). With `record`, the transaction also inserts a completed
+  // keel_idempotency row of the layer's shape and size (the record mode: the floor the layer
+  // could reach if it cost nothing beyond writing its record).
+  Response create_in_transaction(const Request& req, bool record = false) {
     thread_local std::unique_ptr<Connection> conn;
     StoredResponse out;
     try {
       if (!conn || conn->broken()) conn = keel::store::open_database(*url_);
       const auto tx = keel::store::with_transaction_retry(*conn, [&](Connection& t) {
         out = create(req.body(), t);
+        if (record && out.status < 400) write_record(req, out, t);
         return out.status < 400;
       });
       if (!tx.committed() && tx.status != keel::store::TransactionStatus::kRolledBack) {
@@ -115,6 +121,24 @@ class Charges {
   }
 
   explicit Charges(const keel::store::DatabaseUrl* url) : url_(url) {}
+
+ private:
+  // What the layer stores, written directly: its scope, key, fingerprint and token are as long
+  // as the layer's (64, the request's, 64 and 32 characters), and the response as it stores it.
+  static void write_record(const Request& req, const StoredResponse& out, Connection& tx) {
+    const std::string key(req["Idempotency-Key"]);
+    nlohmann::json headers = nlohmann::json::array();
+    for (const auto& [name, value] : out.headers) headers.push_back({name, value});
+    const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+    tx.query(
+        "INSERT INTO keel_idempotency (scope, idem_key, fingerprint, status, lock_token,"
+        " lock_expires_ms, response_status, response_headers, response_body, created_ms)"
+        " VALUES ($1, $2, $3, 'completed', $4, $5, $6, $7, $8, $9)",
+        {"p:" + std::string(64, 'a'), key, std::string(64, 'f'), std::string(32, 't'), now + 60000,
+         out.status, headers.dump(), out.body, now});
+  }
 
  private:
   const keel::store::DatabaseUrl* url_;
@@ -245,8 +269,8 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
-  if ((mode != "layer" && mode != "nolayer" && mode != "bare") || db.empty() || workers < 1 ||
-      requests < 0 || argc % 2 == 0) {
+  if ((mode != "layer" && mode != "nolayer" && mode != "record" && mode != "bare") || db.empty() ||
+      workers < 1 || requests < 0 || argc % 2 == 0) {
     return usage();
   }
   const auto url = keel::store::parse_database_url(db);
@@ -262,7 +286,7 @@ int main(int argc, char** argv) {
           " amount BIGINT NOT NULL, currency TEXT NOT NULL, customer TEXT NOT NULL,"
           " created BIGINT NOT NULL);"
           "CREATE INDEX charges_customer ON charges (principal, customer);"}});
-    if (mode == "layer") keel::store::IdempotencyStore::migrate(*conn);
+    if (mode == "layer" || mode == "record") keel::store::IdempotencyStore::migrate(*conn);
   }
   Charges charges(&*url);
 
@@ -293,7 +317,7 @@ int main(int argc, char** argv) {
   keel::store::ConnectionPool db_pool(*url, {.max_connections = workers});
   const keel::store::IdempotencyStore records;
   std::optional<keel::store::beast::IdempotentHandler> idempotent;
-  asio::thread_pool pool(mode == "nolayer" ? static_cast<std::size_t>(workers) : 1);
+  asio::thread_pool pool(mode == "layer" ? 1 : static_cast<std::size_t>(workers));
   if (mode == "layer") {
     idempotent.emplace(
         keel::store::beast::IdempotentHandlerOptions{
@@ -301,12 +325,13 @@ int main(int argc, char** argv) {
         [&](const Request& req, Connection& tx) { return charges.create(req.body(), tx); });
     server.on_idempotent(http::verb::post, "/v1/charges", *idempotent);
   } else {
-    server.on_async(
-        http::verb::post, "/v1/charges", [&](Request req, keel::store::beast::Respond respond) {
-          asio::post(pool, [&charges, req = std::move(req), respond = std::move(respond)] {
-            respond(charges.create_in_transaction(req));
-          });
-        });
+    server.on_async(http::verb::post, "/v1/charges",
+                    [&](Request req, keel::store::beast::Respond respond) {
+                      asio::post(pool, [&charges, record = mode == "record", req = std::move(req),
+                                        respond = std::move(respond)] {
+                        respond(charges.create_in_transaction(req, record));
+                      });
+                    });
   }
   server.start();
   announce(server.port());

@@ -4,8 +4,11 @@
 # it (on_async posting the same insert, in its own transaction, to a thread pool), and the
 # smallest Boost.Beast server doing that insert (bench/beast_serve.cpp has the three modes). Every
 # request carries a fresh Idempotency-Key, so the layer does its full work (claim, transactional
-# completion) on every request. The three modes run one after another in the same run, each after
-# a warm-up, so each run's ratios share its moment of the machine's load.
+# completion) on every request. A fourth mode, record, is nolayer whose transaction also inserts a
+# completed keel_idempotency row of the layer's size: record/nolayer is what storing the answer
+# costs by itself, and layer/record what the layer costs beyond that. The modes run one after
+# another in the same run, each after a warm-up, so each run's ratios share its moment of the
+# machine's load.
 #
 #   scripts/bench-beast.sh [BUILD_DIR]        (default: build; needs BUILD_DIR/bin/keel_bench_beast_serve)
 #
@@ -99,19 +102,19 @@ run_one() {
   [[ -n "$rps" ]] || { echo "bench-beast: wrk gave no rate for $1 on $backend" >&2; cat "$work/wrk.out" "$work/serve.log" >&2; exit 1; }
 }
 
-echo "| backend | bare req/s | nolayer req/s | layer req/s | nolayer/bare | layer/nolayer |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+echo "| backend | bare req/s | nolayer req/s | record req/s | layer req/s | nolayer/bare | record/nolayer | layer/nolayer | layer/record |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 notes=()
 for backend in $BACKENDS; do
   declare -A url=()
   case $backend in
     sqlite)
-      for mode in bare nolayer layer; do url[$mode]="sqlite:$work/$mode.db"; done
+      for mode in bare nolayer record layer; do url[$mode]="sqlite:$work/$mode.db"; done
       ;;
     postgres)
       KEEL_PG_DURABLE=1 "$root/scripts/pg-test-server.sh" start "$work/pg" >/dev/null
       base=$(cat "$work/pg/url")
-      for mode in bare nolayer layer; do
+      for mode in bare nolayer record layer; do
         psql "$base" -q -c "CREATE SCHEMA bench_$mode"
         url[$mode]="$base?options=-csearch_path%3Dbench_$mode"
       done
@@ -122,12 +125,15 @@ for backend in $BACKENDS; do
   rps_bare=$rps bad_bare=$non2xx
   run_one nolayer "${url[nolayer]}"
   rps_nolayer=$rps bad_nolayer=$non2xx
+  run_one record "${url[record]}"
+  rps_record=$rps bad_record=$non2xx
   run_one layer "${url[layer]}"
   rps_layer=$rps bad_layer=$non2xx
-  awk -v n="$backend" -v b="$rps_bare" -v o="$rps_nolayer" -v l="$rps_layer" \
-    'BEGIN { printf "| %s | %.0f | %.0f | %.0f | %.2f | %.2f |\n", n, b, o, l, o / b, l / o }'
-  if [[ $bad_bare != 0 || $bad_nolayer != 0 || $bad_layer != 0 ]]; then
-    notes+=("$backend non-2xx answers: bare $bad_bare, nolayer $bad_nolayer, layer $bad_layer")
+  awk -v n="$backend" -v b="$rps_bare" -v o="$rps_nolayer" -v r="$rps_record" -v l="$rps_layer" \
+    'BEGIN { printf "| %s | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f |\n",
+             n, b, o, r, l, o / b, r / o, l / o, l / r }'
+  if [[ $bad_bare != 0 || $bad_nolayer != 0 || $bad_record != 0 || $bad_layer != 0 ]]; then
+    notes+=("$backend non-2xx answers: bare $bad_bare, nolayer $bad_nolayer, record $bad_record, layer $bad_layer")
   fi
   if [[ $backend == postgres ]]; then
     "$root/scripts/pg-test-server.sh" stop "$work/pg" >/dev/null
