@@ -311,13 +311,22 @@ TEST_P(Flow, AClaimWhoseLockExpiredIsTakenOver) {
   EXPECT_EQ(run(request("k1")).outcome, FlowOutcome::kReplayed);
 }
 
-TEST_P(Flow, AHandlerWhoseClaimIsTakenOverMeanwhileIs409AndStoresNothing) {
+TEST_P(Flow, AHandlerWhoseKeyIsClaimedMeanwhileIs409AndStoresNothing) {
+  const bool row_locks = pool_->dialect().row_level_locks();
   const FlowResponse r = flow_->run(request("k1"), [&](Connection& tx) {
     ++handled_;
     tx.query("INSERT INTO charges (body) VALUES ($1)", {"late"});
-    // Another request takes the key over while this handler runs (its lock expired). On SQLite
-    // the handler's transaction holds the write lock, so the takeover is written through it.
-    tx.query("UPDATE keel_idempotency SET lock_token = $1", {"the-heir's-token"});
+    // A claim made without holding the key (IdempotencyStore::claim on its own, from another
+    // program) lands while this handler runs. PostgreSQL: committed from another connection.
+    // SQLite: the handler's transaction holds the write lock, so it is written through it.
+    if (row_locks) {
+      EXPECT_EQ(claim_elsewhere("k1").status, ClaimStatus::kClaimed);
+    } else {
+      tx.query(
+          "INSERT INTO keel_idempotency (scope, idem_key, fingerprint, status, lock_token,"
+          " lock_expires_ms, created_ms) VALUES ($1, 'k1', 'x', 'in_progress', 'theirs', 0, 0)",
+          {flow_->scope("alice")});
+    }
     return StoredResponse{201, {}, "late"};
   });
   EXPECT_EQ(r.outcome, FlowOutcome::kClaimLost);
@@ -385,12 +394,13 @@ TEST_P(Flow, ADeadlineThatPassedInTransitIsRefused) {
 }
 
 // Counts each exchange a connection has with its database by kind: a statement, BEGIN, COMMIT,
-// and the pairs sent together (a statement then BEGIN, a statement then COMMIT); `on_statement`
-// sees each statement's SQL before it runs.
+// and the ones sent together (a statement then BEGIN, a statement then COMMIT, BEGIN then
+// statements); `on_statement` sees each statement's SQL before it runs.
 class ExchangeCountingConnection final : public Connection {
  public:
   struct Counts {
-    std::atomic<int> query{0}, begin{0}, commit{0}, query_then_begin{0}, query_then_commit{0};
+    std::atomic<int> query{0}, begin{0}, commit{0}, query_then_begin{0}, query_then_commit{0},
+        begin_then_query{0};
     std::function<void(std::string_view sql)> on_statement = [](std::string_view) {};
   };
   ExchangeCountingConnection(std::unique_ptr<Connection> inner, Counts& counts)
@@ -421,6 +431,12 @@ class ExchangeCountingConnection final : public Connection {
     counts_.on_statement(sql);
     return inner_->query_then_commit(sql, params);
   }
+  std::vector<Rows> begin_then_query(Isolation isolation,
+                                     std::span<const Statement> statements) override {
+    ++counts_.begin_then_query;
+    for (const Statement& statement : statements) counts_.on_statement(statement.sql);
+    return inner_->begin_then_query(isolation, statements);
+  }
   void rollback() noexcept override { inner_->rollback(); }
   [[nodiscard]] bool in_transaction() const noexcept override { return inner_->in_transaction(); }
   [[nodiscard]] bool broken() const noexcept override { return inner_->broken(); }
@@ -450,10 +466,10 @@ struct CountedFlow {
 };
 
 TEST_P(Flow, ADeadlineThatPassesWhileClaimingReleasesTheClaimAndRunsNothing) {
-  // The claim's INSERT takes 2 s of the request's 1 s.
+  // Reading the key's record takes 2 s of the request's 1 s.
   ExchangeCountingConnection::Counts counts;
   counts.on_statement = [&](std::string_view sql) {
-    if (sql.starts_with("INSERT INTO keel_idempotency")) clock_.advance(2s);
+    if (sql.starts_with("SELECT fingerprint")) clock_.advance(2s);
   };
   const CountedFlow counted(url(), store_, clock_, counts);
   const IdempotentRequestFlow& flow = counted.flow;
@@ -532,6 +548,42 @@ TEST(FlowOutcomes, DeadlineExceededHasItsOwnNameAndCounter) {
 
 // --- what a request costs the database ---
 
+// At SERIALIZABLE the handler's snapshot would predate a lock taken in its transaction, so on
+// PostgreSQL the claim commits on its own first (sent with BEGIN), and is released when the
+// handler stores nothing; on SQLite every transaction holds the write lock, so nothing changes.
+TEST_P(Flow, AtSerializableTheClaimCommitsFirstWhereRowsAreLockedAndTheGuaranteesHold) {
+  ExchangeCountingConnection::Counts counts;
+  CountedFlow counted(url(), store_, clock_, counts);
+  const IdempotentRequestFlow flow({.store = &store_,
+                                    .pool = &counted.pool,
+                                    .scope_secret = "0123456789abcdef0123456789abcdef",
+                                    .isolation = Isolation::kSerializable,
+                                    .clock = &clock_,
+                                    .log = [](std::string_view) {}});
+  int handled = 0;
+  const auto charge = [&](Connection& tx) {
+    ++handled;
+    tx.query("INSERT INTO charges (body) VALUES ($1)", {"{}"});
+    return StoredResponse{201, {}, "{}"};
+  };
+  EXPECT_EQ(flow.run(request("ser-1"), charge).outcome, FlowOutcome::kExecuted);
+  EXPECT_EQ(flow.run(request("ser-1"), charge).outcome, FlowOutcome::kReplayed);
+  const FlowResponse declined = flow.run(request("ser-2"), [&](Connection& tx) {
+    tx.query("INSERT INTO charges (body) VALUES ($1)", {"declined"});
+    return StoredResponse{402, {}, "{}"};
+  });
+  EXPECT_EQ(declined.outcome, FlowOutcome::kNotStored);
+  EXPECT_EQ(handled, 1);
+  EXPECT_EQ(rows("charges"), 1);
+  EXPECT_EQ(rows("keel_idempotency"), 1) << "the declined request's claim was released";
+  if (counted.pool.dialect().row_level_locks()) {
+    EXPECT_EQ(counts.query_then_begin, 3);  // each request's claim, sent with BEGIN
+    EXPECT_EQ(counts.begin_then_query, 0);
+  } else {
+    EXPECT_EQ(counts.query_then_begin + counts.begin_then_query, 0);
+  }
+}
+
 TEST_P(Flow, ANewKeyCostsTheHandlersStatementsPlusTwoSentWithBeginAndCommit) {
   ExchangeCountingConnection::Counts counts;
   const CountedFlow counted(url(), store_, clock_, counts);
@@ -542,19 +594,19 @@ TEST_P(Flow, ANewKeyCostsTheHandlersStatementsPlusTwoSentWithBeginAndCommit) {
   });
   ASSERT_EQ(r.outcome, FlowOutcome::kExecuted);
   if (counted.pool.dialect().row_level_locks()) {
-    // The claim commits on its own, sent with the handler's BEGIN; the completion is sent with
-    // COMMIT: the handler's one INSERT plus two round trips, as many as BEGIN and COMMIT alone.
-    EXPECT_EQ(counts.query_then_begin, 1);
+    // BEGIN, the key's lock and the record's read go together; the record is written with
+    // COMMIT: the handler's one INSERT plus two round trips, as many as BEGIN and COMMIT alone,
+    // and one transaction.
+    EXPECT_EQ(counts.begin_then_query, 1);
     EXPECT_EQ(counts.query, 1);
     EXPECT_EQ(counts.query_then_commit, 1);
-    EXPECT_EQ(counts.begin, 0);
-    EXPECT_EQ(counts.commit, 0);
+    EXPECT_EQ(counts.begin + counts.commit + counts.query_then_begin, 0);
   } else {
-    // One transaction: the claim, the handler's INSERT and the completion, one commit.
+    // One transaction: the record's read, the handler's INSERT and the record's one write.
     EXPECT_EQ(counts.begin, 1);
     EXPECT_EQ(counts.query, 3);
     EXPECT_EQ(counts.commit, 1);
-    EXPECT_EQ(counts.query_then_begin + counts.query_then_commit, 0);
+    EXPECT_EQ(counts.query_then_begin + counts.query_then_commit + counts.begin_then_query, 0);
   }
   EXPECT_EQ(rows("charges"), 1);
   EXPECT_EQ(run(request("cost-1")).outcome, FlowOutcome::kReplayed);

@@ -89,6 +89,22 @@ Rows Connection::query_then_commit(std::string_view sql, std::span<const Value> 
   return rows;
 }
 
+std::vector<Rows> Connection::begin_then_query(Isolation isolation,
+                                               std::span<const Statement> statements) {
+  begin(isolation);
+  std::vector<Rows> out;
+  out.reserve(statements.size());
+  try {
+    for (const Statement& statement : statements) {
+      out.push_back(query(statement.sql, statement.params));
+    }
+  } catch (const DatabaseError&) {
+    rollback();
+    throw;
+  }
+  return out;
+}
+
 std::unique_ptr<Connection> open_database(const DatabaseUrl& url, const ConnectOptions& options) {
   if (options.busy_timeout.count() < 0) {
     throw_invalid({.context = "keel::store::ConnectOptions",

@@ -5,6 +5,7 @@
 #include <libpq-fe.h>
 
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -139,6 +140,52 @@ class PostgresConnection final : public Connection {
     }
     check_commit(committed);
     return to_rows(statement.get());
+  }
+
+  // BEGIN and the statements in one pipeline with one Sync: when one fails, the server skips the
+  // rest (PGRES_PIPELINE_ABORTED) and the transaction is left failed, then rolled back here.
+  std::vector<Rows> begin_then_query(Isolation isolation,
+                                     std::span<const Statement> statements) override {
+    std::vector<std::string> names;
+    names.reserve(statements.size());
+    for (const Statement& statement : statements) {
+      names.push_back(prepare(statement.sql, static_cast<int>(statement.params.size())));
+    }
+    std::vector<std::unique_ptr<Params>> bound;
+    bound.reserve(statements.size());
+    for (const Statement& statement : statements) {
+      bound.push_back(std::make_unique<Params>(statement.params));
+    }
+    Result begun;
+    std::vector<Result> results;
+    results.reserve(statements.size());
+    {
+      Pipeline pipeline(*this);
+      pipeline.send(
+          PQsendQueryParams(conn_, begin_sql(isolation), 0, nullptr, nullptr, nullptr, nullptr, 0));
+      for (std::size_t i = 0; i < statements.size(); ++i) {
+        pipeline.send(PQsendQueryPrepared(conn_, names[i].c_str(), bound[i]->size(),
+                                          bound[i]->values(), nullptr, nullptr, 0));
+      }
+      pipeline.sync();
+      begun = pipeline.next();
+      for (std::size_t i = 0; i < statements.size(); ++i) results.push_back(pipeline.next());
+      pipeline.end_of_sync();
+      pipeline.close();
+    }
+    std::vector<Rows> out;
+    out.reserve(statements.size());
+    try {
+      check(begun, false);
+      for (const Result& r : results) {
+        check(r, false);
+        out.push_back(to_rows(r.get()));
+      }
+    } catch (const DatabaseError&) {
+      rollback();
+      throw;
+    }
+    return out;
   }
 
   void begin(Isolation isolation) override { execute(begin_sql(isolation)); }

@@ -11,6 +11,9 @@ namespace {
 struct PostgresDialect final : Dialect {
   bool row_level_locks() const noexcept override { return true; }
   std::string_view lock_rows() const noexcept override { return " FOR UPDATE"; }
+  std::string_view try_transaction_lock() const noexcept override {
+    return "SELECT pg_try_advisory_xact_lock($1)::int";
+  }
   std::string_view lock_rows_skip_locked() const noexcept override {
     return " FOR UPDATE SKIP LOCKED";
   }

@@ -13,6 +13,7 @@ namespace {
 struct SqliteDialect final : Dialect {
   bool row_level_locks() const noexcept override { return false; }
   std::string_view lock_rows() const noexcept override { return ""; }
+  std::string_view try_transaction_lock() const noexcept override { return ""; }
   std::string_view lock_rows_skip_locked() const noexcept override { return ""; }
   bool data_modifying_ctes() const noexcept override { return false; }
   // RETURNING builds a temporary b-tree, which costs a single row a page cache allocated and

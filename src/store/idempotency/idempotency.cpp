@@ -7,7 +7,9 @@
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <stdexcept>
 
 #include "keel/duration.hpp"
@@ -88,6 +90,75 @@ constexpr std::string_view kAsyncClaimInsert =
     " SELECT $1::text, $2::text, $3::text, 'in_progress', $4::text, $5::bigint, $6::bigint"
     " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_claim"
     " ON CONFLICT (scope, idem_key) DO NOTHING";
+
+constexpr std::string_view kRecordSelect =
+    "SELECT fingerprint, status, lock_token, lock_expires_ms, response_status,"
+    " response_headers, response_body, created_ms FROM keel_idempotency"
+    " WHERE scope = $1 AND idem_key = $2";
+
+// hold()'s completion: the completed record inserted, or written over the record hold() read
+// (past its TTL, or a claim whose lock expired), fenced by that record's token ($10, "" when
+// hold() read none: no token is empty, so a record that appeared since matches nothing).
+constexpr std::string_view kHeldCompletion =
+    "INSERT INTO keel_idempotency (scope, idem_key, fingerprint, status, lock_token,"
+    " lock_expires_ms, response_status, response_headers, response_body, created_ms)"
+    " VALUES ($1, $2, $3, 'completed', $4, $5, $6, $7, $8, $9)"
+    " ON CONFLICT (scope, idem_key) DO UPDATE SET fingerprint = excluded.fingerprint,"
+    " status = excluded.status, lock_token = excluded.lock_token,"
+    " lock_expires_ms = excluded.lock_expires_ms, response_status = excluded.response_status,"
+    " response_headers = excluded.response_headers, response_body = excluded.response_body,"
+    " created_ms = excluded.created_ms"
+    " WHERE keel_idempotency.lock_token = $10";
+
+// The 64-bit name of the transaction lock that holds a key (Dialect::try_transaction_lock):
+// FNV-1a over the table, the scope and the key. Two keys that share a name only ever answer each
+// other 409 while both are in flight.
+std::int64_t key_lock_name(std::string_view scope, std::string_view key) {
+  std::uint64_t h = 14695981039346656037ULL;
+  const auto mix = [&](std::string_view part) {
+    for (const char c : part) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 1099511628211ULL;
+    }
+    h ^= 0xff;  // a separator no key or scope byte can be
+    h *= 1099511628211ULL;
+  };
+  mix("keel_idempotency");
+  mix(scope);
+  mix(key);
+  return static_cast<std::int64_t>(h);
+}
+
+// What a key's record (kRecordSelect's row) means for a request with `fingerprint` at `now`:
+// replaced (past its TTL), taken over (a claim whose lock expired), or decided, with `out` set
+// to the answer (replay, 422, 409).
+enum class RecordFate : unsigned char { kReplace, kTakeOver, kDecided };
+
+RecordFate judge(const Rows& row, std::string_view fingerprint, std::int64_t now,
+                 std::int64_t ttl_ms, Claim& out) {
+  const bool expired = row.integer(0, 7) + ttl_ms <= now;
+  const bool lock_expired = row.integer(0, 3) <= now;
+  const bool completed = row.text(0, 1) == "completed";
+  if (expired && (completed || lock_expired)) return RecordFate::kReplace;
+  if (row.text(0, 0) == fingerprint && !completed && lock_expired) return RecordFate::kTakeOver;
+  out.token.clear();
+  if (row.text(0, 0) != fingerprint) {
+    out.status = ClaimStatus::kMismatch;
+    return RecordFate::kDecided;
+  }
+  if (completed) {
+    out.status = ClaimStatus::kReplay;
+    out.response.status = static_cast<int>(row.integer(0, 4));
+    if (row.cell(0, 5)) out.response.headers = decode_headers(*row.cell(0, 5));
+    if (row.cell(0, 6)) out.response.body = *row.cell(0, 6);
+    return RecordFate::kDecided;
+  }
+  out.status = ClaimStatus::kInProgress;
+  const Duration left = std::chrono::milliseconds(row.integer(0, 3) - now);
+  out.retry_after =
+      std::max<Duration>(std::chrono::seconds(1), std::chrono::ceil<std::chrono::seconds>(left));
+  return RecordFate::kDecided;
+}
 
 // Fenced by the claim's token: a claim taken over (or purged) meanwhile matches no row.
 constexpr std::string_view kCompletion =
@@ -252,17 +323,12 @@ Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, st
     // The key has a record: decide outside the transaction the INSERT's BEGIN opened.
     if (then_begin) connection.rollback();
 
-    const Rows row = connection.query(
-        "SELECT fingerprint, status, lock_token, lock_expires_ms, response_status,"
-        " response_headers, response_body, created_ms FROM keel_idempotency"
-        " WHERE scope = $1 AND idem_key = $2",
-        {scope, key});
+    const Rows row = connection.query(kRecordSelect, {scope, key});
     if (row.empty()) continue;  // purged between the two statements
     const std::string& old_token = row.text(0, 2);
-    const bool expired = row.integer(0, 7) + ttl_ms <= now;
-    const bool lock_expired = row.integer(0, 3) <= now;
-    const bool completed = row.text(0, 1) == "completed";
-    if (expired && (completed || lock_expired)) {
+    const RecordFate fate = judge(row, fingerprint, now, ttl_ms, out);
+    if (fate == RecordFate::kDecided) return out;
+    if (fate == RecordFate::kReplace) {
       // Past its TTL: the key names a new operation now.
       const Rows replaced = connection.query(
           "UPDATE keel_idempotency SET fingerprint = $3, status = 'in_progress', lock_token = $4,"
@@ -272,27 +338,6 @@ Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, st
           {scope, key, fingerprint, out.token, now + lock_ms, now, old_token});
       if (replaced.affected() == 1) return claimed(std::move(out));
       continue;
-    }
-    if (row.text(0, 0) != fingerprint) {
-      out.status = ClaimStatus::kMismatch;
-      out.token.clear();
-      return out;
-    }
-    if (completed) {
-      out.status = ClaimStatus::kReplay;
-      out.token.clear();
-      out.response.status = static_cast<int>(row.integer(0, 4));
-      if (row.cell(0, 5)) out.response.headers = decode_headers(*row.cell(0, 5));
-      if (row.cell(0, 6)) out.response.body = *row.cell(0, 6);
-      return out;
-    }
-    if (!lock_expired) {
-      out.status = ClaimStatus::kInProgress;
-      out.token.clear();
-      const Duration left = std::chrono::milliseconds(row.integer(0, 3) - now);
-      out.retry_after = std::max<Duration>(std::chrono::seconds(1),
-                                           std::chrono::ceil<std::chrono::seconds>(left));
-      return out;
     }
     // The claimant died (or overran its lock): take over, fenced by its token.
     const Rows taken = connection.query(
@@ -319,21 +364,24 @@ bool IdempotencyStore::complete(Connection& connection, std::string_view scope,
   return updated.affected() == 1;
 }
 
-bool IdempotencyStore::complete_then_commit(Connection& connection, std::string_view scope,
-                                            std::string_view key, std::string_view token,
-                                            const StoredResponse& response) const {
+namespace {
+
+// Runs `write`, which must change exactly one row, as the open transaction's last statement and
+// commits, sent together where the dialect can refuse a write that changed none
+// (Dialect::update_exactly_one_row). True when committed; false when it changed no row and the
+// transaction was rolled back.
+bool write_one_then_commit(Connection& connection, std::string_view write,
+                           std::span<const Value> params) {
   const Dialect& dialect = connection.dialect();
-  const std::string checked = dialect.update_exactly_one_row(kCompletion);
+  const std::string checked = dialect.update_exactly_one_row(write);
   if (checked.empty()) {
-    if (!complete(connection, scope, key, token, response)) {
+    if (connection.query(write, params).affected() != 1) {
       connection.rollback();
       return false;
     }
     connection.commit();
     return true;
   }
-  const Value params[] = {
-      scope, key, token, response.status, encode_headers(response.headers), response.body};
   try {
     (void)connection.query_then_commit(checked, params);
     return true;
@@ -341,6 +389,80 @@ bool IdempotencyStore::complete_then_commit(Connection& connection, std::string_
     if (dialect.is_row_count_refusal(e.details())) return false;  // rolled back
     throw;
   }
+}
+
+}  // namespace
+
+bool IdempotencyStore::complete_then_commit(Connection& connection, std::string_view scope,
+                                            std::string_view key, std::string_view token,
+                                            const StoredResponse& response) const {
+  const Value params[] = {
+      scope, key, token, response.status, encode_headers(response.headers), response.body};
+  return write_one_then_commit(connection, kCompletion, params);
+}
+
+Claim IdempotencyStore::hold(Connection& connection, std::string_view scope, std::string_view key,
+                             std::string_view fingerprint, std::optional<Isolation> begin) const {
+  const std::int64_t now = now_ms();
+  const std::int64_t ttl_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.ttl).count();
+  const std::string_view lock = connection.dialect().try_transaction_lock();
+  const Value lock_params[] = {key_lock_name(scope, key)};
+  const Value read_params[] = {scope, key};
+  std::vector<Statement> statements;
+  if (!lock.empty()) statements.push_back({lock, lock_params});
+  // After the lock, in a statement of its own: at READ COMMITTED it then sees every record
+  // committed by the transaction that held the key before.
+  statements.push_back({kRecordSelect, read_params});
+  std::vector<Rows> rows;
+  if (begin) {
+    rows = connection.begin_then_query(*begin, statements);
+  } else {
+    for (const Statement& statement : statements) {
+      rows.push_back(connection.query(statement.sql, statement.params));
+    }
+  }
+  Claim out;
+  if (!lock.empty() && rows.front().integer(0, 0) != 1) {
+    // Another transaction holds the key: its handler is running now.
+    out.status = ClaimStatus::kInProgress;
+    out.retry_after = std::chrono::seconds(1);
+    return out;
+  }
+  out.token = new_token();
+  out.created_ms = now;
+  const Rows& record = rows.back();
+  if (record.empty()) return out;
+  switch (judge(record, fingerprint, now, ttl_ms, out)) {
+    case RecordFate::kReplace:
+      out.replaces = record.text(0, 2);
+      return out;
+    case RecordFate::kTakeOver:
+      out.replaces = record.text(0, 2);
+      out.took_over = true;
+      out.created_ms = record.integer(0, 7);
+      return out;
+    case RecordFate::kDecided:
+      break;
+  }
+  return out;
+}
+
+bool IdempotencyStore::complete_held_then_commit(Connection& connection, std::string_view scope,
+                                                 std::string_view key, std::string_view fingerprint,
+                                                 const Claim& claim,
+                                                 const StoredResponse& response) const {
+  const Value params[] = {scope,
+                          key,
+                          fingerprint,
+                          claim.token,
+                          claim.created_ms,
+                          response.status,
+                          encode_headers(response.headers),
+                          response.body,
+                          claim.created_ms,
+                          claim.replaces};
+  return write_one_then_commit(connection, kHeldCompletion, params);
 }
 
 void IdempotencyStore::release(Connection& connection, std::string_view scope, std::string_view key,

@@ -413,30 +413,39 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     return finish(deadline_exceeded_response("while it waited for a database connection"));
   }
   Connection& conn = **lease;
-  // Where every writer takes the database's one write lock (SQLite), the handler's transaction
-  // holds it while the handler runs, so a concurrent duplicate's claim waits for it in any case:
-  // the claim goes into that transaction, one write lock and one commit instead of two. Where
-  // writers lock rows (PostgreSQL), the claim commits on its own so that a duplicate sees it at
-  // once (409) instead of waiting on the new row's lock; it is sent with the handler's BEGIN and
-  // the completion with the COMMIT, three round trips in all. docs/idempotency.md, "Round trips
-  // per request".
-  const bool claim_in_transaction = !conn.dialect().row_level_locks();
+  // Held: the handler's transaction holds the key (SQLite's write lock; PostgreSQL's advisory
+  // lock, taken without waiting, so that a concurrent duplicate is answered 409 at once) and
+  // reads its record; the completed record is written once, with the COMMIT. No claim is
+  // committed before the handler runs, nothing is left to release after a failure, and on
+  // PostgreSQL BEGIN, the lock and the read go in one round trip and the record with the COMMIT
+  // in another. At SERIALIZABLE on PostgreSQL the transaction's snapshot would predate the lock,
+  // so there the claim commits on its own first (sent with the handler's BEGIN) and the
+  // completion goes with the COMMIT. docs/idempotency.md, "Round trips per request".
+  const bool held =
+      !conn.dialect().row_level_locks() || options_.isolation == Isolation::kReadCommitted;
+  // Where BEGIN goes with the first statements (PostgreSQL), this request's first transaction
+  // opens before the handler's loop, and the loop's retries open their own.
+  const bool pipelined_begin = conn.dialect().row_level_locks();
   Claim claim;
   const auto release = [&](Connection& c) {
-    if (claim_in_transaction) return;  // the claim rolled back with the transaction
+    if (held) return;  // nothing was written
     try {
       store.release(c, scope, *key.key, claim.token);
     } catch (const DatabaseError&) {
       // The lock expires on its own; a retry then takes over.
     }
   };
-  if (!claim_in_transaction) {
+  if (pipelined_begin) {
     try {
-      claim = store.claim_then_begin(conn, scope, *key.key, fingerprint, options_.isolation);
+      claim = held ? store.hold(conn, scope, *key.key, fingerprint, options_.isolation)
+                   : store.claim_then_begin(conn, scope, *key.key, fingerprint, options_.isolation);
     } catch (const DatabaseError& e) {
       return unavailable(e);
     }
-    if (claim.status != ClaimStatus::kClaimed) return finish(claimed_elsewhere(claim));
+    if (claim.status != ClaimStatus::kClaimed) {
+      conn.rollback();
+      return finish(claimed_elsewhere(claim));
+    }
     if (expired()) {
       conn.rollback();
       release(conn);
@@ -448,36 +457,34 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   bool lost_claim = false;
   bool declined = false;
   bool expired_after_claim = false;
+  bool first_attempt = true;
   const auto body = [&](Connection& t) {
     lost_claim = false;
     declined = false;
-    if (claim_in_transaction) {
-      claim = store.claim(t, scope, *key.key, fingerprint);
+    if (held && !(pipelined_begin && first_attempt)) {
+      claim = store.hold(t, scope, *key.key, fingerprint);
       if (claim.status != ClaimStatus::kClaimed) return false;
       if (expired()) {
         expired_after_claim = true;
         return false;
       }
     }
+    first_attempt = false;
     result = handler(t);
     if (result.status >= 400) {
       declined = true;
       return false;
     }
-    if (claim_in_transaction && !store.complete(t, scope, *key.key, claim.token, result)) {
-      lost_claim = true;
-      return false;
-    }
     return true;
   };
   detail::TransactionEnds ends;
-  if (!claim_in_transaction) {
-    ends.begun = true;
-    ends.commit = [&](Connection& t) {
-      lost_claim = !store.complete_then_commit(t, scope, *key.key, claim.token, result);
-      return !lost_claim;
-    };
-  }
+  ends.begun = pipelined_begin;
+  ends.commit = [&](Connection& t) {
+    lost_claim =
+        held ? !store.complete_held_then_commit(t, scope, *key.key, fingerprint, claim, result)
+             : !store.complete_then_commit(t, scope, *key.key, claim.token, result);
+    return !lost_claim;
+  };
   TransactionResult tx;
   try {
     const DeadlineScope deadline_scope(request.deadline);
@@ -506,13 +513,14 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   }
   if (tx.status == TransactionStatus::kRolledBack && lost_claim) {
     return finish(problem(FlowOutcome::kClaimLost, 409, "Request in progress",
-                          "this request's claim on the Idempotency-Key expired and was taken "
-                          "over; retry to receive the outcome",
+                          "another request claimed this Idempotency-Key while this one ran "
+                          "(its claim had expired, or it claimed without holding the key); "
+                          "nothing was stored; retry to receive the outcome",
                           spread_retry_after_value(Duration::zero())));
   }
   // Not stored: release the claim so that a retry runs afresh. After a commit in doubt the
   // release is harmless: it only deletes a record still in progress.
-  if (!claim_in_transaction) {
+  if (!held) {
     if (conn.broken()) {
       try {
         auto fresh = options_.pool->acquire();

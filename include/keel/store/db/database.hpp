@@ -174,6 +174,12 @@ enum class Isolation : unsigned char {
   kSerializable,
 };
 
+/// One statement and its parameters, for the calls that send several together.
+struct Statement {
+  std::string_view sql;
+  std::span<const Value> params;
+};
+
 /// One database connection. Not thread-safe.
 class Connection {
  public:
@@ -217,6 +223,13 @@ class Connection {
   /// When the statement fails, the transaction is rolled back and its DatabaseError thrown
   /// (during_commit false); a failed COMMIT throws as commit() does. Requires: a transaction open.
   virtual Rows query_then_commit(std::string_view sql, std::span<const Value> params);
+
+  /// BEGIN at `isolation`, then `statements` in that transaction, sent together where the backend
+  /// can (PostgreSQL's pipeline mode: one round trip). Returns each statement's rows, with the
+  /// transaction open. When BEGIN or a statement fails, the transaction is rolled back (none is
+  /// left open) and the first error is thrown. Requires: no transaction open.
+  virtual std::vector<Rows> begin_then_query(Isolation isolation,
+                                             std::span<const Statement> statements);
 
   /// The connection cannot be used again (lost, or left in an unknown state).
   [[nodiscard]] virtual bool broken() const noexcept = 0;

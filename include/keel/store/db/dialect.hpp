@@ -38,6 +38,11 @@ class Dialect {
   /// The same, skipping the rows another transaction holds instead of waiting for them
   /// (" FOR UPDATE SKIP LOCKED"); "" where no two writers ever hold rows at once.
   [[nodiscard]] virtual std::string_view lock_rows_skip_locked() const noexcept = 0;
+  /// A statement, inside a transaction, that tries to take a lock named by the 64-bit integer
+  /// $1 until the transaction ends, without waiting: one row whose one column is 1 when it was
+  /// taken, 0 when another transaction holds it (pg_try_advisory_xact_lock). "" where the
+  /// transaction's write lock (BEGIN IMMEDIATE) already excludes every other writer.
+  [[nodiscard]] virtual std::string_view try_transaction_lock() const noexcept = 0;
   /// A WITH clause may hold INSERT, UPDATE or DELETE ... RETURNING, so that several writes and
   /// the reading of their results are one statement.
   [[nodiscard]] virtual bool data_modifying_ctes() const noexcept = 0;
@@ -48,7 +53,8 @@ class Dialect {
   /// A transaction may commit without waiting for its log to reach the disk (PostgreSQL's
   /// synchronous_commit = off, set for one transaction with set_config(..., true)).
   [[nodiscard]] virtual bool commit_without_flush() const noexcept = 0;
-  /// A statement that runs `update` (an UPDATE without RETURNING) and fails, with an error that
+  /// A statement that runs `update` (an UPDATE, or an INSERT ... ON CONFLICT DO UPDATE, without
+  /// RETURNING) and fails, with an error that
   /// is_row_count_refusal() recognises, unless it changed exactly one row: a COMMIT sent behind it
   /// without waiting for its answer (Connection::query_then_commit) then commits only when it
   /// did. "" where no single statement can do that (the caller reads the UPDATE's count instead).

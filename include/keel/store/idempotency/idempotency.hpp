@@ -41,6 +41,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -113,6 +114,12 @@ struct Claim {
   StoredResponse response;
   /// kInProgress: how long until the lock expires (at least 1 s), for Retry-After.
   Duration retry_after{};
+  /// hold()'s kClaimed: the lock token of the record complete_held_then_commit() writes over
+  /// (one past its TTL, or a claim whose lock expired); "" when there was none.
+  std::string replaces;
+  /// hold()'s kClaimed: the creation time the completed record keeps (the taken-over claim's,
+  /// else now), in milliseconds since the epoch.
+  std::int64_t created_ms = 0;
 };
 
 struct IdempotencyOptions {
@@ -150,6 +157,33 @@ class IdempotencyStore {
   [[nodiscard]] Claim claim_then_begin(Connection& connection, std::string_view scope,
                                        std::string_view key, std::string_view fingerprint,
                                        Isolation isolation) const;
+
+  /// Step 1 inside the handler's transaction, writing nothing (the flow's way on SQLite, and on
+  /// PostgreSQL at READ COMMITTED): the transaction holds the key (SQLite: the write lock every
+  /// transaction takes at BEGIN IMMEDIATE; PostgreSQL: a transaction-scoped advisory lock named
+  /// by the scope and key, Dialect::try_transaction_lock, never waited for), then the record is
+  /// read. kClaimed when there is none, or one past its TTL, or a claim whose lock expired
+  /// (took_over); kInProgress when another transaction holds the key (retry_after 1 s) or a
+  /// claim's lock is live; kReplay and kMismatch as claim(). The record is written once, by
+  /// complete_held_then_commit(); a rollback or a crash before it leaves nothing behind. With
+  /// `begin`, the transaction is opened first, BEGIN, the lock and the read sent together
+  /// (Connection::begin_then_query); it is left open whatever the status. Requires: without
+  /// `begin`, a transaction open on `connection`; on PostgreSQL at READ COMMITTED (a snapshot
+  /// taken before the lock could miss the record of the transaction that held it before).
+  /// Throws DatabaseError (with `begin`, no transaction left open).
+  [[nodiscard]] Claim hold(Connection& connection, std::string_view scope, std::string_view key,
+                           std::string_view fingerprint,
+                           std::optional<Isolation> begin = std::nullopt) const;
+
+  /// Step 3 after hold(): writes the completed record (inserted, or over the record hold() read,
+  /// fenced by its token) and COMMITs, sent together where the dialect can. Returns true when
+  /// committed; false when a record appeared or changed since hold() (a claim made without
+  /// holding the key): the transaction is rolled back. Requires: hold()'s transaction open.
+  /// Throws DatabaseError as COMMIT does; the transaction is then not open.
+  [[nodiscard]] bool complete_held_then_commit(Connection& connection, std::string_view scope,
+                                               std::string_view key, std::string_view fingerprint,
+                                               const Claim& claim,
+                                               const StoredResponse& response) const;
 
   /// Stores the response and marks the record completed. Requires: a transaction open on
   /// `connection` (the handler's). Returns false when the claim was lost (taken over after its
