@@ -128,6 +128,9 @@ struct BreakerSnapshot {
   std::int64_t slow = 0;      // in the window
   Duration open_remaining{};  // until half-open, when open
   int consecutive_trips = 0;
+  /// Half-open trials that ran and reported an outcome since the breaker was made: the probes it
+  /// sent. A moment held open by the trial gate, or a trial released unattempted, is not one.
+  std::int64_t probes = 0;
   /// failures / calls in the window; 0 when the window is empty.
   [[nodiscard]] double failure_rate() const noexcept {
     return calls > 0 ? static_cast<double>(failures) / static_cast<double>(calls) : 0.0;
@@ -217,6 +220,7 @@ class CircuitBreaker {
   // [generation:22][admitted:14][successes:14][failures:14] of the current half-open round.
   alignas(64) std::atomic<std::uint64_t> trials_word_{0};
   std::atomic<int> consecutive_trips_{0};
+  std::atomic<std::int64_t> probes_{0};
   std::atomic<int> minimum_calls_;  // options_.minimum_calls, or less in a fleet
 };
 

@@ -483,6 +483,7 @@ void CircuitBreaker::record_closed(const BreakerPermit& /*permit*/, bool failure
 }
 
 void CircuitBreaker::record_trial(const BreakerPermit& permit, bool failure) noexcept {
+  probes_.fetch_add(1, std::memory_order_relaxed);  // it ran, whether or not it still decides
   const std::uint64_t w = state_word_.load(std::memory_order_acquire);
   if (state_of(w) != BreakerState::kHalfOpen || gen_of(w) != permit.generation) return;
   std::uint64_t tw = trials_word_.load(std::memory_order_acquire);
@@ -576,6 +577,7 @@ BreakerSnapshot CircuitBreaker::snapshot() const noexcept {
   snap.failures = f;
   snap.slow = sl;
   snap.consecutive_trips = consecutive_trips_.load(std::memory_order_acquire);
+  snap.probes = probes_.load(std::memory_order_relaxed);
   return snap;
 }
 

@@ -402,6 +402,42 @@ TEST(Breaker, TheTrialGateHoldsTheBreakerOpenWhileSomebodyElseProbes) {
   EXPECT_EQ(changes, expected);
 }
 
+TEST(Breaker, ProbesCountTheTrialsThatRanNotTheMomentsTheGateHeld) {
+  keel::ManualClock clock;
+  std::vector<keel::Duration> answers = {1s, 1s, 0s, 0s, 0s};  // held twice, then trials run
+  std::size_t asked = 0;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 1,
+                          .minimum_calls = 1,
+                          .break_duration = 5s,
+                          .clock = &clock,
+                          .trial_gate = [&] { return answers.at(asked++); }});
+  ASSERT_TRUE(call(b, kF));
+  EXPECT_EQ(b.snapshot().probes, 0);
+  for (int held = 0; held < 2; ++held) {
+    clock.advance(5s);
+    EXPECT_FALSE(b.try_acquire());  // held open: half-open and back, no call sent
+  }
+  EXPECT_EQ(asked, 2U);
+  EXPECT_EQ(b.snapshot().probes, 0);
+  clock.advance(1s);
+  auto trial = b.try_acquire();
+  ASSERT_TRUE(trial.trial);
+  b.record(trial, Outcome::not_attempted());  // released unattempted: not a probe
+  EXPECT_EQ(b.snapshot().probes, 0);
+  trial = b.try_acquire();
+  ASSERT_TRUE(trial.trial);
+  b.record(trial, kF);  // a probe that failed: open again
+  EXPECT_EQ(b.snapshot().probes, 1);
+  clock.advance(10s);
+  trial = b.try_acquire();
+  ASSERT_TRUE(trial.trial);
+  b.record(trial, kS);
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(b.snapshot().probes, 2);
+  EXPECT_EQ(asked, 5U);
+}
+
 TEST(Breaker, ATrialGateThatThrowsLetsTheBreakerDecideAlone) {
   keel::ManualClock clock;
   keel::CircuitBreaker b(

@@ -1,17 +1,58 @@
-// `keel jobs work`'s metrics (tools/keel/jobs_metrics.cpp), checked in process: each dead-letter
-// reason counted in its own bucket, by the reason's kind.
+// `keel jobs work`'s metrics and breaker log (tools/keel/jobs_metrics.cpp), checked in process:
+// each dead-letter reason counted in its own bucket, by the reason's kind, and the probes of an
+// outage counted as sent.
 #include "jobs_metrics.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
+#include "keel/breaker.hpp"
+#include "keel/clock.hpp"
 #include "keel/store/queue/queue.hpp"
 
 namespace keel::cli::jobs_cli {
 namespace {
 
 using store::DeadReason;
+
+// The outage's closing line counts the probes this process sent: the moments a fleet's trial gate
+// held the breaker open for another process's probe are not among them.
+TEST(BreakerLogTest, TheClosingLineCountsProbesSentNotMomentsHeldForTheFleet) {
+  using namespace std::chrono_literals;
+  ManualClock clock;
+  BreakerRegistry breakers({.breaker = {.window = BreakerWindow::kCount,
+                                        .window_calls = 1,
+                                        .minimum_calls = 1,
+                                        .break_duration = 5s,
+                                        .clock = &clock}});
+  BreakerLog log(breakers);
+  breakers.add_listener([&](std::string_view key, BreakerState from, BreakerState to) {
+    log.on_change(key, from, to);
+  });
+  std::vector<Duration> answers = {1s, 1s, 1s, 0s};  // three holds, then this process probes
+  std::size_t asked = 0;
+  breakers.set_trial_gate([&](std::string_view) { return answers.at(asked++); });
+  const auto b = breakers.get("api:443");
+  testing::internal::CaptureStderr();
+  auto permit = b->try_acquire();
+  ASSERT_TRUE(permit);
+  b->record(permit, Outcome::transient());  // open
+  for (int held = 0; held < 3; ++held) {
+    clock.advance(5s);
+    EXPECT_FALSE(b->try_acquire());
+  }
+  clock.advance(1s);
+  permit = b->try_acquire();
+  ASSERT_TRUE(permit.trial);
+  b->record(permit, Outcome::success());
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(asked, 4U);
+  EXPECT_NE(err.find("circuit open for api:443: 1 of 1 calls failed (100%)"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("(1 probes)"), std::string::npos) << err;
+}
 
 TEST(JobsMetricsTest, EachDeadReasonHasItsBucketFromTheStart) {
   const Metrics metrics("x");

@@ -126,32 +126,28 @@ EventStream& Metrics::watch(BreakerRegistry& breakers, const RetryBudget* budget
 }
 
 void BreakerLog::on_change(std::string_view key, BreakerState from, BreakerState to) {
+  const bool opened = to == BreakerState::kOpen && from == BreakerState::kClosed;
+  if (!opened && to != BreakerState::kClosed) return;
   const TimePoint now = steady_clock().now();
+  const auto breaker = registry_.find(key);
+  const BreakerSnapshot snap = breaker ? breaker->snapshot() : BreakerSnapshot{};
   std::lock_guard lock(mu_);
-  Outage& o = outages_[std::string(key)];
-  if (to == BreakerState::kOpen && from == BreakerState::kClosed) {
-    o = Outage{now, 0};
-    std::int64_t calls = 0;
-    std::int64_t failures = 0;
-    if (auto b = registry_.find(key)) {
-      const BreakerSnapshot snap = b->snapshot();
-      calls = snap.calls;
-      failures = snap.failures;
-    }
-    std::fprintf(
-        stderr,
-        "keel jobs: circuit open for %.*s: %lld of %lld calls failed (%.0f%%); jobs "
-        "wait for it without spending attempts\n",
-        static_cast<int>(key.size()), key.data(), static_cast<long long>(failures),
-        static_cast<long long>(calls),
-        calls > 0 ? 100.0 * static_cast<double>(failures) / static_cast<double>(calls) : 0.0);
-  } else if (to == BreakerState::kHalfOpen) {
-    ++o.probes;
-  } else if (to == BreakerState::kClosed) {
-    std::fprintf(stderr, "keel jobs: circuit closed for %.*s after %s open (%d probes)\n",
+  if (opened) {
+    outages_[std::string(key)] = Outage{now, snap.probes};
+    std::fprintf(stderr,
+                 "keel jobs: circuit open for %.*s: %lld of %lld calls failed (%.0f%%); jobs "
+                 "wait for it without spending attempts\n",
+                 static_cast<int>(key.size()), key.data(), static_cast<long long>(snap.failures),
+                 static_cast<long long>(snap.calls), 100.0 * snap.failure_rate());
+  } else {
+    // The probes this process sent during the outage: half-open moments that the fleet's trial
+    // gate held open (another process probed) sent none and are not counted.
+    const auto it = outages_.find(std::string(key));
+    const Outage o = it != outages_.end() ? it->second : Outage{now, snap.probes};
+    std::fprintf(stderr, "keel jobs: circuit closed for %.*s after %s open (%lld probes)\n",
                  static_cast<int>(key.size()), key.data(), format_duration(now - o.opened).c_str(),
-                 o.probes);
-    outages_.erase(std::string(key));
+                 static_cast<long long>(snap.probes - o.probes_before));
+    if (it != outages_.end()) outages_.erase(it);
   }
 }
 

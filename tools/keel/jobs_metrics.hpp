@@ -76,7 +76,7 @@ class BreakerLog {
  private:
   struct Outage {
     TimePoint opened{};
-    int probes = 0;
+    std::int64_t probes_before = 0;  // the breaker's probe count when it opened
   };
   BreakerRegistry& registry_;
   std::mutex mu_;
