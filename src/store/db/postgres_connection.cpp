@@ -92,11 +92,9 @@ class PostgresConnection final : public Connection {
     const std::string& name = prepare(sql, static_cast<int>(params.size()));
     const Params bound(params);
     Pipeline pipeline(*this);
-    pipeline.send(PQsendQueryPrepared(conn_, name.c_str(), bound.size(), bound.values(), nullptr,
-                                      nullptr, 0));
+    pipeline.send_prepared(name, bound);
     pipeline.sync();
-    pipeline.send(
-        PQsendQueryParams(conn_, begin_sql(isolation), 0, nullptr, nullptr, nullptr, nullptr, 0));
+    pipeline.send_text(begin_sql(isolation));
     pipeline.sync();
     Result statement = pipeline.next();
     pipeline.end_of_sync();
@@ -123,9 +121,8 @@ class PostgresConnection final : public Connection {
     Result committed;
     {
       Pipeline pipeline(*this);
-      pipeline.send(PQsendQueryPrepared(conn_, name.c_str(), bound.size(), bound.values(), nullptr,
-                                        nullptr, 0));
-      pipeline.send(PQsendQueryParams(conn_, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0));
+      pipeline.send_prepared(name, bound);
+      pipeline.send_text("COMMIT");
       pipeline.sync();
       statement = pipeline.next();
       committed = pipeline.next();
@@ -147,13 +144,11 @@ class PostgresConnection final : public Connection {
   std::vector<Rows> begin_then_query(Isolation isolation,
                                      std::span<const Statement> statements) override {
     std::vector<std::string> names;
-    names.reserve(statements.size());
-    for (const Statement& statement : statements) {
-      names.push_back(prepare(statement.sql, static_cast<int>(statement.params.size())));
-    }
     std::vector<std::unique_ptr<Params>> bound;
+    names.reserve(statements.size());
     bound.reserve(statements.size());
     for (const Statement& statement : statements) {
+      names.push_back(prepare(statement.sql, static_cast<int>(statement.params.size())));
       bound.push_back(std::make_unique<Params>(statement.params));
     }
     Result begun;
@@ -161,12 +156,9 @@ class PostgresConnection final : public Connection {
     results.reserve(statements.size());
     {
       Pipeline pipeline(*this);
-      pipeline.send(
-          PQsendQueryParams(conn_, begin_sql(isolation), 0, nullptr, nullptr, nullptr, nullptr, 0));
-      for (std::size_t i = 0; i < statements.size(); ++i) {
-        pipeline.send(PQsendQueryPrepared(conn_, names[i].c_str(), bound[i]->size(),
-                                          bound[i]->values(), nullptr, nullptr, 0));
-      }
+      pipeline.send_text(begin_sql(isolation));
+      for (std::size_t i = 0; i < statements.size(); ++i)
+        pipeline.send_prepared(names[i], *bound[i]);
       pipeline.sync();
       begun = pipeline.next();
       for (std::size_t i = 0; i < statements.size(); ++i) results.push_back(pipeline.next());
@@ -254,8 +246,14 @@ class PostgresConnection final : public Connection {
     Pipeline(const Pipeline&) = delete;
     Pipeline& operator=(const Pipeline&) = delete;
 
-    void send(int sent) {
-      if (sent != 1) c_.check(Result(), false);
+    // A statement prepared on this connection, with its parameters.
+    void send_prepared(const std::string& name, const Params& bound) {
+      sent(PQsendQueryPrepared(c_.conn_, name.c_str(), bound.size(), bound.values(), nullptr,
+                               nullptr, 0));
+    }
+    // A statement without parameters (BEGIN, COMMIT).
+    void send_text(const char* sql) {
+      sent(PQsendQueryParams(c_.conn_, sql, 0, nullptr, nullptr, nullptr, nullptr, 0));
     }
     void sync() {
       if (PQpipelineSync(c_.conn_) != 1) c_.check(Result(), false);
@@ -280,6 +278,10 @@ class PostgresConnection final : public Connection {
     }
 
    private:
+    void sent(int status) {
+      if (status != 1) c_.check(Result(), false);
+    }
+
     PostgresConnection& c_;
     bool open_ = true;
   };
