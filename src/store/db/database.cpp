@@ -28,6 +28,27 @@ std::string with_sqlstate(const std::string& message, const DatabaseError::Detai
 DatabaseError::DatabaseError(const std::string& message, Details details)
     : std::runtime_error(with_sqlstate(message, details)), details_(std::move(details)) {}
 
+namespace {
+
+std::string schema_version_message(const std::string& component, int found, int expected) {
+  if (found > expected) {
+    return "the database's schema for '" + component + "' is version " + std::to_string(found) +
+           ", newer than this program's " + std::to_string(expected) +
+           " (refusing to downgrade; run a keel that knows version " + std::to_string(found) + ")";
+  }
+  return "the database's schema for '" + component + "' is version " + std::to_string(found) +
+         ", older than this program's " + std::to_string(expected) +
+         " (run `keel migrate` with a role that may create tables)";
+}
+
+}  // namespace
+
+SchemaVersionError::SchemaVersionError(std::string component, int found, int expected)
+    : std::runtime_error(schema_version_message(component, found, expected)),
+      component_(std::move(component)),
+      found_(found),
+      expected_(expected) {}
+
 Outcome DatabaseError::outcome() const noexcept {
   return dialect_of(details_.backend).classify(details_);
 }
@@ -156,10 +177,7 @@ int migrate(Connection& connection, std::string_view component, std::span<const 
     const int found = read_version(connection, component);
     const int target = static_cast<int>(steps.size());
     if (found > target) {
-      throw std::runtime_error("the database's schema for '" + std::string(component) +
-                               "' is version " + std::to_string(found) +
-                               ", newer than this program's " + std::to_string(target) +
-                               " (refusing to downgrade)");
+      throw SchemaVersionError(std::string(component), found, target);
     }
     for (int i = found; i < target; ++i) {
       connection.execute(dialect.migration_sql(steps[static_cast<std::size_t>(i)]));

@@ -363,7 +363,10 @@ FlowResponse IdempotentRequestFlow::finish(FlowResponse response) const {
 
 FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
                                         const FlowHandler& handler) const {
-  const auto expired = [&] { return request.deadline.expired(options_.clock->now()); };
+  const auto expired = [&] {
+    return (request.abandoned != nullptr && request.abandoned->load(std::memory_order_acquire)) ||
+           request.deadline.expired(options_.clock->now());
+  };
   if (expired()) return finish(deadline_exceeded_response("before it arrived"));
   if (request.idempotency_key && request.idempotency_key_fields > 1) {
     return finish(problem(FlowOutcome::kInvalidKey, 400, "Invalid Idempotency-Key",
@@ -457,6 +460,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   bool lost_claim = false;
   bool declined = false;
   bool expired_after_claim = false;
+  bool expired_before_commit = false;
   bool first_attempt = true;
   const auto body = [&](Connection& t) {
     lost_claim = false;
@@ -480,6 +484,12 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   detail::TransactionEnds ends;
   ends.begun = pipelined_begin;
   ends.commit = [&](Connection& t) {
+    // The last check before the effect commits: a caller who stopped waiting (or a server that
+    // stopped answering) gets nothing committed behind its back.
+    if (expired()) {
+      expired_before_commit = true;
+      return false;
+    }
     lost_claim =
         held ? !store.complete_held_then_commit(t, scope, *key.key, fingerprint, claim, result)
              : !store.complete_then_commit(t, scope, *key.key, claim.token, result);
@@ -531,6 +541,9 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     } else {
       release(conn);
     }
+  }
+  if (tx.status == TransactionStatus::kRolledBack && expired_before_commit) {
+    return finish(deadline_exceeded_response("before its transaction committed"));
   }
   if (tx.status == TransactionStatus::kRolledBack && declined) {
     return finish(stored_answer(FlowOutcome::kNotStored, result));

@@ -110,6 +110,27 @@ class DatabaseError : public std::runtime_error {
   Details details_;
 };
 
+/// A component's schema in the database is not the version this program works with: newer (a
+/// later keel migrated it; this program refuses to downgrade or to write rows it does not know),
+/// or, where a program only checks the schema and does not migrate it, older. Not an outage: no
+/// retry fixes it, only running the matching program or the migration does. what() names the
+/// component and both versions.
+class SchemaVersionError : public std::runtime_error {
+ public:
+  SchemaVersionError(std::string component, int found, int expected);
+
+  [[nodiscard]] const std::string& component() const noexcept { return component_; }
+  /// The version recorded in the database (0: none).
+  [[nodiscard]] int found() const noexcept { return found_; }
+  /// The version this program works with.
+  [[nodiscard]] int expected() const noexcept { return expected_; }
+
+ private:
+  std::string component_;
+  int found_;
+  int expected_;
+};
+
 /// A statement parameter: NULL, a 64-bit integer or text.
 class Value {
  public:
@@ -271,7 +292,7 @@ struct Migration {
 /// if needed, then runs every step after the recorded version, all in one transaction, and records
 /// the new version. Concurrent callers (two processes opening one database) serialise on a lock
 /// (PostgreSQL advisory lock; SQLite write lock). Returns the version found before migrating.
-/// Throws DatabaseError, or std::runtime_error when the database's version is newer than the
+/// Throws DatabaseError, or SchemaVersionError when the database's version is newer than the
 /// steps this program knows (a downgrade).
 int migrate(Connection& connection, std::string_view component, std::span<const Migration> steps);
 inline int migrate(Connection& connection, std::string_view component,

@@ -35,6 +35,7 @@
 //   res.body(out.body);
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -134,6 +135,12 @@ struct FlowRequest {
   /// without running the handler. While the handler runs, current_request_deadline() returns it.
   /// Default infinite: no header, or an invalid one (ignored), and the request runs as always.
   Deadline deadline = Deadline::infinite();
+  /// Set (by the server adapter, from any thread) once nobody will read the answer: the client
+  /// closed its connection, or the server's drain ran out of time. The flow then stops at its
+  /// next step as it does for a passed deadline, and in particular never commits the handler's
+  /// writes after it is set: the answer is kDeadlineExceeded and nothing is stored. Must outlive
+  /// run(). Default none.
+  const std::atomic<bool>* abandoned = nullptr;
 };
 
 /// The deadline of a request that arrived at `arrival` carrying Keel-Deadline-Ms `header`
