@@ -85,4 +85,9 @@ class Backoff {
 /// uniform[lo, hi) in nanoseconds; lo when hi <= lo.
 [[nodiscard]] Duration uniform_duration(Duration lo, Duration hi, BitGenRef gen) noexcept;
 
+/// A periodic wait with ±50% jitter: uniform[interval / 2, interval × 3/2), so that the
+/// processes of a fleet that started together (or were all woken by one event) spread their
+/// periodic work instead of doing it in step. The mean is `interval`. Zero or negative: zero.
+[[nodiscard]] Duration jittered(Duration interval, BitGenRef gen) noexcept;
+
 }  // namespace keel

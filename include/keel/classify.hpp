@@ -273,22 +273,78 @@ enum class NetError : unsigned char {
 [[nodiscard]] Outcome classify_network(NetError error, bool request_sent) noexcept;
 
 // ---------------------------------------------------------------------------------------------
+// Databases
+
+/// What a failed database operation means for the work that hit it: the one decision behind a
+/// store's retry (the same connection, a new one, later or never) and behind the status a
+/// receiver answers (503 + Retry-After, or 500). Both backends' errors map onto it
+/// (classify_database_sqlstate, classify_database_sqlite); docs/classification.md has the table.
+enum class DatabaseFailure : unsigned char {
+  /// The transaction lost a race and was rolled back (PostgreSQL 40001 serialization_failure,
+  /// 40P01 deadlock_detected): run the whole transaction again, after a jittered delay.
+  kConflict,
+  /// A wait ran out: a lock another transaction holds (PostgreSQL 55P03 lock_not_available,
+  /// SQLite SQLITE_BUSY/SQLITE_LOCKED) or the statement's own time (57014 query_canceled, what
+  /// statement_timeout raises). Nothing was applied; retry later, not at once.
+  kBusy,
+  /// The database cannot be reached or cannot take the work now: a connection that could not be
+  /// opened or was lost before COMMIT (class 08), no answer within the round trip's bound,
+  /// insufficient resources (class 53: too many connections, out of memory, disk full), a
+  /// session ended by the server's idle timeouts (25P03, 57P05). Retry on a new connection, later.
+  kUnavailable,
+  /// The connection reaches a node that cannot serve it: a read-only transaction on a standby or
+  /// a demoted primary (25006 read_only_sql_transaction), a server shutting down or starting
+  /// (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now). Close the
+  /// connection (never return it to a pool), reconnect through the URL's host list, retry with
+  /// jitter; the failure is the infrastructure's, so no job attempt or request is charged for it.
+  kWrongNode,
+  /// The connection was lost, or gave no answer, during COMMIT: the transaction may or may not
+  /// have been applied ("commit in doubt"). Never re-run blindly: settle it (read back what was
+  /// written) or let an idempotency key make the second run harmless.
+  kInDoubt,
+  /// The statement or its data is wrong (a constraint, a trigger's abort, a data error, a missing
+  /// table, a privilege): no retry can succeed.
+  kPermanent,
+};
+
+/// "conflict", "busy", "unavailable", "wrong node", "commit in doubt", "permanent".
+[[nodiscard]] std::string_view to_string(DatabaseFailure failure) noexcept;
+
+/// A PostgreSQL SQLSTATE (five characters) as a DatabaseFailure. `during_commit`: the error came
+/// from COMMIT (a lost connection or a server shutting down there is kInDoubt). A malformed
+/// SQLSTATE is kPermanent.
+[[nodiscard]] DatabaseFailure classify_database_sqlstate(std::string_view sqlstate,
+                                                         bool during_commit) noexcept;
+
+/// A SQLite (extended or primary) result code as a DatabaseFailure: SQLITE_BUSY_SNAPSHOT (517)
+/// kConflict; SQLITE_BUSY and SQLITE_LOCKED kBusy (a busy COMMIT left the transaction open and
+/// unapplied: not in doubt); any other error during COMMIT with the connection lost kInDoubt;
+/// SQLITE_CANTOPEN, SQLITE_FULL, SQLITE_NOMEM and SQLITE_PROTOCOL kUnavailable (the file cannot
+/// be opened or written now); everything else (a constraint, a trigger's RAISE(ABORT), an I/O
+/// error, a corrupt file) kPermanent.
+[[nodiscard]] DatabaseFailure classify_database_sqlite(int extended_code, bool during_commit,
+                                                       bool connection_lost) noexcept;
+
+/// The retry engine's view of a DatabaseFailure: kConflict, kBusy, kUnavailable and kWrongNode
+/// transient, kInDoubt ambiguous, kPermanent permanent.
+[[nodiscard]] OutcomeKind outcome_kind(DatabaseFailure failure) noexcept;
+
+// ---------------------------------------------------------------------------------------------
 // PostgreSQL
 
-/// 40001 serialization_failure and 40P01 deadlock_detected: transient (retry the WHOLE
-/// transaction from BEGIN). Class 08 connection exceptions: transient, but ambiguous when they
-/// happen during COMMIT ("commit in doubt": never retried blindly). 57P01 admin_shutdown and
-/// 57P03 cannot_connect_now: transient. Everything else, and a malformed SQLSTATE: permanent.
+/// classify_database_sqlstate as an Outcome (kind outcome_kind(...), source kSqlstate, the
+/// SQLSTATE copied): 40001/40P01, 55P03, 57014, class 08 and 53, 25006, 25P03, 57P01-57P03 and
+/// 57P05 transient; class 08 and 57P01-57P03 during COMMIT ambiguous ("commit in doubt": never
+/// retried blindly); everything else, and a malformed SQLSTATE, permanent.
 [[nodiscard]] Outcome classify_sqlstate(std::string_view sqlstate, bool during_commit) noexcept;
 
 // ---------------------------------------------------------------------------------------------
 // SQLite
 
-/// `extended_code` is SQLite's (extended or primary) result code; its primary code is the low
-/// byte. SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes: transient (nothing
-/// was applied; a busy COMMIT leaves the transaction open and unapplied, not in doubt). Any
-/// other error during COMMIT with the connection lost: ambiguous. Everything else: permanent.
-/// The Outcome's source is kUser, as Outcome::transient() and its siblings give.
+/// classify_database_sqlite as an Outcome: SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their
+/// extended codes, transient; any other error during COMMIT with the connection lost ambiguous;
+/// everything else permanent. The Outcome's source is kUser, as Outcome::transient() and its
+/// siblings give.
 [[nodiscard]] Outcome classify_sqlite(int extended_code, bool during_commit,
                                       bool connection_lost) noexcept;
 

@@ -106,4 +106,10 @@ Duration Backoff::delay(int retry, Duration previous, BitGenRef gen) const noexc
   return ceiling(retry);
 }
 
+Duration jittered(Duration interval, BitGenRef gen) noexcept {
+  if (interval <= Duration::zero()) return Duration::zero();
+  const Duration half = interval / 2;
+  return uniform_duration(half, saturating_add(interval, half), gen);
+}
+
 }  // namespace keel

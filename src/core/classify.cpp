@@ -261,32 +261,106 @@ Outcome classify_network(NetError error, bool request_sent) noexcept {
   return o;
 }
 
+std::string_view to_string(DatabaseFailure failure) noexcept {
+  switch (failure) {
+    case DatabaseFailure::kConflict:
+      return "conflict";
+    case DatabaseFailure::kBusy:
+      return "busy";
+    case DatabaseFailure::kUnavailable:
+      return "unavailable";
+    case DatabaseFailure::kWrongNode:
+      return "wrong node";
+    case DatabaseFailure::kInDoubt:
+      return "commit in doubt";
+    case DatabaseFailure::kPermanent:
+      return "permanent";
+  }
+  return "unknown";
+}
+
+namespace {
+
+bool well_formed_sqlstate(std::string_view state) noexcept {
+  if (state.size() != 5) return false;
+  for (char c : state) {
+    if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+DatabaseFailure classify_database_sqlstate(std::string_view state, bool during_commit) noexcept {
+  if (!well_formed_sqlstate(state)) return DatabaseFailure::kPermanent;
+  const std::string_view cls = state.substr(0, 2);
+  // The transaction was rolled back by the server: definite, even when COMMIT reported it.
+  if (state == "40001" || state == "40P01") return DatabaseFailure::kConflict;
+  // The connection went away (or the server is going away) with the transaction's end unknown.
+  const bool node_going = state == "57P01" || state == "57P02" || state == "57P03";
+  if (during_commit && (cls == "08" || node_going)) return DatabaseFailure::kInDoubt;
+  if (node_going || state == "25006") return DatabaseFailure::kWrongNode;
+  if (cls == "08" || cls == "53" || state == "25P03" || state == "57P05") {
+    return DatabaseFailure::kUnavailable;
+  }
+  if (state == "55P03" || state == "57014") return DatabaseFailure::kBusy;
+  return DatabaseFailure::kPermanent;
+}
+
+DatabaseFailure classify_database_sqlite(int extended_code, bool during_commit,
+                                         bool connection_lost) noexcept {
+  const int primary = extended_code & 0xff;
+  // SQLITE_BUSY_SNAPSHOT: a read transaction's snapshot went stale before it could write (another
+  // connection committed): a lost race, not a wait.
+  if (extended_code == 517) return DatabaseFailure::kConflict;
+  if (primary == 5 /* SQLITE_BUSY */ || primary == 6 /* SQLITE_LOCKED */) {
+    // A busy COMMIT in SQLite left the transaction open and unapplied; it is not in doubt.
+    return DatabaseFailure::kBusy;
+  }
+  if (during_commit && connection_lost) return DatabaseFailure::kInDoubt;
+  // The file cannot be opened or written now: a missing directory, a full disk, no memory. Not
+  // the statement's fault; another try may find it fixed.
+  if (primary == 14 /* SQLITE_CANTOPEN */ || primary == 13 /* SQLITE_FULL */ ||
+      primary == 7 /* SQLITE_NOMEM */ || primary == 15 /* SQLITE_PROTOCOL */) {
+    return DatabaseFailure::kUnavailable;
+  }
+  return DatabaseFailure::kPermanent;
+}
+
+OutcomeKind outcome_kind(DatabaseFailure failure) noexcept {
+  switch (failure) {
+    case DatabaseFailure::kConflict:
+    case DatabaseFailure::kBusy:
+    case DatabaseFailure::kUnavailable:
+    case DatabaseFailure::kWrongNode:
+      return OutcomeKind::kTransient;
+    case DatabaseFailure::kInDoubt:
+      return OutcomeKind::kAmbiguous;
+    case DatabaseFailure::kPermanent:
+      return OutcomeKind::kPermanent;
+  }
+  return OutcomeKind::kPermanent;
+}
+
 Outcome classify_sqlstate(std::string_view state, bool during_commit) noexcept {
   Outcome o;
   o.source = OutcomeSource::kSqlstate;
   o.kind = OutcomeKind::kPermanent;
-  bool well_formed = state.size() == 5;
-  for (char c : state) {
-    if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z'))) well_formed = false;
-  }
-  if (!well_formed) return o;
+  if (!well_formed_sqlstate(state)) return o;
   for (std::size_t i = 0; i < 5; ++i) o.sqlstate[i] = state[i];
-  if (state == "40001" || state == "40P01") {
-    o.kind = OutcomeKind::kTransient;  // the database rolled the transaction back: definite
-  } else if (state.substr(0, 2) == "08" || state == "57P01" || state == "57P03") {
-    o.kind = during_commit ? OutcomeKind::kAmbiguous : OutcomeKind::kTransient;
-  }
+  o.kind = outcome_kind(classify_database_sqlstate(state, during_commit));
   return o;
 }
 
 Outcome classify_sqlite(int extended_code, bool during_commit, bool connection_lost) noexcept {
-  const int primary = extended_code & 0xff;
-  if (primary == 5 /* SQLITE_BUSY */ || primary == 6 /* SQLITE_LOCKED */) {
-    // A busy COMMIT in SQLite left the transaction open and unapplied; it is not in doubt.
-    return Outcome::transient();
+  switch (outcome_kind(classify_database_sqlite(extended_code, during_commit, connection_lost))) {
+    case OutcomeKind::kTransient:
+      return Outcome::transient();
+    case OutcomeKind::kAmbiguous:
+      return Outcome::ambiguous();
+    default:
+      return Outcome::permanent();
   }
-  if (during_commit && connection_lost) return Outcome::ambiguous();
-  return Outcome::permanent();
 }
 
 }  // namespace keel

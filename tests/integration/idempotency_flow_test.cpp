@@ -21,6 +21,7 @@
 
 #include "keel/random.hpp"
 #include "keel/store/db/dialect.hpp"
+#include "build_kind.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {
@@ -510,6 +511,117 @@ TEST_P(Flow, ADeadlineThatPassesWhileTheTransactionIsRetriedStopsTheRetries) {
   EXPECT_NE(problem(r)["detail"].get<std::string>().find("transaction"), std::string::npos);
   EXPECT_EQ(rows("keel_idempotency"), 0) << "the claim was released";
   EXPECT_EQ(claim_elsewhere("late-4").status, ClaimStatus::kClaimed);
+}
+
+// A database error no retry can fix, raised in the handler's transaction, is a 500 without
+// Retry-After (clients stop), runs the handler once, stores nothing and releases the key: a CHECK
+// constraint (23514; SQLITE_CONSTRAINT_CHECK) and a trigger's abort (P0001; RAISE(ABORT)).
+TEST_P(Flow, APermanentDatabaseErrorInTheHandlerIs500WithoutRetryAfter) {
+  const bool pg = GetParam() == Backend::kPostgres;
+  {
+    auto conn = pool_->acquire();
+    conn->execute("CREATE TABLE amounts (cents INTEGER NOT NULL CHECK (cents > 0))");
+    conn->execute("CREATE TABLE refused (note TEXT)");
+    if (pg) {
+      conn->execute(
+          "CREATE FUNCTION refuse_all() RETURNS trigger LANGUAGE plpgsql AS "
+          "$$ BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$;"
+          "CREATE TRIGGER refuse BEFORE INSERT ON refused FOR EACH ROW EXECUTE FUNCTION "
+          "refuse_all()");
+    } else {
+      conn->execute(
+          "CREATE TRIGGER refuse BEFORE INSERT ON refused BEGIN "
+          "SELECT RAISE(ABORT, 'refused by a trigger'); END");
+    }
+  }
+  const struct {
+    const char* key;
+    const char* sql;
+  } cases[] = {{"check-1", "INSERT INTO amounts (cents) VALUES (-5)"},
+               {"trigger-1", "INSERT INTO refused (note) VALUES ('x')"}};
+  for (const auto& c : cases) {
+    int handled = 0;
+    const FlowResponse r = flow_->run(request(c.key), [&](Connection& tx) {
+      ++handled;
+      tx.query("INSERT INTO charges (body) VALUES ('{}')");
+      tx.query(c.sql);
+      return StoredResponse{201, {}, "{}"};
+    });
+    EXPECT_EQ(r.outcome, FlowOutcome::kDatabaseError) << c.key;
+    EXPECT_EQ(r.status, 500) << c.key;
+    EXPECT_FALSE(r.header("Retry-After").has_value()) << c.key << ": clients must not retry it";
+    EXPECT_EQ(problem(r)["status"], 500);
+    EXPECT_EQ(r.body.find("refused by a trigger"), std::string::npos) << "no database text";
+    EXPECT_EQ(r.body.find("amounts"), std::string::npos) << "no database text";
+    EXPECT_FALSE(r.error.empty());
+    EXPECT_EQ(handled, 1) << c.key << ": a permanent error is not retried";
+    EXPECT_EQ(claim_elsewhere(c.key).status, ClaimStatus::kClaimed) << "the key was released";
+  }
+  EXPECT_EQ(rows("charges"), 0);
+  EXPECT_EQ(rows("keel_idempotency"), 2) << "only the two claims made here by claim_elsewhere";
+}
+
+// A lock another transaction holds is waited for at most until the request's deadline (400
+// deadline exceeded) or, without one, the flow's max_wait (503 + Retry-After); the handler's
+// writes are rolled back and nothing is answered after that. PostgreSQL: LOCK TABLE held by
+// another session; SQLite: another connection's BEGIN IMMEDIATE.
+TEST_P(Flow, ALockHeldElsewhereIsWaitedForOnlyUntilTheDeadlineOrMaxWait) {
+  const bool pg = GetParam() == Backend::kPostgres;
+  auto holder = open_database(url());
+  holder->begin();
+  if (pg) {
+    holder->query("LOCK TABLE charges IN EXCLUSIVE MODE");
+  } else {
+    holder->query("INSERT INTO charges (body) VALUES ('held')");  // holds the write lock
+  }
+  const IdempotentRequestFlow flow({.store = &store_,
+                                    .pool = pool_.get(),
+                                    .scope_secret = "0123456789abcdef0123456789abcdef",
+                                    .max_wait = 1500ms,
+                                    .log = [](std::string_view) {}});
+  const auto timed = [&](FlowRequest req) {
+    const auto start = std::chrono::steady_clock::now();
+    const FlowResponse r = flow.run(req, [&](Connection& tx) {
+      tx.query("INSERT INTO charges (body) VALUES ('{}')");
+      return StoredResponse{201, {}, "{}"};
+    });
+    return std::make_pair(r, std::chrono::steady_clock::now() - start);
+  };
+  FlowRequest with_deadline = request("locked-1");
+  with_deadline.deadline = request_deadline("500", steady_clock().now());
+  const auto [refused, took] = timed(with_deadline);
+  EXPECT_EQ(refused.outcome, FlowOutcome::kDeadlineExceeded) << refused.error;
+  EXPECT_EQ(refused.status, 400);
+  const auto [busy, busy_took] = timed(request("locked-2"));
+  EXPECT_EQ(busy.outcome, FlowOutcome::kDatabaseUnavailable) << busy.error;
+  EXPECT_EQ(busy.status, 503);
+  EXPECT_TRUE(busy.header("Retry-After").has_value());
+  if (test::kTimingAsserted) {
+    EXPECT_LT(took, 1000ms) << "the 500 ms deadline bounds the wait";
+    EXPECT_GE(busy_took, 1400ms);
+    EXPECT_LT(busy_took, 2500ms) << "max_wait (1.5 s) bounds the wait";
+  }
+  holder->rollback();
+  EXPECT_EQ(rows("charges"), 0) << "nothing committed behind the lock";
+  // The lock gone, the same keys run as new requests.
+  EXPECT_EQ(timed(request("locked-1")).first.outcome, FlowOutcome::kExecuted);
+  EXPECT_EQ(timed(request("locked-2")).first.outcome, FlowOutcome::kExecuted);
+}
+
+// Set by a server whose client went away (or whose drain ran out): nothing is committed after
+// it, even when the handler's work is done.
+TEST_P(Flow, AnAbandonedRequestCommitsNothing) {
+  std::atomic<bool> abandoned{false};
+  FlowRequest req = request("gone-1");
+  req.abandoned = &abandoned;
+  const FlowResponse r = flow_->run(req, [&](Connection& tx) {
+    tx.query("INSERT INTO charges (body) VALUES ('{}')");
+    abandoned.store(true);  // the client disconnected while the handler ran
+    return StoredResponse{201, {}, "{}"};
+  });
+  EXPECT_EQ(r.outcome, FlowOutcome::kDeadlineExceeded);
+  EXPECT_EQ(rows("charges"), 0);
+  EXPECT_EQ(claim_elsewhere("gone-1").status, ClaimStatus::kClaimed) << "nothing was stored";
 }
 
 TEST_P(Flow, AFutureDeadlineRunsAsUsualAndTheHandlerSeesIt) {

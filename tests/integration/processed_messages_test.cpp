@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -175,6 +177,32 @@ TEST_P(ProcessedMessagesTest, ClaimRunsInsideTheCallersTransaction) {
   EXPECT_TRUE(records.contains(*conn_, "evt-1").value());
   EXPECT_EQ(records.process(*conn_, "evt-1", write_effect("evt-1"))->status,
             ProcessStatus::kDuplicate);
+}
+
+// process() needs a transaction of its own: inside the caller's it refuses, before it sends
+// anything, so the caller's rollback rolls back everything the caller wrote (keel never commits
+// or ends a transaction it did not open). claim() is the call for the caller's transaction.
+TEST_P(ProcessedMessagesTest, ProcessInsideTheCallersTransactionRefusesAndTheCallersRollbackHolds) {
+  ProcessedMessages records = make_records();
+  conn_->begin();
+  conn_->query("INSERT INTO effects (message, n) VALUES ('callers', 1)");
+  try {
+    (void)records.process(*conn_, "evt-9", write_effect("evt-9"));
+    ADD_FAILURE() << "process() ran inside the caller's transaction";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("already open"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(conn_->in_transaction()) << "the caller's transaction is still open";
+  EXPECT_EQ(count("SELECT COUNT(*) FROM effects"), 1) << "and still holds the caller's row";
+  conn_->rollback();
+  EXPECT_EQ(count("SELECT COUNT(*) FROM effects"), 0) << "the caller's rollback rolled it back";
+  EXPECT_FALSE(records.contains(*conn_, "evt-9").value());
+  // The same through prune(), which also runs in a transaction of its own.
+  conn_->begin();
+  conn_->query("INSERT INTO effects (message, n) VALUES ('callers', 2)");
+  EXPECT_THROW((void)records.prune(*conn_, std::chrono::hours(1)), std::logic_error);
+  conn_->rollback();
+  EXPECT_EQ(count("SELECT COUNT(*) FROM effects"), 0);
 }
 
 // The outbox inside a consumer: the job enqueued by the effect commits with the record, once.

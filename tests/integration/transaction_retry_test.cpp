@@ -159,6 +159,32 @@ TEST_P(TransactionRetry, TheCeilingStopsTheRetriesOfALostRace) {
   EXPECT_EQ(r.outcome.kind, OutcomeKind::kTransient);
 }
 
+// A transaction the caller opened is never committed or ended by keel: BEGIN inside it, and so
+// with_transaction_retry, refuse before sending anything, and the caller's rollback holds.
+TEST_P(TransactionRetry, InsideTheCallersTransactionItRefusesAndTheCallersRollbackHolds) {
+  auto conn = open_database(url());
+  conn->begin();
+  conn->query("UPDATE accounts SET balance = 0 WHERE id = 1");
+  int runs = 0;
+  EXPECT_THROW((void)with_transaction_retry(*conn,
+                                            [&](Connection& tx) {
+                                              ++runs;
+                                              tx.query("UPDATE accounts SET balance = 1");
+                                              return true;
+                                            }),
+               std::logic_error);
+  EXPECT_THROW(conn->begin(), std::logic_error);
+  EXPECT_THROW((void)conn->query_then_begin("SELECT 1", {}), std::logic_error);
+  const Statement one{"SELECT 1", {}};
+  EXPECT_THROW((void)conn->begin_then_query(Isolation::kReadCommitted, {&one, 1}),
+               std::logic_error);
+  EXPECT_EQ(runs, 0);
+  EXPECT_TRUE(conn->in_transaction()) << "the caller's transaction is still open";
+  conn->rollback();
+  EXPECT_EQ(conn->query("SELECT SUM(balance) FROM accounts").integer(0, 0), 2000)
+      << "the caller's rollback rolled its update back";
+}
+
 TEST_P(TransactionRetry, OtherExceptionsRollBackAndPropagate) {
   auto conn = open_database(url());
   EXPECT_THROW((void)with_transaction_retry(*conn,

@@ -257,3 +257,32 @@ TEST(Backoff, InvalidMinCeilingNamesTheField) {
   EXPECT_EQ(message({.cap = 10s, .min_ceiling = 10s}), "");
   EXPECT_EQ(message({.jitter = Jitter::kDecorrelated}), "");
 }
+
+TEST(Jittered, SpreadsAPeriodUniformlyAroundItsInterval) {
+  // Over many seeds: every draw within [interval/2, interval*3/2), the mean within 1% of the
+  // interval, and both halves of the range used about equally.
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    keel::Rng rng(seed);
+    const Duration interval = 1s;
+    double sum = 0;
+    int below = 0;
+    constexpr int kDraws = 20000;
+    for (int i = 0; i < kDraws; ++i) {
+      const Duration d = keel::jittered(interval, rng);
+      ASSERT_GE(d, 500ms);
+      ASSERT_LT(d, 1500ms);
+      sum += std::chrono::duration<double>(d).count();
+      if (d < interval) ++below;
+    }
+    EXPECT_NEAR(sum / kDraws, 1.0, 0.01) << "seed " << seed;
+    EXPECT_NEAR(static_cast<double>(below) / kDraws, 0.5, 0.02) << "seed " << seed;
+  }
+}
+
+TEST(Jittered, AZeroOrNegativeIntervalIsZeroAndAHugeOneSaturates) {
+  keel::Rng rng(1);
+  EXPECT_EQ(keel::jittered(Duration::zero(), rng), Duration::zero());
+  EXPECT_EQ(keel::jittered(-1s, rng), Duration::zero());
+  const Duration huge = keel::jittered(Duration::max(), rng);
+  EXPECT_GE(huge, Duration::max() / 2);
+}

@@ -140,6 +140,73 @@ TEST(ClassifySqlstate, EverythingElseIsPermanent) {
   }
 }
 
+TEST(ClassifyDatabase, EachSqlstateSaysWhatARetryNeeds) {
+  using keel::DatabaseFailure;
+  const struct {
+    const char* state;
+    DatabaseFailure failure;
+  } cases[] = {
+      {"40001", DatabaseFailure::kConflict},    {"40P01", DatabaseFailure::kConflict},
+      {"55P03", DatabaseFailure::kBusy},        {"57014", DatabaseFailure::kBusy},
+      {"08006", DatabaseFailure::kUnavailable}, {"08001", DatabaseFailure::kUnavailable},
+      {"53300", DatabaseFailure::kUnavailable}, {"53100", DatabaseFailure::kUnavailable},
+      {"25P03", DatabaseFailure::kUnavailable}, {"57P05", DatabaseFailure::kUnavailable},
+      {"25006", DatabaseFailure::kWrongNode},   {"57P01", DatabaseFailure::kWrongNode},
+      {"57P02", DatabaseFailure::kWrongNode},   {"57P03", DatabaseFailure::kWrongNode},
+      {"23514", DatabaseFailure::kPermanent},   {"23505", DatabaseFailure::kPermanent},
+      {"P0001", DatabaseFailure::kPermanent},   {"22P02", DatabaseFailure::kPermanent},
+      {"42501", DatabaseFailure::kPermanent},   {"42P01", DatabaseFailure::kPermanent},
+      {"XX000", DatabaseFailure::kPermanent},   {"", DatabaseFailure::kPermanent},
+      {"5503", DatabaseFailure::kPermanent},    {"55p03", DatabaseFailure::kPermanent},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(keel::classify_database_sqlstate(c.state, false), c.failure) << c.state;
+  }
+}
+
+TEST(ClassifyDatabase, ALostConnectionOrAServerGoingAwayDuringCommitIsInDoubt) {
+  using keel::DatabaseFailure;
+  for (const char* s : {"08006", "08000", "57P01", "57P02", "57P03"}) {
+    EXPECT_EQ(keel::classify_database_sqlstate(s, true), DatabaseFailure::kInDoubt) << s;
+    EXPECT_EQ(keel::classify_sqlstate(s, true).kind, OutcomeKind::kAmbiguous) << s;
+  }
+  // A rollback the server reported at COMMIT is definite; so is a constraint checked there.
+  EXPECT_EQ(keel::classify_database_sqlstate("40001", true), DatabaseFailure::kConflict);
+  EXPECT_EQ(keel::classify_database_sqlstate("23505", true), DatabaseFailure::kPermanent);
+}
+
+TEST(ClassifyDatabase, TheRetryEngineSeesEveryRetryableFailureAsTransient) {
+  using keel::DatabaseFailure;
+  EXPECT_EQ(keel::outcome_kind(DatabaseFailure::kConflict), OutcomeKind::kTransient);
+  EXPECT_EQ(keel::outcome_kind(DatabaseFailure::kBusy), OutcomeKind::kTransient);
+  EXPECT_EQ(keel::outcome_kind(DatabaseFailure::kUnavailable), OutcomeKind::kTransient);
+  EXPECT_EQ(keel::outcome_kind(DatabaseFailure::kWrongNode), OutcomeKind::kTransient);
+  EXPECT_EQ(keel::outcome_kind(DatabaseFailure::kInDoubt), OutcomeKind::kAmbiguous);
+  EXPECT_EQ(keel::outcome_kind(DatabaseFailure::kPermanent), OutcomeKind::kPermanent);
+  for (const char* s : {"25006", "55P03", "57014", "53300"}) {
+    EXPECT_EQ(keel::classify_sqlstate(s, false).kind, OutcomeKind::kTransient) << s;
+  }
+}
+
+TEST(ClassifyDatabase, SqliteBusyIsBusyAndALostCommitIsInDoubt) {
+  using keel::DatabaseFailure;
+  EXPECT_EQ(keel::classify_database_sqlite(5, false, false), DatabaseFailure::kBusy);
+  EXPECT_EQ(keel::classify_database_sqlite(517, true, false), DatabaseFailure::kConflict);
+  EXPECT_EQ(keel::classify_database_sqlite(261, false, false), DatabaseFailure::kBusy);
+  EXPECT_EQ(keel::classify_database_sqlite(6, false, false), DatabaseFailure::kBusy);
+  EXPECT_EQ(keel::classify_database_sqlite(10, true, true), DatabaseFailure::kInDoubt);
+  EXPECT_EQ(keel::classify_database_sqlite(275, false, false),  // SQLITE_CONSTRAINT_CHECK
+            DatabaseFailure::kPermanent);
+  EXPECT_EQ(keel::classify_database_sqlite(1811, false, false),  // SQLITE_CONSTRAINT_TRIGGER
+            DatabaseFailure::kPermanent);
+  EXPECT_EQ(keel::classify_database_sqlite(14, false, false),  // SQLITE_CANTOPEN
+            DatabaseFailure::kUnavailable);
+  EXPECT_EQ(keel::classify_database_sqlite(13, false, false),  // SQLITE_FULL
+            DatabaseFailure::kUnavailable);
+  EXPECT_EQ(keel::classify_database_sqlite(11, false, false),  // SQLITE_CORRUPT
+            DatabaseFailure::kPermanent);
+}
+
 TEST(ClassifySqlite, BusyAndLockedAreTransientWithTheirExtendedCodes) {
   EXPECT_EQ(keel::classify_sqlite(5, false, false).kind, OutcomeKind::kTransient);  // BUSY
   EXPECT_EQ(keel::classify_sqlite(6, false, false).kind, OutcomeKind::kTransient);  // LOCKED

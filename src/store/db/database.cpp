@@ -53,6 +53,10 @@ Outcome DatabaseError::outcome() const noexcept {
   return dialect_of(details_.backend).classify(details_);
 }
 
+DatabaseFailure DatabaseError::failure() const noexcept {
+  return dialect_of(details_.backend).failure(details_);
+}
+
 bool DatabaseError::is_unique_violation() const noexcept {
   return dialect_of(details_.backend).is_unique_violation(details_);
 }
@@ -89,10 +93,24 @@ std::int64_t Rows::integer(std::size_t row, std::size_t column) const {
   return v;
 }
 
+namespace detail {
+
+void refuse_nested_transaction(const Connection& connection, std::string_view what) {
+  if (!connection.in_transaction()) return;
+  throw std::logic_error(
+      "keel::store: " + std::string(what) +
+      ": a transaction is already open on this connection; keel never commits or ends a "
+      "transaction it did not open (call the API that runs inside the caller's transaction, or "
+      "use another connection)");
+}
+
+}  // namespace detail
+
 // One statement after another where nothing is saved by sending them together (SQLite: no round
 // trips).
 Rows Connection::query_then_begin(std::string_view sql, std::span<const Value> params,
                                   Isolation isolation) {
+  detail::refuse_nested_transaction(*this, "query_then_begin");
   Rows rows = query(sql, params);
   begin(isolation);
   return rows;
@@ -112,6 +130,7 @@ Rows Connection::query_then_commit(std::string_view sql, std::span<const Value> 
 
 std::vector<Rows> Connection::begin_then_query(Isolation isolation,
                                                std::span<const Statement> statements) {
+  detail::refuse_nested_transaction(*this, "begin_then_query");
   begin(isolation);
   std::vector<Rows> out;
   out.reserve(statements.size());
@@ -133,6 +152,12 @@ std::unique_ptr<Connection> open_database(const DatabaseUrl& url, const ConnectO
                    .problem = "must be >= 0",
                    .got = format_duration(options.busy_timeout)});
   }
+  if (options.statement_timeout.count() < 1) {
+    throw_invalid({.context = "keel::store::ConnectOptions",
+                   .field = "statement_timeout",
+                   .problem = "must be >= 1ms",
+                   .got = format_duration(options.statement_timeout)});
+  }
   if (options.connect_timeout.count() < 1) {
     throw_invalid({.context = "keel::store::ConnectOptions",
                    .field = "connect_timeout",
@@ -140,7 +165,7 @@ std::unique_ptr<Connection> open_database(const DatabaseUrl& url, const ConnectO
                    .got = format_duration(options.connect_timeout)});
   }
   if (url.backend == Backend::kSqlite) return detail::open_sqlite(url.target, options);
-  return detail::open_postgres(url.target, options);
+  return detail::open_postgres(url.target, options, url.transaction_pooler);
 }
 
 namespace {
@@ -167,6 +192,23 @@ int schema_version(Connection& connection, std::string_view component) {
 
 int migrate(Connection& connection, std::string_view component, std::span<const Migration> steps) {
   const Dialect& dialect = connection.dialect();
+  const int target = static_cast<int>(steps.size());
+  // A current schema is only read (SELECT): a role that may write rows but not create tables runs
+  // every program over a database its owner migrated.
+  if (!connection.in_transaction()) {
+    const int current = schema_version(connection, component);
+    if (current > target) throw SchemaVersionError(std::string(component), current, target);
+    if (current == target) return current;
+  }
+  // Schema work may wait for another process's migration and rewrite large tables: bounded, but
+  // not by the timeouts of ordinary statements.
+  struct LongTimeouts {
+    Connection& c;
+    std::optional<StatementTimeouts> saved;
+    ~LongTimeouts() { c.set_timeouts(saved); }
+  } restore{connection, std::nullopt};
+  connection.set_timeouts(
+      StatementTimeouts{.lock = std::chrono::minutes(1), .statement = std::chrono::minutes(60)});
   connection.begin(Isolation::kReadCommitted);
   try {
     // Two processes opening the database at once take turns instead of racing on CREATE TABLE.
@@ -175,7 +217,6 @@ int migrate(Connection& connection, std::string_view component, std::span<const 
     }
     connection.execute(kCreateSchemaTable);
     const int found = read_version(connection, component);
-    const int target = static_cast<int>(steps.size());
     if (found > target) {
       throw SchemaVersionError(std::string(component), found, target);
     }
@@ -190,6 +231,22 @@ int migrate(Connection& connection, std::string_view component, std::span<const 
     }
     connection.commit();
     return found;
+  } catch (const DatabaseError& e) {
+    connection.rollback();
+    if (e.details().sqlstate != "42501") throw;  // insufficient_privilege
+    int found = 0;
+    try {
+      found = schema_version(connection, component);
+    } catch (const DatabaseError&) {
+      throw e;
+    }
+    DatabaseError::Details details = e.details();
+    throw DatabaseError("the database's schema for '" + std::string(component) + "' is version " +
+                            std::to_string(found) + " and this program needs " +
+                            std::to_string(target) +
+                            ", but this role may not change the schema (" + e.what() +
+                            "): run `keel migrate --db URL` as a role that may create tables",
+                        std::move(details));
   } catch (...) {
     connection.rollback();
     throw;
@@ -198,6 +255,12 @@ int migrate(Connection& connection, std::string_view component, std::span<const 
 
 ConnectionPool::ConnectionPool(DatabaseUrl url, PoolOptions options)
     : url_(std::move(url)), options_(options) {
+  if (options_.acquire_timeout.count() < 0) {
+    throw_invalid({.context = "keel::store::PoolOptions",
+                   .field = "acquire_timeout",
+                   .problem = "must be >= 0",
+                   .got = format_duration(options_.acquire_timeout)});
+  }
   if (options_.max_connections < 1) {
     throw_invalid({.context = "keel::store::PoolOptions",
                    .field = "max_connections",
@@ -212,19 +275,44 @@ ConnectionPool::Lease::~Lease() {
   if (pool_ != nullptr && conn_ != nullptr) pool_->release(std::move(conn_));
 }
 
-ConnectionPool::Lease ConnectionPool::acquire() {
+ConnectionPool::Lease ConnectionPool::acquire(Deadline deadline) {
+  const TimePoint start = steady_clock().now();
+  const Deadline until = deadline.min(Deadline::at(saturating_add(start, options_.acquire_timeout)));
+  const auto lend = [&](std::unique_ptr<Connection> conn) {
+    conn->set_deadline(deadline);
+    return Lease(this, std::move(conn));
+  };
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return !idle_.empty() || open_ < options_.max_connections; });
-  if (!idle_.empty()) {
+  for (;;) {
+    const auto ready = [&] { return !idle_.empty() || open_ < options_.max_connections; };
+    if (!ready()) {
+      const Duration left = until.remaining(steady_clock().now());
+      if (left <= Duration::zero() || !cv_.wait_for(lock, left, ready)) {
+        throw DatabaseError(
+            "no database connection free within " +
+                format_duration(steady_clock().now() - start) + " (all " +
+                std::to_string(options_.max_connections) + " of the pool's connections are lent)",
+            {.backend = url_.backend,
+             .sqlstate = url_.backend == Backend::kPostgres ? "08000" : "",
+             .sqlite_code = url_.backend == Backend::kSqlite ? 5 /* SQLITE_BUSY */ : 0});
+      }
+    }
+    if (idle_.empty()) break;
     std::unique_ptr<Connection> conn = std::move(idle_.back());
     idle_.pop_back();
-    return Lease(this, std::move(conn));
+    // A session the server ended while it sat idle (a terminated backend, a restart, a node
+    // demoted under it) is closed here rather than lent to fail its borrower's first statement.
+    if (conn->usable()) return lend(std::move(conn));
+    --open_;
+    lock.unlock();
+    conn.reset();
+    lock.lock();
   }
   ++open_;
   lock.unlock();
   try {
-    return Lease(this, options_.open ? options_.open(url_, options_.connect)
-                                     : open_database(url_, options_.connect));
+    return lend(options_.open ? options_.open(url_, options_.connect)
+                              : open_database(url_, options_.connect));
   } catch (...) {
     lock.lock();
     --open_;
@@ -235,6 +323,8 @@ ConnectionPool::Lease ConnectionPool::acquire() {
 
 void ConnectionPool::release(std::unique_ptr<Connection> conn) noexcept {
   if (conn->in_transaction()) conn->rollback();
+  conn->set_deadline(Deadline::infinite());
+  conn->set_timeouts(std::nullopt);
   const bool keep = !conn->broken();
   if (!keep) conn.reset();
   std::lock_guard lock(mu_);

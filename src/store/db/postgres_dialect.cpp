@@ -51,6 +51,9 @@ struct PostgresDialect final : Dialect {
   Outcome classify(const DatabaseError::Details& error) const noexcept override {
     return classify_sqlstate(error.sqlstate, error.during_commit);
   }
+  DatabaseFailure failure(const DatabaseError::Details& error) const noexcept override {
+    return classify_database_sqlstate(error.sqlstate, error.during_commit);
+  }
   bool is_unique_violation(const DatabaseError::Details& error) const noexcept override {
     return error.sqlstate == "23505";  // unique_violation
   }

@@ -19,7 +19,13 @@ namespace {
 class PostgresListener final : public Listener {
  public:
   PostgresListener(const std::string& uri, const ConnectOptions& options)
-      : conn_(connect_postgres(uri, options, " to listen")) {
+      : conn_(connect_postgres(uri, options, " to listen")),
+        answer_wait_(options.statement_timeout + std::chrono::milliseconds(500)) {
+    if (PQsetnonblocking(conn_, 1) != 0) {
+      PQfinish(conn_);
+      throw DatabaseError("PostgreSQL: listener: cannot switch to non-blocking mode",
+                          {.backend = Backend::kPostgres, .sqlstate = "08000"});
+    }
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_fd_ < 0) {
       PQfinish(conn_);
@@ -37,32 +43,24 @@ class PostgresListener final : public Listener {
     std::string sql = "LISTEN \"";
     for (const char c : channel) sql += c == '"' ? std::string("\"\"") : std::string(1, c);
     sql += '"';
-    PGresult* r = PQexec(conn_, sql.c_str());
-    const bool ok = r != nullptr && PQresultStatus(r) == PGRES_COMMAND_OK;
-    const std::string reason =
-        trim_pg_message(r != nullptr ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
-    PQclear(r);
-    if (!ok) fail("LISTEN failed: " + reason);
+    (void)run(sql, PGRES_COMMAND_OK, "LISTEN failed: ");
   }
 
   std::string scalar(std::string_view sql) override {
-    const std::string text(sql);
-    PGresult* r = PQexec(conn_, text.c_str());
-    const bool ok = r != nullptr && PQresultStatus(r) == PGRES_TUPLES_OK;
-    std::string out;
-    if (ok && PQntuples(r) > 0 && PQnfields(r) > 0 && PQgetisnull(r, 0, 0) == 0) {
-      out = PQgetvalue(r, 0, 0);
-    }
-    const std::string reason =
-        trim_pg_message(r != nullptr ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
-    PQclear(r);
-    if (!ok) fail("query failed: " + reason);
-    return out;
+    return run(std::string(sql), PGRES_TUPLES_OK, "query failed: ");
+  }
+
+  // transaction_read_only is on in recovery (a standby) and where default_transaction_read_only
+  // was turned on (a demoted primary, as the session sees it once it reads its configuration,
+  // which this statement makes it do).
+  bool takes_writes() override {
+    return scalar("SELECT current_setting('transaction_read_only')") != "on";
   }
 
   std::vector<Notification> wait(Duration timeout) override {
     std::vector<Notification> out = take();
     if (!out.empty()) return out;
+    if (conn_ == nullptr) fail("the connection was closed");
     pollfd fds[2] = {{.fd = PQsocket(conn_), .events = POLLIN, .revents = 0},
                      {.fd = wake_fd_, .events = POLLIN, .revents = 0}};
     if (fds[0].fd < 0) fail("the connection has no socket");
@@ -99,14 +97,68 @@ class PostgresListener final : public Listener {
     return out;
   }
 
+  // Sends `sql` and waits for its answer at most the statement timeout and half a second (a
+  // frozen server must not hold the listener's thread); returns the first row's first cell.
+  std::string run(const std::string& sql, ExecStatusType expected, const std::string& what) {
+    if (PQsendQuery(conn_, sql.c_str()) != 1) fail(what + trim_pg_message(PQerrorMessage(conn_)));
+    const auto until = std::chrono::steady_clock::now() + answer_wait_;
+    while (PQflush(conn_) == 1) wait_socket(POLLIN | POLLOUT, until);
+    std::string out;
+    std::string reason;
+    bool ok = true;
+    bool first = true;
+    for (;;) {
+      while (PQisBusy(conn_) != 0) {
+        wait_socket(POLLIN, until);
+        if (PQconsumeInput(conn_) == 0) fail(what + trim_pg_message(PQerrorMessage(conn_)));
+      }
+      PGresult* r = PQgetResult(conn_);
+      if (r == nullptr) break;
+      if (first) {
+        first = false;
+        ok = PQresultStatus(r) == expected;
+        if (ok && PQntuples(r) > 0 && PQnfields(r) > 0 && PQgetisnull(r, 0, 0) == 0) {
+          out = PQgetvalue(r, 0, 0);
+        }
+        if (!ok) reason = trim_pg_message(PQresultErrorMessage(r));
+      }
+      PQclear(r);
+    }
+    if (!ok) fail(what + reason);
+    return out;
+  }
+
+  void wait_socket(short events, std::chrono::steady_clock::time_point until) {
+    for (;;) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= until) {
+        PQfinish(conn_);
+        conn_ = nullptr;
+        throw DatabaseError("PostgreSQL: listener: no answer from the server within " +
+                                std::to_string(answer_wait_.count()) +
+                                " ms (frozen or unreachable); the connection was closed",
+                            {.backend = Backend::kPostgres,
+                             .sqlstate = "08006",
+                             .connection_lost = true});
+      }
+      pollfd fd{.fd = PQsocket(conn_), .events = events, .revents = 0};
+      if (fd.fd < 0) fail("the connection has no socket");
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
+      const int n = poll(&fd, 1, static_cast<int>(left));
+      if (n > 0) return;
+      if (n < 0 && errno != EINTR) fail("poll failed");
+    }
+  }
+
   [[noreturn]] void fail(const std::string& reason) {
-    const bool lost = PQstatus(conn_) != CONNECTION_OK;
+    const bool lost = conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK;
     throw DatabaseError("PostgreSQL: listener: " + reason, {.backend = Backend::kPostgres,
                                                             .sqlstate = lost ? "08006" : "XX000",
                                                             .connection_lost = true});
   }
 
   PGconn* conn_ = nullptr;
+  std::chrono::milliseconds answer_wait_;
   int wake_fd_ = -1;
 };
 

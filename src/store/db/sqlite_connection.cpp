@@ -32,10 +32,10 @@ class SqliteConnection final : public Connection {
       open(immutable_uri(path), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX);
     }
     sqlite3_extended_result_codes(db_, 1);
-    busy_timeout_ = options.busy_timeout;
-    if (busy_timeout_ > std::chrono::milliseconds::zero()) {
-      sqlite3_busy_handler(db_, &SqliteConnection::on_busy, this);
-    }
+    set_default_timeouts({.lock = options.busy_timeout, .statement = options.statement_timeout});
+    // The handler also ends a wait at the connection's deadline; with a busy timeout of 0 it
+    // refuses at once.
+    sqlite3_busy_handler(db_, &SqliteConnection::on_busy, this);
     try {
       // WAL lets readers run beside the one writer; synchronous=NORMAL keeps every committed
       // transaction across a process crash (only a power loss can drop the last few).
@@ -130,7 +130,10 @@ class SqliteConnection final : public Connection {
     return rows;
   }
 
-  void begin(Isolation /*isolation*/) override { execute("BEGIN IMMEDIATE"); }
+  void begin(Isolation /*isolation*/) override {
+    refuse_nested_transaction(*this, "begin");
+    execute("BEGIN IMMEDIATE");
+  }
 
   void commit() override {
     const int rc = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
@@ -216,8 +219,7 @@ class SqliteConnection final : public Connection {
         return;
       } catch (const DatabaseError& e) {
         const bool busy = (e.details().sqlite_code & 0xff) == SQLITE_BUSY;
-        if (!busy || busy_timeout_ <= std::chrono::milliseconds::zero() ||
-            on_busy(this, count) == 0) {
+        if (!busy || on_busy(this, count) == 0) {
           throw;
         }
       }
@@ -230,7 +232,8 @@ class SqliteConnection final : public Connection {
   // microseconds: a waiter could oversleep the holder by a hundred times, and with many writers
   // (keel-demo serve's 16 threads) the unlucky ones waited hundreds of milliseconds. This one
   // sleeps 100 us, then 200, 400, 800 us, then 1 ms per try, until busy_timeout has passed since
-  // the first call of this wait. Throughput is the same; the tail is shorter (docs/idempotency.md).
+  // the first call of this wait, or the connection's deadline passes (Connection::deadline), which
+  // ends it sooner. Throughput is the same; the tail is shorter (docs/idempotency.md).
   // It is the one wait in src/ that computes its own delays, and it stays here because it is a
   // lock wait inside one statement, called by SQLite with the lock's state, not a retry: a
   // statement still busy after busy_timeout fails, and retrying its transaction is
@@ -239,7 +242,8 @@ class SqliteConnection final : public Connection {
     auto* self = static_cast<SqliteConnection*>(self_ptr);
     const auto now = std::chrono::steady_clock::now();
     if (count == 0) self->busy_since_ = now;
-    if (now - self->busy_since_ >= self->busy_timeout_) return 0;
+    if (now - self->busy_since_ >= self->timeouts().lock) return 0;
+    if (self->deadline().expired(steady_clock().now())) return 0;
     const int doublings = std::min(count, 4);  // 100 us << 4 = 1.6 ms
     std::this_thread::sleep_for(std::min<std::chrono::microseconds>(
         std::chrono::microseconds(100 << doublings), std::chrono::milliseconds(1)));
@@ -253,7 +257,6 @@ class SqliteConnection final : public Connection {
   }
 
   sqlite3* db_ = nullptr;
-  std::chrono::milliseconds busy_timeout_{0};
   std::chrono::steady_clock::time_point busy_since_;
   std::unordered_map<std::string, sqlite3_stmt*> statements_;
   bool broken_ = false;

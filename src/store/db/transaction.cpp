@@ -4,6 +4,7 @@
 #include "keel/store/db/transaction.hpp"
 
 #include "db/detail/commit.hpp"
+#include "db/detail/connections.hpp"
 
 namespace keel::store {
 
@@ -38,12 +39,18 @@ TransactionResult run_with_retry(Connection& connection, const std::function<boo
                                  const RetryPolicy& policy, Isolation isolation,
                                  const CallOptions& call, bool wrap,
                                  const detail::TransactionEnds& ends = {}) {
+  // Checked before anything is sent: a caller's open transaction is left exactly as it was.
+  if (wrap && !ends.begun) detail::refuse_nested_transaction(connection, "with_transaction_retry");
+  if (!wrap) detail::refuse_nested_transaction(connection, "a single-statement transaction");
   TransactionResult result;
   CallOptions options = call;
   options.safe_to_repeat = false;  // an ambiguous outcome (commit in doubt) is never re-run
   RetryState state(policy, options);
   for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
     result.attempts = start.attempt.number;
+    // The attempt's statements end by the operation's deadline (their lock waits, statements
+    // and answers: Connection::deadline), and within the policy's per-try timeout when it has one.
+    const ScopedDeadline scoped(connection, Deadline::after(steady_clock(), start.attempt.timeout));
     try {
       if (wrap && !(ends.begun && result.attempts == 1)) connection.begin(isolation);
       if (!fn(connection)) {
@@ -66,12 +73,14 @@ TransactionResult run_with_retry(Connection& connection, const std::function<boo
       result.outcome = Outcome::success();
       result.error.clear();
       result.sqlstate.clear();
+      result.failure.reset();
       return result;
     } catch (const DatabaseError& e) {
       connection.rollback();
       result.outcome = e.outcome();
       result.error = e.what();
       result.sqlstate = e.details().sqlstate;
+      result.failure = e.failure();
       // An autocommit statement's connection lost mid-statement may have committed: in doubt.
       const bool lost_mid_statement = !wrap && e.details().connection_lost;
       if ((e.details().during_commit && result.outcome.kind == OutcomeKind::kAmbiguous) ||

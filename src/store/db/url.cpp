@@ -32,6 +32,70 @@ std::string redact_password(std::string_view uri) {
   return out;
 }
 
+// keel's own query parameter, taken out of a PostgreSQL URI before libpq sees it (libpq refuses
+// parameters it does not know). Returns the URI without it, or an error text.
+struct KeelParameters {
+  std::string uri;
+  bool transaction_pooler = false;
+  std::string error;
+};
+
+KeelParameters take_keel_parameters(std::string_view uri) {
+  KeelParameters out;
+  const std::size_t question = uri.find('?');
+  if (question == std::string_view::npos) {
+    out.uri = std::string(uri);
+    return out;
+  }
+  std::string kept;
+  std::string_view query = uri.substr(question + 1);
+  while (true) {
+    const std::size_t amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    const std::size_t eq = pair.find('=');
+    const std::string_view name = pair.substr(0, eq);
+    if (name == "keel_pooler") {
+      const std::string_view value =
+          eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+      if (value == "transaction") {
+        out.transaction_pooler = true;
+      } else if (value == "session" || value == "none") {
+        out.transaction_pooler = false;
+      } else {
+        out.error = "has keel_pooler=" + std::string(value) +
+                    " (expected transaction, session or none)";
+        return out;
+      }
+    } else if (!pair.empty()) {
+      if (!kept.empty()) kept += '&';
+      kept += pair;
+    }
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  out.uri = std::string(uri.substr(0, question));
+  if (!kept.empty()) out.uri += "?" + kept;
+  return out;
+}
+
+// A password given as a query parameter (?password=...) is redacted as well.
+std::string redact(std::string_view uri) {
+  std::string out = redact_password(uri);
+  const std::size_t question = out.find('?');
+  if (question == std::string::npos) return out;
+  std::size_t at = question + 1;
+  while (at < out.size()) {
+    std::size_t end = out.find('&', at);
+    if (end == std::string::npos) end = out.size();
+    if (out.compare(at, 9, "password=") == 0 && end > at + 9) {
+      out.replace(at + 9, end - (at + 9), "***");
+      end = at + 12;
+    }
+    at = end + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string_view to_string(Backend backend) noexcept {
@@ -43,7 +107,7 @@ Expected<DatabaseUrl> parse_database_url(std::string_view text) {
   const auto fail = [text](std::string problem) {
     return Error{.field = "database URL",
                  .problem = std::move(problem),
-                 .got = quote_value(redact_password(text), 200)};
+                 .got = quote_value(redact(text), 200)};
   };
   for (const char c : text) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
@@ -58,10 +122,13 @@ Expected<DatabaseUrl> parse_database_url(std::string_view text) {
       path.remove_prefix(2);
     }
     if (path.empty()) return fail("has an empty path (expected sqlite:PATH, e.g. sqlite:keel.db)");
-    return DatabaseUrl{Backend::kSqlite, std::string(path), std::string(text)};
+    return DatabaseUrl{
+        .backend = Backend::kSqlite, .target = std::string(path), .redacted = std::string(text)};
   }
   if (starts_with(text, "postgres://") || starts_with(text, "postgresql://")) {
-    const std::string uri(text);
+    KeelParameters keel = take_keel_parameters(text);
+    if (!keel.error.empty()) return fail(keel.error);
+    const std::string& uri = keel.uri;
     char* message = nullptr;
     PQconninfoOption* options = PQconninfoParse(uri.c_str(), &message);
     if (options == nullptr) {
@@ -71,7 +138,10 @@ Expected<DatabaseUrl> parse_database_url(std::string_view text) {
       return fail("is not a valid PostgreSQL URL: " + reason);
     }
     PQconninfoFree(options);
-    return DatabaseUrl{Backend::kPostgres, uri, redact_password(text)};
+    return DatabaseUrl{.backend = Backend::kPostgres,
+                       .target = uri,
+                       .redacted = redact(text),
+                       .transaction_pooler = keel.transaction_pooler};
   }
   const std::size_t colon = text.find(':');
   if (colon == std::string_view::npos) {

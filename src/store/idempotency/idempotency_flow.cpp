@@ -19,6 +19,7 @@
 #include "db/detail/commit.hpp"
 #include "idempotency/detail/ascii.hpp"
 #include "keel/deadline_header.hpp"
+#include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/random.hpp"
 #include "keel/retry_after.hpp"
@@ -185,6 +186,8 @@ std::string_view to_string(FlowOutcome outcome) noexcept {
       return "commit_in_doubt";
     case FlowOutcome::kDeadlineExceeded:
       return "deadline_exceeded";
+    case FlowOutcome::kDatabaseError:
+      return "database_error";
   }
   return "unknown";
 }
@@ -211,6 +214,7 @@ IdempotencyOutcome metrics_outcome(FlowOutcome outcome) noexcept {
     case FlowOutcome::kHandlerError:
     case FlowOutcome::kDatabaseUnavailable:
     case FlowOutcome::kCommitInDoubt:
+    case FlowOutcome::kDatabaseError:
       return IdempotencyOutcome::kError;
     case FlowOutcome::kDeadlineExceeded:
       return IdempotencyOutcome::kDeadlineExceeded;
@@ -336,6 +340,9 @@ IdempotentRequestFlow::IdempotentRequestFlow(FlowOptions options) : options_(std
     reject("retry_after_spread", "must be from 1 to 3600 (seconds)",
            std::to_string(options_.retry_after_spread));
   }
+  if (options_.max_wait <= Duration::zero()) {
+    reject("max_wait", "must be > 0", format_duration(options_.max_wait));
+  }
   if (options_.transaction_policy == nullptr) {
     options_.transaction_policy = &default_transaction_retry_policy();
   }
@@ -396,20 +403,51 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   const std::string fingerprint =
       request_fingerprint(request.method, request.path, request.body, json);
   const IdempotencyStore& store = *options_.store;
-  const auto unavailable = [&](const DatabaseError& e) {
-    FlowResponse out =
-        problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
-                "the idempotency store is unavailable; retry after the delay in Retry-After",
-                spread_retry_after_value(Duration::zero()));
-    out.error = std::string("claiming an Idempotency-Key failed: ") + e.what();
+  // A database failure's answer, from core's classification (the table in docs/idempotency.md):
+  // one a later retry may fix is 503 with a spread Retry-After; one no retry can fix is 500
+  // without it, so that well-behaved clients stop; a commit in doubt is 500 with Retry-After (a
+  // retry with the same key receives the outcome).
+  const auto failed = [&](DatabaseFailure failure, const std::string& error) {
+    FlowResponse out;
+    switch (failure) {
+      case DatabaseFailure::kInDoubt:
+        out = problem(FlowOutcome::kCommitInDoubt, 500, "Commit in doubt",
+                      "the outcome of the commit is unknown; retry with the same "
+                      "Idempotency-Key to receive it",
+                      spread_retry_after_value(Duration::zero()));
+        break;
+      case DatabaseFailure::kPermanent:
+        out = problem(FlowOutcome::kDatabaseError, 500, "Request failed",
+                      "the database refused the request's work (a constraint or a check failed); "
+                      "nothing was stored, and retrying the same request will fail the same way");
+        break;
+      default:
+        out = problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
+                      "the database is unavailable or busy; retry after the delay in Retry-After",
+                      spread_retry_after_value(Duration::zero()));
+        break;
+    }
+    out.error = error;
     options_.log(out.error);
     return finish(std::move(out));
   };
+  const auto unavailable = [&](const DatabaseError& e) {
+    return failed(e.failure(), std::string("claiming an Idempotency-Key failed: ") + e.what());
+  };
 
+  // Every wait on the database ends by the caller's deadline or the server's own bound,
+  // whichever is first: the wait for a connection, each statement's lock wait and run (the
+  // connection's deadline), the transaction's retries.
+  const Deadline bound =
+      request.deadline.min(Deadline::after(*options_.clock, options_.max_wait));
   std::optional<ConnectionPool::Lease> lease;
   try {
-    lease.emplace(options_.pool->acquire());
+    lease.emplace(options_.pool->acquire(
+        Deadline::after(steady_clock(), bound.remaining(options_.clock->now()))));
   } catch (const DatabaseError& e) {
+    if (expired()) {
+      return finish(deadline_exceeded_response("while it waited for a database connection"));
+    }
     return unavailable(e);
   }
   if (expired()) {
@@ -500,8 +538,8 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     const DeadlineScope deadline_scope(request.deadline);
     tx = detail::with_transaction_retry(
         conn, body, ends, *options_.transaction_policy, options_.isolation,
-        // The caller's deadline bounds the transaction's retries too: nobody waits past it.
-        {.clock = options_.clock, .ceiling = request.deadline});
+        // The bound holds the transaction's statements and retries too: nobody waits past it.
+        {.clock = options_.clock, .ceiling = bound});
   } catch (...) {
     FlowResponse out = problem(FlowOutcome::kHandlerError, 500, "Handler failed",
                                "the request failed on the server; nothing was stored");
@@ -552,18 +590,10 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     options_.log("the transaction of " + what(request) + " failed: " + tx.error);
     return finish(deadline_exceeded_response("while its transaction ran"));
   }
-  const bool in_doubt = tx.status == TransactionStatus::kCommitInDoubt;
-  FlowResponse out =
-      in_doubt ? problem(FlowOutcome::kCommitInDoubt, 500, "Commit in doubt",
-                         "the outcome of the commit is unknown; retry with the same "
-                         "Idempotency-Key to receive it",
-                         spread_retry_after_value(Duration::zero()))
-               : problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
-                         "the database is unavailable; retry after the delay in Retry-After",
-                         spread_retry_after_value(Duration::zero()));
-  out.error = "the transaction of " + what(request) + " failed: " + tx.error;
-  options_.log(out.error);
-  return finish(std::move(out));
+  const DatabaseFailure failure = tx.status == TransactionStatus::kCommitInDoubt
+                                      ? DatabaseFailure::kInDoubt
+                                      : tx.failure.value_or(DatabaseFailure::kUnavailable);
+  return failed(failure, "the transaction of " + what(request) + " failed: " + tx.error);
 }
 
 FlowResponse IdempotentRequestFlow::claimed_elsewhere(const Claim& claim) const {

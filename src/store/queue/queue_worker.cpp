@@ -70,6 +70,9 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
   if (options_.grace < Duration::zero()) {
     reject("grace", "must be >= 0", format_duration(options_.grace));
   }
+  if (options_.node_check <= Duration::zero()) {
+    reject("node_check", "must be > 0", format_duration(options_.node_check));
+  }
   if (options_.max_database_outage <= Duration::zero()) {
     reject("max_database_outage", "must be > 0", format_duration(options_.max_database_outage));
   }
@@ -139,7 +142,7 @@ std::string Worker::failure() const {
   return failure_;
 }
 
-Duration Worker::database_failed(const std::string& what) {
+Duration Worker::database_failed(const std::string& activity, const std::string& what) {
   const std::int64_t now = queue_.clock().now().time_since_epoch().count();
   std::string line;
   bool give_up = false;
@@ -150,10 +153,10 @@ Duration Worker::database_failed(const std::string& what) {
     if (db_failing_since_ns_ == 0) db_failing_since_ns_ = now;
     const Duration out(now - db_failing_since_ns_);
     if (failures == 1) {
-      line = "lease failed: " + what;
+      line = activity + " failed: " + what;
       db_logged_ns_ = now;
     } else if (Duration(now - db_logged_ns_) >= std::chrono::seconds(10)) {
-      line = "lease still failing (" + std::to_string(failures) + " times in " +
+      line = activity + " still failing (" + std::to_string(failures) + " times in " +
              format_duration(out) + "): " + what;
       db_logged_ns_ = now;
     }
@@ -161,7 +164,7 @@ Duration Worker::database_failed(const std::string& what) {
         !failed_.load()) {
       give_up = true;
       failure_ = "the database has failed for " + format_duration(out) + " (" +
-                 std::to_string(failures) + " lease attempts): " + what;
+                 std::to_string(failures) + " attempts): " + what;
       failed_.store(true);
     }
   }
@@ -205,24 +208,31 @@ void Worker::recorded(const WorkerEvent& event) {
   if (options_.on_event) options_.on_event(event);
 }
 
-void Worker::record_pending(Connection& conn, std::optional<WorkerEvent>& pending) {
+void Worker::record_pending(Connection& conn, std::optional<WorkerEvent>& pending,
+                            std::vector<Unrecorded>& unrecorded) {
   if (!pending) return;
-  WorkerEvent event = std::move(*pending);
-  pending.reset();  // if recording throws, its lease expires and the job runs again
+  unrecorded.push_back({.event = std::move(*pending)});
+  pending.reset();
+  WorkerEvent& event = unrecorded.back().event;
   event.result = queue_.complete(conn, event.job.id, event.job.fence, event.report);
   recorded(event);
+  unrecorded.pop_back();
 }
 
 void Worker::process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
-                     std::vector<LeasedJob>* next) {
+                     std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded,
+                     bool& ran) {
   const TimePoint start = queue_.clock().now();
   std::optional<WorkerEvent> finished = std::move(pending);  // recorded by this job's start
   pending.reset();
+  ran = false;
   AttemptReport report;
   std::optional<CompleteStatus> settled;  // recorded in the handler's transaction already
+  bool in_doubt = false;                  // the handler's transaction's COMMIT is in doubt
   if (paused_for() > Duration::zero()) {
-    record_pending(conn, finished);
+    record_pending(conn, finished, unrecorded);
     // Leased before a refusal paused the worker: defer it the same way, sending nothing.
+    ran = true;  // "ran" as far as recording goes: its report is the deferral
     std::lock_guard lock(mu_);
     report = pause_report_;
   } else {
@@ -230,11 +240,13 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
     if (!job.started) {
       // The previous job's success and this job's start in one statement (one transaction on
       // SQLite): a crash in between re-runs neither, and one after charges only this job.
+      if (finished) unrecorded.push_back({.event = *finished});
       const DoneAndStarted step =
           finished ? queue_.complete_and_start(conn, {{finished->job.id, finished->job.fence}},
                                                job.id, job.fence)
                    : DoneAndStarted{.started = queue_.start(conn, job.id, job.fence)};
       if (finished) {
+        unrecorded.pop_back();
         finished->result.status =
             step.current == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
         recorded(*finished);
@@ -242,7 +254,7 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
       }
       current = step.started;
     }
-    record_pending(conn, finished);  // a started job: nothing to record it with
+    record_pending(conn, finished, unrecorded);  // a started job: nothing to record it with
     if (!current) {
       // The lease was lost while the job waited in this batch: another worker has it.
       {
@@ -256,8 +268,10 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
         event.result.status = CompleteStatus::kStale;
         options_.on_event(event);
       }
+      ran = true;  // nothing to record and nothing to give back
       return;
     }
+    ran = true;
     try {
       if (tx_handler_) {
         // The handler's writes and the success in one transaction (queue_worker_tx.cpp).
@@ -267,6 +281,7 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
               active_.erase(job.id);
             });
         report = attempt.report;
+        in_doubt = attempt.in_doubt;
         if (attempt.done || attempt.stale) {
           settled = attempt.done ? CompleteStatus::kDone : CompleteStatus::kStale;
         }
@@ -290,11 +305,21 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
                     paused_for() == Duration::zero();
   if (settled) {
     event.result.status = *settled;
-  } else if (next == nullptr && busy) {
+    recorded(event);
+    return;
+  }
+  if (next == nullptr && busy) {
     // A success with more of the batch to run: recorded with the next job's start.
     pending = std::move(event);
     return;
-  } else if (next != nullptr && busy) {
+  }
+  unrecorded.push_back({.event = event, .tx_in_doubt = in_doubt});
+  if (in_doubt) {
+    // Only the job's row can say whether the COMMIT applied: settled on a new connection.
+    throw DatabaseError("the job's transaction's COMMIT is in doubt: " + report.error,
+                        {.backend = conn.backend(), .during_commit = true});
+  }
+  if (next != nullptr && busy) {
     // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
     DoneAndLeased step = queue_.complete_and_lease(conn, {{job.id, job.fence}}, options_.queue,
                                                    options_.worker_id, options_.batch, 1);
@@ -307,13 +332,114 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
   } else {
     event.result = queue_.complete(conn, job.id, job.fence, report);
   }
+  unrecorded.pop_back();
   recorded(event);
+}
+
+CompleteResult Worker::settle_one(Connection& conn, Unrecorded& u) {
+  WorkerEvent& event = u.event;
+  const std::string job = "job " + std::to_string(event.job.id);
+  const auto same_lease = [&](const std::optional<Job>& row) {
+    return row && row->fence == event.job.fence;
+  };
+  if (u.tx_in_doubt) {
+    // The success was recorded in the handler's transaction: the row says whether it committed.
+    const std::optional<Job> row = queue_.get(conn, event.job.id);
+    if (same_lease(row) && row->state == JobState::kDone) {
+      log(job + ": its transaction committed before the connection was lost");
+      return {.status = CompleteStatus::kDone};
+    }
+    if (same_lease(row) && row->state == JobState::kRunning) {
+      // Rolled back with the lost connection: nothing of the attempt remains, so it is given
+      // back, as a brake's refusal is, rather than charged.
+      event.report = {.outcome = Outcome::not_attempted(),
+                      .error = "not charged: the job's transaction did not commit (the connection "
+                               "was lost during COMMIT: " +
+                               event.report.error + ")"};
+    }
+  }
+  CompleteResult result;
+  try {
+    result = queue_.complete(conn, event.job.id, event.job.fence, event.report);
+  } catch (const DatabaseError& e) {
+    if (e.failure() != DatabaseFailure::kPermanent) throw;
+    // The outcome cannot be stored as it is (its text, most likely): the outcome is kept and its
+    // text replaced, never turned into a second run of the job.
+    log(job + ": its outcome (" + describe(event.report.outcome) +
+        ") could not be stored with its text (" + e.what() + "); recording it without");
+    event.report.error = "(the outcome's text could not be stored: the database refused it)";
+    result = queue_.complete(conn, event.job.id, event.job.fence, event.report);
+  }
+  if (result.status != CompleteStatus::kStale) return result;
+  // Not running under this lease any more: recorded already (a commit in doubt that applied), or
+  // taken over or released meanwhile.
+  const std::optional<Job> row = queue_.get(conn, event.job.id);
+  if (same_lease(row) && row->state != JobState::kRunning) {
+    log(job + ": its outcome was recorded before the connection was lost");
+    switch (row->state) {
+      case JobState::kDone:
+        return {.status = CompleteStatus::kDone};
+      case JobState::kDead:
+        return {.status = CompleteStatus::kDead};
+      default:
+        return {.status = CompleteStatus::kRetryScheduled};
+    }
+  }
+  log(job + ": lease lost while its outcome was settled (taken over or released); its outcome (" +
+      describe(event.report.outcome) + ") was not recorded");
+  return result;
+}
+
+void Worker::settle(std::optional<ConnectionPool::Lease>& conn,
+                    std::vector<Unrecorded>& unrecorded, std::string error) {
+  for (const Unrecorded& u : unrecorded) {
+    log("job " + std::to_string(u.event.job.id) + ": recording its outcome (" +
+        (u.event.report.outcome.kind == OutcomeKind::kSuccess
+             ? std::string("success")
+             : describe(u.event.report.outcome)) +
+        ") failed: " + error + "; settling it on a new connection");
+  }
+  for (bool first = true; !unrecorded.empty(); first = false) {
+    if (!first) {
+      // Core's jittered backoff while the database is out, counted towards max_database_outage.
+      const Duration wait = database_failed("settling an outcome", error);
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, wait, [&] { return cancel_.load(); });
+    }
+    if (cancel_.load()) {
+      // The grace after stop() is over: what is not settled is left to its lease.
+      for (const Unrecorded& u : unrecorded) {
+        log("job " + std::to_string(u.event.job.id) +
+            ": outcome not settled before the worker stopped (" + error +
+            "); its lease expires and the sweep decides");
+      }
+      unrecorded.clear();
+      return;
+    }
+    try {
+      if (!conn || !(*conn)->usable()) {
+        conn.reset();
+        conn.emplace(pool_.acquire());
+      }
+      while (!unrecorded.empty()) {
+        Unrecorded& u = unrecorded.front();
+        u.event.result = settle_one(**conn, u);
+        recorded(u.event);
+        unrecorded.erase(unrecorded.begin());
+      }
+      database_ok();
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (conn && (*conn)->broken()) conn.reset();
+    }
+  }
 }
 
 void Worker::slot_loop() {
   std::optional<ConnectionPool::Lease> conn;
   std::vector<LeasedJob> next;         // leased by the last success of a batch (complete_and_lease)
   std::optional<WorkerEvent> pending;  // a success of the batch, recorded with the next start
+  std::vector<Unrecorded> unrecorded;  // outcomes known whose recording has not finished
   std::uint64_t seen = 0;              // the wakeups counted before the last lease
   bool woken = false;                  // the last idle wait ended with a wakeup
   while (!stopping_.load()) {
@@ -329,7 +455,8 @@ void Worker::slot_loop() {
     next.clear();
     if (jobs.empty()) {
       try {
-        if (!conn || (*conn)->broken()) {
+        // A session the server ended (or a node that stopped taking writes) is replaced first.
+        if (!conn || !(*conn)->usable()) {
           conn.reset();
           conn.emplace(pool_.acquire());
         }
@@ -346,7 +473,7 @@ void Worker::slot_loop() {
         database_ok();
       } catch (const std::exception& e) {
         if (conn && (*conn)->broken()) conn.reset();
-        const Duration wait = database_failed(e.what());
+        const Duration wait = database_failed("lease", e.what());
         std::unique_lock lock(mu_);
         cv_.wait_for(lock, wait, [&] { return stopping_.load(); });
         continue;
@@ -362,9 +489,10 @@ void Worker::slot_loop() {
     }
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const LeasedJob& job = jobs[i];
+      bool ran = false;
       try {
         if (stopping_.load()) {
-          record_pending(**conn, pending);
+          record_pending(**conn, pending, unrecorded);
           // Leased in this batch but not started: give it back at once.
           {
             std::lock_guard lock(mu_);
@@ -375,44 +503,68 @@ void Worker::slot_loop() {
           }
           continue;
         }
-        process(**conn, job, pending, i + 1 == jobs.size() ? &next : nullptr);
+        process(**conn, job, pending, i + 1 == jobs.size() ? &next : nullptr, unrecorded, ran);
       } catch (const std::exception& e) {
-        pending.reset();  // not recorded: its lease expires and it runs again
-        log("job " + std::to_string(job.id) + ": recording the outcome failed: " + e.what() +
-            " (the lease expires and the job runs again)");
-        std::lock_guard lock(mu_);
-        active_.erase(job.id);
-        if ((*conn)->broken()) {
-          // The rest of the batch cannot be recorded on this connection: stop heartbeating
-          // those leases so that they expire and another attempt picks the jobs up.
-          for (std::size_t j = i + 1; j < jobs.size(); ++j) active_.erase(jobs[j].id);
-          conn.reset();
-          break;
+        // An outcome is known but was not recorded (the connection was lost, its commit is in
+        // doubt, a node turned read-only): it is settled on a new connection, with the job's
+        // fencing token, never left to its lease and run again. A job of this batch that did not
+        // run is given back uncharged.
+        if (pending) {
+          unrecorded.insert(unrecorded.begin(), {.event = std::move(*pending)});
+          pending.reset();
         }
+        if (conn && (*conn)->broken()) conn.reset();
+        if (!unrecorded.empty()) {
+          settle(conn, unrecorded, e.what());
+        } else {
+          log("job " + std::to_string(job.id) + (ran ? ": " : ": not run: ") + e.what());
+        }
+        if (!ran) give_back(conn, {job}, /*maybe_started=*/true);
+        give_back(conn, std::vector<LeasedJob>(jobs.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                                               jobs.end()),
+                  /*maybe_started=*/false);
+        break;
       }
     }
   }
   // Stopping with jobs leased by the last success and not started: give them back at once.
-  for (const LeasedJob& job : next) {
-    {
-      std::lock_guard lock(mu_);
-      active_.erase(job.id);
-    }
-    try {
-      if (conn && !(*conn)->broken() &&
-          queue_.release(**conn, job.id, job.fence, "worker stopping; not started")) {
-        released_.fetch_add(1);
-      }
-    } catch (const std::exception& e) {
-      log("job " + std::to_string(job.id) + ": release failed: " + e.what() +
-          " (the lease expires and the job runs again)");
-    }
-  }
+  give_back(conn, next, /*maybe_started=*/false);
   {
     std::lock_guard lock(mu_);
     --slots_running_;
   }
   cv_.notify_all();
+}
+
+void Worker::give_back(std::optional<ConnectionPool::Lease>& conn,
+                       const std::vector<LeasedJob>& jobs, bool maybe_started) {
+  for (const LeasedJob& job : jobs) {
+    {
+      std::lock_guard lock(mu_);
+      active_.erase(job.id);
+    }
+    try {
+      if (!conn || !(*conn)->usable()) {
+        conn.reset();
+        conn.emplace(pool_.acquire());
+      }
+      // Leased and not started: ready again at once, in its place, not charged. One whose start
+      // may have committed (its statement's outcome is unknown) gets that attempt back the way a
+      // brake's refusal does.
+      const bool given =
+          maybe_started
+              ? queue_.complete(**conn, job.id, job.fence,
+                                {.outcome = Outcome::not_attempted(Duration::zero()),
+                                 .error = "not run: the database failed as it started"})
+                        .status != CompleteStatus::kStale
+              : queue_.release(**conn, job.id, job.fence, "worker stopping; not started");
+      if (given) released_.fetch_add(1);
+    } catch (const std::exception& e) {
+      if (conn && (*conn)->broken()) conn.reset();
+      log("job " + std::to_string(job.id) + ": release failed: " + e.what() +
+          " (the lease expires and the job runs again)");
+    }
+  }
 }
 
 void Worker::prune(Connection& conn) {
@@ -452,14 +604,21 @@ void Worker::heartbeat_loop() {
       leases = active_;
     }
     try {
-      if (!conn || (*conn)->broken()) {
+      if (!conn || !(*conn)->usable()) {
         conn.reset();
         conn.emplace(pool_.acquire());
       }
       for (const auto& [id, fence] : leases) {
-        if (!queue_.heartbeat(**conn, id, fence)) {
-          log("job " + std::to_string(id) + ": lease lost (taken over or released)");
+        if (queue_.heartbeat(**conn, id, fence)) continue;
+        // Not running under this lease: either its own slot recorded it meanwhile (no longer
+        // active, or active under a new lease), or another worker or the sweep took it.
+        bool still_held = false;
+        {
+          std::lock_guard lock(mu_);
+          const auto it = active_.find(id);
+          still_held = it != active_.end() && it->second == fence;
         }
+        if (still_held) log("job " + std::to_string(id) + ": lease lost (taken over or released)");
       }
       const TimePoint now = queue_.clock().now();
       if (!stopping_.load() && now - last_prune >= std::chrono::seconds(10)) {

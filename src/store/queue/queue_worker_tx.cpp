@@ -31,12 +31,21 @@ TransactionalAttempt run_transactional_attempt(Connection& conn, const JobQueue&
       break;
     case TransactionStatus::kFailed:
       out = {};
-      out.report.outcome = r.outcome;
-      out.report.error = "job transaction failed: " + r.error;
+      if (r.failure == DatabaseFailure::kUnavailable || r.failure == DatabaseFailure::kWrongNode) {
+        // Nothing of the attempt remains (the server rolled it back): the job waits for the
+        // database, as for a brake, without losing an attempt.
+        out.report.outcome = Outcome::not_attempted();
+        out.report.error = "not charged: the job's transaction failed because the database could "
+                           "not serve it (" + std::string(to_string(*r.failure)) + "): " + r.error;
+      } else {
+        out.report.outcome = r.outcome;
+        out.report.error = "job transaction failed: " + r.error;
+      }
       break;
     case TransactionStatus::kCommitInDoubt:
-      // Applied or not: complete() finds the job done (stale) if it was, else records a retry.
+      // Applied or not: the worker settles it with the job's row on a new connection.
       out = {};
+      out.in_doubt = true;
       out.report.outcome = Outcome::ambiguous();
       out.report.error = "job transaction commit in doubt: " + r.error;
       break;

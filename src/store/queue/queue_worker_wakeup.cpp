@@ -96,6 +96,7 @@ Worker::IdleEnd Worker::idle_wait(Connection& conn, std::uint64_t seen) {
       wait = uniform_duration(options_.idle_poll / 2, options_.idle_poll / 2 * 3, rng_);
       if (due) wait = std::min<Duration>(wait, std::chrono::milliseconds(*due - now));
     }
+    if (!listening_.load()) wait = jittered(wait, rng_);  // a fleet's polls spread out
     if (cv_.wait_for(lock, wait, woken)) {
       end = IdleEnd::kWoken;
       break;
@@ -111,6 +112,14 @@ Worker::IdleEnd Worker::idle_wait(Connection& conn, std::uint64_t seen) {
 
 void Worker::start_wakeups() {
   if (!options_.wakeups || !pool_.dialect().listen_notify()) return;
+  if (!options_.listen_url && pool_.url().transaction_pooler) {
+    log("not listening for the queue's notifications: the database URL goes through a "
+        "transaction pooler (keel_pooler=transaction), where LISTEN does not work; polling every " +
+        format_duration(options_.poll_interval) +
+        " (jittered) instead; give a direct URL for LISTEN (keel jobs work --listen-db) for "
+        "wakeups");
+    return;
+  }
   listener_thread_ = std::thread([this] { listen_loop(); });
 }
 
@@ -135,7 +144,7 @@ void Worker::listen_loop() {
   while (!stopping_.load()) {
     std::unique_ptr<detail::Listener> listener;
     try {
-      listener = detail::open_listener(pool_.url());
+      listener = detail::open_listener(options_.listen_url.value_or(pool_.url()));
       {
         std::lock_guard lock(mu_);
         if (stopping_.load()) break;
@@ -152,10 +161,25 @@ void Worker::listen_loop() {
       // A job committed before LISTEN took effect sent its notification to nobody.
       wake();
       while (!stopping_.load()) {
-        for (const detail::Notification& n : listener->wait(kInfinite)) {
+        Duration check{};
+        {
+          std::lock_guard lock(mu_);
+          check = jittered(options_.node_check, rng_);
+        }
+        const std::vector<detail::Notification> got = listener->wait(check);
+        for (const detail::Notification& n : got) {
           if (n.payload != payload) continue;  // another queue's job, or another schema's
           notifications_.fetch_add(1);
           wake();
+        }
+        if (!got.empty() || stopping_.load()) continue;
+        // Quiet: is the node still the one that takes writes? A standby, or a primary turned
+        // read-only, takes LISTEN but will never see a job committed; the new primary will.
+        listener_statements_.fetch_add(1);
+        if (!listener->takes_writes()) {
+          throw DatabaseError("the listener's node no longer takes writes (a standby, or a "
+                              "primary turned read-only)",
+                              {.backend = pool_.backend(), .sqlstate = "25006"});
         }
       }
     } catch (const std::exception& e) {

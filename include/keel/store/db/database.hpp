@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "keel/classify.hpp"
+#include "keel/clock.hpp"
 #include "keel/expected.hpp"
 
 namespace keel::store {
@@ -61,13 +62,24 @@ inline constexpr std::string_view kDefaultDatabaseUrl = "sqlite:keel.db";
 
 /// A parsed database URL.
 ///   sqlite:PATH                         a file (relative or absolute); sqlite::memory: for tests
-///   postgres://... or postgresql://...  a libpq connection URI, passed to libpq unchanged
+///   postgres://... or postgresql://...  a libpq connection URI, passed to libpq without keel's
+///                                       own parameter below. Name a cluster with several hosts
+///                                       (postgresql://h1:5432,h2:5432/db): keel writes only to a
+///                                       read-write node (target_session_attrs=read-write unless
+///                                       the URL says otherwise), see docs/operations.md.
+///   ...?keel_pooler=transaction         keel's parameter, removed before libpq sees the URI: the
+///                                       URL reaches PostgreSQL through a transaction pooler
+///                                       (PgBouncer pool_mode=transaction), so keel sends no named
+///                                       prepared statements and keeps no state in the session.
+///                                       `session` or `none` (the default) say it does not.
 struct DatabaseUrl {
   Backend backend = Backend::kSqlite;
-  /// SQLite: the file path. PostgreSQL: the whole URI.
+  /// SQLite: the file path. PostgreSQL: the URI, without keel's own parameters.
   std::string target;
   /// The URL as given, with any password replaced by "***" (safe to log).
   std::string redacted;
+  /// PostgreSQL: keel_pooler=transaction was given (see above). Always false for SQLite.
+  bool transaction_pooler = false;
 };
 
 /// Parses a database URL. Returns an Error (field "database URL", the value quoted with any
@@ -103,6 +115,10 @@ class DatabaseError : public std::runtime_error {
   /// How a retry would fare: 40001/40P01 and SQLITE_BUSY/SQLITE_LOCKED transient; a connection
   /// lost during COMMIT ambiguous; constraint violations and syntax errors permanent.
   [[nodiscard]] Outcome outcome() const noexcept;
+  /// What the error means for the work that hit it (core's DatabaseFailure): a lost race, a wait
+  /// that ran out, an unreachable database, a node that cannot serve the connection (never reuse
+  /// it), a commit in doubt, or a permanent error.
+  [[nodiscard]] DatabaseFailure failure() const noexcept;
   /// 23505 unique_violation, or SQLite's SQLITE_CONSTRAINT_PRIMARYKEY/UNIQUE.
   [[nodiscard]] bool is_unique_violation() const noexcept;
 
@@ -195,6 +211,18 @@ enum class Isolation : unsigned char {
   kSerializable,
 };
 
+/// How long a connection's statements may wait; ConnectOptions gives each connection its own.
+struct StatementTimeouts {
+  /// A wait for a lock another transaction holds (SQLite's busy timeout, PostgreSQL's
+  /// lock_timeout); a statement still waiting fails as DatabaseFailure::kBusy.
+  std::chrono::milliseconds lock = std::chrono::seconds(5);
+  /// PostgreSQL: how long one statement may run (statement_timeout, kBusy when it fires), and,
+  /// with half a second more, how long keel waits for any answer of the server before it
+  /// abandons the connection (a frozen or unreachable server: kUnavailable, or kInDoubt during
+  /// COMMIT). SQLite has no such wait.
+  std::chrono::milliseconds statement = std::chrono::seconds(5);
+};
+
 /// One statement and its parameters, for the calls that send several together.
 struct Statement {
   std::string_view sql;
@@ -223,7 +251,9 @@ class Connection {
     return query(sql, std::span<const Value>(params.begin(), params.size()));
   }
 
-  /// BEGIN at the given isolation. Requires: no transaction open. Throws DatabaseError.
+  /// BEGIN at the given isolation. Requires: no transaction open: BEGIN inside the caller's
+  /// transaction throws std::logic_error and leaves that transaction as it was (keel never
+  /// commits or ends a transaction it did not open). Throws DatabaseError.
   virtual void begin(Isolation isolation = Isolation::kReadCommitted) = 0;
   /// COMMIT. A failure is thrown with details().during_commit set. Throws DatabaseError.
   virtual void commit() = 0;
@@ -260,23 +290,90 @@ class Connection {
   /// path; PostgreSQL, the server's host and port, the database and the connection's options
   /// (a search_path set there names other tables). Empty when unknown: nothing is matched.
   [[nodiscard]] virtual std::string database_identity() const { return {}; }
+
+  /// Whether the connection can still be lent out, checked without a round trip: not broken(),
+  /// and (PostgreSQL) no sign on its socket that the server ended the session while it was idle
+  /// (pg_terminate_backend, a restart, a failover). ConnectionPool asks before it lends an idle
+  /// connection. Default: !broken().
+  [[nodiscard]] virtual bool usable() noexcept { return !broken(); }
+
+  // ---- Bounds ----
+  // Every wait of a statement ends: a lock wait by the lock timeout, a PostgreSQL statement and
+  // its answer by the statement timeout (ConnectOptions), and all of them by the deadline of the
+  // work under way when one is set. with_transaction_retry sets each transaction's deadline from
+  // its operation's (the policy's overall_timeout, CallOptions' deadline and ceiling: a request's
+  // Keel-Deadline-Ms).
+
+  /// Bounds the statements run from now on by `deadline` (on keel::steady_clock()) as well as by
+  /// the timeouts; infinite (the default) leaves the timeouts alone. ScopedDeadline sets it for a
+  /// scope.
+  void set_deadline(Deadline deadline) noexcept { deadline_ = deadline; }
+  [[nodiscard]] Deadline deadline() const noexcept { return deadline_; }
+  /// Replaces the connection's timeouts for the statements run from now on (work known to be
+  /// long, such as migrations); nullopt restores ConnectOptions'. Requires: lock and statement
+  /// >= 1 ms.
+  void set_timeouts(std::optional<StatementTimeouts> timeouts) noexcept {
+    timeouts_override_ = timeouts;
+  }
+  /// The timeouts in force: set_timeouts' when set, else the connection's own.
+  [[nodiscard]] StatementTimeouts timeouts() const noexcept {
+    return timeouts_override_.value_or(timeouts_);
+  }
+
+ protected:
+  /// The connection's own timeouts (from ConnectOptions), set by the implementation.
+  void set_default_timeouts(StatementTimeouts timeouts) noexcept { timeouts_ = timeouts; }
+
+ private:
+  Deadline deadline_ = Deadline::infinite();
+  StatementTimeouts timeouts_{};
+  std::optional<StatementTimeouts> timeouts_override_;
+};
+
+/// While alive, the connection's deadline is the earlier of the one it had and `deadline`; the
+/// one it had comes back after. Not thread-safe (as the Connection).
+class ScopedDeadline {
+ public:
+  ScopedDeadline(Connection& connection, Deadline deadline) noexcept
+      : connection_(connection), saved_(connection.deadline()) {
+    connection_.set_deadline(saved_.min(deadline));
+  }
+  ~ScopedDeadline() { connection_.set_deadline(saved_); }
+  ScopedDeadline(const ScopedDeadline&) = delete;
+  ScopedDeadline& operator=(const ScopedDeadline&) = delete;
+
+ private:
+  Connection& connection_;
+  Deadline saved_;
 };
 
 struct ConnectOptions {
-  /// SQLite: how long a statement waits for another writer before SQLITE_BUSY. Requires: >= 0.
-  /// Default 5 s.
+  /// How long a statement waits for a lock another transaction holds before it fails as busy
+  /// (DatabaseFailure::kBusy): SQLite, for another writer, then SQLITE_BUSY (0: at once);
+  /// PostgreSQL, lock_timeout (0: 1 ms). Requires: >= 0. Default 5 s.
   std::chrono::milliseconds busy_timeout = std::chrono::seconds(5);
-  /// PostgreSQL: connect timeout. Requires: >= 1 s. Default 10 s.
-  std::chrono::seconds connect_timeout = std::chrono::seconds(10);
+  /// PostgreSQL: how long one statement may run (statement_timeout), and, with half a second
+  /// more, how long keel waits for any answer before it abandons the connection as unreachable
+  /// (StatementTimeouts::statement). Raise it for a connection whose statements are long by
+  /// design. Requires: >= 1 ms. Default 5 s.
+  std::chrono::milliseconds statement_timeout = std::chrono::seconds(5);
+  /// PostgreSQL: the connect timeout, for each host of a multi-host URL in turn (libpq's
+  /// connect_timeout; libpq waits at least 2 s). A connect_timeout in the URL wins. Requires:
+  /// >= 1 s. Default 3 s.
+  std::chrono::seconds connect_timeout = std::chrono::seconds(3);
   /// Open for reading only: nothing is created or written, so a user who may only read the
   /// database can open it. SQLite: SQLITE_OPEN_READONLY, no journal-mode change; PostgreSQL:
-  /// default_transaction_read_only. A write then fails with DatabaseError. Default false.
+  /// default_transaction_read_only (every transaction read only). A write then fails with
+  /// DatabaseError. Default false: PostgreSQL connections are opened on a read-write node only
+  /// (target_session_attrs=read-write, unless the URL names another).
   bool read_only = false;
 };
 
 /// Opens a connection. SQLite: creates the file if missing, turns on WAL and foreign keys, sets
-/// the busy timeout (read_only: the file must exist and is left as it is). PostgreSQL: connects and
-/// checks the connection. Throws DatabaseError when the database cannot be opened,
+/// the busy timeout (read_only: the file must exist and is left as it is). PostgreSQL: connects to
+/// a read-write node of the URL's hosts (unless read_only), with TCP keepalives, its timeouts
+/// as the session's defaults (with keel_pooler=transaction: set in each transaction instead, so
+/// that nothing outlives it). Throws DatabaseError when the database cannot be opened,
 /// std::invalid_argument for invalid options.
 [[nodiscard]] std::unique_ptr<Connection> open_database(const DatabaseUrl& url,
                                                         const ConnectOptions& options = {});
@@ -306,6 +403,9 @@ inline int migrate(Connection& connection, std::string_view component,
 struct PoolOptions {
   /// Most connections open at once; acquire() waits when all are lent. Requires: >= 1. Default 8.
   int max_connections = 8;
+  /// The longest acquire() waits for a connection when all are lent; then it throws DatabaseError
+  /// (DatabaseFailure::kUnavailable). Requires: >= 0. Default 5 s.
+  std::chrono::milliseconds acquire_timeout = std::chrono::seconds(5);
   ConnectOptions connect = {};
   /// Opens each new connection (e.g. to wrap it: tests count the statements a worker runs).
   /// Called from acquire(), possibly from several threads at once; throws as open_database does.
@@ -322,8 +422,9 @@ class ConnectionPool {
   ConnectionPool(const ConnectionPool&) = delete;
   ConnectionPool& operator=(const ConnectionPool&) = delete;
 
-  /// A lent connection; returned to the pool when destroyed (discarded when broken or left in a
-  /// transaction, which is rolled back).
+  /// A lent connection; returned to the pool when destroyed (rolled back when left in a
+  /// transaction; discarded when broken, which includes a connection that met a node unable to
+  /// serve it, DatabaseFailure::kWrongNode).
   class Lease {
    public:
     Lease(ConnectionPool* pool, std::unique_ptr<Connection> conn) noexcept
@@ -341,9 +442,12 @@ class ConnectionPool {
     std::unique_ptr<Connection> conn_;
   };
 
-  /// Waits for a free connection (opening one when under the limit). Throws DatabaseError when
-  /// a new connection cannot be opened.
-  [[nodiscard]] Lease acquire();
+  /// Waits for a free connection (opening one when under the limit), at most
+  /// PoolOptions::acquire_timeout and never past `deadline` (on keel::steady_clock()). An idle
+  /// connection the server ended meanwhile (Connection::usable) is closed, not lent. The lent
+  /// connection's deadline is `deadline`. Throws DatabaseError (kUnavailable) when none frees in
+  /// time or a new connection cannot be opened.
+  [[nodiscard]] Lease acquire(Deadline deadline = Deadline::infinite());
 
   [[nodiscard]] const DatabaseUrl& url() const noexcept { return url_; }
   [[nodiscard]] Backend backend() const noexcept { return url_.backend; }

@@ -88,6 +88,10 @@ class Dialect {
 
   /// How a retry would fare after the error (core's classify_sqlstate / classify_sqlite).
   [[nodiscard]] virtual Outcome classify(const DatabaseError::Details& error) const noexcept = 0;
+  /// What the error means for the work that hit it (core's classify_database_sqlstate /
+  /// classify_database_sqlite): retry on this connection, on a new one, later, or never.
+  [[nodiscard]] virtual DatabaseFailure failure(
+      const DatabaseError::Details& error) const noexcept = 0;
   /// The error is a UNIQUE or PRIMARY KEY constraint refusing a duplicate.
   [[nodiscard]] virtual bool is_unique_violation(
       const DatabaseError::Details& error) const noexcept = 0;

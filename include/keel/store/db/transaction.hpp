@@ -20,6 +20,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "keel/retry.hpp"
@@ -47,6 +48,9 @@ struct TransactionResult {
   std::string error;
   /// The last error's SQLSTATE (PostgreSQL), empty otherwise.
   std::string sqlstate;
+  /// What the last database error means (core's DatabaseFailure: retry later, on a new
+  /// connection, or never); nullopt when committed, rolled back, or nothing ran.
+  std::optional<DatabaseFailure> failure;
   [[nodiscard]] bool committed() const noexcept { return status == TransactionStatus::kCommitted; }
 };
 

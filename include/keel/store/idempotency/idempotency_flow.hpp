@@ -91,20 +91,25 @@ enum class FlowOutcome : unsigned char {
   kInvalidBody,          // 400: a JSON body over the JSON limits or with a duplicate member
   kNotStored,            // the handler's own 4xx/5xx: answered, not stored, claim released
   kHandlerError,         // 500: the handler threw; claim released
-  kDatabaseUnavailable,  // 503 + Retry-After 1..N s: claiming or the transaction failed
+  kDatabaseUnavailable,  // 503 + Retry-After 1..N s: claiming or the transaction failed in a way
+                         // a later retry may fix (DatabaseFailure kConflict, kBusy,
+                         // kUnavailable, kWrongNode); claim released
   kCommitInDoubt,        // 500 + Retry-After 1..N s: the COMMIT's outcome is unknown
   kDeadlineExceeded,     // 400: FlowRequest::deadline had passed on arrival, or passed while the
                          // request waited for a connection or its claim; the handler did not
                          // run, nothing was stored, the claim (if taken) was released
+  kDatabaseError,        // 500, no Retry-After: a database error no retry can fix (a constraint,
+                         // a trigger's abort, a data error; DatabaseFailure::kPermanent) in the
+                         // handler's transaction or keel's own statements; claim released
 };
 
 /// "executed", "took_over", "replayed", "in_progress", "claim_lost", "mismatch", "missing_key",
 /// "invalid_key", "invalid_body", "not_stored", "handler_error", "database_unavailable",
-/// "commit_in_doubt", "deadline_exceeded".
+/// "commit_in_doubt", "deadline_exceeded", "database_error".
 [[nodiscard]] std::string_view to_string(FlowOutcome outcome) noexcept;
 
 /// The metrics outcome of `outcome` (kTookOver is kExecuted, kClaimLost kInProgress, kMissingKey
-/// kInvalidKey, the three failures kError, kDeadlineExceeded kDeadlineExceeded).
+/// kInvalidKey, the four failures kError, kDeadlineExceeded kDeadlineExceeded).
 [[nodiscard]] IdempotencyOutcome metrics_outcome(FlowOutcome outcome) noexcept;
 
 /// One incoming request, as the flow reads it. The views must stay valid during run().
@@ -195,6 +200,13 @@ struct FlowOptions {
   /// Where FlowRequest::deadline is read against (now). Requires: the clock the deadline was
   /// made on. Default keel::steady_clock().
   Clock* clock = nullptr;
+  /// How long a request may wait for the database (a free connection, a lock another
+  /// transaction holds, its transaction's retries) when it carries no deadline of its own, or a
+  /// later one: then it is answered 503 + Retry-After (kDatabaseUnavailable), its handler's
+  /// writes rolled back. A request's Keel-Deadline-Ms bounds the same waits when it is earlier,
+  /// and is answered 400 kDeadlineExceeded. Requires: > 0. Default 5 s (the store's lock
+  /// timeout, ConnectOptions::busy_timeout).
+  Duration max_wait = std::chrono::seconds(5);
   /// Called once per request with its outcome, before run() returns. Default none.
   std::function<void(IdempotencyOutcome)> on_outcome;
   /// Limits on JSON bodies: a body whose first non-blank byte is '{' or '[', or whose

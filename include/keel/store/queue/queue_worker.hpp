@@ -157,6 +157,18 @@ struct WorkerOptions {
   /// up), each cut short at the earliest job's due time (a retry, a delayed job, an expiring
   /// lease). Requires: > 0. Default 5 s.
   Duration idle_poll = std::chrono::seconds(5);
+  /// PostgreSQL: where the listener connects, when the pool's URL cannot carry LISTEN: a direct
+  /// URL of the same database beside a pool URL through a transaction pooler (keel_pooler=
+  /// transaction; PgBouncer accepts LISTEN there but delivers the notifications to whichever
+  /// client next holds that server connection). Without it, a worker whose pool URL says
+  /// keel_pooler=transaction does not listen: it polls every poll_interval (jittered) and says
+  /// why once, at start. Default none: the pool's URL.
+  std::optional<DatabaseUrl> listen_url;
+  /// How often the listener checks that its node still takes writes (a primary demoted or a
+  /// standby, where no notification will ever come): waits drawn uniformly from
+  /// [node_check / 2, node_check x 3/2). A listener on such a node reconnects through the URL's
+  /// host list, and the idle worker looks at the queue. Requires: > 0. Default 10 s.
+  Duration node_check = std::chrono::seconds(10);
 };
 
 /// How a Worker's idle slots were woken (Worker::wakeup_counts()).
@@ -230,15 +242,37 @@ class Worker {
   // (complete_and_start). With `next` (the batch's last job), a success is recorded by
   // complete_and_lease and the jobs it leased are put in *next (and heartbeated); without it, a
   // success is left in `pending` for the next job's start.
+  // An outcome whose recording was under way is in `unrecorded` until it is recorded (so that a
+  // failure leaves it there to be settled); `ran` says whether the job's handler ran (or its
+  // deferral was decided).
+  struct Unrecorded {
+    WorkerEvent event;
+    /// The handler's transaction (the success with the writes) was lost during COMMIT.
+    bool tx_in_doubt = false;
+  };
   void process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
-               std::vector<LeasedJob>* next);
+               std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded, bool& ran);
   // The bookkeeping after an outcome was recorded: the count, a brake's pause, on_event.
   void recorded(const WorkerEvent& event);
   // Records `pending` (a success) on its own, if there is one, and clears it.
-  void record_pending(Connection& conn, std::optional<WorkerEvent>& pending);
+  void record_pending(Connection& conn, std::optional<WorkerEvent>& pending,
+                      std::vector<Unrecorded>& unrecorded);
+  // Records outcomes whose recording failed (`error`) on a new connection, with each job's
+  // fencing token: recorded now, found recorded already (a commit in doubt that applied), or
+  // found taken over. Waits for the database with core's backoff, counted towards
+  // max_database_outage, until the grace after stop() is over.
+  void settle(std::optional<ConnectionPool::Lease>& conn, std::vector<Unrecorded>& unrecorded,
+              std::string error);
+  [[nodiscard]] CompleteResult settle_one(Connection& conn, Unrecorded& u);
+  // Gives leased jobs that did not run back (not charged): released, or, when `maybe_started`
+  // (the statement that started it failed with its outcome unknown), deferred with its attempt
+  // given back.
+  void give_back(std::optional<ConnectionPool::Lease>& conn, const std::vector<LeasedJob>& jobs,
+                 bool maybe_started);
   void pause(Duration delay, const AttemptReport& report);
-  // A lease failed: logs (rate-limited), gives up past max_database_outage; returns the wait.
-  Duration database_failed(const std::string& what);
+  // A lease (or `activity`) failed: logs (rate-limited), gives up past max_database_outage;
+  // returns the wait.
+  Duration database_failed(const std::string& activity, const std::string& what);
   void database_ok();
 
   ConnectionPool& pool_;

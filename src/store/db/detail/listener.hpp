@@ -35,6 +35,11 @@ class Listener {
   /// NULL or no row). Throws DatabaseError.
   [[nodiscard]] virtual std::string scalar(std::string_view sql) = 0;
 
+  /// Whether the listener's node takes writes now (a primary), asked of the server in one bounded
+  /// round trip: false on a standby or a primary turned read-only, where no transaction that
+  /// notifies will ever commit. Throws DatabaseError.
+  [[nodiscard]] virtual bool takes_writes() = 0;
+
   /// Waits until a notification arrives, interrupt() is called or `timeout` passes, and returns
   /// the notifications received (empty on a timeout or an interrupt). Sends nothing to the
   /// server. Throws DatabaseError (connection_lost) when the connection is lost.

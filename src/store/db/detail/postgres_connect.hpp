@@ -12,9 +12,13 @@ struct pg_conn;  // libpq's PGconn
 
 namespace keel::store::detail {
 
-/// A connected libpq connection (the caller PQfinish()es it). Throws DatabaseError.
+/// A connected libpq connection (the caller PQfinish()es it): on a read-write node unless
+/// options.read_only (target_session_attrs, which the URI may override), with TCP keepalives,
+/// and `session_options` ("-c name=value ...", "" for none) ahead of the URI's own options.
+/// Throws DatabaseError.
 [[nodiscard]] pg_conn* connect_postgres(const std::string& uri, const ConnectOptions& options,
-                                        std::string_view what);
+                                        std::string_view what,
+                                        std::string_view session_options = {});
 
 /// libpq's error text without its trailing newlines and spaces.
 [[nodiscard]] std::string trim_pg_message(std::string s);
