@@ -16,48 +16,36 @@ function(keel_add_library name)
   target_compile_features(keel_${name} PUBLIC cxx_std_20)
 endfunction()
 
-# keel_install_libraries(DEPS_FILE <name> TARGETS <target>... [DEPENDENCIES <line>...]
-#                        [LINES <line>...] [COMPONENT <component> HEADERS <folder>]):
-# when KEEL_INSTALL is on, installs the targets into the keel-targets export set and writes
-# keel-<name>-deps.cmake (read by keel-config.cmake) with one find_dependency(<line>) per
-# dependency and then the LINES as they are: a static keel library needs its private
-# dependencies found by consumers. With COMPONENT the targets, the deps file and
-# include/keel/<folder> go into that install component instead, which the default install leaves
-# out (EXCLUDE_FROM_ALL: only `cmake --install <build> --component <component>` installs it),
-# with an export set of their own, keel-<component>-targets.cmake, that keel-config.cmake loads
-# only when it is there.
-function(keel_install_libraries)
-  cmake_parse_arguments(ARG "" "DEPS_FILE;COMPONENT;HEADERS" "TARGETS;DEPENDENCIES;LINES" ${ARGN})
+# keel_install_targets(<target>... [COMPONENT <component> HEADERS <folder>]):
+# when KEEL_INSTALL is on, installs each target (its archive, if it has one) into an export set of
+# its own, keel-<export name>-targets, and records it for cmake/KeelPackage.cmake, which writes,
+# from the target's installed link interface, what find_package(keel COMPONENTS <export name>)
+# loads (that export set, and the find_package calls of the third-party libraries it links) and
+# its pkg-config file. Nothing else is said here: the dependencies are those the target links.
+#
+# Without COMPONENT the files belong to the install component `dev` (the headers, libraries and
+# package files a program built against keel needs). With COMPONENT they, and
+# include/keel/<folder>, go into that install component instead, which the default install leaves
+# out (EXCLUDE_FROM_ALL: only `cmake --install <build> --component <component>` installs it).
+function(keel_install_targets)
+  cmake_parse_arguments(ARG "" "COMPONENT;HEADERS" "" ${ARGN})
   if(NOT KEEL_INSTALL)
     return()
   endif()
-  set(export keel-targets)
-  set(component "")
+  set(component COMPONENT dev)
   if(ARG_COMPONENT)
-    set(export keel-${ARG_COMPONENT}-targets)
     set(component COMPONENT ${ARG_COMPONENT} EXCLUDE_FROM_ALL)
   endif()
-  install(TARGETS ${ARG_TARGETS} EXPORT ${export}
-          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} ${component}
-          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} ${component})
-  if(ARG_COMPONENT)
-    install(EXPORT ${export} NAMESPACE keel:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/keel
-            ${component})
-  endif()
+  foreach(target IN LISTS ARG_UNPARSED_ARGUMENTS)
+    get_target_property(name ${target} EXPORT_NAME)
+    install(TARGETS ${target} EXPORT keel-${name}-targets
+            ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} ${component}
+            LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} ${component})
+    set_property(TARGET ${target} PROPERTY KEEL_INSTALL_COMPONENT "${ARG_COMPONENT}")
+    set_property(GLOBAL APPEND PROPERTY KEEL_INSTALLED_TARGETS ${target})
+  endforeach()
   if(ARG_HEADERS)
     install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/keel/${ARG_HEADERS}
             DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/keel ${component} PATTERN "detail" EXCLUDE)
-  endif()
-  if(ARG_DEPENDENCIES OR ARG_LINES)
-    set(lines "")
-    foreach(dependency IN LISTS ARG_DEPENDENCIES)
-      string(APPEND lines "find_dependency(${dependency})\n")
-    endforeach()
-    foreach(line IN LISTS ARG_LINES)
-      string(APPEND lines "${line}\n")
-    endforeach()
-    file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/keel-${ARG_DEPS_FILE}-deps.cmake "${lines}")
-    install(FILES ${CMAKE_CURRENT_BINARY_DIR}/keel-${ARG_DEPS_FILE}-deps.cmake
-            DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/keel ${component})
   endif()
 endfunction()

@@ -20,7 +20,8 @@ test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang
                chromium nodejs  # the storm explorer's browser test (tests/e2e)
                prometheus  # promtool checks deploy/prometheus/keel-alerts.yml
                python3 iproute2  # the doc test (tests/docs) and its private network namespace
-               dpkg-dev xz-utils)  # apt-get source for make tsan (scripts/httplib-source.sh)
+               dpkg-dev xz-utils  # apt-get source for make tsan (scripts/httplib-source.sh)
+               lintian)  # checks the Debian packages (tests/package/run_deb.cmake)
 bench_packages=(golang-go golang-github-cenkalti-backoff-dev python3 python3-tenacity nodejs)
 # Debian's npm conflicts with NodeSource's nodejs, which ships its own npm: only ask for it when
 # there is no npm at all.

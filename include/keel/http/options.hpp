@@ -191,7 +191,10 @@ struct ClientOptions {
   /// on_give_up hooks are called as the engine documents.
   RetryOptions retry = {.max_attempts = 3,
                         .per_try_timeout = std::chrono::seconds(10),
-                        .overall_timeout = std::chrono::seconds(30)};
+                        .overall_timeout = std::chrono::seconds(30),
+                        .on_retry = {},
+                        .on_give_up = {},
+                        .operation = {}};
   /// How answers are classified (see Classify).
   Classify classify;
   /// Circuit breakers, retry budget, adaptive timeouts (see Brakes).

@@ -235,7 +235,9 @@ struct AttemptReport {
   /// why nothing was sent.
   std::string error;
 
-  [[nodiscard]] static AttemptReport success() { return {.outcome = Outcome::success()}; }
+  [[nodiscard]] static AttemptReport success() {
+    return {.outcome = Outcome::success(), .error = {}};
+  }
 };
 
 enum class CompleteStatus : unsigned char {
