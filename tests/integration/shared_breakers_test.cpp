@@ -3,7 +3,10 @@
 // that the fleet's rules can be driven call by call: one opens, all open; one probe per break;
 // the probe's result closes or re-opens everyone; a dead prober's lease is taken over; a process
 // that starts later reads the table; an unreachable database means per-process breakers, said
-// once. The drill with real processes is in fleet_drill_test.cpp.
+// once. And what it must never do: obey a row outside its domain (hand-edited rows, one kind
+// each), retry a schema newer than its own, or leave a setting on a server session after its
+// transaction (through a PgBouncer of one connection when one is installed). The drill with
+// real processes (and the frozen database) is in fleet_drill_test.cpp.
 #include "keel/store/fleet/shared_breakers.hpp"
 
 #include <arpa/inet.h>
