@@ -454,8 +454,8 @@ TEST_P(BadBreakerRow, IsRepairedOrIgnoredSaidOnceAndNeverObeyed) {
   o.probe_lease = 300ms;
   o.probe_wait = 50ms;
   constexpr Duration kMaxBreak = 400ms;
+  auto m = member("m", 50ms, o, kMaxBreak);  // has read the row when it shares
   const auto started = std::chrono::steady_clock::now();
-  auto m = member("m", 50ms, o, kMaxBreak);  // reads the row as it starts
   auto other = member("other", 30s, o);
   const auto b = m->registry.get("api:443");
   // Never held open longer than the breaker's longest break.
@@ -614,11 +614,12 @@ TEST_F(SharedBreakersTest, MemberRowsOutOfTheirDomainDoNotMakeTheFleetsSize) {
       a->heard_of("keel_breaker_members").size() + b->heard_of("keel_breaker_members").size();
   EXPECT_GE(said, 1U);
   EXPECT_LE(said, 12U);
-  // A crowd of rows that look alive: more processes than a fleet on one database can be. The
-  // size stays the one known.
+  // A crowd of rows that look alive (for the 0.65 s until they expire): more processes than a
+  // fleet on one database can be. The size stays the one known.
   exec(
       "INSERT INTO keel_breaker_members (process, seen_at)"
-      " SELECT 'crowd' || i, now() FROM generate_series(1, 20000) i");
+      " SELECT 'crowd' || i, now() + interval '500 milliseconds'"
+      " FROM generate_series(1, 20000) i");
   const auto crowd_said = [&] {
     for (const auto& line : a->heard_of("keel_breaker_members")) {
       if (line.find("20002") != std::string::npos || line.find("20001") != std::string::npos) {
