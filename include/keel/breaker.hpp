@@ -277,6 +277,10 @@ class BreakerRegistry {
   /// running and will not be called again. Requires: not called from a listener.
   void remove_listener(std::uint64_t id);
 
+  /// The options it was made with: BreakerRegistryOptions::breaker are every breaker's (a shared
+  /// state read back from elsewhere is bounded by them: keel::store::SharedBreakers).
+  [[nodiscard]] const BreakerRegistryOptions& options() const noexcept { return options_; }
+
   /// set_fleet_size(processes) on every breaker of the registry, those created later included.
   void set_fleet_size(int processes);
   [[nodiscard]] int fleet_size() const noexcept { return fleet_size_.load(); }

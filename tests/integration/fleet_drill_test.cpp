@@ -11,23 +11,33 @@
 //    another process probes, and the killed process's job is neither lost nor applied twice.
 //  - The database restarts mid-outage (a PostgreSQL server of the test's own): every process
 //    says once that it keeps its own breakers, says when it shares again, and nothing is lost.
+//  - The breakers' database frozen (its server's processes SIGSTOPped): a call waits at most
+//    round_trip_limit for its probe lease and then probes as if alone, and a worker drains its
+//    jobs as soon as the API is back instead of waiting for the database.
+//  - A row of keel_breakers left open without an end: the worker says so once and probes,
+//    instead of deferring its jobs every millisecond.
 //  - The flags refuse what cannot be shared (--exec, SQLite, a malformed URL), and `keel call
 //    --share-breakers` is refused at once when the fleet's table says the host is down.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "build_kind.hpp"
 #include "jobs_process_support.hpp"
+#include "keel/breaker.hpp"
+#include "keel/store/fleet/shared_breakers.hpp"
 #include "waiting.hpp"
 
 namespace keel::store {
@@ -395,10 +405,56 @@ class OwnServer {
                                 "' >'" + state_ + "." + action + ".log' 2>&1";
     return std::system(command.c_str()) == 0;
   }
+  // The server's processes: the postmaster, then its children (one per connection and the
+  // server's own).
+  [[nodiscard]] std::vector<pid_t> processes() const {
+    std::string base;
+    std::ifstream(state_ + "/datadir") >> base;
+    pid_t postmaster = -1;
+    std::ifstream(base + "/data/postmaster.pid") >> postmaster;
+    std::vector<pid_t> out;
+    if (postmaster <= 0) return out;
+    out.push_back(postmaster);
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(entry.path() / "stat");
+      std::string stat;
+      if (!std::getline(in, stat)) continue;
+      // pid (comm) state ppid ...
+      const auto end = stat.rfind(')');
+      if (end == std::string::npos) continue;
+      std::istringstream rest(stat.substr(end + 1));
+      std::string state;
+      pid_t parent = -1;
+      rest >> state >> parent;
+      if (parent == postmaster) out.push_back(std::stoi(name));
+    }
+    return out;
+  }
 
  private:
   std::string state_;
   bool started_ = false;
+};
+
+// The server's processes stopped (SIGSTOP) until thaw() or the end of the scope: a database that
+// accepts bytes and answers nothing, not even a timeout of its own.
+class Frozen {
+ public:
+  explicit Frozen(std::vector<pid_t> processes) : processes_(std::move(processes)) {
+    for (const pid_t pid : processes_) ::kill(pid, SIGSTOP);
+  }
+  ~Frozen() { thaw(); }
+  Frozen(const Frozen&) = delete;
+  Frozen& operator=(const Frozen&) = delete;
+  void thaw() {
+    for (const pid_t pid : processes_) ::kill(pid, SIGCONT);
+    processes_.clear();
+  }
+
+ private:
+  std::vector<pid_t> processes_;
 };
 
 TEST_F(FleetDrill, TheDatabaseRestartedMidOutageMeansOwnBreakersThenSharingAgain) {
@@ -439,6 +495,174 @@ TEST_F(FleetDrill, TheDatabaseRestartedMidOutageMeansOwnBreakersThenSharingAgain
   if (test::kTimingAsserted) {
     EXPECT_LT(drain_s, 15.0) << every_err(workers);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The breakers' database frozen: sharing never holds a call longer than round_trip_limit.
+
+TEST_F(FleetDrill, TheBreakersDatabaseFrozenHoldsACallNoLongerThanTheRoundTripLimit) {
+  OwnServer server(dir());
+  ASSERT_TRUE(server.started()) << "scripts/pg-test-server.sh start failed";
+  BreakerRegistryOptions breakers;
+  breakers.breaker.window = BreakerWindow::kCount;
+  breakers.breaker.window_calls = 2;
+  breakers.breaker.minimum_calls = 2;
+  breakers.breaker.break_duration = 200ms;
+  BreakerRegistry registry(breakers);
+  constexpr Duration kLimit = 100ms;
+  SharedBreakersOptions options;
+  options.round_trip_limit = kLimit;
+  options.process = "frozen";
+  options.on_notice = [](std::string_view) {};
+  SharedBreakers shared(registry, parse_database_url(server.url()).value(), options);
+  ASSERT_TRUE(shared.wait_until_sharing(10s));
+  const auto api = registry.get("api:443");
+  const auto db = registry.get("db:5432");
+  for (const auto& b : {api, db}) {
+    for (int i = 0; i < 2; ++i) b->record(b->try_acquire(), Outcome::transient());
+    ASSERT_EQ(b->state(), BreakerState::kOpen);
+  }
+  ASSERT_TRUE(shared.flush(10s));
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        return api->state() == BreakerState::kHalfOpen && db->state() == BreakerState::kHalfOpen;
+      },
+      10s));
+
+  Frozen frozen(server.processes());
+  // Each trial asks the fleet for the probe; the database answers nothing, and each call goes on
+  // as if alone within the limit (the second at once: the database is known not to answer).
+  BreakerPermit first;
+  BreakerPermit second;
+  Duration first_waited{};
+  Duration second_waited{};
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    auto asked = Clock::now();
+    first = api->try_acquire();
+    first_waited = Clock::now() - asked;
+    asked = Clock::now();
+    second = db->try_acquire();
+    second_waited = Clock::now() - asked;
+    returned.store(true);
+  });
+  const bool in_time = test::wait_until([&] { return returned.load(); }, 5s);
+  frozen.thaw();  // a call still waiting returns now
+  caller.join();
+  ASSERT_TRUE(in_time) << "a call waited for the frozen database";
+  EXPECT_TRUE(first.trial);
+  EXPECT_TRUE(second.trial);
+  EXPECT_GE(shared.stats().fallbacks, 2U);
+  std::printf(
+      "fleet drill, breakers' database frozen: the calls waited %.0f ms and %.0f ms "
+      "(round_trip_limit %.0f ms)\n",
+      std::chrono::duration<double, std::milli>(first_waited).count(),
+      std::chrono::duration<double, std::milli>(second_waited).count(),
+      std::chrono::duration<double, std::milli>(kLimit).count());
+  if (test::kTimingAsserted) {
+    EXPECT_LT(first_waited, kLimit + 50ms);
+    EXPECT_LT(second_waited, kLimit + 50ms);
+  }
+  // Thawed, the probes' results are shared.
+  api->record(first, Outcome::success());
+  db->record(second, Outcome::success());
+  ASSERT_TRUE(shared.flush(10s));
+  auto conn = open_database(parse_database_url(server.url()).value());
+  EXPECT_EQ(conn->query("SELECT count(*) FROM keel_breakers WHERE state = 'closed'").integer(0, 0),
+            2);
+}
+
+TEST_F(FleetDrill, TheBreakersDatabaseFrozenDelaysNoJob) {
+  if (!test::kTimingAsserted) {
+    GTEST_SKIP() << "a drill of times; the test above checks the calls' bound in every build";
+  }
+  constexpr int kFrozenJobs = 10;
+  OwnServer breakers_db(dir());
+  ASSERT_TRUE(breakers_db.started()) << "scripts/pg-test-server.sh start failed";
+  Receiver api(2024, kReceiverThreads);
+  api.set_outage(Receiver::kDown503);
+  create_empty_queue();
+  std::vector<std::string> args = worker_args(api.url("/hook"), false);
+  args.push_back("--share-breakers=" + breakers_db.url());
+  Workers workers = start_fleet(1, args, true);
+  ASSERT_FALSE(HasFailure());
+  enqueue_many(kQueue, kFrozenJobs);
+  std::int64_t probe_in_ms = 0;  // the end of the fleet's break
+  {
+    auto conn = open_database(parse_database_url(breakers_db.url()).value());
+    ASSERT_TRUE(test::wait_until(
+        [&] {
+          const Rows r = conn->query(
+              "SELECT ceil(extract(epoch FROM open_until - now()) * 1000)::bigint"
+              " FROM keel_breakers WHERE state = 'open'");
+          if (r.size() == 1) probe_in_ms = r.integer(0, 0);
+          return r.size() == 1;
+        },
+        30s))
+        << first_err(workers);
+  }
+  api.set_outage(Receiver::kNone);
+  const auto back = Clock::now();
+  // Frozen just before the probe is due: the sharing's own thread is then most likely idle, and
+  // the probe's call is the first to ask the database.
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(std::max<std::int64_t>(0, probe_in_ms - 300)));
+  double drain_s = 0;
+  {
+    Frozen frozen(breakers_db.processes());
+    // The probe is at most a break (5 s) away; a call that waited for the database would wait
+    // until the thaw.
+    const bool done = drained(kFrozenJobs, 15s);
+    drain_s = seconds_since(back);
+    frozen.thaw();
+    ASSERT_TRUE(done) << "not drained while the breakers' database was frozen\n"
+                      << first_err(workers);
+  }
+  stop_fleet(workers);
+  expect_every_job_once(api, kFrozenJobs);
+  std::printf("fleet drill, breakers' database frozen: drained %.1f s after the API was back\n",
+              drain_s);
+  EXPECT_LT(drain_s, 9.0) << first_err(workers);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A row of keel_breakers edited by hand.
+
+TEST_F(FleetDrill, ARowOpenWithoutAnEndDefersNoJobEveryMillisecond) {
+  constexpr int kRowJobs = 10;
+  Receiver api(2024, kReceiverThreads);
+  const std::string hook = api.url("/hook");
+  create_empty_queue();
+  {
+    // The tables exist (a process shared through them), and the API's row was left open without
+    // an end.
+    BreakerRegistry registry;
+    SharedBreakers first(registry, url());
+    ASSERT_TRUE(first.wait_until_sharing(10s));
+  }
+  const auto host = hook.find("//") + 2;
+  const std::string key = hook.substr(host, hook.find('/', host) - host);
+  {
+    auto conn = open_database(url());
+    (void)conn->query(
+        "INSERT INTO keel_breakers (key, state, open_until, breaks, updated_by)"
+        " VALUES ($1, 'open', NULL, 1, 'hand')",
+        {key});
+  }
+  Workers workers = start_fleet(1, worker_args(hook, true), true);
+  ASSERT_FALSE(HasFailure());
+  enqueue_many(kQueue, kRowJobs);
+  const bool done = drained(kRowJobs, 10s);
+  const std::int64_t deferrals =
+      count("SELECT COUNT(*) FROM keel_job_attempts WHERE outcome = 'deferred'");
+  stop_fleet(workers);
+  ASSERT_TRUE(done) << deferrals << " deferrals\n" << first_err(workers);
+  expect_every_job_once(api, kRowJobs);
+  std::printf("fleet drill, a row open without an end: %lld deferrals\n",
+              static_cast<long long>(deferrals));
+  EXPECT_LE(deferrals, kRowJobs);
+  const std::string log = first_err(workers);
+  EXPECT_EQ(occurrences(log, "keel_breakers row"), 1U) << log;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,19 +10,35 @@
 //     row is open, the break is over and no other process holds a live lease.
 //   - closed: the probe succeeded. The row becomes closed and the lease is dropped.
 // Every change that took effect is announced with NOTIFY in the same statement.
+//
+// The domain of what is read back, in SQL (the fragments below), so that no row can make a
+// statement fail or a breaker obey it: an open row's end is read as at most max_break_duration
+// from now (none, or -infinity: a break that is over), a probe lease as at most probe_lease from
+// now and only when its holder is a member of the fleet, a state other than open and closed as
+// no row, counts outside [0, 2^53] as 0, a member seen in the future as none. Each statement
+// returns which of these it met (the `flags` column), said once per row and kind; the rows that
+// can be rewritten into their domain are, by the repair statement.
+//
+// Every statement runs on the background thread, in a transaction of its own whose
+// statement_timeout and lock_timeout are set with set_config(..., true): nothing outlives it.
+// A trial's probe-lease request is handed to that thread and waited for at most
+// round_trip_limit.
 #include "keel/store/fleet/shared_breakers.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <utility>
 
 #include "db/detail/listener.hpp"
 #include "keel/duration.hpp"
+#include "keel/expected.hpp"
 #include "keel/store/db/dialect.hpp"
 
 namespace keel::store {
@@ -45,64 +61,228 @@ constexpr Migration kMigrations[] = {
             " process TEXT PRIMARY KEY,"
             " seen_at TIMESTAMPTZ NOT NULL)"}};
 
-// $1 process, $2 how long a member counts without a heartbeat, in ms. Returns the fleet's size,
-// this process included.
-// $1 process, $2 how long a member counts without a heartbeat, in ms, $3 the notification a
-// process sends when it joins (so that the others count it at once, not at their next
-// heartbeat). Returns the fleet's size, this process included.
-constexpr std::string_view kHeartbeat =
-    "WITH beat AS (INSERT INTO keel_breaker_members (process, seen_at) VALUES ($1, now())"
-    "  ON CONFLICT (process) DO UPDATE SET seen_at = now() RETURNING (xmax = 0) AS joined),"
-    " gone AS (DELETE FROM keel_breaker_members"
-    "  WHERE seen_at < now() - $2 * interval '1 millisecond'),"
-    " hello AS (SELECT pg_notify('keel_breakers', $3) FROM beat WHERE joined)"
-    " SELECT count(*) FILTER (WHERE process <> $1) + 1, (SELECT count(*) FROM hello)"
-    " FROM keel_breaker_members WHERE seen_at >= now() - $2 * interval '1 millisecond'";
+// Bounds of the domain.
+constexpr std::int64_t kMaxCount = std::int64_t{1} << 53;  // breaks, probes
+constexpr std::int64_t kMaxFleet = 10000;                  // processes sharing one database
+constexpr std::size_t kMaxSaid = 1000;                     // rows said out of their domain
+// The longest duration sent to the database, in ms (ten years): an interval that cannot
+// overflow a timestamp.
+constexpr std::int64_t kMaxMs = std::int64_t{10} * 366 * 24 * 3600 * 1000;
+
+// The kinds of a row of keel_breakers outside its domain: the bits of the `flags` column.
+enum RowFlag : int {
+  kUnknownState = 1,    // neither open nor closed: ignored
+  kOpenWithoutEnd = 2,  // open, open_until NULL: read as a break that is over; rewritten
+  kOpenTooLong = 4,     // open_until not finite, or beyond the longest break: bounded; rewritten
+  kBadLease = 8,        // a holder without a finite lease, or one beyond probe_lease: rewritten
+  kUnknownHolder = 16,  // a live lease of a process that is not in the fleet: ignored
+  kBadCount = 32,       // breaks or probes outside [0, 2^53]: reset to 0
+};
+constexpr int kRowFlags[] = {kUnknownState, kOpenWithoutEnd, kOpenTooLong,
+                             kBadLease,     kUnknownHolder,  kBadCount};
+
+// The statement that bounds the transaction it opens: $1 the limit ("250ms").
+constexpr std::string_view kLimits =
+    "SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true)";
 
 constexpr std::string_view kLeave = "DELETE FROM keel_breaker_members WHERE process = $1";
 
-// $1 key, $2 break in ms, $3 process, $4 notification payload.
-constexpr std::string_view kPublishOpen =
-    "WITH up AS ("
-    " INSERT INTO keel_breakers AS b (key, state, open_until, breaks, updated_by, updated_at)"
-    " VALUES ($1, 'open', now() + $2 * interval '1 millisecond', 1, $3, now())"
-    " ON CONFLICT (key) DO UPDATE SET state = 'open', open_until = EXCLUDED.open_until,"
-    "  breaks = b.breaks + 1, probe_holder = NULL, probe_until = NULL, updated_by = $3,"
-    "  updated_at = now()"
-    " WHERE b.state <> 'open' OR (b.open_until <= now() AND (b.probe_holder IS NULL"
-    "  OR b.probe_holder = $3 OR b.probe_until <= now()))"
-    " RETURNING 1)"
-    " SELECT pg_notify('keel_breakers', $4) FROM up";
+// ---------------------------------------------------------------------------------------------
+// The domain in SQL, over a row `b` of keel_breakers. The placeholders of the parameters a
+// fragment needs: this process's name, the probe lease, the longest break and the members'
+// window, the three durations in ms.
+struct Places {
+  std::string process;
+  std::string lease;
+  std::string max_break;
+  std::string members;
+};
 
-// $1 key, $2 process, $3 notification payload.
-constexpr std::string_view kPublishClosed =
-    "WITH up AS ("
-    " UPDATE keel_breakers SET state = 'closed', open_until = NULL, probe_holder = NULL,"
-    "  probe_until = NULL, updated_by = $2, updated_at = now()"
-    " WHERE key = $1 AND state = 'open' RETURNING 1)"
-    " SELECT pg_notify('keel_breakers', $3) FROM up";
+const std::string kSlack = "interval '1 second'";  // now() of another transaction, a little later
 
-// $1 key, $2 process, $3 lease in ms. A row comes back when this process holds the probe.
-constexpr std::string_view kTakeProbe =
-    "UPDATE keel_breakers SET probe_holder = $2,"
-    " probe_until = now() + $3 * interval '1 millisecond',"
-    " probes = probes + CASE WHEN probe_holder IS NOT DISTINCT FROM $2 THEN 0 ELSE 1 END"
-    " WHERE key = $1 AND state = 'open' AND open_until <= now()"
-    " AND (probe_holder IS NULL OR probe_until <= now() OR probe_holder = $2)"
-    " RETURNING 1";
+std::string ms(const std::string& place) { return "(" + place + " * interval '1 millisecond')"; }
 
-constexpr std::string_view kFleetState =
-    "SELECT state,"
-    " CASE WHEN open_until > now()"
-    "  THEN ceil(extract(epoch FROM open_until - now()) * 1000)::bigint ELSE 0 END,"
-    " CASE WHEN probe_until > now()"
-    "  THEN ceil(extract(epoch FROM probe_until - now()) * 1000)::bigint ELSE 0 END"
-    " FROM keel_breakers WHERE key = $1";
+// Whether `who` is a process of the fleet: a member seen within the window, not in the future.
+std::string live_member(const std::string& who, const Places& p) {
+  return "EXISTS (SELECT 1 FROM keel_breaker_members m WHERE m.process = " + who +
+         " AND m.seen_at >= now() - " + ms(p.members) +
+         " AND m.seen_at <= statement_timestamp() + " + kSlack + ")";
+}
 
-constexpr std::string_view kOpenRows =
-    "SELECT key, CASE WHEN open_until > now()"
-    "  THEN ceil(extract(epoch FROM open_until - now()) * 1000)::bigint ELSE 0 END"
-    " FROM keel_breakers WHERE state = 'open'";
+// Each kind out of the domain, as a condition that may be NULL.
+std::string unknown_state() { return "(b.state NOT IN ('open', 'closed'))"; }
+std::string open_without_end() { return "(b.state = 'open' AND b.open_until IS NULL)"; }
+std::string open_too_long(const Places& p) {
+  return "(b.state = 'open' AND (NOT isfinite(b.open_until) OR b.open_until >"
+         " statement_timestamp() + " +
+         ms(p.max_break) + " + " + kSlack + "))";
+}
+std::string bad_lease(const Places& p) {
+  return "(b.probe_holder IS NOT NULL AND (b.probe_until IS NULL OR NOT isfinite(b.probe_until)"
+         " OR b.probe_until > statement_timestamp() + " +
+         ms(p.lease) + " + " + kSlack + "))";
+}
+std::string unknown_holder(const Places& p) {
+  return "(b.probe_holder IS NOT NULL AND b.probe_holder <> " + p.process +
+         " AND (b.probe_until > now()) IS TRUE AND NOT " + live_member("b.probe_holder", p) + ")";
+}
+std::string bad_count() {
+  const std::string bound = std::to_string(kMaxCount);
+  return "(b.breaks NOT BETWEEN 0 AND " + bound + " OR b.probes NOT BETWEEN 0 AND " + bound + ")";
+}
+
+std::string flags(const Places& p) {
+  const auto bit = [](const std::string& condition, int flag) {
+    return "CASE WHEN " + condition + " IS TRUE THEN " + std::to_string(flag) + " ELSE 0 END";
+  };
+  return "(" + bit(unknown_state(), kUnknownState) + " + " +
+         bit(open_without_end(), kOpenWithoutEnd) + " + " + bit(open_too_long(p), kOpenTooLong) +
+         " + " + bit(bad_lease(p), kBadLease) + " + " + bit(unknown_holder(p), kUnknownHolder) +
+         " + " + bit(bad_count(), kBadCount) + ")";
+}
+
+// The end of an open row's break as obeyed: none or -infinity is over, and never later than the
+// longest break from now.
+std::string break_end(const Places& p) {
+  return "LEAST(COALESCE(b.open_until, now()), now() + " + ms(p.max_break) + ")";
+}
+
+// Whether another process of the fleet holds a live probe lease.
+std::string held_by_other(const Places& p) {
+  return "(b.probe_holder IS NOT NULL AND b.probe_holder <> " + p.process +
+         " AND (b.probe_until > now()) IS TRUE AND " + live_member("b.probe_holder", p) + ")";
+}
+
+// The ms from now until `at` (a finite time when later than now), 0 when past.
+std::string ms_until(const std::string& at) {
+  return "CASE WHEN " + at + " > now() THEN ceil(extract(epoch FROM " + at +
+         " - now()) * 1000)::bigint ELSE 0 END";
+}
+
+std::string sane_count(const std::string& column) {
+  return "CASE WHEN " + column + " BETWEEN 0 AND " + std::to_string(kMaxCount) + " THEN " + column +
+         " ELSE 0 END";
+}
+
+// What is read of a row (RowRead): the state, the ms left of its break and of another
+// process's lease (both bounded), the flags, and the columns as text for the notices.
+std::string row_columns(const Places& p) {
+  return "b.state, " + ms_until(break_end(p)) + ", CASE WHEN " + held_by_other(p) + " THEN " +
+         ms_until("LEAST(b.probe_until, now() + " + ms(p.lease) + ")") + " ELSE 0 END, " +
+         flags(p) +
+         ", b.open_until::text, b.probe_holder, b.probe_until::text, b.breaks::text,"
+         " b.probes::text";
+}
+constexpr std::size_t kRowColumns = 9;
+
+struct Statements {
+  std::string take_probe;
+  std::string fleet_state;
+  std::string publish_open;
+  std::string publish_closed;
+  std::string repair;
+  std::string heartbeat;
+};
+
+const Statements& sql() {
+  static const Statements statements = [] {
+    Statements s;
+    // $1 key, $2 process, $3 lease in ms, $4 longest break in ms, $5 members' window in ms. The
+    // first column is 1 when this process took the probe lease (then the rest is the row as it
+    // was); no row: the key has none.
+    {
+      const Places p{.process = "$2", .lease = "$3", .max_break = "$4", .members = "$5"};
+      s.take_probe =
+          "WITH took AS (UPDATE keel_breakers b SET probe_holder = $2,"
+          " probe_until = now() + " +
+          ms("$3") + ", probes = " + sane_count("b.probes") +
+          " + CASE WHEN b.probe_holder IS NOT DISTINCT FROM $2 THEN 0 ELSE 1 END"
+          " WHERE b.key = $1 AND b.state = 'open' AND " +
+          break_end(p) + " <= now() AND NOT " + held_by_other(p) +
+          " RETURNING 1)"
+          " SELECT (SELECT count(*) FROM took), " +
+          row_columns(p) + " FROM keel_breakers b WHERE b.key = $1";
+    }
+    // $1 process, $2 lease, $3 longest break, $4 members' window: every row not closed, and
+    // every row out of its domain.
+    {
+      const Places p{.process = "$1", .lease = "$2", .max_break = "$3", .members = "$4"};
+      s.fleet_state = "SELECT b.key, " + row_columns(p) + " FROM keel_breakers b WHERE b.state <>" +
+                      " 'closed' OR " + flags(p) + " <> 0";
+    }
+    // $1 key, $2 break in ms, $3 process, $4 notification payload, $5 longest break, $6
+    // members' window.
+    {
+      const Places p{.process = "$3", .lease = "", .max_break = "$5", .members = "$6"};
+      s.publish_open =
+          "WITH up AS ("
+          " INSERT INTO keel_breakers AS b (key, state, open_until, breaks, updated_by, updated_at)"
+          " VALUES ($1, 'open', now() + " +
+          ms("$2") +
+          ", 1, $3, now())"
+          " ON CONFLICT (key) DO UPDATE SET state = 'open', open_until = EXCLUDED.open_until,"
+          "  breaks = " +
+          sane_count("b.breaks") + " + 1, probes = " + sane_count("b.probes") +
+          ", probe_holder = NULL, probe_until = NULL, updated_by = $3, updated_at = now()"
+          " WHERE b.state <> 'open' OR (" +
+          break_end(p) + " <= now() AND NOT " + held_by_other(p) +
+          ") RETURNING 1)"
+          " SELECT pg_notify('keel_breakers', $4) FROM up";
+    }
+    // $1 key, $2 process, $3 notification payload. Whatever the row held.
+    s.publish_closed =
+        "WITH up AS (UPDATE keel_breakers b SET state = 'closed', open_until = NULL,"
+        " probe_holder = NULL, probe_until = NULL, breaks = " +
+        sane_count("b.breaks") + ", probes = " + sane_count("b.probes") +
+        ", updated_by = $2, updated_at = now()"
+        " WHERE b.key = $1 AND b.state <> 'closed' RETURNING 1)"
+        " SELECT pg_notify('keel_breakers', $3) FROM up";
+    // $1 key, $2 process, $3 lease, $4 longest break: the row rewritten into its domain, where
+    // it can be (an unknown state or holder is left to the next publication or lease).
+    {
+      const Places p{.process = "$2", .lease = "$3", .max_break = "$4", .members = ""};
+      const std::string lease_over = "(b.probe_until IS NULL OR b.probe_until < now())";
+      s.repair =
+          "UPDATE keel_breakers b SET"
+          " open_until = CASE WHEN (" +
+          open_without_end() + " OR " + open_too_long(p) +
+          ") IS TRUE THEN GREATEST(LEAST(COALESCE(b.open_until, now()), now() + " + ms("$4") +
+          "), now()) ELSE b.open_until END,"
+          " probe_holder = CASE WHEN " +
+          bad_lease(p) + " IS TRUE AND " + lease_over +
+          " THEN NULL ELSE b.probe_holder END,"
+          " probe_until = CASE WHEN " +
+          bad_lease(p) + " IS NOT TRUE THEN b.probe_until WHEN " + lease_over +
+          " THEN NULL ELSE LEAST(b.probe_until, now() + " + ms("$3") +
+          ") END,"
+          " breaks = " +
+          sane_count("b.breaks") + ", probes = " + sane_count("b.probes") +
+          ", updated_by = $2, updated_at = now()"
+          " WHERE b.key = $1 AND (" +
+          open_without_end() + " OR " + open_too_long(p) + " OR " + bad_lease(p) + " OR " +
+          bad_count() + ") IS TRUE RETURNING 1";
+    }
+    // $1 process, $2 the members' window in ms, $3 the notification a process sends when it
+    // joins (so that the others count it at once, not at their next heartbeat). The first row:
+    // the fleet's size (this process included), whether it joined, the rows seen in the future
+    // it removed; then up to 3 of those rows (process, seen_at).
+    s.heartbeat =
+        "WITH beat AS (INSERT INTO keel_breaker_members (process, seen_at) VALUES ($1, now())"
+        "  ON CONFLICT (process) DO UPDATE SET seen_at = now() RETURNING (xmax = 0) AS joined),"
+        " gone AS (DELETE FROM keel_breaker_members WHERE process <> $1 AND (seen_at < now() - " +
+        ms("$2") + " OR seen_at > statement_timestamp() + " + kSlack +
+        ") RETURNING process, seen_at::text AS seen, seen_at > now() AS ahead),"
+        " hello AS (SELECT pg_notify('keel_breakers', $3) FROM beat WHERE joined)"
+        " SELECT 0 AS part, (count(*) FILTER (WHERE process <> $1) + 1)::text,"
+        "  (SELECT count(*) FROM hello)::text, (SELECT count(*) FROM gone WHERE ahead)::text"
+        " FROM keel_breaker_members WHERE seen_at >= now() - " +
+        ms("$2") + " AND seen_at <= statement_timestamp() + " + kSlack +
+        " UNION ALL (SELECT 1, process, seen, NULL FROM gone WHERE ahead LIMIT 3)"
+        " ORDER BY 1";
+    return s;
+  }();
+  return statements;
+}
 
 // The longest key shared (NOTIFY payloads are limited to 8,000 bytes).
 constexpr std::size_t kMaxKey = 1000;
@@ -131,10 +311,27 @@ std::string default_process() {
   return name + ":" + std::to_string(::getpid()) + ":" + tail;
 }
 
+// Whole milliseconds, rounded up, within [0, kMaxMs].
 std::int64_t to_ms(Duration d) {
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d).count();
-  return ms < 0 ? 0 : ms;
+  return std::clamp<std::int64_t>(ms, 0, kMaxMs);
 }
+
+// A cell the statement made an integer; 0 for anything else.
+std::int64_t integer_cell(const Rows& rows, std::size_t row, std::size_t column) {
+  const auto& cell = rows.cell(row, column);
+  std::int64_t value = 0;
+  if (cell) (void)std::from_chars(cell->data(), cell->data() + cell->size(), value);
+  return value;
+}
+
+std::string text_cell(const Rows& rows, std::size_t row, std::size_t column) {
+  const auto& cell = rows.cell(row, column);
+  return cell ? *cell : "NULL";
+}
+
+// A database error caused by a value (class 22, data exception): no retry reads it otherwise.
+bool value_error(const DatabaseError& e) { return e.details().sqlstate.starts_with("22"); }
 
 void validate(const SharedBreakersOptions& o) {
   const auto reject = [](std::string_view field, std::string_view rule, const std::string& value) {
@@ -163,26 +360,28 @@ void validate(const SharedBreakersOptions& o) {
 
 }  // namespace
 
-void SharedBreakers::TimedLock::lock() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return !held_; });
-  held_ = true;
-}
+// A row of keel_breakers as read (row_columns).
+struct SharedBreakers::RowRead {
+  std::string state;
+  std::int64_t open_ms = 0;   // the rest of its break, bounded
+  std::int64_t lease_ms = 0;  // the rest of another live member's lease, bounded
+  int flags = 0;
+  std::string open_until, holder, probe_until, breaks, probes;  // as text, for the notices
 
-void SharedBreakers::TimedLock::unlock() {
-  {
-    std::lock_guard lock(mu_);
-    held_ = false;
+  static RowRead from(const Rows& rows, std::size_t i, std::size_t first) {
+    RowRead r;
+    r.state = text_cell(rows, i, first);
+    r.open_ms = integer_cell(rows, i, first + 1);
+    r.lease_ms = integer_cell(rows, i, first + 2);
+    r.flags = static_cast<int>(integer_cell(rows, i, first + 3));
+    r.open_until = text_cell(rows, i, first + 4);
+    r.holder = text_cell(rows, i, first + 5);
+    r.probe_until = text_cell(rows, i, first + 6);
+    r.breaks = text_cell(rows, i, first + 7);
+    r.probes = text_cell(rows, i, first + 8);
+    return r;
   }
-  cv_.notify_one();
-}
-
-bool SharedBreakers::TimedLock::try_lock_for(Duration timeout) {
-  std::unique_lock lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !held_; })) return false;
-  held_ = true;
-  return true;
-}
+};
 
 SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
                                SharedBreakersOptions options)
@@ -190,6 +389,10 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
       url_(std::move(url)),
       options_(std::move(options)),
       reconnect_((validate(options_), options_.reconnect)),
+      max_break_ms_(to_ms(registry.options().breaker.max_break_duration)),
+      lease_ms_(to_ms(options_.probe_lease)),
+      members_ms_(to_ms(options_.heartbeat * 3)),
+      limit_setting_(std::to_string(to_ms(options_.round_trip_limit)) + "ms"),
       rng_(std::random_device{}()) {
   if (!dialect_of(url_.backend).listen_notify()) {
     throw std::invalid_argument(
@@ -212,7 +415,7 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
 
 SharedBreakers::~SharedBreakers() {
   stopping_.store(true);
-  registry_.set_trial_gate(nullptr);  // waits for a gate that is running
+  registry_.set_trial_gate(nullptr);  // waits for a gate that is running (round_trip_limit)
   registry_.remove_listener(listener_id_);
   {
     std::lock_guard lock(mu_);
@@ -224,8 +427,9 @@ SharedBreakers::~SharedBreakers() {
 
 bool SharedBreakers::wait_until_sharing(Duration timeout) {
   std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return sharing_.load() || stopping_.load(); }) &&
-         sharing_.load();
+  return cv_.wait_for(lock, timeout, [&] {
+    return sharing_.load() || stopping_.load() || refused_.load();
+  }) && sharing_.load();
 }
 
 bool SharedBreakers::flush(Duration timeout) {
@@ -242,6 +446,9 @@ SharedBreakersStats SharedBreakers::stats() const {
           .probes_held = probes_held_.load(),
           .fallbacks = fallbacks_.load(),
           .reconnects = reconnects_.load(),
+          .refused = refused_.load(),
+          .rows_out_of_domain = rows_out_of_domain_.load(),
+          .rows_repaired = rows_repaired_.load(),
           .fleet_size = registry_.fleet_size()};
 }
 
@@ -251,6 +458,21 @@ void SharedBreakers::notice(const std::string& message) {
   } catch (...) {
     // A notice is advice: a listener that throws changes nothing.
   }
+}
+
+// Whether `what` (a row and a kind) is said for the first time. The background thread's.
+bool SharedBreakers::first_time(std::string what) {
+  if (said_.contains(what)) return false;
+  if (said_.size() >= kMaxSaid) {
+    if (said_.size() == kMaxSaid) {
+      said_.emplace("");  // said once: the bound is reached
+      notice("more than " + std::to_string(kMaxSaid) +
+             " rows were out of their domain; no more are said");
+    }
+    return false;
+  }
+  said_.insert(std::move(what));
+  return true;
 }
 
 // A local breaker changed state: queue the change for the background thread (latest per key).
@@ -277,59 +499,201 @@ void SharedBreakers::on_change(std::string_view key, BreakerState from, BreakerS
   }
 }
 
-// The trial gate: may this process's half-open trial be the fleet's probe?
+// The trial gate: may this process's half-open trial be the fleet's probe? Asked of the
+// background thread, and waited for at most round_trip_limit.
 Duration SharedBreakers::gate(std::string_view key) {
   t_held_by = nullptr;
   if (!shareable(key)) return Duration::zero();
-  if (!sharing_.load()) {
-    fallbacks_.fetch_add(1);
-    return Duration::zero();
-  }
-  std::unique_lock work(work_mu_, std::defer_lock);
-  if (!work.try_lock_for(options_.round_trip_limit) || work_ == nullptr || work_->broken()) {
-    fallbacks_.fetch_add(1);
-    return Duration::zero();
-  }
-  try {
-    const Value take[] = {std::string(key), options_.process, to_ms(options_.probe_lease)};
-    if (!work_->query(kTakeProbe, take).empty()) {
-      probes_taken_.fetch_add(1);
+  const auto request = std::make_shared<GateRequest>();
+  request->key = std::string(key);
+  Duration hold{};
+  {
+    std::unique_lock lock(mu_);
+    if (!sharing_.load() || !answering_ || listener_ == nullptr) {
+      lock.unlock();
+      fallbacks_.fetch_add(1);
       return Duration::zero();
     }
-    const Value which[] = {std::string(key)};
-    const Rows row = work_->query(kFleetState, which);
-    // No row: the fleet has not heard of this break yet; the trial runs.
-    if (row.empty()) return Duration::zero();
-    if (row.text(0, 0) != "open") {
-      // Closed: the fleet's probe succeeded. Stay open until this process's release time, so
-      // that the fleet comes back spread over release_spread rather than at once.
-      // A release that is due is being applied by the background thread: a few ms more.
-      const Duration release = release_in(std::string(key));
-      t_held_by = this;
-      t_held_key = std::string(key);
-      return std::max<Duration>(release, std::chrono::milliseconds(5));
+    gates_.push_back(request);
+    listener_->interrupt();
+    if (!answered_cv_.wait_for(lock, options_.round_trip_limit,
+                               [&] { return request->answered; })) {
+      // No answer in time (a slow or frozen database): this trial is decided locally, and so
+      // are the next ones, at once, until the background thread answers again.
+      request->abandoned = true;
+      answering_ = false;
+      lock.unlock();
+      fallbacks_.fetch_add(1);
+      return Duration::zero();
     }
-    const std::int64_t open_ms = row.integer(0, 1);
-    const std::int64_t lease_ms = row.integer(0, 2);
-    // Re-opened by the fleet (a notification missed): hold for the rest of its break. Another
-    // process holds the probe: ask again within probe_wait, when its result has likely come
-    // (a hold of the whole lease would outlast the fleet's close by up to the lease). Neither
-    // and no lease taken means the lease was freed in between: ask again soon.
-    const std::int64_t hold = std::max<std::int64_t>(
-        1, open_ms > 0 ? open_ms : std::min(lease_ms, to_ms(options_.probe_wait)));
-    probes_held_.fetch_add(1);
+    hold = request->hold;
+  }
+  if (hold > Duration::zero()) {
     t_held_by = this;
     t_held_key = std::string(key);
-    return std::chrono::milliseconds(hold);
-  } catch (const std::exception&) {
-    // Slow (statement_timeout) or gone: this trial is decided locally.
-    fallbacks_.fetch_add(1);
-    if (work_->broken()) {
-      broken_.store(true);
+  }
+  return hold;
+}
+
+// Runs `sql` in a transaction of its own, bounded on the server by round_trip_limit (set for
+// that transaction only), and commits. Two round trips: BEGIN with the bounds, then the statement
+// with COMMIT. Requires: the background thread.
+Rows SharedBreakers::bounded(std::string_view sql, std::span<const Value> params) {
+  const Value limit[] = {limit_setting_};
+  const Statement limits[] = {{.sql = kLimits, .params = limit}};
+  (void)work_->begin_then_query(Isolation::kReadCommitted, limits);
+  return work_->query_then_commit(sql, params);
+}
+
+// Answers the trials waiting for the fleet, one statement each. Throws when the connection is
+// lost (each waiting trial answered: decided locally).
+void SharedBreakers::serve_gates() {
+  for (;;) {
+    std::shared_ptr<GateRequest> request;
+    {
       std::lock_guard lock(mu_);
-      if (listener_ != nullptr) listener_->interrupt();
+      answering_ = true;
+      while (!gates_.empty() && gates_.front()->abandoned) gates_.pop_front();
+      if (gates_.empty()) return;
+      request = gates_.front();
+      gates_.pop_front();
     }
+    Duration hold{};
+    bool lost = false;
+    try {
+      hold = ask_fleet(request->key);
+    } catch (const std::exception&) {
+      // Slow (statement_timeout, lock_timeout) or gone: this trial is decided locally.
+      lost = work_->broken();
+      std::lock_guard lock(mu_);
+      if (!request->abandoned) fallbacks_.fetch_add(1);
+    }
+    {
+      std::lock_guard lock(mu_);
+      request->hold = hold;
+      request->answered = true;
+    }
+    answered_cv_.notify_all();
+    if (lost) throw std::runtime_error("the connection was lost");
+  }
+}
+
+// Sharing stopped: every trial waiting is decided locally.
+void SharedBreakers::answer_every_gate() {
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& request : gates_) {
+      if (!request->abandoned) fallbacks_.fetch_add(1);
+      request->hold = Duration::zero();
+      request->answered = true;
+    }
+    gates_.clear();
+    answering_ = true;
+  }
+  answered_cv_.notify_all();
+}
+
+// One trial's question: takes the probe lease when the fleet's break is over and no other
+// member holds it (zero: the trial runs), else how long to hold the breaker open.
+Duration SharedBreakers::ask_fleet(const std::string& key) {
+  const Value params[] = {key, options_.process, lease_ms_, max_break_ms_, members_ms_};
+  const Rows rows = bounded(sql().take_probe, params);
+  // No row: the fleet has not heard of this break yet; the trial runs.
+  if (rows.empty() || rows.columns() < 1 + kRowColumns) return Duration::zero();
+  const RowRead row = RowRead::from(rows, 0, 1);
+  note_row(key, row);
+  if (integer_cell(rows, 0, 0) > 0) {
+    probes_taken_.fetch_add(1);
     return Duration::zero();
+  }
+  // A state keel does not write: ignored, the breaker decides alone.
+  if ((row.flags & kUnknownState) != 0) return Duration::zero();
+  if (row.state != "open") {
+    // Closed: the fleet's probe succeeded. Stay open until this process's release time, so
+    // that the fleet comes back spread over release_spread rather than at once.
+    // A release that is due is being applied by the background thread: a few ms more.
+    return std::max<Duration>(release_in(key), std::chrono::milliseconds(5));
+  }
+  // Re-opened by the fleet (a notification missed): hold for the rest of its break. Another
+  // member holds the probe: ask again within probe_wait, when its result has likely come (a
+  // hold of the whole lease would outlast the fleet's close by up to the lease). Neither and no
+  // lease taken: the row changed while this statement waited for it; ask again soon.
+  const std::int64_t wait_ms = to_ms(options_.probe_wait);
+  std::int64_t hold = 0;
+  if (row.open_ms > 0) {
+    hold = std::min(row.open_ms, max_break_ms_);
+  } else if (row.lease_ms > 0) {
+    hold = std::min({row.lease_ms, lease_ms_, wait_ms});
+  } else {
+    hold = std::min<std::int64_t>(wait_ms, 100);
+  }
+  probes_held_.fetch_add(1);
+  return std::chrono::milliseconds(std::max<std::int64_t>(hold, 1));
+}
+
+// Says what of `row` is outside its domain, once per row and kind, and queues the rows that can
+// be rewritten into it.
+void SharedBreakers::note_row(const std::string& key, const RowRead& row) {
+  if (row.flags == 0) return;
+  const std::string name = "keel_breakers row " + quote_value(key) + ": ";
+  for (const int flag : kRowFlags) {
+    if ((row.flags & flag) == 0 || !first_time(std::to_string(flag) + "\n" + key)) continue;
+    rows_out_of_domain_.fetch_add(1);
+    std::string what;
+    switch (flag) {
+      case kUnknownState:
+        what = "state " + quote_value(row.state) +
+               " is neither 'open' nor 'closed'; ignored (this process's breaker decides alone) "
+               "until a process publishes the key's state";
+        break;
+      case kOpenWithoutEnd:
+        what =
+            "open without an end (open_until NULL); read as a break that is over (the next "
+            "trial is the fleet's probe), and rewritten";
+        break;
+      case kOpenTooLong:
+        what = "open_until " + quote_value(row.open_until) +
+               " is not a time within max_break_duration (" +
+               format_duration(std::chrono::milliseconds(max_break_ms_)) +
+               ") from now; obeyed as at most that, and rewritten";
+        break;
+      case kBadLease:
+        what = "probe lease of " + quote_value(row.holder) + " until " +
+               quote_value(row.probe_until) + " is not a time within probe_lease (" +
+               format_duration(options_.probe_lease) +
+               ") from now; obeyed as at most that, and rewritten";
+        break;
+      case kUnknownHolder:
+        what = "the probe is held by " + quote_value(row.holder) +
+               ", which is not a process of the fleet (no heartbeat within " +
+               format_duration(std::chrono::milliseconds(members_ms_)) + "); its lease is ignored";
+        break;
+      case kBadCount:
+        what = "breaks " + row.breaks + " or probes " + row.probes +
+               " out of range (0 to 2^53); reset to 0";
+        break;
+      default:
+        break;
+    }
+    notice(name + what);
+  }
+  if ((row.flags & (kOpenWithoutEnd | kOpenTooLong | kBadLease | kBadCount)) != 0) {
+    repairs_.insert(key);
+  }
+}
+
+// Rewrites the rows queued by note_row into their domain (each key once: a row edited out of
+// it again is bounded when read, and said no more).
+void SharedBreakers::repair_rows() {
+  while (!repairs_.empty()) {
+    const std::string key = *repairs_.begin();
+    const Value params[] = {key, options_.process, lease_ms_, max_break_ms_};
+    try {
+      if (!bounded(sql().repair, params).empty()) rows_repaired_.fetch_add(1);
+    } catch (const DatabaseError& e) {
+      if (!value_error(e)) throw;  // slow or gone: repaired after the reconnection
+    }
+    repairs_.erase(key);
   }
 }
 
@@ -345,6 +709,14 @@ void SharedBreakers::run() {
         listener_ = listener.get();
       }
       share(*listener);
+    } catch (const SchemaVersionError& e) {
+      // Not an outage: no retry changes the schema. Said once; this process keeps its own
+      // breakers.
+      notice(std::string(e.what()) +
+             "; breakers are not shared: each process keeps its own, and this one does not try "
+             "again");
+      std::lock_guard lock(mu_);
+      refused_.store(true);
     } catch (const std::exception& e) {
       if (failures_++ == 0) {
         notice(std::string("the database is unreachable (") + e.what() +
@@ -352,17 +724,16 @@ void SharedBreakers::run() {
       }
     }
     sharing_.store(false);
+    answer_every_gate();
     registry_.set_fleet_size(1);  // alone until the fleet is back
     {
       std::lock_guard lock(mu_);
       listener_ = nullptr;
     }
     listener.reset();
-    {
-      std::lock_guard work(work_mu_);
-      work_.reset();
-    }
-    if (stopping_.load()) break;
+    work_.reset();
+    cv_.notify_all();
+    if (stopping_.load() || refused_.load()) break;
     // Reconnect after core's full jitter.
     std::unique_lock lock(mu_);
     delay = reconnect_.delay(std::max(0, failures_ - 1), delay, rng_);
@@ -375,22 +746,25 @@ void SharedBreakers::run() {
   cv_.notify_all();
 }
 
-// Connected: set up, then publish, apply notifications and release breakers until something
-// fails or the object is destroyed. Throws on any database error.
+// Connected: set up, then answer trials, publish, apply notifications and release breakers until
+// something fails or the object is destroyed. Throws on any database error but a trial's (which
+// that trial decides locally) and a value's in one row (said, and that row left).
 void SharedBreakers::share(detail::Listener& listener) {
   schema_ = listener.scalar("SELECT current_schema()");
   listener.listen(kChannel);  // before the table is read: no change falls in between
+  work_ =
+      options_.open ? options_.open(url_, options_.connect) : open_database(url_, options_.connect);
+  migrate(*work_, "breakers", kMigrations);
+  // A member before anything else: a probe lease it takes is then never a stranger's.
+  heartbeat();
   {
-    auto conn = open_database(url_, options_.connect);
-    migrate(*conn, "breakers", kMigrations);
-    // From now on every statement is bounded: a slow database makes callers decide locally.
-    conn->execute("SET statement_timeout = " + std::to_string(to_ms(options_.round_trip_limit)));
-    std::lock_guard work(work_mu_);
-    work_ = std::move(conn);
-    broken_.store(false);
-    publish_pending();  // what this process learnt while it could not share
-    read_fleet_state();
+    std::lock_guard lock(mu_);
+    next_beat_ = std::chrono::steady_clock::now() +
+                 uniform_duration(options_.heartbeat / 2, options_.heartbeat / 2 * 3, rng_);
   }
+  publish_pending();  // what this process learnt while it could not share
+  read_fleet_state();
+  repair_rows();
   {
     std::lock_guard lock(mu_);  // a waiter checks sharing_ under mu_: no wakeup is lost
     sharing_.store(true);
@@ -401,17 +775,15 @@ void SharedBreakers::share(detail::Listener& listener) {
     notice("sharing again: the database is back");
   }
   failures_ = 0;
-  next_beat_ = std::chrono::steady_clock::now();
-  while (!stopping_.load() && !broken_.load()) {
-    {
-      std::lock_guard work(work_mu_);
-      publish_pending();
-      if (std::chrono::steady_clock::now() >= next_beat_) {
-        heartbeat();
-        std::lock_guard lock(mu_);
-        next_beat_ = std::chrono::steady_clock::now() +
-                     uniform_duration(options_.heartbeat / 2, options_.heartbeat / 2 * 3, rng_);
-      }
+  while (!stopping_.load()) {
+    serve_gates();
+    repair_rows();
+    publish_pending();
+    if (std::chrono::steady_clock::now() >= next_beat_) {
+      heartbeat();
+      std::lock_guard lock(mu_);
+      next_beat_ = std::chrono::steady_clock::now() +
+                   uniform_duration(options_.heartbeat / 2, options_.heartbeat / 2 * 3, rng_);
     }
     const Duration wait =
         std::min<Duration>(release_due(), next_beat_ - std::chrono::steady_clock::now());
@@ -419,18 +791,16 @@ void SharedBreakers::share(detail::Listener& listener) {
       apply(n.payload);
     }
   }
-  if (broken_.load()) throw std::runtime_error("the connection was lost");
   // Leaving: the others count one process fewer at their next heartbeat.
   try {
-    std::lock_guard work(work_mu_);
     const Value me[] = {options_.process};
-    (void)work_->query(kLeave, me);
+    (void)bounded(kLeave, me);
   } catch (const std::exception&) {
     // The row expires after three heartbeats.
   }
 }
 
-// Requires: work_mu_ held.
+// Requires: the background thread.
 void SharedBreakers::publish_pending() {
   std::map<std::string, Publication, std::less<>> batch;
   {
@@ -442,19 +812,31 @@ void SharedBreakers::publish_pending() {
   try {
     for (; it != batch.end(); ++it) {
       const std::string& key = it->first;
-      if (it->second.open) {
-        const auto left = it->second.until - std::chrono::steady_clock::now();
-        const std::int64_t ms = to_ms(std::max<Duration>(left, Duration::zero()));
-        const std::string payload =
-            schema_ + "\nopen\n" + std::to_string(ms) + "\n" + options_.process + "\n" + key;
-        const Value params[] = {key, ms, options_.process, payload};
-        (void)work_->query(kPublishOpen, params);
-      } else {
-        const std::string payload = schema_ + "\nclosed\n0\n" + options_.process + "\n" + key;
-        const Value params[] = {key, options_.process, payload};
-        (void)work_->query(kPublishClosed, params);
+      try {
+        if (it->second.open) {
+          const auto left = it->second.until - std::chrono::steady_clock::now();
+          const std::int64_t ms =
+              std::min(to_ms(std::max<Duration>(left, Duration::zero())), max_break_ms_);
+          const std::string payload =
+              schema_ + "\nopen\n" + std::to_string(ms) + "\n" + options_.process + "\n" + key;
+          const Value params[] = {key, ms, options_.process, payload, max_break_ms_, members_ms_};
+          (void)bounded(sql().publish_open, params);
+        } else {
+          const std::string payload = schema_ + "\nclosed\n0\n" + options_.process + "\n" + key;
+          const Value params[] = {key, options_.process, payload};
+          (void)bounded(sql().publish_closed, params);
+        }
+        published_.fetch_add(1);
+      } catch (const DatabaseError& e) {
+        // A value of this key's row that no statement can take: this change is not shared, the
+        // others are.
+        if (!value_error(e)) throw;
+        if (first_time("publish\n" + key)) {
+          notice("keel_breakers row " + quote_value(key) + ": cannot be written (" + e.what() +
+                 "); this process's changes of it are not shared");
+        }
       }
-      published_.fetch_add(1);
+      serve_gates();  // a trial waiting meanwhile is answered between two publications
     }
   } catch (...) {
     // Keep what was not written, unless a newer change of the same key came meanwhile.
@@ -469,19 +851,70 @@ void SharedBreakers::publish_pending() {
   cv_.notify_all();
 }
 
-// Requires: work_mu_ held.
+// Requires: the background thread.
 void SharedBreakers::heartbeat() {
   const std::string hello = schema_ + "\nmembers\n0\n" + options_.process + "\n*";
-  const Value params[] = {options_.process, to_ms(options_.heartbeat * 3), hello};
-  const Rows rows = work_->query(kHeartbeat, params);
-  registry_.set_fleet_size(static_cast<int>(std::min<std::int64_t>(rows.integer(0, 0), 1 << 20)));
+  const Value params[] = {options_.process, members_ms_, hello};
+  const Rows rows = bounded(sql().heartbeat, params);
+  if (rows.empty()) return;
+  const std::int64_t size = integer_cell(rows, 0, 1);
+  if (const std::int64_t removed = integer_cell(rows, 0, 3); removed > 0) {
+    std::string which;
+    for (std::size_t i = 1; i < rows.size(); ++i) {
+      which += (i > 1 ? ", " : "") + quote_value(text_cell(rows, i, 1)) + " (seen_at " +
+               quote_value(text_cell(rows, i, 2)) + ")";
+    }
+    if (removed > static_cast<std::int64_t>(rows.size()) - 1) which += ", ...";
+    rows_out_of_domain_.fetch_add(static_cast<std::uint64_t>(removed));
+    rows_repaired_.fetch_add(static_cast<std::uint64_t>(removed));
+    notice("keel_breaker_members: removed " + std::to_string(removed) +
+           " row(s) seen in the future, not a heartbeat: " + which +
+           "; the fleet's size counts the processes seen within " +
+           format_duration(std::chrono::milliseconds(members_ms_)));
+  }
+  if (size < 1 || size > kMaxFleet) {
+    if (first_time("members\n")) {
+      rows_out_of_domain_.fetch_add(1);
+      notice("keel_breaker_members: " + std::to_string(size) + " processes seen within " +
+             format_duration(std::chrono::milliseconds(members_ms_)) + ", more than the " +
+             std::to_string(kMaxFleet) + " a fleet on one database can be; ignored (the fleet's " +
+             "size stays " + std::to_string(registry_.fleet_size()) + ")");
+    }
+    return;
+  }
+  registry_.set_fleet_size(static_cast<int>(size));
 }
 
-// Requires: work_mu_ held.
+// Requires: the background thread.
 void SharedBreakers::read_fleet_state() {
-  const Rows rows = work_->query(kOpenRows, {});
+  const Value params[] = {options_.process, lease_ms_, max_break_ms_, members_ms_};
+  Rows rows;
+  try {
+    rows = bounded(sql().fleet_state, params);
+  } catch (const DatabaseError& e) {
+    if (!value_error(e)) throw;
+    if (first_time("read\n")) {
+      notice(std::string("keel_breakers cannot be read (") + e.what() +
+             "); this process shares the changes from now on");
+    }
+    return;
+  }
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    apply_open(rows.text(i, 0), std::chrono::milliseconds(rows.integer(i, 1)));
+    const std::string key = text_cell(rows, i, 0);
+    if (!shareable(key)) {
+      if (first_time("key\n" + key)) {
+        rows_out_of_domain_.fetch_add(1);
+        notice("keel_breakers row " + quote_value(key) +
+               ": not a key keel shares (empty, longer than " + std::to_string(kMaxKey) +
+               " bytes or with a line break); ignored");
+      }
+      continue;
+    }
+    const RowRead row = RowRead::from(rows, i, 1);
+    note_row(key, row);
+    if ((row.flags & kUnknownState) == 0 && row.state == "open") {
+      apply_open(key, std::chrono::milliseconds(row.open_ms));
+    }
   }
 }
 
@@ -500,7 +933,7 @@ void SharedBreakers::apply(std::string_view payload) {
   if (parts[1] == "open") {
     std::int64_t ms = 0;
     for (const char c : parts[2]) {
-      if (c < '0' || c > '9' || ms > 1'000'000'000'000) return;
+      if (c < '0' || c > '9' || ms > kMaxMs) return;
       ms = ms * 10 + (c - '0');
     }
     apply_open(key, std::chrono::milliseconds(ms));
@@ -526,6 +959,8 @@ Duration SharedBreakers::release_in(const std::string& key) {
   return it->second > now ? Duration(it->second - now) : Duration::zero();
 }
 
+// Opens `key`'s breaker for the fleet, for the rest of its break, never longer than the
+// breaker's longest break.
 void SharedBreakers::apply_open(const std::string& key, Duration remaining) {
   {
     std::lock_guard lock(mu_);
@@ -534,7 +969,7 @@ void SharedBreakers::apply_open(const std::string& key, Duration remaining) {
   const auto breaker = registry_.get(key);
   if (!breaker) return;  // the registry is full of open breakers
   t_applying = this;
-  breaker->force_open(remaining);
+  breaker->force_open(std::min(remaining, breaker->options().max_break_duration));
   t_applying = nullptr;
   applied_opens_.fetch_add(1);
 }

@@ -6,8 +6,9 @@
 // What is shared and what stays local:
 //   - Each process keeps its own BreakerRegistry and decides on its own calls as before: the
 //     local breaker is the fast path, and no call waits for the database, except the one call
-//     per break that would be the fleet's probe, which waits one bounded round trip for the
-//     probe lease (BreakerOptions::trial_gate).
+//     per break that would be the fleet's probe, which waits at most round_trip_limit for the
+//     answer to its probe-lease request (BreakerOptions::trial_gate) and otherwise probes as if
+//     alone.
 //   - A state change of a local breaker (opened by its own calls, a probe's result) is written
 //     to the table keel_breakers and announced with NOTIFY from a background thread; the other
 //     processes apply it to their breakers (CircuitBreaker::force_open, reset). The table is the
@@ -20,12 +21,25 @@
 //   - When the database is slow or unreachable, each process falls back to its own breakers
 //     and says so once (on_notice); it reconnects with core's jittered backoff, reads the table
 //     and publishes what its breakers learnt meanwhile. Sharing never blocks or fails a call.
+//   - What it reads back is checked against its domain, never obeyed blindly: a row of the
+//     tables outside it (a hand edit, a restore, a bug elsewhere: an open row without an end or
+//     until 'infinity', a probe lease longer than probe_lease or held by a process that is not
+//     in the fleet, an unknown state, counts out of range, member rows seen in the future) is
+//     repaired or ignored and said once per row and kind; a breaker is never held open longer
+//     than its max_break_duration, nor for a probe lease longer than probe_lease.
+//   - Nothing it sets on a connection outlives the transaction that needed it (statement and
+//     lock timeouts are set for each transaction alone), so its connection may come from a
+//     pool that hands the same server session to other clients.
+//   - A schema of its tables newer than this program's (a later keel migrated them) is refused
+//     once, by name, with both versions: the process keeps its own breakers, not shared, and
+//     does not try again (stats().refused).
 //
 // PostgreSQL only: a SQLite database has no notifications, and on it breakers stay
 // per-process (the constructor refuses a SQLite URL).
 //
 // Thread-safety: safe for concurrent use. The registry's breakers may be used from any thread
-// while a SharedBreakers is attached; the registry must outlive it.
+// while a SharedBreakers is attached; the registry must outlive it. Every statement runs on its
+// background thread.
 //
 // Example:
 //   keel::BreakerRegistry breakers;
@@ -37,10 +51,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -69,9 +86,11 @@ struct SharedBreakersOptions {
   /// worker by, so a hold of the whole lease would keep them waiting after the fleet has closed.
   /// Requires: >= 1 ms. Default 1 s.
   Duration probe_wait = std::chrono::seconds(1);
-  /// The longest a statement of the sharing may take (the server's statement_timeout); over it
-  /// the call that asked for the probe lease probes as if alone. Requires: >= 1 ms. Default
-  /// 250 ms.
+  /// The longest a call waits for the fleet's answer to its probe-lease request (a frozen or
+  /// unreachable database included); over it the call probes as if alone, and the calls after it
+  /// do so at once until the database answers again. Also each statement's bound on the server
+  /// (statement_timeout and lock_timeout, set for its transaction only). Requires: >= 1 ms.
+  /// Default 250 ms.
   Duration round_trip_limit = std::chrono::milliseconds(250);
   /// After the fleet's probe succeeded, this process closes its breaker at a uniformly random
   /// moment within this spread. Requires: >= 0. Default 1 s.
@@ -86,11 +105,18 @@ struct SharedBreakersOptions {
   BackoffOptions reconnect = {};
   /// Connection options of the two connections it holds (one listens, one writes).
   ConnectOptions connect = {};
+  /// Opens the connection it writes and reads the tables with (not the listening one), for
+  /// instance to wrap it: tests check what is left set on it. Called from the background thread
+  /// at each (re)connection; throws as open_database does. Default none: open_database(url,
+  /// connect).
+  std::function<std::unique_ptr<Connection>(const DatabaseUrl&, const ConnectOptions&)> open;
   /// This process's name in the table and the notifications. Requires: no whitespace.
   /// Default "hostname:pid:random".
   std::string process;
   /// Told, once per change, when sharing stops (the process falls back to its own breakers) and
-  /// when it starts again. Called from the background thread. Default: a line on stderr.
+  /// when it starts again; once when the tables' schema is refused; once per row and kind when
+  /// a row read back is outside its domain (what was wrong and whether it was repaired or
+  /// ignored). Called from the background thread. Default: a line on stderr.
   std::function<void(std::string_view message)> on_notice;
 };
 
@@ -102,16 +128,20 @@ struct SharedBreakersStats {
   std::uint64_t applied_closes = 0;  // breakers closed after another process's probe
   std::uint64_t probes_taken = 0;    // probe leases this process took
   std::uint64_t probes_held = 0;     // trials refused: another process holds the probe
-  std::uint64_t fallbacks = 0;       // trials decided locally: the database did not answer
+  std::uint64_t fallbacks = 0;       // trials decided locally: no answer within round_trip_limit
   std::uint64_t reconnects = 0;      // times sharing started again after a failure
-  int fleet_size = 1;                // processes sharing, this one included (1 when not sharing)
+  bool refused = false;  // the tables' schema is newer than this program's: never shared
+  std::uint64_t rows_out_of_domain = 0;  // rows read outside their domain, once per row and kind
+  std::uint64_t rows_repaired = 0;       // rows this process rewrote into their domain
+  int fleet_size = 1;  // processes sharing, this one included (1 when not sharing)
 };
 
 class SharedBreakers {
  public:
   /// Attaches to `registry` (a listener and its trial gate) and starts the background thread,
   /// which connects, creates the table on first use, listens and reads the fleet's state. An
-  /// unreachable database is not an error: the process shares once it is back. Throws
+  /// unreachable database is not an error: the process shares once it is back. Neither is a
+  /// schema newer than this program's: the process does not share (said once). Throws
   /// std::invalid_argument for invalid options or a database without notifications (SQLite).
   SharedBreakers(BreakerRegistry& registry, DatabaseUrl url, SharedBreakersOptions options = {});
   /// Detaches from the registry and stops the thread. Publications not yet written are dropped.
@@ -119,8 +149,9 @@ class SharedBreakers {
   SharedBreakers(const SharedBreakers&) = delete;
   SharedBreakers& operator=(const SharedBreakers&) = delete;
 
-  /// Waits until sharing (connected, listening, the fleet's state applied) or `timeout`.
-  /// Returns whether it is sharing. `keel call` uses it to start with the fleet's state.
+  /// Waits until sharing (connected, listening, the fleet's state applied), refused (a newer
+  /// schema) or `timeout`. Returns whether it is sharing. `keel call` uses it to start with the
+  /// fleet's state.
   [[nodiscard]] bool wait_until_sharing(Duration timeout);
   /// Waits until every state change published so far is written, or `timeout`. Returns whether
   /// it is. For tests and for a process about to exit.
@@ -135,11 +166,23 @@ class SharedBreakers {
     bool open = false;  // else closed
     Instant until{};    // when open: the end of the break
   };
+  // A trial's probe-lease request, answered by the background thread.
+  struct GateRequest {
+    std::string key;
+    bool answered = false;   // guarded by mu_
+    bool abandoned = false;  // guarded by mu_: the caller stopped waiting
+    Duration hold{};         // guarded by mu_: the answer (zero: the trial runs)
+  };
+  struct RowRead;
 
   void on_change(std::string_view key, BreakerState from, BreakerState to);
   [[nodiscard]] Duration gate(std::string_view key);
   void run();
   void share(detail::Listener& listener);
+  [[nodiscard]] Rows bounded(std::string_view sql, std::span<const Value> params);
+  void serve_gates();
+  [[nodiscard]] Duration ask_fleet(const std::string& key);
+  void answer_every_gate();
   void apply(std::string_view payload);
   void apply_open(const std::string& key, Duration remaining);
   [[nodiscard]] Duration release_due();
@@ -147,6 +190,9 @@ class SharedBreakers {
   void publish_pending();
   void read_fleet_state();
   void heartbeat();
+  void note_row(const std::string& key, const RowRead& row);
+  void repair_rows();
+  [[nodiscard]] bool first_time(std::string what);
   void notice(const std::string& message);
 
   BreakerRegistry& registry_;
@@ -154,43 +200,38 @@ class SharedBreakers {
   SharedBreakersOptions options_;
   Backoff reconnect_;
   std::uint64_t listener_id_ = 0;
-
-  // A mutex with a bounded wait (lock, unlock, try_lock_for). Not std::timed_mutex: libstdc++
-  // waits for one in pthread_mutex_clocklock, which GCC 12's ThreadSanitizer does not intercept,
-  // so that every use of the connection it guards was reported as a race.
-  class TimedLock {
-   public:
-    void lock();
-    void unlock();
-    [[nodiscard]] bool try_lock_for(Duration timeout);
-
-   private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool held_ = false;  // guarded by mu_
-  };
-
-  // The writing connection, used by the background thread (publications) and by callers
-  // asking for the probe lease; work_mu_ guards it.
-  TimedLock work_mu_;
-  std::unique_ptr<Connection> work_;  // guarded by work_mu_
+  // The bounds of what is read back, in ms: the breakers' longest break, the probe lease, the
+  // window within which a member counts (3 heartbeats); and round_trip_limit as a setting.
+  std::int64_t max_break_ms_ = 0;
+  std::int64_t lease_ms_ = 0;
+  std::int64_t members_ms_ = 0;
+  std::string limit_setting_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable answered_cv_;
   std::map<std::string, Publication, std::less<>> pending_;  // guarded by mu_
   std::map<std::string, Instant, std::less<>> releases_;     // guarded by mu_
-  detail::Listener* listener_ = nullptr;                     // guarded by mu_
-  bool writing_ = false;  // guarded by mu_: publications taken but not yet written
-  Rng rng_;               // guarded by mu_
-  // The background thread's own: the tables' schema (notifications of other schemas are
-  // ignored) and the failures since sharing last worked.
+  std::deque<std::shared_ptr<GateRequest>> gates_;           // guarded by mu_
+  // Guarded by mu_: false from a trial that stopped waiting for its answer until the background
+  // thread serves trials again; meanwhile trials decide at once, without asking.
+  bool answering_ = true;
+  detail::Listener* listener_ = nullptr;  // guarded by mu_
+  bool writing_ = false;                  // guarded by mu_: publications taken but not yet written
+  Rng rng_;                               // guarded by mu_
+  // The background thread's own: the writing connection, the tables' schema (notifications of
+  // other schemas are ignored), the failures since sharing last worked, the next heartbeat, the
+  // keys whose rows are to be rewritten into their domain and the rows said out of it.
+  std::unique_ptr<Connection> work_;
   std::string schema_;
   int failures_ = 0;
-  Instant next_beat_{};  // the next heartbeat
+  Instant next_beat_{};
+  std::set<std::string, std::less<>> repairs_;
+  std::set<std::string, std::less<>> said_;
 
   std::atomic<bool> sharing_{false};
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> broken_{false};  // a caller saw the writing connection fail
+  std::atomic<bool> refused_{false};
   std::atomic<std::uint64_t> published_{0};
   std::atomic<std::uint64_t> applied_opens_{0};
   std::atomic<std::uint64_t> applied_closes_{0};
@@ -198,6 +239,8 @@ class SharedBreakers {
   std::atomic<std::uint64_t> probes_held_{0};
   std::atomic<std::uint64_t> fallbacks_{0};
   std::atomic<std::uint64_t> reconnects_{0};
+  std::atomic<std::uint64_t> rows_out_of_domain_{0};
+  std::atomic<std::uint64_t> rows_repaired_{0};
   std::thread thread_;
 };
 
