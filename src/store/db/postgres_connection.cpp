@@ -158,6 +158,7 @@ class PostgresConnection final : public Connection {
   // A multi-statement text (migrations, DDL), sent with the simple protocol: its statements run
   // in one implicit transaction unless they hold their own BEGIN and COMMIT.
   void execute(std::string_view sql) override {
+    const bool was_in_transaction = in_transaction();
     const Bounds bounds = bounds_now();
     std::string text;
     if (bounds.send) text = bounds_sql(bounds) + "; ";
@@ -176,7 +177,10 @@ class PostgresConnection final : public Connection {
       }
     }
     if (failed) check(failed, false);
-    if (bounds.send && in_transaction()) tx_bounds_ = bounds.server;
+    // A transaction the text opened (BEGIN of its own) has what the text set, or the session's.
+    if (in_transaction() && (bounds.send || !was_in_transaction)) {
+      tx_bounds_ = bounds.send ? bounds.server : session_;
+    }
   }
 
   Rows query(std::string_view sql, std::span<const Value> params) override {
@@ -248,8 +252,9 @@ class PostgresConnection final : public Connection {
       pipeline.send(sql, bound);
       pipeline.text("COMMIT");
       pipeline.sync();
-      pipeline.bounds_result();
-      statement = pipeline.next();
+      // COMMIT went with the statement: from here a lost connection leaves the commit in doubt.
+      pipeline.bounds_result(/*during_commit=*/true);
+      statement = pipeline.next(/*during_commit=*/true);
       committed = pipeline.next(/*during_commit=*/true);
       pipeline.end_of_sync(/*during_commit=*/true);
       pipeline.close();
@@ -502,10 +507,10 @@ class PostgresConnection final : public Connection {
       pending_bounds_ = true;
     }
     // Its result, read where it comes in the pipeline's order.
-    void bounds_result() {
+    void bounds_result(bool during_commit = false) {
       if (!pending_bounds_) return;
       pending_bounds_ = false;
-      Result r = read(false);
+      Result r = read(during_commit);
       if (PQresultStatus(r.get()) != PGRES_TUPLES_OK) earlier_ = std::move(r);
     }
     // A statement with its parameters: prepared on this connection (prepared in this same
