@@ -20,8 +20,10 @@ test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang
                chromium nodejs  # the storm explorer's browser test (tests/e2e)
                prometheus  # promtool checks deploy/prometheus/keel-alerts.yml
                python3 iproute2  # the doc test (tests/docs) and its private network namespace
-               dpkg-dev xz-utils)  # apt-get source for make tsan (scripts/httplib-source.sh)
-bench_packages=(golang-go golang-github-cenkalti-backoff-dev python3 python3-tenacity nodejs)
+               dpkg-dev xz-utils  # apt-get source for make tsan (scripts/httplib-source.sh)
+               pgbouncer)  # the failover drill's pooler (scripts/pg-cluster.sh --pgbouncer)
+bench_packages=(golang-go golang-github-cenkalti-backoff-dev python3 python3-tenacity nodejs
+                patroni etcd-server)  # scripts/patroni-drill.sh
 # Debian's npm conflicts with NodeSource's nodejs, which ships its own npm: only ask for it when
 # there is no npm at all.
 command -v npm >/dev/null || bench_packages+=(npm)

@@ -225,7 +225,9 @@ stop_all() {
       local pm
       pm=$(head -n 1 "$base/$name/data/postmaster.pid")
       # A frozen node cannot stop: wake it first.
+      # shellcheck disable=SC2046
       kill -CONT "$pm" $(pgrep -P "$pm" 2>/dev/null) 2>/dev/null || true
+      # shellcheck disable=SC2046
       as_pg "$PG_BIN/pg_ctl" -D "$base/$name/data" -m immediate -w -t 10 stop >/dev/null 2>&1 ||
         kill -KILL "$pm" $(pgrep -P "$pm" 2>/dev/null) 2>/dev/null || true
     fi
@@ -352,9 +354,10 @@ case "$action" in
     [[ $# -eq 1 ]] || usage
     name=$(node "$1")
     pm=$(postmaster_pid "$name")
-    # The postmaster first (it would restart crashed backends), then whatever it had forked.
-    kill -KILL "$pm" 2>/dev/null || true
-    kill -KILL $(pgrep -P "$pm" 2>/dev/null) 2>/dev/null || true
+    # The postmaster and whatever it had forked, in one kill: listed after the postmaster's death
+    # they would be init's children, and a frozen backend would never exit by itself.
+    # shellcheck disable=SC2046
+    kill -KILL "$pm" $(pgrep -P "$pm" 2>/dev/null) 2>/dev/null || true
     echo "pg-cluster: $name killed"
     ;;
   read-only)
