@@ -51,7 +51,7 @@
 # KEEL_PG_DURABLE=1. Each node has the database keel_drill, owned by the role keel (LOGIN, no
 # superuser, no CREATEDB, no CREATEROLE), which every URL printed here uses; the harness's own
 # actions connect as postgres over the Unix socket. STATE_DIR holds the ports, the URLs and
-# which node is the primary.
+# which node is the primary. PGC_TRACE=1 traces every command, with the time, to stderr.
 set -euo pipefail
 [[ -n "${PGC_TRACE:-}" ]] && { PS4='+ $(date +%s.%N | cut -c1-14) '; set -x; }
 
@@ -117,7 +117,10 @@ node_options() {
   local name=$1 port=$2 base=$3
   local opts="-p $port -k $base/$name -c listen_addresses=127.0.0.1 -c max_connections=200"
   opts+=" -c wal_level=replica -c max_wal_senders=5 -c hot_standby=on -c cluster_name=$name"
+  # A standby whose primary died looks for WAL again every wal_retrieve_retry_interval (5 s by
+  # default), and a promotion asked for in between was seen to wait for it.
   opts+=" -c wal_sender_timeout=5s -c wal_receiver_status_interval=1s"
+  opts+=" -c wal_retrieve_retry_interval=500ms"
   [[ "${KEEL_PG_DURABLE:-0}" == 1 ]] || opts+=" -c fsync=off -c full_page_writes=off"
   # synchronous_commit stays on (a commit is flushed locally; waits for no standby unless node1's
   # synchronous_standby_names, set by start, names one): not on this command line, which would
@@ -211,7 +214,7 @@ stop_bouncer() {
   local base=$1 pid
   [[ -f "$base/pgbouncer/pgbouncer.pid" ]] || return 0
   pid=$(cat "$base/pgbouncer/pgbouncer.pid" 2>/dev/null || true)
-  [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
+  if [[ -n "$pid" ]]; then kill -KILL "$pid" 2>/dev/null || true; fi
   rm -f "$base/pgbouncer/pgbouncer.pid"
 }
 
