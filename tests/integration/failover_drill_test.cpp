@@ -20,7 +20,7 @@
 //  - no message applied twice or lost;
 //  - jobs, charges and messages resume within 5 s of the new primary accepting writes (timing in
 //    the release build only), including jobs enqueued on the new primary after it;
-//  - the workers stop on SIGTERM within their grace.
+//  - the workers stop on SIGTERM (within kStopBound, 8 s; their --grace is 2 s).
 // Each scenario prints its figures on one line ("failover drill: ...").
 //
 // Release build only (tests/integration/CMakeLists.txt): the processes are what is measured, and
