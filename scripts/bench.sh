@@ -21,7 +21,8 @@
 # event stream on the success path) from keel_bench_events. Missing ones are reported as "not
 # available". scripts/bench-beast.sh (the idempotency layer on the Boost.Beast server) writes
 # raw/beast.txt, a markdown table of its own, when keel_bench_beast_serve was built and wrk is
-# installed.
+# installed. scripts/patroni-drill.sh (keel across a Patroni switchover and a killed leader) writes
+# raw/patroni.txt when patroni and etcd are installed.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -218,6 +219,20 @@ else
   if ! timeout 900 "$root/scripts/bench-beast.sh" "$build_dir" >"$raw/beast.txt" \
     2>"$raw/beast.stderr.txt"; then
     skip beast "scripts/bench-beast.sh failed (see raw/beast.stderr.txt)"
+  fi
+fi
+
+# The Patroni failover drill: keel workers across a switchover and a killed leader
+# (scripts/patroni-drill.sh; raw/patroni.txt holds its figures).
+if ((smoke)); then
+  skip patroni "not run in smoke mode (a Patroni cluster and minutes)"
+elif ! command -v patroni >/dev/null || ! command -v etcd >/dev/null; then
+  skip patroni "patroni or etcd is not installed (Debian patroni, etcd-server)"
+else
+  log "patroni: running scripts/patroni-drill.sh"
+  if ! timeout 600 "$root/scripts/patroni-drill.sh" --build-dir "$build_dir" >"$raw/patroni.txt" \
+    2>"$raw/patroni.stderr.txt"; then
+    skip patroni "scripts/patroni-drill.sh failed (see raw/patroni.stderr.txt)"
   fi
 fi
 
