@@ -501,8 +501,10 @@ TEST_F(FailoverDrill, ADrainThroughPgBouncerCompletesAndLeavesNoSettingOnThePool
   // A pool of 2 server connections for 3 workers of 4 slots (each with a heartbeat, a listener
   // and the shared breakers' connection besides).
   ASSERT_TRUE(start_cluster("--async --pgbouncer --pool-size 2")) << cluster_->log();
-  const std::string pooled = cluster_->bouncer_url();
+  // keel's URLs say that they go through a transaction pooler; a plain client's do not.
+  const std::string pooled = cluster_->bouncer_url() + "?keel_pooler=transaction";
   const std::string one = cluster_->bouncer_url("keel_one");
+  const std::string keel_one = one + "?keel_pooler=transaction";
   ASSERT_NO_FATAL_FAILURE(prepare(cluster_->node_url("node1"), kPoolJobs, "job-"));
   faults::FaultServer upstream({.script = "200/delay=5ms"});
   upstream.start();
@@ -539,7 +541,7 @@ TEST_F(FailoverDrill, ADrainThroughPgBouncerCompletesAndLeavesNoSettingOnThePool
   {
     // Its queue on the primary itself, its breakers shared through the pool.
     std::vector<std::string> args = worker_args(cluster_->node_url("node1"), upstream.url("/hook"));
-    args.back() = "--share-breakers=" + one;
+    args.back() = "--share-breakers=" + keel_one;
     Process sharer(args, dir_.path(), "sharer");
     (void)test::wait_until(
         [&] {
@@ -552,7 +554,7 @@ TEST_F(FailoverDrill, ADrainThroughPgBouncerCompletesAndLeavesNoSettingOnThePool
   }
   const std::string timeout_after = failover::plain_query(one, "SHOW statement_timeout");
   const test_jobs::CmdResult stats = [&] {
-    Process p({KEEL_BINARY, "jobs", "--db", one, "stats"}, dir_.path(), "stats");
+    Process p({KEEL_BINARY, "jobs", "--db", keel_one, "stats"}, dir_.path(), "stats");
     test_jobs::CmdResult r;
     r.status = p.wait();
     r.err = p.err();

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -80,6 +81,97 @@ bool notice_pooler(const std::string& uri) {
   return pooler_uris().insert(uri).second;
 }
 
+// Hosts that gave no answer within a statement's bound (a frozen server, a partition that drops
+// packets): for a while, new connections try the URL's other hosts first, and pooled connections
+// to them are not lent (every one of them would wait the same bound). Keyed by "host:port".
+constexpr std::chrono::seconds kSuspectFor(30);
+std::mutex suspects_mu;
+std::map<std::string, std::chrono::steady_clock::time_point>& suspects() {
+  static std::map<std::string, std::chrono::steady_clock::time_point> hosts;  // guarded
+  return hosts;
+}
+
+// Since when `host_port` is suspect; nullopt when it is not (any more).
+std::optional<std::chrono::steady_clock::time_point> suspect_since(const std::string& host_port) {
+  std::lock_guard lock(suspects_mu);
+  auto& hosts = suspects();
+  const auto it = hosts.find(host_port);
+  if (it == hosts.end()) return std::nullopt;
+  if (std::chrono::steady_clock::now() - it->second >= kSuspectFor) {
+    hosts.erase(it);
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+void suspect(const std::string& host_port) {
+  std::lock_guard lock(suspects_mu);
+  suspects()[host_port] = std::chrono::steady_clock::now();
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', at);
+    out.push_back(text.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
+std::string join_commas(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : ",") + p;
+  return out;
+}
+
+// A multi-host URI's hosts with the suspect ones last (libpq tries them in order): "host",
+// "hostaddr" and "port" values to pass after the URI, or nullopt when the order stays.
+struct HostOrder {
+  std::string host, hostaddr, port;
+};
+std::optional<HostOrder> hosts_in_order(const std::string& uri) {
+  const std::vector<std::string> hosts = split_commas(uri_option(uri, "host"));
+  if (hosts.size() < 2) return std::nullopt;
+  const std::string addr_text = uri_option(uri, "hostaddr");
+  std::vector<std::string> addrs = addr_text.empty() ? std::vector<std::string>()
+                                                     : split_commas(addr_text);
+  std::vector<std::string> ports = split_commas(uri_option(uri, "port"));
+  if (ports.size() == 1) ports.assign(hosts.size(), ports[0]);
+  if (ports.size() != hosts.size() || (!addrs.empty() && addrs.size() != hosts.size())) {
+    return std::nullopt;  // libpq will say what is wrong
+  }
+  std::vector<std::size_t> order;
+  std::vector<std::size_t> later;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    const std::string port = ports[i].empty() ? "5432" : ports[i];
+    (suspect_since((addrs.empty() ? hosts[i] : addrs[i]) + ":" + port) ? later : order)
+        .push_back(i);
+  }
+  if (later.empty()) return std::nullopt;
+  order.insert(order.end(), later.begin(), later.end());
+  HostOrder out;
+  std::vector<std::string> h, a, p;
+  for (const std::size_t i : order) {
+    h.push_back(hosts[i]);
+    p.push_back(ports[i]);
+    if (!addrs.empty()) a.push_back(addrs[i]);
+  }
+  out.host = join_commas(h);
+  out.port = join_commas(p);
+  out.hostaddr = join_commas(a);
+  return out;
+}
+
+std::string host_port_of(const PGconn* conn) {
+  const char* addr = PQhostaddr(conn);
+  const char* host = PQhost(conn);
+  const char* port = PQport(conn);
+  return std::string(addr != nullptr && *addr != '\0' ? addr : (host != nullptr ? host : "")) +
+         ":" + (port != nullptr && *port != '\0' ? port : "5432");
+}
+
 std::string random_prefix() {
   std::random_device device;
   const std::uint64_t bits = (std::uint64_t{device()} << 32) ^ device();
@@ -111,6 +203,18 @@ pg_conn* connect_postgres(const std::string& uri, const ConnectOptions& options,
   }
   keys.push_back("dbname");
   values.push_back(uri.c_str());
+  // A host that gave no answer lately is tried last.
+  const std::optional<HostOrder> order = hosts_in_order(uri);
+  if (order) {
+    keys.push_back("host");
+    values.push_back(order->host.c_str());
+    keys.push_back("port");
+    values.push_back(order->port.c_str());
+    if (!order->hostaddr.empty()) {
+      keys.push_back("hostaddr");
+      values.push_back(order->hostaddr.c_str());
+    }
+  }
   std::string combined;
   if (!session_options.empty()) {
     combined = std::string(session_options);
@@ -143,6 +247,7 @@ class PostgresConnection final : public Connection {
                           .statement = options.statement_timeout});
     session_ = timeouts();
     conn_ = connect_postgres(uri, options, "", pooler_ ? "" : session_options());
+    host_port_ = host_port_of(conn_);
     if (PQsetnonblocking(conn_, 1) != 0) {
       PQfinish(conn_);
       conn_ = nullptr;
@@ -378,6 +483,11 @@ class PostgresConnection final : public Connection {
   // being demoted) means it is not the session it was. No round trip.
   [[nodiscard]] bool usable() noexcept override {
     if (broken() || in_transaction()) return !broken();
+    // Its host gave another connection no answer since this one was opened: frozen, most likely.
+    if (const auto since = suspect_since(host_port_); since && *since >= opened_) {
+      broken_ = true;
+      return false;
+    }
     pollfd fd{.fd = PQsocket(conn_), .events = POLLIN, .revents = 0};
     if (fd.fd < 0) {
       broken_ = true;
@@ -639,6 +749,7 @@ class PostgresConnection final : public Connection {
   }
 
   [[noreturn]] void abandon(milliseconds waited, bool during_commit) {
+    suspect(host_port_);
     PQfinish(conn_);
     conn_ = nullptr;
     broken_ = true;
@@ -754,6 +865,8 @@ class PostgresConnection final : public Connection {
   StatementTimeouts session_{};    // what the session was given at connect
   StatementTimeouts tx_bounds_{};  // what the open transaction has in force
   std::string prefix_ = random_prefix();
+  std::string host_port_;  // the node it reached, for the suspects
+  std::chrono::steady_clock::time_point opened_ = std::chrono::steady_clock::now();
   std::unordered_map<std::string, std::string> prepared_;  // SQL -> statement name
   std::uint64_t statements_ = 0;                           // names handed out
   bool broken_ = false;

@@ -275,6 +275,25 @@ std::vector<LeasedJob> JobQueue::lease(Connection& connection, std::string_view 
   return complete_and_lease(connection, {}, queue, worker, limit, start).leased;
 }
 
+std::vector<LeasedJob> JobQueue::leases_of(Connection& connection, std::string_view queue,
+                                           std::string_view worker) const {
+  const Rows r = connection.query(
+      "SELECT id, fence, CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM keel_jobs"
+      " WHERE queue = $1 AND state = 'running' AND lease_owner = $2 ORDER BY id",
+      {queue, worker});
+  std::vector<LeasedJob> out;
+  out.reserve(r.size());
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    LeasedJob job;
+    job.id = r.integer(i, 0);
+    job.queue = std::string(queue);
+    job.fence = r.integer(i, 1);
+    job.started = r.integer(i, 2) == 1;
+    out.push_back(std::move(job));
+  }
+  return out;
+}
+
 std::optional<std::int64_t> JobQueue::next_due(Connection& connection,
                                                std::string_view queue) const {
   // Two index reads: the first row of keel_jobs_ready (its predicate spelled as in the index, so

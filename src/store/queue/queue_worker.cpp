@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <random>
+#include <shared_mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -313,7 +314,8 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
     pending = std::move(event);
     return;
   }
-  unrecorded.push_back({.event = event, .tx_in_doubt = in_doubt});
+  unrecorded.push_back(
+      {.event = event, .tx_in_doubt = in_doubt, .leased = next != nullptr && busy && !in_doubt});
   if (in_doubt) {
     // Only the job's row can say whether the COMMIT applied: settled on a new connection.
     throw DatabaseError("the job's transaction's COMMIT is in doubt: " + report.error,
@@ -321,6 +323,7 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
   }
   if (next != nullptr && busy) {
     // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
+    std::shared_lock gate(lease_gate_);
     DoneAndLeased step = queue_.complete_and_lease(conn, {{job.id, job.fence}}, options_.queue,
                                                    options_.worker_id, options_.batch, 1);
     {
@@ -399,7 +402,8 @@ void Worker::settle(std::optional<ConnectionPool::Lease>& conn,
              : describe(u.event.report.outcome)) +
         ") failed: " + error + "; settling it on a new connection");
   }
-  for (bool first = true; !unrecorded.empty(); first = false) {
+  bool reclaim = false;  // a lost answer may have leased jobs this worker does not know of
+  for (bool first = true; !unrecorded.empty() || reclaim; first = false) {
     if (!first) {
       // Core's jittered backoff while the database is out, counted towards max_database_outage.
       const Duration wait = database_failed("settling an outcome", error);
@@ -424,8 +428,13 @@ void Worker::settle(std::optional<ConnectionPool::Lease>& conn,
       while (!unrecorded.empty()) {
         Unrecorded& u = unrecorded.front();
         u.event.result = settle_one(**conn, u);
+        if (u.leased) reclaim = true;
         recorded(u.event);
         unrecorded.erase(unrecorded.begin());
+      }
+      if (reclaim) {
+        give_back_unknown_leases(conn);
+        reclaim = false;
       }
       database_ok();
     } catch (const std::exception& e) {
@@ -463,7 +472,12 @@ void Worker::slot_loop() {
         // Only the first job starts with the lease; each of the others starts (and is charged)
         // right before its handler runs, so a crash charges only the job that was running.
         seen = wake_epoch();
-        jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch, 1);
+        {
+          std::shared_lock gate(lease_gate_);
+          jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch, 1);
+          std::lock_guard lock(mu_);
+          for (const LeasedJob& job : jobs) active_[job.id] = job.fence;
+        }
         if (!jobs.empty() && woken) woken_leases_.fetch_add(1);
         woken = false;
         if (jobs.empty() && options_.exit_when_idle && queue_.idle(**conn, options_.queue)) {
@@ -482,10 +496,6 @@ void Worker::slot_loop() {
     if (jobs.empty()) {
       woken = idle_wait(**conn, seen) == IdleEnd::kWoken;
       continue;
-    }
-    {
-      std::lock_guard lock(mu_);
-      for (const LeasedJob& job : jobs) active_[job.id] = job.fence;
     }
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const LeasedJob& job = jobs[i];
@@ -534,6 +544,25 @@ void Worker::slot_loop() {
     --slots_running_;
   }
   cv_.notify_all();
+}
+
+void Worker::give_back_unknown_leases(std::optional<ConnectionPool::Lease>& conn) {
+  // No lease is in flight meanwhile: every job leased by a statement whose answer came back is
+  // in active_ already, so what the database says this worker holds beyond that is unknown to it.
+  std::unique_lock gate(lease_gate_);
+  std::vector<LeasedJob> unknown;
+  {
+    const std::vector<LeasedJob> held = queue_.leases_of(**conn, options_.queue, options_.worker_id);
+    std::lock_guard lock(mu_);
+    for (const LeasedJob& job : held) {
+      if (active_.count(job.id) == 0) unknown.push_back(job);
+    }
+  }
+  gate.unlock();
+  if (unknown.empty()) return;
+  log("giving back " + std::to_string(unknown.size()) +
+      " job(s) leased by a statement whose answer was lost");
+  give_back(conn, unknown, /*maybe_started=*/true);
 }
 
 void Worker::give_back(std::optional<ConnectionPool::Lease>& conn,

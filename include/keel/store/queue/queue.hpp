@@ -462,6 +462,13 @@ class JobQueue {
   bool release(Connection& connection, std::int64_t job_id, std::int64_t fence,
                std::string_view why) const;
 
+  /// The jobs of `queue` that `worker` holds a lease on now (running under its name), with their
+  /// fencing tokens; `started` says whether the attempt was started. For a worker that lost the
+  /// answer of a statement that leased jobs (a COMMIT in doubt) and must give back what it was
+  /// not told it holds. Throws DatabaseError.
+  [[nodiscard]] std::vector<LeasedJob> leases_of(Connection& connection, std::string_view queue,
+                                                 std::string_view worker) const;
+
   /// When a lease of `queue` could next find a job, in calendar ms: the earliest run time of its
   /// ready and retry-scheduled jobs (due already, delayed, or waiting for a retry) and of its
   /// running jobs' leases (a lease that expires makes its job leasable again); nullopt when the

@@ -66,6 +66,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -249,6 +250,9 @@ class Worker {
     WorkerEvent event;
     /// The handler's transaction (the success with the writes) was lost during COMMIT.
     bool tx_in_doubt = false;
+    /// Its recording also leased jobs (complete_and_lease): when its answer was lost, the worker
+    /// may hold leases it was not told of.
+    bool leased = false;
   };
   void process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
                std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded, bool& ran);
@@ -269,6 +273,8 @@ class Worker {
   // given back.
   void give_back(std::optional<ConnectionPool::Lease>& conn, const std::vector<LeasedJob>& jobs,
                  bool maybe_started);
+  // Gives back the jobs the database says this worker holds that none of its slots runs.
+  void give_back_unknown_leases(std::optional<ConnectionPool::Lease>& conn);
   void pause(Duration delay, const AttemptReport& report);
   // A lease (or `activity`) failed: logs (rate-limited), gives up past max_database_outage;
   // returns the wait.
@@ -301,6 +307,9 @@ class Worker {
   std::condition_variable cv_;
   /// Leases held by running handlers: job id -> fence. Guarded by mu_.
   std::map<std::int64_t, std::int64_t> active_;
+  /// Held shared from a statement that leases jobs until they are in active_; held exclusively
+  /// to find leases the worker holds without knowing (a lease whose answer was lost).
+  std::shared_mutex lease_gate_;
   /// Slot threads still running. Guarded by mu_.
   int slots_running_ = 0;
   /// The report of the deferral that paused leasing, applied to jobs leased before it.
