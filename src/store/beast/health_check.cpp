@@ -67,8 +67,10 @@ struct HealthCheck::State {
         continue;
       }
       const SteadyTime now = std::chrono::steady_clock::now();
-      if (now < waiters.front().due) {
-        wake_watch.wait_until(lock, waiters.front().due);
+      // A copy: the waiter may be answered (and freed) by the probe while this thread waits.
+      const SteadyTime due = waiters.front().due;
+      if (now < due) {
+        wake_watch.wait_until(lock, due);
         continue;
       }
       std::vector<Done> expired;

@@ -64,7 +64,7 @@
 //   server.on_idempotent(boost::beast::http::verb::post, "/v1/charges", charges);
 //   server.start();                 // returns once listening; server.port() is the bound port
 //   ...
-//   server.stop();                  // graceful, bounded by drain_timeout
+//   server.stop();                  // graceful, bounded by drain_timeout + kStopGrace
 #pragma once
 
 #include <boost/beast/http/verb.hpp>
