@@ -233,6 +233,16 @@ int run_serve(const ServeOptions& o) {
     }
   }
 
+  // ---- signals: handled here with sigwait; every thread has them blocked, so they are blocked
+  // before the first thread starts (the health check's, the server's).
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);  // no configuration to reload: a hang-up stops as SIGTERM does
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
   // ---- database
   store::ConnectionPool pool(*url, {.max_connections = o.threads + 2});
   scope_secret = payments::prepare_database(*pool.acquire(), std::move(scope_secret));
@@ -344,14 +354,6 @@ int run_serve(const ServeOptions& o) {
                         }});
   api.install(server);
 
-  // ---- signals: handled here with sigwait; every other thread has them blocked.
-  signal(SIGPIPE, SIG_IGN);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);  // no configuration to reload: a hang-up stops as SIGTERM does
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   try {
     server.start();
