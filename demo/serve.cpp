@@ -3,8 +3,11 @@
 // keel::store::beast::Server, behind this command's flags.
 // --rate-limit answers 429 + Retry-After per principal; --max-concurrency sheds retries first
 // (503 + Retry-After, keel/admission.hpp); the --chaos-* flags inject the failures that make
-// clients retry (503s, delays, hangs, and "commit then drop the response").
-// Stops cleanly on SIGTERM/SIGINT: the listener closes, in-flight requests finish.
+// clients retry (503s, delays, hangs, and "commit then drop the response"). --max-connections and
+// the --*-timeout flags are the server's limits (keel::store::beast::ServerOptions).
+// Stops cleanly on SIGTERM, SIGINT and SIGHUP: the listener closes, in-flight requests finish
+// within --drain-timeout, and the process exits within it plus a quarter second even when a
+// request is still blocked in the database (that request is abandoned: nothing of it commits).
 #include <pthread.h>
 #include <signal.h>
 
@@ -12,12 +15,15 @@
 #include <boost/asio/error.hpp>
 #include <boost/beast/http/field.hpp>
 #include <boost/system/system_error.hpp>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "commands.hpp"
 #include "keel/admission.hpp"
@@ -48,6 +54,14 @@ struct ServeOptions {
   std::string max_body_bytes = "1048576";
   std::string max_json_depth = "64";
   std::string retry_after_spread = "3";
+  std::string max_connections = "1024";
+  std::string first_byte_timeout = "2s";
+  std::string header_timeout = "10s";
+  std::string body_timeout = "30s";
+  std::string idle_timeout = "5s";
+  std::string write_timeout = "10s";
+  std::string drain_timeout = "10s";
+  std::string health_timeout = "1s";
   bool reuse_port = false;
   bool no_idempotency = false;
   double chaos_503 = 0;
@@ -84,6 +98,20 @@ int usage_error(const Error& error) {
 int usage_error(std::string_view flag, std::string problem, std::string_view value) {
   return usage_error(
       Error{.field = std::string(flag), .problem = std::move(problem), .got = quote_value(value)});
+}
+
+/// A timeout flag in whole milliseconds: at least 1 ms (0 too with `allow_zero`), at most a day.
+Expected<std::chrono::milliseconds> parse_timeout_flag(std::string_view flag, std::string_view text,
+                                                       bool allow_zero) {
+  const auto d = parse_duration_flag(flag, text, !allow_zero);
+  if (!d) return d.error();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+  if (*d > std::chrono::hours(24) || (ms.count() == 0 && d->count() != 0)) {
+    return Error{.field = std::string(flag),
+                 .problem = allow_zero ? "must be 0 or from 1ms to 24h" : "must be from 1ms to 24h",
+                 .got = quote_value(text)};
+  }
+  return ms;
 }
 
 int run_serve(const ServeOptions& o) {
@@ -171,6 +199,26 @@ int run_serve(const ServeOptions& o) {
   const store::JsonLimits json_limits{.max_depth = static_cast<std::size_t>(*max_depth)};
   const auto spread = parse_count("--retry-after-spread", o.retry_after_spread, 1, 3600);
   if (!spread) return usage_error(spread.error());
+  const auto max_connections = parse_count("--max-connections", o.max_connections, 1, 1 << 20);
+  if (!max_connections) return usage_error(max_connections.error());
+  std::chrono::milliseconds timeouts[7];
+  {
+    const std::pair<std::string_view, const std::string*> flags[7] = {
+        {"--first-byte-timeout", &o.first_byte_timeout},
+        {"--header-timeout", &o.header_timeout},
+        {"--body-timeout", &o.body_timeout},
+        {"--idle-timeout", &o.idle_timeout},
+        {"--write-timeout", &o.write_timeout},
+        {"--health-timeout", &o.health_timeout},
+        {"--drain-timeout", &o.drain_timeout}};
+    for (int i = 0; i < 7; ++i) {
+      const auto t = parse_timeout_flag(flags[i].first, *flags[i].second, i == 6);
+      if (!t) return usage_error(t.error());
+      timeouts[i] = *t;
+    }
+  }
+  const auto [first_byte_timeout, header_timeout, body_timeout, idle_timeout, write_timeout,
+              health_timeout, drain_timeout] = timeouts;
   std::string scope_secret;
   if (!o.scope_secret_file.empty()) {
     std::ifstream in(o.scope_secret_file, std::ios::binary);
@@ -184,6 +232,16 @@ int run_serve(const ServeOptions& o) {
                          o.scope_secret_file);
     }
   }
+
+  // ---- signals: handled here with sigwait; every thread has them blocked, so they are blocked
+  // before the first thread starts (the health check's, the server's).
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);  // no configuration to reload: a hang-up stops as SIGTERM does
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // ---- database
   store::ConnectionPool pool(*url, {.max_connections = o.threads + 2});
@@ -259,6 +317,7 @@ int run_serve(const ServeOptions& o) {
                              .json_limits = json_limits,
                              .retry_after_spread = static_cast<int>(*spread),
                              .no_idempotency = o.no_idempotency,
+                             .health_timeout = health_timeout,
                              .metrics = &metrics,
                              .refuse = refuse,
                              .limiter = admission_limiter ? &*admission_limiter : nullptr,
@@ -280,21 +339,21 @@ int run_serve(const ServeOptions& o) {
                         .port = static_cast<std::uint16_t>(port),
                         .event_loop_threads = 2,
                         .worker_threads = o.threads,
+                        .first_byte_timeout = first_byte_timeout,
+                        .header_timeout = header_timeout,
+                        .body_timeout = body_timeout,
+                        .idle_timeout = idle_timeout,
+                        .write_timeout = write_timeout,
+                        .max_connections = static_cast<std::size_t>(*max_connections),
                         .max_body_bytes = static_cast<std::size_t>(*max_body),
                         .reuse_port = o.reuse_port,
+                        .drain_timeout = drain_timeout,
                         .log = [](std::string_view message) {
                           std::fprintf(stderr, "keel-demo serve: %.*s\n",
                                        static_cast<int>(message.size()), message.data());
                         }});
   api.install(server);
 
-  // ---- signals: handled here with sigwait; every other thread has them blocked.
-  signal(SIGPIPE, SIG_IGN);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   try {
     server.start();
@@ -312,9 +371,11 @@ int run_serve(const ServeOptions& o) {
 
   std::mutex sweep_mu;
   std::condition_variable sweep_cv;
+  bool swept_out = false;  // guarded by sweep_mu: the sweeper has returned
   std::thread sweeper([&] {
     std::unique_lock lock(sweep_mu);
     while (!sweep_cv.wait_for(lock, *sweep, [&] { return stopping.load(); })) {
+      lock.unlock();
       try {
         auto conn = pool.acquire();
         while (idempotency.purge_expired(*conn) >= idempotency.options().purge_batch) {
@@ -322,20 +383,39 @@ int run_serve(const ServeOptions& o) {
       } catch (const std::exception& e) {
         std::fprintf(stderr, "keel-demo serve: idempotency sweep failed: %s\n", e.what());
       }
+      lock.lock();
     }
+    swept_out = true;
+    sweep_cv.notify_all();
   });
 
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "keel-demo serve: %s received, finishing in-flight requests\n",
-               sig == SIGINT ? "SIGINT" : "SIGTERM");
-  chaos.stop();  // hangs end now: their requests are answered before the drain ends
-  server.stop();
+               sig == SIGINT   ? "SIGINT"
+               : sig == SIGHUP ? "SIGHUP"
+                               : "SIGTERM");
+  chaos.stop();   // hangs end now: their requests are answered before the drain ends
+  server.stop();  // within --drain-timeout + keel::store::beast::kStopGrace
+  bool sweeper_out = false;
   {
-    std::lock_guard lock(sweep_mu);
+    std::unique_lock lock(sweep_mu);
     stopping = true;
+    sweep_cv.notify_all();
+    sweeper_out = sweep_cv.wait_for(lock, beast::kStopGrace, [&] { return swept_out; });
   }
-  sweep_cv.notify_all();
+  if (const std::size_t blocked = server.stranded_workers(); blocked > 0 || !sweeper_out) {
+    // Threads still blocked in the database: exiting closes their connections, so the database
+    // rolls their transactions back (and the flows would commit nothing anyway: abandoned).
+    std::fprintf(stderr,
+                 "keel-demo serve: %zu request(s)%s still blocked in the database after the drain: "
+                 "abandoned, nothing of them commits; exiting without them\n",
+                 blocked, sweeper_out ? "" : " and the idempotency sweep");
+    std::printf("keel-demo serve: stopped\n");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(0);
+  }
   sweeper.join();
   std::printf("keel-demo serve: stopped\n");
   return 0;
@@ -394,6 +474,35 @@ Runner add_serve(CLI::App& app) {
                   "Retry-After of the answers every client meets at once (database "
                   "unavailable, commit in doubt): whole seconds uniform over 1..N")
       ->type_name("N")
+      ->capture_default_str();
+  sub->add_option("--max-connections", o->max_connections,
+                  "Connections open at once; at the limit a new one takes the slot of the oldest "
+                  "connection not having a request handled (lowered when the limit of open files "
+                  "cannot hold it)")
+      ->type_name("N")
+      ->capture_default_str();
+  sub->add_option("--first-byte-timeout", o->first_byte_timeout,
+                  "How long a new connection may wait before sending its first byte")
+      ->capture_default_str();
+  sub->add_option("--header-timeout", o->header_timeout,
+                  "Deadline of a request's head, from its first byte (from the accept for a "
+                  "connection's first request)")
+      ->capture_default_str();
+  sub->add_option("--body-timeout", o->body_timeout,
+                  "Deadline of a request's body, from the end of its head")
+      ->capture_default_str();
+  sub->add_option("--idle-timeout", o->idle_timeout,
+                  "How long a keep-alive connection may wait for its next request")
+      ->capture_default_str();
+  sub->add_option("--write-timeout", o->write_timeout, "Deadline of writing one answer")
+      ->capture_default_str();
+  sub->add_option("--drain-timeout", o->drain_timeout,
+                  "How long a stop (SIGTERM, SIGINT, SIGHUP) waits for in-flight requests; those "
+                  "left then are abandoned (nothing of them commits)")
+      ->capture_default_str();
+  sub->add_option("--health-timeout", o->health_timeout,
+                  "How long GET /healthz waits for the database (on a connection of its own) "
+                  "before it answers 503")
       ->capture_default_str();
   sub->add_flag("--reuse-port", o->reuse_port,
                 "Share the listening port with other processes (SO_REUSEPORT); without it a port "

@@ -218,6 +218,8 @@ PaymentsApi::PaymentsApi(PaymentsApiOptions options) : options_(std::move(option
                    .json_limits = options_.json_limits,
                    .retry_after_spread = options_.retry_after_spread}},
       [this](const beast::Request& req, Connection& tx) { return create_charge(req, tx); });
+  health_ = std::make_unique<beast::HealthCheck>(
+      beast::HealthCheckOptions{.url = options_.pool->url(), .timeout = options_.health_timeout});
 }
 
 PaymentsApi::~PaymentsApi() = default;
@@ -274,11 +276,13 @@ void PaymentsApi::route(beast::Server& server, http::verb method, std::string pa
         auto job = std::make_shared<Job>(
             Job{std::move(request), std::move(admission), std::move(respond)});
         boost::asio::post(server.worker_executor(), [this, job, guarded, arrival, &work] {
+          // Nobody will read the answer (the client went away, or the drain gave up): no work.
+          if (job->respond.is_abandoned()) return job->admission.release();
           const keel::TimePoint started = steady_clock().now();
           beast::Response res;
           try {
             if (guarded && options_.before) options_.before(job->request);
-            res = work(job->request, arrival);
+            res = work(job->request, arrival, job->respond.abandoned());
           } catch (const std::exception& e) {
             // The text goes to the log, never to the client.
             std::fprintf(stderr, "%s: %s %s failed: %s\n", options_.log_prefix.c_str(),
@@ -305,7 +309,7 @@ void PaymentsApi::install(beast::Server& server) {
 
   // GET before POST on /v1/charges: a 405's Allow lists them in that order.
   route(server, http::verb::get, "/v1/charges", true,
-        [this](const beast::Request& req, keel::TimePoint) {
+        [this](const beast::Request& req, keel::TimePoint, const std::atomic<bool>*) {
           const auto customer =
               query_param(std::string_view(req.target().data(), req.target().size()), "customer");
           if (!customer) {
@@ -324,12 +328,15 @@ void PaymentsApi::install(beast::Server& server) {
 
   if (options_.no_idempotency) {
     route(server, http::verb::post, "/v1/charges", true,
-          [this, prefix, after_commit](const beast::Request& req, keel::TimePoint) {
+          [this, prefix, after_commit](const beast::Request& req, keel::TimePoint,
+                                       const std::atomic<bool>* abandoned) {
             auto conn = options_.pool->acquire();
             StoredResponse out;
             const auto tx = store::with_transaction_retry(*conn, [&](Connection& t) {
               out = create_charge(req, t);
-              return out.status < 400;
+              // Nothing commits once nobody will read the answer.
+              return out.status < 400 &&
+                     (abandoned == nullptr || !abandoned->load(std::memory_order_acquire));
             });
             if (!tx.committed() && tx.status != store::TransactionStatus::kRolledBack) {
               std::fprintf(stderr, "%s: POST /v1/charges: %s\n", prefix.c_str(), tx.error.c_str());
@@ -343,8 +350,10 @@ void PaymentsApi::install(beast::Server& server) {
           });
   } else {
     route(server, http::verb::post, "/v1/charges", true,
-          [this, after_commit](const beast::Request& req, keel::TimePoint arrival) {
-            beast::Response res = charges_->handle(req, charges_->principal(req), arrival);
+          [this, after_commit](const beast::Request& req, keel::TimePoint arrival,
+                               const std::atomic<bool>* abandoned) {
+            beast::Response res =
+                charges_->handle(req, charges_->principal(req), arrival, abandoned);
             // A 2xx or 3xx the flow did not replay is a charge it committed just now.
             if (res.result_int() < 400 && res.find("Idempotent-Replayed") == res.end()) {
               after_commit(req, res);
@@ -354,7 +363,7 @@ void PaymentsApi::install(beast::Server& server) {
   }
 
   route(server, http::verb::get, "/v1/charges/*", true,
-        [this](const beast::Request& req, keel::TimePoint) {
+        [this](const beast::Request& req, keel::TimePoint, const std::atomic<bool>*) {
           const std::string_view target(req.target().data(), req.target().size());
           const std::string_view path = target.substr(0, target.find('?'));
           const std::string id(path.substr(std::string_view("/v1/charges/").size()));
@@ -376,18 +385,18 @@ void PaymentsApi::install(beast::Server& server) {
           return ok_response(req, charge_json(rows, 0).dump());
         });
 
-  route(server, http::verb::get, "/healthz", false,
-        [this, prefix](const beast::Request& req, keel::TimePoint) {
-          try {
-            auto conn = options_.pool->acquire();
-            (void)conn->query("SELECT 1");
-            return ok_response(req, "ok\n", "text/plain");
-          } catch (const std::exception& e) {
-            std::fprintf(stderr, "%s: /healthz: %s\n", prefix.c_str(), e.what());
-            return beast::problem_response(503, "Database unavailable",
-                                           "the database does not answer", req.version());
-          }
+  // On a connection and threads of its own: never behind the routes' work, answered within
+  // health_timeout whatever the database does.
+  server.on_async(
+      http::verb::get, "/healthz", [this, prefix](beast::Request req, beast::Respond respond) {
+        health_->check([respond = std::move(respond), prefix,
+                        req = std::move(req)](const beast::HealthResult& result) {
+          if (result.healthy()) return respond(ok_response(req, "ok\n", "text/plain"));
+          std::fprintf(stderr, "%s: /healthz: %s\n", prefix.c_str(), result.error.c_str());
+          respond(beast::problem_response(503, "Database unavailable",
+                                          "the database does not answer", req.version()));
         });
+      });
 
   // Counters only: answered on the event loop.
   server.on(http::verb::get, "/metrics", [this](const beast::Request& req) {

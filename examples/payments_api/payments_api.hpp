@@ -4,7 +4,11 @@
 // (keel::store::beast::IdempotentHandler) on SQLite or PostgreSQL; GET /v1/charges/{id},
 // GET /v1/charges?customer=ID, /healthz and /metrics. The routes that touch the database run on
 // the server's worker threads; the refusals (the caller's own check, admission) on its event
-// loop, before a request waits for a worker.
+// loop, before a request waits for a worker. /healthz checks the database on a connection and a
+// thread of its own (keel::store::beast::HealthCheck), so it answers within health_timeout while
+// every worker and pooled connection is held by blocked requests. A request whose client went
+// away (or that the server's drain gave up on) is abandoned: its work is skipped if it has not
+// started, and a charge not committed yet never is.
 //
 // Principals are stored by their keyed hash (keel::store::principal_scope under the scope
 // secret), never as the credential: charges are visible to the principal that created them only.
@@ -29,6 +33,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -39,6 +44,7 @@
 
 #include "keel/admission.hpp"
 #include "keel/expected.hpp"
+#include "keel/store/beast/health_check.hpp"
 #include "keel/store/beast/idempotent_handler.hpp"
 #include "keel/store/beast/server.hpp"
 #include "keel/store/db/database.hpp"
@@ -108,6 +114,9 @@ struct PaymentsApiOptions {
   int retry_after_spread = 3;
   /// Serve POST /v1/charges without the idempotency layer (for comparison). Default false.
   bool no_idempotency = false;
+  /// How long GET /healthz waits for the database (on its own connection) before it answers
+  /// 503. Requires: > 0. Default 1 s.
+  std::chrono::milliseconds health_timeout{1000};
   /// Counters to update. Default none (the API keeps its own).
   Metrics* metrics = nullptr;
   /// Called on the event loop for each /v1 request before its work is queued, and must not block
@@ -147,9 +156,11 @@ class PaymentsApi {
   [[nodiscard]] Metrics& metrics() noexcept { return *metrics_; }
 
  private:
-  /// A route's work, given the request and when it arrived (the start of its Keel-Deadline-Ms).
+  /// A route's work, given the request, when it arrived (the start of its Keel-Deadline-Ms) and
+  /// the flag set once nobody will read its answer (commit nothing after it).
   using Work = std::function<keel::store::beast::Response(const keel::store::beast::Request&,
-                                                          keel::TimePoint arrival)>;
+                                                          keel::TimePoint arrival,
+                                                          const std::atomic<bool>* abandoned)>;
   /// Routes `method` on `path` to `work`, run on the server's worker threads; a /v1 route
   /// (`guarded`) meets refuse and the limiter on the event loop first, then before.
   /// POST /v1/charges' transactional handler: parses the body and inserts the charge.
@@ -162,6 +173,7 @@ class PaymentsApi {
   std::unique_ptr<Metrics> own_metrics_;
   Metrics* metrics_;
   std::unique_ptr<keel::store::beast::IdempotentHandler> charges_;
+  std::unique_ptr<keel::store::beast::HealthCheck> health_;
 };
 
 }  // namespace payments

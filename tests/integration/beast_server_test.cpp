@@ -1,7 +1,8 @@
 // keel::store_beast against hostile clients: keel::store::beast::Server on 127.0.0.1 port 0, the
 // idempotency flow over a real SQLite file (and PostgreSQL for the pipelined charges), and raw
-// sockets that trickle heads and bodies, pipeline requests, send oversized or conflicting framing
-// and hold connections open. Each test asserts behaviour; wall-clock bounds only when
+// sockets that trickle heads and bodies, pipeline requests, send oversized or conflicting framing,
+// malformed Host fields and empty lines, hold connections open and go away mid-request; the stop
+// with a worker blocked, and HealthCheck. Each test asserts behaviour; wall-clock bounds only when
 // keel::test::kTimingAsserted (tests/build_kind.hpp).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "build_kind.hpp"
+#include "keel/store/beast/health_check.hpp"
 #include "keel/store/beast/server.hpp"
 #include "keel/store/idempotency/idempotency.hpp"
 #include "test_support.hpp"
@@ -171,15 +173,22 @@ class Harness {
       conn->execute("CREATE TABLE charges (body TEXT NOT NULL)");
     }
     handler_ = std::make_unique<IdempotentHandler>(
-        IdempotentHandlerOptions{
-            .flow = {.store = &store_, .pool = &pool_, .log = [](std::string_view) {}},
-            .limiter = limiter},
+        IdempotentHandlerOptions{.flow = {.store = &store_,
+                                          .pool = &pool_,
+                                          .on_outcome =
+                                              [this](IdempotencyOutcome outcome) {
+                                                std::lock_guard lock(mu_);
+                                                outcomes_.push_back(outcome);
+                                                cv_.notify_all();
+                                              },
+                                          .log = [](std::string_view) {}},
+                                 .limiter = limiter},
         [this](const Request& req, Connection& tx) -> StoredResponse {
           ++handled_;
           if (req.body() == "slow") {
             {
               std::lock_guard lock(mu_);
-              slow_started_ = true;
+              ++slow_started_;
             }
             cv_.notify_all();
             std::unique_lock lock(mu_);
@@ -198,6 +207,24 @@ class Harness {
       return res;
     });
     server_->on_idempotent(http::verb::post, "/v1/charges", *handler_);
+    // The same flow through on_async, keeping the Respond, so a test can see its abandoned().
+    server_->on_async(http::verb::post, "/v1/observed", [this](Request req, Respond respond) {
+      {
+        std::lock_guard lock(mu_);
+        observed_ = respond;
+      }
+      handler_->async_handle(std::move(req), "alice", handler_->clock().now(),
+                             server_->worker_executor(), std::move(respond));
+    });
+    // A GET answered on a worker thread.
+    server_->on_async(http::verb::get, "/worker", [this](const Request& req, Respond respond) {
+      boost::asio::post(server_->worker_executor(), [respond, version = req.version()] {
+        Response res{http::status::ok, version};
+        res.set(http::field::content_type, "text/plain");
+        res.body() = "from a worker\n";
+        respond(std::move(res));
+      });
+    });
     server_->start();
   }
   ~Harness() {
@@ -213,7 +240,19 @@ class Harness {
   }
   void wait_slow_started() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return slow_started_; });
+    ASSERT_TRUE(cv_.wait_for(lock, 10s, [this] { return slow_started_ > 0; }))
+        << "the slow request never reached its handler";
+  }
+  /// The outcome of the `n`th flow to finish (1-based), once it has (nullopt after 10 s).
+  std::optional<IdempotencyOutcome> outcome(std::size_t n) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, 10s, [&] { return outcomes_.size() >= n; })) return std::nullopt;
+    return outcomes_[n - 1];
+  }
+  /// The Respond of the last /v1/observed request.
+  Respond observed() {
+    std::lock_guard lock(mu_);
+    return observed_;
   }
   void release_slow() {
     {
@@ -245,8 +284,10 @@ class Harness {
   std::atomic<int> handled_{0};
   std::mutex mu_;
   std::condition_variable cv_;
-  bool slow_started_ = false;   // guarded by mu_
+  int slow_started_ = 0;        // guarded by mu_: slow requests that reached the handler
   bool slow_released_ = false;  // guarded by mu_
+  Respond observed_;            // guarded by mu_
+  std::vector<IdempotencyOutcome> outcomes_;  // guarded by mu_: the flows' outcomes, in order
 };
 
 class BeastServer : public ::testing::Test {
@@ -346,24 +387,73 @@ TEST_F(BeastServer, IdleKeepAliveConnectionIsClosedAtTheIdleTimeout) {
   EXPECT_TRUE(h.wait_connections(0));
 }
 
-TEST_F(BeastServer, ConnectionsPastTheLimitAreClosedAndOthersAreServedAfter) {
-  Harness& h = start({.max_connections = 4});
+TEST_F(BeastServer, AtTheLimitTheOldestWaitingConnectionGivesItsSlotToAFreshOne) {
+  Harness& h = start({.first_byte_timeout = 60000ms, .max_connections = 4});
+  // Four connections that never send a byte, opened one after the other (oldest first).
   std::vector<std::unique_ptr<Raw>> held;
-  for (int i = 0; i < 4; ++i) {
+  for (std::size_t i = 0; i < 4; ++i) {
     held.push_back(std::make_unique<Raw>(h.port()));
     ASSERT_TRUE(held.back()->connected());
+    ASSERT_TRUE(h.wait_connections(i + 1));
   }
+  // A fresh request is answered; the oldest silent connection made room for it.
+  Raw fresh(h.port());
+  ASSERT_TRUE(fresh.send(kHealthz));
+  EXPECT_EQ(fresh.answer().status, 200);
+  EXPECT_TRUE(held[0]->wait_closed(5s)) << "the oldest idle connection kept its slot";
+  EXPECT_TRUE(held[0]->text().empty()) << held[0]->text();
   ASSERT_TRUE(h.wait_connections(4));
-  Raw over(h.port());  // accepted by the kernel, then closed by the server
+  // A connection that is answered waits for its next request as the newest one: the next fresh
+  // request takes the slot of held[2], the oldest silent one left, not that of held[1].
+  ASSERT_TRUE(held[1]->send(kHealthz));
+  EXPECT_EQ(held[1]->answer().status, 200);
+  Raw again(h.port());
+  ASSERT_TRUE(again.send(kHealthz));
+  EXPECT_EQ(again.answer().status, 200);
+  EXPECT_TRUE(held[2]->wait_closed(5s));
+  EXPECT_FALSE(held[3]->wait_closed(100ms));
+  EXPECT_FALSE(fresh.wait_closed(100ms));
+  ASSERT_TRUE(held[1]->send(kHealthz));
+  EXPECT_EQ(held[1]->answers(2).size(), 2u) << held[1]->text();
+  held.clear();
+  fresh.close();
+  again.close();
+  EXPECT_TRUE(h.wait_connections(0));
+}
+
+TEST_F(BeastServer, AtTheLimitAConnectionWhoseRequestIsHandledIsNeverDropped) {
+  Harness& h = start({.max_connections = 1});
+  Raw handled(h.port());
+  ASSERT_TRUE(handled.send(post("handled", "slow")));
+  h.wait_slow_started();
+  Raw over(h.port());  // accepted by the kernel, then closed by the server: no slot to take
   (void)over.send(kHealthz);
   EXPECT_TRUE(over.wait_closed(5s));
   EXPECT_TRUE(over.text().empty()) << over.text();
-  // The held ones still work.
-  ASSERT_TRUE(held.front()->send(kHealthz));
-  EXPECT_EQ(held.front()->answer().status, 200);
-  held.clear();
-  ASSERT_TRUE(h.wait_connections(0));
+  h.release_slow();
+  EXPECT_EQ(handled.answer().status, 201);
+  EXPECT_EQ(h.rows(), 1);
+}
+
+TEST_F(BeastServer, ASilentConnectionIsClosedAtTheFirstByteTimeout) {
+  Harness& h = start({.first_byte_timeout = 300ms});
+  Raw silent(h.port());
+  ASSERT_TRUE(silent.connected());
+  const auto opened = Clock::now();
+  EXPECT_TRUE(silent.wait_closed(5s));
+  const auto held_for = Clock::now() - opened;
+  EXPECT_GE(held_for, 250ms);
+  EXPECT_LT(held_for, bound(1000ms, 5000ms));
+  EXPECT_TRUE(silent.text().empty()) << silent.text();
+  // Empty lines are not a first byte: the deadline stays.
+  Raw blank(h.port());
+  const auto blank_opened = Clock::now();
+  ASSERT_TRUE(blank.send("\r\n"));
+  EXPECT_TRUE(blank.wait_closed(5s));
+  EXPECT_LT(Clock::now() - blank_opened, bound(1000ms, 5000ms));
+  // A client that sends its request at once is served as ever.
   h.expect_healthy();
+  EXPECT_TRUE(h.wait_connections(0));
 }
 
 TEST_F(BeastServer, OversizedHeadIs431) {
@@ -514,19 +604,227 @@ TEST_F(BeastServer, GracefulShutdownAnswersTheRequestInFlightAndRefusesNewConnec
   EXPECT_EQ(h.rows(), 1);
 }
 
-TEST_F(BeastServer, HeadAnswerCarriesNoBodyAndTheNextRequestIsAnswered) {
+TEST_F(BeastServer, HeadIsAnsweredOnEveryGetRouteWithoutABody) {
+  // RFC 9110 section 9.3.2: HEAD is GET without the body. /healthz is answered on the event
+  // loop, /worker on a worker thread.
   Harness& h = start();
-  Raw c(h.port());
-  ASSERT_TRUE(c.send("HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(kHealthz)));
-  const auto until = Clock::now() + 5s;
-  while (c.text().find("ok\n") == std::string::npos && !c.closed() && Clock::now() < until) {
-    c.poll_read(50ms);
+  for (const std::string path : {"/healthz", "/worker"}) {
+    SCOPED_TRACE(path);
+    Raw c(h.port());
+    ASSERT_TRUE(c.send("GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n"));
+    const Answer get = c.answer();
+    ASSERT_EQ(get.status, 200);
+    ASSERT_FALSE(get.body.empty());
+    // The HEAD answer, then a GET behind it on the same connection: what follows the HEAD
+    // answer's head must be the next status line, not a body.
+    const std::size_t at = c.text().size();
+    ASSERT_TRUE(c.send("HEAD " + path + " HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(kHealthz)));
+    for (const auto until = Clock::now() + 5s;
+         c.text().find("ok\n", at) == std::string::npos && !c.closed() && Clock::now() < until;) {
+      c.poll_read(50ms);
+    }
+    const std::string text = c.text().substr(at);
+    ASSERT_EQ(text.rfind("HTTP/1.1 200 ", 0), 0u) << text;
+    const std::size_t head_end = text.find("\r\n\r\n") + 4;
+    const std::string head = text.substr(0, head_end);
+    EXPECT_NE(head.find("Content-Length: " + std::to_string(get.body.size()) + "\r\n"),
+              std::string::npos)
+        << head;
+    EXPECT_NE(head.find("Content-Type: text/plain"), std::string::npos) << head;
+    EXPECT_EQ(text.compare(head_end, 13, "HTTP/1.1 200 "), 0) << "a body followed: " << text;
   }
-  // 405 (no HEAD route) with its Content-Length and no body, then the GET's 200.
-  const std::string& text = c.text();
-  ASSERT_EQ(text.rfind("HTTP/1.1 405", 0), 0u) << text;
-  const std::size_t second = text.find("\r\n\r\n") + 4;
-  EXPECT_EQ(text.compare(second, 12, "HTTP/1.1 200"), 0) << text;
+  // A path with GET lists HEAD in a 405's Allow; one without GET does not.
+  Raw c(h.port());
+  ASSERT_TRUE(
+      c.send("DELETE /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/charges HTTP/1.1\r\n"
+             "Host: x\r\n\r\n"));
+  const std::vector<Answer> all = c.answers(2);
+  ASSERT_EQ(all.size(), 2u) << c.text();
+  EXPECT_EQ(all[0].status, 405);
+  EXPECT_TRUE(all[0].has("Allow: GET, HEAD\r\n")) << all[0].head;
+  EXPECT_EQ(all[1].status, 405);
+  EXPECT_TRUE(all[1].has("Allow: POST\r\n")) << all[1].head;
+  // A HEAD that no GET answers: its 405 carries no body either.
+  Raw refused(h.port());
+  ASSERT_TRUE(refused.send("HEAD /v1/charges HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  EXPECT_TRUE(refused.wait_closed(5s));
+  ASSERT_EQ(refused.text().rfind("HTTP/1.1 405 ", 0), 0u) << refused.text();
+  EXPECT_EQ(refused.text().find("\r\n\r\n") + 4, refused.text().size()) << refused.text();
+}
+
+TEST_F(BeastServer, HostMustBeOneValidFieldAndHttp11MustSendIt) {
+  // RFC 9112 section 3.2: 400 to an HTTP/1.1 request without Host, to any request with two, and
+  // to any with an invalid value; an empty Host is allowed (a target without an authority).
+  Harness& h = start();
+  const auto status_of = [&](const std::string& request) {
+    Raw c(h.port());
+    EXPECT_TRUE(c.send(request));
+    for (const auto until = Clock::now() + 5s;
+         c.text().find("\r\n\r\n") == std::string::npos && !c.closed() && Clock::now() < until;) {
+      c.poll_read(50ms);
+    }
+    const std::string& text = c.text();
+    return text.size() >= 12 ? std::stoi(text.substr(9, 3)) : 0;
+  };
+  for (const std::string refused : {
+           "GET /healthz HTTP/1.1\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: x\r\nHost: x\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+           "GET /healthz HTTP/1.0\r\nHost: x\r\nHost: y\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: a b\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: a/b\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: user@a\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: a:b:c\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: a:80x\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: a%4\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: a\"b\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: [::1\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: []\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: [::1]x\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: a\x01"
+           "b\r\n\r\n",
+       }) {
+    SCOPED_TRACE(refused);
+    EXPECT_EQ(status_of(refused), 400);
+  }
+  for (const std::string accepted : {
+           "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost:\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: example.com:8080\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: [::1]:80\r\n\r\n",
+           "GET /healthz HTTP/1.1\r\nHost: a%41b_c~d\r\n\r\n",
+           "GET /healthz HTTP/1.0\r\n\r\n",
+       }) {
+    SCOPED_TRACE(accepted);
+    EXPECT_EQ(status_of(accepted), 200);
+  }
+  h.expect_healthy();
+}
+
+TEST_F(BeastServer, EmptyLinesBeforeARequestLineAreIgnoredUpToALimit) {
+  // RFC 9112 section 2.2: a server SHOULD ignore at least one empty line before a request line.
+  Harness& h = start({.first_byte_timeout = 500ms, .idle_timeout = 500ms});
+  for (const std::string& before : {std::string("\r\n"), std::string("\n"),
+                                    std::string("\r\n\r\n\r\n\r\n\r\n"), std::string(16, '\n')}) {
+    SCOPED_TRACE(before.size());
+    Raw c(h.port());
+    ASSERT_TRUE(c.send(before + std::string(kHealthz)));
+    EXPECT_EQ(c.answer().status, 200);
+    // The same before a keep-alive connection's next request, sent apart.
+    ASSERT_TRUE(c.send(before));
+    ASSERT_TRUE(c.send(kHealthz));
+    EXPECT_EQ(c.answers(2).size(), 2u) << c.text();
+  }
+  {
+    // Past 16 empty lines: 400, and the connection closed.
+    Raw c(h.port());
+    ASSERT_TRUE(c.send(std::string(17, '\n') + std::string(kHealthz)));
+    EXPECT_EQ(c.answer().status, 400);
+    EXPECT_TRUE(c.wait_closed(5s));
+  }
+  {
+    // Empty lines one at a time, never a request: closed at the first byte's deadline.
+    Raw c(h.port());
+    const auto began = Clock::now();
+    for (int i = 0; i < 16 && !c.closed(); ++i) {
+      if (!c.send("\r\n")) break;
+      c.poll_read(50ms);
+    }
+    EXPECT_TRUE(c.wait_closed(5s));
+    EXPECT_LT(Clock::now() - began, bound(1500ms, 6000ms));
+  }
+  h.expect_healthy();
+}
+
+TEST_F(BeastServer, AnHttp10ExpectationIsIgnoredAndHttp11GetsItsContinue) {
+  // RFC 9110 section 10.1.1: a server MUST NOT send 100 to an HTTP/1.0 client.
+  Harness& h = start();
+  const std::string body = "expected";
+  const auto head = [&](const std::string& version, const std::string& key) {
+    return "POST /v1/charges " + version + "\r\nHost: x\r\nIdempotency-Key: " + key +
+           "\r\nContent-Type: text/plain\r\nExpect: 100-continue\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n";
+  };
+  {
+    Raw c(h.port());
+    ASSERT_TRUE(c.send(head("HTTP/1.0", "expect-10")));
+    c.poll_read(300ms);  // a 100 would be here by now
+    EXPECT_TRUE(c.text().empty()) << c.text();
+    ASSERT_TRUE(c.send(body));
+    EXPECT_TRUE(c.wait_closed(5s));  // HTTP/1.0 without keep-alive: answered, then closed
+    EXPECT_EQ(c.text().rfind("HTTP/1.0 201 ", 0), 0u) << c.text();
+    EXPECT_EQ(c.text().find(" 100 "), std::string::npos) << c.text();
+  }
+  {
+    Raw c(h.port());
+    ASSERT_TRUE(c.send(head("HTTP/1.1", "expect-11")));
+    for (const auto until = Clock::now() + 5s;
+         c.text().find("\r\n\r\n") == std::string::npos && Clock::now() < until;) {
+      c.poll_read(50ms);
+    }
+    EXPECT_EQ(c.text().rfind("HTTP/1.1 100 Continue\r\n", 0), 0u) << c.text();
+    ASSERT_TRUE(c.send(body));
+    for (const auto until = Clock::now() + 5s;
+         c.text().find("HTTP/1.1 201 ") == std::string::npos && Clock::now() < until;) {
+      c.poll_read(50ms);
+    }
+    EXPECT_NE(c.text().find("HTTP/1.1 201 "), std::string::npos) << c.text();
+  }
+  EXPECT_EQ(h.rows(), 2);
+}
+
+TEST_F(BeastServer, AClientThatGoesAwayAbandonsItsRequestAndNothingCommits) {
+  Harness& h = start();
+  {
+    Raw c(h.port());
+    ASSERT_TRUE(
+        c.send("POST /v1/observed HTTP/1.1\r\nHost: x\r\nIdempotency-Key: gone\r\n"
+               "Content-Type: text/plain\r\nContent-Length: 4\r\n\r\nslow"));
+    h.wait_slow_started();
+    EXPECT_FALSE(h.observed().is_abandoned());
+  }  // the client closes its connection while the handler runs
+  const auto until = Clock::now() + 5s;
+  while (!h.observed().is_abandoned() && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(h.observed().is_abandoned()) << "the server never saw the client go away";
+  EXPECT_EQ(h.server().connections(), 0u);
+  h.release_slow();
+  // The handler's insert is rolled back: the flow checks the flag before it commits.
+  EXPECT_EQ(h.outcome(1), IdempotencyOutcome::kDeadlineExceeded);
+  EXPECT_EQ(h.handled(), 1);
+  EXPECT_EQ(h.rows(), 0);
+  // A pipelined request behind a slow one is not mistaken for the client going away.
+  Raw c(h.port());
+  ASSERT_TRUE(c.send(post("kept", "x") + std::string(kHealthz)));
+  EXPECT_EQ(c.answers(2).size(), 2u) << c.text();
+  EXPECT_EQ(h.rows(), 1);
+}
+
+TEST_F(BeastServer, StopReturnsWithinTheDrainWhileAWorkerIsBlockedAndNothingCommits) {
+  Harness& h = start({.drain_timeout = 300ms});
+  Raw busy(h.port());
+  ASSERT_TRUE(busy.send(post("blocked", "slow")));
+  h.wait_slow_started();
+  const auto began = Clock::now();
+  h.server().stop();
+  const auto took = Clock::now() - began;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, bound(300ms + kStopGrace + 250ms, 5000ms));
+  EXPECT_EQ(h.server().stranded_workers(), 1u);
+  EXPECT_TRUE(busy.wait_closed(5s));
+  EXPECT_TRUE(busy.text().empty()) << busy.text();
+  // The worker goes on once its handler returns; the flow sees its request abandoned and rolls
+  // the insert back.
+  h.release_slow();
+  const auto until = Clock::now() + 5s;
+  while (h.server().stranded_workers() > 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(h.server().stranded_workers(), 0u);
+  EXPECT_EQ(h.outcome(1), IdempotencyOutcome::kDeadlineExceeded);
+  EXPECT_EQ(h.handled(), 1);
+  EXPECT_EQ(h.rows(), 0);
 }
 
 TEST_F(BeastServer, StartThrowsWhenThePortIsTaken) {
@@ -634,7 +932,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, BeastPipelining,
 
 TEST(BeastServerOptions, InvalidOptionsAreRejectedNamingTheField) {
   EXPECT_THROW(Server({.event_loop_threads = 0}), std::invalid_argument);
+  EXPECT_THROW(Server({.first_byte_timeout = 0ms}), std::invalid_argument);
   EXPECT_THROW(Server({.header_timeout = 0ms}), std::invalid_argument);
+  EXPECT_THROW(Server({.reserved_descriptors = 15}), std::invalid_argument);
   EXPECT_THROW(Server({.max_header_bytes = 10}), std::invalid_argument);
   try {
     const Server server({.max_body_bytes = 0});
@@ -676,7 +976,7 @@ TEST(BeastServerRoutes, SubtreesNoAnswerAndTheWorkerExecutor) {
   EXPECT_EQ(answers[1].body, "list");
   EXPECT_EQ(answers[2].status, 404);  // a subtree route needs a path under it
   EXPECT_EQ(answers[3].status, 405);
-  EXPECT_TRUE(answers[3].has("Allow: GET\r\n")) << answers[3].head;
+  EXPECT_TRUE(answers[3].has("Allow: GET, HEAD\r\n")) << answers[3].head;
   EXPECT_EQ(answers[4].body, "worker");
   Raw dropped(server.port());
   ASSERT_TRUE(dropped.send("GET /drop HTTP/1.1\r\nHost: x\r\n\r\n"));
@@ -692,6 +992,145 @@ TEST(BeastServerOptions, APortInUseFailsStartUnlessEveryListenerSharesIt) {
   EXPECT_NO_THROW(second.start());
   Server third({.port = first.port(), .log = [](std::string_view) {}});
   EXPECT_THROW(third.start(), boost::system::system_error);
+}
+
+}  // namespace
+}  // namespace keel::store::beast
+
+namespace keel::store::beast {
+namespace {
+
+/// A probe that blocks until opened, shared with the check's threads (one may outlive the test's
+/// scope until it returns).
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;  // guarded by mu
+  int probes = 0;     // guarded by mu
+  int returned = 0;   // guarded by mu
+  bool fail = false;  // guarded by mu
+
+  static std::function<void(Connection&)> probe(std::shared_ptr<Gate> gate) {
+    return [self = std::move(gate)](Connection& c) {
+      std::unique_lock lock(self->mu);
+      ++self->probes;
+      self->cv.notify_all();
+      self->cv.wait(lock, [self] { return self->open; });
+      const bool failing = self->fail;
+      ++self->returned;
+      self->cv.notify_all();
+      if (failing) throw std::runtime_error("the database refused");
+      (void)c.query("SELECT 1");
+    };
+  }
+  void release() {
+    std::lock_guard lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+  bool wait_returned(int n) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, 10s, [&] { return returned >= n; });
+  }
+};
+
+/// One check: its result and how long it took.
+std::future<std::pair<HealthResult, Clock::duration>> ask(HealthCheck& health) {
+  auto answered = std::make_shared<std::promise<std::pair<HealthResult, Clock::duration>>>();
+  auto result = answered->get_future();
+  const auto asked = Clock::now();
+  health.check([answered, asked](const HealthResult& r) {
+    answered->set_value({r, Clock::now() - asked});
+  });
+  return result;
+}
+
+DatabaseUrl sqlite_url(const test::TempDir& dir) {
+  return parse_database_url("sqlite:" + (dir.path() / "health.sqlite").string()).value();
+}
+
+TEST(BeastHealthCheck, AnswersWithinItsTimeoutWhileTheProbeHangsThenHealthyOnceItReturns) {
+  test::TempDir dir;
+  auto gate = std::make_shared<Gate>();
+  HealthCheck health({.url = sqlite_url(dir), .timeout = 200ms, .probe = Gate::probe(gate)});
+  // Three checks at once while the probe hangs: each answered timed out after 200 ms, and they
+  // cost one probe between them.
+  std::vector<std::future<std::pair<HealthResult, Clock::duration>>> checks;
+  for (int i = 0; i < 3; ++i) checks.push_back(ask(health));
+  for (auto& check : checks) {
+    const auto [result, took] = check.get();
+    EXPECT_EQ(result.health, Health::kTimedOut) << to_string(result.health);
+    EXPECT_FALSE(result.error.empty());
+    EXPECT_GE(took, 190ms);
+    EXPECT_LT(took, bound(400ms, 5000ms));
+  }
+  // Another check while the same probe still hangs: no second probe, timed out again.
+  EXPECT_EQ(ask(health).get().first.health, Health::kTimedOut);
+  {
+    std::lock_guard lock(gate->mu);
+    EXPECT_EQ(gate->probes, 1);
+  }
+  // Once the database answers again, so does the check.
+  gate->release();
+  ASSERT_TRUE(gate->wait_returned(1));
+  const auto [healthy, took] = ask(health).get();
+  EXPECT_TRUE(healthy.healthy()) << healthy.error;
+  EXPECT_LT(took, bound(200ms, 5000ms));
+  {
+    std::lock_guard lock(gate->mu);
+    gate->fail = true;
+  }
+  const HealthResult failed = ask(health).get().first;
+  EXPECT_EQ(failed.health, Health::kUnavailable);
+  EXPECT_EQ(failed.error, "the database refused");
+}
+
+TEST(BeastHealthCheck, TheDefaultProbeAnswersOnItsOwnConnectionWhileAWriterHoldsTheDatabase) {
+  test::TempDir dir;
+  const DatabaseUrl url = sqlite_url(dir);
+  auto writer = open_database(url);
+  writer->execute("CREATE TABLE t (x INTEGER)");
+  writer->begin();  // BEGIN IMMEDIATE: the write lock, held
+  (void)writer->query("INSERT INTO t VALUES (1)");
+  HealthCheck health({.url = url, .timeout = 500ms});
+  const auto [result, took] = ask(health).get();
+  EXPECT_TRUE(result.healthy()) << result.error;
+  EXPECT_LT(took, bound(500ms, 5000ms));
+  writer->rollback();
+}
+
+TEST(BeastHealthCheck, DestroyedWhileTheProbeHangsItReturnsAndAnswersTheWaitingChecks) {
+  test::TempDir dir;
+  auto gate = std::make_shared<Gate>();
+  std::future<std::pair<HealthResult, Clock::duration>> waiting;
+  const auto began = Clock::now();
+  {
+    HealthCheck health({.url = sqlite_url(dir), .timeout = 60000ms, .probe = Gate::probe(gate)});
+    waiting = ask(health);
+    const auto until = Clock::now() + 5s;
+    for (bool probing = false; !probing && Clock::now() < until;) {
+      std::lock_guard lock(gate->mu);
+      probing = gate->probes == 1;
+    }
+  }
+  EXPECT_LT(Clock::now() - began, bound(500ms, 5000ms));
+  EXPECT_EQ(waiting.get().first.health, Health::kUnavailable);
+  gate->release();  // the probe left behind returns, then its thread ends and lets go of it
+  EXPECT_TRUE(gate->wait_returned(1));
+  const auto until = Clock::now() + 5s;
+  while (gate.use_count() > 1 && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(gate.use_count(), 1);
+}
+
+TEST(BeastHealthCheck, InvalidOptionsAreRejectedNamingTheField) {
+  test::TempDir dir;
+  try {
+    const HealthCheck health({.url = sqlite_url(dir), .timeout = 0ms});
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("timeout"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(HealthCheck({}), std::invalid_argument);
 }
 
 }  // namespace

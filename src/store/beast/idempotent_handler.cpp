@@ -121,7 +121,8 @@ std::optional<Response> IdempotentHandler::refuse(const Request& request, TimePo
 }
 
 Response IdempotentHandler::run(const Request& request, std::string_view principal,
-                                TimePoint arrival, Admission& admission) const {
+                                TimePoint arrival, Admission& admission,
+                                const std::atomic<bool>* abandoned) const {
   const TimePoint started = clock().now();
   const FlowRequest flow_request{.method = view(request.method_string()),
                                  .path = path_of(request),
@@ -130,7 +131,8 @@ Response IdempotentHandler::run(const Request& request, std::string_view princip
                                  .content_type = header(request, "Content-Type").value_or(""),
                                  .body = request.body(),
                                  .principal = principal,
-                                 .deadline = request_deadline(request, arrival)};
+                                 .deadline = request_deadline(request, arrival),
+                                 .abandoned = abandoned};
   const FlowResponse answer =
       flow_.run(flow_request, [&](Connection& tx) { return handler_(request, tx); });
   admission.release(clock().now() - started);
@@ -138,15 +140,15 @@ Response IdempotentHandler::run(const Request& request, std::string_view princip
 }
 
 Response IdempotentHandler::handle(const Request& request, std::string_view principal,
-                                   TimePoint arrival) const {
+                                   TimePoint arrival, const std::atomic<bool>* abandoned) const {
   Admission admission;
   if (auto refused = refuse(request, arrival, admission)) return std::move(*refused);
-  return run(request, principal, arrival, admission);
+  return run(request, principal, arrival, admission, abandoned);
 }
 
 void IdempotentHandler::async_handle(Request request, std::string principal, TimePoint arrival,
                                      const boost::asio::any_io_executor& executor,
-                                     std::function<void(Response)> done) const {
+                                     Respond done) const {
   Admission admission;
   if (auto refused = refuse(request, arrival, admission)) {
     done(std::move(*refused));
@@ -157,12 +159,13 @@ void IdempotentHandler::async_handle(Request request, std::string principal, Tim
     Request request;
     std::string principal;
     Admission admission;
-    std::function<void(Response)> done;
+    Respond done;
   };
   auto work = std::make_shared<Work>(
       Work{std::move(request), std::move(principal), std::move(admission), std::move(done)});
   boost::asio::post(executor, [this, work, arrival] {
-    Response res = run(work->request, work->principal, arrival, work->admission);
+    Response res =
+        run(work->request, work->principal, arrival, work->admission, work->done.abandoned());
     work->done(std::move(res));
   });
 }

@@ -1,7 +1,12 @@
 // keel::store::beast::Server: one Session per connection, on a strand of the event loop; each
-// request read with deadlines per request (the head from its first byte, the body from the end of
-// the head), checked, routed, answered, then the next one (see keel/store/beast/server.hpp).
+// request read with deadlines per request (the first byte from the accept, the head from its first
+// byte, the body from the end of the head), checked, routed, answered, then the next one (see
+// keel/store/beast/server.hpp). Sessions not having a request handled wait in one list, oldest
+// first, from which a new connection at the limit takes its slot.
 #include "keel/store/beast/server.hpp"
+
+#include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
@@ -11,7 +16,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/empty_body.hpp>
@@ -19,10 +23,12 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
+#include <cerrno>
 #include <condition_variable>
 #include <exception>
 #include <future>
 #include <iostream>
+#include <list>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -45,6 +51,10 @@ namespace http = boost::beast::http;
 using tcp = net::ip::tcp;
 using SteadyTime = std::chrono::steady_clock::time_point;
 
+/// Empty lines ignored before a request line (RFC 9112 section 2.2 asks for at least one); the
+/// next one is answered 400.
+constexpr std::size_t kMaxEmptyLines = 16;
+
 void validate(const ServerOptions& o) {
   const auto fail = [](std::string_view field, std::string_view requirement, std::string got) {
     throw_invalid({.context = "keel::store::beast::ServerOptions",
@@ -59,20 +69,24 @@ void validate(const ServerOptions& o) {
   const auto positive = [&](std::string_view field, std::chrono::milliseconds d) {
     if (d.count() <= 0) fail(field, "> 0", format_duration(d));
   };
+  positive("first_byte_timeout", o.first_byte_timeout);
   positive("header_timeout", o.header_timeout);
   positive("body_timeout", o.body_timeout);
   positive("idle_timeout", o.idle_timeout);
   positive("write_timeout", o.write_timeout);
   if (o.drain_timeout.count() < 0) fail("drain_timeout", ">= 0", format_duration(o.drain_timeout));
   if (o.max_connections < 1) fail("max_connections", ">= 1", "0");
+  if (o.reserved_descriptors < 16) {
+    fail("reserved_descriptors", ">= 16", std::to_string(o.reserved_descriptors));
+  }
   if (o.max_header_bytes < 64 || o.max_header_bytes > 0xffffffffu) {
     fail("max_header_bytes", "in [64, 2^32)", std::to_string(o.max_header_bytes));
   }
   if (o.max_body_bytes < 1) fail("max_body_bytes", ">= 1", "0");
 }
 
-/// What a connection does when stop() tells it to drain: close when waiting for a request,
-/// otherwise answer the request in hand and close.
+/// Where a connection is: waiting for a request's first byte, reading it, having it handled,
+/// writing the answer, or closed. stop() closes the idle ones at once and lets the others answer.
 enum class State : unsigned char { kIdle, kReading, kHandling, kWriting, kClosed };
 
 struct Route {
@@ -91,70 +105,169 @@ struct Route {
   }
 };
 
+// RFC 3986's unreserved and sub-delims, the bytes of a reg-name besides pct-encoded ones.
+bool host_byte(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         std::string_view("-._~!$&'()*+,;=").find(c) != std::string_view::npos;
+}
+
+bool hex_byte(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/// Whether `value` is a Host field value: uri-host [ ":" port ] (RFC 9110 section 7.2, RFC 3986
+/// section 3.2), or empty (a target without an authority, RFC 9112 section 3.2).
+bool valid_host(std::string_view value) {
+  std::string_view port;
+  if (!value.empty() && value.front() == '[') {  // IP-literal: IPv6address or IPvFuture
+    const std::size_t close = value.find(']');
+    if (close == std::string_view::npos || close == 1) return false;
+    for (const char c : value.substr(1, close - 1)) {
+      if (!host_byte(c) && c != ':') return false;
+    }
+    const std::string_view rest = value.substr(close + 1);
+    if (!rest.empty() && rest.front() != ':') return false;
+    if (!rest.empty()) port = rest.substr(1);
+  } else {  // IPv4address or reg-name: no ':' but the port's
+    const std::size_t colon = value.rfind(':');
+    const std::string_view host = value.substr(0, colon);
+    if (colon != std::string_view::npos) port = value.substr(colon + 1);
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      if (host[i] == '%') {
+        if (i + 2 >= host.size() || !hex_byte(host[i + 1]) || !hex_byte(host[i + 2])) return false;
+        i += 2;
+      } else if (!host_byte(host[i])) {
+        return false;
+      }
+    }
+  }
+  return port.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+/// Why `request`'s Host is refused (RFC 9112 section 3.2: 400 to an HTTP/1.1 request without
+/// one, and to any request with more than one or an invalid one); nullopt when it is not.
+std::optional<std::string> host_problem(const Request& request) {
+  const std::size_t hosts = request.count(http::field::host);
+  if (hosts > 1) return "the request has more than one Host header";
+  if (hosts == 0) {
+    if (request.version() >= 11) return "an HTTP/1.1 request must have a Host header";
+    return std::nullopt;
+  }
+  const auto value = request[http::field::host];
+  if (!valid_host(std::string_view(value.data(), value.size()))) {
+    return "the Host header is not a host with an optional port";
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 using detail::Session;
 
-struct Server::Impl {
+struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   explicit Impl(ServerOptions o) : options(std::move(o)) {
     validate(options);
     if (!options.log) {
       options.log = [](std::string_view m) { std::cerr << "keel beast server: " << m << "\n"; };
     }
+    limit = options.max_connections;
   }
 
   void accept();
+  void accept_failed(boost::system::error_code ec);
+  void fit_descriptors();
   void start();
   void stop();
-  void closed(std::uint64_t id);
+
+  // The session registry, each under mu: a session joins `waiting` (at its end) when it starts to
+  // wait for a request, leaves it when its request is handed to its handler, and a session taken
+  // from it to make room is marked evicted, which it finds at its next step.
+  /// A new session, registered and waiting; nullptr past the limit with nobody to evict (then
+  /// `victim` is unset too) or while stopping.
+  [[nodiscard]] std::shared_ptr<Session> admit(tcp::socket& socket,
+                                               std::shared_ptr<Session>& victim);
+  /// The oldest waiting session, marked evicted and taken out of `waiting`; nullptr when none.
+  /// Requires: mu held.
+  [[nodiscard]] std::shared_ptr<Session> evict_oldest_locked();
+  /// `s` waits for a request (joins the end of `waiting` unless it is there); false when it was
+  /// evicted (it must close).
+  [[nodiscard]] bool wait(Session& s);
+  /// `s`'s request is handled (it leaves `waiting`); false when it was evicted.
+  [[nodiscard]] bool handle(Session& s);
+  /// `s` closed (or is destroyed): it leaves the registry, its slot free (a Respond may keep the
+  /// object a while longer).
+  void closed(Session& s);
+  /// Posts `fn` to `s`'s strand unless stop() has finished (then nothing is posted: nothing would
+  /// ever run it).
+  template <class Fn>
+  void post_to(Session& s, Fn&& fn);
+  /// The worker thread `index`'s body.
+  void run_worker(std::size_t index);
 
   ServerOptions options;
   std::vector<Route> routes;  // written before start(), read-only after
   std::atomic<std::uint16_t> port{0};
   std::atomic<bool> draining{false};
+  std::atomic<bool> closing{false};   // stop() closes every connection: no handler runs any more
+  std::atomic<std::size_t> limit{0};  // the connection limit in force (set by start())
 
-  std::mutex mu;
+  mutable std::mutex mu;
   std::condition_variable all_closed;
+  std::condition_variable workers_done;
   bool starting = false;      // guarded by mu: start() is binding
   bool started = false;       // guarded by mu
   bool stopped = false;       // guarded by mu
   bool stopping = false;      // guarded by mu: no new session once set
+  bool finished = false;      // guarded by mu: stop() is done, nothing more is posted to a session
   std::uint64_t next_id = 0;  // guarded by mu
   std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions;  // guarded by mu
+  std::list<Session*> waiting;  // guarded by mu: oldest first; each erases itself when destroyed
+  std::size_t evicting = 0;     // guarded by mu: evicted sessions not destroyed yet
+  std::size_t workers_running = 0;        // guarded by mu
+  std::vector<char> worker_returned;      // guarded by mu
+  std::size_t stranded = 0;               // guarded by mu: left running by stop()
+  bool drop_work_on_last_return = false;  // guarded by mu
 
-  // Destroyed in reverse order: the worker pool first (work it dropped may hold sessions, whose
-  // sockets need the io_context), then the io_context (its pending handlers may hold sessions,
-  // which unregister themselves from `sessions`).
+  // Destroyed in reverse order: the worker io_context first (work it dropped may hold sessions,
+  // whose sockets need the event loop's io_context), then the io_context (its pending handlers
+  // may hold sessions, which unregister themselves from `sessions`).
   net::io_context ioc;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> guard;
   std::optional<tcp::acceptor> acceptor;
   std::optional<net::steady_timer> accept_backoff;  // after a failed accept (EMFILE ...)
-  // The wait after failed accepts in a row: core's full jitter under ceilings from 10 ms up to
-  // 1 s, so a server out of descriptors neither spins nor waits long once one is free. Touched
-  // only by the one accept in flight at a time.
+  // The wait after failed accepts in a row with no connection to close instead: core's full
+  // jitter under ceilings from 10 ms up to 1 s, so a server out of descriptors neither spins nor
+  // waits long once one is free. Touched only by the one accept in flight at a time.
   Backoff accept_policy{{.base = std::chrono::milliseconds(10), .cap = std::chrono::seconds(1)}};
   Rng accept_rng{(std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};
   int accept_failures = 0;
   Duration accept_delay = Duration::zero();
+  SteadyTime accept_logged{};  // the last "accept failed" line: at most one a second
   std::vector<std::thread> loop_threads;
-  std::unique_ptr<net::thread_pool> workers;
+  // The worker threads run their own io_context, so that stop() can leave one blocked in a
+  // handler behind (std::thread::detach) and still return.
+  std::optional<net::io_context> work;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work_guard;
+  std::vector<std::thread> worker_threads;
 };
 
 namespace detail {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(Server::Impl& server, tcp::socket socket, std::uint64_t id)
-      : server_(server),
-        options_(server.options),
+  Session(std::shared_ptr<Server::Impl> server, tcp::socket socket, std::uint64_t id)
+      : server_(std::move(server)),
+        options_(server_->options),
         stream_(std::move(socket)),
         id_(id),
-        head_started_(std::chrono::steady_clock::now()) {}
-  ~Session() { server_.closed(id_); }
+        accepted_(std::chrono::steady_clock::now()),
+        head_started_(accepted_) {}
+  ~Session() { server_->closed(*this); }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
   [[nodiscard]] auto executor() { return stream_.get_executor(); }
+  [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
 
   void start() {
     boost::system::error_code ignored;
@@ -165,13 +278,16 @@ class Session : public std::enable_shared_from_this<Session> {
   // On the strand: stop() has begun.
   void drain() {
     draining_ = true;
-    if (state_ == State::kIdle) stream_.cancel();
+    if (state_ == State::kIdle) close();
   }
 
-  // On the strand: the drain timeout passed.
+  // On the strand: the drain timeout passed, the connection was evicted, or it failed. Whatever
+  // request it had is abandoned.
   void close() {
     if (state_ == State::kClosed) return;
     state_ = State::kClosed;
+    abandoned_->store(true, std::memory_order_release);
+    server_->closed(*this);
     boost::system::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
@@ -179,39 +295,74 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // From any thread: the answer to the request in hand.
   void respond(Response res) {
-    net::post(executor(), [self = shared_from_this(), res = std::move(res)]() mutable {
+    server_->post_to(*this, [self = shared_from_this(), res = std::move(res)]() mutable {
       self->write(std::move(res), /*close_after=*/false);
     });
   }
+
+  // The registry's fields of this session (Server::Impl's, guarded by its mu).
+  std::list<Session*>::iterator waiting_at;
+  bool registered = true;
+  bool waiting = false;
+  bool evicted = false;
 
  private:
   void wait_for_request() {
     if (state_ == State::kClosed) return;
     state_ = State::kIdle;
-    if (draining_ || server_.draining.load(std::memory_order_relaxed)) return close();
-    if (buffer_.size() > 0) {  // a pipelined request is already here
-      if (!first_) head_started_ = std::chrono::steady_clock::now();
-      return read_head();
-    }
-    // The first request's head deadline runs from the accept; a later one waits idle_timeout for
-    // its first byte, then has header_timeout for its head.
-    if (first_) {
-      stream_.expires_at(head_started_ + options_.header_timeout);
-    } else {
-      stream_.expires_after(options_.idle_timeout);
-    }
+    if (draining_ || server_->draining.load(std::memory_order_relaxed)) return close();
+    if (!server_->wait(*this)) return close();
+    // The first request's first byte is due first_byte_timeout after the accept (its head
+    // header_timeout after it); a later one's first byte idle_timeout after the last answer.
+    first_byte_due_ =
+        first_ ? accepted_ + std::min(options_.first_byte_timeout, options_.header_timeout)
+               : std::chrono::steady_clock::now() + options_.idle_timeout;
+    if (buffer_.size() > 0) return start_head();  // a pipelined request is already here
+    read_more();
+  }
+
+  // Reads what comes before the request line, by the first byte's deadline.
+  void read_more() {
+    stream_.expires_at(first_byte_due_);
     stream_.async_read_some(
         buffer_.prepare(4096),
         [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
           self->buffer_.commit(n);
           if (ec || n == 0) return self->close();
-          if (!self->first_) self->head_started_ = std::chrono::steady_clock::now();
-          self->read_head();
+          self->start_head();
         });
   }
 
-  void read_head() {
+  // Bytes have come: skips the empty lines before a request line (RFC 9112 section 2.2), then
+  // reads the head.
+  void start_head() {
+    while (buffer_.size() > 0) {
+      const auto* bytes = static_cast<const char*>(buffer_.data().data());
+      std::size_t line = 0;
+      if (bytes[0] == '\n') {
+        line = 1;
+      } else if (bytes[0] == '\r' && buffer_.size() >= 2 && bytes[1] == '\n') {
+        line = 2;
+      } else {
+        break;
+      }
+      buffer_.consume(line);
+      if (++empty_lines_ > kMaxEmptyLines) {
+        return refuse(400, "the request line is preceded by more than " +
+                               std::to_string(kMaxEmptyLines) + " empty lines");
+      }
+    }
+    const bool only_empty_lines =
+        buffer_.size() == 0 ||
+        (buffer_.size() == 1 && *static_cast<const char*>(buffer_.data().data()) == '\r');
+    if (only_empty_lines) return read_more();
+    empty_lines_ = 0;
     state_ = State::kReading;
+    if (!first_) head_started_ = std::chrono::steady_clock::now();
+    read_head();
+  }
+
+  void read_head() {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
     parser_->body_limit(options_.max_body_bytes);
@@ -225,6 +376,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_head(boost::system::error_code ec) {
     if (ec) return read_failed(ec);
     const Request& req = parser_->get();
+    version_ = req.version();  // a refusal answers in the request's version, without a body to HEAD
+    head_request_ = req.method() == http::verb::head;
     const std::size_t lengths = req.count(http::field::content_length);
     const std::size_t codings = req.count(http::field::transfer_encoding);
     if (lengths > 1) return refuse(400, "the request has more than one Content-Length header");
@@ -235,13 +388,16 @@ class Session : public std::enable_shared_from_this<Session> {
     if (codings == 1 && !boost::beast::iequals(req[http::field::transfer_encoding], "chunked")) {
       return refuse(400, "the only Transfer-Encoding accepted is chunked");
     }
+    if (auto problem = host_problem(req)) return refuse(400, *problem);
     if (const auto length = parser_->content_length();
         length && *length > options_.max_body_bytes) {
       return refuse(413, "the request body is " + std::to_string(*length) +
                              " bytes; the limit is " + std::to_string(options_.max_body_bytes) +
                              " bytes");
     }
-    if (boost::beast::iequals(req[http::field::expect], "100-continue") && !parser_->is_done()) {
+    // An HTTP/1.0 client's expectation is ignored (RFC 9110 section 10.1.1): it may not know 1xx.
+    if (req.version() >= 11 && boost::beast::iequals(req[http::field::expect], "100-continue") &&
+        !parser_->is_done()) {
       continue_.emplace(http::status::continue_, req.version());
       stream_.expires_after(options_.write_timeout);
       http::async_write(stream_, *continue_,
@@ -274,10 +430,11 @@ class Session : public std::enable_shared_from_this<Session> {
                              std::to_string(options_.max_body_bytes) + " bytes");
     }
     // A deadline that passed (the slow client is cut without an answer), the peer gone, or a
-    // cancel from stop().
+    // cancel from stop() or an eviction.
     if (ec == boost::beast::error::timeout || ec == http::error::end_of_stream ||
         ec == http::error::partial_message || ec == net::error::eof ||
-        ec == net::error::operation_aborted || ec == net::error::connection_reset) {
+        ec == net::error::operation_aborted || ec == net::error::connection_reset ||
+        ec == net::error::bad_descriptor) {
       return close();
     }
     refuse(400, "the request could not be parsed: " + ec.message());
@@ -288,6 +445,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void dispatch() {
+    // Evicted while its request was read, or stop() is closing every connection.
+    if (server_->closing.load(std::memory_order_acquire) || !server_->handle(*this)) return close();
     state_ = State::kHandling;
     Request req = parser_->release();
     parser_.reset();
@@ -297,20 +456,35 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string_view target(req.target().data(), req.target().size());
     const std::string_view path = target.substr(0, target.find('?'));
     const Route* route = nullptr;
-    std::string allow;
-    for (const Route& r : server_.routes) {
+    const Route* get_route = nullptr;  // what a HEAD without a route of its own is answered by
+    std::vector<http::verb> methods;
+    for (const Route& r : server_->routes) {
       if (!r.matches(path)) continue;
       if (r.method == req.method()) {
         route = &r;
         break;
       }
-      if (!allow.empty()) allow += ", ";
-      allow += std::string(http::to_string(r.method));
+      if (r.method == http::verb::get && get_route == nullptr) get_route = &r;
+      if (std::find(methods.begin(), methods.end(), r.method) == methods.end()) {
+        methods.push_back(r.method);
+      }
     }
+    if (route == nullptr && head_request_) route = get_route;
     if (route == nullptr) {
-      if (allow.empty()) {
+      if (methods.empty()) {
         return write(
             problem_response(404, problem_title(404), "no resource at this path", version_), false);
+      }
+      // A GET route answers HEAD too: Allow says so, after GET.
+      const auto get = std::find(methods.begin(), methods.end(), http::verb::get);
+      if (get != methods.end() &&
+          std::find(methods.begin(), methods.end(), http::verb::head) == methods.end()) {
+        methods.insert(get + 1, http::verb::head);
+      }
+      std::string allow;
+      for (const http::verb m : methods) {
+        if (!allow.empty()) allow += ", ";
+        allow += std::string(http::to_string(m));
       }
       Response res = problem_response(
           405, problem_title(405),
@@ -319,23 +493,54 @@ class Session : public std::enable_shared_from_this<Session> {
       res.set(http::field::allow, allow);
       return write(std::move(res), false);
     }
+    watch_peer();
     try {
-      route->handler(std::move(req),
-                     [self = shared_from_this()](Response res) { self->respond(std::move(res)); });
+      route->handler(
+          std::move(req),
+          Respond([self = shared_from_this()](Response res) { self->respond(std::move(res)); },
+                  abandoned_));
     } catch (const std::exception& e) {
-      server_.options.log(std::string("a handler threw: ") + e.what());
+      server_->options.log(std::string("a handler threw: ") + e.what());
       write(problem_response(500, problem_title(500), "the server failed to handle the request",
                              version_),
             false);
     }
   }
 
+  // While its request is handled, the connection is watched for the client going away: an end of
+  // stream or an error closes it, which abandons the request. Bytes that come (the next pipelined
+  // request) end the watch, and are read after the answer.
+  void watch_peer() {
+    watching_ = true;
+    stream_.socket().async_wait(
+        tcp::socket::wait_read,
+        [self = shared_from_this(), generation = ++watch_generation_](
+            boost::system::error_code ec) { self->on_peer_readable(ec, generation); });
+  }
+
+  void on_peer_readable(boost::system::error_code ec, std::uint64_t generation) {
+    if (ec || !watching_ || generation != watch_generation_ || state_ != State::kHandling) return;
+    char byte = 0;
+    const ssize_t n = ::recv(stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) {
+      watching_ = false;
+      return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return watch_peer();
+    close();  // end of stream or a reset: nobody will read the answer
+  }
+
   void write(Response res, bool close_after) {
     if (state_ == State::kClosed || state_ == State::kWriting) return;
+    if (watching_) {
+      watching_ = false;
+      boost::system::error_code ignored;
+      stream_.socket().cancel(ignored);  // the watch is the only operation pending now
+    }
     if (res.result_int() == 0) return close();  // no_answer(): nothing is sent
     state_ = State::kWriting;
     const bool keep = !close_after && options_.keep_alive && keep_alive_ && !draining_ &&
-                      !server_.draining.load(std::memory_order_relaxed);
+                      !server_->draining.load(std::memory_order_relaxed);
     res.version(version_);
     res.keep_alive(keep);
     res.prepare_payload();
@@ -348,6 +553,7 @@ class Session : public std::enable_shared_from_this<Session> {
           if (ec) return self->close();
           if (!keep) return self->linger();
           self->first_ = false;
+          self->head_request_ = false;
           self->wait_for_request();
         });
   }
@@ -355,8 +561,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // Closes after an answer without losing it: shut down our side, then read and drop what the
   // client still sends (the rest of a refused body) for a short while, so that the kernel does
   // not answer those bytes with a reset that could discard the answer before the client reads it.
+  // The connection may be evicted meanwhile: it holds no request.
   void linger() {
     state_ = State::kWriting;
+    if (!server_->wait(*this)) return close();
     boost::system::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
     stream_.expires_after(
@@ -374,7 +582,7 @@ class Session : public std::enable_shared_from_this<Session> {
         });
   }
 
-  Server::Impl& server_;
+  std::shared_ptr<Server::Impl> server_;  // the sockets need its io_context: it outlives them
   const ServerOptions& options_;
   boost::beast::tcp_stream stream_;
   boost::beast::flat_buffer buffer_;
@@ -383,65 +591,210 @@ class Session : public std::enable_shared_from_this<Session> {
   std::array<char, 8192> scratch_{};
   std::size_t discarded_ = 0;
   std::uint64_t id_;
+  SteadyTime accepted_;
   SteadyTime head_started_;
+  SteadyTime first_byte_due_;
+  // Set when the connection closes; shared with each request's Respond (Respond::abandoned()).
+  std::shared_ptr<std::atomic<bool>> abandoned_ = std::make_shared<std::atomic<bool>>(false);
+  std::size_t empty_lines_ = 0;
+  std::uint64_t watch_generation_ = 0;
   State state_ = State::kIdle;
   bool first_ = true;
   bool draining_ = false;
   bool keep_alive_ = true;
   bool head_request_ = false;
+  bool watching_ = false;
   unsigned version_ = 11;
 };
 
 }  // namespace detail
 
-void Server::Impl::closed(std::uint64_t id) {
+std::shared_ptr<Session> Server::Impl::admit(tcp::socket& socket,
+                                             std::shared_ptr<Session>& victim) {
+  std::lock_guard lock(mu);
+  if (stopping) return nullptr;
+  const std::size_t in_force = limit.load(std::memory_order_relaxed);
+  if (sessions.size() - evicting >= in_force) victim = evict_oldest_locked();
+  if (sessions.size() - evicting >= in_force) return nullptr;
+  const std::uint64_t id = next_id++;
+  auto session = std::make_shared<Session>(shared_from_this(), std::move(socket), id);
+  sessions.emplace(id, session);
+  session->waiting_at = waiting.insert(waiting.end(), session.get());
+  session->waiting = true;
+  return session;
+}
+
+std::shared_ptr<Session> Server::Impl::evict_oldest_locked() {
+  for (auto it = waiting.begin(); it != waiting.end(); ++it) {
+    Session* s = *it;
+    // A session being destroyed (its destructor waits for mu) leaves by itself.
+    std::shared_ptr<Session> alive = s->weak_from_this().lock();
+    if (!alive) continue;
+    waiting.erase(it);
+    s->waiting = false;
+    s->evicted = true;
+    ++evicting;
+    return alive;
+  }
+  return nullptr;
+}
+
+bool Server::Impl::wait(Session& s) {
+  std::lock_guard lock(mu);
+  if (s.evicted) return false;
+  if (!s.waiting) {
+    s.waiting_at = waiting.insert(waiting.end(), &s);
+    s.waiting = true;
+  }
+  return true;
+}
+
+bool Server::Impl::handle(Session& s) {
+  std::lock_guard lock(mu);
+  if (s.evicted) return false;
+  if (s.waiting) {
+    waiting.erase(s.waiting_at);
+    s.waiting = false;
+  }
+  return true;
+}
+
+void Server::Impl::closed(Session& s) {
   {
     std::lock_guard lock(mu);
-    sessions.erase(id);
+    if (!s.registered) return;
+    s.registered = false;
+    sessions.erase(s.id());
+    if (s.waiting) waiting.erase(s.waiting_at);
+    s.waiting = false;
+    if (s.evicted) --evicting;
   }
   all_closed.notify_all();
+}
+
+template <class Fn>
+void Server::Impl::post_to(Session& s, Fn&& fn) {
+  std::lock_guard lock(mu);
+  if (!finished) net::post(s.executor(), std::forward<Fn>(fn));
 }
 
 void Server::Impl::accept() {
   acceptor->async_accept(
       net::make_strand(ioc), [this](boost::system::error_code ec, tcp::socket socket) {
         if (ec == net::error::operation_aborted || !acceptor->is_open()) return;
-        if (ec) {
-          // Out of descriptors or memory: wait, jittered and growing while it lasts, rather
-          // than spin on the same error.
-          options.log("accept failed: " + ec.message());
-          accept_delay = accept_policy.delay(accept_failures, accept_delay, accept_rng);
-          accept_failures = std::min(accept_failures + 1, 30);
-          accept_backoff->expires_after(accept_delay);
-          accept_backoff->async_wait([this](boost::system::error_code) {
-            if (acceptor->is_open()) accept();
-          });
-          return;
-        }
+        if (ec) return accept_failed(ec);
         accept_failures = 0;
         accept_delay = Duration::zero();
         // Sessions are only added here, on the acceptor's strand, so the count checked is the
         // count the new session joins (it can only have dropped meanwhile).
-        std::uint64_t id = 0;
-        bool admitted = false;
-        {
-          std::lock_guard lock(mu);
-          admitted = !stopping && sessions.size() < options.max_connections;
-          if (admitted) id = next_id++;
-        }
-        if (!admitted) {
-          boost::system::error_code ignored;
-          socket.close(ignored);  // over max_connections: accepted and closed at once
-        } else {
-          auto session = std::make_shared<Session>(*this, std::move(socket), id);
-          {
-            std::lock_guard lock(mu);
-            sessions.emplace(id, session);
-          }
+        std::shared_ptr<Session> victim;
+        std::shared_ptr<Session> session = admit(socket, victim);
+        if (victim) net::post(victim->executor(), [victim] { victim->close(); });
+        if (session) {
           session->start();
+        } else {
+          boost::system::error_code ignored;
+          socket.close(ignored);  // every connection has a request handled: closed at once
         }
         accept();
       });
+}
+
+void Server::Impl::accept_failed(boost::system::error_code ec) {
+  const auto now = std::chrono::steady_clock::now();
+  const bool log_now = now - accept_logged >= std::chrono::seconds(1);
+  if (log_now) accept_logged = now;
+  // Out of descriptors: the oldest connection that is not having a request handled gives its
+  // descriptor to the one waiting in the backlog, and the accept is tried again once it is
+  // closed.
+  if (ec == net::error::no_descriptors ||
+      ec == boost::system::errc::too_many_files_open_in_system) {
+    std::shared_ptr<Session> victim;
+    {
+      std::lock_guard lock(mu);
+      if (!stopping) victim = evict_oldest_locked();
+    }
+    if (victim) {
+      if (log_now) {
+        options.log("accept failed: " + ec.message() + "; closing the oldest idle connection");
+      }
+      net::post(victim->executor(), [this, victim] {
+        victim->close();
+        net::post(acceptor->get_executor(), [this] {
+          if (acceptor->is_open()) accept();
+        });
+      });
+      return;
+    }
+  }
+  // Nothing to close, or another failure (memory): wait, jittered and growing while it lasts,
+  // rather than spin on the same error.
+  if (log_now) options.log("accept failed: " + ec.message());
+  accept_delay = accept_policy.delay(accept_failures, accept_delay, accept_rng);
+  accept_failures = std::min(accept_failures + 1, 30);
+  accept_backoff->expires_after(accept_delay);
+  accept_backoff->async_wait([this](boost::system::error_code) {
+    if (acceptor->is_open()) accept();
+  });
+}
+
+void Server::Impl::fit_descriptors() {
+  rlimit limits{};
+  if (getrlimit(RLIMIT_NOFILE, &limits) != 0) return;
+  const rlim_t wanted = static_cast<rlim_t>(options.max_connections) +
+                        static_cast<rlim_t>(options.reserved_descriptors);
+  if (limits.rlim_cur == RLIM_INFINITY || limits.rlim_cur >= wanted) return;
+  const rlim_t before = limits.rlim_cur;
+  const rlim_t raised =
+      limits.rlim_max == RLIM_INFINITY ? wanted : std::min(limits.rlim_max, wanted);
+  if (raised > before) {
+    limits.rlim_cur = raised;
+    if (setrlimit(RLIMIT_NOFILE, &limits) != 0) limits.rlim_cur = before;
+  }
+  const rlim_t have = limits.rlim_cur;
+  std::string line = "open files: ";
+  if (have > before) {
+    line += "raised the soft limit (RLIMIT_NOFILE) from " + std::to_string(before) + " to " +
+            std::to_string(have);
+  } else {
+    line += "the limit (RLIMIT_NOFILE) is " + std::to_string(have);
+  }
+  if (have < wanted) {
+    const std::size_t reserve = options.reserved_descriptors;
+    const std::size_t fits = have > 2 * reserve ? static_cast<std::size_t>(have) - reserve
+                                                : std::max<std::size_t>(1, have / 2);
+    limit.store(std::min(options.max_connections, fits));
+    line += " (hard limit " + std::to_string(limits.rlim_max) + "): serving at most " +
+            std::to_string(limit.load()) + " connections, not max_connections " +
+            std::to_string(options.max_connections);
+  } else {
+    line += ", enough for max_connections " + std::to_string(options.max_connections) + " and " +
+            std::to_string(options.reserved_descriptors) + " other descriptors";
+  }
+  options.log(line);
+}
+
+void Server::Impl::run_worker(std::size_t index) {
+  for (;;) {
+    try {
+      work->run();
+      break;
+    } catch (const std::exception& e) {
+      options.log(std::string("worker: ") + e.what());
+    }
+  }
+  bool drop_work = false;
+  {
+    std::lock_guard lock(mu);
+    worker_returned[index] = 1;
+    --workers_running;
+    if (stranded > 0) --stranded;
+    // The last worker stop() left behind drops the work never started (outside the lock: its
+    // handlers hold sessions, whose destructors take it).
+    drop_work = drop_work_on_last_return && workers_running == 0;
+  }
+  workers_done.notify_all();
+  if (drop_work) work.reset();
 }
 
 void Server::Impl::start() {
@@ -468,9 +821,21 @@ void Server::Impl::start() {
     starting = false;
     throw;
   }
+  fit_descriptors();
   accept_backoff.emplace(acceptor->get_executor());
   guard.emplace(net::make_work_guard(ioc));
-  workers = std::make_unique<net::thread_pool>(static_cast<std::size_t>(options.worker_threads));
+  work.emplace(options.worker_threads);
+  work_guard.emplace(net::make_work_guard(*work));
+  {
+    std::lock_guard lock(mu);
+    worker_returned.assign(static_cast<std::size_t>(options.worker_threads), 0);
+    workers_running = static_cast<std::size_t>(options.worker_threads);
+  }
+  for (int i = 0; i < options.worker_threads; ++i) {
+    // A worker holds the server's state: one left running by stop() may outlive the Server.
+    worker_threads.emplace_back(
+        [self = shared_from_this(), i] { self->run_worker(static_cast<std::size_t>(i)); });
+  }
   net::post(acceptor->get_executor(), [this] { accept(); });
   for (int i = 0; i < options.event_loop_threads; ++i) {
     loop_threads.emplace_back([this] {
@@ -525,18 +890,53 @@ void Server::Impl::stop() {
     std::unique_lock lock(mu);
     all_closed.wait_for(lock, options.drain_timeout, [this] { return sessions.empty(); });
   }
-  // 3. Whatever is left is closed; flows already running finish, queued ones are dropped.
+  // 3. Whatever is left is closed, its request abandoned (a flow still running stops at its next
+  // step and commits nothing). Work not started is dropped; the workers get kStopGrace to return,
+  // and one still blocked in a handler after it is left behind.
+  closing.store(true, std::memory_order_release);
   each_session([](Session& s) { s.close(); });
-  workers->stop();
-  workers->join();
+  work_guard.reset();
+  work->stop();
+  std::vector<std::thread> returned;
+  std::size_t left = 0;
   {
     std::unique_lock lock(mu);
-    all_closed.wait_for(lock, std::chrono::seconds(1), [this] { return sessions.empty(); });
+    workers_done.wait_for(lock, kStopGrace, [this] { return workers_running == 0; });
+    for (std::size_t i = 0; i < worker_threads.size(); ++i) {
+      if (worker_returned[i] != 0) {
+        returned.push_back(std::move(worker_threads[i]));
+      } else {
+        worker_threads[i].detach();
+        ++left;
+      }
+    }
+    worker_threads.clear();
+    stranded = left;
+    drop_work_on_last_return = left > 0;
   }
+  for (std::thread& t : returned) t.join();
+  if (left > 0) {
+    options.log("stop: " + std::to_string(left) +
+                " worker thread(s) still blocked in a handler after the drain; their requests are "
+                "abandoned and they are left to return on their own");
+  }
+
+  // 4. The event loop ends. What it still had queued runs here once (the sessions are closed:
+  // it only lets them go), and from now on nothing more is posted to a session.
   guard.reset();
   ioc.stop();
   for (std::thread& t : loop_threads) t.join();
   loop_threads.clear();
+  {
+    std::lock_guard lock(mu);
+    finished = true;
+  }
+  ioc.restart();
+  for (int i = 0; i < 100 && ioc.poll() > 0; ++i) {
+  }
+  // 5. The work never started is dropped (its handlers hold sessions), unless a worker left
+  // behind is still in that io_context: the last of them drops it.
+  if (left == 0) work.reset();
 }
 
 Server::Server(ServerOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {}
@@ -570,7 +970,7 @@ void Server::on_idempotent(http::verb method, std::string path, const Idempotent
       {method, std::move(path), [impl, &handler](Request request, Respond respond) {
          std::string principal = handler.principal(request);
          handler.async_handle(std::move(request), std::move(principal), handler.clock().now(),
-                              impl->workers->get_executor(), std::move(respond));
+                              impl->work->get_executor(), std::move(respond));
        }});
 }
 
@@ -580,9 +980,7 @@ void Server::stop() { impl_->stop(); }
 
 std::uint16_t Server::port() const noexcept { return impl_->port.load(); }
 
-boost::asio::any_io_executor Server::worker_executor() const {
-  return impl_->workers->get_executor();
-}
+boost::asio::any_io_executor Server::worker_executor() const { return impl_->work->get_executor(); }
 
 Response no_answer() {
   Response res;
@@ -593,6 +991,13 @@ Response no_answer() {
 std::size_t Server::connections() const {
   std::lock_guard lock(impl_->mu);
   return impl_->sessions.size();
+}
+
+std::size_t Server::connection_limit() const noexcept { return impl_->limit.load(); }
+
+std::size_t Server::stranded_workers() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stranded;
 }
 
 }  // namespace keel::store::beast

@@ -14,6 +14,11 @@
 // executor count as in flight. keel::store::beast::Server (keel/store/beast/server.hpp) mounts it
 // on a route; another Beast server calls async_handle() from its own session.
 //
+// A request nobody will read the answer of (its connection closed: the client went away, or the
+// server's drain ran out of time) is abandoned: the flow stops at its next step and never commits
+// after it (FlowRequest::abandoned). handle() takes the flag; async_handle() reads it from the
+// Respond it is given (Respond::abandoned(), set by Server for the request's connection).
+//
 // Errors are application/problem+json (RFC 9457), as the flow's: 400 deadline exceeded, 503 +
 // Retry-After when shed, and the flow's own answers.
 //
@@ -35,13 +40,18 @@
 //                        });
 #pragma once
 
+#include <atomic>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <concepts>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "keel/admission.hpp"
 #include "keel/clock.hpp"
@@ -52,6 +62,43 @@ namespace keel::store::beast {
 /// The request and response types of the adapter and of Server.
 using Request = boost::beast::http::request<boost::beast::http::string_body>;
 using Response = boost::beast::http::response<boost::beast::http::string_body>;
+
+/// Answers one request: callable from any thread, once (Server ignores a second call, and a call
+/// after the request's connection closed or the server stopped). Copyable; a copy answers the
+/// same request. Server hands one to each on_async() handler; a lambda or std::function taking a
+/// Response converts to one (its abandoned() is then null).
+class Respond {
+ public:
+  Respond() = default;
+  /// A Respond that calls `answer`.
+  template <class F>
+  requires(!std::same_as<std::remove_cvref_t<F>, Respond> &&
+           std::is_invocable_v<std::remove_cvref_t<F>&, Response>)
+      Respond(F&& answer)  // NOLINT(google-explicit-constructor): a lambda is a Respond
+      : answer_(std::forward<F>(answer)) {}
+  /// A Respond that calls `answer`, whose request is abandoned once `*abandoned` is set.
+  Respond(std::function<void(Response)> answer, std::shared_ptr<const std::atomic<bool>> abandoned)
+      : answer_(std::move(answer)), abandoned_(std::move(abandoned)) {}
+
+  /// Sends `response` (does nothing on an empty Respond).
+  void operator()(Response response) const {
+    if (answer_) answer_(std::move(response));
+  }
+  /// Set (from any thread) once nobody will read the answer: the request's connection closed
+  /// (the client went away, a write failed, or Server::stop()'s drain ran out of time). For
+  /// FlowRequest::abandoned and for a handler's own work: stop, and commit nothing. Null when the
+  /// Respond was made from a plain function. Valid as long as this Respond (or a copy) lives.
+  [[nodiscard]] const std::atomic<bool>* abandoned() const noexcept { return abandoned_.get(); }
+  /// Whether abandoned() is set.
+  [[nodiscard]] bool is_abandoned() const noexcept {
+    return abandoned_ != nullptr && abandoned_->load(std::memory_order_acquire);
+  }
+  [[nodiscard]] explicit operator bool() const noexcept { return static_cast<bool>(answer_); }
+
+ private:
+  std::function<void(Response)> answer_;
+  std::shared_ptr<const std::atomic<bool>> abandoned_;
+};
 
 /// The application's handler: writes through `tx` (a transaction is open) and returns the
 /// response, with FlowHandler's contract (keel/store/idempotency/idempotency_flow.hpp): it may run
@@ -105,19 +152,20 @@ class IdempotentHandler {
 
   /// Blocking: the deadline check, admission, then the flow, on the calling thread (not an
   /// event-loop thread). `arrival` is when the request was read (the start of its
-  /// Keel-Deadline-Ms budget). Never throws for a database or handler failure (those are
-  /// answers), only std::bad_alloc and the like.
+  /// Keel-Deadline-Ms budget). `abandoned` (optional, must outlive the call): once set, the flow
+  /// stops at its next step and commits nothing (FlowRequest::abandoned). Never throws for a
+  /// database or handler failure (those are answers), only std::bad_alloc and the like.
   [[nodiscard]] Response handle(const Request& request, std::string_view principal,
-                                TimePoint arrival) const;
+                                TimePoint arrival,
+                                const std::atomic<bool>* abandoned = nullptr) const;
 
   /// Non-blocking: the deadline check and admission on the calling thread; a refused request's
   /// answer is passed to `done` before async_handle() returns. An admitted one runs the flow on
-  /// `executor` and `done` is called there with its answer. `done` is called exactly once, unless
-  /// the executor drops the work (a stopped thread pool), in which case the admission slot is
-  /// released without it.
+  /// `executor`, abandoned once done.abandoned() is set, and `done` is called there with its
+  /// answer. `done` is called exactly once, unless the executor drops the work (a stopped thread
+  /// pool), in which case the admission slot is released without it.
   void async_handle(Request request, std::string principal, TimePoint arrival,
-                    const boost::asio::any_io_executor& executor,
-                    std::function<void(Response)> done) const;
+                    const boost::asio::any_io_executor& executor, Respond done) const;
 
   [[nodiscard]] const IdempotentRequestFlow& flow() const noexcept { return flow_; }
   /// The clock deadlines and latencies are read on: FlowOptions::clock, or keel::steady_clock().
@@ -130,7 +178,7 @@ class IdempotentHandler {
                                                Admission& admission) const;
   // The flow for an admitted request; releases `admission` with the latency.
   [[nodiscard]] Response run(const Request& request, std::string_view principal, TimePoint arrival,
-                             Admission& admission) const;
+                             Admission& admission, const std::atomic<bool>* abandoned) const;
 
   IdempotentHandlerOptions options_;
   TransactionalHandler handler_;
