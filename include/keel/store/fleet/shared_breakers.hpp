@@ -55,6 +55,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <span>
@@ -110,6 +111,11 @@ struct SharedBreakersOptions {
   /// at each (re)connection; throws as open_database does. Default none: open_database(url,
   /// connect).
   std::function<std::unique_ptr<Connection>(const DatabaseUrl&, const ConnectOptions&)> open;
+  /// Where the listening connection goes, when the URL cannot carry LISTEN: a direct URL of the
+  /// same database beside a URL through a transaction pooler (keel_pooler=transaction), where
+  /// PgBouncer would hand the notifications to another client. With such a URL and no listen_url
+  /// the breakers are not shared (said once, as for a newer schema). Default none: the URL.
+  std::optional<DatabaseUrl> listen_url;
   /// This process's name in the table and the notifications. Requires: no whitespace.
   /// Default "hostname:pid:random".
   std::string process;
