@@ -46,6 +46,10 @@ inline constexpr std::string_view kReplacedMarker = "not UTF-8 text replaced]";
 /// unchanged when it fits its limit.
 [[nodiscard]] bool is_storable_text(std::string_view text) noexcept;
 
+/// The size of the longest prefix of `text` that is storable text: text.size() when all of it
+/// is, else the position of the first byte that is not (for a message naming it).
+[[nodiscard]] std::size_t storable_prefix_size(std::string_view text) noexcept;
+
 /// `text` made valid UTF-8 without NUL and at most `max_bytes` long, by the rule above: equal to
 /// `text` when is_storable_text(text) and text.size() <= max_bytes. Linear in the bytes kept
 /// (only about max_bytes of the input are read). Throws std::bad_alloc only.

@@ -79,13 +79,18 @@ std::size_t decode(std::string_view text, std::size_t from, std::size_t stop_abo
 
 }  // namespace
 
-bool is_storable_text(std::string_view text) noexcept {
-  for (std::size_t i = 0; i < text.size();) {
+std::size_t storable_prefix_size(std::string_view text) noexcept {
+  std::size_t i = 0;
+  while (i < text.size()) {
     const Step s = step(text, i);
-    if (s.valid == 0) return false;
+    if (s.valid == 0) break;
     i += s.valid;
   }
-  return true;
+  return i;
+}
+
+bool is_storable_text(std::string_view text) noexcept {
+  return storable_prefix_size(text) == text.size();
 }
 
 std::string storable_text(std::string_view text, std::size_t max_bytes, Keep keep) {

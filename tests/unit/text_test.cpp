@@ -73,30 +73,32 @@ TEST(StorableText, EachIllFormedSubpartBecomesOneReplacementAndIsCounted) {
   struct Case {
     const char* name;
     std::string in;
-    std::string text;  // the text before the marker
-    int replaced;      // input bytes replaced
+    std::string text;       // the text before the marker
+    int replaced;           // input bytes replaced
+    std::size_t first_bad;  // where the first byte that is not storable text is
   };
   const Case cases[] = {
-      {"Latin-1 byte", "ung\xFCltig", "ung" + kFffd + "ltig", 1},
-      {"lone continuation byte", "a\x80z", "a" + kFffd + "z", 1},
-      {"two continuation bytes", "a\x80\xBFz", "a" + kFffd + kFffd + "z", 2},
-      {"2-byte sequence cut", "a\xC3z", "a" + kFffd + "z", 1},
-      {"3-byte sequence cut after 1", "a\xE2z", "a" + kFffd + "z", 1},
-      {"3-byte sequence cut after 2", "a\xE2\x82z", "a" + kFffd + "z", 2},
-      {"4-byte sequence cut after 3", "a\xF0\x9F\x98z", "a" + kFffd + "z", 3},
-      {"sequence cut at the end", "abc\xF0\x9F\x98", "abc" + kFffd, 3},
-      {"overlong C0 AF ('/')", "\xC0\xAF", kFffd + kFffd, 2},
-      {"overlong E0 80 AF", "\xE0\x80\xAF", kFffd + kFffd + kFffd, 3},
-      {"overlong F0 80 80 AF", "\xF0\x80\x80\xAF", kFffd + kFffd + kFffd + kFffd, 4},
-      {"surrogate ED A0 80", "\xED\xA0\x80", kFffd + kFffd + kFffd, 3},
-      {"above U+10FFFF (F4 90 80 80)", "\xF4\x90\x80\x80", kFffd + kFffd + kFffd + kFffd, 4},
-      {"F5..FF lead bytes", "\xF5\xFE\xFF", kFffd + kFffd + kFffd, 3},
-      {"NUL byte", "a\0b"s, "a" + kFffd + "b", 1},
-      {"NUL bytes only", "\0\0"s, kFffd + kFffd, 2},
+      {"Latin-1 byte", "ung\xFCltig", "ung" + kFffd + "ltig", 1, 3},
+      {"lone continuation byte", "a\x80z", "a" + kFffd + "z", 1, 1},
+      {"two continuation bytes", "a\x80\xBFz", "a" + kFffd + kFffd + "z", 2, 1},
+      {"2-byte sequence cut", "a\xC3z", "a" + kFffd + "z", 1, 1},
+      {"3-byte sequence cut after 1", "a\xE2z", "a" + kFffd + "z", 1, 1},
+      {"3-byte sequence cut after 2", "a\xE2\x82z", "a" + kFffd + "z", 2, 1},
+      {"4-byte sequence cut after 3", "a\xF0\x9F\x98z", "a" + kFffd + "z", 3, 1},
+      {"sequence cut at the end", "abc\xF0\x9F\x98", "abc" + kFffd, 3, 3},
+      {"overlong C0 AF ('/')", "\xC0\xAF", kFffd + kFffd, 2, 0},
+      {"overlong E0 80 AF", "\xE0\x80\xAF", kFffd + kFffd + kFffd, 3, 0},
+      {"overlong F0 80 80 AF", "\xF0\x80\x80\xAF", kFffd + kFffd + kFffd + kFffd, 4, 0},
+      {"surrogate ED A0 80", "\xED\xA0\x80", kFffd + kFffd + kFffd, 3, 0},
+      {"above U+10FFFF (F4 90 80 80)", "\xF4\x90\x80\x80", kFffd + kFffd + kFffd + kFffd, 4, 0},
+      {"F5..FF lead bytes", "\xF5\xFE\xFF", kFffd + kFffd + kFffd, 3, 0},
+      {"NUL byte", "a\0b"s, "a" + kFffd + "b", 1, 1},
+      {"NUL bytes only", "\0\0"s, kFffd + kFffd, 2, 0},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     EXPECT_FALSE(is_storable_text(c.in));
+    EXPECT_EQ(storable_prefix_size(c.in), c.first_bad);
     const std::string out = storable_text(c.in, 2000);
     EXPECT_EQ(out, marked(c.text, c.replaced));
     EXPECT_TRUE(valid_utf8_without_nul(out));
