@@ -17,5 +17,5 @@ set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_STRIP_FILES ON)  # the keel binary without its symbol table and debug information
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
-    "libcurl4-openssl-dev, libssl-dev, libsqlite3-dev, libpq-dev, libcpp-httplib-dev, prometheus-cpp-dev, nlohmann-json3-dev, libasio-dev, libboost-dev, pkg-config")
+    "libcurl4-openssl-dev, libidn2-dev, libssl-dev, libsqlite3-dev, libpq-dev, libcpp-httplib-dev, prometheus-cpp-dev, nlohmann-json3-dev, libasio-dev, libboost-dev, pkg-config")
 include(CPack)
