@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "keel/duration.hpp"
 #include "keel/store/queue/queue.hpp"
 #include "keel/store/queue/queue_worker.hpp"
 #include "keel/text.hpp"
@@ -276,6 +277,14 @@ TEST_P(JobQueueTest, InvalidConfigurationNamesTheTypeTheFieldAndTheValue) {
   EXPECT_NE(attempts.find("(got 0)"), std::string::npos) << attempts;
   EXPECT_EQ(what([] { (void)JobQueue({.lease = -5s}); }),
             "keel::store::QueueOptions: lease must be > 0 (got -5s)");
+  // A lease shorter than the millisecond its expiry is stored in has expired when it is taken.
+  for (const Duration lease : {Duration(1ns), Duration(999us)}) {
+    EXPECT_EQ(what([&] { (void)JobQueue({.lease = lease}); }),
+              "keel::store::QueueOptions: lease must be >= 1ms (lease expiries are stored in whole "
+              "milliseconds) (got " +
+                  format_duration(lease) + ")");
+  }
+  EXPECT_NO_THROW((void)JobQueue({.lease = 1ms}));
 
   JobQueue q = make_queue();
   EXPECT_EQ(what([&] { (void)q.lease(*conn_, "q", "w", 0); }),

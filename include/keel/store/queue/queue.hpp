@@ -327,7 +327,7 @@ struct QueueOptions {
   /// keel::BackoffOptions.
   BackoffOptions backoff = {.base = std::chrono::seconds(1), .cap = std::chrono::hours(1)};
   /// Lease duration: how long a leased job stays with its worker without a heartbeat.
-  /// Requires: > 0. Default 30 s.
+  /// Requires: >= 1 ms (expiries are stored in whole milliseconds). Default 30 s.
   Duration lease = std::chrono::seconds(30);
   /// Time source (wall_now) for run times, leases and history. Default keel::steady_clock().
   Clock* clock = nullptr;
