@@ -41,6 +41,8 @@ keel_third_party(prometheus-cpp::core FIND prometheus-cpp CONFIG PC prometheus-c
 keel_third_party(Boost::headers FIND Boost 1.74 DEB libboost-dev)
 keel_third_party(nlohmann_json::nlohmann_json FIND nlohmann_json 3 CONFIG PC nlohmann_json
                  DEB nlohmann-json3-dev)
+# libidn2: internationalised host names to their ASCII form (keel::http_attempt's parse_url).
+keel_third_party(PkgConfig::KEEL_IDN2 PKG_CONFIG libidn2 PC libidn2 DEB libidn2-dev)
 # cpp-httplib: Debian's library, through pkg-config (cmake/KeelHttplib.cmake).
 keel_third_party(PkgConfig::KEEL_HTTPLIB PKG_CONFIG cpp-httplib PC cpp-httplib
                  DEB libcpp-httplib-dev)

@@ -11,6 +11,7 @@ build_packages=(
   g++ clang cmake ninja-build make pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev libclang-rt-14-dev
   libcurl4-openssl-dev libsqlite3-dev libpq-dev libssl-dev
+  libidn2-dev  # keel::http: internationalised host names to their ASCII form (parse_url)
   prometheus-cpp-dev  # keel::metrics and the /metrics of keel jobs work and keel-demo serve
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libasio-dev
   libboost-dev  # Boost.Beast and Boost.Asio, header-only: keel::store_beast

@@ -261,6 +261,8 @@ enum class NetError : unsigned char {
   kDnsTemporary,        // EAI_AGAIN
   kDnsNotFound,         // EAI_NONAME: the name does not exist
   kOther,
+  kUnusableUrl,  // the client cannot send to this URL at all (libcurl: malformed, an unsupported
+                 // scheme, a host name it cannot read): nothing was sent, and never will be
 };
 
 [[nodiscard]] std::string_view to_string(NetError error) noexcept;
@@ -268,8 +270,10 @@ enum class NetError : unsigned char {
 [[nodiscard]] std::optional<NetError> net_error_from_errno(int errno_value) noexcept;
 
 /// Before the request was sent every listed error is transient (nothing reached the server, so
-/// even a POST is safe), except kDnsNotFound, which is permanent. After the request was sent a
-/// reset, a timeout or kOther is ambiguous: the server may have acted on it.
+/// even a POST is safe), except kDnsNotFound and kUnusableUrl, which are permanent (a retry
+/// meets the same refusal; not a failure of the dependency, so no breaker counts them). After
+/// the request was sent a reset, a timeout or kOther is ambiguous: the server may have acted on
+/// it.
 [[nodiscard]] Outcome classify_network(NetError error, bool request_sent) noexcept;
 
 // ---------------------------------------------------------------------------------------------

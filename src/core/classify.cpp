@@ -76,6 +76,8 @@ std::string_view to_string(NetError error) noexcept {
       return "host not found";
     case NetError::kOther:
       return "network error";
+    case NetError::kUnusableUrl:
+      return "unusable URL";
   }
   return "network error";
 }
@@ -251,7 +253,7 @@ Outcome classify_network(NetError error, bool request_sent) noexcept {
   o.source = OutcomeSource::kNetwork;
   o.code = static_cast<int>(error);
   o.timed_out = error == NetError::kTimedOut;
-  if (error == NetError::kDnsNotFound) {
+  if (error == NetError::kDnsNotFound || error == NetError::kUnusableUrl) {
     o.kind = OutcomeKind::kPermanent;
     return o;
   }

@@ -15,6 +15,7 @@
 #include "keel/deadline_header.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/http/url.hpp"
 #include "keel/retry_after.hpp"
 
 namespace keel::http::detail {
@@ -122,6 +123,10 @@ NetError net_error_of(CURLcode rc, long os_errno) noexcept {
     case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
       return NetError::kConnectionReset;
+    case CURLE_URL_MALFORMAT:         // a URL (or a host name in it) libcurl cannot parse
+    case CURLE_UNSUPPORTED_PROTOCOL:  // a scheme this libcurl was not built with
+    case CURLE_NOT_BUILT_IN:          // a feature the URL needs (IDN, say)
+      return NetError::kUnusableUrl;
     default:
       return NetError::kOther;
   }
@@ -350,7 +355,14 @@ CurlAttempt::CurlAttempt(CURL* easy, const Request& request, const RequestTraits
   if (send_body) append(headers_, "Expect:");
 
   CURL* h = easy_;
-  curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
+  // An internationalised host goes out in its ASCII form (parse_url converts it: libcurl's own
+  // conversion depends on the process's locale); libcurl copies the string.
+  std::string converted;
+  if (std::any_of(request.url.begin(), request.url.end(),
+                  [](char c) { return static_cast<unsigned char>(c) >= 0x80; })) {
+    if (auto url = parse_url(request.url); url) converted = std::move(url->converted);
+  }
+  curl_easy_setopt(h, CURLOPT_URL, converted.empty() ? request.url.c_str() : converted.c_str());
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error_buffer_);
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers_.get());

@@ -1,7 +1,13 @@
 #include "keel/http/url.hpp"
 
+#include <idn2.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <string>
+
+#include "keel/text.hpp"
 
 namespace keel::http {
 namespace {
@@ -14,33 +20,14 @@ bool is_hex(char c) noexcept {
   return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
-// A registered name's characters (RFC 3986 unreserved, sub-delims and pct-encoded), plus bytes
-// of UTF-8 for an internationalised name.
+// A registered name's characters as libcurl takes them: RFC 3986's unreserved and pct-encoded
+// (libcurl refuses the sub-delims "!$&'()*+,;=" in a host name, though RFC 3986 allows them), plus
+// bytes of UTF-8 for an internationalised name (converted by ascii_host).
 bool is_host_char(char c) noexcept {
   const auto u = static_cast<unsigned char>(c);
   if (u >= 0x80) return true;
   if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c)) return true;
-  switch (c) {
-    case '-':
-    case '.':
-    case '_':
-    case '~':
-    case '%':
-    case '!':
-    case '$':
-    case '&':
-    case '\'':
-    case '(':
-    case ')':
-    case '*':
-    case '+':
-    case ',':
-    case ';':
-    case '=':
-      return true;
-    default:
-      return false;
-  }
+  return c == '-' || c == '.' || c == '_' || c == '~' || c == '%';
 }
 
 // The URL as a message may show it: any userinfo ("user:secret@") replaced by "***@".
@@ -55,6 +42,42 @@ std::string shown(std::string_view text) {
 
 Error fail(std::string_view text, std::string problem) {
   return Error{.field = "URL", .problem = std::move(problem), .got = quote_value(shown(text), 80)};
+}
+
+bool is_ascii(std::string_view text) noexcept {
+  return std::all_of(text.begin(), text.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+}
+
+// The ASCII form (A-labels, "xn--...") of an internationalised host name given in UTF-8: IDNA2008
+// with UTS #46's mapping (lower case, NFC), non-transitional first and then transitional, as
+// libcurl looks names up; but from UTF-8 whatever the process's locale (libcurl converts from the
+// locale's encoding, so in a program that never called setlocale it refuses every such name).
+// nullopt with libidn2's reason when it is not a valid name.
+Expected<std::string> ascii_host(std::string_view host) {
+  const std::string input(host);
+  char* out = nullptr;
+  int rc =
+      idn2_lookup_u8(reinterpret_cast<const std::uint8_t*>(input.c_str()),
+                     reinterpret_cast<std::uint8_t**>(&out), IDN2_NFC_INPUT | IDN2_NONTRANSITIONAL);
+  if (rc != IDN2_OK) {
+    rc = idn2_lookup_u8(reinterpret_cast<const std::uint8_t*>(input.c_str()),
+                        reinterpret_cast<std::uint8_t**>(&out), IDN2_TRANSITIONAL);
+  }
+  if (rc != IDN2_OK) {
+    return Error{.field = "host", .problem = idn2_strerror(rc), .got = quote_value(host)};
+  }
+  std::string ascii(out);
+  idn2_free(out);
+  // UTS #46 maps some characters to ones a host may not hold (a no-break space to a space).
+  for (char c : ascii) {
+    if (static_cast<unsigned char>(c) >= 0x80 || !is_host_char(c)) {
+      return Error{.field = "host",
+                   .problem = "maps to " + quote_value(ascii) + ", which is not a host name",
+                   .got = quote_value(host)};
+    }
+  }
+  return ascii;
 }
 
 }  // namespace
@@ -72,6 +95,13 @@ Expected<Url> parse_url(std::string_view text) {
                             " at byte " + std::to_string(i) + " (encode it, e.g. %20)");
     }
   }
+  if (const std::size_t valid = storable_prefix_size(text); valid < text.size()) {
+    const auto u = static_cast<unsigned char>(text[valid]);
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    return fail(text, "has a " + byte_text(u) + " at byte " + std::to_string(valid) +
+                          " that is not UTF-8 (percent-encode it: %" + kHex[u >> 4] +
+                          kHex[u & 0x0f] + ")");
+  }
   const std::size_t scheme_end = text.find("://");
   Url url;
   if (scheme_end != std::string_view::npos) {
@@ -87,6 +117,7 @@ Expected<Url> parse_url(std::string_view text) {
   }
   if (authority.empty()) return fail(text, "has no host");
   std::string_view host = authority;
+  std::string ascii_name;  // an internationalised host's ASCII form, which `host` then views
   std::string_view port;
   bool has_port = false;
   if (authority.front() == '[') {  // IPv6 literal
@@ -123,6 +154,22 @@ Expected<Url> parse_url(std::string_view text) {
         return fail(text, "has a host " + quote_value(host) + " that contains " +
                               quote_value(std::string_view(&c, 1)));
       }
+    }
+    if (!is_ascii(host)) {
+      // An internationalised name: sent, compared and keyed in its ASCII form.
+      auto ascii = ascii_host(host);
+      if (!ascii) {
+        return fail(text, "has a host " + quote_value(host) +
+                              " that is not a valid internationalised domain name (" +
+                              ascii.error().problem + ")");
+      }
+      const auto begin = static_cast<std::size_t>(host.data() - text.data());
+      url.converted.reserve(text.size() - host.size() + ascii->size());
+      url.converted.append(text.substr(0, begin));
+      url.converted.append(*ascii);
+      url.converted.append(text.substr(begin + host.size()));
+      ascii_name = std::move(*ascii);
+      host = ascii_name;
     }
     if (host.size() > 253) return fail(text, "has a host longer than 253 bytes");
   }

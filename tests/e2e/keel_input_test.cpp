@@ -126,6 +126,20 @@ TEST(KeelCallInput, InvalidUrlsExitTwoAtOnceNamingTheProblem) {
       {"127.0.0.1:8080/", "scheme"},
       {"http://bad_host!@/", "no host"},
       {"", "empty"},
+      // What libcurl cannot send is refused here, not attempted and retried.
+      {"http://a!b.test/", "contains '!'"},
+      {"http://a,b.test/", "contains ','"},
+      {"http://b\xFC"
+       "cher.test/",
+       "byte 0xfc at byte 8 that is not UTF-8"},
+      {"http://127.0.0.1/\xFF", "byte 0xff at byte 17 that is not UTF-8"},
+      {"http://a\xE2\x80\xA8"
+       "b.test/",
+       "not a valid internationalised domain name"},
+      {"http://a\x01b/", "control character"},
+      {"http://a\tb/", "control character"},
+      {"http://127.0.0.1:65536/", "out of range"},
+      {"http://u:p@127.0.0.1:99999/", "out of range"},
   };
   for (const auto& [url, problem] : cases) {
     // "At once": a keel that tried to connect would wait out the 20 s connect timeout, while a
@@ -151,6 +165,189 @@ TEST(KeelCallInput, InvalidUrlsExitTwoAtOnceNamingTheProblem) {
     EXPECT_EQ(r.out, "up\n");
   }
   EXPECT_EQ(server.arrivals().size(), 3u);
+}
+
+// An internationalised host name is sent in its ASCII form whatever the locale (libcurl converts
+// only in a UTF-8 one, and keel never calls setlocale): a name that exists is reached, one that
+// does not is a permanent failure after one attempt (exit 3), never three transient ones (exit 4).
+TEST(KeelCallInput, AnInternationalisedHostIsSentInItsAsciiForm) {
+  FaultServer server({.script = "200/body=up"});
+  server.start();
+  const std::string port = std::to_string(server.port());
+  // libcurl resolves every name under .localhost to the loopback address.
+  const KeelRun ok =
+      run_keel(call({"http://b\xC3\xBC"
+                     "cher.localhost:" +
+                     port + "/x"}));
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  EXPECT_EQ(ok.out, "up\n");
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 1u);
+  EXPECT_EQ(keel::http::find_header(arrivals[0].headers, "Host").value_or(""),
+            "xn--bcher-kva.localhost:" + port);
+  // .test is reserved: the name does not exist.
+  const KeelRun missing = run_keel(call({"-v", "--deadline", "20s",
+                                         "http://b\xC3\xBC"
+                                         "cher.test/"}));
+  EXPECT_EQ(missing.status, 3) << missing.err;
+  EXPECT_NE(missing.err.find("attempt 1:"), std::string::npos) << missing.err;
+  EXPECT_EQ(missing.err.find("attempt 2:"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("xn--bcher-kva.test"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("(permanent)"), std::string::npos) << missing.err;
+  // A userinfo is sent as credentials, an upper-case name is the same name.
+  const KeelRun userinfo =
+      run_keel(call({"http://u:p@B\xC3\x9C"
+                     "CHER.localhost:" +
+                     port + "/"}));
+  EXPECT_EQ(userinfo.status, 0) << userinfo.err;
+  ASSERT_EQ(server.arrivals().size(), 2u);
+  EXPECT_EQ(keel::http::find_header(server.arrivals()[1].headers, "Authorization").value_or(""),
+            "Basic dTpw");
+}
+
+// Values a flag cannot honour are refused with the flag's name and the value: durations below
+// the millisecond the queue, libcurl and the timers count in (a --lease of 1ns rounded to 0 ran one
+// job again and again), a lease shorter than a heartbeat's round trip, timeouts past libcurl's
+// longest, rates whose replay times would overflow, numbers with a sign, space or exponent.
+TEST(KeelFlags, ValuesAComponentCannotHonourAreRefusedNamingTheFlag) {
+  TempDir dir;
+  const std::string db = "sqlite:" + dir.file("q.db");
+  struct Case {
+    std::vector<std::string> args;
+    std::string flag;
+    std::string value;
+    std::string says;
+  };
+  std::vector<Case> cases;
+  const auto work = [&](const std::string& flag, const std::string& value, const std::string& says,
+                        std::vector<std::string> handler = {"--exec", "true"}) {
+    std::vector<std::string> args = {"jobs", "--db", db, "work", "--queue", "q", flag, value};
+    args.insert(args.end(), handler.begin(), handler.end());
+    cases.push_back({args, flag, value, says});
+  };
+  for (const char* value : {"1ns", "99ms", "0s", "-1s", "99999999999h"}) {
+    work("--lease", value, std::string(value) == "0s" ? "greater than zero" : "");
+  }
+  work("--lease", "1ns", "at least 100ms");
+  for (const char* flag : {"--backoff-base", "--backoff-cap", "--poll", "--idle-poll",
+                           "--max-db-outage", "--max-age", "--timeout"}) {
+    work(flag, "999us", "at least 1ms");
+    work(flag, "0s", "greater than zero");
+    work(flag, "99999999999h", "too large");
+  }
+  for (const char* flag : {"--grace", "--retain-done"}) work(flag, "1ns", "0 or at least 1ms");
+  work("--dead-letter-warning", "1ns", "0 or at least 1ms",
+       {"--exec", "true", "--dead-letter-retention", "1h"});
+  work("--dead-letter-retention", "1ns", "at least 1ms");
+  work("--timeout", "597h", "at most 596h", {"--deliver", "http://127.0.0.1:9/"});
+  work("--timeout", "1ns", "libcurl", {"--deliver", "http://127.0.0.1:9/"});
+  for (const char* value : {"1e2", "nan", "-1", "1001", "0x10", " 1", ""}) {
+    work("--retry-budget", value, "ratio");
+  }
+  for (const char* value : {":+80", ":65536", ":-1", ": 80", "127.0.0.1:", "80"}) {
+    work("--metrics-listen", value, "");
+  }
+  for (const char* value : {"0", "257", "-1"}) work("--concurrency", value, "");
+  for (const char* value : {"0", "1001"}) work("--batch", value, "");
+  work("--deliver",
+       "http://b\xFC"
+       "cher.test/",
+       "not UTF-8", {});
+  work("--deliver", "http://a!b.test/", "contains '!'", {});
+  for (const char* value : {"1ns", "999us", "-1s"}) {
+    cases.push_back(
+        {{"jobs", "--db", db, "enqueue", "--queue", "q", "--payload", "{}", "--delay", value},
+         "--delay",
+         value,
+         ""});
+  }
+  for (const char* value : {"0", "-1", "99999999999"}) {
+    cases.push_back({{"jobs", "--db", db, "enqueue", "--queue", "q", "--payload", "{}",
+                      "--max-attempts", value},
+                     "--max-attempts",
+                     value,
+                     ""});
+  }
+  cases.push_back({{"jobs", "--db", db, "stats", "--dead-letter-retention", "1ns"},
+                   "--dead-letter-retention",
+                   "1ns",
+                   "at least 1ms"});
+  for (const char* value : {"0.0001/s", "0.0009/h", "0/s", "-1/s", "1e3/s", "nan/s", "5"}) {
+    cases.push_back({{"dlq", "--db", db, "replay", "--all", "--rate", value}, "--rate", value, ""});
+  }
+  for (const char* value : {"+5", " 5", "0", "1e3", "0x10", "99999999999999999999"}) {
+    cases.push_back({{"dlq", "--db", db, "replay", value}, "job id", value, "positive integer"});
+    cases.push_back({{"dlq", "--db", db, "show", value}, "job id", value, "positive integer"});
+  }
+  cases.push_back(
+      {{"dlq", "--db", db, "discard", "--reason", "M\xFCller"}, "--reason", "", "UTF-8"});
+  for (const char* value : {"-1h", "99999999999h", "1e3s", "2026-13-01T00:00:00Z"}) {
+    cases.push_back(
+        {{"dlq", "--db", db, "replay", "--died-after", value}, "--died-after", value, ""});
+  }
+  const std::string url = "http://127.0.0.1:9/";
+  for (const char* flag : {"--deadline", "--per-try-timeout", "--connect-timeout", "--hedge"}) {
+    cases.push_back({{"call", flag, "999us", url}, flag, "999us", "at least 1ms"});
+  }
+  for (const char* flag : {"--per-try-timeout", "--connect-timeout"}) {
+    cases.push_back({{"call", flag, "597h", url}, flag, "597h", "at most 596h"});
+  }
+  for (const char* value : {"0", "11", "-1", "1.5"}) {
+    cases.push_back(
+        {{"call", "--hedge", "10ms", "--max-hedges", value, url}, "--max-hedges", value, ""});
+  }
+  for (const Case& c : cases) {
+    const std::string label =
+        c.args[c.args[0] == "call" ? 1 : 3] + " " + c.flag + " '" + c.value + "'";
+    const KeelRun r = run_keel(c.args);
+    EXPECT_EQ(r.status, 2) << label << ": " << r.err;
+    EXPECT_NE(r.err.find(c.flag), std::string::npos) << label << ": " << r.err;
+    if (!c.value.empty()) {
+      EXPECT_NE(r.err.find(c.value), std::string::npos) << label << ": " << r.err;
+    }
+    if (!c.says.empty()) {
+      EXPECT_NE(r.err.find(c.says), std::string::npos) << label << ": " << r.err;
+    }
+    EXPECT_EQ(r.out, "") << label;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("q.db"))) << "nothing was written";
+  // The edges are accepted.
+  ASSERT_EQ(
+      run_keel({"jobs", "--db", db, "enqueue", "--queue", "q", "--payload", "{}", "--delay", "1ms"})
+          .status,
+      0);
+  const KeelRun edges = run_keel({"jobs",
+                                  "--db",
+                                  db,
+                                  "work",
+                                  "--queue",
+                                  "q",
+                                  "--exec",
+                                  "true",
+                                  "--lease",
+                                  "100ms",
+                                  "--poll",
+                                  "1ms",
+                                  "--idle-poll",
+                                  "1ms",
+                                  "--backoff-base",
+                                  "1ms",
+                                  "--backoff-cap",
+                                  "1ms",
+                                  "--grace",
+                                  "0s",
+                                  "--retain-done",
+                                  "0s",
+                                  "--timeout",
+                                  "1ms",
+                                  "--retry-budget",
+                                  "1000",
+                                  "--metrics-listen",
+                                  "127.0.0.1:0",
+                                  "--exit-when-idle"});
+  EXPECT_EQ(edges.status, 0) << edges.err;
+  EXPECT_EQ(
+      run_keel({"dlq", "--db", db, "replay", "--all", "--rate", "0.001/h", "--dry-run"}).status, 0);
 }
 
 // Every numeric and duration flag of keel call, keel sim run and keel-demo core, and the other

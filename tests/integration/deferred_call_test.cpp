@@ -193,6 +193,27 @@ TEST_P(DeferredCall, CredentialsOfAQueuedRequestAreNeverShownByTheDeadLetterView
   }
 }
 
+// Bytes that are not UTF-8 in what would be queued are refused at the door on both backends
+// (PostgreSQL's TEXT could not hold them, and altered they would be another request): a header
+// value at the deferral, a URL before any attempt. Nothing is queued either way.
+TEST_P(DeferredCall, ARequestWithBytesThatAreNotUtf8IsNeverQueued) {
+  Receiver api;
+  api.set_outage(Receiver::kDown503);
+  const CmdResult header = call(call_db(), api.url("/hook"), {"-H", "X-Name: M\xFCller"});
+  EXPECT_EQ(header.status, 4) << "exits as the failure would: " << header.err;
+  EXPECT_NE(header.err.find("queueing the request for later failed: keel::store::QueuedWrites: "
+                            "header 'X-Name' has a value that is not UTF-8 text"),
+            std::string::npos)
+      << header.err;
+  const CmdResult url = call(call_db(), api.url("/hook\xFC"));
+  EXPECT_EQ(url.status, 2) << url.err;
+  EXPECT_NE(url.err.find("URL has a byte 0xfc"), std::string::npos) << url.err;
+  if (store::database_exists(this->url())) {
+    auto conn = open_database(this->url());
+    EXPECT_EQ(schema_version(*conn, "queue"), 0) << "nothing was queued, not even the schema";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DeferredCall,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          test::backend_name);

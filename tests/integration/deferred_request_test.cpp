@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,41 @@ TEST(DeferredRequestPayload, CredentialsAreStoredForTheDeliveryAndRedactedForOpe
                                    std::string(100000, '[') + "\"keel_deferred_request\""}) {
     EXPECT_EQ(redact_deferred_request(other), other);
   }
+}
+
+// A deferred request is stored as JSON, whose strings are UTF-8: a header value (or URL) in other
+// bytes could only be stored altered and delivered as something else, so it is refused, never
+// queued, and the value (maybe a credential) is not quoted.
+TEST(QueuedWrites, AUrlOrHeaderValueThatIsNotUtf8IsRefusedAndNothingIsQueued) {
+  test::TempDir dir;
+  const std::string path = (dir.path() / "q.db").string();
+  ConnectionPool pool(parse_database_url("sqlite:" + path).value());
+  JobQueue queue;
+  QueuedWrites writes(pool, queue);
+  http::Request latin1 = sample();
+  latin1.headers.emplace_back("Authorization", "Bearer M\xFCller-s3cret");
+  const auto header = writes.defer(latin1, "k-1");
+  ASSERT_FALSE(header);
+  EXPECT_EQ(header.error().message(),
+            "keel::store::QueuedWrites: header 'Authorization' has a value that is not UTF-8 "
+            "text, which a deferred request cannot store");
+  http::Request url = sample();
+  url.url = "http://127.0.0.1:9/M\xFCller";
+  const auto bad_url = writes.defer(url, "k-2");
+  ASSERT_FALSE(bad_url);
+  EXPECT_NE(bad_url.error().message().find("URL is not UTF-8 text"), std::string::npos)
+      << bad_url.error().message();
+  EXPECT_FALSE(std::filesystem::exists(path)) << "nothing was written, not even the schema";
+  // UTF-8 in a header value is stored and delivered as it was.
+  http::Request utf8 = sample();
+  utf8.headers.emplace_back("X-Name", "M\xC3\xBCller");
+  ASSERT_TRUE(writes.defer(utf8, "k-3"));
+  auto conn = pool.acquire();
+  const auto leased = queue.lease(*conn, "deferred-http", "w", 1);
+  ASSERT_EQ(leased.size(), 1u);
+  const auto decoded = decode_deferred_request(leased[0].payload);
+  ASSERT_TRUE(decoded) << decoded.error().message();
+  EXPECT_EQ(http::find_header(decoded->headers, "X-Name").value_or(""), "M\xC3\xBCller");
 }
 
 TEST(QueuedWrites, ADatabaseThatCannotBeOpenedIsAnErrorNotAnException) {

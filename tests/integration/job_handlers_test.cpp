@@ -23,6 +23,7 @@
 #include "keel/store/handlers/webhook_handler.hpp"
 #include "keel/store/queue/queue.hpp"
 #include "keel/store/queue/queue_worker.hpp"
+#include "keel/text.hpp"
 #include "test_support.hpp"
 #include "waiting.hpp"
 
@@ -146,6 +147,22 @@ TEST(CommandHandler, ErrorEndsWithTheTailOfStderr) {
   const std::string tail = r.error.substr(std::string("exit status 2: ").size());
   EXPECT_EQ(tail.size(), 500u);
   EXPECT_TRUE(tail.ends_with("line 01998\nline 01999")) << tail;
+}
+
+// Stderr in other bytes than UTF-8, and a tail that starts inside a character: the report is text
+// the queue can store, cut on a character boundary, what is not UTF-8 replaced and counted.
+TEST(CommandHandler, AStderrTailThatIsNotUtf8IsStorableText) {
+  const AttemptReport latin1 = run(R"(printf 'Fehler: ung\374ltig\n' >&2; exit 1)");
+  EXPECT_EQ(latin1.error,
+            "exit status 1: Fehler: ung\xEF\xBF\xBDltig [1 byte that was not UTF-8 text replaced]");
+  // 601 bytes of "é" and "!": the last 500 start inside an "é", which is left out.
+  const AttemptReport cut = run(
+      R"(i=0; while [ $i -lt 300 ]; do printf '\303\251' >&2; i=$((i+1)); done; printf '!' >&2;)"
+      " exit 1");
+  std::string tail;
+  for (int i = 0; i < 249; ++i) tail += "\xC3\xA9";
+  EXPECT_EQ(cut.error, "exit status 1: " + tail + "!");
+  EXPECT_TRUE(keel::is_storable_text(cut.error));
 }
 
 TEST(CommandHandler, CommandThatIgnoresALargePayload) {
@@ -366,6 +383,48 @@ TEST(WebhookHandler, NamesItsDependencyAndRejectsANonHttpUrl) {
   keel::http::Client client(keel::store::webhook_client_options(5s));
   EXPECT_EQ(WebhookHandler(client, "http://127.0.0.1:9/hooks").dependency(), "127.0.0.1:9");
   EXPECT_THROW(WebhookHandler(client, "ftp://example.com/"), std::invalid_argument);
+  // What the client would refuse on every attempt is refused once, naming the field.
+  for (const std::string url :
+       {"http://127.0.0.1:9/M\xFCller", "http://a!b.test/", "http://127.0.0.1:99999/"}) {
+    try {
+      WebhookHandler handler(client, url);
+      ADD_FAILURE() << url;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(std::string(e.what()).starts_with("keel::store::WebhookHandler: url "))
+          << e.what();
+    }
+  }
+  // An internationalised host's breaker is its ASCII form's.
+  EXPECT_EQ(WebhookHandler(client,
+                           "http://b\xC3\xBC"
+                           "cher.example/")
+                .dependency(),
+            "xn--bcher-kva.example:80");
+}
+
+// The report of a failed response carries the start of its body as text the queue can store: at
+// most 200 bytes, cut on a character boundary, what is not UTF-8 replaced and counted.
+TEST(WebhookHandler, AResponseExcerptIsStorableTextWhateverTheBody) {
+  const auto report = [](std::string body) {
+    keel::http::Result r;
+    r.outcome = keel::classify_http_status(400, {keel::Method::kPost, true});
+    r.reason = keel::StopReason::kPermanent;
+    r.attempts = 1;
+    r.response = keel::http::Response{.status = 400, .body = std::move(body)};
+    return keel::store::report_of(r, "h:80").error;
+  };
+  EXPECT_EQ(report(std::string(199, 'x') + "\xC3\xA9"),
+            "HTTP 400 (permanent): " + std::string(199, 'x'));
+  EXPECT_EQ(report(std::string(200, 'x') + "tail"),
+            "HTTP 400 (permanent): " + std::string(200, 'x'));
+  EXPECT_EQ(report("ung\xFCltig"),
+            "HTTP 400 (permanent): ung\xEF\xBF\xBDltig [1 byte that was not UTF-8 text replaced]");
+  for (const std::string& body :
+       {std::string("a\0b", 3), std::string(300, '\xFF'), std::string("\xED\xA0\x80")}) {
+    const std::string error = report(body);
+    EXPECT_TRUE(keel::is_storable_text(error)) << error;
+    EXPECT_LE(error.size(), std::string("HTTP 400 (permanent): ").size() + 200);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

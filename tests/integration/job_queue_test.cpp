@@ -8,8 +8,10 @@
 #include <set>
 #include <thread>
 
+#include "keel/duration.hpp"
 #include "keel/store/queue/queue.hpp"
 #include "keel/store/queue/queue_worker.hpp"
+#include "keel/text.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {
@@ -275,6 +277,14 @@ TEST_P(JobQueueTest, InvalidConfigurationNamesTheTypeTheFieldAndTheValue) {
   EXPECT_NE(attempts.find("(got 0)"), std::string::npos) << attempts;
   EXPECT_EQ(what([] { (void)JobQueue({.lease = -5s}); }),
             "keel::store::QueueOptions: lease must be > 0 (got -5s)");
+  // A lease shorter than the millisecond its expiry is stored in has expired when it is taken.
+  for (const Duration lease : {Duration(1ns), Duration(999us)}) {
+    EXPECT_EQ(what([&] { (void)JobQueue({.lease = lease}); }),
+              "keel::store::QueueOptions: lease must be >= 1ms (lease expiries are stored in whole "
+              "milliseconds) (got " +
+                  format_duration(lease) + ")");
+  }
+  EXPECT_NO_THROW((void)JobQueue({.lease = 1ms}));
 
   JobQueue q = make_queue();
   EXPECT_EQ(what([&] { (void)q.lease(*conn_, "q", "w", 0); }),
@@ -417,6 +427,93 @@ TEST_P(JobQueueTest, PermanentFailureIsDeadAtOnceWithTheReason) {
   EXPECT_EQ(dead[0].id, job.id);
   EXPECT_EQ(dead[0].attempts, 1);
   EXPECT_EQ(dead[0].dead_reason, "permanent: HTTP 400: bad field");
+}
+
+// What a handler reports may be any bytes (a receiver's body, a command's stderr). Each outcome
+// is recorded, on both backends, as valid UTF-8 within the queue's 2000 bytes: PostgreSQL's TEXT
+// refuses the rest, and an outcome that cannot be recorded runs its job again.
+TEST_P(JobQueueTest, AnOutcomeIsRecordedWhateverTheBytesOfItsError) {
+  std::string long_text;
+  for (int i = 0; i < 1500; ++i) long_text += "\xC3\xA9";  // 3000 bytes of "é"
+  const std::pair<const char*, std::string> errors[] = {
+      {"Latin-1", "HTTP 400: Fehler: ung\xFCltig"},
+      {"a character cut", "HTTP 400: " + std::string(189, 'x') + "\xC3"},
+      {"a 4-byte character cut", "HTTP 400: \xF0\x9F\x98"},
+      {"NUL", std::string("exit status 1: a\0b", 18)},
+      {"overlong and surrogate", "exit status 1: \xC0\xAF \xED\xA0\x80"},
+      {"above U+10FFFF", "exit status 1: \xF4\x90\x80\x80"},
+      {"lone continuation bytes", "\x80\x81\x82"},
+      {"too long, cut inside a character", "x" + long_text},
+  };
+  JobQueue q = make_queue({.max_attempts = 2});
+  int n = 0;
+  for (const auto& [name, error] : errors) {
+    SCOPED_TRACE(name);
+    for (const OutcomeKind kind :
+         {OutcomeKind::kNotAttempted, OutcomeKind::kTransient, OutcomeKind::kPermanent}) {
+      SCOPED_TRACE(to_string(kind));
+      const std::string queue = "q" + std::to_string(++n);
+      const auto job = q.enqueue(*conn_, {.queue = queue, .payload = "{}"});
+      ASSERT_TRUE(job.ok()) << job.error;
+      auto l = q.lease(*conn_, queue, "w", 1);
+      ASSERT_EQ(l.size(), 1u);
+      Outcome outcome;
+      outcome.kind = kind;
+      CompleteResult r;
+      ASSERT_NO_THROW(
+          r = q.complete(*conn_, l[0].id, l[0].fence, {.outcome = outcome, .error = error}));
+      const std::optional<Job> stored = q.get(*conn_, job.id);
+      ASSERT_TRUE(stored.has_value());
+      ASSERT_FALSE(stored->history.empty());
+      const std::string& recorded = stored->history.back().error;
+      EXPECT_TRUE(is_storable_text(recorded)) << recorded;
+      EXPECT_LE(recorded.size(), 2000u);
+      if (kind == OutcomeKind::kPermanent) {
+        EXPECT_EQ(r.status, CompleteStatus::kDead);
+        EXPECT_EQ(stored->state, JobState::kDead);
+        EXPECT_TRUE(stored->dead_reason.starts_with("permanent: ")) << stored->dead_reason;
+        EXPECT_TRUE(is_storable_text(stored->dead_reason));
+        EXPECT_LE(stored->dead_reason.size(), 2000u);
+        EXPECT_EQ(r.dead_reason, stored->dead_reason);
+        EXPECT_EQ(stored->last_error, recorded);
+      } else {
+        EXPECT_EQ(r.status, kind == OutcomeKind::kTransient ? CompleteStatus::kRetryScheduled
+                                                            : CompleteStatus::kDeferred);
+        EXPECT_TRUE(is_storable_text(kind == OutcomeKind::kTransient ? stored->last_error
+                                                                     : stored->deferred_reason));
+      }
+    }
+  }
+  // A valid text is stored as it was; one that is not says how many bytes were replaced.
+  const auto job = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  auto l = q.lease(*conn_, "q", "w", 1);
+  ASSERT_EQ(l.size(), 1u);
+  (void)q.complete(*conn_, l[0].id, l[0].fence,
+                   {.outcome = Outcome::permanent(), .error = "HTTP 400: ung\xFCltig"});
+  EXPECT_EQ(q.get(*conn_, job.id)->dead_reason,
+            "permanent: HTTP 400: ung\xEF\xBF\xBDltig [1 byte that was not UTF-8 text replaced]");
+}
+
+// A payload is the user's data: one that is not UTF-8 is refused when it is enqueued, on both
+// backends, never stored to fail later.
+TEST_P(JobQueueTest, APayloadThatIsNotUtf8IsRefusedAtEnqueue) {
+  JobQueue q = make_queue();
+  for (const std::string& payload :
+       {std::string("{\"name\":\"M\xFCller\"}"), std::string("{\"a\":\"x\xC3\"}"),
+        std::string("{\"a\":\"\0\"}", 8)}) {
+    SCOPED_TRACE(payload);
+    const EnqueueResult r = q.enqueue(*conn_, {.queue = "q", .payload = payload});
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.error.rfind("payload is not UTF-8 text", 0), 0u) << r.error;
+  }
+  const auto batch = q.enqueue_many(
+      *conn_, {{.queue = "q", .payload = "{}"}, {.queue = "q", .payload = "[\"\xFF\"]"}});
+  EXPECT_FALSE(batch[0].ok());
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 0);
+  // JSON's own escapes stay text: "\u0000" and "\u00fc" are stored as written.
+  const auto escaped = q.enqueue(*conn_, {.queue = "q", .payload = R"({"a":"\u0000\u00fc"})"});
+  ASSERT_TRUE(escaped.ok()) << escaped.error;
+  EXPECT_EQ(q.get(*conn_, escaped.id)->payload, R"({"a":"\u0000\u00fc"})");
 }
 
 TEST_P(JobQueueTest, ReplayKeepsTheKeyAndResetsAttemptsDiscardRemoves) {

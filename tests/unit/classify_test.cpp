@@ -99,6 +99,12 @@ TEST(ClassifyNetwork, BeforeSendingEverythingIsTransient) {
   }
   EXPECT_EQ(keel::classify_network(keel::NetError::kDnsNotFound, false).kind,
             OutcomeKind::kPermanent);
+  // A URL the client cannot send is refused the same way on every attempt, sent or not.
+  for (const bool sent : {false, true}) {
+    const keel::Outcome o = keel::classify_network(keel::NetError::kUnusableUrl, sent);
+    EXPECT_EQ(o.kind, OutcomeKind::kPermanent);
+    EXPECT_FALSE(keel::is_dependency_failure(o.kind));
+  }
 }
 
 TEST(ClassifyNetwork, AfterSendingATimeoutOrResetIsAmbiguous) {

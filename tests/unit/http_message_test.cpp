@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "keel/classify.hpp"
 #include "keel/http/client.hpp"
+#include "keel/http/detail/attempt.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/url.hpp"
 
@@ -69,6 +71,110 @@ TEST(ParseUrl, RefusesMalformedUrlsSayingWhy) {
     EXPECT_FALSE(u.error().problem.empty()) << text;
     EXPECT_FALSE(keel::http::breaker_key(text)) << text;
   }
+}
+
+// A URL parse_url accepts is one libcurl can send: an internationalised host is converted to its
+// ASCII form here (libcurl's own conversion needs a UTF-8 locale, which a program that never
+// called setlocale does not have), and bytes that are not UTF-8 are refused.
+TEST(ParseUrl, ConvertsAnInternationalisedHostToItsAsciiForm) {
+  struct Case {
+    std::string text;
+    const char* host;
+    int port;
+    const char* converted;
+  };
+  for (const Case& c :
+       {Case{"http://b\xC3\xBC"
+             "cher.test/",
+             "xn--bcher-kva.test", 80, "http://xn--bcher-kva.test/"},
+        Case{"HTTPS://B\xC3\x9C"
+             "CHER.Example:8443/p?q=\xC3\xBC#f",
+             "xn--bcher-kva.example", 8443, "HTTPS://xn--bcher-kva.example:8443/p?q=\xC3\xBC#f"},
+        Case{"http://u:p@\xE4\xBE\x8B\xE3\x81\x88.jp/", "xn--r8jz45g.jp", 80,
+             "http://u:p@xn--r8jz45g.jp/"},
+        Case{"http://b\xC3\xBC"
+             "cher.localhost:9/hook",
+             "xn--bcher-kva.localhost", 9, "http://xn--bcher-kva.localhost:9/hook"}}) {
+    const auto u = parse_url(c.text);
+    ASSERT_TRUE(u.has_value()) << c.text << ": " << u.error().message();
+    EXPECT_EQ(u->host, c.host) << c.text;
+    EXPECT_EQ(u->port, c.port) << c.text;
+    EXPECT_EQ(u->converted, c.converted) << c.text;
+    // The converted URL is its own ASCII form, and has the same breaker key.
+    const auto again = parse_url(u->converted);
+    ASSERT_TRUE(again.has_value());
+    EXPECT_EQ(again->host, u->host);
+    EXPECT_TRUE(again->converted.empty());
+  }
+  EXPECT_EQ(keel::http::breaker_key("http://b\xC3\xBC"
+                                    "cher.test/"),
+            keel::http::breaker_key("http://xn--bcher-kva.test/"));
+  // A URL with an ASCII host is sent as given, UTF-8 in its path included.
+  const auto plain = parse_url(
+      "http://example.com/b\xC3\xBC"
+      "cher");
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_TRUE(plain->converted.empty());
+}
+
+TEST(ParseUrl, RefusesWhatLibcurlCannotSendNamingIt) {
+  struct Case {
+    std::string text;
+    const char* says;
+  };
+  for (const Case& c : {
+           Case{"http://b\xFC"
+                "cher.test/",
+                "byte 0xfc at byte 8 that is not UTF-8 (percent-encode "
+                "it: %FC)"},
+           Case{"http://example.com/\xFF", "byte 0xff at byte 19 that is not UTF-8"},
+           Case{"http://example.com/x?q=\xC3", "byte 0xc3 at byte 23 that is not UTF-8"},
+           Case{"http://example.com/\xED\xA0\x80", "that is not UTF-8"},  // a surrogate
+           Case{"http://example.com/\xC0\xAF", "that is not UTF-8"},      // an overlong '/'
+           Case{"http://\xCC\x81"
+                "a.test/",  // a label that starts with a combining mark
+                "that is not a valid internationalised domain name"},
+           Case{"http://a\xE2\x80\xA8"
+                "b.test/",  // a line separator
+                "that is not a valid internationalised domain name"},
+           Case{"http://a\xC2\xA0"
+                "b.test/",
+                "that is not a valid internationalised domain name"},
+           Case{"http://b\xC3\xBC cher.test/", "has a space at byte 10"},
+           Case{"http://b\xC3\xBC\x01.test/", "has a control character at byte 10"},
+           Case{"http://a!b.test/", "has a host 'a!b.test' that contains '!'"},
+           Case{"http://a,b.test/", "that contains ','"},
+           Case{"http://a(b).test/", "that contains '('"},
+           Case{"http://b\xC3\xBC"
+                "cher.test:65536/",
+                "out of range"},
+           Case{"http://" + std::string(61, 'a') + "." + std::string(61, 'b') + "." +
+                    std::string(61, 'c') + "." + std::string(61, 'd') + ".\xC3\xBC/",
+                "longer than"},
+       }) {
+    const auto u = parse_url(c.text);
+    ASSERT_FALSE(u) << c.text;
+    EXPECT_EQ(u.error().field, "URL");
+    EXPECT_NE(u.error().problem.find(c.says), std::string::npos)
+        << c.text << ": " << u.error().message();
+  }
+}
+
+// What libcurl says of a URL it cannot send is permanent: a retry meets the same refusal, and it
+// says nothing of the host's health, so no breaker counts it.
+TEST(NetErrorOf, ALibcurlRefusalOfTheUrlIsPermanentAndNoDependencyFailure) {
+  for (const CURLcode rc : {CURLE_URL_MALFORMAT, CURLE_UNSUPPORTED_PROTOCOL, CURLE_NOT_BUILT_IN}) {
+    const keel::NetError e = keel::http::detail::net_error_of(rc, 0);
+    EXPECT_EQ(e, keel::NetError::kUnusableUrl) << rc;
+    const keel::Outcome o = keel::classify_network(e, /*request_sent=*/false);
+    EXPECT_EQ(o.kind, keel::OutcomeKind::kPermanent) << rc;
+    EXPECT_FALSE(keel::is_dependency_failure(o.kind)) << rc;
+    EXPECT_EQ(keel::describe(o), "network: unusable URL (permanent)");
+  }
+  EXPECT_EQ(keel::http::detail::net_error_of(CURLE_COULDNT_RESOLVE_HOST, 0),
+            keel::NetError::kDnsNotFound);
+  EXPECT_EQ(keel::http::detail::net_error_of(CURLE_COULDNT_CONNECT, 0),
+            keel::NetError::kConnectionRefused);
 }
 
 TEST(HeaderField, ParsesCurlsFormAndRefusesInjection) {

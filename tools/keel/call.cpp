@@ -194,7 +194,7 @@ int run_call(const CallArgs& a) {
   if (auto url = http::parse_url(a.url); !url) return usage_error(url.error().message());
   const auto retry = parse_policy_flags("call", a.policy);
   if (!retry) return kExitUsage;
-  const auto connect = duration_flag("call", "--connect-timeout", a.connect_timeout, true);
+  const auto connect = duration_flag("call", "--connect-timeout", a.connect_timeout, kCurlTimeout);
   if (!connect) return kExitUsage;
   const auto hedge = parse_hedge_flags(a.hedge, a.max_hedges);
   if (!hedge) return kExitUsage;

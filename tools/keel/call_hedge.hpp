@@ -27,7 +27,10 @@ inline std::optional<std::optional<HedgeOptions>> parse_hedge_flags(const std::s
                            .message());
     return std::nullopt;
   }
-  const auto delay = duration_flag("call", "--hedge", hedge_flag, true);
+  // A hedge waits on a timer that counts whole milliseconds.
+  const auto delay = duration_flag(
+      "call", "--hedge", hedge_flag,
+      DurationRange{.min = std::chrono::milliseconds(1), .why_min = kWholeMilliseconds});
   if (!delay) return std::nullopt;
   HedgeOptions hedge{.delay = *delay};
   if (!max_hedges.empty()) {

@@ -12,6 +12,7 @@
 #include "keel/store/handlers/deferred_request.hpp"
 #include "keel/store/json/json_check.hpp"
 #include "keel/store/queue/dead_letters.hpp"
+#include "keel/text.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {
@@ -73,6 +74,9 @@ struct DlqArgs {
   bool dry_run = false;
 };
 
+// The slowest --rate N accepted, per its unit.
+constexpr double kMinRate = 0.001;
+
 // Parses --rate N/s, N/m or N/h into jobs per second; prints the error and returns nullopt.
 std::optional<double> parse_rate(const std::string& text) {
   const std::size_t slash = text.rfind('/');
@@ -86,6 +90,9 @@ std::optional<double> parse_rate(const std::string& text) {
     problem = "must be a decimal number of jobs per " + unit + " (N/" + unit + ")";
   } else if (*n <= 0) {
     problem = "must be greater than zero";
+  } else if (*n < kMinRate) {
+    // Slower, and the due times of a large replay would run past what a time can hold.
+    problem = "must be at least 0.001 jobs per " + unit;
   }
   if (!problem.empty()) {
     usage(Error{.field = "--rate", .problem = problem, .got = quote_value(text)}.message());
@@ -104,6 +111,13 @@ struct Selection {
 std::optional<Selection> parse_selection(const DlqArgs& a, const std::vector<std::int64_t>& ids) {
   Selection sel;
   sel.filter.queue = a.queue;
+  if (!is_storable_text(a.reason)) {
+    // Dead reasons are stored as UTF-8 text (keel::storable_text): such a TEXT matches none, and
+    // PostgreSQL refuses it.
+    usage(Error{.field = "--reason", .problem = "must be UTF-8 text", .got = quote_value(a.reason)}
+              .message());
+    return std::nullopt;
+  }
   sel.filter.reason_contains = a.reason;
   sel.filter.ids = ids;
   const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -153,15 +167,14 @@ int dry_run(const std::string& cmd, store::Connection& conn, const Selection& se
 std::optional<std::vector<std::int64_t>> parse_ids(const std::vector<std::string>& texts) {
   std::vector<std::int64_t> ids;
   for (const std::string& t : texts) {
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(t.c_str(), &end, 10);
-    if (t.empty() || end == nullptr || *end != '\0' || errno != 0 || v < 1) {
+    // Digits only: no sign, space or exponent.
+    const auto v = parse_count("job id", t, 1, INT64_MAX);
+    if (!v) {
       usage(Error{.field = "job id", .problem = "must be a positive integer", .got = quote_value(t)}
                 .message());
       return std::nullopt;
     }
-    ids.push_back(v);
+    ids.push_back(static_cast<std::int64_t>(*v));
   }
   return ids;
 }

@@ -83,4 +83,52 @@ inline Expected<Duration> parse_duration_flag(std::string_view flag, std::string
   return d;
 }
 
+/// The values a duration flag can honour, beyond parse_duration's syntax: a value the component
+/// would round to something else, or that would overflow where it is used, is refused with the
+/// reason instead of being misread.
+struct DurationRange {
+  /// Whether 0 is taken (a flag whose 0 means something: no delay, release at once).
+  bool zero = false;
+  /// The least value other than 0, and why it is the least.
+  Duration min = Duration(1);
+  std::string_view why_min;
+  /// The largest value, and why it is the largest.
+  Duration max = Duration::max();
+  std::string_view why_max;
+};
+
+/// What counts in whole milliseconds (the job queue's times, libcurl's timeouts, timers): a
+/// non-zero value below 1 ms would be read as 0 or as 1 ms.
+inline constexpr std::string_view kWholeMilliseconds = "it is counted in whole milliseconds";
+
+/// A timeout libcurl applies: from 1 ms to 596 h, the whole hours under its longest, 2^31-1 ms
+/// (about 24.8 days), beyond which it would be cut short silently.
+inline constexpr DurationRange kCurlTimeout{
+    .min = std::chrono::milliseconds(1),
+    .why_min = "libcurl counts timeouts in whole milliseconds",
+    .max = std::chrono::hours(596),
+    .why_max = "libcurl's longest timeout is 2^31-1 ms, about 24.8 days"};
+
+/// A duration value of `flag` within `range`: parse_duration_flag, then the range's bounds.
+/// Otherwise an Error naming the flag, the bound and why.
+inline Expected<Duration> parse_duration_flag(std::string_view flag, std::string_view text,
+                                              const DurationRange& range) {
+  auto d = parse_duration_flag(flag, text, !range.zero);
+  if (!d) return d;
+  const auto refuse = [&](std::string problem) {
+    return Error{
+        .field = std::string(flag), .problem = std::move(problem), .got = quote_value(text)};
+  };
+  if (*d != Duration::zero() && *d < range.min) {
+    return refuse("must be " + std::string(range.zero ? "0 or " : "") + "at least " +
+                  format_duration(range.min) +
+                  (range.why_min.empty() ? "" : " (" + std::string(range.why_min) + ")"));
+  }
+  if (*d > range.max) {
+    return refuse("must be at most " + format_duration(range.max) +
+                  (range.why_max.empty() ? "" : " (" + std::string(range.why_max) + ")"));
+  }
+  return d;
+}
+
 }  // namespace keel::cli

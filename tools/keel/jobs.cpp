@@ -23,8 +23,9 @@ using queue_cli::failure;
 
 int usage(const std::string& message) { return queue_cli::usage_error("jobs", message); }
 
-std::optional<Duration> duration_flag(const char* flag, const std::string& text, bool positive) {
-  auto d = parse_duration_flag(flag, text, positive);
+std::optional<Duration> duration_flag(const char* flag, const std::string& text,
+                                      const DurationRange& range) {
+  auto d = parse_duration_flag(flag, text, range);
   if (!d) {
     usage(d.error().message());
     return std::nullopt;
@@ -42,11 +43,13 @@ bool dead_letter_flags(const JobsArgs& a, store::QueueOptions& options) {
     }
     return true;
   }
-  const auto retention = duration_flag("--dead-letter-retention", a.dead_letter_retention, true);
+  const auto retention =
+      duration_flag("--dead-letter-retention", a.dead_letter_retention, kQueueDuration);
   if (!retention) return false;
   options.dead_letter_retention = *retention;
   if (!a.dead_letter_warning.empty()) {
-    const auto warning = duration_flag("--dead-letter-warning", a.dead_letter_warning, false);
+    const auto warning =
+        duration_flag("--dead-letter-warning", a.dead_letter_warning, kQueueDurationOrZero);
     if (!warning) return false;
     if (*warning >= *retention) {
       usage(Error{.field = "--dead-letter-warning",
@@ -105,7 +108,7 @@ int run_enqueue(const JobsArgs& a) {
   if (a.max_attempts < 1) {
     return usage("--max-attempts: must be at least 1, got " + std::to_string(a.max_attempts));
   }
-  const auto delay = duration_flag("--delay", a.delay, false);
+  const auto delay = duration_flag("--delay", a.delay, kQueueDurationOrZero);
   if (!delay) return kExitUsage;
   auto conn = queue_cli::open_queue_db(*url, /*create=*/true, nullptr);
   store::JobQueue queue({.max_attempts = a.max_attempts});

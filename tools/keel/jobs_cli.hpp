@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "flags.hpp"
 #include "keel/duration.hpp"
 #include "keel/store/db/database.hpp"
 #include "keel/store/queue/queue.hpp"
@@ -59,9 +60,25 @@ struct JobsArgs {
 /// Prints "keel jobs: MESSAGE" and returns kExitUsage.
 int usage(const std::string& message);
 
-/// Parses a duration flag (at least zero, or with `positive` greater than zero); prints the error
-/// naming the flag and returns nullopt otherwise.
-std::optional<Duration> duration_flag(const char* flag, const std::string& text, bool positive);
+/// What the queue's duration flags take: whole milliseconds (the queue stores its times in
+/// them), 0 only where it means something.
+inline constexpr DurationRange kQueueDuration{.min = std::chrono::milliseconds(1),
+                                              .why_min = kWholeMilliseconds};
+inline constexpr DurationRange kQueueDurationOrZero{
+    .zero = true, .min = std::chrono::milliseconds(1), .why_min = kWholeMilliseconds};
+
+/// The shortest --lease: the worker renews a lease every third of it, each renewal a database
+/// round trip, so a shorter one is lost while its job runs.
+inline constexpr DurationRange kLeaseDuration{
+    .min = std::chrono::milliseconds(100),
+    .why_min =
+        "a worker renews its leases every third of the lease, each renewal a database "
+        "round trip; a shorter lease is lost while its job runs"};
+
+/// Parses a duration flag within `range`; prints the error naming the flag and returns nullopt
+/// otherwise.
+std::optional<Duration> duration_flag(const char* flag, const std::string& text,
+                                      const DurationRange& range);
 
 /// The queue's dead-letter retention and warning window from --dead-letter-retention and
 /// --dead-letter-warning (into `options`); prints the error naming the flag and returns false when

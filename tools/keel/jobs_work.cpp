@@ -21,6 +21,7 @@
 #include "keel/budget.hpp"
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
+#include "keel/http/url.hpp"
 #include "keel/store/fleet/shared_breakers.hpp"
 #include "keel/store/handlers/command_handler.hpp"
 #include "keel/store/handlers/deferred_request.hpp"
@@ -44,9 +45,11 @@ int run_work(const JobsArgs& a) {
                      ? "work needs a handler: give --deliver URL or --exec CMD (or --deferred)"
                      : "--deliver, --exec and --deferred are mutually exclusive");
   }
-  if (!a.deliver.empty() && !a.deliver.starts_with("http://") &&
-      !a.deliver.starts_with("https://")) {
-    return usage("--deliver: URL '" + a.deliver + "' must start with http:// or https://");
+  if (!a.deliver.empty()) {
+    // The client's own check: a URL it cannot send is refused here, not dead-lettered per job.
+    if (auto parsed = http::parse_url(a.deliver); !parsed) {
+      return usage(parsed.error().in("--deliver").message());
+    }
   }
   std::optional<store::DatabaseUrl> share_url;
   if (a.share_breakers) {
@@ -69,58 +72,58 @@ int run_work(const JobsArgs& a) {
   if (a.batch < 1 || a.batch > 1000) {
     return usage("--batch: must be 1..1000, got " + std::to_string(a.batch));
   }
-  const auto lease = duration_flag("--lease", a.lease, true);
+  const auto lease = duration_flag("--lease", a.lease, kLeaseDuration);
   if (!lease) return kExitUsage;
-  const auto base = duration_flag("--backoff-base", a.backoff_base, true);
+  const auto base = duration_flag("--backoff-base", a.backoff_base, kQueueDuration);
   if (!base) return kExitUsage;
-  const auto cap = duration_flag("--backoff-cap", a.backoff_cap, true);
+  const auto cap = duration_flag("--backoff-cap", a.backoff_cap, kQueueDuration);
   if (!cap) return kExitUsage;
   if (*cap < *base) {
     return usage("--backoff-cap: must be at least --backoff-base (" + a.backoff_base + "), got '" +
                  a.backoff_cap + "'");
   }
-  const auto grace = duration_flag("--grace", a.grace, false);
+  const auto grace = duration_flag("--grace", a.grace, kQueueDurationOrZero);
   if (!grace) return kExitUsage;
   // --poll, when given, holds whatever wakes the worker: it is also the idle poll on PostgreSQL.
-  const auto poll = duration_flag("--poll", a.poll.empty() ? "100ms" : a.poll, true);
+  const auto poll = duration_flag("--poll", a.poll.empty() ? "100ms" : a.poll, kQueueDuration);
   if (!poll) return kExitUsage;
   const auto idle_poll = duration_flag("--idle-poll",
                                        !a.idle_poll.empty() ? a.idle_poll
                                        : !a.poll.empty()    ? a.poll
                                                             : "5s",
-                                       true);
+                                       kQueueDuration);
   if (!idle_poll) return kExitUsage;
   // --timeout bounds one HTTP request of --deliver and --deferred (30 s unless given) and, only
   // when given, one run of an --exec command: a command that has always run long is not cut
   // short by a default it never had.
   const bool timeout_given = !a.timeout.empty();
-  const auto timeout =
-      duration_flag("--timeout", timeout_given ? a.timeout : kDeliverTimeout, true);
+  const auto timeout = duration_flag("--timeout", timeout_given ? a.timeout : kDeliverTimeout,
+                                     a.exec.empty() ? kCurlTimeout : kQueueDuration);
   if (!timeout) return kExitUsage;
   // The queue's retries draw on a ratio budget (retries <= RATIO x first attempts in 10 s, plus
   // 10 a second): it refills with time, so a deferred job is never stuck behind it.
   std::optional<double> budget_ratio;
   if (a.retry_budget != "off") {
-    char* end = nullptr;
-    const double r = std::strtod(a.retry_budget.c_str(), &end);
-    if (a.retry_budget.empty() || end != a.retry_budget.c_str() + a.retry_budget.size() ||
-        !(r >= 0.0 && r <= 1000.0)) {
-      return usage("--retry-budget: expected a ratio in [0, 1000] or 'off', got '" +
-                   a.retry_budget + "'");
+    const auto r = parse_fraction("--retry-budget", a.retry_budget, 0.0, 1000.0);
+    if (!r) {
+      return usage(Error{.field = "--retry-budget",
+                         .problem = "must be a ratio from 0 to 1000 (a decimal number) or 'off'",
+                         .got = quote_value(a.retry_budget)}
+                       .message());
     }
-    budget_ratio = r;
+    budget_ratio = *r;
   }
-  const auto max_db_outage = duration_flag("--max-db-outage", a.max_db_outage, true);
+  const auto max_db_outage = duration_flag("--max-db-outage", a.max_db_outage, kQueueDuration);
   if (!max_db_outage) return kExitUsage;
   Duration max_age = kInfinite;
   if (!a.max_age.empty()) {
-    const auto d = duration_flag("--max-age", a.max_age, true);
+    const auto d = duration_flag("--max-age", a.max_age, kQueueDuration);
     if (!d) return kExitUsage;
     max_age = *d;
   }
   std::optional<Duration> retain;
   if (!a.retain_done.empty()) {
-    retain = duration_flag("--retain-done", a.retain_done, false);
+    retain = duration_flag("--retain-done", a.retain_done, kQueueDurationOrZero);
     if (!retain) return kExitUsage;
   }
   store::QueueOptions queue_options;
@@ -134,16 +137,14 @@ int run_work(const JobsArgs& a) {
     }
     metrics_host = a.metrics_listen.substr(0, colon);
     if (metrics_host.empty()) metrics_host = "127.0.0.1";
-    try {
-      std::size_t used = 0;
-      metrics_port = std::stoi(a.metrics_listen.substr(colon + 1), &used);
-      if (used != a.metrics_listen.size() - colon - 1) throw std::invalid_argument("trailing");
-    } catch (const std::exception&) {
-      metrics_port = -1;
+    const auto port = parse_count("--metrics-listen", a.metrics_listen.substr(colon + 1), 0, 65535);
+    if (!port) {
+      return usage(Error{.field = "--metrics-listen",
+                         .problem = "must be HOST:PORT with a PORT from 0 to 65535",
+                         .got = quote_value(a.metrics_listen)}
+                       .message());
     }
-    if (metrics_port < 0 || metrics_port > 65535) {
-      return usage("--metrics-listen: invalid port in '" + a.metrics_listen + "'");
-    }
+    metrics_port = static_cast<int>(*port);
   }
   if (!store::database_exists(*url)) {
     return usage("--db: database '" + url->redacted + "' does not exist (enqueue creates it)");

@@ -45,6 +45,22 @@ inline std::optional<Duration> duration_flag(const char* command, const char* fl
   return *d;
 }
 
+/// As above, within `range` (flags.hpp).
+inline std::optional<Duration> duration_flag(const char* command, const char* flag,
+                                             const std::string& text, const DurationRange& range) {
+  auto d = parse_duration_flag(flag, text, range);
+  if (!d) {
+    flag_error(command, d.error().message());
+    return std::nullopt;
+  }
+  return *d;
+}
+
+/// A deadline: at least 1 ms (a shorter one passes before the first attempt can start; keel's
+/// clocks and libcurl count whole milliseconds).
+inline constexpr DurationRange kDeadlineDuration{.min = std::chrono::milliseconds(1),
+                                                 .why_min = kWholeMilliseconds};
+
 /// Registers the seven policy flags on `sub`, bound to `flags`.
 inline void add_policy_flags(CLI::App* sub, PolicyFlags& flags) {
   sub->add_option("--max-attempts", flags.max_attempts, "Attempts in all, the first included")
@@ -66,9 +82,9 @@ inline void add_policy_flags(CLI::App* sub, PolicyFlags& flags) {
 /// retry_after_cap; the rest default). On an invalid value prints a message naming the flag and
 /// the value and returns nullopt; a RetryPolicy built from the result does not throw.
 inline std::optional<RetryOptions> parse_policy_flags(const char* command, const PolicyFlags& f) {
-  const auto deadline = duration_flag(command, "--deadline", f.deadline, true);
+  const auto deadline = duration_flag(command, "--deadline", f.deadline, kDeadlineDuration);
   if (!deadline) return std::nullopt;
-  const auto per_try = duration_flag(command, "--per-try-timeout", f.per_try_timeout, true);
+  const auto per_try = duration_flag(command, "--per-try-timeout", f.per_try_timeout, kCurlTimeout);
   if (!per_try) return std::nullopt;
   const auto base = duration_flag(command, "--backoff-base", f.backoff_base, true);
   if (!base) return std::nullopt;

@@ -4,9 +4,17 @@
 //
 // Accepted: an absolute URL whose scheme is http or https in any case, an authority with an
 // optional userinfo, a host (a registered name, an IPv4 address or a bracketed IPv6 literal) and
-// an optional port in 1..65535, then an optional path, query and fragment. Refused, with the
-// reason: another scheme, no host, an unclosed "[", a port that is empty of digits, zero, too
-// large or not a number, and any space or control character anywhere in the URL.
+// an optional port in 1..65535, then an optional path, query and fragment. A host name written in
+// UTF-8 ("bücher.example", an internationalised domain name) is converted to its ASCII form
+// ("xn--bcher-kva.example", IDNA2008 with UTS #46's mapping, by libidn2, whatever the process's
+// locale): that is the name keel sends, looks up and keys its breakers by (Url::converted).
+// Refused, with the reason: another scheme, no host, an unclosed "[", a host name with a
+// character libcurl refuses in one (RFC 3986's sub-delims "!$&'()*+,;=" among them), a port that
+// is empty of digits, zero, too large or not a number, any space or control character anywhere
+// in the URL, any byte that is not UTF-8 (a Latin-1 byte: percent-encode it), and a non-ASCII
+// host that is no valid internationalised name. So a URL parse_url accepts is one libcurl can
+// send: a refusal here is a usage error, never an attempt that fails the same way every time
+// (and should libcurl still refuse one, that is a permanent failure: NetError::kUnusableUrl).
 //
 // Thread-safety: pure functions.
 //
@@ -31,10 +39,14 @@ namespace keel::http {
 struct Url {
   /// "http" or "https", lower case.
   std::string scheme;
-  /// The host in lower case; an IPv6 literal keeps its brackets ("[::1]").
+  /// The host in lower case, an internationalised name in its ASCII form ("xn--..."); an IPv6
+  /// literal keeps its brackets ("[::1]").
   std::string host;
   /// The explicit port, or the scheme's default (80 or 443).
   int port = 0;
+  /// The URL as keel sends it when its host was converted to its ASCII form (the text with only
+  /// the host replaced); empty when the text is sent as given.
+  std::string converted;
 };
 
 /// Longest URL accepted, in bytes.

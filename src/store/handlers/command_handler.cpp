@@ -22,6 +22,7 @@
 
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/text.hpp"
 
 extern char** environ;
 
@@ -165,12 +166,13 @@ class Child {
     drain_stderr();
   }
 
-  /// The last 500 bytes of stderr, trailing newlines trimmed.
+  /// The end of stderr, trailing newlines trimmed, as text the queue can store: at most
+  /// CommandHandler::kStderrTailBytes from a character boundary, what is not UTF-8 replaced
+  /// (keel::storable_text).
   [[nodiscard]] std::string stderr_tail() const {
-    std::string tail = err_tail_;
-    while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.pop_back();
-    if (tail.size() > 500) tail = tail.substr(tail.size() - 500);
-    return tail;
+    std::string_view tail = err_tail_;
+    while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.remove_suffix(1);
+    return storable_text(tail, CommandHandler::kStderrTailBytes, Keep::kEnd);
   }
 
  private:

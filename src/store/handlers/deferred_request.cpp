@@ -15,6 +15,7 @@
 #include "keel/http/message.hpp"
 #include "keel/store/handlers/webhook_handler.hpp"
 #include "keel/store/json/json_check.hpp"
+#include "keel/text.hpp"
 
 namespace keel::store {
 namespace {
@@ -255,6 +256,23 @@ QueuedWrites::QueuedWrites(ConnectionPool& pool, const JobQueue& queue, QueuedWr
 
 Expected<http::Deferral> QueuedWrites::defer(const http::Request& request,
                                              std::string_view idempotency_key) {
+  // The payload is JSON, whose strings are UTF-8: a URL or header value in other bytes could only
+  // be stored altered, and the delivery would send something else. Refused, not queued.
+  if (!is_storable_text(request.url)) {
+    return Error{.context = "keel::store::QueuedWrites",
+                 .field = "URL",
+                 .problem = "is not UTF-8 text, which a deferred request cannot store"};
+  }
+  for (const auto& [name, value] : request.headers) {
+    if (!is_storable_text(value)) {
+      // The value is not quoted: it may be a credential.
+      return Error{.context = "keel::store::QueuedWrites",
+                   .field = "header " + quote_value(name),
+                   .problem =
+                       "has a value that is not UTF-8 text, which a deferred request "
+                       "cannot store"};
+    }
+  }
   try {
     auto conn = pool_->acquire();
     JobQueue::migrate(*conn);

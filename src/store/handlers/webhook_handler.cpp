@@ -9,7 +9,9 @@
 #include "keel/classify.hpp"
 #include "keel/expected.hpp"
 #include "keel/http/request.hpp"
+#include "keel/http/url.hpp"
 #include "keel/retry.hpp"
+#include "keel/text.hpp"
 
 namespace keel::store {
 
@@ -22,11 +24,10 @@ http::ClientOptions webhook_client_options(Duration timeout) {
 
 WebhookHandler::WebhookHandler(http::Client& client, std::string url)
     : client_(&client), url_(std::move(url)) {
-  if (!url_.starts_with("http://") && !url_.starts_with("https://")) {
-    throw_invalid({.context = "keel::store::WebhookHandler",
-                   .field = "url",
-                   .problem = "must start with http:// or https://",
-                   .got = quote_value(url_, 256)});
+  // The client's own check (http::parse_url): a URL it would refuse on every attempt is refused
+  // here, once, rather than dead-lettering each job.
+  if (auto parsed = http::parse_url(url_); !parsed) {
+    throw_invalid(std::move(parsed).error().in("url", "keel::store::WebhookHandler"));
   }
   dependency_ = http::breaker_key(url_).value_or(url_);
 }
@@ -63,7 +64,8 @@ AttemptReport report_of(const http::Result& r, std::string_view dependency) {
   std::string error = describe(r.outcome);
   if (!r.error.empty()) error += ": " + r.error;
   if (r.response && !r.response->body.empty()) {
-    error += ": " + r.response->body.substr(0, 200);
+    // Any bytes a receiver sent: cut on a character boundary, what is not UTF-8 replaced.
+    error += ": " + storable_text(r.response->body, kResponseExcerptBytes);
   }
   report.error = error;
   return report;

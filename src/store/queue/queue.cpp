@@ -269,6 +269,14 @@ JobQueue::JobQueue(QueueOptions options)
                    .problem = "must be > 0",
                    .got = format_duration(options_.lease)});
   }
+  if (options_.lease < std::chrono::milliseconds(1)) {
+    // Lease expiries are stored in whole milliseconds: a shorter lease is one that has expired
+    // when it is taken, and its job would run again while it runs.
+    throw_invalid({.context = std::string(kOptions),
+                   .field = "lease",
+                   .problem = "must be >= 1ms (lease expiries are stored in whole milliseconds)",
+                   .got = format_duration(options_.lease)});
+  }
   if (!options_.dead_letter_warning) {
     options_.dead_letter_warning =
         std::min<Duration>(std::chrono::hours(24), options_.dead_letter_retention / 2);

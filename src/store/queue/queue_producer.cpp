@@ -11,6 +11,7 @@
 #include "keel/store/db/dialect.hpp"
 #include "keel/store/json/json_check.hpp"
 #include "keel/store/queue/queue.hpp"
+#include "keel/text.hpp"
 #include "queue/detail/queue_sql.hpp"
 #include "queue/detail/queue_wakeup.hpp"
 
@@ -24,10 +25,18 @@ namespace {
 // Jobs per multi-row INSERT in enqueue_many (6 parameters each, under both backends' limits).
 constexpr std::size_t kEnqueueChunk = 500;
 
-// Nothing when the payload may be stored: JSON that passes the receiver's check_json with its
-// default limits (nesting depth 64, no member named twice in one object), so that a job is not
-// dead at its first delivery for a body the receiver refuses.
+// Nothing when the payload may be stored: UTF-8 text (RFC 8259's JSON, and what PostgreSQL's
+// TEXT stores) that passes the receiver's check_json with its default limits (nesting depth 64,
+// no member named twice in one object), so that a job is not dead at its first delivery for a
+// body the receiver refuses, and never refused by the database after it was accepted here.
 Expected<void> check_payload(const std::string& payload) {
+  if (!is_storable_text(payload)) {
+    return Error{.field = "payload",
+                 .problem =
+                     "is not UTF-8 text (JSON is UTF-8; send other bytes in a string, "
+                     "e.g. base64)",
+                 .got = quote_value(payload)};
+  }
   const JsonLimits limits;
   const JsonCheck checked = check_json(payload, limits);
   switch (checked.status) {

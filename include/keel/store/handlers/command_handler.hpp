@@ -6,7 +6,9 @@
 // permanent; a command killed by a signal (the OOM killer, a crash, someone's kill) is
 // transient, and so is a command stopped by its timeout or by cancellation, whatever it exited
 // with. The report's error is "exit status N", "killed by signal N", "timed out after D" or
-// "cancelled", followed by the last 500 bytes of the command's stderr.
+// "cancelled", followed by the end of the command's stderr: at most kStderrTailBytes (500), from
+// a character boundary, with bytes that are not UTF-8 (a Latin-1 message, a character cut by the
+// tail) replaced by U+FFFD and counted (keel::storable_text), so that the queue can store it.
 //
 // Each command runs in a process group of its own, and no process of that group outlives the
 // call: when the timeout passes or the worker raises the cancel flag (watched every 20 ms), the
@@ -32,6 +34,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <string>
 
 #include "keel/clock.hpp"
@@ -54,6 +57,8 @@ class CommandHandler {
   static constexpr std::chrono::milliseconds kWatchInterval{20};
   /// Between SIGTERM and SIGKILL to a command's process group.
   static constexpr std::chrono::milliseconds kKillAfter{250};
+  /// The longest end of stderr a report's error carries, in bytes.
+  static constexpr std::size_t kStderrTailBytes = 500;
 
   /// Throws std::invalid_argument when `command` is empty or `options.timeout` is not > 0.
   /// Requires: /bin/sh exists.

@@ -16,7 +16,8 @@
 //    "secret_headers": ["X-Api-Key"]}
 // The client's own header fields (Idempotency-Key, Keel-Attempt, Keel-Deadline-Ms) are not
 // stored; prior_attempts counts the attempts made before the request was deferred, so the
-// deliveries' Keel-Attempt goes on from them. A body that is not UTF-8 is stored in base64.
+// deliveries' Keel-Attempt goes on from them. A body that is not UTF-8 is stored in base64; a URL
+// or header value that is not UTF-8 text cannot be stored as it is (QueuedWrites refuses it).
 //
 // Credentials: the values of Authorization, Proxy-Authorization, Cookie and the fields named in
 // QueuedWritesOptions::secret_headers (listed in the payload's "secret_headers") ARE stored, in
@@ -66,7 +67,8 @@ inline constexpr std::string_view kDeferredRequestQueue = "deferred-http";
                                         std::span<const std::string> also = {});
 
 /// The job payload of `request` (the format above); `secret_headers` are listed in its
-/// "secret_headers" (when not empty). Throws std::bad_alloc only.
+/// "secret_headers" (when not empty). Requires: the URL and the header values are UTF-8 text
+/// (keel::is_storable_text); bytes that are not are stored as U+FFFD. Throws std::bad_alloc only.
 [[nodiscard]] std::string encode_deferred_request(const http::Request& request,
                                                   std::span<const std::string> secret_headers = {});
 
@@ -111,7 +113,9 @@ class QueuedWrites final : public http::DeferredWrites {
   /// first when the database has none). Returns the job's id as decimal text: kQueued for a new
   /// job; for a key already on the queue, kAlreadyQueued when that job's request has the same
   /// deferred_request_fingerprint, kKeyConflict when not (nothing stored). An Error with the
-  /// queue's or the database's message when nothing could be stored. Never throws.
+  /// queue's or the database's message when nothing could be stored, and one naming the field
+  /// when the URL or a header value is not UTF-8 text (a JSON payload cannot hold it as it is;
+  /// the value is not quoted). Never throws.
   [[nodiscard]] Expected<http::Deferral> defer(const http::Request& request,
                                                std::string_view idempotency_key) override;
 

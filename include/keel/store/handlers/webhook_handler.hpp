@@ -24,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -39,21 +40,28 @@ namespace keel::store {
 /// the client's defaults. Requires: timeout > 0.
 [[nodiscard]] http::ClientOptions webhook_client_options(Duration timeout);
 
+/// The longest excerpt of a failed response's body in a report, in bytes.
+inline constexpr std::size_t kResponseExcerptBytes = 200;
+
 /// The report of a job attempt whose request ended with `result`: kNotAttempted with why
 /// nothing was sent when nothing was ("circuit open for HOST:PORT, next probe in 4.9s");
-/// otherwise the outcome, with keel::describe of it, the client's error and the first 200 bytes
-/// of the response body for a failure. `dependency` names the host ("host:port").
+/// otherwise the outcome, with keel::describe of it, the client's error and the start of the
+/// response body (at most kResponseExcerptBytes) for a failure: cut on a character boundary, with
+/// bytes that are not UTF-8 replaced by U+FFFD and counted (keel::storable_text), so that a
+/// Latin-1 body or a character cut by the excerpt never keeps the queue from storing it.
+/// `dependency` names the host ("host:port").
 [[nodiscard]] AttemptReport report_of(const http::Result& result, std::string_view dependency);
 
 class WebhookHandler {
  public:
-  /// Throws std::invalid_argument naming the URL when it does not start with http:// or
-  /// https://. Requires: client outlives the handler (and every copy of it).
+  /// Throws std::invalid_argument naming the URL when http::parse_url refuses it (not http:// or
+  /// https://, a byte that is not UTF-8, a host libcurl cannot send to ...). Requires: client
+  /// outlives the handler (and every copy of it).
   WebhookHandler(http::Client& client, std::string url);
 
   /// Sends one POST for `job` (Content-Type: application/json, Keel-Job-Attempt: the job's
   /// attempt number). The report's error names a failure: keel::describe of the outcome, the
-  /// client's error and the first 200 bytes of the response body; for a deferral, why nothing
+  /// client's error and the start of the response body (report_of); for a deferral, why nothing
   /// was sent ("circuit open for HOST:PORT, next probe in 4.9s"). `cancel` is not watched: the
   /// client's timeout bounds the call. Never throws for a failed request.
   [[nodiscard]] AttemptReport operator()(const LeasedJob& job,

@@ -199,8 +199,10 @@ struct LeasedJob {
 struct EnqueueRequest {
   /// Requires: a valid queue name (check_queue_name).
   std::string queue;
-  /// Requires: a JSON document that a receiver's check_json (keel/store/json/json_check.hpp)
-  /// accepts with the default JsonLimits: nested at most 64 levels deep, no member named twice.
+  /// Requires: a JSON document in UTF-8 (no NUL byte; keel::is_storable_text) that a receiver's
+  /// check_json (keel/store/json/json_check.hpp) accepts with the default JsonLimits: nested at
+  /// most 64 levels deep, no member named twice. Other bytes are refused at enqueue, on every
+  /// backend.
   std::string payload;
   /// The job's idempotency key; empty: a new UUID (new_job_key). Requires: a key under keel's
   /// one rule (keel::check_idempotency_key: 1 to 255 bytes of visible ASCII without '"', ',' or
@@ -220,8 +222,9 @@ struct EnqueueResult {
   /// false: a job with this key already existed on this queue and nothing was written.
   bool created = true;
   /// When the request was refused (invalid queue, payload, key, attempts or delay; a payload
-  /// nested deeper than 64 levels is refused naming that limit): the Error's message, naming the
-  /// field and quoting the value, and nothing was written. Empty on success.
+  /// nested deeper than 64 levels is refused naming that limit, one that is not UTF-8 saying
+  /// so): the Error's message, naming the field and quoting the value, and nothing was written.
+  /// Empty on success.
   std::string error;
   [[nodiscard]] bool ok() const noexcept { return error.empty(); }
 };
@@ -326,7 +329,7 @@ struct QueueOptions {
   /// keel::BackoffOptions.
   BackoffOptions backoff = {.base = std::chrono::seconds(1), .cap = std::chrono::hours(1)};
   /// Lease duration: how long a leased job stays with its worker without a heartbeat.
-  /// Requires: > 0. Default 30 s.
+  /// Requires: >= 1 ms (expiries are stored in whole milliseconds). Default 30 s.
   Duration lease = std::chrono::seconds(30);
   /// Time source (wall_now) for run times, leases and history. Default keel::steady_clock().
   Clock* clock = nullptr;

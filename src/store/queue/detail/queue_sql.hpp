@@ -17,18 +17,22 @@
 #include "db/detail/commit.hpp"
 #include "keel/store/db/database.hpp"
 #include "keel/store/queue/queue.hpp"
+#include "keel/text.hpp"
 
 namespace keel::store::detail {
 
-// The longest error text stored with a job or an attempt.
+// The longest error text stored with a job or an attempt, in bytes.
 inline constexpr std::size_t kMaxErrorText = 2000;
 
 [[nodiscard]] inline std::int64_t to_ms(Duration d) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
 }
 
+// An error, reason or history text as the queue stores it: valid UTF-8 without NUL within
+// kMaxErrorText bytes (keel::storable_text), whatever bytes a handler reported, so that an
+// outcome is recorded on every backend (PostgreSQL's TEXT refuses the others).
 [[nodiscard]] inline std::string clip(std::string_view s) {
-  return std::string(s.substr(0, std::min(s.size(), kMaxErrorText)));
+  return storable_text(s, kMaxErrorText);
 }
 
 // Runs fn in one transaction, retrying lost races; throws DatabaseError when it cannot commit.
