@@ -25,5 +25,7 @@ Runner add_sim_serve(CLI::App& sim);
 Runner add_jobs(CLI::App& app);
 /// Registers `keel dlq` (the dead-letter queue: list, show, replay, discard, depth).
 Runner add_dlq(CLI::App& app);
+/// Registers `keel migrate` (create or upgrade keel's tables; needs keel::store).
+Runner add_migrate(CLI::App& app);
 
 }  // namespace keel::cli

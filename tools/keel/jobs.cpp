@@ -309,8 +309,16 @@ Runner add_jobs(CLI::App& app) {
                    "safety-net poll of an empty queue, jittered by +-50% and cut short when a "
                    "retry or delayed job is due (default: 5s, or --poll when given)");
   work->add_flag("--no-wakeups", args->no_wakeups,
-                 "PostgreSQL: do not LISTEN for the queue's notifications (e.g. behind a "
-                 "transaction-pooling proxy); poll every --poll instead");
+                 "PostgreSQL: do not LISTEN for the queue's notifications; poll every --poll "
+                 "instead");
+  work->add_option("--listen-db", args->listen_db,
+                   "PostgreSQL: a direct URL of the same database for LISTEN (the wake-ups, and "
+                   "--share-breakers), when --db goes through a transaction pooler "
+                   "(keel_pooler=transaction); without it such a worker polls");
+  work->add_option("--node-check", args->node_check,
+                   "PostgreSQL: how often (jittered) the listener checks that its node still "
+                   "takes writes, and follows a failover when not")
+      ->capture_default_str();
   work->add_option("--timeout", args->timeout,
                    "Limit of one attempt: one HTTP request of --deliver or --deferred (default "
                    "30s); one run of an --exec command, killed with its process group (default: "

@@ -22,6 +22,7 @@
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
 #include "keel/http/url.hpp"
+#include "keel/store/db/dialect.hpp"
 #include "keel/store/fleet/shared_breakers.hpp"
 #include "keel/store/handlers/command_handler.hpp"
 #include "keel/store/handlers/deferred_request.hpp"
@@ -51,6 +52,21 @@ int run_work(const JobsArgs& a) {
       return usage(parsed.error().in("--deliver").message());
     }
   }
+  std::optional<store::DatabaseUrl> listen_url;
+  if (!a.listen_db.empty()) {
+    auto parsed = store::parse_database_url(a.listen_db);
+    if (!parsed) return usage(parsed.error().in("--listen-db").message());
+    if (!store::dialect_of(parsed->backend).listen_notify() || parsed->transaction_pooler) {
+      return usage(Error{.field = "--listen-db",
+                         .problem = "must be a direct PostgreSQL URL (LISTEN needs a session of "
+                                    "its own, not a transaction pooler's)",
+                         .got = quote_value(parsed->redacted)}
+                       .message());
+    }
+    listen_url = std::move(*parsed);
+  }
+  const auto node_check = duration_flag("--node-check", a.node_check, kQueueDuration);
+  if (!node_check) return kExitUsage;
   std::optional<store::DatabaseUrl> share_url;
   if (a.share_breakers) {
     if (!a.exec.empty()) {
@@ -191,7 +207,8 @@ int run_work(const JobsArgs& a) {
     });
     if (share_url) {
       try {
-        shared_breakers = std::make_unique<store::SharedBreakers>(breakers, *share_url);
+        shared_breakers = std::make_unique<store::SharedBreakers>(
+            breakers, *share_url, store::SharedBreakersOptions{.listen_url = listen_url});
       } catch (const std::invalid_argument& e) {
         return usage(std::string("--share-breakers: ") + e.what());
       }
@@ -224,6 +241,8 @@ int run_work(const JobsArgs& a) {
   options.poll_interval = *poll;
   options.idle_poll = *idle_poll;
   options.wakeups = !a.no_wakeups;
+  options.listen_url = listen_url;
+  options.node_check = *node_check;
   options.grace = *grace;
   options.exit_when_idle = a.exit_when_idle;
   options.done_retention = retain;

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
       keel::cli::add_call,
 #endif
 #ifdef KEEL_CLI_JOBS
-      keel::cli::add_jobs,   keel::cli::add_dlq,
+      keel::cli::add_jobs,   keel::cli::add_dlq, keel::cli::add_migrate,
 #endif
   };
   return keel::cli::run_program(app, registrars, argc, argv);

@@ -383,6 +383,16 @@ struct SharedBreakers::RowRead {
   }
 };
 
+void SharedBreakers::migrate(Connection& connection) {
+  (void)store::migrate(connection, "breakers", kMigrations);
+}
+
+SchemaComponent SharedBreakers::schema() noexcept {
+  return {.name = "breakers",
+          .version = static_cast<int>(std::size(kMigrations)),
+          .migrate = &SharedBreakers::migrate};
+}
+
 SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
                                SharedBreakersOptions options)
     : registry_(registry),
@@ -768,7 +778,7 @@ void SharedBreakers::share(detail::Listener& listener) {
   listener.listen(kChannel);  // before the table is read: no change falls in between
   work_ =
       options_.open ? options_.open(url_, options_.connect) : open_database(url_, options_.connect);
-  migrate(*work_, "breakers", kMigrations);
+  SharedBreakers::migrate(*work_);
   // A member before anything else: a probe lease it takes is then never a stranger's.
   heartbeat();
   {

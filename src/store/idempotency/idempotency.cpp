@@ -273,6 +273,12 @@ void IdempotencyStore::migrate(Connection& connection) {
   store::migrate(connection, "idempotency", kMigrations);
 }
 
+SchemaComponent IdempotencyStore::schema() noexcept {
+  return {.name = "idempotency",
+          .version = static_cast<int>(std::size(kMigrations)),
+          .migrate = &IdempotencyStore::migrate};
+}
+
 std::int64_t IdempotencyStore::now_ms() const noexcept {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              clock_->wall_now().time_since_epoch())

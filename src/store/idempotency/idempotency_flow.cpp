@@ -590,10 +590,69 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     options_.log("the transaction of " + what(request) + " failed: " + tx.error);
     return finish(deadline_exceeded_response("while its transaction ran"));
   }
+  if (tx.status == TransactionStatus::kCommitInDoubt && held) {
+    // The COMMIT's answer was lost (a failover, a connection cut): the key's record, read on a
+    // new connection, says whether it applied.
+    if (std::optional<FlowResponse> settled = settle_in_doubt(request, scope, *key.key,
+                                                              fingerprint, bound, tx.error)) {
+      return finish(std::move(*settled));
+    }
+  }
   const DatabaseFailure failure = tx.status == TransactionStatus::kCommitInDoubt
                                       ? DatabaseFailure::kInDoubt
                                       : tx.failure.value_or(DatabaseFailure::kUnavailable);
   return failed(failure, "the transaction of " + what(request) + " failed: " + tx.error);
+}
+
+std::optional<FlowResponse> IdempotentRequestFlow::settle_in_doubt(
+    const FlowRequest& request, const std::string& scope, const std::string& key,
+    const std::string& fingerprint, Deadline bound, const std::string& error) const {
+  const IdempotencyStore& store = *options_.store;
+  // Tries until the request's bound, waiting core's full jitter between them: the database may
+  // take a moment to be back (a promotion).
+  static const RetryPolicy kSettle(
+      {.max_attempts = 10,
+       .backoff = {.base = std::chrono::milliseconds(50), .cap = std::chrono::seconds(1)}});
+  RetryState state(kSettle, {.clock = options_.clock, .ceiling = bound, .safe_to_repeat = true});
+  for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
+    Outcome outcome = Outcome::transient();
+    try {
+      auto lease = options_.pool->acquire(Deadline::after(steady_clock(), start.attempt.timeout));
+      Connection& c = *lease;
+      const bool pipelined = c.dialect().row_level_locks();
+      if (!pipelined) c.begin();
+      const Claim found = pipelined ? store.hold(c, scope, key, fingerprint, Isolation::kReadCommitted)
+                                    : store.hold(c, scope, key, fingerprint);
+      c.rollback();  // only read: a key not stored stays free for the client's retry
+      switch (found.status) {
+        case ClaimStatus::kReplay: {
+          options_.log("the commit of " + what(request) + " was in doubt (" + error +
+                       "); it applied");
+          return stored_answer(FlowOutcome::kExecuted, found.response);
+        }
+        case ClaimStatus::kClaimed: {
+          FlowResponse out = problem(
+              FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
+              "the database failed as the request committed, and nothing was stored; retry "
+              "with the same Idempotency-Key after the delay in Retry-After",
+              spread_retry_after_value(Duration::zero()));
+          out.error = "the commit of " + what(request) + " was in doubt (" + error +
+                      "); it did not apply";
+          options_.log(out.error);
+          return out;
+        }
+        case ClaimStatus::kInProgress:
+        case ClaimStatus::kMismatch:
+          return claimed_elsewhere(found);  // the client retried meanwhile, or another request
+      }
+    } catch (const DatabaseError& e) {
+      outcome = e.outcome();
+    }
+    const Decision decision = state.next(outcome);
+    if (!decision.retry) break;
+    state.clock().sleep_for(decision.delay);
+  }
+  return std::nullopt;  // unknown by the bound: answered as in doubt
 }
 
 FlowResponse IdempotentRequestFlow::claimed_elsewhere(const Claim& claim) const {

@@ -122,6 +122,12 @@ void ProcessedMessages::migrate(Connection& connection) {
                        std::span<const Migration>(std::begin(kMigrations), std::end(kMigrations)));
 }
 
+SchemaComponent ProcessedMessages::schema() noexcept {
+  return {.name = "processed",
+          .version = static_cast<int>(std::size(kMigrations)),
+          .migrate = &ProcessedMessages::migrate};
+}
+
 std::int64_t ProcessedMessages::now_ms() const noexcept {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              clock_->wall_now().time_since_epoch())

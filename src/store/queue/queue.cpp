@@ -288,6 +288,12 @@ void JobQueue::migrate(Connection& connection) {
                        std::span<const Migration>(std::begin(kMigrations), std::end(kMigrations)));
 }
 
+SchemaComponent JobQueue::schema() noexcept {
+  return {.name = "queue",
+          .version = static_cast<int>(std::size(kMigrations)),
+          .migrate = &JobQueue::migrate};
+}
+
 std::int64_t JobQueue::now_ms() const noexcept {
   return to_ms(clock_->wall_now().time_since_epoch());
 }

@@ -14,6 +14,7 @@
 #include "db/detail/listener.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/text.hpp"
 #include "queue/detail/worker_tx.hpp"
 
 namespace keel::store {
@@ -83,6 +84,22 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
   if (!handler_) {
     throw_invalid(
         {.context = "keel::store::Worker", .field = "handler", .problem = "must not be empty"});
+  }
+  if (options_.heartbeat_interval != Duration::zero() &&
+      options_.heartbeat_interval >= queue_.options().lease) {
+    // A lease would expire before its heartbeat: every job would be taken over as it runs.
+    reject("heartbeat_interval", "must be shorter than the queue's lease (" +
+                                     format_duration(queue_.options().lease) + ")",
+           format_duration(options_.heartbeat_interval));
+  }
+  if (options_.poll_interval < std::chrono::milliseconds(1)) {
+    reject("poll_interval", "must be >= 1ms", format_duration(options_.poll_interval));
+  }
+  if (!options_.worker_id.empty() &&
+      (!is_storable_text(options_.worker_id) || options_.worker_id.size() > 255)) {
+    // Stored as each lease's owner: text the database refuses would fail every lease.
+    reject("worker_id", "must be UTF-8 text without NUL, at most 255 bytes",
+           quote_value(options_.worker_id, 80));
   }
   if (options_.heartbeat_interval == Duration::zero()) {
     options_.heartbeat_interval =
@@ -200,6 +217,10 @@ void Worker::database_ok() {
 }
 
 void Worker::recorded(const WorkerEvent& event) {
+  {
+    std::lock_guard lock(mu_);
+    held_.erase(event.job.id);
+  }
   if (event.result.status != CompleteStatus::kStale) recorded_.fetch_add(1);
   // A brake that says when it will admit a call again (an open breaker's retry_in) pauses
   // leasing until then; one that cannot say (an empty retry budget) defers just this job.
@@ -261,6 +282,7 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
       {
         std::lock_guard lock(mu_);
         active_.erase(job.id);
+        held_.erase(job.id);
       }
       log("job " + std::to_string(job.id) + ": lease lost before it started; not run");
       if (options_.on_event) {
@@ -328,7 +350,10 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
                                                    options_.worker_id, options_.batch, 1);
     {
       std::lock_guard lock(mu_);
-      for (const LeasedJob& j : step.leased) active_[j.id] = j.fence;
+      for (const LeasedJob& j : step.leased) {
+        active_[j.id] = j.fence;
+        held_.insert(j.id);
+      }
     }
     *next = std::move(step.leased);
     event.result.status = step.current == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
@@ -416,6 +441,8 @@ void Worker::settle(std::optional<ConnectionPool::Lease>& conn,
         log("job " + std::to_string(u.event.job.id) +
             ": outcome not settled before the worker stopped (" + error +
             "); its lease expires and the sweep decides");
+        std::lock_guard lock(mu_);
+        held_.erase(u.event.job.id);
       }
       unrecorded.clear();
       return;
@@ -476,7 +503,10 @@ void Worker::slot_loop() {
           std::shared_lock gate(lease_gate_);
           jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch, 1);
           std::lock_guard lock(mu_);
-          for (const LeasedJob& job : jobs) active_[job.id] = job.fence;
+          for (const LeasedJob& job : jobs) {
+            active_[job.id] = job.fence;
+            held_.insert(job.id);
+          }
         }
         if (!jobs.empty() && woken) woken_leases_.fetch_add(1);
         woken = false;
@@ -507,6 +537,7 @@ void Worker::slot_loop() {
           {
             std::lock_guard lock(mu_);
             active_.erase(job.id);
+            held_.erase(job.id);
           }
           if (queue_.release(**conn, job.id, job.fence, "worker stopping; not started")) {
             released_.fetch_add(1);
@@ -555,7 +586,7 @@ void Worker::give_back_unknown_leases(std::optional<ConnectionPool::Lease>& conn
     const std::vector<LeasedJob> held = queue_.leases_of(**conn, options_.queue, options_.worker_id);
     std::lock_guard lock(mu_);
     for (const LeasedJob& job : held) {
-      if (active_.count(job.id) == 0) unknown.push_back(job);
+      if (held_.count(job.id) == 0) unknown.push_back(job);
     }
   }
   gate.unlock();
@@ -571,6 +602,7 @@ void Worker::give_back(std::optional<ConnectionPool::Lease>& conn,
     {
       std::lock_guard lock(mu_);
       active_.erase(job.id);
+      held_.erase(job.id);
     }
     try {
       if (!conn || !(*conn)->usable()) {

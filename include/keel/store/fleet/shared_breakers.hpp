@@ -153,6 +153,11 @@ class SharedBreakers {
   /// Detaches from the registry and stops the thread. Publications not yet written are dropped.
   ~SharedBreakers();
   SharedBreakers(const SharedBreakers&) = delete;
+  /// Creates or upgrades the tables (component "breakers" in keel_schema), as the background
+  /// thread does on first use. PostgreSQL only. Throws DatabaseError or SchemaVersionError.
+  static void migrate(Connection& connection);
+  /// The tables' schema component ("breakers"), for `keel migrate`.
+  [[nodiscard]] static SchemaComponent schema() noexcept;
   SharedBreakers& operator=(const SharedBreakers&) = delete;
 
   /// Waits until sharing (connected, listening, the fleet's state applied), refused (a newer

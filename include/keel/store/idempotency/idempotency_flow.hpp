@@ -285,6 +285,15 @@ class IdempotentRequestFlow {
   [[nodiscard]] std::string spread_retry_after_value(Duration wait) const;
   /// The answer to a claim that did not win: the replay, 422 or 409.
   [[nodiscard]] FlowResponse claimed_elsewhere(const Claim& claim) const;
+  /// After a COMMIT whose answer was lost: the key's record read on a new connection until
+  /// `bound` says whether it applied (this request's stored answer) or not (503 + Retry-After,
+  /// nothing stored); nullopt when the database did not say by then.
+  [[nodiscard]] std::optional<FlowResponse> settle_in_doubt(const FlowRequest& request,
+                                                           const std::string& scope,
+                                                           const std::string& key,
+                                                           const std::string& fingerprint,
+                                                           Deadline bound,
+                                                           const std::string& error) const;
 
   FlowOptions options_;
 };

@@ -130,6 +130,8 @@ class ProcessedMessages {
 
   /// Creates or upgrades the table (component "processed" in keel_schema). Throws DatabaseError.
   static void migrate(Connection& connection);
+  /// The records' schema component ("processed"), for `keel migrate`.
+  [[nodiscard]] static SchemaComponent schema() noexcept;
 
   /// Claims `message_id` and runs `effect` in one transaction, as described above: returns
   /// kProcessed, kDuplicate, kRolledBack or kFailed with the transaction's result; an Error

@@ -367,6 +367,8 @@ class JobQueue {
 
   /// Creates or upgrades the tables (component "queue" in keel_schema). Throws DatabaseError.
   static void migrate(Connection& connection);
+  /// The queue's schema component ("queue"), for `keel migrate`.
+  [[nodiscard]] static SchemaComponent schema() noexcept;
 
   // Producer: adding jobs (src/store/queue/queue_producer.cpp).
 

@@ -66,6 +66,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <optional>
 #include <string>
@@ -118,7 +119,8 @@ struct WorkerOptions {
   /// worker: on SQLite, and on PostgreSQL while its listener is down or with `wakeups` off.
   /// Requires: > 0. Default 100 ms.
   Duration poll_interval = std::chrono::milliseconds(100);
-  /// Time between heartbeats. Requires: >= 0; 0 means a third of the queue's lease. Default 0.
+  /// Time between heartbeats. Requires: >= 0, and shorter than the queue's lease; 0 means a
+  /// third of the queue's lease. Default 0.
   Duration heartbeat_interval{};
   /// After stop(): how long running handlers may take before their leases are released.
   /// Requires: >= 0. Default 10 s.
@@ -307,7 +309,11 @@ class Worker {
   std::condition_variable cv_;
   /// Leases held by running handlers: job id -> fence. Guarded by mu_.
   std::map<std::int64_t, std::int64_t> active_;
-  /// Held shared from a statement that leases jobs until they are in active_; held exclusively
+  /// Every lease this worker knows it holds, from the lease until its outcome is recorded (or
+  /// found recorded, or the job given back): active_ plus the jobs whose outcomes are being
+  /// recorded or settled. Guarded by mu_.
+  std::set<std::int64_t> held_;
+  /// Held shared from a statement that leases jobs until they are in held_; held exclusively
   /// to find leases the worker holds without knowing (a lease whose answer was lost).
   std::shared_mutex lease_gate_;
   /// Slot threads still running. Guarded by mu_.
