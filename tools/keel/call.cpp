@@ -139,6 +139,7 @@ int exit_status(StopReason reason) {
       return kExitNotSafe;
     case StopReason::kBudgetExhausted:
     case StopReason::kCircuitOpen:
+    case StopReason::kLimited:
       return kExitBrake;
     case StopReason::kCancelled:
       return kExitLocalError;
