@@ -167,6 +167,14 @@ class AdaptiveConcurrencyLimit {
     const auto ns = last_mean_ns_.load(std::memory_order_relaxed);
     return ns > 0 ? Duration(ns) : options_.window;
   }
+  /// Measures a call that holds no permit, for a caller that keeps its own in-flight count
+  /// (AdmissionLimiter): `in_flight` is that count when the call was admitted.
+  void observe(Duration latency, TimePoint now, std::int64_t in_flight) noexcept {
+    if (in_flight > peak_.load(std::memory_order_relaxed)) {
+      peak_.store(in_flight, std::memory_order_relaxed);
+    }
+    record(latency, now);
+  }
   [[nodiscard]] ConcurrencyLimitStats stats() const noexcept;
   [[nodiscard]] const ConcurrencyLimitOptions& options() const noexcept { return options_; }
 
@@ -178,6 +186,9 @@ class AdaptiveConcurrencyLimit {
 
   void on_release(Duration latency, TimePoint now) noexcept {
     in_flight_.fetch_sub(1, std::memory_order_release);
+    record(latency, now);
+  }
+  void record(Duration latency, TimePoint now) noexcept {
     const auto us = static_cast<std::uint64_t>(
         std::clamp<Duration::rep>(latency.count() / 1000, 0, (Duration::rep{1} << 30)));
     const std::uint64_t before =
