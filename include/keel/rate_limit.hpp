@@ -200,6 +200,9 @@ class RateLimitRegistry {
   /// Attaches a fleet (or detaches it: nullptr); limits built before and after use it.
   /// Requires: `fleet` outlives its attachment.
   void attach_fleet(RateLimitFleet* fleet);
+  /// Sets every limit's sharing and share (RateLimit::set_sharing, set_share), those built
+  /// later included. Called by the fleet when it starts or stops answering.
+  void set_fleet_state(bool sharing, double share);
   [[nodiscard]] const RateLimitOptions& defaults() const noexcept { return defaults_; }
 
  private:
@@ -209,6 +212,8 @@ class RateLimitRegistry {
   std::map<std::string, RateLimitOptions, std::less<>> options_;           // guarded by mu_
   std::map<std::string, std::shared_ptr<RateLimit>, std::less<>> limits_;  // guarded by mu_
   std::shared_ptr<RateLimit::FleetSlot> fleet_ = std::make_shared<RateLimit::FleetSlot>();
+  bool sharing_ = false;  // guarded by mu_
+  double share_ = 1.0;    // guarded by mu_
 };
 
 }  // namespace keel

@@ -239,8 +239,20 @@ std::shared_ptr<RateLimit> RateLimitRegistry::get(std::string_view key) {
   auto limit =
       std::make_shared<RateLimit>(o != options_.end() ? o->second : defaults_, std::string(key));
   limit->fleet_ = fleet_;
+  limit->sharing_ = sharing_;
+  limit->share_ = share_;
   limits_.emplace(std::string(key), limit);
   return limit;
+}
+
+void RateLimitRegistry::set_fleet_state(bool sharing, double share) {
+  std::lock_guard lock(mu_);
+  sharing_ = sharing;
+  share_ = std::clamp(share, 1e-6, 1.0);
+  for (const auto& [key, limit] : limits_) {
+    limit->set_sharing(sharing);
+    limit->set_share(share_);
+  }
 }
 
 std::shared_ptr<RateLimit> RateLimitRegistry::find(std::string_view key) const {
