@@ -51,9 +51,16 @@ struct RateLimitOptions {
   /// Calls per second allowed to the dependency (the whole fleet's, when shared). 0: no rate
   /// limit, only pauses. Requires: >= 0 and <= 1e6. Default 0.
   double rate_per_s = 0;
-  /// Slots that may be taken ahead of the schedule (a burst after a quiet spell). Requires:
-  /// >= 1 when rate_per_s > 0. Default 0: max(1, rate_per_s / 10), a tenth of a second's worth.
+  /// Slots that may be taken ahead of the schedule (a burst after a quiet spell): no window of
+  /// one second holds more than rate_per_s + burst calls. A dependency that counts its limit per
+  /// second answers 429 to what goes over it, so the default is the least. Requires: 0 or >= 1.
+  /// Default 0: 1.
   double burst = 0;
+  /// The part of the rate left unused, for the jitter between a call's slot and its arrival at
+  /// the dependency (a timer that wakes late, a busy network): calls are spaced at
+  /// rate_per_s x (1 - headroom), so that a dependency that counts strictly per second does not
+  /// see a late call and an early one in the same second. Requires: in [0, 0.5). Default 0.02.
+  double headroom = 0.02;
   /// The longest pause a Retry-After (or a fleet's row) can impose; a longer one is cut to this.
   /// Requires: > 0. Default 60 s.
   Duration max_pause = std::chrono::seconds(60);
@@ -138,6 +145,10 @@ class RateLimit {
 
   [[nodiscard]] const RateLimitOptions& options() const noexcept { return options_; }
   [[nodiscard]] const std::string& key() const noexcept { return key_; }
+  /// The rate calls are spaced at: rate_per_s x (1 - headroom).
+  [[nodiscard]] double spaced_rate() const noexcept {
+    return options_.rate_per_s * (1 - options_.headroom);
+  }
   /// The slots a chunk holds: max(1, min(1000, rate_per_s / 10)) (a tenth of a second).
   [[nodiscard]] std::int64_t chunk_size() const noexcept { return chunk_; }
   [[nodiscard]] RateLimitStats stats() const;

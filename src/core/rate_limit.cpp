@@ -30,8 +30,9 @@ void validate(const RateLimitOptions& o) {
     reject("rate_per_s", "in [0, 1e6]", text(o.rate_per_s));
   }
   if (!(o.burst == 0 || (o.burst >= 1 && o.burst <= 1e6))) {
-    reject("burst", "0 (a tenth of a second's worth) or in [1, 1e6]", text(o.burst));
+    reject("burst", "0 (one slot) or in [1, 1e6]", text(o.burst));
   }
+  if (!(o.headroom >= 0 && o.headroom < 0.5)) reject("headroom", "in [0, 0.5)", text(o.headroom));
   if (o.max_pause <= Duration::zero()) {
     reject("max_pause", "> 0", text(o.max_pause.count()) + " ns");
   }
@@ -48,9 +49,8 @@ RateLimit::RateLimit(RateLimitOptions options, std::string key)
     : options_(options), key_(std::move(key)) {
   validate(options_);
   if (options_.rate_per_s > 0) {
-    interval_ns_ = std::max<std::int64_t>(1, std::llround(1e9 / options_.rate_per_s));
-    const double burst =
-        options_.burst > 0 ? options_.burst : std::max(1.0, options_.rate_per_s / 10);
+    interval_ns_ = std::max<std::int64_t>(1, std::llround(1e9 / spaced_rate()));
+    const double burst = options_.burst > 0 ? options_.burst : 1.0;
     burst_ns_ = static_cast<std::int64_t>(burst * static_cast<double>(interval_ns_));
     chunk_ = std::clamp<std::int64_t>(std::llround(options_.rate_per_s / 10), 1, 1000);
   }
@@ -112,7 +112,7 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
           std::int64_t left = 0;
           for (const Chunk& c : chunks_) left += c.count - c.next;
           d = {.go = true, .wait = Duration(wait)};
-          if (left >= chunk_ || wanted_) return d;
+          if (2 * left >= chunk_ || wanted_) return d;  // half a chunk left: the next one
           wanted_ = true;
           next = Next::kWant;
         } else if (!leased) {

@@ -222,7 +222,11 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
         wait(d.wait);  // paused (its end plus jitter), or a slot came within the wait
         continue;
       }
-      if (d.wait > Duration::zero()) wait(d.wait);
+      if (d.wait > Duration::zero()) {
+        wait(d.wait);
+        // A pause that began while this call waited for its slot holds it too.
+        if (rate_->paused_until() > clock.now()) continue;
+      }
       slot_ = true;
     }
     if (concurrency_) {

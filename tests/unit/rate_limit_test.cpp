@@ -40,7 +40,7 @@ int busiest(std::vector<TimePoint> sent, Duration width) {
 
 TEST(RateLimit, SpacesCallsSoNoSecondHoldsMoreThanRatePlusBurst) {
   keel::Rng rng(1);
-  RateLimit limit({.rate_per_s = 50, .burst = 5});
+  RateLimit limit({.rate_per_s = 50, .burst = 5, .headroom = 0});
   std::vector<TimePoint> sent;
   TimePoint now{};
   // 400 callers arrive in bursts of 40 every 100 ms: 8 times the rate.
@@ -61,7 +61,7 @@ TEST(RateLimit, SpacesCallsSoNoSecondHoldsMoreThanRatePlusBurst) {
 
 TEST(RateLimit, AWaitLongerThanTheCallersTakesNoSlot) {
   keel::Rng rng(1);
-  RateLimit limit({.rate_per_s = 10, .burst = 1});
+  RateLimit limit({.rate_per_s = 10, .burst = 1, .headroom = 0});
   const TimePoint now{};
   EXPECT_TRUE(limit.reserve(now, 0ms, rng).go);  // the burst
   EXPECT_TRUE(limit.reserve(now, 0ms, rng).go);
@@ -121,7 +121,7 @@ class FakeFleet final : public keel::RateLimitFleet {
 
 TEST(RateLimit, SpendsTheFleetsChunksAndAsksForTheNextBeforeTheLastIsSpent) {
   keel::Rng rng(1);
-  RateLimitRegistry limits({.rate_per_s = 50, .burst = 1});
+  RateLimitRegistry limits({.rate_per_s = 50, .burst = 1, .headroom = 0});
   FakeFleet fleet;
   limits.attach_fleet(&fleet);
   auto limit = limits.get("api:443");
@@ -132,18 +132,21 @@ TEST(RateLimit, SpendsTheFleetsChunksAndAsksForTheNextBeforeTheLastIsSpent) {
   RateDecision d = limit->reserve(fleet.now, 1s, rng);
   EXPECT_TRUE(d.go);
   EXPECT_EQ(fleet.leases, 1);
-  EXPECT_EQ(fleet.wants, 1);              // 4 left, under a chunk: the next is asked for at once
+  EXPECT_EQ(fleet.wants, 0);  // 4 of 5 left
+  (void)limit->reserve(fleet.now, 1s, rng);
+  (void)limit->reserve(fleet.now, 1s, rng);
+  EXPECT_EQ(fleet.wants, 1);              // 2 left, under half a chunk: the next is asked for
   limit->add_chunk(fleet.now, 100ms, 5);  // the background lease's answer
   std::vector<Duration> waits;
-  for (int i = 0; i < 9; ++i) {
+  for (int i = 0; i < 7; ++i) {
     d = limit->reserve(fleet.now, 1s, rng);
     ASSERT_TRUE(d.go);
     waits.push_back(d.wait);
   }
   EXPECT_EQ(fleet.leases, 1);  // no call waited on the fleet again
-  EXPECT_EQ(waits[3], 80ms);   // the first chunk's last slot
-  EXPECT_EQ(waits[4], 100ms);  // the second chunk's first
-  EXPECT_EQ(waits[8], 180ms);
+  EXPECT_EQ(waits[1], 80ms);   // the first chunk's last slot
+  EXPECT_EQ(waits[2], 100ms);  // the second chunk's first
+  EXPECT_EQ(waits[6], 180ms);
   EXPECT_EQ(limit->stats().chunks, 2u);
   // A pause this process learnt is told to the fleet.
   EXPECT_TRUE(limit->pause(fleet.now, 5s));
@@ -154,7 +157,7 @@ TEST(RateLimit, SpendsTheFleetsChunksAndAsksForTheNextBeforeTheLastIsSpent) {
 
 TEST(RateLimit, WithoutAnAnswerFromTheFleetACallGoesOnItsShare) {
   keel::Rng rng(1);
-  RateLimitRegistry limits({.rate_per_s = 80, .burst = 1});
+  RateLimitRegistry limits({.rate_per_s = 80, .burst = 1, .headroom = 0});
   FakeFleet fleet;
   fleet.answer = false;
   limits.attach_fleet(&fleet);
@@ -176,7 +179,7 @@ TEST(RateLimit, WithoutAnAnswerFromTheFleetACallGoesOnItsShare) {
 
 TEST(RateLimit, SlotsThatPassedUnusedAreNotSavedUp) {
   keel::Rng rng(1);
-  RateLimit limit({.rate_per_s = 10, .burst = 1});
+  RateLimit limit({.rate_per_s = 10, .burst = 1, .headroom = 0});
   limit.set_sharing(true);
   limit.add_chunk(TimePoint{}, 0ms, 100);  // 10 s of the schedule
   const TimePoint later = TimePoint{} + 5s;
@@ -184,6 +187,19 @@ TEST(RateLimit, SlotsThatPassedUnusedAreNotSavedUp) {
   while (limit.reserve(later, 0ms, rng).go) ++at_once;
   EXPECT_LE(at_once, 2);  // the burst, not 5 s of saved slots
   EXPECT_GE(limit.stats().slots_lost, 48u);
+}
+
+TEST(RateLimit, LeavesItsHeadroomUnusedByDefault) {
+  keel::Rng rng(1);
+  RateLimit limit({.rate_per_s = 50});  // spaced at 49/s: 20.4 ms
+  std::vector<TimePoint> sent;
+  for (int i = 0; i < 200; ++i) {
+    const RateDecision d = limit.reserve(TimePoint{}, 60s, rng);
+    ASSERT_TRUE(d.go);
+    sent.push_back(TimePoint{} + d.wait);
+  }
+  EXPECT_LE(busiest(sent, 1s), 51);  // 49, the burst and its slot
+  EXPECT_DOUBLE_EQ(limit.spaced_rate(), 49.0);
 }
 
 TEST(RateLimit, RefusesInvalidOptionsByName) {
@@ -197,12 +213,13 @@ TEST(RateLimit, RefusesInvalidOptionsByName) {
   };
   refused({.rate_per_s = -1}, "rate_per_s");
   refused({.rate_per_s = 10, .burst = 0.5}, "burst");
+  refused({.rate_per_s = 10, .headroom = 0.5}, "headroom");
   refused({.max_pause = 0s}, "max_pause");
   refused({.release_spread = -1s}, "release_spread");
 }
 
 TEST(RateLimit, KeepsTheRateUnderThreads) {
-  RateLimit limit({.rate_per_s = 1000, .burst = 10});
+  RateLimit limit({.rate_per_s = 1000, .burst = 10, .headroom = 0});
   std::vector<std::thread> threads;
   std::vector<std::vector<TimePoint>> sent(4);
   for (int t = 0; t < 4; ++t) {

@@ -213,13 +213,14 @@ int run_work(const JobsArgs& a) {
     budget = std::make_unique<RatioBudget>(RatioBudgetOptions{.ratio = *budget_ratio});
   BreakerRegistry breakers;
   BreakerLog breaker_log(breakers);
-  std::unique_ptr<store::SharedBreakers> shared_breakers;
   // Each dependency's rate, and the pauses a 429 or 503 with Retry-After asks for: with
-  // --rate-limit, or with the fleet's sharing (pauses only, without --rate-limit).
+  // --rate-limit, or with the fleet's sharing (pauses only, without --rate-limit). Declared
+  // before the sharing, which detaches from it when destroyed.
   std::unique_ptr<RateLimitRegistry> rates;
   if ((rate || share_url) && (!a.deliver.empty() || a.deferred)) {
     rates = std::make_unique<RateLimitRegistry>(RateLimitOptions{.rate_per_s = rate.value_or(0)});
   }
+  std::unique_ptr<store::SharedBreakers> shared_breakers;
   if (!a.deliver.empty() || a.deferred) {
     breakers.add_listener([&](std::string_view key, BreakerState from, BreakerState to) {
       breaker_log.on_change(key, from, to);

@@ -750,10 +750,9 @@ void SharedBreakers::serve_leases() {
 void SharedBreakers::lease_one(const std::string& key) {
   const auto limit = options_.rate_limits->find(key);
   if (!limit || limit->options().rate_per_s <= 0 || !shareable(key)) return;
-  const double rate = limit->options().rate_per_s;
+  const double rate = limit->spaced_rate();
   const std::int64_t count = limit->chunk_size();
-  const double burst =
-      limit->options().burst > 0 ? limit->options().burst : std::max(1.0, rate / 10);
+  const double burst = limit->options().burst > 0 ? limit->options().burst : 1.0;
   const std::int64_t span_us = std::llround(static_cast<double>(count) * 1e6 / rate);
   const std::int64_t burst_us = std::llround(burst * 1e6 / rate);
   const std::int64_t max_pause_ms = to_ms(limit->options().max_pause);

@@ -134,8 +134,8 @@ struct SharedBreakersOptions {
   RateLimitRegistry* rate_limits = nullptr;
   /// How far ahead of now the fleet's schedule of a rate may be leased: a lease that would start
   /// later is refused, and the limit asks again when there is room. Requires: >= 100 ms.
-  /// Default 2 s.
-  Duration rate_horizon = std::chrono::seconds(2);
+  /// Default 1 s.
+  Duration rate_horizon = std::chrono::seconds(1);
   /// This process's name in the table and the notifications. Requires: no whitespace.
   /// Default "hostname:pid:random".
   std::string process;
