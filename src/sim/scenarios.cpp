@@ -536,6 +536,7 @@ std::optional<Duration> blip_threshold(std::string_view policy, Duration step, D
 }
 
 Report run_explorer_query(const ExplorerQuery& q) {
+  if (!q.scenario.empty()) return run_scenario(q.scenario, q.policy, q.seed);
   if (!q.fleet_breakers) return run_explorer(q.params, q.seed);
   if (q.params.outage < Duration::zero() || q.params.outage > seconds(60)) {
     throw_invalid({.context = "keel::sim::ExplorerParams",
@@ -581,7 +582,9 @@ Report run_explorer(const ExplorerParams& p, std::uint64_t seed) {
   std::string name = p.jitter ? "full-jitter" : "exponential";
   if (p.budget) name += "+budget";
   if (p.breaker) name += "+breaker";
-  const ClientPolicy policy = make_explorer_policy(p.jitter, p.budget, p.breaker, settings);
+  if (p.limit) name += "+adaptive-limit";
+  ClientPolicy policy = make_explorer_policy(p.jitter, p.budget, p.breaker, settings);
+  if (p.limit) policy.concurrency_limit = ConcurrencyLimitOptions{};
   return report_of(s, name, seed, run(s, policy, seed));
 }
 

@@ -218,6 +218,8 @@ struct ExplorerParams {
   bool jitter = true;
   bool budget = false;
   bool breaker = false;
+  /// An adaptive concurrency limit on the clients' calls (keel::AdaptiveConcurrencyLimit).
+  bool limit = false;
 };
 
 /// The explorer's query (GET /api/sim?fleet=&capacity=&outage_s=&attempts=&base_ms=&jitter=
@@ -227,11 +229,16 @@ struct ExplorerParams {
 /// parameter and its value ("fleet must be in [1, 100000] (got '500000')").
 /// With `fleet_breakers=per-pod` or `fleet_breakers=shared` the query asks for the fleet-outage
 /// scenario instead (its outage lasting outage_s; the other parameters are not used), with
-/// breakers per pod or shared by the fleet: fleet_breakers is then false or true.
+/// breakers per pod or shared by the fleet: fleet_breakers is then false or true. With
+/// `scenario=overload-3x` or `scenario=fleet-rate-limit` and `policy=` one of that scenario's
+/// policies (scenario_policies), it asks for that named run instead (the limits' comparisons).
+/// `limit` (a boolean) adds an adaptive concurrency limit to the explorer model's clients.
 struct ExplorerQuery {
   ExplorerParams params;
   std::uint64_t seed = 1;
   std::optional<bool> fleet_breakers;
+  std::string scenario;  // empty: the explorer model (or fleet_breakers)
+  std::string policy;    // with scenario
 };
 [[nodiscard]] Expected<ExplorerQuery> parse_explorer_query(
     const std::function<std::optional<std::string>(std::string_view name)>& get);
