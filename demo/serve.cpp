@@ -354,7 +354,6 @@ int run_serve(const ServeOptions& o) {
                         }});
   api.install(server);
 
-
   try {
     server.start();
   } catch (const boost::system::system_error& e) {

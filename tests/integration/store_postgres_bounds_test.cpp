@@ -40,7 +40,8 @@ class PostgresBounds : public ::testing::Test {
 
   [[nodiscard]] DatabaseUrl url(std::string_view extra = {}) const {
     std::string text = url_;
-    if (!extra.empty()) text += std::string(text.find('?') == std::string::npos ? "?" : "&") += extra;
+    if (!extra.empty())
+      text += std::string(text.find('?') == std::string::npos ? "?" : "&") += extra;
     return parse_database_url(text).value();
   }
 
@@ -206,8 +207,8 @@ TEST_F(PostgresBounds, BehindATransactionPoolerNothingOutlivesTheTransaction) {
 }
 
 TEST(PostgresUrl, KeelsPoolerParameterIsReadAndRemovedAndBadValuesAreRefused) {
-  const auto url =
-      parse_database_url("postgresql://u:pw@h1:5432,h2:5433/db?keel_pooler=transaction&sslmode=disable");
+  const auto url = parse_database_url(
+      "postgresql://u:pw@h1:5432,h2:5433/db?keel_pooler=transaction&sslmode=disable");
   ASSERT_TRUE(url);
   EXPECT_TRUE(url->transaction_pooler);
   EXPECT_EQ(url->target, "postgresql://u:pw@h1:5432,h2:5433/db?sslmode=disable");

@@ -38,7 +38,7 @@ struct JobsArgs {
   std::string poll;       // empty: 100ms, and the idle poll is --idle-poll's
   std::string idle_poll;  // empty: 5s, or --poll when that is given
   bool no_wakeups = false;
-  std::string listen_db;          // a direct URL for LISTEN beside --db through a pooler
+  std::string listen_db;           // a direct URL for LISTEN beside --db through a pooler
   std::string node_check = "10s";  // how often the listener checks its node takes writes
   // --share-breakers[=URL]: breakers shared through PostgreSQL (empty URL: --db).
   bool share_breakers = false;

@@ -48,7 +48,8 @@ std::vector<store::SchemaComponent> all_components(const store::DatabaseUrl& url
                                              store::IdempotencyStore::schema(),
                                              store::ProcessedMessages::schema()};
   // Fleet sharing needs notifications: PostgreSQL's.
-  if (store::dialect_of(url.backend).listen_notify()) out.push_back(store::SharedBreakers::schema());
+  if (store::dialect_of(url.backend).listen_notify())
+    out.push_back(store::SharedBreakers::schema());
   return out;
 }
 

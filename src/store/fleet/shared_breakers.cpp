@@ -711,10 +711,12 @@ void SharedBreakers::run() {
   if (url_.transaction_pooler && !options_.listen_url) {
     // A pooler lends its server connections a transaction at a time: LISTEN would stay on one of
     // them and its notifications reach whichever client holds it next.
-    notice("breakers are shared through LISTEN/NOTIFY, which a transaction pooler does not carry "
-           "(keel_pooler=transaction in " + url_.redacted +
-           "); give a direct URL to listen on (listen_url, keel jobs work --listen-db); until "
-           "then each process keeps its own breakers");
+    notice(
+        "breakers are shared through LISTEN/NOTIFY, which a transaction pooler does not carry "
+        "(keel_pooler=transaction in " +
+        url_.redacted +
+        "); give a direct URL to listen on (listen_url, keel jobs work --listen-db); until "
+        "then each process keeps its own breakers");
     {
       std::lock_guard lock(mu_);
       refused_.store(true);
