@@ -614,12 +614,12 @@ class PostgresConnection final : public Connection {
       if (!bounds_.send) return;
       sent(PQsendQueryParams(c_.conn_, c_.bounds_sql(bounds_).c_str(), 0, nullptr, nullptr, nullptr,
                              nullptr, 0));
-      pending_bounds_ = true;
+      ++pending_bounds_;
     }
     // Its result, read where it comes in the pipeline's order.
     void bounds_result(bool during_commit = false) {
-      if (!pending_bounds_) return;
-      pending_bounds_ = false;
+      if (pending_bounds_ == 0) return;
+      --pending_bounds_;
       Result r = read(during_commit);
       if (PQresultStatus(r.get()) != PGRES_TUPLES_OK) earlier_ = std::move(r);
     }
@@ -704,7 +704,7 @@ class PostgresConnection final : public Connection {
     std::vector<std::optional<std::string>> prepares_;
     Result earlier_;  // keel's own statement that failed before the statements it aborted
     bool open_ = true;
-    bool pending_bounds_ = false;
+    int pending_bounds_ = 0;  // set_config results not read yet
   };
 
   // Writes what libpq holds to the socket, each wait for room at most `wait`.
