@@ -22,11 +22,13 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <utility>
 
 #include "commands.hpp"
 #include "keel/admission.hpp"
+#include "keel/backoff.hpp"
 #include "keel/duration.hpp"
 #include "keel/faults/chaos.hpp"
 #include "keel/metrics/metrics.hpp"
@@ -354,7 +356,6 @@ int run_serve(const ServeOptions& o) {
                         }});
   api.install(server);
 
-
   try {
     server.start();
   } catch (const boost::system::system_error& e) {
@@ -373,15 +374,23 @@ int run_serve(const ServeOptions& o) {
   std::condition_variable sweep_cv;
   bool swept_out = false;  // guarded by sweep_mu: the sweeper has returned
   std::thread sweeper([&] {
+    // Every --sweep-interval, jittered (the processes of a fleet sweep at spread times), and
+    // after a failure core's backoff up to that interval.
+    PeriodicSchedule schedule(
+        *sweep, {.base = std::min<Duration>(std::chrono::seconds(1), *sweep), .cap = *sweep},
+        (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}());
+    Duration wait = schedule.after_success();
     std::unique_lock lock(sweep_mu);
-    while (!sweep_cv.wait_for(lock, *sweep, [&] { return stopping.load(); })) {
+    while (!sweep_cv.wait_for(lock, wait, [&] { return stopping.load(); })) {
       lock.unlock();
       try {
         auto conn = pool.acquire();
         while (idempotency.purge_expired(*conn) >= idempotency.options().purge_batch) {
         }
+        wait = schedule.after_success();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "keel-demo serve: idempotency sweep failed: %s\n", e.what());
+        wait = schedule.after_failure();
       }
       lock.lock();
     }

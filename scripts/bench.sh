@@ -22,7 +22,8 @@
 # available". scripts/bench-beast.sh (the idempotency layer on the Boost.Beast server) writes
 # raw/beast.txt, a markdown table of its own, when keel_bench_beast_serve was built and wrk is
 # installed. scripts/patroni-drill.sh (keel across a Patroni switchover and a killed leader) writes
-# raw/patroni.txt when patroni and etcd are installed.
+# raw/patroni.txt when patroni and etcd are installed. scripts/bench-pooler.sh (a hundred
+# workers through PgBouncer) writes raw/pooler.txt when pgbouncer is installed.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -233,6 +234,20 @@ else
   if ! timeout 600 "$root/scripts/patroni-drill.sh" --build-dir "$build_dir" >"$raw/patroni.txt" \
     2>"$raw/patroni.stderr.txt"; then
     skip patroni "scripts/patroni-drill.sh failed (see raw/patroni.stderr.txt)"
+  fi
+fi
+
+# A fleet through PgBouncer: 100 worker processes of 4 slots on a pool of 20 server connections
+# (scripts/bench-pooler.sh; raw/pooler.txt holds its figures).
+if ((smoke)); then
+  skip pooler "not run in smoke mode (a hundred worker processes)"
+elif ! command -v pgbouncer >/dev/null; then
+  skip pooler "pgbouncer is not installed (scripts/bootstrap.sh --test)"
+else
+  log "pooler: running scripts/bench-pooler.sh"
+  if ! timeout 600 "$root/scripts/bench-pooler.sh" "$build_dir" >"$raw/pooler.txt" \
+    2>"$raw/pooler.stderr.txt"; then
+    skip pooler "scripts/bench-pooler.sh failed (see raw/pooler.stderr.txt)"
   fi
 fi
 

@@ -51,7 +51,8 @@
 # KEEL_PG_DURABLE=1. Each node has the database keel_drill, owned by the role keel (LOGIN, no
 # superuser, no CREATEDB, no CREATEROLE), which every URL printed here uses; the harness's own
 # actions connect as postgres over the Unix socket. STATE_DIR holds the ports, the URLs and
-# which node is the primary. PGC_TRACE=1 traces every command, with the time, to stderr.
+# which node is the primary. PGC_TRACE=1 traces every command, with the time, to stderr;
+# PGC_MAX_CONNECTIONS sets the servers' max_connections (default 200).
 set -euo pipefail
 [[ -n "${PGC_TRACE:-}" ]] && { PS4='+ $(date +%s.%N | cut -c1-14) '; set -x; }
 
@@ -115,7 +116,8 @@ postmaster_pid() {
 # The node's server options: fast unless durable.
 node_options() {
   local name=$1 port=$2 base=$3
-  local opts="-p $port -k $base/$name -c listen_addresses=127.0.0.1 -c max_connections=200"
+  local opts="-p $port -k $base/$name -c listen_addresses=127.0.0.1"
+  opts+=" -c max_connections=${PGC_MAX_CONNECTIONS:-200}"
   opts+=" -c wal_level=replica -c max_wal_senders=5 -c hot_standby=on -c cluster_name=$name"
   # A standby whose primary died looks for WAL again every wal_retrieve_retry_interval (5 s by
   # default), and a promotion asked for in between was seen to wait for it.

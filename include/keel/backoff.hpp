@@ -85,6 +85,66 @@ class Backoff {
 /// uniform[lo, hi) in nanoseconds; lo when hi <= lo.
 [[nodiscard]] Duration uniform_duration(Duration lo, Duration hi, BitGenRef gen) noexcept;
 
+/// The retries of one thing that keeps failing (a reconnect loop, a task that cannot run): each
+/// next() is the Backoff's delay for one more failure in a row, drawn from the sequence's own
+/// generator; reset() once it works again, so that the next failure starts from the first
+/// ceiling (gRPC's BackOff: NextAttemptDelay and Reset). It keeps the failures in a row and the
+/// previous delay, which every loop over a stateless Backoff otherwise keeps by hand.
+///
+/// Thread-safety: not thread-safe; one per loop, or guarded by the loop's own mutex.
+///
+/// Example:
+///   keel::BackoffSequence reconnect({.base = 100ms, .cap = 5s}, seed);
+///   while (!stopping) {
+///     if (try_connect()) { reconnect.reset(); serve(); continue; }
+///     wait_for(reconnect.next());          // in [0, 100ms), then [0, 200ms) ...
+///   }
+class BackoffSequence {
+ public:
+  /// Throws std::invalid_argument as Backoff does.
+  explicit BackoffSequence(BackoffOptions options = {}, std::uint64_t seed = 1);
+
+  /// The delay before the next try after one more failure in a row.
+  [[nodiscard]] Duration next() noexcept;
+  /// It worked: failures() is 0 again and the next delay is drawn under the first ceiling.
+  void reset() noexcept;
+  /// Failures in a row so far (next() calls since the last reset()).
+  [[nodiscard]] int failures() const noexcept { return failures_; }
+
+ private:
+  Backoff backoff_;
+  Rng rng_;
+  int failures_ = 0;
+  Duration previous_{};
+};
+
+/// When a periodic task (a heartbeat, a prune, a poll, a check) runs next: after a success, its
+/// interval with ±50% jitter (jittered()), so that the processes of a fleet do not do it in
+/// step; after a failure, the backoff's next delay, and the backoff starts over at the first
+/// success. The one building block of keel's background loops; the loop itself (a thread, a
+/// timer on an event loop) waits for the delay it is given.
+///
+/// Thread-safety: not thread-safe; one per loop.
+class PeriodicSchedule {
+ public:
+  /// `interval`: the mean wait between successful runs. Requires: > 0. Throws
+  /// std::invalid_argument naming the field, or as Backoff does for `on_failure`.
+  PeriodicSchedule(Duration interval, BackoffOptions on_failure, std::uint64_t seed = 1);
+
+  /// The wait after a run that worked.
+  [[nodiscard]] Duration after_success() noexcept;
+  /// The wait after a run that failed (one more in a row).
+  [[nodiscard]] Duration after_failure() noexcept;
+  /// Failures in a row so far.
+  [[nodiscard]] int failures() const noexcept { return failures_.failures(); }
+  [[nodiscard]] Duration interval() const noexcept { return interval_; }
+
+ private:
+  Duration interval_;
+  BackoffSequence failures_;
+  Rng rng_;
+};
+
 /// A periodic wait with ±50% jitter: uniform[interval / 2, interval × 3/2), so that the
 /// processes of a fleet that started together (or were all woken by one event) spread their
 /// periodic work instead of doing it in step. The mean is `interval`. Zero or negative: zero.

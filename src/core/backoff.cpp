@@ -1,6 +1,8 @@
 #include "keel/backoff.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -111,5 +113,34 @@ Duration jittered(Duration interval, BitGenRef gen) noexcept {
   const Duration half = interval / 2;
   return uniform_duration(half, saturating_add(interval, half), gen);
 }
+
+BackoffSequence::BackoffSequence(BackoffOptions options, std::uint64_t seed)
+    : backoff_(options), rng_(seed) {}
+
+Duration BackoffSequence::next() noexcept {
+  // Past 62 retries every ceiling is the cap: the count goes on, the exponent need not.
+  previous_ = backoff_.delay(std::min(failures_, 62), previous_, rng_);
+  if (failures_ < std::numeric_limits<int>::max()) ++failures_;
+  return previous_;
+}
+
+void BackoffSequence::reset() noexcept {
+  failures_ = 0;
+  previous_ = Duration::zero();
+}
+
+PeriodicSchedule::PeriodicSchedule(Duration interval, BackoffOptions on_failure, std::uint64_t seed)
+    : interval_(interval), failures_(on_failure, seed), rng_(seed ^ 0x9e3779b97f4a7c15ULL) {
+  if (interval <= Duration::zero()) {
+    detail::reject("PeriodicSchedule", "interval", "> 0", format_duration(interval));
+  }
+}
+
+Duration PeriodicSchedule::after_success() noexcept {
+  failures_.reset();
+  return jittered(interval_, rng_);
+}
+
+Duration PeriodicSchedule::after_failure() noexcept { return failures_.next(); }
 
 }  // namespace keel

@@ -19,9 +19,9 @@
 #include <utility>
 #include <vector>
 
+#include "build_kind.hpp"
 #include "keel/random.hpp"
 #include "keel/store/db/dialect.hpp"
-#include "build_kind.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

@@ -97,8 +97,8 @@ TEST_P(LeastPrivilege, ARoleWithDmlRightsOnlyRunsEveryProgramOverAMigratedDataba
     auto dml = open_database(parse_database_url(dml_url_).value());
     EXPECT_THROW(dml->execute("CREATE TABLE probe (id INTEGER)"), DatabaseError);
   }
-  const CmdResult enqueued = keel({"jobs", "--db", dml_url_, "enqueue", "--queue", "q",
-                                   "--payload", "{}", "--max-attempts", "1"});
+  const CmdResult enqueued = keel({"jobs", "--db", dml_url_, "enqueue", "--queue", "q", "--payload",
+                                   "{}", "--max-attempts", "1"});
   ASSERT_EQ(enqueued.status, 0) << enqueued.err;
   const CmdResult worked = keel({"jobs", "--db", dml_url_, "work", "--queue", "q", "--exec",
                                  "exit 1", "--poll", "10ms", "--exit-when-idle"});
@@ -124,8 +124,9 @@ TEST_P(LeastPrivilege, ARoleWithDmlRightsOnlyRunsEveryProgramOverAMigratedDataba
                                     .scope_secret = "0123456789abcdef0123456789abcdef",
                                     .log = [](std::string_view) {}});
   const FlowResponse r = flow.run(
-      {.method = "POST", .path = "/x", .idempotency_key = "k1", .body = "{}"},
-      [](Connection&) { return StoredResponse{201, {}, "{}"}; });
+      {.method = "POST", .path = "/x", .idempotency_key = "k1", .body = "{}"}, [](Connection&) {
+        return StoredResponse{201, {}, "{}"};
+      });
   EXPECT_EQ(r.outcome, FlowOutcome::kExecuted) << r.error;
 }
 

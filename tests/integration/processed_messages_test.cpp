@@ -6,14 +6,13 @@
 
 #include <gtest/gtest.h>
 
-#include <stdexcept>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 

@@ -40,7 +40,8 @@ class PostgresBounds : public ::testing::Test {
 
   [[nodiscard]] DatabaseUrl url(std::string_view extra = {}) const {
     std::string text = url_;
-    if (!extra.empty()) text += std::string(text.find('?') == std::string::npos ? "?" : "&") += extra;
+    if (!extra.empty())
+      text += std::string(text.find('?') == std::string::npos ? "?" : "&") += extra;
     return parse_database_url(text).value();
   }
 
@@ -205,9 +206,49 @@ TEST_F(PostgresBounds, BehindATransactionPoolerNothingOutlivesTheTransaction) {
   EXPECT_GT(direct->query("SELECT COUNT(*) FROM pg_prepared_statements").integer(0, 0), 0);
 }
 
+// The exchanges that send several statements in one pipeline keep their results in order when
+// the bounds' set_config goes with them: behind a pooler (every transaction) and directly with a
+// deadline tighter than the session's timeouts.
+TEST_F(PostgresBounds, EveryPipelinedExchangeCarriesItsBoundsInOrder) {
+  for (const bool pooled : {true, false}) {
+    SCOPED_TRACE(pooled ? "keel_pooler=transaction" : "direct, with a deadline");
+    auto conn = open_database(url(pooled ? "keel_pooler=transaction" : ""),
+                              {.busy_timeout = 4000ms, .statement_timeout = 4000ms});
+    if (!pooled) conn->set_deadline(Deadline::after(steady_clock(), 2000ms));
+    admin_->execute("DELETE FROM t");
+    // A statement, then BEGIN: two implicit transactions, two bounds.
+    const Rows first = conn->query_then_begin("INSERT INTO t (id, v) VALUES (10, 'a') RETURNING id",
+                                              std::vector<Value>{});
+    EXPECT_EQ(first.integer(0, 0), 10);
+    ASSERT_TRUE(conn->in_transaction());
+    const std::string in_tx = conn->query("SHOW statement_timeout").text(0, 0);
+    EXPECT_EQ(in_tx, pooled ? "4s" : conn->query("SHOW statement_timeout").text(0, 0));
+    if (!pooled) {
+      EXPECT_NE(in_tx, "4s") << "the deadline, tighter than the session's 4 s, was sent";
+    }
+    // The last statement with COMMIT.
+    const Rows last = conn->query_then_commit("INSERT INTO t (id, v) VALUES (11, 'b') RETURNING v",
+                                              std::vector<Value>{});
+    EXPECT_EQ(last.text(0, 0), "b");
+    EXPECT_FALSE(conn->in_transaction());
+    // BEGIN and statements together.
+    const Value id = 12;
+    const Statement statements[] = {
+        {"INSERT INTO t (id, v) VALUES ($1, 'c')", {&id, 1}},
+        {"SELECT COUNT(*) FROM t", {}},
+    };
+    const std::vector<Rows> rows = conn->begin_then_query(Isolation::kReadCommitted, statements);
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_EQ(rows[1].integer(0, 0), 3);
+    conn->commit();
+    EXPECT_EQ(admin_->query("SELECT COUNT(*) FROM t").integer(0, 0), 3);
+    EXPECT_FALSE(conn->broken());
+  }
+}
+
 TEST(PostgresUrl, KeelsPoolerParameterIsReadAndRemovedAndBadValuesAreRefused) {
-  const auto url =
-      parse_database_url("postgresql://u:pw@h1:5432,h2:5433/db?keel_pooler=transaction&sslmode=disable");
+  const auto url = parse_database_url(
+      "postgresql://u:pw@h1:5432,h2:5433/db?keel_pooler=transaction&sslmode=disable");
   ASSERT_TRUE(url);
   EXPECT_TRUE(url->transaction_pooler);
   EXPECT_EQ(url->target, "postgresql://u:pw@h1:5432,h2:5433/db?sslmode=disable");

@@ -95,9 +95,8 @@ class LosingConnection final : public Connection {
   [[noreturn]] void lose(bool during_commit) {
     if (inner_->in_transaction()) inner_->rollback();
     lost_ = true;
-    DatabaseError::Details details{.backend = inner_->backend(),
-                                   .during_commit = during_commit,
-                                   .connection_lost = true};
+    DatabaseError::Details details{
+        .backend = inner_->backend(), .during_commit = during_commit, .connection_lost = true};
     if (details.backend == Backend::kPostgres) details.sqlstate = "08006";
     throw DatabaseError("connection lost (injected)", details);
   }
@@ -118,11 +117,11 @@ class WorkerSettle : public test::BackendTest {
   }
 
   ConnectionPool make_pool() {
-    return ConnectionPool(url(), {.max_connections = 6,
-                                  .open = [this](const DatabaseUrl& u, const ConnectOptions& o) {
-                                    return std::make_unique<LosingConnection>(
-                                        open_database(u, o), fault_);
-                                  }});
+    return ConnectionPool(
+        url(),
+        {.max_connections = 6, .open = [this](const DatabaseUrl& u, const ConnectOptions& o) {
+           return std::make_unique<LosingConnection>(open_database(u, o), fault_);
+         }});
   }
 
   std::vector<std::string> run_until_idle(Worker& worker) {
@@ -212,22 +211,21 @@ TEST_P(WorkerSettle, ATransactionalHandlersCommitInDoubtIsSettledFromTheJobsRow)
   for (const bool after_commit : {true, false}) {
     SCOPED_TRACE(after_commit ? "committed" : "not committed");
     fault_.after_commit = after_commit;
-    const std::int64_t id =
-        queue_
-            .enqueue(*conn_, {.queue = "q",
-                              .payload = "{}",
-                              .key = after_commit ? "tx-a" : "tx-b",
-                              .max_attempts = 1})
-            .id;
+    const std::int64_t id = queue_
+                                .enqueue(*conn_, {.queue = "q",
+                                                  .payload = "{}",
+                                                  .key = after_commit ? "tx-a" : "tx-b",
+                                                  .max_attempts = 1})
+                                .id;
     ConnectionPool pool = make_pool();
     std::atomic<int> runs{0};
     Worker worker(pool, queue_, options(),
-                  TransactionalJobHandler([&](Connection& tx, const LeasedJob& job,
-                                              const std::atomic<bool>&) {
-                    if (runs.fetch_add(1) == 0) fault_.armed = true;
-                    tx.query("INSERT INTO effects (job) VALUES ($1)", {job.id});
-                    return AttemptReport::success();
-                  }));
+                  TransactionalJobHandler(
+                      [&](Connection& tx, const LeasedJob& job, const std::atomic<bool>&) {
+                        if (runs.fetch_add(1) == 0) fault_.armed = true;
+                        tx.query("INSERT INTO effects (job) VALUES ($1)", {job.id});
+                        return AttemptReport::success();
+                      }));
     const std::string log = joined(run_until_idle(worker));
     EXPECT_EQ(runs.load(), after_commit ? 1 : 2) << log;
     const auto job = queue_.get(*conn_, id);

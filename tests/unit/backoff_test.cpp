@@ -286,3 +286,50 @@ TEST(Jittered, AZeroOrNegativeIntervalIsZeroAndAHugeOneSaturates) {
   const Duration huge = keel::jittered(Duration::max(), rng);
   EXPECT_GE(huge, Duration::max() / 2);
 }
+
+TEST(BackoffSequence, EachFailureInARowDrawsUnderTheNextCeilingAndResetStartsOver) {
+  // The same draws as the stateless Backoff with the failures and previous delay kept by hand.
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const BackoffOptions options{.base = 100ms, .cap = 2s};
+    keel::BackoffSequence sequence(options, seed);
+    const Backoff backoff(options);
+    keel::Rng rng(seed);
+    Duration previous{};
+    for (int n = 0; n < 8; ++n) {
+      const Duration expected = backoff.delay(n, previous, rng);
+      previous = expected;
+      ASSERT_EQ(sequence.next(), expected) << "seed " << seed << " failure " << n;
+      EXPECT_LT(expected, backoff.ceiling(n));
+    }
+    EXPECT_EQ(sequence.failures(), 8);
+    sequence.reset();
+    EXPECT_EQ(sequence.failures(), 0);
+    EXPECT_LT(sequence.next(), 100ms) << "after a reset the first ceiling again";
+  }
+}
+
+TEST(BackoffSequence, ALongOutageStaysUnderTheCap) {
+  keel::BackoffSequence sequence({.base = 10ms, .cap = 1s}, 5);
+  for (int i = 0; i < 10000; ++i) ASSERT_LT(sequence.next(), 1s);
+  EXPECT_EQ(sequence.failures(), 10000);
+}
+
+TEST(PeriodicSchedule, SuccessesAreJitteredAroundTheIntervalAndFailuresBackOff) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    keel::PeriodicSchedule schedule(1s, {.base = 50ms, .cap = 400ms}, seed);
+    double sum = 0;
+    for (int i = 0; i < 2000; ++i) {
+      const Duration d = schedule.after_success();
+      ASSERT_GE(d, 500ms);
+      ASSERT_LT(d, 1500ms);
+      sum += std::chrono::duration<double>(d).count();
+    }
+    EXPECT_NEAR(sum / 2000, 1.0, 0.03) << "seed " << seed;
+    EXPECT_LT(schedule.after_failure(), 50ms);
+    EXPECT_LT(schedule.after_failure(), 100ms);
+    EXPECT_EQ(schedule.failures(), 2);
+    (void)schedule.after_success();
+    EXPECT_EQ(schedule.failures(), 0) << "a success starts the backoff over";
+  }
+  EXPECT_THROW(keel::PeriodicSchedule(Duration::zero(), {}), std::invalid_argument);
+}

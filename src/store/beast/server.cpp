@@ -238,10 +238,9 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   // The wait after failed accepts in a row with no connection to close instead: core's full
   // jitter under ceilings from 10 ms up to 1 s, so a server out of descriptors neither spins nor
   // waits long once one is free. Touched only by the one accept in flight at a time.
-  Backoff accept_policy{{.base = std::chrono::milliseconds(10), .cap = std::chrono::seconds(1)}};
-  Rng accept_rng{(std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};
-  int accept_failures = 0;
-  Duration accept_delay = Duration::zero();
+  BackoffSequence accept_backoff_delays{
+      {.base = std::chrono::milliseconds(10), .cap = std::chrono::seconds(1)},
+      (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};
   SteadyTime accept_logged{};  // the last "accept failed" line: at most one a second
   std::vector<std::thread> loop_threads;
   // The worker threads run their own io_context, so that stop() can leave one blocked in a
@@ -683,8 +682,7 @@ void Server::Impl::accept() {
       net::make_strand(ioc), [this](boost::system::error_code ec, tcp::socket socket) {
         if (ec == net::error::operation_aborted || !acceptor->is_open()) return;
         if (ec) return accept_failed(ec);
-        accept_failures = 0;
-        accept_delay = Duration::zero();
+        accept_backoff_delays.reset();
         // Sessions are only added here, on the acceptor's strand, so the count checked is the
         // count the new session joins (it can only have dropped meanwhile).
         std::shared_ptr<Session> victim;
@@ -730,9 +728,7 @@ void Server::Impl::accept_failed(boost::system::error_code ec) {
   // Nothing to close, or another failure (memory): wait, jittered and growing while it lasts,
   // rather than spin on the same error.
   if (log_now) options.log("accept failed: " + ec.message());
-  accept_delay = accept_policy.delay(accept_failures, accept_delay, accept_rng);
-  accept_failures = std::min(accept_failures + 1, 30);
-  accept_backoff->expires_after(accept_delay);
+  accept_backoff->expires_after(accept_backoff_delays.next());
   accept_backoff->async_wait([this](boost::system::error_code) {
     if (acceptor->is_open()) accept();
   });

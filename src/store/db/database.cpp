@@ -243,8 +243,8 @@ int migrate(Connection& connection, std::string_view component, std::span<const 
     DatabaseError::Details details = e.details();
     throw DatabaseError("the database's schema for '" + std::string(component) + "' is version " +
                             std::to_string(found) + " and this program needs " +
-                            std::to_string(target) +
-                            ", but this role may not change the schema (" + e.what() +
+                            std::to_string(target) + ", but this role may not change the schema (" +
+                            e.what() +
                             "): run `keel migrate --db URL` as a role that may create tables",
                         std::move(details));
   } catch (...) {
@@ -277,7 +277,8 @@ ConnectionPool::Lease::~Lease() {
 
 ConnectionPool::Lease ConnectionPool::acquire(Deadline deadline) {
   const TimePoint start = steady_clock().now();
-  const Deadline until = deadline.min(Deadline::at(saturating_add(start, options_.acquire_timeout)));
+  const Deadline until =
+      deadline.min(Deadline::at(saturating_add(start, options_.acquire_timeout)));
   const auto lend = [&](std::unique_ptr<Connection> conn) {
     conn->set_deadline(deadline);
     return Lease(this, std::move(conn));
@@ -289,9 +290,9 @@ ConnectionPool::Lease ConnectionPool::acquire(Deadline deadline) {
       const Duration left = until.remaining(steady_clock().now());
       if (left <= Duration::zero() || !cv_.wait_for(lock, left, ready)) {
         throw DatabaseError(
-            "no database connection free within " +
-                format_duration(steady_clock().now() - start) + " (all " +
-                std::to_string(options_.max_connections) + " of the pool's connections are lent)",
+            "no database connection free within " + format_duration(steady_clock().now() - start) +
+                " (all " + std::to_string(options_.max_connections) +
+                " of the pool's connections are lent)",
             {.backend = url_.backend,
              .sqlstate = url_.backend == Backend::kPostgres ? "08000" : "",
              .sqlite_code = url_.backend == Backend::kSqlite ? 5 /* SQLITE_BUSY */ : 0});

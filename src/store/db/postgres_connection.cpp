@@ -135,8 +135,8 @@ std::optional<HostOrder> hosts_in_order(const std::string& uri) {
   const std::vector<std::string> hosts = split_commas(uri_option(uri, "host"));
   if (hosts.size() < 2) return std::nullopt;
   const std::string addr_text = uri_option(uri, "hostaddr");
-  std::vector<std::string> addrs = addr_text.empty() ? std::vector<std::string>()
-                                                     : split_commas(addr_text);
+  std::vector<std::string> addrs =
+      addr_text.empty() ? std::vector<std::string>() : split_commas(addr_text);
   std::vector<std::string> ports = split_commas(uri_option(uri, "port"));
   if (ports.size() == 1) ports.assign(hosts.size(), ports[0]);
   if (ports.size() != hosts.size() || (!addrs.empty() && addrs.size() != hosts.size())) {
@@ -274,8 +274,8 @@ class PostgresConnection final : public Connection {
     Result failed;
     while (Result r = result(bounds)) {
       const ExecStatusType status = PQresultStatus(r.get());
-      if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK &&
-          status != PGRES_EMPTY_QUERY && !failed) {
+      if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK && status != PGRES_EMPTY_QUERY &&
+          !failed) {
         failed = std::move(r);
       } else {
         last = std::move(r);
@@ -511,7 +511,7 @@ class PostgresConnection final : public Connection {
   // waiting for its answers.
   struct Bounds {
     StatementTimeouts server{};
-    bool send = false;  // a set_config statement goes first, inside the transaction
+    bool send = false;            // a set_config statement goes first, inside the transaction
     milliseconds answer_wait{0};  // the most one answer may take
   };
 
@@ -542,8 +542,7 @@ class PostgresConnection final : public Connection {
     const Deadline d = deadline();
     if (!d.is_infinite()) {
       const Duration left = d.remaining(now);
-      const milliseconds left_ms =
-          std::max(milliseconds(1), std::chrono::ceil<milliseconds>(left));
+      const milliseconds left_ms = std::max(milliseconds(1), std::chrono::ceil<milliseconds>(left));
       b.server.lock = std::min(b.server.lock, left_ms);
       b.server.statement = std::min(b.server.statement, left_ms);
     }
@@ -561,7 +560,8 @@ class PostgresConnection final : public Connection {
   }
 
   std::string bounds_sql(const Bounds& b) const {
-    std::string sql = "SELECT set_config('lock_timeout', '" + std::to_string(b.server.lock.count()) +
+    std::string sql = "SELECT set_config('lock_timeout', '" +
+                      std::to_string(b.server.lock.count()) +
                       "', true), set_config('statement_timeout', '" +
                       std::to_string(b.server.statement.count()) + "', true)";
     if (read_only_ && pooler_) sql += ", set_config('transaction_read_only', 'on', true)";
@@ -612,14 +612,14 @@ class PostgresConnection final : public Connection {
     // (after BEGIN, or first in an implicit one).
     void bounds() {
       if (!bounds_.send) return;
-      sent(PQsendQueryParams(c_.conn_, c_.bounds_sql(bounds_).c_str(), 0, nullptr, nullptr,
-                             nullptr, nullptr, 0));
-      pending_bounds_ = true;
+      sent(PQsendQueryParams(c_.conn_, c_.bounds_sql(bounds_).c_str(), 0, nullptr, nullptr, nullptr,
+                             nullptr, 0));
+      ++pending_bounds_;
     }
     // Its result, read where it comes in the pipeline's order.
     void bounds_result(bool during_commit = false) {
-      if (!pending_bounds_) return;
-      pending_bounds_ = false;
+      if (pending_bounds_ == 0) return;
+      --pending_bounds_;
       Result r = read(during_commit);
       if (PQresultStatus(r.get()) != PGRES_TUPLES_OK) earlier_ = std::move(r);
     }
@@ -642,8 +642,8 @@ class PostgresConnection final : public Connection {
         it = c_.prepared_.emplace(key, std::move(name)).first;
         prepared = key;
       }
-      sent(PQsendQueryPrepared(c_.conn_, it->second.c_str(), bound.size(), bound.values(),
-                               nullptr, nullptr, 0));
+      sent(PQsendQueryPrepared(c_.conn_, it->second.c_str(), bound.size(), bound.values(), nullptr,
+                               nullptr, 0));
       prepares_.push_back(std::move(prepared));
     }
     // A statement without parameters (BEGIN, COMMIT).
@@ -704,7 +704,7 @@ class PostgresConnection final : public Connection {
     std::vector<std::optional<std::string>> prepares_;
     Result earlier_;  // keel's own statement that failed before the statements it aborted
     bool open_ = true;
-    bool pending_bounds_ = false;
+    int pending_bounds_ = 0;  // set_config results not read yet
   };
 
   // Writes what libpq holds to the socket, each wait for room at most `wait`.
@@ -782,7 +782,8 @@ class PostgresConnection final : public Connection {
   bool retry_unnamed(const Result& r) {
     if (pooler_ || !r) return false;
     const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
-    if (state == nullptr || (std::strcmp(state, "26000") != 0 && std::strcmp(state, "42P05") != 0)) {
+    if (state == nullptr ||
+        (std::strcmp(state, "26000") != 0 && std::strcmp(state, "42P05") != 0)) {
       return false;
     }
     pooler_ = true;

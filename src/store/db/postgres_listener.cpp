@@ -134,12 +134,11 @@ class PostgresListener final : public Listener {
       if (now >= until) {
         PQfinish(conn_);
         conn_ = nullptr;
-        throw DatabaseError("PostgreSQL: listener: no answer from the server within " +
-                                std::to_string(answer_wait_.count()) +
-                                " ms (frozen or unreachable); the connection was closed",
-                            {.backend = Backend::kPostgres,
-                             .sqlstate = "08006",
-                             .connection_lost = true});
+        throw DatabaseError(
+            "PostgreSQL: listener: no answer from the server within " +
+                std::to_string(answer_wait_.count()) +
+                " ms (frozen or unreachable); the connection was closed",
+            {.backend = Backend::kPostgres, .sqlstate = "08006", .connection_lost = true});
       }
       pollfd fd{.fd = PQsocket(conn_), .events = events, .revents = 0};
       if (fd.fd < 0) fail("the connection has no socket");

@@ -43,8 +43,7 @@ struct SqliteDialect final : Dialect {
     return classify_sqlite(error.sqlite_code, error.during_commit, error.connection_lost);
   }
   DatabaseFailure failure(const DatabaseError::Details& error) const noexcept override {
-    return classify_database_sqlite(error.sqlite_code, error.during_commit,
-                                    error.connection_lost);
+    return classify_database_sqlite(error.sqlite_code, error.during_commit, error.connection_lost);
   }
   bool is_unique_violation(const DatabaseError::Details& error) const noexcept override {
     return error.sqlite_code == SQLITE_CONSTRAINT_PRIMARYKEY ||

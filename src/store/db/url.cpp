@@ -62,8 +62,8 @@ KeelParameters take_keel_parameters(std::string_view uri) {
       } else if (value == "session" || value == "none") {
         out.transaction_pooler = false;
       } else {
-        out.error = "has keel_pooler=" + std::string(value) +
-                    " (expected transaction, session or none)";
+        out.error =
+            "has keel_pooler=" + std::string(value) + " (expected transaction, session or none)";
         return out;
       }
     } else if (!pair.empty()) {

@@ -438,8 +438,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   // Every wait on the database ends by the caller's deadline or the server's own bound,
   // whichever is first: the wait for a connection, each statement's lock wait and run (the
   // connection's deadline), the transaction's retries.
-  const Deadline bound =
-      request.deadline.min(Deadline::after(*options_.clock, options_.max_wait));
+  const Deadline bound = request.deadline.min(Deadline::after(*options_.clock, options_.max_wait));
   std::optional<ConnectionPool::Lease> lease;
   try {
     lease.emplace(options_.pool->acquire(
@@ -593,8 +592,8 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   if (tx.status == TransactionStatus::kCommitInDoubt && held) {
     // The COMMIT's answer was lost (a failover, a connection cut): the key's record, read on a
     // new connection, says whether it applied.
-    if (std::optional<FlowResponse> settled = settle_in_doubt(request, scope, *key.key,
-                                                              fingerprint, bound, tx.error)) {
+    if (std::optional<FlowResponse> settled =
+            settle_in_doubt(request, scope, *key.key, fingerprint, bound, tx.error)) {
       return finish(std::move(*settled));
     }
   }
@@ -621,8 +620,9 @@ std::optional<FlowResponse> IdempotentRequestFlow::settle_in_doubt(
       Connection& c = *lease;
       const bool pipelined = c.dialect().row_level_locks();
       if (!pipelined) c.begin();
-      const Claim found = pipelined ? store.hold(c, scope, key, fingerprint, Isolation::kReadCommitted)
-                                    : store.hold(c, scope, key, fingerprint);
+      const Claim found = pipelined
+                              ? store.hold(c, scope, key, fingerprint, Isolation::kReadCommitted)
+                              : store.hold(c, scope, key, fingerprint);
       c.rollback();  // only read: a key not stored stays free for the client's retry
       switch (found.status) {
         case ClaimStatus::kReplay: {
@@ -631,13 +631,13 @@ std::optional<FlowResponse> IdempotentRequestFlow::settle_in_doubt(
           return stored_answer(FlowOutcome::kExecuted, found.response);
         }
         case ClaimStatus::kClaimed: {
-          FlowResponse out = problem(
-              FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
-              "the database failed as the request committed, and nothing was stored; retry "
-              "with the same Idempotency-Key after the delay in Retry-After",
-              spread_retry_after_value(Duration::zero()));
-          out.error = "the commit of " + what(request) + " was in doubt (" + error +
-                      "); it did not apply";
+          FlowResponse out =
+              problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
+                      "the database failed as the request committed, and nothing was stored; retry "
+                      "with the same Idempotency-Key after the delay in Retry-After",
+                      spread_retry_after_value(Duration::zero()));
+          out.error =
+              "the commit of " + what(request) + " was in doubt (" + error + "); it did not apply";
           options_.log(out.error);
           return out;
         }

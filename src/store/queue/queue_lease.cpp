@@ -83,10 +83,11 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
       // what follows, as for any failed attempt.
       const std::string owner = optional_text(expired, i, 4);
       const AttemptReport crash{.outcome = Outcome::ambiguous(),
-                                .error = "the worker died while running it, or lost its "
-                                         "database for longer than its lease (the lease held "
-                                         "by " +
-                                         owner + " expired without a heartbeat)"};
+                                .error =
+                                    "the worker died while running it, or lost its "
+                                    "database for longer than its lease (the lease held "
+                                    "by " +
+                                    owner + " expired without a heartbeat)"};
       const CompleteResult r = settle(tx, expired, i, crash, "lease_expired", now);
       if (r.status == CompleteStatus::kDead) dead.emplace_back(id, r);
     }

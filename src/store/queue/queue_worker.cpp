@@ -88,9 +88,10 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
   if (options_.heartbeat_interval != Duration::zero() &&
       options_.heartbeat_interval >= queue_.options().lease) {
     // A lease would expire before its heartbeat: every job would be taken over as it runs.
-    reject("heartbeat_interval", "must be shorter than the queue's lease (" +
-                                     format_duration(queue_.options().lease) + ")",
-           format_duration(options_.heartbeat_interval));
+    reject(
+        "heartbeat_interval",
+        "must be shorter than the queue's lease (" + format_duration(queue_.options().lease) + ")",
+        format_duration(options_.heartbeat_interval));
   }
   if (options_.poll_interval < std::chrono::milliseconds(1)) {
     reject("poll_interval", "must be >= 1ms", format_duration(options_.poll_interval));
@@ -242,8 +243,7 @@ void Worker::record_pending(Connection& conn, std::optional<WorkerEvent>& pendin
 }
 
 void Worker::process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
-                     std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded,
-                     bool& ran) {
+                     std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded, bool& ran) {
   const TimePoint start = queue_.clock().now();
   std::optional<WorkerEvent> finished = std::move(pending);  // recorded by this job's start
   pending.reset();
@@ -381,9 +381,10 @@ CompleteResult Worker::settle_one(Connection& conn, Unrecorded& u) {
       // Rolled back with the lost connection: nothing of the attempt remains, so it is given
       // back, as a brake's refusal is, rather than charged.
       event.report = {.outcome = Outcome::not_attempted(),
-                      .error = "not charged: the job's transaction did not commit (the connection "
-                               "was lost during COMMIT: " +
-                               event.report.error + ")"};
+                      .error =
+                          "not charged: the job's transaction did not commit (the connection "
+                          "was lost during COMMIT: " +
+                          event.report.error + ")"};
     }
   }
   CompleteResult result;
@@ -418,13 +419,12 @@ CompleteResult Worker::settle_one(Connection& conn, Unrecorded& u) {
   return result;
 }
 
-void Worker::settle(std::optional<ConnectionPool::Lease>& conn,
-                    std::vector<Unrecorded>& unrecorded, std::string error) {
+void Worker::settle(std::optional<ConnectionPool::Lease>& conn, std::vector<Unrecorded>& unrecorded,
+                    std::string error) {
   for (const Unrecorded& u : unrecorded) {
     log("job " + std::to_string(u.event.job.id) + ": recording its outcome (" +
-        (u.event.report.outcome.kind == OutcomeKind::kSuccess
-             ? std::string("success")
-             : describe(u.event.report.outcome)) +
+        (u.event.report.outcome.kind == OutcomeKind::kSuccess ? std::string("success")
+                                                              : describe(u.event.report.outcome)) +
         ") failed: " + error + "; settling it on a new connection");
   }
   bool reclaim = false;  // a lost answer may have leased jobs this worker does not know of
@@ -561,9 +561,10 @@ void Worker::slot_loop() {
           log("job " + std::to_string(job.id) + (ran ? ": " : ": not run: ") + e.what());
         }
         if (!ran) give_back(conn, {job}, /*maybe_started=*/true);
-        give_back(conn, std::vector<LeasedJob>(jobs.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                                               jobs.end()),
-                  /*maybe_started=*/false);
+        give_back(
+            conn,
+            std::vector<LeasedJob>(jobs.begin() + static_cast<std::ptrdiff_t>(i) + 1, jobs.end()),
+            /*maybe_started=*/false);
         break;
       }
     }
@@ -583,7 +584,8 @@ void Worker::give_back_unknown_leases(std::optional<ConnectionPool::Lease>& conn
   std::unique_lock gate(lease_gate_);
   std::vector<LeasedJob> unknown;
   {
-    const std::vector<LeasedJob> held = queue_.leases_of(**conn, options_.queue, options_.worker_id);
+    const std::vector<LeasedJob> held =
+        queue_.leases_of(**conn, options_.queue, options_.worker_id);
     std::lock_guard lock(mu_);
     for (const LeasedJob& job : held) {
       if (held_.count(job.id) == 0) unknown.push_back(job);
@@ -613,12 +615,11 @@ void Worker::give_back(std::optional<ConnectionPool::Lease>& conn,
       // may have committed (its statement's outcome is unknown) gets that attempt back the way a
       // brake's refusal does.
       const bool given =
-          maybe_started
-              ? queue_.complete(**conn, job.id, job.fence,
-                                {.outcome = Outcome::not_attempted(Duration::zero()),
-                                 .error = "not run: the database failed as it started"})
-                        .status != CompleteStatus::kStale
-              : queue_.release(**conn, job.id, job.fence, "worker stopping; not started");
+          maybe_started ? queue_.complete(**conn, job.id, job.fence,
+                                          {.outcome = Outcome::not_attempted(Duration::zero()),
+                                           .error = "not run: the database failed as it started"})
+                                  .status != CompleteStatus::kStale
+                        : queue_.release(**conn, job.id, job.fence, "worker stopping; not started");
       if (given) released_.fetch_add(1);
     } catch (const std::exception& e) {
       if (conn && (*conn)->broken()) conn.reset();

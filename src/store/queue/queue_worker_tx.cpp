@@ -35,8 +35,10 @@ TransactionalAttempt run_transactional_attempt(Connection& conn, const JobQueue&
         // Nothing of the attempt remains (the server rolled it back): the job waits for the
         // database, as for a brake, without losing an attempt.
         out.report.outcome = Outcome::not_attempted();
-        out.report.error = "not charged: the job's transaction failed because the database could "
-                           "not serve it (" + std::string(to_string(*r.failure)) + "): " + r.error;
+        out.report.error =
+            "not charged: the job's transaction failed because the database could "
+            "not serve it (" +
+            std::string(to_string(*r.failure)) + "): " + r.error;
       } else {
         out.report.outcome = r.outcome;
         out.report.error = "job transaction failed: " + r.error;

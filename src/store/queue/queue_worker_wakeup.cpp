@@ -177,9 +177,10 @@ void Worker::listen_loop() {
         // read-only, takes LISTEN but will never see a job committed; the new primary will.
         listener_statements_.fetch_add(1);
         if (!listener->takes_writes()) {
-          throw DatabaseError("the listener's node no longer takes writes (a standby, or a "
-                              "primary turned read-only)",
-                              {.backend = pool_.backend(), .sqlstate = "25006"});
+          throw DatabaseError(
+              "the listener's node no longer takes writes (a standby, or a "
+              "primary turned read-only)",
+              {.backend = pool_.backend(), .sqlstate = "25006"});
         }
       }
     } catch (const std::exception& e) {

@@ -288,12 +288,9 @@ class IdempotentRequestFlow {
   /// After a COMMIT whose answer was lost: the key's record read on a new connection until
   /// `bound` says whether it applied (this request's stored answer) or not (503 + Retry-After,
   /// nothing stored); nullopt when the database did not say by then.
-  [[nodiscard]] std::optional<FlowResponse> settle_in_doubt(const FlowRequest& request,
-                                                           const std::string& scope,
-                                                           const std::string& key,
-                                                           const std::string& fingerprint,
-                                                           Deadline bound,
-                                                           const std::string& error) const;
+  [[nodiscard]] std::optional<FlowResponse> settle_in_doubt(
+      const FlowRequest& request, const std::string& scope, const std::string& key,
+      const std::string& fingerprint, Deadline bound, const std::string& error) const;
 
   FlowOptions options_;
 };

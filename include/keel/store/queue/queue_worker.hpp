@@ -66,9 +66,9 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <shared_mutex>
-#include <optional>
 #include <string>
 #include <thread>
 

@@ -8,10 +8,10 @@ int main() {
       keel::store::open_database(keel::store::parse_database_url("sqlite::memory:").value());
   keel::store::JobQueue::migrate(*conn);
   const keel::store::JobQueue queue;
-  const auto first = queue.enqueue(*conn, {.queue = "hooks", .payload = R"({"order": 1})",
-                                           .key = "order-1"});
-  const auto again = queue.enqueue(*conn, {.queue = "hooks", .payload = R"({"order": 1})",
-                                           .key = "order-1"});
+  const auto first =
+      queue.enqueue(*conn, {.queue = "hooks", .payload = R"({"order": 1})", .key = "order-1"});
+  const auto again =
+      queue.enqueue(*conn, {.queue = "hooks", .payload = R"({"order": 1})", .key = "order-1"});
   const auto stats = queue.stats(*conn);
   const bool ok = first.ok() && first.created && again.ok() && !again.created &&
                   stats.size() == 1 && stats[0].ready == 1;
