@@ -287,6 +287,16 @@ else
   skip events "not available: keel_bench_events was not built (bench/events_bench.cpp)"
 fi
 
+# --- limits on calls to a dependency: adaptive concurrency and rate limit, next to none ---------
+if [[ -x "$bin/keel_bench_limits" ]]; then
+  log "limits: keel_bench_limits ($runs runs)"
+  "$bin/keel_bench_limits" --benchmark_repetitions="$runs" --benchmark_min_time="$min_time" \
+    --benchmark_enable_random_interleaving=true \
+    --benchmark_out="$raw/limits.json" --benchmark_out_format=json >"$raw/limits.log.txt" 2>&1
+else
+  skip limits "not available: keel_bench_limits was not built (bench/limits_bench.cpp)"
+fi
+
 # --- hedging: on but not triggered, next to off -----------------------------------------------------
 if [[ -x "$bin/keel_bench_hedge" ]]; then
   log "hedging: keel_bench_hedge ($runs runs)"

@@ -475,6 +475,53 @@ def events_rows(raw, emit, goals):
     emit("")
 
 
+def limits_rows(raw, emit, goals):
+    """keel_bench_limits: each limit's cost per call next to no limit, and the fleet's chunks."""
+    emit("## Limits on calls to a dependency")
+    emit("")
+    path = os.path.join(raw, "limits.json")
+    if not os.path.exists(path):
+        emit(skipped(raw, "limits") or "not available")
+        emit("")
+        return
+    samples, _, errors = keel_samples([path])
+    emit("A call's permit and its release with a latency (keel::AdaptiveConcurrencyLimit), and a"
+         " rate limit's reserve() (keel::RateLimit), next to no limit (an in-flight count kept with"
+         " two relaxed atomics). The goal: the adaptive limit's fast path at 20 ns or less (cpu,"
+         " 1 thread).")
+    emit("")
+    emit("| benchmark | time per call | vs no limit (cpu) |")
+    emit("| --- | --- | --- |")
+    for name, s in samples.items():
+        threads = name.rsplit("/", 1)[1] if "/threads:" in name else "threads:1"
+        base = samples.get(f"BM_NoLimit/real_time/{threads}")
+        versus = "n/a"
+        if base is not None and base.median("cpu") and s.median("cpu") is not None:
+            versus = f"{s.median('cpu') / base.median('cpu'):.2f}x"
+        emit(f"| {name} | {s.cell()} | {versus} |")
+        if name == "BM_AdaptiveConcurrencyLimit/real_time/threads:1" and s.median("cpu"):
+            goals.append(("adaptive concurrency limit, fast path, 1 thread, cpu (goal <= 20 ns)",
+                          f"{s.median('cpu'):.1f} ns ({versus} no limit)"))
+    for name, why in errors.items():
+        emit(f"| {name} | error: {why} | |")
+    emit("")
+    trips = {}
+    for b in load(path).get("benchmarks", []):
+        if "fleet_round_trips_per_1000_calls" in b and b.get("run_type", "iteration") == "iteration":
+            trips.setdefault(b.get("run_name", b["name"]), []).append(
+                b["fleet_round_trips_per_1000_calls"])
+    if trips:
+        emit("The fleet's shared bucket: database round trips per 1,000 calls (a chunk of a tenth"
+             " of a second's slots per lease, two round trips each; no call waits on them while"
+             " the next chunk comes in time).")
+        emit("")
+        emit("| rate | round trips per 1,000 calls |")
+        emit("| --- | --- |")
+        for name, values in trips.items():
+            emit(f"| {name.rsplit('/', 1)[-1]}/s | {statistics.median(values):.0f} |")
+        emit("")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--raw", required=True, help="directory written by scripts/bench.sh")
@@ -744,6 +791,7 @@ def main():
 
     events_rows(raw, emit, goals)
     hedge_rows(raw, emit, goals)
+    limits_rows(raw, emit, goals)
 
     emit("## Where a peer wins in this run")
     emit("")

@@ -5,11 +5,19 @@
 // and peak retries (peak, peakRetries), B's (peakB, peakRetriesB), and how long the last draw
 // took (drawMs), and the breakers' figures (outageCalls, probes; outageCallsB, probesB). The
 // "shared breakers (fleet)" box switches both runs to the fleet-outage scenario: A with a breaker
-// per pod, B with the breakers shared by the fleet.
+// per pod, B with the breakers shared by the fleet. The "limits" choice switches both runs to a
+// limits comparison: the receiver under 3x overload (A: fixed admission 2x too high, B: adaptive
+// admission), or 8 workers against a 50/s limit (A: a bucket per process, B: the fleet's shared
+// bucket); their figures are in goodput, servedP99, throttled and limited (and ...B).
 (function () {
   'use strict';
   const fields = ['fleet', 'capacity', 'outage_s', 'attempts', 'base_ms'];
-  const toggles = ['jitter', 'budget', 'breaker'];
+  const toggles = ['jitter', 'budget', 'breaker', 'limit'];
+  // The limits comparisons: scenario, then policy A and policy B.
+  const comparisons = {
+    overload: ['overload-3x', 'fixed-admission-2x', 'adaptive-admission'],
+    'fleet-rate': ['fleet-rate-limit', 'full-jitter+rate-limit', 'full-jitter+shared-rate-limit'],
+  };
   const $ = (id) => document.getElementById(id);
   let plot = null;
   let latest = 0;
@@ -18,6 +26,13 @@
   // The query of policy `which` ('a' or 'b'): the shared fields, and that policy's toggles.
   function query(which) {
     const params = new URLSearchParams();
+    const compare = document.querySelector('input[name="limits"]:checked').value;
+    if (comparisons[compare]) {
+      const [scenario, a, b] = comparisons[compare];
+      params.set('scenario', scenario);
+      params.set('policy', which === 'a' ? a : b);
+      return params;
+    }
     if ($('shared').checked) {
       params.set('fleet_breakers', which === 'a' ? 'per-pod' : 'shared');
       params.set('outage_s', $('outage_s-value').value.trim());
@@ -76,6 +91,11 @@
     $('probes-' + which).textContent = data.probes;
     $('ops-recovery-' + which).textContent =
         data.ops_recovery_s === null ? 'never' : data.ops_recovery_s + ' s';
+    $('goodput-' + which).textContent = data.goodput_per_s.toFixed(1);
+    $('served-p99-' + which).textContent =
+        data.served_p99_ms === null ? '-' : data.served_p99_ms.toFixed(1) + ' ms';
+    $('throttled-' + which).textContent = data.throttled;
+    $('limited-' + which).textContent = data.limited;
   }
 
   function render(a, b, ms) {
@@ -96,6 +116,14 @@
     d.outageCallsB = String(b.outage_calls);
     d.probes = String(a.probes);
     d.probesB = String(b.probes);
+    d.goodput = String(a.goodput_per_s);
+    d.goodputB = String(b.goodput_per_s);
+    d.servedP99 = String(a.served_p99_ms);
+    d.servedP99B = String(b.served_p99_ms);
+    d.throttled = String(a.throttled);
+    d.throttledB = String(b.throttled);
+    d.limited = String(a.limited);
+    d.limitedB = String(b.limited);
     d.drawMs = drawMs.toFixed(1);
     d.renders = String(Number(d.renders || 0) + 1);
     d.state = 'ready';
@@ -146,6 +174,9 @@
     });
   }
   $('shared').addEventListener('change', schedule);
+  for (const r of document.querySelectorAll('input[name="limits"]')) {
+    r.addEventListener('change', schedule);
+  }
   for (const t of toggles) {
     $(t).addEventListener('change', schedule);
     $('b_' + t).addEventListener('change', schedule);

@@ -18,7 +18,10 @@
 //
 // Also here: attempt_number(), which reads the attempt number from any of the three headers.
 //
-// With latency_threshold set, the limit adapts (AIMD on the latencies the caller reports).
+// With latency_threshold set, the limit adapts (AIMD on the latencies the caller reports). With
+// `adaptive` set, the limit is an AdaptiveConcurrencyLimit's (keel/concurrency_limit.hpp): found
+// from the latencies reported through Admission::release(latency, now) against the receiver's
+// own baseline, no threshold to choose; retries are still shed first.
 //
 // Thread-safety: AdmissionLimiter is safe for concurrent use and lock-free (one atomic in-flight
 // count and one atomic limit, changed by compare-and-swap; relaxed atomic counters). An Admission
@@ -34,10 +37,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 
 #include "keel/clock.hpp"
+#include "keel/concurrency_limit.hpp"
 #include "keel/random.hpp"
 
 namespace keel {
@@ -78,6 +83,12 @@ struct AdmissionOptions {
   /// Multiplicative decrease of the adaptive limit. Requires: in [0.5, 1); the default unless
   /// latency_threshold > 0. Default 0.9.
   double backoff_ratio = 0.9;
+  /// Adaptive limit found from latency against the receiver's baseline (keel::
+  /// AdaptiveConcurrencyLimit, docs/concurrency.md): when set, retries are shed at its limit and
+  /// first attempts at its limit + queue_bound; it learns from Admission::release(latency, now).
+  /// max_concurrency is then ignored (the options' max_limit bounds it). Requires:
+  /// latency_threshold == 0 (one adaptive mode). Default none.
+  std::optional<ConcurrencyLimitOptions> adaptive;
 };
 
 class AdmissionLimiter;
@@ -105,6 +116,8 @@ class Admission {
   /// Gives the slot back and reports how long the request took (the adaptive limit's signal;
   /// ignored by a fixed limit). Only the first release of an admission counts.
   void release(Duration latency) noexcept;
+  /// The same, with the time it ended: what the `adaptive` limit needs to end its windows.
+  void release(Duration latency, TimePoint now) noexcept;
 
  private:
   friend class AdmissionLimiter;
@@ -140,7 +153,7 @@ class AdmissionLimiter {
   }
   /// The limit retries are shed at now: max_concurrency, or the adaptive limit.
   [[nodiscard]] std::int64_t limit() const noexcept {
-    return limit_.load(std::memory_order_relaxed);
+    return adaptive_ ? adaptive_->limit() : limit_.load(std::memory_order_relaxed);
   }
   [[nodiscard]] AdmissionStats stats() const noexcept;
   [[nodiscard]] const AdmissionOptions& options() const noexcept { return options_; }
@@ -149,10 +162,12 @@ class AdmissionLimiter {
   friend class Admission;
   void release_one() noexcept { in_flight_.fetch_sub(1, std::memory_order_release); }
   void on_latency(Duration latency, std::int64_t in_flight_at_admit) noexcept;
+  void on_latency(Duration latency, TimePoint now, std::int64_t in_flight_at_admit) noexcept;
 
   AdmissionOptions options_;
   std::atomic<std::int64_t> in_flight_{0};
   std::atomic<std::int64_t> limit_{0};
+  std::unique_ptr<AdaptiveConcurrencyLimit> adaptive_;  // with options_.adaptive
   std::atomic<std::uint64_t> admitted_first_{0};
   std::atomic<std::uint64_t> admitted_retry_{0};
   std::atomic<std::uint64_t> shed_[kShedReasons] = {};

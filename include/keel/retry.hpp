@@ -76,10 +76,15 @@ enum class StopReason : unsigned char {
   /// with the same idempotency key (keel/fallback.hpp). Never returned by the engine itself:
   /// only an adapter's fallback sets it.
   kQueued,
+  /// A limit on calls to the dependency (its rate limit, a pause after its 429 or 503 with
+  /// Retry-After, its concurrency limit) would hold the call longer than it may wait: nothing
+  /// was sent, and the outcome (kNotAttempted) says when it may go (server_delay). Never
+  /// returned by the engine itself: the HTTP clients set it before an attempt.
+  kLimited,
 };
 
 /// "success", "permanent", "not safe to retry", "attempts exhausted", "deadline",
-/// "budget exhausted", "circuit open", "cancelled", "queued".
+/// "budget exhausted", "circuit open", "cancelled", "queued", "limited".
 [[nodiscard]] std::string_view to_string(StopReason reason) noexcept;
 
 /// What an attempt is told before it runs.

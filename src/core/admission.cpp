@@ -44,6 +44,13 @@ void Admission::release() noexcept {
   limiter_ = nullptr;
 }
 
+void Admission::release(Duration latency, TimePoint now) noexcept {
+  if (limiter_ != nullptr && reason_ == ShedReason::kNone) {
+    limiter_->on_latency(latency, now, in_flight_at_admit_);
+  }
+  release();
+}
+
 void Admission::release(Duration latency) noexcept {
   if (limiter_ != nullptr && reason_ == ShedReason::kNone) {
     limiter_->on_latency(latency, in_flight_at_admit_);
@@ -92,7 +99,23 @@ AdmissionLimiter::AdmissionLimiter(AdmissionOptions options) : options_(options)
              std::to_string(options_.backoff_ratio));
     }
   }
+  if (options_.adaptive) {
+    if (options_.latency_threshold > Duration::zero()) {
+      reject("adaptive", "unset with latency_threshold > 0 (one adaptive mode)",
+             std::to_string(options_.latency_threshold.count()) + " ns");
+    }
+    adaptive_ = std::make_unique<AdaptiveConcurrencyLimit>(*options_.adaptive);
+  }
   limit_.store(options_.max_concurrency, std::memory_order_relaxed);
+}
+
+void AdmissionLimiter::on_latency(Duration latency, TimePoint now,
+                                  std::int64_t in_flight_at_admit) noexcept {
+  if (adaptive_) {
+    adaptive_->observe(latency, now, in_flight_at_admit);
+    return;
+  }
+  on_latency(latency, in_flight_at_admit);
 }
 
 void AdmissionLimiter::on_latency(Duration latency, std::int64_t in_flight_at_admit) noexcept {
@@ -114,7 +137,7 @@ void AdmissionLimiter::on_latency(Duration latency, std::int64_t in_flight_at_ad
 
 Admission AdmissionLimiter::admit(int attempt, BitGenRef gen) noexcept {
   const bool retry = attempt > 1;
-  const std::int64_t base = limit_.load(std::memory_order_relaxed);
+  const std::int64_t base = limit();
   const std::int64_t limit = retry ? base : base + options_.queue_bound;
   Admission out;
   std::int64_t current = in_flight_.load(std::memory_order_relaxed);
@@ -137,7 +160,7 @@ Admission AdmissionLimiter::admit(int attempt, BitGenRef gen) noexcept {
 AdmissionStats AdmissionLimiter::stats() const noexcept {
   AdmissionStats s;
   s.in_flight = in_flight_.load(std::memory_order_relaxed);
-  s.limit = limit_.load(std::memory_order_relaxed);
+  s.limit = limit();
   s.admitted_first = admitted_first_.load(std::memory_order_relaxed);
   s.admitted_retry = admitted_retry_.load(std::memory_order_relaxed);
   for (int i = 0; i < kShedReasons; ++i) s.shed[i] = shed_[i].load(std::memory_order_relaxed);

@@ -18,6 +18,7 @@ std::string_view to_string(FallbackKind kind) noexcept {
 bool dependency_unavailable(StopReason reason, const Outcome& last) noexcept {
   switch (reason) {
     case StopReason::kCircuitOpen:
+    case StopReason::kLimited:
       return true;
     case StopReason::kBudgetExhausted:
       // Refused before anything was sent (a durable layer's retry) or after a failed attempt.

@@ -30,6 +30,8 @@ std::string_view to_string(StopReason reason) noexcept {
       return "cancelled";
     case StopReason::kQueued:
       return "queued";
+    case StopReason::kLimited:
+      return "limited";
   }
   return "unknown";
 }

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include "keel/backoff.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
@@ -139,6 +140,9 @@ void check_options(const ClientOptions& options, std::string_view type) {
   }
   if (options.limits.max_header_bytes < 1) reject(type, "limits.max_header_bytes", ">= 1", "0");
   if (options.limits.max_response_bytes < 1) reject(type, "limits.max_response_bytes", ">= 1", "0");
+  if (options.brakes.max_limit_wait < Duration::zero()) {
+    reject(type, "brakes.max_limit_wait", ">= 0", format_duration(options.brakes.max_limit_wait));
+  }
 }
 
 OperationGuards::OperationGuards(const ClientOptions& options) {
@@ -153,6 +157,14 @@ OperationGuards::OperationGuards(const ClientOptions& options) {
       own_breakers_ = std::make_unique<BreakerRegistry>(options.brakes.own_breakers);
     }
     breakers_ = options.brakes.breakers != nullptr ? options.brakes.breakers : own_breakers_.get();
+  }
+  rate_limits_ = options.brakes.rate_limits;
+  if (options.brakes.adaptive_concurrency) {
+    if (options.brakes.concurrency_limits == nullptr) {
+      own_concurrency_ = std::make_unique<ConcurrencyLimitRegistry>(options.brakes.own_concurrency);
+    }
+    concurrency_ = options.brakes.concurrency_limits != nullptr ? options.brakes.concurrency_limits
+                                                                : own_concurrency_.get();
   }
   if (options.brakes.retry_budget) {
     if (options.brakes.budget == nullptr) {
@@ -178,6 +190,80 @@ CallOptions OperationGuards::call_options(const Request& request, const RequestT
   }
   call.breaker = breaker.get();
   return call;
+}
+
+std::shared_ptr<RateLimit> OperationGuards::rate_limit(const Request& request) const {
+  if (rate_limits_ == nullptr) return nullptr;
+  const std::optional<std::string>& key = cached_breaker_key(request.url);
+  return key.has_value() ? rate_limits_->get(*key) : nullptr;
+}
+
+std::shared_ptr<AdaptiveConcurrencyLimit> OperationGuards::concurrency_limit(
+    const Request& request) const {
+  if (concurrency_ == nullptr) return nullptr;
+  const std::optional<std::string>& key = cached_breaker_key(request.url);
+  return key.has_value() ? concurrency_->get(*key) : nullptr;
+}
+
+std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) {
+  Rng& rng = thread_rng();
+  for (;;) {
+    const TimePoint now = clock.now();
+    Duration left = std::max(max_wait_ - waited_, Duration::zero());
+    if (!deadline.is_infinite()) left = std::min(left, deadline.remaining(now));
+    const auto wait = [&](Duration d) {
+      clock.sleep_for(d);
+      waited_ += d;
+    };
+    if (rate_ && !slot_) {
+      const RateDecision d = rate_->reserve(now, left, rng);
+      if (!d.go) {
+        if (d.wait > left) return d.wait;
+        wait(d.wait);  // paused (its end plus jitter), or a slot came within the wait
+        continue;
+      }
+      if (d.wait > Duration::zero()) {
+        wait(d.wait);
+        // A pause that began while this call waited for its slot holds it too.
+        if (rate_->paused_until() > clock.now()) continue;
+      }
+      slot_ = true;
+    }
+    if (concurrency_) {
+      permit_ = concurrency_->try_acquire();
+      if (!permit_) {
+        // About one call's time, jittered, so that the waiters do not come back together.
+        const Duration d = jittered(concurrency_->retry_in(), rng);
+        if (d > left) return d;
+        wait(d);
+        continue;
+      }
+    }
+    slot_ = false;
+    return std::nullopt;
+  }
+}
+
+Outcome LimitGate::finish(const Outcome& outcome, Duration took, TimePoint now) {
+  paused_ = false;
+  const bool overload = outcome.kind == OutcomeKind::kThrottled &&
+                        outcome.source == OutcomeSource::kHttp &&
+                        (outcome.code == 429 || outcome.code == 503);
+  if (permit_) {
+    if (outcome.timed_out || overload) {
+      permit_.drop(now);
+    } else if (outcome.attempted()) {
+      permit_.release(took, now);
+    } else {
+      permit_.ignore();
+    }
+  }
+  if (rate_ && overload && outcome.has_server_delay()) {
+    (void)rate_->pause(now, outcome.server_delay);
+    paused_ = true;
+    return Outcome::not_attempted(std::min(outcome.server_delay, rate_->options().max_pause));
+  }
+  return outcome;
 }
 
 std::shared_ptr<AdaptiveTimeout> OperationGuards::adaptive_timeout(const Request& request) const {

@@ -127,15 +127,25 @@ Result Client::send(const Request& request) {
   std::shared_ptr<CircuitBreaker> breaker;  // held for the whole operation
   const CallOptions call = impl.guards.call_options(request, *traits, clock, breaker);
   const std::shared_ptr<AdaptiveTimeout> timeout = impl.guards.adaptive_timeout(request);
+  detail::LimitGate limits(impl.guards.rate_limit(request), impl.guards.concurrency_limit(request),
+                           impl.options.brakes.max_limit_wait);
   RetryState state(impl.policy, call);
-  int hedged_sent = 0;  // requests a hedged operation sent
+  int hedged_sent = 0;              // requests a hedged operation sent
+  std::optional<Duration> limited;  // the host's limits held the next attempt this much longer
   {
     RetryScope scope;  // a keel operation started from a hook is one layer down
     HedgeState hedge(impl.hedge ? &*impl.hedge : nullptr, impl.policy, call, state);
     if (hedge.enabled())
       hedged_sent = impl.send_hedged(request, *traits, result, timeout.get(), clock, hedge, state);
     // After a hedged operation the engine has stopped: this loop runs no attempt.
-    for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
+    while (!state.stopped()) {
+      // The host's rate, pause and concurrency first: a wait there spends no attempt.
+      if (limits.active() && (limited = limits.pass(clock, state.deadline()))) break;
+      const AttemptStart start = state.start_attempt();
+      if (!start.proceed) {
+        (void)limits.finish(Outcome::not_attempted(), Duration::zero(), clock.now());
+        break;
+      }
       const TimePoint began = clock.now();
       const AttemptInfo info = detail::adapt_attempt(start.attempt, timeout.get(), began);
       detail::AttemptResult attempt =
@@ -145,20 +155,38 @@ Result Client::send(const Request& request) {
       const TimePoint ended = clock.now();
       const Duration took = ended - began;
       detail::record_latency(timeout.get(), attempt, took, ended);
-      const Decision decision = state.next(attempt.outcome);
-      result.outcome = attempt.outcome;
+      // A 429 or 503 with Retry-After that paused the host is the host's limit, not a failure.
+      const Outcome engine_outcome =
+          limits.active() ? limits.finish(attempt.outcome, took, ended) : attempt.outcome;
+      const Decision decision = state.next(engine_outcome);
+      result.outcome = engine_outcome;
       result.response = std::move(attempt.response);
       result.error = std::move(attempt.error);
-      detail::report_attempt(impl.options, request, start.attempt.number, result.outcome,
+      detail::report_attempt(impl.options, request, start.attempt.number, attempt.outcome,
                              result.error, took, decision);
       if (!decision.retry) break;
+      if (limits.paused() && decision.delay > limits.wait_left()) {
+        limited = decision.delay;  // the pause this answer asked for is longer than the wait
+        break;
+      }
       clock.sleep_for(decision.delay);
     }
+    if (limited) state.cancel();  // a retry's budget grant is given back
   }
   result.attempts = hedged_sent > 0 ? hedged_sent : state.attempts();
   if (result.attempts == 0) result.outcome = state.last_outcome();  // kNotAttempted
   result.elapsed = state.elapsed();
   result.reason = state.stop_reason();
+  if (limited) {
+    // Nothing more was sent: the host's limits would have held the call past its wait.
+    result.reason = StopReason::kLimited;
+    if (result.attempts == 0 || !result.outcome.attempted()) {
+      result.outcome = Outcome::not_attempted(*limited);
+    }
+  } else if (limits.paused() && !result.outcome.attempted() &&
+             result.reason == StopReason::kAttemptsExhausted) {
+    result.reason = StopReason::kLimited;  // the last answer paused the host
+  }
   detail::log_give_up(impl.options, request, result);
   detail::apply_fallbacks(impl.options, request, *traits, result, clock.now());
   // Out of the retry scope: the lookup is an operation of its own, not one layer down.

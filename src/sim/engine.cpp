@@ -11,10 +11,13 @@
 #include <vector>
 
 #include "keel/admission.hpp"
+#include "keel/backoff.hpp"
 #include "keel/breaker.hpp"
+#include "keel/concurrency_limit.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/random.hpp"
+#include "keel/rate_limit.hpp"
 
 namespace keel::sim {
 
@@ -76,8 +79,11 @@ struct Op {
   std::uint32_t attempt_id = 0;      // current attempt (unique over the run)
   std::int32_t process = 0;
   std::uint8_t layer = 0;
-  bool waiting = false;     // an attempt is outstanding
-  bool first_chain = true;  // this operation and its ancestors are on their first attempt
+  bool waiting = false;        // an attempt is outstanding
+  bool first_chain = true;     // this operation and its ancestors are on their first attempt
+  bool slot_reserved = false;  // the rate limit's slot for the next attempt is taken
+  std::int64_t attempt_started = 0;
+  ConcurrencyPermit permit;  // the process's concurrency limit, for the attempt in flight
 };
 
 class Engine {
@@ -111,12 +117,26 @@ class Engine {
     }
     if (s.clients.random_process) process_rng_.emplace(seed * 0x2545f4914f6cdd1dULL + 5);
     one_retrying_layer_ = p.one_retrying_layer;
-    if (s.dependency.admission_limit > 0) {
+    if (s.dependency.admission_limit > 0 || s.dependency.admission_adaptive) {
       admission_rng_ = Rng(seed * 0xd6e8feb86659fd93ULL + 4);
-      admission_.emplace(
-          AdmissionOptions{.max_concurrency = s.dependency.admission_limit,
-                           .queue_bound = s.dependency.admission_queue,
-                           .retry_after_max = s.dependency.admission_retry_after_max});
+      admission_.emplace(AdmissionOptions{
+          .max_concurrency = std::max<std::int64_t>(1, s.dependency.admission_limit),
+          .queue_bound = s.dependency.admission_queue,
+          .retry_after_max = s.dependency.admission_retry_after_max,
+          .adaptive = s.dependency.admission_adaptive});
+    }
+    if (p.concurrency_limit) {
+      for (std::size_t i = 0; i < processes_.size(); ++i) {
+        limits_.push_back(std::make_unique<AdaptiveConcurrencyLimit>(*p.concurrency_limit));
+      }
+      held_.resize(processes_.size());
+      woken_.resize(processes_.size());
+    }
+    if (p.rate_limit) {
+      for (std::size_t i = 0; i < processes_.size(); ++i) {
+        rates_.push_back(p.shared_rate_limit && i > 0 ? rates_.front()
+                                                      : std::make_shared<RateLimit>(*p.rate_limit));
+      }
     }
   }
 
@@ -261,7 +281,84 @@ class Engine {
     begin_attempt(index);
   }
 
+  // The client's own limits on its calls to the dependency (layer 0): a rate limit's slot, then
+  // a concurrency permit. Returns false when the attempt is held back (rescheduled, not spent).
+  bool pass_limits(std::uint32_t index) {
+    Op& op = ops_[index];
+    if (op.layer != 0) return true;
+    const auto process = static_cast<std::size_t>(op.process);
+    const std::int64_t t = now();
+    if (!rates_.empty() && !op.slot_reserved) {
+      const RateDecision d = rates_[process]->reserve(clock_.now(), kInfinite, jitter_rng_);
+      if (!d.go || d.wait > Duration::zero()) {
+        op.slot_reserved = d.go;
+        ++slice_at(t).limited;
+        ++limited_;
+        op.attempt_id = ++attempt_counter_;
+        schedule(t + std::max<std::int64_t>(1, d.wait.count()), EventType::kAttempt, index,
+                 op.attempt_id);
+        return false;
+      }
+    }
+    op.slot_reserved = false;
+    if (!limits_.empty()) {
+      AdaptiveConcurrencyLimit& limit = *limits_[process];
+      op.permit = limit.try_acquire();
+      if (!op.permit) {
+        // Held until a call of this process ends (in order), as a caller blocked on the limit
+        // is: a released permit wakes the first held attempt.
+        ++slice_at(t).limited;
+        ++limited_;
+        op.attempt_id = ++attempt_counter_;
+        held_[process].push_back({index, op.attempt_id});
+        return false;
+      }
+    }
+    op.attempt_started = t;
+    return true;
+  }
+
+  // Wakes the held attempts of `process` that its limit lets go now.
+  void wake(std::size_t process) {
+    if (limits_.empty()) return;
+    auto& held = held_[process];
+    const AdaptiveConcurrencyLimit& limit = *limits_[process];
+    std::int64_t room = limit.limit() - limit.in_flight() - woken_[process];
+    while (room > 0 && !held.empty()) {
+      const Held h = held.front();
+      held.pop_front();
+      if (ops_[h.op].attempt_id != h.attempt_id) continue;  // gone meanwhile
+      schedule(now(), EventType::kAttempt, h.op, h.attempt_id);
+      ++woken_[process];
+      --room;
+    }
+  }
+
+  // The attempt in flight of a layer-0 operation ended with `outcome`: its permit learns the
+  // latency (or the drop), and a 429's Retry-After pauses the process's rate limit.
+  void end_limits(Op& op, const Outcome& outcome) {
+    if (op.layer != 0) return;
+    if (op.permit) {
+      if (outcome.timed_out || outcome.kind == OutcomeKind::kThrottled) {
+        op.permit.drop(clock_.now());
+      } else {
+        op.permit.release(Duration(now() - op.attempt_started), clock_.now());
+      }
+      wake(static_cast<std::size_t>(op.process));
+    }
+    if (!rates_.empty() && outcome.kind == OutcomeKind::kThrottled && outcome.has_server_delay()) {
+      (void)rates_[static_cast<std::size_t>(op.process)]->pause(clock_.now(), outcome.server_delay,
+                                                                false);
+    }
+  }
+
   void begin_attempt(std::uint32_t index) {
+    if (!limits_.empty() && ops_[index].layer == 0) {
+      // A woken attempt has come: it no longer counts against the room of the others.
+      auto& woken = woken_[static_cast<std::size_t>(ops_[index].process)];
+      if (woken > 0) --woken;
+    }
+    if ((!limits_.empty() || !rates_.empty()) && !pass_limits(index)) return;
     Op* op = &ops_[index];
     if (shared_ && fleet_open_ && !probe_claimed_ && op->layer == 0 && now() >= probe_at_ &&
         watched_[static_cast<std::size_t>(op->process)].breaker != nullptr) {
@@ -277,6 +374,7 @@ class Engine {
       op = &ops_[index];
     }
     if (!start.proceed) {
+      op->permit.ignore();
       finish(index);
       return;
     }
@@ -308,6 +406,7 @@ class Engine {
   void deliver(std::uint32_t index, const Outcome& outcome) {
     Op& op = ops_[index];
     op.waiting = false;
+    end_limits(op, outcome);
     if (op.layer == bottom_) {
       Slice& sl = slice_at(now());
       if (outcome.kind == OutcomeKind::kSuccess) {
@@ -343,6 +442,11 @@ class Engine {
       }
     }
     if (one_retrying_layer_ && parent == kNone) op.context.leave();
+    if (op.permit) {
+      op.permit.ignore();
+      wake(static_cast<std::size_t>(op.process));
+    }
+    op.slot_reserved = false;
     op.state.reset();
     op.attempt_id = ++attempt_counter_;
     free_.push_back(index);
@@ -492,6 +596,17 @@ class Engine {
       deliver(index, Outcome::transient());
       return;
     }
+    if (dep.rate_limit_per_s > 0) {
+      // The dependency's own rate limit: 429 over rate_limit_per_s accepted in the last second.
+      while (!accepted_.empty() && accepted_.front() <= t - 1'000'000'000) accepted_.pop_front();
+      if (static_cast<double>(accepted_.size()) >= dep.rate_limit_per_s) {
+        ++slice_at(t).throttled;
+        ++throttled_;
+        deliver(index, Outcome::throttled(dep.rate_limit_retry_after));
+        return;
+      }
+      accepted_.push_back(t);
+    }
     if (admission_) {
       // The receiver's own limiter: retries are refused first, for free, with Retry-After.
       Admission admission = admission_->admit(retry ? 2 : 1, admission_rng_);
@@ -500,11 +615,13 @@ class Engine {
         deliver(index, Outcome::throttled(admission.retry_after()));
         return;
       }
-      admitted_.emplace(attempt_id, std::move(admission));
+      admitted_.emplace(attempt_id, Admitted{std::move(admission), t});
     }
+    if (admission_) arrived_.emplace(attempt_id, t);
     const bool fails = draw_failure(t);
     if (fails && dep.failures_are_free) {
       admitted_.erase(attempt_id);
+      arrived_.erase(attempt_id);
       deliver(index, Outcome::transient());
       return;
     }
@@ -521,6 +638,7 @@ class Engine {
     }
     ++slice_at(t).shed;
     admitted_.erase(attempt_id);
+    arrived_.erase(attempt_id);
     deliver(index, dep.shed_retry_after >= Duration::zero()
                        ? Outcome::throttled(dep.shed_retry_after)
                        : Outcome::throttled());
@@ -528,7 +646,17 @@ class Engine {
 
   void service_done(const Event& ev) {
     --busy_;
-    admitted_.erase(ev.attempt_id);  // the admission slot is free once the request is served
+    if (const auto it = arrived_.find(ev.attempt_id); it != arrived_.end()) {
+      served_latencies_.push_back(ev.at - it->second);
+      arrived_.erase(it);
+    }
+    if (!ev.fails) ++slice_at(ev.at).served_ok;
+    // The admission slot is free once the request is served; it tells the limit how long the
+    // request was in the dependency.
+    if (const auto it = admitted_.find(ev.attempt_id); it != admitted_.end()) {
+      it->second.admission.release(Duration(ev.at - it->second.at), clock_.now());
+      admitted_.erase(it);
+    }
     Op& op = ops_[ev.op];
     if (op.waiting && op.attempt_id == ev.attempt_id) {
       deliver(ev.op, ev.fails ? Outcome::transient() : Outcome::success());
@@ -571,10 +699,14 @@ class Engine {
     m.wasted = wasted_;
     const Window steady = s_.steady.empty() ? Window{Duration::zero(), s_.duration} : s_.steady;
     std::int64_t steady_calls = 0;
+    std::int64_t steady_served_ok = 0;
     for (std::size_t i = 0; i < slices_.size(); ++i) {
       const Slice& sl = slices_[i];
       const Duration start(static_cast<std::int64_t>(i) * slice_ns_);
-      if (steady.contains(start)) steady_calls += sl.offered;
+      if (steady.contains(start)) {
+        steady_calls += sl.offered;
+        steady_served_ok += sl.served_ok;
+      }
       if (sl.offered > m.peak_per_slice) {
         m.peak_per_slice = sl.offered;
         m.peak_slice_start = start;
@@ -585,6 +717,21 @@ class Engine {
     }
     const double steady_s = std::chrono::duration<double>(steady.end - steady.start).count();
     m.offered_per_s = steady_s > 0 ? static_cast<double>(steady_calls) / steady_s : 0.0;
+    m.goodput_per_s = steady_s > 0 ? static_cast<double>(steady_served_ok) / steady_s : 0.0;
+    m.limited = limited_;
+    m.throttled = throttled_;
+    if (!served_latencies_.empty()) {
+      auto pick = [&](double q) {
+        const auto k =
+            static_cast<std::size_t>(q * static_cast<double>(served_latencies_.size() - 1));
+        std::nth_element(served_latencies_.begin(),
+                         served_latencies_.begin() + static_cast<std::ptrdiff_t>(k),
+                         served_latencies_.end());
+        return Duration(served_latencies_[k]);
+      };
+      m.served_p50_latency = pick(0.50);
+      m.served_p99_latency = pick(0.99);
+    }
 
     // Recovery: the first slice at or after trigger_end from which every slice is healthy.
     const auto first = static_cast<std::size_t>(s_.trigger_end.count() / slice_ns_);
@@ -653,7 +800,24 @@ class Engine {
   std::int64_t busy_ = 0;
   std::deque<Pending> waiting_;
   std::optional<AdmissionLimiter> admission_;
-  std::unordered_map<std::uint32_t, Admission> admitted_;  // by attempt id, while in the dependency
+  struct Admitted {
+    Admission admission;
+    std::int64_t at = 0;  // arrival
+  };
+  std::unordered_map<std::uint32_t, Admitted> admitted_;  // by attempt id, while in the dependency
+  std::unordered_map<std::uint32_t, std::int64_t> arrived_;  // arrival of requests not yet served
+  std::vector<std::int64_t> served_latencies_;
+  std::deque<std::int64_t> accepted_;  // the dependency's rate limit: accepted in the last second
+  std::vector<std::unique_ptr<AdaptiveConcurrencyLimit>> limits_;  // per process
+  struct Held {
+    std::uint32_t op;
+    std::uint32_t attempt_id;
+  };
+  std::vector<std::deque<Held>> held_;             // per process: attempts waiting for a permit
+  std::vector<std::int64_t> woken_;                // per process: woken, not yet begun
+  std::vector<std::shared_ptr<RateLimit>> rates_;  // per process (one shared by all: shared)
+  std::int64_t limited_ = 0;
+  std::int64_t throttled_ = 0;
   Rng admission_rng_{0};  // Retry-After draws of the admission limiter
   std::priority_queue<Event, std::vector<Event>, Later> queue_;
   std::uint64_t order_ = 0;
@@ -715,6 +879,12 @@ void validate(const Scenario& s) {
   if (d.admission_limit > 0 && d.admission_retry_after_max <= Duration::zero()) {
     reject("dependency.admission_retry_after_max", "> 0",
            format_duration(d.admission_retry_after_max));
+  }
+  if (!(d.rate_limit_per_s >= 0) || !std::isfinite(d.rate_limit_per_s)) {
+    reject("dependency.rate_limit_per_s", ">= 0", num(d.rate_limit_per_s));
+  }
+  if (d.rate_limit_retry_after < Duration::zero()) {
+    reject("dependency.rate_limit_retry_after", ">= 0", format_duration(d.rate_limit_retry_after));
   }
   if (c.population < 0) reject("clients.population", ">= 0", std::to_string(c.population));
   if (c.population == 0 && (!(c.arrivals_per_s > 0) || !std::isfinite(c.arrivals_per_s))) {

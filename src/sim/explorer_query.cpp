@@ -1,6 +1,7 @@
 // The explorer page's query string read into ExplorerParams (see keel/sim/scenarios.hpp): every
 // value is outside input, so each is parsed strictly and range-checked with a message that
 // names it.
+#include <algorithm>
 #include <charconv>
 #include <sstream>
 
@@ -65,6 +66,7 @@ Expected<ExplorerQuery> parse_explorer_query(const Getter& get) {
   p.jitter = r.boolean("jitter", p.jitter);
   p.budget = r.boolean("budget", p.budget);
   p.breaker = r.boolean("breaker", p.breaker);
+  p.limit = r.boolean("limit", p.limit);
   q.seed = r.number<std::uint64_t>("seed", 1, 0, ~std::uint64_t{0});
   if (!r.error) {
     if (const std::optional<std::string> v = get("fleet_breakers")) {
@@ -76,6 +78,28 @@ Expected<ExplorerQuery> parse_explorer_query(const Getter& get) {
         r.error = Error{.field = "fleet_breakers",
                         .problem = "must be per-pod or shared",
                         .got = quote_value(*v)};
+      }
+    }
+  }
+  if (!r.error) {
+    if (const std::optional<std::string> v = get("scenario")) {
+      if (*v != "overload-3x" && *v != "fleet-rate-limit") {
+        r.error = Error{.field = "scenario",
+                        .problem = "must be overload-3x or fleet-rate-limit",
+                        .got = quote_value(*v)};
+      } else {
+        q.scenario = *v;
+        const std::optional<std::string> policy = get("policy");
+        const auto& known = scenario_policies(q.scenario);
+        if (!policy || std::find(known.begin(), known.end(), *policy) == known.end()) {
+          std::string names;
+          for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
+          r.error = Error{.field = "policy",
+                          .problem = "must be one of " + q.scenario + "'s (" + names + ")",
+                          .got = policy ? quote_value(*policy) : "nothing"};
+        } else {
+          q.policy = *policy;
+        }
       }
     }
   }

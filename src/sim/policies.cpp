@@ -94,7 +94,11 @@ const std::vector<std::string>& policy_names() {
                                                  "one-layer",
                                                  "keel-default",
                                                  "aws-standard",
-                                                 "fleet"};
+                                                 "fleet",
+                                                 "full-jitter+adaptive-limit",
+                                                 "full-jitter+fixed-limit",
+                                                 "full-jitter+rate-limit",
+                                                 "full-jitter+shared-rate-limit"};
   return names;
 }
 
@@ -105,6 +109,20 @@ ClientPolicy make_policy(std::string_view name, const PolicySettings& s) {
     throw_invalid({.context = "keel::sim::PolicySettings",
                    .field = "budget_ratio",
                    .problem = "must be in (0, 1]",
+                   .got = got.str()});
+  }
+  if (s.fixed_limit < 1 || s.fixed_limit > (1 << 20)) {
+    throw_invalid({.context = "keel::sim::PolicySettings",
+                   .field = "fixed_limit",
+                   .problem = "must be in [1, 2^20]",
+                   .got = std::to_string(s.fixed_limit)});
+  }
+  if (!(s.rate_per_s > 0 && s.rate_per_s <= 1e6)) {
+    std::ostringstream got;
+    got << s.rate_per_s;
+    throw_invalid({.context = "keel::sim::PolicySettings",
+                   .field = "rate_per_s",
+                   .problem = "must be in (0, 1e6]",
                    .got = got.str()});
   }
   ClientPolicy p;
@@ -138,6 +156,18 @@ ClientPolicy make_policy(std::string_view name, const PolicySettings& s) {
     p.retry = backoff_options(s, Jitter::kFull);
     add_guards(p, false, true, s.budget_ratio);
     p.shared_breakers = SharedBreakers{};
+  } else if (name == "full-jitter+adaptive-limit") {
+    // No budget: the limit alone (keel::AdaptiveConcurrencyLimit, its defaults).
+    p.retry = backoff_options(s, Jitter::kFull);
+    p.concurrency_limit = ConcurrencyLimitOptions{};
+  } else if (name == "full-jitter+fixed-limit") {
+    p.retry = backoff_options(s, Jitter::kFull);
+    p.concurrency_limit = ConcurrencyLimitOptions{
+        .initial_limit = s.fixed_limit, .min_limit = s.fixed_limit, .max_limit = s.fixed_limit};
+  } else if (name == "full-jitter+rate-limit" || name == "full-jitter+shared-rate-limit") {
+    p.retry = backoff_options(s, Jitter::kFull);
+    p.rate_limit = RateLimitOptions{.rate_per_s = s.rate_per_s};
+    p.shared_rate_limit = name == "full-jitter+shared-rate-limit";
   } else if (name == "one-layer") {
     p.retry = backoff_options(s, Jitter::kFull);
     p.one_retrying_layer = true;

@@ -46,6 +46,15 @@ nlohmann::ordered_json summary_json(const Report& r) {
                               : nlohmann::ordered_json(nullptr);
   j["p99_ms"] = m.p99_latency ? nlohmann::ordered_json(round3(millis(*m.p99_latency)))
                               : nlohmann::ordered_json(nullptr);
+  j["goodput_per_s"] = round3(m.goodput_per_s);
+  j["served_p50_ms"] = m.served_p50_latency
+                           ? nlohmann::ordered_json(round3(millis(*m.served_p50_latency)))
+                           : nlohmann::ordered_json(nullptr);
+  j["served_p99_ms"] = m.served_p99_latency
+                           ? nlohmann::ordered_json(round3(millis(*m.served_p99_latency)))
+                           : nlohmann::ordered_json(nullptr);
+  j["limited"] = m.limited;
+  j["throttled"] = m.throttled;
   if (r.stops_recovering_at) {
     j["stops_recovering_at_s"] =
         *r.stops_recovering_at ? nlohmann::ordered_json(round3(seconds(**r.stops_recovering_at)))
@@ -83,7 +92,8 @@ std::string to_json_with_series(const Report& r) {
   nlohmann::ordered_json j = summary_json(r);
   nlohmann::ordered_json series;
   std::vector<double> t;
-  std::vector<std::int64_t> offered, first, retries, successes, failures, queue, open;
+  std::vector<std::int64_t> offered, first, retries, successes, failures, queue, open, limited,
+      throttled, served_ok;
   for (std::size_t i = 0; i < r.slices.size(); ++i) {
     const Slice& s = r.slices[i];
     t.push_back(round3(seconds(r.slice * static_cast<std::int64_t>(i))));
@@ -94,6 +104,9 @@ std::string to_json_with_series(const Report& r) {
     failures.push_back(s.failures);
     queue.push_back(s.queue_max);
     open.push_back(s.breakers_open);
+    limited.push_back(s.limited);
+    throttled.push_back(s.throttled);
+    served_ok.push_back(s.served_ok);
   }
   series["t_s"] = t;
   series["offered"] = offered;
@@ -103,6 +116,9 @@ std::string to_json_with_series(const Report& r) {
   series["failures"] = failures;
   series["queue"] = queue;
   series["breakers_open"] = open;
+  series["limited"] = limited;
+  series["throttled"] = throttled;
+  series["served_ok"] = served_ok;
   j["series"] = series;
   return j.dump();
 }

@@ -2,7 +2,9 @@
 // Starts `keel sim serve` on a free loopback port, checks that two policies are drawn on the same
 // axes with their summaries side by side, moves the fleet slider, toggles jitter off and on (A)
 // and the budget (B), types a bad value, switches to the fleet of 500 pods with breakers per pod
-// (A) and shared (B) and back, and saves a screenshot. Prints how long each redraw took
+// (A) and shared (B) and back, turns on the adaptive concurrency limit (A), runs the two limits
+// comparisons (fixed admission 2x too high against adaptive under 3x overload; a bucket per
+// process against the fleet's shared bucket) and back, and saves a screenshot. Prints how long each redraw took
 // (change to new chart, and the chart drawing alone); times are reported, never asserted.
 //   node tests/e2e/sim_explorer.mjs KEEL_BINARY SCREENSHOT.png
 // Exits 0 when every check passed; prints "N passed, M failed".
@@ -76,6 +78,14 @@ try {
     outageCallsB: Number(document.body.dataset.outageCallsB),
     probes: Number(document.body.dataset.probes),
     probesB: Number(document.body.dataset.probesB),
+    goodput: Number(document.body.dataset.goodput),
+    goodputB: Number(document.body.dataset.goodputB),
+    servedP99: Number(document.body.dataset.servedP99),
+    servedP99B: Number(document.body.dataset.servedP99B),
+    throttled: Number(document.body.dataset.throttled),
+    throttledB: Number(document.body.dataset.throttledB),
+    limited: Number(document.body.dataset.limited),
+    limitedB: Number(document.body.dataset.limitedB),
     state: document.body.dataset.state,
   }));
   const redraws = [];
@@ -159,6 +169,31 @@ try {
         !(await page.locator('#policy-b').innerText()).includes('breaker'),
         'unchecking the box brings back policies A and B');
   await afterRedraw(() => page.locator('#outage_s-value').fill('5'), 'outage back to 5 s');
+
+  const limited = await afterRedraw(() => page.locator('#limit').check(), 'A adaptive limit on');
+  check(limited.limited > 0 && limited.limitedB === 0 &&
+        (await page.locator('#policy-a').innerText()).endsWith('+adaptive-limit'),
+        `the adaptive limit holds A's attempts back (${limited.limited}), B's none`);
+  await afterRedraw(() => page.locator('#limit').uncheck(), 'A adaptive limit off');
+
+  const overload = await afterRedraw(() => page.locator('#limits-overload').check(),
+                                     'limits: 3x overload');
+  check((await page.locator('#policy-a').innerText()) === 'fixed-admission-2x' &&
+        (await page.locator('#policy-b').innerText()) === 'adaptive-admission',
+        'overload: fixed admission 2x too high (A) against adaptive (B)');
+  check(overload.goodput >= 900 && overload.goodputB >= 900 && overload.servedP99 > 20 &&
+        overload.servedP99B <= 20,
+        `adaptive admission keeps p99 within 2x the unloaded 10 ms (${overload.servedP99} -> ` +
+        `${overload.servedP99B} ms) at goodput ${overload.goodputB}/s`);
+  await page.screenshot({ path: screenshot.replace(/\.png$/, '') + '-limits.png', fullPage: true });
+  const rate = await afterRedraw(() => page.locator('#limits-fleet-rate').check(),
+                                 'limits: 8 workers against 50/s');
+  check(rate.throttled > 10 * Math.max(1, rate.throttledB) && rate.goodputB >= 45,
+        `the fleet's shared bucket gets few 429s (${rate.throttled} -> ${rate.throttledB}) ` +
+        `at ${rate.goodputB}/s`);
+  await afterRedraw(() => page.locator('#limits-none').check(), 'limits: none');
+  check(/^full-jitter/.test(await page.locator('#policy-a').innerText()),
+        'choosing none brings back policies A and B');
 
   await afterRedraw(() => page.locator('#jitter').uncheck(), 'jitter off for the screenshot');
   const sorted = [...redraws].sort((x, y) => x - y);

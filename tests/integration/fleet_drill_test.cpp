@@ -108,7 +108,7 @@ class FleetDrill : public test_jobs::JobsHarness<FleetDatabase> {
   Workers start_fleet(int processes, const std::vector<std::string>& args, bool share) {
     Workers workers;
     for (int i = 0; i < processes; ++i) workers.push_back(spawn(args));
-    const std::string up = share ? "keel jobs: breakers shared through" : "keel jobs: worker ";
+    const std::string up = share ? "keel jobs: breakers and pauses shared through" : "keel jobs: worker ";
     EXPECT_TRUE(every_said(workers, up, 30s)) << first_err(workers);
     return workers;
   }
@@ -684,7 +684,7 @@ TEST_F(FleetDrill, TheFlagsRefuseWhatCannotBeSharedNamingTheFlag) {
            {"--deliver", "http://127.0.0.1:1/hook", "--share-breakers=mysql://db/keel"}}) {
     const CmdResult r = with(extra);
     EXPECT_EQ(r.status, 2) << extra.back() << "\n" << r.err;
-    EXPECT_NE(r.err.find("--share-breakers"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--share-fleet"), std::string::npos) << r.err;
   }
   // A SQLite queue shares through nothing unless told where.
   ASSERT_EQ(keel({"jobs", "--db", sqlite, "enqueue", "--queue", kQueue, "--payload", "{}"}).status,
@@ -692,7 +692,7 @@ TEST_F(FleetDrill, TheFlagsRefuseWhatCannotBeSharedNamingTheFlag) {
   const CmdResult on_sqlite = keel({"jobs", "--db", sqlite, "work", "--queue", kQueue, "--deliver",
                                     "http://127.0.0.1:1/hook", "--share-breakers"});
   EXPECT_EQ(on_sqlite.status, 2) << on_sqlite.err;
-  EXPECT_NE(on_sqlite.err.find("--share-breakers"), std::string::npos) << on_sqlite.err;
+  EXPECT_NE(on_sqlite.err.find("--share-fleet"), std::string::npos) << on_sqlite.err;
   EXPECT_EQ(keel({"call", "--share-breakers", sqlite, "http://127.0.0.1:1/"}).status, 2);
   EXPECT_EQ(keel({"call", "--share-breakers", "postgresql://[::1", "http://127.0.0.1:1/"}).status,
             2);

@@ -206,10 +206,10 @@ TEST(SimSharesCore, BudgetAndBreakerAreCoresOwnStopReasons) {
 TEST(SimScenarios, ListsEveryScenarioWithItsPolicies) {
   std::vector<std::string> names;
   for (const auto& s : keel::sim::scenarios()) names.push_back(s.name);
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"worked-example", "worked-example-feedback", "herd",
-                                      "fleet-herd", "layers", "blip", "blip-shed", "demo-story",
-                                      "fleet-outage", "brooker", "hedge-tail", "hedge-brownout"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "worked-example", "worked-example-feedback", "herd", "fleet-herd", "layers",
+                       "blip", "blip-shed", "demo-story", "overload-3x", "fleet-rate-limit",
+                       "fleet-outage", "brooker", "hedge-tail", "hedge-brownout"}));
   ASSERT_NE(keel::sim::find_scenario("layers"), nullptr);
   EXPECT_EQ(keel::sim::find_scenario("nope"), nullptr);
 }
@@ -576,12 +576,28 @@ TEST(SimExplorer, FleetBreakersQueryRunsTheFleetOutage) {
 TEST(SimReport, JsonLineHasTheDocumentedFields) {
   const auto r = run_scenario("layers", "exponential", kSeed);
   const std::string line = keel::sim::to_json_line(r);
-  for (const char* field :
-       {"\"scenario\":\"layers\"", "\"policy\":\"exponential\"", "\"first_attempts\":1",
-        "\"total_calls\":27", "\"amplification\":27.0", "\"offered_per_s\":", "\"peak_per_slice\":",
-        "\"slice_ms\":100.0", "\"peak_retries_per_slice\":", "\"bottom_calls\":27",
-        "\"recovered\":", "\"recovery_s\":", "\"completion_ms\":null", "\"outage_calls\":0",
-        "\"probes\":0", "\"breaker_opens\":0", "\"ops_recovery_s\":"}) {
+  for (const char* field : {"\"scenario\":\"layers\"",
+                            "\"policy\":\"exponential\"",
+                            "\"first_attempts\":1",
+                            "\"total_calls\":27",
+                            "\"amplification\":27.0",
+                            "\"offered_per_s\":",
+                            "\"peak_per_slice\":",
+                            "\"slice_ms\":100.0",
+                            "\"peak_retries_per_slice\":",
+                            "\"bottom_calls\":27",
+                            "\"recovered\":",
+                            "\"recovery_s\":",
+                            "\"completion_ms\":null",
+                            "\"outage_calls\":0",
+                            "\"probes\":0",
+                            "\"breaker_opens\":0",
+                            "\"ops_recovery_s\":",
+                            "\"goodput_per_s\":",
+                            "\"served_p50_ms\":null",
+                            "\"served_p99_ms\":null",
+                            "\"limited\":0",
+                            "\"throttled\":0"}) {
     EXPECT_NE(line.find(field), std::string::npos) << field << " in " << line;
   }
   EXPECT_EQ(line.find('\n'), std::string::npos);

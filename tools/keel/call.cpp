@@ -26,7 +26,9 @@
 #include "keel/events.hpp"
 #include "keel/http/client.hpp"
 #include "keel/policy_check.hpp"
+#include "keel/rate_limit.hpp"
 #include "policy_flags.hpp"
+#include "rate_flag.hpp"
 
 namespace keel::cli {
 namespace {
@@ -113,6 +115,7 @@ struct CallArgs {
   std::string duplicate_is_success;  // STATUS[:TEXT]; empty: off
   std::string queue_on_failure;      // DB; empty: off
   std::string share_breakers;        // DB; empty: the call's own breakers
+  std::string rate_limit;            // RATE[/s]; empty: none
   std::string defer_queue = "deferred-http";
   std::string hedge;       // DELAY; empty: no hedging
   std::string max_hedges;  // N; empty: 1
@@ -139,6 +142,7 @@ int exit_status(StopReason reason) {
       return kExitNotSafe;
     case StopReason::kBudgetExhausted:
     case StopReason::kCircuitOpen:
+    case StopReason::kLimited:
       return kExitBrake;
     case StopReason::kCancelled:
       return kExitLocalError;
@@ -312,10 +316,23 @@ int run_call(const CallArgs& a) {
       std::fprintf(stderr, "%s\n", line.c_str());
     };
   }
+  // The host's rate (--rate-limit) and the pauses a 429 or 503 with Retry-After asks for.
+  std::unique_ptr<RateLimitRegistry> rates;
+  if (!a.rate_limit.empty() || !a.share_breakers.empty()) {
+    double rate = 0;
+    if (!a.rate_limit.empty()) {
+      auto parsed = parse_rate("--rate-limit", a.rate_limit);
+      if (!parsed) return usage_error(parsed.error().message());
+      rate = *parsed;
+    }
+    rates = std::make_unique<RateLimitRegistry>(RateLimitOptions{.rate_per_s = rate});
+    options.brakes.rate_limits = rates.get();
+  }
 #if KEEL_CLI_JOBS
   std::unique_ptr<SharedBreakersForCall> shared;
   if (!a.share_breakers.empty()) {
-    auto opened = SharedBreakersForCall::open(a.share_breakers, std::chrono::seconds(2));
+    auto opened =
+        SharedBreakersForCall::open(a.share_breakers, std::chrono::seconds(2), rates.get());
     if (!opened) return usage_error(opened.error().message());
     shared = std::move(*opened);
     options.brakes.breakers = &shared->registry();
@@ -330,7 +347,7 @@ int run_call(const CallArgs& a) {
 #else
   if (!a.queue_on_failure.empty() || !a.share_breakers.empty()) {
     return usage_error(
-        std::string(a.queue_on_failure.empty() ? "--share-breakers" : "--queue-on-failure") +
+        std::string(a.queue_on_failure.empty() ? "--share-fleet" : "--queue-on-failure") +
         ": this keel was built without keel::store");
   }
 #endif
@@ -420,10 +437,17 @@ Runner add_call(CLI::App& app) {
                   "When the host is down, queue a request with an Idempotency-Key for later "
                   "in DB's job queue (exit 8, the job id on stdout)")
       ->type_name("DB");
-  sub->add_option("--share-breakers", a->share_breakers,
-                  "Share the host's circuit breaker with every process on this PostgreSQL "
-                  "database: refused at once while the fleet's breaker is open (docs/fleet.md)")
+  sub->add_option("--share-fleet,--share-breakers", a->share_breakers,
+                  "Share the host's circuit breaker, rate limit and 429 pauses with every "
+                  "process on this PostgreSQL database: refused at once while the fleet's "
+                  "breaker is open, held while the fleet is paused (docs/fleet.md; "
+                  "--share-breakers is the old name)")
       ->type_name("DB");
+  sub->add_option("--rate-limit", a->rate_limit,
+                  "At most RATE calls per second to the host (RATE/s, RATE/m, RATE/h), the "
+                  "whole fleet's with --share-fleet; the call waits for its slot or a pause "
+                  "within --deadline, else exits as refused by a brake (docs/rate-limits.md)")
+      ->type_name("RATE[/s]");
   sub->add_option("--defer-queue", a->defer_queue, "The queue --queue-on-failure writes to")
       ->capture_default_str();
   sub->add_option("--secret-header", a->secret_headers,

@@ -91,17 +91,20 @@ class QueueOnFailure {
 /// and a call that is the fleet's probe reports its result to everyone.
 class SharedBreakersForCall {
  public:
-  /// Reads the fleet's state before the call (waiting at most `wait` for the database). Returns
-  /// an Error naming --share-breakers for a bad URL or a database without notifications.
+  /// Reads the fleet's state before the call (waiting at most `wait` for the database), and
+  /// shares `rates` (none: breakers only) with the fleet. Returns an Error naming --share-fleet
+  /// for a bad URL or a database without notifications.
   static Expected<std::unique_ptr<SharedBreakersForCall>> open(const std::string& text,
-                                                               Duration wait) {
+                                                               Duration wait,
+                                                               RateLimitRegistry* rates = nullptr) {
     auto url = store::parse_database_url(text);
-    if (!url) return url.error().in("--share-breakers");
+    if (!url) return url.error().in("--share-fleet");
     auto self = std::unique_ptr<SharedBreakersForCall>(new SharedBreakersForCall());
     try {
-      self->shared_ = std::make_unique<store::SharedBreakers>(self->registry_, std::move(*url));
+      self->shared_ = std::make_unique<store::SharedBreakers>(
+          self->registry_, std::move(*url), store::SharedBreakersOptions{.rate_limits = rates});
     } catch (const std::invalid_argument& e) {
-      return Error{.field = "--share-breakers",
+      return Error{.field = "--share-fleet",
                    .problem = std::string("is refused: ") + e.what(),
                    .got = quote_value(text)};
     }

@@ -351,11 +351,18 @@ Runner add_jobs(CLI::App& app) {
   work->add_option("--metrics-listen", args->metrics_listen,
                    "Serve Prometheus metrics on HOST:PORT (/metrics; port 0 picks one)");
   CLI::Option* share =
-      work->add_option("--share-breakers", args->share_breakers_url,
-                       "--deliver, --deferred: share circuit breakers with every process on this "
-                       "PostgreSQL database (default: --db), so that the fleet opens together "
-                       "and sends one probe per break (docs/fleet.md)")
+      work->add_option("--share-fleet,--share-breakers", args->share_breakers_url,
+                       "--deliver, --deferred: share circuit breakers, rate limits and 429 "
+                       "pauses with every process on this PostgreSQL database (default: --db), "
+                       "so that the fleet opens together, sends one probe per break and keeps "
+                       "one rate (docs/fleet.md; --share-breakers is the old name)")
           ->expected(0, 1);
+  work->add_option("--rate-limit", args->rate_limit,
+                   "--deliver, --deferred: at most RATE calls per second to each dependency "
+                   "(RATE/s, RATE/m, RATE/h), the whole fleet's with --share-fleet; a 429 or 503 "
+                   "with Retry-After pauses it, and a job held by either is deferred without "
+                   "losing an attempt (docs/rate-limits.md)")
+      ->type_name("RATE[/s]");
   work->callback([cmd, args, share] {
     *cmd = "work";
     args->share_breakers = share->count() > 0;

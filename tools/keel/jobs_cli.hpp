@@ -40,9 +40,11 @@ struct JobsArgs {
   bool no_wakeups = false;
   std::string listen_db;           // a direct URL for LISTEN beside --db through a pooler
   std::string node_check = "10s";  // how often the listener checks its node takes writes
-  // --share-breakers[=URL]: breakers shared through PostgreSQL (empty URL: --db).
+  // --share-fleet[=URL] (or --share-breakers[=URL]): breakers, rate limits and pauses shared
+  // through PostgreSQL (empty URL: --db).
   bool share_breakers = false;
   std::string share_breakers_url;
+  std::string rate_limit;  // RATE[/s] per dependency; empty: none
   // One attempt's limit. Empty (not given): kDeliverTimeout for --deliver and --deferred, none
   // for --exec, whose commands may legitimately run long.
   std::string timeout;

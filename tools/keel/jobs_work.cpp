@@ -22,6 +22,7 @@
 #include "keel/duration.hpp"
 #include "keel/http/client.hpp"
 #include "keel/http/url.hpp"
+#include "keel/rate_limit.hpp"
 #include "keel/store/db/dialect.hpp"
 #include "keel/store/fleet/shared_breakers.hpp"
 #include "keel/store/handlers/command_handler.hpp"
@@ -30,6 +31,7 @@
 #include "keel/store/queue/queue_worker.hpp"
 #include "keel/store/server/idempotency_middleware.hpp"
 #include "queue_cli.hpp"
+#include "rate_flag.hpp"
 
 namespace keel::cli::jobs_cli {
 
@@ -71,16 +73,27 @@ int run_work(const JobsArgs& a) {
   if (a.share_breakers) {
     if (!a.exec.empty()) {
       return usage(
-          "--share-breakers: needs --deliver or --deferred (an --exec job calls no "
+          "--share-fleet: needs --deliver or --deferred (an --exec job calls no "
           "dependency keel knows of)");
     }
     if (a.share_breakers_url.empty()) {
       share_url = *url;
     } else {
       auto parsed = store::parse_database_url(a.share_breakers_url);
-      if (!parsed) return usage(parsed.error().in("--share-breakers").message());
+      if (!parsed) return usage(parsed.error().in("--share-fleet").message());
       share_url = std::move(*parsed);
     }
+  }
+  std::optional<double> rate;
+  if (!a.rate_limit.empty()) {
+    if (!a.exec.empty()) {
+      return usage(
+          "--rate-limit: needs --deliver or --deferred (an --exec job calls no "
+          "dependency keel knows of)");
+    }
+    auto parsed = parse_rate("--rate-limit", a.rate_limit);
+    if (!parsed) return usage(parsed.error().message());
+    rate = *parsed;
   }
   if (a.concurrency < 1 || a.concurrency > 256) {
     return usage("--concurrency: must be 1..256, got " + std::to_string(a.concurrency));
@@ -200,6 +213,13 @@ int run_work(const JobsArgs& a) {
     budget = std::make_unique<RatioBudget>(RatioBudgetOptions{.ratio = *budget_ratio});
   BreakerRegistry breakers;
   BreakerLog breaker_log(breakers);
+  // Each dependency's rate, and the pauses a 429 or 503 with Retry-After asks for: with
+  // --rate-limit, or with the fleet's sharing (pauses only, without --rate-limit). Declared
+  // before the sharing, which detaches from it when destroyed.
+  std::unique_ptr<RateLimitRegistry> rates;
+  if ((rate || share_url) && (!a.deliver.empty() || a.deferred)) {
+    rates = std::make_unique<RateLimitRegistry>(RateLimitOptions{.rate_per_s = rate.value_or(0)});
+  }
   std::unique_ptr<store::SharedBreakers> shared_breakers;
   if (!a.deliver.empty() || a.deferred) {
     breakers.add_listener([&](std::string_view key, BreakerState from, BreakerState to) {
@@ -208,18 +228,23 @@ int run_work(const JobsArgs& a) {
     if (share_url) {
       try {
         shared_breakers = std::make_unique<store::SharedBreakers>(
-            breakers, *share_url, store::SharedBreakersOptions{.listen_url = listen_url});
+            breakers, *share_url,
+            store::SharedBreakersOptions{.listen_url = listen_url, .rate_limits = rates.get()});
       } catch (const std::invalid_argument& e) {
-        return usage(std::string("--share-breakers: ") + e.what());
+        return usage(std::string("--share-fleet: ") + e.what());
       }
       // Start with the fleet's state; an unreachable database was said by SharedBreakers.
       if (shared_breakers->wait_until_sharing(std::chrono::seconds(5))) {
-        std::fprintf(stderr, "keel jobs: breakers shared through %s as %s\n",
-                     share_url->redacted.c_str(), shared_breakers->process().c_str());
+        std::fprintf(stderr, "keel jobs: breakers%s shared through %s as %s\n",
+                     rate ? ", rate limits and pauses" : " and pauses", share_url->redacted.c_str(),
+                     shared_breakers->process().c_str());
       }
     }
     http::ClientOptions options = store::webhook_client_options(*timeout);
     options.brakes.breakers = &breakers;
+    // A slot within the fleet's schedule is waited for; a longer hold (a pause) defers the job.
+    options.brakes.rate_limits = rates.get();
+    options.brakes.max_limit_wait = std::chrono::seconds(2);
     options.brakes.retry_budget = budget != nullptr;
     options.brakes.budget = budget.get();
     options.retry.events = &metrics.watch(breakers, budget.get());  // retries, breakers, budget

@@ -48,8 +48,10 @@ std::vector<store::SchemaComponent> all_components(const store::DatabaseUrl& url
                                              store::IdempotencyStore::schema(),
                                              store::ProcessedMessages::schema()};
   // Fleet sharing needs notifications: PostgreSQL's.
-  if (store::dialect_of(url.backend).listen_notify())
+  if (store::dialect_of(url.backend).listen_notify()) {
     out.push_back(store::SharedBreakers::schema());
+    out.push_back(store::SharedBreakers::rate_limit_schema());
+  }
   return out;
 }
 

@@ -136,6 +136,35 @@ void print_story(const std::vector<sim::Report>& reports) {
   }
 }
 
+// overload-3x and fleet-rate-limit: what the limits did (goodput against capacity, the time
+// an admitted request spent in the receiver, the 429s of the dependency's rate limit, the
+// attempts the clients held back themselves).
+void print_limits(const std::vector<sim::Report>& reports) {
+  bool header = false;
+  for (const auto& r : reports) {
+    if (r.scenario != "overload-3x" && r.scenario != "fleet-rate-limit") continue;
+    const auto& m = r.summary;
+    if (!header) {
+      header = true;
+      std::printf("\nlimits: %-21s %12s %10s %10s %10s %12s %10s\n", "policy", "goodput/s",
+                  "served p50", "served p99", "429s", "429 share", "held back");
+    }
+    const auto ms = [](const std::optional<Duration>& d) {
+      if (!d) return std::string("-");
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.1fms",
+                    std::chrono::duration<double, std::milli>(*d).count());
+      return std::string(buf);
+    };
+    const double share = m.total_calls > 0 ? 100.0 * static_cast<double>(m.throttled) /
+                                                 static_cast<double>(m.total_calls)
+                                           : 0.0;
+    std::printf("        %-21s %12.1f %10s %10s %10lld %11.1f%% %10lld\n", r.policy.c_str(),
+                m.goodput_per_s, ms(m.served_p50_latency).c_str(), ms(m.served_p99_latency).c_str(),
+                static_cast<long long>(m.throttled), share, static_cast<long long>(m.limited));
+  }
+}
+
 void print_table(const std::vector<sim::Report>& reports) {
   std::printf("%-28s %10s %10s %7s %12s %9s %9s %10s %12s\n", "policy", "first", "calls", "ampl",
               "offered/s", "peak", "peak-retry", "recovered", "completion");
@@ -232,6 +261,7 @@ int run_command(const RunOptions& o) {
     if (&sim::scenario_policies(info->name) == &sim::hedge_policies()) print_latencies(reports);
     if (fleet_outage) print_breakers(reports);
     if (info->name == "demo-story") print_story(reports);
+    print_limits(reports);
     for (const auto& r : reports) {
       if (!r.stops_recovering_at) continue;
       if (*r.stops_recovering_at) {

@@ -30,11 +30,13 @@
 #include "keel/budget.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
+#include "keel/concurrency_limit.hpp"
 #include "keel/hedge.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/request.hpp"
 #include "keel/latency.hpp"
 #include "keel/random.hpp"
+#include "keel/rate_limit.hpp"
 #include "keel/retry.hpp"
 
 namespace keel::http {
@@ -116,6 +118,33 @@ struct ClientOptions {
     /// AdaptiveTimeoutOptions (p99.9 x 1.25 + 25 ms within [10 ms, 60 s], after 1000
     /// latencies, over the last 60 s).
     AdaptiveTimeoutRegistryOptions own_timeouts = {};
+    /// keel::http::Client only (keel::asio::HttpClient ignores the four fields below): the
+    /// rate limits of the hosts, one keel::RateLimit per "host:port" (breaker_key; a registry
+    /// may give a host its own rate with set_options). Before each attempt the call takes a
+    /// slot of its host's rate, waiting for it (on `clock`) within max_limit_wait and the
+    /// deadline; a longer wait stops the operation with StopReason::kLimited, nothing sent and
+    /// no attempt spent (Result::outcome kNotAttempted with the wait as server_delay). A 429 or
+    /// 503 with Retry-After pauses its host (RateLimit::pause, capped by its max_pause): every
+    /// call to it waits or stops as above until then, and that answer is handed to the engine
+    /// as kNotAttempted (no breaker failure, no budget charge; the operation stops with
+    /// kLimited when it may not wait). Share the registry between clients, or attach it to
+    /// keel::store::SharedBreakers to share it with a fleet. Non-owning; Requires: outlives
+    /// the client. Default none: no rate limits and no pauses.
+    RateLimitRegistry* rate_limits = nullptr;
+    /// The longest a call waits for its host's rate, pause or concurrency limit before it stops
+    /// with kLimited (the deadline bounds it too). Requires: >= 0. Default 10 s.
+    Duration max_limit_wait = std::chrono::seconds(10);
+    /// Whether each host's calls in flight are bounded by an adaptive concurrency limit
+    /// (keel::AdaptiveConcurrencyLimit, docs/concurrency.md): an attempt over it waits for
+    /// about the host's latency (jittered) and asks again, within max_limit_wait; timeouts and
+    /// 429/503 answers are its drops, other answers its latencies. Default false.
+    bool adaptive_concurrency = false;
+    /// The registry the per-host limits come from (share one between clients). Non-owning;
+    /// Requires: outlives the client. Default none: the client's own, from own_concurrency.
+    ConcurrencyLimitRegistry* concurrency_limits = nullptr;
+    /// Options of the client's own limits (when concurrency_limits is none). Default: keel's
+    /// ConcurrencyLimitOptions (start at 20, within [1, 1000]).
+    ConcurrencyLimitOptions own_concurrency = {};
   };
 
   /// What a failed operation may do instead of failing, when keel::choose_fallback allows it

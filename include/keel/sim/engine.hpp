@@ -39,6 +39,8 @@
 
 #include "keel/breaker.hpp"
 #include "keel/clock.hpp"
+#include "keel/concurrency_limit.hpp"
+#include "keel/rate_limit.hpp"
 #include "keel/retry.hpp"
 
 namespace keel::sim {
@@ -89,6 +91,16 @@ struct DependencyConfig {
   std::int64_t admission_queue = 0;
   /// Upper end of the shed requests' Retry-After. Requires: > 0. Default 1 s.
   Duration admission_retry_after_max = std::chrono::seconds(1);
+  /// Adaptive admission (AdmissionOptions::adaptive): the limit retries are shed at is found
+  /// from the latency of the requests it admitted (arrival to served), not admission_limit;
+  /// first attempts are admitted admission_queue beyond it. Default none.
+  std::optional<ConcurrencyLimitOptions> admission_adaptive;
+  /// A rate limit at the dependency's front door: a request that arrives when this many were
+  /// accepted in the last second is answered 429 at once, without using capacity, with
+  /// Retry-After rate_limit_retry_after. Requires: >= 0. Default 0 (none).
+  double rate_limit_per_s = 0;
+  /// The Retry-After of those 429s. Requires: >= 0. Default 1 s.
+  Duration rate_limit_retry_after = std::chrono::seconds(1);
 };
 
 /// Who calls.
@@ -158,6 +170,19 @@ struct ClientPolicy {
   /// The processes' breakers (CallContext::breaker) behave as one fleet breaker; see
   /// SharedBreakers. Default none: each process's breaker decides alone.
   std::optional<SharedBreakers> shared_breakers;
+  /// Each process limits its calls in flight to the dependency with a keel::
+  /// AdaptiveConcurrencyLimit of these options (a fixed limit: min_limit = max_limit =
+  /// initial_limit). An attempt over the limit is not sent and not spent: it asks again after
+  /// the limit's retry_in, jittered (keel::jittered). Default none.
+  std::optional<ConcurrencyLimitOptions> concurrency_limit;
+  /// Each process spaces its calls to the dependency with a keel::RateLimit of these options,
+  /// and pauses it for a 429's Retry-After; an attempt waits for its slot (not spent).
+  /// Default none.
+  std::optional<RateLimitOptions> rate_limit;
+  /// With rate_limit: one bucket and one pause for the whole fleet (the shared bucket of
+  /// keel::store::SharedBreakers, without its chunks' granularity), instead of one per process.
+  /// Default false.
+  bool shared_rate_limit = false;
 };
 
 struct Scenario {
@@ -194,6 +219,9 @@ struct Slice {
   std::int64_t breakers_closed = 0;  // client processes whose breaker was closed at slice end
   std::int64_t breakers_open = 0;
   std::int64_t breakers_half_open = 0;
+  std::int64_t limited = 0;    // attempts held back by the client's own limits (not sent)
+  std::int64_t throttled = 0;  // requests answered 429 by the dependency's rate limit
+  std::int64_t served_ok = 0;  // requests the dependency served successfully (goodput)
 };
 
 struct Summary {
@@ -220,7 +248,13 @@ struct Summary {
   std::optional<Duration> ops_recovery;
   std::optional<Duration> p50_latency;  // of successful top-level operations
   std::optional<Duration> p99_latency;
-  std::int64_t events = 0;  // events processed (for benchmarks)
+  /// Of the requests the dependency served (arrival to served: its queue and service time).
+  std::optional<Duration> served_p50_latency;
+  std::optional<Duration> served_p99_latency;
+  double goodput_per_s = 0;    // served_ok per second over the steady window
+  std::int64_t limited = 0;    // attempts held back by the client's own limits
+  std::int64_t throttled = 0;  // 429s of the dependency's rate limit
+  std::int64_t events = 0;     // events processed (for benchmarks)
 };
 
 struct Result {

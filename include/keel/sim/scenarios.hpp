@@ -51,6 +51,12 @@ struct PolicySettings {
   Duration per_try_timeout = kInfinite;
   /// The budget's ratio of retries to requests. Requires: in (0, 1]. Default 0.1.
   double budget_ratio = 0.1;
+  /// full-jitter+fixed-limit: each process's fixed concurrency limit. Requires: in [1, 2^20].
+  /// Default 40.
+  std::int64_t fixed_limit = 40;
+  /// full-jitter+rate-limit and +shared-rate-limit: the bucket's rate. Requires: in (0, 1e6].
+  /// Default 50.
+  double rate_per_s = 50;
 };
 
 /// Policy names make_policy() knows, in display order.
@@ -60,11 +66,14 @@ struct PolicySettings {
 /// exponential (no jitter), full-jitter, equal-jitter, decorrelated-jitter, full-jitter+budget,
 /// full-jitter+budget+breaker, full-jitter+breaker (a breaker per process, no budget),
 /// full-jitter+shared-breaker (the same breakers shared by the fleet: SharedBreakers with its
-/// default 500 ms propagation), one-layer, and three fixed formulas that take only max_attempts and
-/// per_try_timeout from the settings: keel-default (BackoffOptions{}), aws-standard (full jitter,
-/// base 1 s, cap 20 s) and fleet (BackoffOptions::fleet()). Throws std::invalid_argument naming the
-/// policy and the known names when `name` is unknown, or when the policy needs a core feature this
-/// build lacks.
+/// default 500 ms propagation), full-jitter+adaptive-limit (a keel::AdaptiveConcurrencyLimit per
+/// process, no budget), full-jitter+fixed-limit (a fixed concurrency limit of fixed_limit per
+/// process), full-jitter+rate-limit (a keel::RateLimit of rate_per_s per process) and
+/// full-jitter+shared-rate-limit (one for the fleet), one-layer, and three fixed formulas that take
+/// only max_attempts and per_try_timeout from the settings: keel-default (BackoffOptions{}),
+/// aws-standard (full jitter, base 1 s, cap 20 s) and fleet (BackoffOptions::fleet()). Throws
+/// std::invalid_argument naming the policy and the known names when `name` is unknown, or when the
+/// policy needs a core feature this build lacks.
 [[nodiscard]] ClientPolicy make_policy(std::string_view name, const PolicySettings& settings);
 
 /// A labelled span of a scenario's timeline, for reports and plots (demo-story: steady, blip,
@@ -189,8 +198,13 @@ struct HedgeTailConfig {
 [[nodiscard]] Report run_hedge_tail(std::string_view policy, const HedgeTailConfig& config,
                                     std::uint64_t seed);
 
+/// The receiver's admission in the overload scenario: "fixed-admission" (a fixed limit set
+/// where the latency bound allows), "fixed-admission-2x" (the same set 2x too high) and
+/// "adaptive-admission" (AdmissionOptions::adaptive). Its clients retry with full jitter.
+[[nodiscard]] const std::vector<std::string>& admission_policies();
+
 /// The policies `keel sim run --scenario` accepts for the named scenario: brooker_policies(),
-/// hedge_policies() or policy_names().
+/// hedge_policies(), admission_policies() (overload-3x) or policy_names().
 [[nodiscard]] const std::vector<std::string>& scenario_policies(std::string_view scenario);
 
 /// The explorer page's model: a fleet of clients that all call at t = 0 into an outage, then a
@@ -204,6 +218,8 @@ struct ExplorerParams {
   bool jitter = true;
   bool budget = false;
   bool breaker = false;
+  /// An adaptive concurrency limit on the clients' calls (keel::AdaptiveConcurrencyLimit).
+  bool limit = false;
 };
 
 /// The explorer's query (GET /api/sim?fleet=&capacity=&outage_s=&attempts=&base_ms=&jitter=
@@ -213,11 +229,16 @@ struct ExplorerParams {
 /// parameter and its value ("fleet must be in [1, 100000] (got '500000')").
 /// With `fleet_breakers=per-pod` or `fleet_breakers=shared` the query asks for the fleet-outage
 /// scenario instead (its outage lasting outage_s; the other parameters are not used), with
-/// breakers per pod or shared by the fleet: fleet_breakers is then false or true.
+/// breakers per pod or shared by the fleet: fleet_breakers is then false or true. With
+/// `scenario=overload-3x` or `scenario=fleet-rate-limit` and `policy=` one of that scenario's
+/// policies (scenario_policies), it asks for that named run instead (the limits' comparisons).
+/// `limit` (a boolean) adds an adaptive concurrency limit to the explorer model's clients.
 struct ExplorerQuery {
   ExplorerParams params;
   std::uint64_t seed = 1;
   std::optional<bool> fleet_breakers;
+  std::string scenario;  // empty: the explorer model (or fleet_breakers)
+  std::string policy;    // with scenario
 };
 [[nodiscard]] Expected<ExplorerQuery> parse_explorer_query(
     const std::function<std::optional<std::string>(std::string_view name)>& get);

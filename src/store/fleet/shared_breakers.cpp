@@ -61,6 +61,26 @@ constexpr Migration kMigrations[] = {
             " process TEXT PRIMARY KEY,"
             " seen_at TIMESTAMPTZ NOT NULL)"}};
 
+// The rate limits' table (component "rate_limits"): one row per dependency whose rate or pause
+// the fleet shares. next_slot is the fleet's schedule (the first slot not leased yet);
+// paused_until the fleet's pause.
+constexpr Migration kRateMigrations[] = {
+    {.sql = "CREATE TABLE keel_rate_limits ("
+            " key TEXT PRIMARY KEY,"
+            " next_slot TIMESTAMPTZ,"
+            " paused_until TIMESTAMPTZ,"
+            " leases BIGINT NOT NULL DEFAULT 0,"  // chunks leased
+            " pauses BIGINT NOT NULL DEFAULT 0,"  // pauses written
+            " updated_by TEXT,"
+            " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"}};
+
+// The kinds of a row of keel_rate_limits outside its domain.
+enum RateFlag : int {
+  kSlotOutOfDomain = 1,  // next_slot not finite or beyond the horizon: read as now; rewritten
+  kPauseTooLong = 2,     // paused_until not finite or beyond max_pause: obeyed as at most that
+  kBadRateCount = 4,     // leases or pauses outside [0, 2^53]: read as 0; rewritten
+};
+
 // Bounds of the domain.
 constexpr std::int64_t kMaxCount = std::int64_t{1} << 53;  // breaks, probes
 constexpr std::int64_t kMaxFleet = 10000;                  // processes sharing one database
@@ -175,7 +195,12 @@ std::string row_columns(const Places& p) {
 }
 constexpr std::size_t kRowColumns = 9;
 
+std::string us(const std::string& place) { return "(" + place + " * interval '1 microsecond')"; }
+
 struct Statements {
+  std::string lease;
+  std::string pause;
+  std::string pauses;
   std::string take_probe;
   std::string fleet_state;
   std::string publish_open;
@@ -187,6 +212,71 @@ struct Statements {
 const Statements& sql() {
   static const Statements statements = [] {
     Statements s;
+    // $1 key, $2 the chunk's span in us, $3 the burst in us, $4 the horizon in us, $5 process,
+    // $6 the longest pause in ms. Columns: the leased chunk's end, in us from now (NULL: the
+    // schedule is full), the flags of the row as it was, the us until the schedule has room,
+    // next_slot and paused_until as text (for the notices).
+    {
+      const std::string sane_slot =
+          "(CASE WHEN r.next_slot IS NULL OR NOT isfinite(r.next_slot) OR r.next_slot >"
+          " statement_timestamp() + " +
+          us("$4") + " + " + kSlack + " THEN now() ELSE r.next_slot END)";
+      const std::string start = "GREATEST(" + sane_slot + ", now() - " + us("$3") + ")";
+      const std::string bound = std::to_string(kMaxCount);
+      const std::string rate_flags =
+          "(CASE WHEN r.next_slot IS NOT NULL AND (NOT isfinite(r.next_slot) OR r.next_slot >"
+          " statement_timestamp() + " +
+          us("$4") + " + " + kSlack + ") THEN 1 ELSE 0 END + CASE WHEN (NOT isfinite(" +
+          "r.paused_until) OR r.paused_until > statement_timestamp() + " + ms("$6") + " + " +
+          kSlack + ") IS TRUE THEN 2 ELSE 0 END + CASE WHEN r.leases NOT BETWEEN 0 AND " + bound +
+          " OR r.pauses NOT BETWEEN 0 AND " + bound + " THEN 4 ELSE 0 END)";
+      s.lease =
+          "WITH up AS ("
+          " INSERT INTO keel_rate_limits AS r (key, next_slot, leases, updated_by, updated_at)"
+          " VALUES ($1, now() + " +
+          us("$2") +
+          ", 1, $5, now())"
+          " ON CONFLICT (key) DO UPDATE SET next_slot = " +
+          start + " + " + us("$2") + ", leases = " + sane_count("r.leases") +
+          " + 1, pauses = " + sane_count("r.pauses") +
+          ", updated_by = $5, updated_at = now()"
+          " WHERE " +
+          start + " <= now() + " + us("$4") +
+          " RETURNING r.next_slot)"
+          " SELECT (SELECT floor(extract(epoch FROM next_slot - now()) * 1000000)::bigint"
+          "  FROM up),"
+          " (SELECT " +
+          rate_flags +
+          " FROM keel_rate_limits r WHERE r.key = $1),"
+          " (SELECT floor(extract(epoch FROM " +
+          start + " - now() - " + us("$4") +
+          ") * 1000000)::bigint FROM keel_rate_limits r WHERE r.key = $1),"
+          " (SELECT r.next_slot::text FROM keel_rate_limits r WHERE r.key = $1),"
+          " (SELECT r.paused_until::text FROM keel_rate_limits r WHERE r.key = $1)";
+    }
+    // $1 key, $2 the pause in ms, $3 process, $4 notification payload, $5 the longest pause in
+    // ms. Extends the row's pause only (one out of its domain is replaced).
+    s.pause =
+        "WITH up AS ("
+        " INSERT INTO keel_rate_limits AS r (key, paused_until, pauses, updated_by, updated_at)"
+        " VALUES ($1, now() + " +
+        ms("$2") +
+        ", 1, $3, now())"
+        " ON CONFLICT (key) DO UPDATE SET paused_until = EXCLUDED.paused_until, pauses = " +
+        sane_count("r.pauses") + " + 1, leases = " + sane_count("r.leases") +
+        ", updated_by = $3, updated_at = now()"
+        " WHERE r.paused_until IS NULL OR NOT isfinite(r.paused_until)"
+        "  OR r.paused_until < EXCLUDED.paused_until OR r.paused_until > statement_timestamp() + " +
+        ms("$5") + " + " + kSlack +
+        " RETURNING 1)"
+        " SELECT pg_notify('keel_breakers', $4) FROM up";
+    // $1 the longest pause in ms: every pause running, each at most that from now.
+    s.pauses = "SELECT r.key, " + ms_until("LEAST(r.paused_until, now() + " + ms("$1") + ")") +
+               ", CASE WHEN (NOT isfinite(r.paused_until) OR r.paused_until > "
+               "statement_timestamp() + " +
+               ms("$1") + " + " + kSlack +
+               ") IS TRUE THEN 1 ELSE 0 END, r.paused_until::text"
+               " FROM keel_rate_limits r WHERE (r.paused_until > now()) IS TRUE";
     // $1 key, $2 process, $3 lease in ms, $4 longest break in ms, $5 members' window in ms. The
     // first column is 1 when this process took the probe lease (then the rest is the row as it
     // was); no row: the key has none.
@@ -353,6 +443,9 @@ void validate(const SharedBreakersOptions& o) {
   if (o.release_spread < Duration::zero()) {
     reject("release_spread", ">= 0", format_duration(o.release_spread));
   }
+  if (o.rate_horizon < std::chrono::milliseconds(100)) {
+    reject("rate_horizon", ">= 100ms", format_duration(o.rate_horizon));
+  }
   if (o.process.find_first_of(" \t\r\n") != std::string::npos) {
     reject("process", "a name without whitespace", "\"" + o.process + "\"");
   }
@@ -385,6 +478,14 @@ struct SharedBreakers::RowRead {
 
 void SharedBreakers::migrate(Connection& connection) {
   (void)store::migrate(connection, "breakers", kMigrations);
+}
+
+SchemaComponent SharedBreakers::rate_limit_schema() noexcept {
+  return {.name = "rate_limits",
+          .version = static_cast<int>(std::size(kRateMigrations)),
+          .migrate = [](Connection& connection) {
+            (void)store::migrate(connection, "rate_limits", kRateMigrations);
+          }};
 }
 
 SchemaComponent SharedBreakers::schema() noexcept {
@@ -420,11 +521,17 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
   listener_id_ = registry_.add_listener([this](std::string_view key, BreakerState from,
                                                BreakerState to) { on_change(key, from, to); });
   registry_.set_trial_gate([this](std::string_view key) { return gate(key); });
+  horizon_ms_ = to_ms(options_.rate_horizon);
+  if (options_.rate_limits != nullptr) options_.rate_limits->attach_fleet(&rate_fleet_);
   thread_ = std::thread([this] { run(); });
 }
 
 SharedBreakers::~SharedBreakers() {
   stopping_.store(true);
+  if (options_.rate_limits != nullptr) {
+    options_.rate_limits->attach_fleet(nullptr);  // waits for a lease running (round_trip_limit)
+    options_.rate_limits->set_fleet_state(false, 1.0);
+  }
   registry_.set_trial_gate(nullptr);  // waits for a gate that is running (round_trip_limit)
   registry_.remove_listener(listener_id_);
   {
@@ -459,7 +566,12 @@ SharedBreakersStats SharedBreakers::stats() const {
           .refused = refused_.load(),
           .rows_out_of_domain = rows_out_of_domain_.load(),
           .rows_repaired = rows_repaired_.load(),
-          .fleet_size = registry_.fleet_size()};
+          .fleet_size = registry_.fleet_size(),
+          .chunks_leased = chunks_leased_.load(),
+          .leases_waited = leases_waited_.load(),
+          .leases_full = leases_full_.load(),
+          .pauses_published = pauses_published_.load(),
+          .pauses_applied = pauses_applied_.load()};
 }
 
 void SharedBreakers::notice(const std::string& message) {
@@ -545,6 +657,209 @@ Duration SharedBreakers::gate(std::string_view key) {
   return hold;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Rate limits: the calls' side (any thread).
+
+// A limit has few slots left: its next chunk is leased in the background.
+void SharedBreakers::want_chunk(std::string_view key) {
+  std::lock_guard lock(mu_);
+  if (!sharing_.load() || listener_ == nullptr) return;
+  wanted_.emplace(key);
+  listener_->interrupt();
+}
+
+// A call has no slot left: a chunk is asked of the background thread, and waited for at most
+// round_trip_limit. Returns whether the fleet answered (a chunk, or the schedule's room).
+bool SharedBreakers::lease_chunk(std::string_view key) {
+  const auto request = std::make_shared<LeaseRequest>();
+  request->key = std::string(key);
+  std::unique_lock lock(mu_);
+  if (!sharing_.load() || !answering_ || listener_ == nullptr) return false;
+  leases_.push_back(request);
+  listener_->interrupt();
+  leases_waited_.fetch_add(1);
+  if (!answered_cv_.wait_for(lock, options_.round_trip_limit, [&] { return request->answered; })) {
+    // No answer in time: this call goes on the process's share, and so do the next ones, at
+    // once, until the background thread answers again.
+    request->abandoned = true;
+    answering_ = false;
+    return false;
+  }
+  return true;
+}
+
+// This process learnt a pause (a Retry-After): written to the fleet's row in the background.
+void SharedBreakers::paused(std::string_view key, TimePoint until) {
+  if (!shareable(key)) return;
+  const Instant at{std::chrono::duration_cast<Instant::duration>(until.time_since_epoch())};
+  std::lock_guard lock(mu_);
+  auto [it, added] = pauses_.try_emplace(std::string(key), at);
+  if (!added && it->second < at) it->second = at;
+  if (listener_ != nullptr) listener_->interrupt();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rate limits: the background thread's side.
+
+// Every limit's mode: the fleet's chunks while sharing, else this process's share of each rate
+// (an equal share of the fleet it last knew, all of it when it never knew one).
+void SharedBreakers::set_rate_sharing(bool sharing) {
+  if (options_.rate_limits == nullptr) return;
+  options_.rate_limits->set_fleet_state(sharing,
+                                        sharing ? 1.0 : 1.0 / std::max(1, last_fleet_size_));
+}
+
+// Leases the chunks asked for (by calls waiting, and ahead of need), one statement each.
+// Throws when the connection is lost (each waiting call answered: it goes on its share).
+void SharedBreakers::serve_leases() {
+  if (options_.rate_limits == nullptr) return;
+  for (;;) {
+    std::string key;
+    {
+      std::lock_guard lock(mu_);
+      answering_ = true;
+      while (!leases_.empty() && leases_.front()->abandoned) leases_.pop_front();
+      if (!leases_.empty()) {
+        key = leases_.front()->key;
+      } else if (!wanted_.empty()) {
+        key = *wanted_.begin();
+      } else {
+        return;
+      }
+      wanted_.erase(key);
+    }
+    bool lost = false;
+    try {
+      lease_one(key);
+    } catch (const std::exception&) {
+      lost = work_->broken();  // slow or gone: the waiting call goes on its share
+    }
+    {
+      std::lock_guard lock(mu_);
+      for (auto& request : leases_) {
+        if (request->key == key) request->answered = true;
+      }
+      std::erase_if(leases_, [](const auto& r) { return r->answered; });
+    }
+    answered_cv_.notify_all();
+    if (lost) throw std::runtime_error("the connection was lost");
+  }
+}
+
+// One chunk of `key`'s schedule for this process, or the schedule's room.
+void SharedBreakers::lease_one(const std::string& key) {
+  const auto limit = options_.rate_limits->find(key);
+  if (!limit || limit->options().rate_per_s <= 0 || !shareable(key)) return;
+  const double rate = limit->spaced_rate();
+  const std::int64_t count = limit->chunk_size();
+  const double burst = limit->options().burst > 0 ? limit->options().burst : 1.0;
+  const std::int64_t span_us = std::llround(static_cast<double>(count) * 1e6 / rate);
+  const std::int64_t burst_us = std::llround(burst * 1e6 / rate);
+  const std::int64_t max_pause_ms = to_ms(limit->options().max_pause);
+  const Value params[] = {key,         span_us, burst_us, horizon_ms_ * 1000, options_.process,
+                          max_pause_ms};
+  const Rows rows = bounded(sql().lease, params);
+  const TimePoint now = steady_clock().now();
+  if (rows.empty()) return;
+  if (const int flags = static_cast<int>(integer_cell(rows, 0, 1)); flags != 0) {
+    const std::string name = "keel_rate_limits row " + quote_value(key) + ": ";
+    if ((flags & kSlotOutOfDomain) != 0 && first_time("slot\n" + key)) {
+      rows_out_of_domain_.fetch_add(1);
+      rows_repaired_.fetch_add(1);
+      notice(name + "next_slot " + quote_value(text_cell(rows, 0, 3)) +
+             " is not a time within rate_horizon (" + format_duration(options_.rate_horizon) +
+             ") from now; read as now, and rewritten");
+    }
+    if ((flags & kPauseTooLong) != 0 && first_time("pause\n" + key)) {
+      rows_out_of_domain_.fetch_add(1);
+      notice(name + "paused_until " + quote_value(text_cell(rows, 0, 4)) +
+             " is not a time within max_pause (" + format_duration(limit->options().max_pause) +
+             ") from now; obeyed as at most that");
+    }
+    if ((flags & kBadRateCount) != 0 && first_time("count\n" + key)) {
+      rows_out_of_domain_.fetch_add(1);
+      rows_repaired_.fetch_add(1);
+      notice(name + "leases or pauses out of range (0 to 2^53); reset to 0");
+    }
+  }
+  if (rows.cell(0, 0)) {
+    const std::int64_t end_us = integer_cell(rows, 0, 0);
+    limit->add_chunk(now, std::chrono::microseconds(end_us - span_us), count);
+    chunks_leased_.fetch_add(1);
+    return;
+  }
+  // The schedule is full as far as the horizon: ask again when it has room for a chunk.
+  const std::int64_t room_us =
+      std::clamp<std::int64_t>(integer_cell(rows, 0, 2), 1000, horizon_ms_ * 1000);
+  limit->full_until(now, std::chrono::microseconds(room_us));
+  leases_full_.fetch_add(1);
+}
+
+// Writes the pauses this process learnt, and announces them.
+void SharedBreakers::publish_pauses() {
+  if (options_.rate_limits == nullptr) return;
+  std::map<std::string, Instant, std::less<>> batch;
+  {
+    std::lock_guard lock(mu_);
+    batch.swap(pauses_);
+  }
+  auto it = batch.begin();
+  try {
+    for (; it != batch.end(); ++it) {
+      const auto limit = options_.rate_limits->find(it->first);
+      const Duration cap = limit ? limit->options().max_pause : RateLimitOptions{}.max_pause;
+      const auto left = it->second - std::chrono::steady_clock::now();
+      if (left <= Duration::zero()) continue;
+      const std::int64_t ms = std::min(to_ms(left), to_ms(cap));
+      const std::string payload =
+          schema_ + "\npause\n" + std::to_string(ms) + "\n" + options_.process + "\n" + it->first;
+      const Value params[] = {it->first, ms, options_.process, payload, to_ms(cap)};
+      try {
+        (void)bounded(sql().pause, params);
+        pauses_published_.fetch_add(1);
+      } catch (const DatabaseError& e) {
+        if (!value_error(e)) throw;
+        if (first_time("pause-write\n" + it->first)) {
+          notice("keel_rate_limits row " + quote_value(it->first) + ": cannot be written (" +
+                 e.what() + "); this process's pauses of it are not shared");
+        }
+      }
+    }
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    for (; it != batch.end(); ++it) pauses_.try_emplace(it->first, it->second);
+    throw;
+  }
+}
+
+// The pauses running in the fleet, applied here (a process that starts, or comes back).
+void SharedBreakers::read_pauses() {
+  if (options_.rate_limits == nullptr) return;
+  const Value params[] = {to_ms(options_.rate_limits->defaults().max_pause)};
+  const Rows rows = bounded(sql().pauses, params);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::string key = text_cell(rows, i, 0);
+    if (!shareable(key)) continue;
+    if (integer_cell(rows, i, 2) != 0 && first_time("pause\n" + key)) {
+      rows_out_of_domain_.fetch_add(1);
+      notice("keel_rate_limits row " + quote_value(key) + ": paused_until " +
+             quote_value(text_cell(rows, i, 3)) +
+             " is not a time within max_pause; obeyed as at "
+             "most that");
+    }
+    apply_pause(key, integer_cell(rows, i, 1));
+  }
+}
+
+void SharedBreakers::apply_pause(const std::string& key, std::int64_t ms) {
+  if (options_.rate_limits == nullptr || ms <= 0) return;
+  const auto limit = options_.rate_limits->get(key);
+  if (!limit) return;
+  if (limit->pause(steady_clock().now(), std::chrono::milliseconds(ms), /*announce=*/false)) {
+    pauses_applied_.fetch_add(1);
+  }
+}
+
 // Runs `sql` in a transaction of its own, bounded on the server by round_trip_limit (set for
 // that transaction only), and commits. Two round trips: BEGIN with the bounds, then the statement
 // with COMMIT. Requires: the background thread.
@@ -598,6 +913,9 @@ void SharedBreakers::answer_every_gate() {
       request->answered = true;
     }
     gates_.clear();
+    for (const auto& request : leases_) request->answered = true;  // on the share
+    leases_.clear();
+    wanted_.clear();
     answering_ = true;
   }
   answered_cv_.notify_all();
@@ -746,11 +1064,17 @@ void SharedBreakers::run() {
     } catch (const std::exception& e) {
       if (failures_++ == 0) {
         notice(std::string("the database is unreachable (") + e.what() +
-               "); each process keeps its own breakers until it is back");
+               "); each process keeps its own breakers" +
+               (options_.rate_limits != nullptr
+                    ? " and 1/" + std::to_string(std::max(1, last_fleet_size_)) +
+                          " of each shared rate limit"
+                    : std::string()) +
+               " until it is back");
       }
     }
     sharing_.store(false);
     answer_every_gate();
+    set_rate_sharing(false);      // an equal share of each rate until the fleet is back
     registry_.set_fleet_size(1);  // alone until the fleet is back
     {
       std::lock_guard lock(mu_);
@@ -781,6 +1105,7 @@ void SharedBreakers::share(detail::Listener& listener) {
   work_ =
       options_.open ? options_.open(url_, options_.connect) : open_database(url_, options_.connect);
   SharedBreakers::migrate(*work_);
+  if (options_.rate_limits != nullptr) (void)store::migrate(*work_, "rate_limits", kRateMigrations);
   // A member before anything else: a probe lease it takes is then never a stranger's.
   heartbeat();
   {
@@ -791,10 +1116,13 @@ void SharedBreakers::share(detail::Listener& listener) {
   publish_pending();  // what this process learnt while it could not share
   read_fleet_state();
   repair_rows();
+  publish_pauses();
+  read_pauses();
   {
     std::lock_guard lock(mu_);  // a waiter checks sharing_ under mu_: no wakeup is lost
     sharing_.store(true);
   }
+  set_rate_sharing(true);
   cv_.notify_all();
   if (failures_ > 0) {
     reconnects_.fetch_add(1);
@@ -803,8 +1131,10 @@ void SharedBreakers::share(detail::Listener& listener) {
   failures_ = 0;
   while (!stopping_.load()) {
     serve_gates();
+    serve_leases();
     repair_rows();
     publish_pending();
+    publish_pauses();
     if (std::chrono::steady_clock::now() >= next_beat_) {
       heartbeat();
       std::lock_guard lock(mu_);
@@ -863,6 +1193,7 @@ void SharedBreakers::publish_pending() {
         }
       }
       serve_gates();  // a trial waiting meanwhile is answered between two publications
+      serve_leases();
     }
   } catch (...) {
     // Keep what was not written, unless a newer change of the same key came meanwhile.
@@ -909,6 +1240,7 @@ void SharedBreakers::heartbeat() {
     return;
   }
   registry_.set_fleet_size(static_cast<int>(size));
+  last_fleet_size_ = static_cast<int>(size);
 }
 
 // Requires: the background thread.
@@ -965,6 +1297,13 @@ void SharedBreakers::apply(std::string_view payload) {
     apply_open(key, std::chrono::milliseconds(ms));
   } else if (parts[1] == "closed") {
     (void)release_in(key);
+  } else if (parts[1] == "pause") {
+    std::int64_t ms = 0;
+    for (const char c : parts[2]) {
+      if (c < '0' || c > '9' || ms > kMaxMs) return;
+      ms = ms * 10 + (c - '0');
+    }
+    apply_pause(key, ms);
   } else if (parts[1] == "members") {
     next_beat_ = std::chrono::steady_clock::now();  // a process joined: count again now
   }

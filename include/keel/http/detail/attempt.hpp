@@ -27,11 +27,13 @@
 #include "keel/budget.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
+#include "keel/concurrency_limit.hpp"
 #include "keel/hedge.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/options.hpp"
 #include "keel/http/request.hpp"
 #include "keel/latency.hpp"
+#include "keel/rate_limit.hpp"
 #include "keel/retry.hpp"
 
 namespace keel::http::detail {
@@ -75,9 +77,18 @@ class OperationGuards {
   /// The adaptive timeout of `request`'s host, which the caller holds for the whole operation;
   /// nullptr when brakes.adaptive_timeouts is false, the URL has no host, or the registry is full.
   [[nodiscard]] std::shared_ptr<AdaptiveTimeout> adaptive_timeout(const Request& request) const;
+  /// The rate limit of `request`'s host; nullptr without brakes.rate_limits, a host, or room.
+  [[nodiscard]] std::shared_ptr<RateLimit> rate_limit(const Request& request) const;
+  /// The adaptive concurrency limit of `request`'s host; nullptr when
+  /// brakes.adaptive_concurrency is false, the URL has no host, or the registry is full.
+  [[nodiscard]] std::shared_ptr<AdaptiveConcurrencyLimit> concurrency_limit(
+      const Request& request) const;
 
  private:
   std::unique_ptr<AdaptiveTimeoutRegistry> own_timeouts_;
+  RateLimitRegistry* rate_limits_ = nullptr;
+  std::unique_ptr<ConcurrencyLimitRegistry> own_concurrency_;
+  ConcurrencyLimitRegistry* concurrency_ = nullptr;
   AdaptiveTimeoutRegistry* timeouts_ = nullptr;
   std::unique_ptr<BreakerRegistry> own_breakers_;
   std::unique_ptr<TokenBucketBudget> own_budget_;
@@ -105,6 +116,40 @@ void report_attempt(const ClientOptions& options, const Request& request, int at
 /// options.observability.log, or to stderr when it is not set. Does nothing when `result`
 /// succeeded.
 void log_give_up(const ClientOptions& options, const Request& request, const Result& result);
+
+/// The limits of one operation's host (rate, pause, concurrency) before each attempt, and what
+/// an attempt's end tells them. Not thread-safe: one per operation.
+class LimitGate {
+ public:
+  LimitGate(std::shared_ptr<RateLimit> rate, std::shared_ptr<AdaptiveConcurrencyLimit> concurrency,
+            Duration max_wait) noexcept
+      : rate_(std::move(rate)), concurrency_(std::move(concurrency)), max_wait_(max_wait) {}
+  [[nodiscard]] bool active() const noexcept { return rate_ || concurrency_; }
+  /// Waits (on `clock`) for the host's slot and a concurrency permit, within max_limit_wait and
+  /// `deadline`. nullopt: the attempt may start; else how long it would still have to wait (the
+  /// operation stops with kLimited, nothing sent).
+  [[nodiscard]] std::optional<Duration> pass(Clock& clock, const Deadline& deadline);
+  /// The attempt ended with `outcome` after `took`: the permit learns it, and a 429 or 503 with
+  /// Retry-After pauses the host. Returns the outcome to hand the engine: kNotAttempted with
+  /// that Retry-After when the host was paused by it (not a failure of the dependency's health:
+  /// it asked for the pause), else `outcome`.
+  [[nodiscard]] Outcome finish(const Outcome& outcome, Duration took, TimePoint now);
+  /// The last attempt's answer paused the host.
+  [[nodiscard]] bool paused() const noexcept { return paused_; }
+  /// What is left of max_limit_wait.
+  [[nodiscard]] Duration wait_left() const noexcept {
+    return std::max(max_wait_ - waited_, Duration::zero());
+  }
+
+ private:
+  std::shared_ptr<RateLimit> rate_;
+  std::shared_ptr<AdaptiveConcurrencyLimit> concurrency_;
+  Duration max_wait_;
+  Duration waited_{};
+  bool slot_ = false;  // the rate's slot for the next attempt is taken
+  ConcurrencyPermit permit_;
+  bool paused_ = false;
+};
 
 /// What one attempt ended with.
 struct AttemptResult {

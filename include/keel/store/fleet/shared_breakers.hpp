@@ -34,6 +34,18 @@
 //     once, by name, with both versions: the process keeps its own breakers, not shared, and
 //     does not try again (stats().refused).
 //
+// Rate limits and pauses (SharedBreakersOptions::rate_limits, docs/fleet.md "Rate limits"): the
+// same object shares a keel::RateLimitRegistry with the fleet. Each dependency's rate is one
+// schedule in the row of table keel_rate_limits: a process leases chunks of its slots (a tenth of
+// a second's worth, keel::RateLimit::chunk_size) and spends them locally, asking for the next
+// chunk in the background before the last is spent; a call waits on the database only when a
+// chunk is late, and then at most round_trip_limit (RateLimitFleet::lease). A process that dies
+// takes only its unspent chunk with it. A pause (a 429 or 503 with Retry-After any process got)
+// is written to the row and announced on the channel like a breaker's opening; every process
+// holds its calls to that dependency until then (each released within the limit's
+// release_spread). When the database is out, each process keeps an equal share of each rate
+// (1 / the fleet's last known size) and says so once.
+//
 // PostgreSQL only: a SQLite database has no notifications, and on it breakers stay
 // per-process (the constructor refuses a SQLite URL).
 //
@@ -68,6 +80,7 @@
 #include "keel/breaker.hpp"
 #include "keel/clock.hpp"
 #include "keel/random.hpp"
+#include "keel/rate_limit.hpp"
 #include "keel/store/db/database.hpp"
 
 namespace keel::store {
@@ -116,6 +129,13 @@ struct SharedBreakersOptions {
   /// PgBouncer would hand the notifications to another client. With such a URL and no listen_url
   /// the breakers are not shared (said once, as for a newer schema). Default none: the URL.
   std::optional<DatabaseUrl> listen_url;
+  /// Rate limits shared with the fleet, with their pauses (see above). Non-owning; Requires:
+  /// outlives this object. Default none: breakers only.
+  RateLimitRegistry* rate_limits = nullptr;
+  /// How far ahead of now the fleet's schedule of a rate may be leased: a lease that would start
+  /// later is refused, and the limit asks again when there is room. Requires: >= 100 ms.
+  /// Default 1 s.
+  Duration rate_horizon = std::chrono::seconds(1);
   /// This process's name in the table and the notifications. Requires: no whitespace.
   /// Default "hostname:pid:random".
   std::string process;
@@ -139,7 +159,12 @@ struct SharedBreakersStats {
   bool refused = false;  // the tables' schema is newer than this program's: never shared
   std::uint64_t rows_out_of_domain = 0;  // rows read outside their domain, once per row and kind
   std::uint64_t rows_repaired = 0;       // rows this process rewrote into their domain
-  int fleet_size = 1;  // processes sharing, this one included (1 when not sharing)
+  int fleet_size = 1;                  // processes sharing, this one included (1 when not sharing)
+  std::uint64_t chunks_leased = 0;     // chunks of a rate's schedule this process leased
+  std::uint64_t leases_waited = 0;     // of those, asked by a call that had no slot left
+  std::uint64_t leases_full = 0;       // lease requests refused: the schedule was full
+  std::uint64_t pauses_published = 0;  // pauses this process wrote to the table
+  std::uint64_t pauses_applied = 0;    // pauses of other processes applied here
 };
 
 class SharedBreakers {
@@ -158,6 +183,9 @@ class SharedBreakers {
   static void migrate(Connection& connection);
   /// The tables' schema component ("breakers"), for `keel migrate`.
   [[nodiscard]] static SchemaComponent schema() noexcept;
+  /// The rate limits' table (component "rate_limits"), for `keel migrate`; created on first use
+  /// when rate_limits is set.
+  [[nodiscard]] static SchemaComponent rate_limit_schema() noexcept;
   SharedBreakers& operator=(const SharedBreakers&) = delete;
 
   /// Waits until sharing (connected, listening, the fleet's state applied), refused (a newer
@@ -185,6 +213,23 @@ class SharedBreakers {
     Duration hold{};         // guarded by mu_: the answer (zero: the trial runs)
   };
   struct RowRead;
+  // A call's request for a chunk of a rate's schedule, answered by the background thread.
+  struct LeaseRequest {
+    std::string key;
+    bool answered = false;   // guarded by mu_
+    bool abandoned = false;  // guarded by mu_
+  };
+  // The fleet's side of the rate limits (keel::RateLimitFleet), calling back into this object.
+  class RateFleet final : public RateLimitFleet {
+   public:
+    explicit RateFleet(SharedBreakers& self) : self_(self) {}
+    void want(std::string_view key) override { self_.want_chunk(key); }
+    bool lease(std::string_view key) override { return self_.lease_chunk(key); }
+    void paused(std::string_view key, TimePoint until) override { self_.paused(key, until); }
+
+   private:
+    SharedBreakers& self_;
+  };
 
   void on_change(std::string_view key, BreakerState from, BreakerState to);
   [[nodiscard]] Duration gate(std::string_view key);
@@ -202,6 +247,15 @@ class SharedBreakers {
   void read_fleet_state();
   void heartbeat();
   void note_row(const std::string& key, const RowRead& row);
+  void want_chunk(std::string_view key);
+  [[nodiscard]] bool lease_chunk(std::string_view key);
+  void paused(std::string_view key, TimePoint until);
+  void serve_leases();
+  void lease_one(const std::string& key);
+  void publish_pauses();
+  void read_pauses();
+  void apply_pause(const std::string& key, std::int64_t ms);
+  void set_rate_sharing(bool sharing);
   void repair_rows();
   [[nodiscard]] bool first_time(std::string what);
   void notice(const std::string& message);
@@ -224,6 +278,12 @@ class SharedBreakers {
   std::map<std::string, Publication, std::less<>> pending_;  // guarded by mu_
   std::map<std::string, Instant, std::less<>> releases_;     // guarded by mu_
   std::deque<std::shared_ptr<GateRequest>> gates_;           // guarded by mu_
+  std::deque<std::shared_ptr<LeaseRequest>> leases_;         // guarded by mu_
+  std::set<std::string, std::less<>> wanted_;                // guarded by mu_
+  std::map<std::string, Instant, std::less<>> pauses_;       // guarded by mu_: to publish
+  RateFleet rate_fleet_{*this};
+  std::int64_t horizon_ms_ = 0;
+  int last_fleet_size_ = 1;  // the background thread's: the share when the database is out
   // Guarded by mu_: false from a trial that stopped waiting for its answer until the background
   // thread serves trials again; meanwhile trials decide at once, without asking.
   bool answering_ = true;
@@ -252,6 +312,11 @@ class SharedBreakers {
   std::atomic<std::uint64_t> reconnects_{0};
   std::atomic<std::uint64_t> rows_out_of_domain_{0};
   std::atomic<std::uint64_t> rows_repaired_{0};
+  std::atomic<std::uint64_t> chunks_leased_{0};
+  std::atomic<std::uint64_t> leases_waited_{0};
+  std::atomic<std::uint64_t> leases_full_{0};
+  std::atomic<std::uint64_t> pauses_published_{0};
+  std::atomic<std::uint64_t> pauses_applied_{0};
   std::thread thread_;
 };
 

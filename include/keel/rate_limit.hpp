@@ -1,0 +1,230 @@
+// A dependency's rate limit on the calling side: a token bucket per dependency ("host:port" or a
+// name) that spaces calls so that the dependency is never sent more than it allows, and a pause
+// that holds every call to it until a time the dependency named (a 429 or 503 with Retry-After).
+// A call asks for a slot before it is sent: it goes at once, goes after a short wait (its slot
+// is reserved), or is told when to ask again; nothing is sent and no attempt is spent meanwhile.
+//
+// The bucket is a schedule (GCRA, the virtual-scheduling form of a token bucket): slot k goes at
+// t0 + k / rate, and up to `burst` slots may be taken early. So no window of one second holds
+// more than rate + burst calls, and waiting callers go in order, spaced, not together.
+//
+// A fleet (keel::store::SharedBreakers with rate limits attached) keeps one schedule for all its
+// processes: each process leases small chunks of slots from the fleet's row and spends them
+// locally (add_chunk); it asks for the next chunk before the last is spent (RateLimitFleet::
+// want), so a call waits on the fleet only when a chunk is late, and then at most one bounded
+// round trip (RateLimitFleet::lease). When the fleet cannot answer, each process keeps its
+// equal share of the rate (set_share) until it can. A pause published by any process holds
+// every process's calls; each caller is released at a random moment within release_spread after
+// its end, so the dependency is not met by the whole fleet at once.
+//
+// Thread-safety: RateLimit and RateLimitRegistry are safe for concurrent use (one mutex per
+// dependency, held for a few instructions: a rate limit is for calls that go at most thousands
+// of times a second; see AdaptiveConcurrencyLimit for a lock-free limit).
+//
+// Example:
+//   keel::RateLimitRegistry limits({.rate_per_s = 50});
+//   auto limit = limits.get("api.example.com:443");
+//   for (;;) {
+//     const keel::RateDecision d = limit->reserve(clock.now(), /*max_wait=*/2s, rng);
+//     if (d.go) { clock.sleep_for(d.wait); send(); break; }
+//     if (d.wait > 2s) { defer(d.wait); break; }  // over the limit for longer than we wait
+//     clock.sleep_for(d.wait);                       // paused: ask again then
+//   }
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+
+#include "keel/clock.hpp"
+#include "keel/random.hpp"
+
+namespace keel {
+
+struct RateLimitOptions {
+  /// Calls per second allowed to the dependency (the whole fleet's, when shared). 0: no rate
+  /// limit, only pauses. Requires: >= 0 and <= 1e6. Default 0.
+  double rate_per_s = 0;
+  /// Slots that may be taken ahead of the schedule (a burst after a quiet spell): no window of
+  /// one second holds more than rate_per_s + burst calls. A dependency that counts its limit per
+  /// second answers 429 to what goes over it, so the default is the least. Requires: 0 or >= 1.
+  /// Default 0: 1.
+  double burst = 0;
+  /// The part of the rate left unused, for the jitter between a call's slot and its arrival at
+  /// the dependency (a timer that wakes late, a busy network): calls are spaced at
+  /// rate_per_s x (1 - headroom), so that a dependency that counts strictly per second does not
+  /// see a late call and an early one in the same second. Requires: in [0, 0.5). Default 0.02.
+  double headroom = 0.02;
+  /// The longest pause a Retry-After (or a fleet's row) can impose; a longer one is cut to this.
+  /// Requires: > 0. Default 60 s.
+  Duration max_pause = std::chrono::seconds(60);
+  /// Callers held by a pause go at a uniformly random moment within this after its end (core's
+  /// jitter, drawn per caller). Requires: >= 0. Default 1 s.
+  Duration release_spread = std::chrono::seconds(1);
+};
+
+/// The answer to RateLimit::reserve.
+struct RateDecision {
+  /// true: a slot is reserved; send after `wait` (zero: now). false: nothing is reserved; ask
+  /// again after `wait` (the pause's end with its jitter, or when a slot would come).
+  bool go = true;
+  Duration wait{};
+  /// false and paused: held by a pause (Retry-After), not by the rate.
+  bool paused = false;
+};
+
+/// What a fleet does for a RateLimit (keel::store::SharedBreakers implements it). Called
+/// without the limit's lock held.
+class RateLimitFleet {
+ public:
+  virtual ~RateLimitFleet() = default;
+  /// The limit has few slots left: lease the next chunk in the background (never blocks).
+  virtual void want(std::string_view key) = 0;
+  /// The limit has no slot: lease a chunk now, waiting at most one bounded round trip; returns
+  /// whether a chunk was added (RateLimit::add_chunk) or the fleet's schedule is full for a
+  /// while (RateLimit::full_until). false: the fleet did not answer in time; the call goes on
+  /// this process's share of the rate.
+  virtual bool lease(std::string_view key) = 0;
+  /// The limit was paused by this process (a Retry-After): tell the fleet (never blocks).
+  virtual void paused(std::string_view key, TimePoint until) = 0;
+};
+
+/// Counters since the limit was built.
+struct RateLimitStats {
+  std::uint64_t went = 0;        // slots reserved
+  std::uint64_t waited = 0;      // of those, with a wait
+  std::uint64_t refused = 0;     // calls told to ask again later (paused, or too long a wait)
+  std::uint64_t pauses = 0;      // pauses this limit started or extended (own or the fleet's)
+  std::uint64_t chunks = 0;      // chunks of the fleet's schedule added
+  std::uint64_t on_share = 0;    // slots taken on the local share (fleet out or not answering)
+  std::uint64_t slots_lost = 0;  // leased slots that passed unused
+};
+
+class RateLimitRegistry;
+
+/// One dependency's bucket and pause.
+class RateLimit {
+ public:
+  /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
+  explicit RateLimit(RateLimitOptions options = {}, std::string key = {});
+  RateLimit(const RateLimit&) = delete;
+  RateLimit& operator=(const RateLimit&) = delete;
+
+  /// Asks for a slot at `now`. Takes the slot only when it comes within `max_wait` of now
+  /// (go, with its wait); otherwise nothing is taken (not go, with when to ask again). While
+  /// paused: not go, with the pause's end plus a uniform draw on [0, release_spread) from
+  /// `gen`. With a fleet attached and sharing, the slot comes from the fleet's chunks, and an
+  /// empty bucket asks the fleet (RateLimitFleet::lease) before it falls back on its share.
+  [[nodiscard]] RateDecision reserve(TimePoint now, Duration max_wait, BitGenRef gen);
+
+  /// Holds every call until now + `duration` (cut to max_pause), unless already held longer.
+  /// `announce`: this process learnt it (a Retry-After) and tells the fleet; false when the
+  /// fleet told it. Returns whether the pause started or grew.
+  bool pause(TimePoint now, Duration duration, bool announce = true);
+  /// The end of the pause; a time not after now when none.
+  [[nodiscard]] TimePoint paused_until() const;
+
+  /// The fleet's answer to a lease: `count` slots of its schedule, the first `start_in` from
+  /// `now` (negative: already due), one every 1 / rate_per_s.
+  void add_chunk(TimePoint now, Duration start_in, std::int64_t count);
+  /// The fleet's schedule has no room until `now + in`: the next lease is asked for then, and
+  /// calls until then are told to ask again.
+  void full_until(TimePoint now, Duration in);
+  /// Slots leased and not yet spent, from `now` on.
+  [[nodiscard]] std::int64_t slots_left(TimePoint now) const;
+  /// Whether the fleet's chunks are used (sharing) or the local share of the rate
+  /// (not sharing: 1 / fleet size, 1 when alone). Set by the fleet.
+  void set_sharing(bool sharing);
+  void set_share(double share);
+
+  [[nodiscard]] const RateLimitOptions& options() const noexcept { return options_; }
+  [[nodiscard]] const std::string& key() const noexcept { return key_; }
+  /// The rate calls are spaced at: rate_per_s x (1 - headroom).
+  [[nodiscard]] double spaced_rate() const noexcept {
+    return options_.rate_per_s * (1 - options_.headroom);
+  }
+  /// The slots a chunk holds: max(1, min(1000, rate_per_s / 10)) (a tenth of a second).
+  [[nodiscard]] std::int64_t chunk_size() const noexcept { return chunk_; }
+  [[nodiscard]] RateLimitStats stats() const;
+
+ private:
+  friend class RateLimitRegistry;
+  struct Chunk {
+    std::int64_t start_ns = 0;  // the first slot's time
+    std::int64_t count = 0;
+    std::int64_t next = 0;  // the next slot not taken
+  };
+  // Requires: mu_ held. The next leased slot at or after now - burst; -1 when none.
+  std::int64_t next_slot(std::int64_t now_ns);
+
+  RateLimitOptions options_;
+  std::string key_;
+  std::int64_t interval_ns_ = 0;  // 1 / rate, 0 without a rate
+  std::int64_t burst_ns_ = 0;     // burst x interval
+  std::int64_t chunk_ = 1;
+  // The registry's fleet, shared by its limits: read under a shared lock for each call to it,
+  // so that detaching waits for the calls running (each at most one bounded round trip).
+  struct FleetSlot {
+    std::shared_mutex mu;
+    RateLimitFleet* fleet = nullptr;  // guarded by mu
+  };
+  std::shared_ptr<FleetSlot> fleet_ = std::make_shared<FleetSlot>();
+
+  mutable std::mutex mu_;
+  // Guarded by mu_:
+  std::int64_t tat_ns_ =
+      INT64_MIN / 4;  // the local schedule's next slot (GCRA's theoretical arrival time)
+  std::int64_t paused_until_ns_ = 0;
+  std::int64_t full_until_ns_ = 0;
+  std::deque<Chunk> chunks_;
+  bool sharing_ = false;
+  bool wanted_ = false;  // a chunk is asked for and not yet added
+  double share_ = 1.0;
+  RateLimitStats stats_;
+};
+
+/// The rate limits of a client's dependencies: one RateLimit per key, built on first use with
+/// the options for that key (set_options) or the defaults. At most max_keys (past it get()
+/// returns nullptr: no limit). Safe for concurrent use.
+class RateLimitRegistry {
+ public:
+  explicit RateLimitRegistry(RateLimitOptions defaults = {}, std::size_t max_keys = 10000);
+  ~RateLimitRegistry();
+  RateLimitRegistry(const RateLimitRegistry&) = delete;
+  RateLimitRegistry& operator=(const RateLimitRegistry&) = delete;
+
+  /// The options of one key (a dependency with its own rate). Before its first get() only.
+  /// Throws std::invalid_argument for invalid options.
+  void set_options(std::string_view key, const RateLimitOptions& options);
+  /// The key's limit; nullptr when the registry is full.
+  [[nodiscard]] std::shared_ptr<RateLimit> get(std::string_view key);
+  /// The key's limit when it exists.
+  [[nodiscard]] std::shared_ptr<RateLimit> find(std::string_view key) const;
+  /// Every limit built so far.
+  [[nodiscard]] std::map<std::string, std::shared_ptr<RateLimit>, std::less<>> all() const;
+  /// Attaches a fleet (or detaches it: nullptr); limits built before and after use it.
+  /// Requires: `fleet` outlives its attachment.
+  void attach_fleet(RateLimitFleet* fleet);
+  /// Sets every limit's sharing and share (RateLimit::set_sharing, set_share), those built
+  /// later included. Called by the fleet when it starts or stops answering.
+  void set_fleet_state(bool sharing, double share);
+  [[nodiscard]] const RateLimitOptions& defaults() const noexcept { return defaults_; }
+
+ private:
+  RateLimitOptions defaults_;
+  std::size_t max_keys_;
+  mutable std::mutex mu_;
+  std::map<std::string, RateLimitOptions, std::less<>> options_;           // guarded by mu_
+  std::map<std::string, std::shared_ptr<RateLimit>, std::less<>> limits_;  // guarded by mu_
+  std::shared_ptr<RateLimit::FleetSlot> fleet_ = std::make_shared<RateLimit::FleetSlot>();
+  bool sharing_ = false;  // guarded by mu_
+  double share_ = 1.0;    // guarded by mu_
+};
+
+}  // namespace keel

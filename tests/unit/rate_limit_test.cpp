@@ -1,0 +1,242 @@
+// A dependency's rate limit in virtual time: calls are spaced on a schedule with no 1-second
+// window over rate + burst; a wait longer than the caller's takes no slot; a pause holds every
+// call until its end plus jitter, is capped and only grows; a fleet's chunks are spent in order,
+// the next one asked for before the last is spent, an empty bucket asks once and falls back on
+// its share; slots that passed unused are not saved up; invalid options are refused by name.
+#include "keel/rate_limit.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/random.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using keel::Duration;
+using keel::RateDecision;
+using keel::RateLimit;
+using keel::RateLimitRegistry;
+using keel::TimePoint;
+
+// The most calls that went in any window of `width`, given the times they went at.
+int busiest(std::vector<TimePoint> sent, Duration width) {
+  std::sort(sent.begin(), sent.end());
+  int most = 0;
+  std::size_t lo = 0;
+  for (std::size_t hi = 0; hi < sent.size(); ++hi) {
+    while (sent[hi] - sent[lo] >= width) ++lo;
+    most = std::max(most, static_cast<int>(hi - lo + 1));
+  }
+  return most;
+}
+
+TEST(RateLimit, SpacesCallsSoNoSecondHoldsMoreThanRatePlusBurst) {
+  keel::Rng rng(1);
+  RateLimit limit({.rate_per_s = 50, .burst = 5, .headroom = 0});
+  std::vector<TimePoint> sent;
+  TimePoint now{};
+  // 400 callers arrive in bursts of 40 every 100 ms: 8 times the rate.
+  for (int wave = 0; wave < 10; ++wave, now += 100ms) {
+    for (int i = 0; i < 40; ++i) {
+      const RateDecision d = limit.reserve(now, 60s, rng);
+      ASSERT_TRUE(d.go);
+      sent.push_back(now + d.wait);
+    }
+  }
+  EXPECT_LE(busiest(sent, 1s), 55);
+  EXPECT_GE(busiest(sent, 1s), 50);
+  // Spaced, not bunched: after the burst, one call every 20 ms.
+  std::sort(sent.begin(), sent.end());
+  EXPECT_EQ(sent[100] - sent[99], 20ms);
+  EXPECT_EQ(limit.stats().went, 400u);
+}
+
+TEST(RateLimit, AWaitLongerThanTheCallersTakesNoSlot) {
+  keel::Rng rng(1);
+  RateLimit limit({.rate_per_s = 10, .burst = 1, .headroom = 0});
+  const TimePoint now{};
+  EXPECT_TRUE(limit.reserve(now, 0ms, rng).go);  // the burst
+  EXPECT_TRUE(limit.reserve(now, 0ms, rng).go);
+  const RateDecision refused = limit.reserve(now, 50ms, rng);
+  EXPECT_FALSE(refused.go);
+  EXPECT_FALSE(refused.paused);
+  EXPECT_EQ(refused.wait, 100ms);
+  const RateDecision waits = limit.reserve(now, 1s, rng);  // the same slot, nobody took it
+  EXPECT_TRUE(waits.go);
+  EXPECT_EQ(waits.wait, 100ms);
+  EXPECT_EQ(limit.stats().refused, 1u);
+}
+
+TEST(RateLimit, APauseHoldsEveryCallUntilItsEndPlusJitter) {
+  keel::Rng rng(7);
+  RateLimit limit({.rate_per_s = 0, .max_pause = 10s, .release_spread = 1s});
+  const TimePoint now{};
+  EXPECT_TRUE(limit.reserve(now, 0ms, rng).go);  // no rate: only pauses
+  EXPECT_TRUE(limit.pause(now, 5s, false));
+  EXPECT_FALSE(limit.pause(now, 3s, false));  // a shorter one changes nothing
+  Duration lo = 1h;
+  Duration hi{};
+  for (int i = 0; i < 200; ++i) {
+    const RateDecision d = limit.reserve(now + 1s, 60s, rng);
+    ASSERT_FALSE(d.go);
+    ASSERT_TRUE(d.paused);
+    lo = std::min(lo, d.wait);
+    hi = std::max(hi, d.wait);
+  }
+  EXPECT_GE(lo, 4s);
+  EXPECT_LT(hi, 5s);
+  EXPECT_LT(lo, 4s + 100ms);  // spread over the whole second
+  EXPECT_GT(hi, 4s + 900ms);
+  EXPECT_TRUE(limit.reserve(now + 5s, 0ms, rng).go);
+  EXPECT_TRUE(limit.pause(now, 1h, false));  // capped
+  EXPECT_EQ(limit.paused_until(), now + 10s);
+}
+
+// A fleet that hands out chunks of the shared schedule, or none.
+class FakeFleet final : public keel::RateLimitFleet {
+ public:
+  RateLimit* limit = nullptr;
+  bool answer = true;
+  int wants = 0;
+  int leases = 0;
+  std::vector<TimePoint> pauses;
+  TimePoint now{};
+  void want(std::string_view) override { ++wants; }
+  bool lease(std::string_view) override {
+    ++leases;
+    if (!answer) return false;
+    limit->add_chunk(now, 0ms, limit->chunk_size());
+    return true;
+  }
+  void paused(std::string_view, TimePoint until) override { pauses.push_back(until); }
+};
+
+TEST(RateLimit, SpendsTheFleetsChunksAndAsksForTheNextBeforeTheLastIsSpent) {
+  keel::Rng rng(1);
+  RateLimitRegistry limits({.rate_per_s = 50, .burst = 1, .headroom = 0});
+  FakeFleet fleet;
+  limits.attach_fleet(&fleet);
+  auto limit = limits.get("api:443");
+  fleet.limit = limit.get();
+  limit->set_sharing(true);
+  EXPECT_EQ(limit->chunk_size(), 5);
+  // Empty: the first call leases (one round trip), then goes on the chunk.
+  RateDecision d = limit->reserve(fleet.now, 1s, rng);
+  EXPECT_TRUE(d.go);
+  EXPECT_EQ(fleet.leases, 1);
+  EXPECT_EQ(fleet.wants, 0);  // 4 of 5 left
+  (void)limit->reserve(fleet.now, 1s, rng);
+  (void)limit->reserve(fleet.now, 1s, rng);
+  EXPECT_EQ(fleet.wants, 1);              // 2 left, under half a chunk: the next is asked for
+  limit->add_chunk(fleet.now, 100ms, 5);  // the background lease's answer
+  std::vector<Duration> waits;
+  for (int i = 0; i < 7; ++i) {
+    d = limit->reserve(fleet.now, 1s, rng);
+    ASSERT_TRUE(d.go);
+    waits.push_back(d.wait);
+  }
+  EXPECT_EQ(fleet.leases, 1);  // no call waited on the fleet again
+  EXPECT_EQ(waits[1], 80ms);   // the first chunk's last slot
+  EXPECT_EQ(waits[2], 100ms);  // the second chunk's first
+  EXPECT_EQ(waits[6], 180ms);
+  EXPECT_EQ(limit->stats().chunks, 2u);
+  // A pause this process learnt is told to the fleet.
+  EXPECT_TRUE(limit->pause(fleet.now, 5s));
+  ASSERT_EQ(fleet.pauses.size(), 1u);
+  EXPECT_EQ(fleet.pauses[0], fleet.now + 5s);
+  limits.attach_fleet(nullptr);
+}
+
+TEST(RateLimit, WithoutAnAnswerFromTheFleetACallGoesOnItsShare) {
+  keel::Rng rng(1);
+  RateLimitRegistry limits({.rate_per_s = 80, .burst = 1, .headroom = 0});
+  FakeFleet fleet;
+  fleet.answer = false;
+  limits.attach_fleet(&fleet);
+  auto limit = limits.get("api:443");
+  fleet.limit = limit.get();
+  limit->set_sharing(true);
+  limit->set_share(1.0 / 8);  // 10/s
+  std::vector<TimePoint> sent;
+  for (int i = 0; i < 30; ++i) {
+    const RateDecision d = limit->reserve(TimePoint{}, 10s, rng);
+    ASSERT_TRUE(d.go);
+    sent.push_back(TimePoint{} + d.wait);
+  }
+  EXPECT_EQ(fleet.leases, 30);  // each asked once, none waited twice
+  EXPECT_LE(busiest(sent, 1s), 10 + 8);
+  EXPECT_EQ(limit->stats().on_share, 30u);
+  limits.attach_fleet(nullptr);
+}
+
+TEST(RateLimit, SlotsThatPassedUnusedAreNotSavedUp) {
+  keel::Rng rng(1);
+  RateLimit limit({.rate_per_s = 10, .burst = 1, .headroom = 0});
+  limit.set_sharing(true);
+  limit.add_chunk(TimePoint{}, 0ms, 100);  // 10 s of the schedule
+  const TimePoint later = TimePoint{} + 5s;
+  int at_once = 0;
+  while (limit.reserve(later, 0ms, rng).go) ++at_once;
+  EXPECT_LE(at_once, 2);  // the burst, not 5 s of saved slots
+  EXPECT_GE(limit.stats().slots_lost, 48u);
+}
+
+TEST(RateLimit, LeavesItsHeadroomUnusedByDefault) {
+  keel::Rng rng(1);
+  RateLimit limit({.rate_per_s = 50});  // spaced at 49/s: 20.4 ms
+  std::vector<TimePoint> sent;
+  for (int i = 0; i < 200; ++i) {
+    const RateDecision d = limit.reserve(TimePoint{}, 60s, rng);
+    ASSERT_TRUE(d.go);
+    sent.push_back(TimePoint{} + d.wait);
+  }
+  EXPECT_LE(busiest(sent, 1s), 51);  // 49, the burst and its slot
+  EXPECT_DOUBLE_EQ(limit.spaced_rate(), 49.0);
+}
+
+TEST(RateLimit, RefusesInvalidOptionsByName) {
+  const auto refused = [](keel::RateLimitOptions o, const std::string& field) {
+    try {
+      RateLimit limit(o);
+      ADD_FAILURE() << field << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  refused({.rate_per_s = -1}, "rate_per_s");
+  refused({.rate_per_s = 10, .burst = 0.5}, "burst");
+  refused({.rate_per_s = 10, .headroom = 0.5}, "headroom");
+  refused({.max_pause = 0s}, "max_pause");
+  refused({.release_spread = -1s}, "release_spread");
+}
+
+TEST(RateLimit, KeepsTheRateUnderThreads) {
+  RateLimit limit({.rate_per_s = 1000, .burst = 10, .headroom = 0});
+  std::vector<std::thread> threads;
+  std::vector<std::vector<TimePoint>> sent(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      keel::Rng rng(static_cast<std::uint64_t>(t) + 1);
+      for (int i = 0; i < 2000; ++i) {
+        const TimePoint now{Duration(i * 1'000'000LL)};  // each thread's own virtual time
+        const RateDecision d = limit.reserve(now, 60s, rng);
+        if (d.go) sent[static_cast<std::size_t>(t)].push_back(now + d.wait);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::vector<TimePoint> all;
+  for (const auto& s : sent) all.insert(all.end(), s.begin(), s.end());
+  EXPECT_EQ(all.size(), 8000u);
+  EXPECT_LE(busiest(all, 1s), 1000 + 10);
+}
+
+}  // namespace

@@ -1,0 +1,47 @@
+// The value of --rate-limit (keel call, keel jobs work): RATE[/s], RATE/m or RATE/h, as calls
+// per second.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "flags.hpp"
+#include "keel/expected.hpp"
+
+namespace keel::cli {
+
+/// "50", "50/s", "3000/m", "0.5/s", "90/h" as calls per second, within (0, 1,000,000] per second;
+/// otherwise an Error naming `flag`.
+inline Expected<double> parse_rate(std::string_view flag, std::string_view text) {
+  double per = 1;
+  std::string_view number = text;
+  if (const auto slash = text.find('/'); slash != std::string_view::npos) {
+    const std::string_view unit = text.substr(slash + 1);
+    number = text.substr(0, slash);
+    if (unit == "s") {
+      per = 1;
+    } else if (unit == "m") {
+      per = 60;
+    } else if (unit == "h") {
+      per = 3600;
+    } else {
+      return Error{.field = std::string(flag),
+                   .problem = "must be RATE, RATE/s, RATE/m or RATE/h, like 50/s",
+                   .got = quote_value(text)};
+    }
+  }
+  auto value = parse_fraction(flag, number, 0, 1e6 * per);
+  if (!value) {
+    return Error{.field = std::string(flag),
+                 .problem = "must be a positive rate of at most 1000000/s, like 50/s",
+                 .got = quote_value(text)};
+  }
+  if (*value <= 0) {
+    return Error{.field = std::string(flag),
+                 .problem = "must be more than 0 (leave it out for no limit)",
+                 .got = quote_value(text)};
+  }
+  return *value / per;
+}
+
+}  // namespace keel::cli
