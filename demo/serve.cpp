@@ -32,9 +32,9 @@
 #include "keel/duration.hpp"
 #include "keel/faults/chaos.hpp"
 #include "keel/metrics/metrics.hpp"
+#include "keel/principal_rate_limiter.hpp"
 #include "keel/retry_after.hpp"
 #include "keel/store/beast/server.hpp"
-#include "keel/store/server/rate_limiter.hpp"
 #include "payments_api.hpp"
 
 namespace keel::cli {
@@ -264,7 +264,7 @@ int run_serve(const ServeOptions& o) {
                        .drop_after_commit = o.chaos_drop,
                        .seed = o.chaos_seed});
   // Principals are stored and rate-limited by their keyed hash, never as the credential.
-  std::optional<store::RateLimiter> limiter;
+  std::optional<PrincipalRateLimiter> limiter;
   if (rate) limiter.emplace(*rate, static_cast<std::size_t>(o.rate_limit_principals));
 
   // --max-concurrency: one limiter over every /v1 route, retries shed first. The injected delays
@@ -291,7 +291,9 @@ int run_serve(const ServeOptions& o) {
                                 req.version());
     }
     if (limiter) {
-      const Duration wait = limiter->admit(payments::scope_of(req, scope_secret));
+      const std::string scope = payments::scope_of(req, scope_secret);
+      const Duration wait =
+          limiter->admit(scope == store::kAnonymousScope ? std::string_view() : scope);
       metrics.rate_limit_principals = limiter->size();
       if (wait > Duration::zero()) {
         ++metrics.rate_limited;

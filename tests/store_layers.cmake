@@ -66,6 +66,27 @@ foreach(file IN LISTS programs)
   endforeach()
 endforeach()
 
+# 3. Core includes nothing of the adapters (keel/<adapter>/...), and keel::metrics nothing of the
+#    store: the layers above a layer are not its dependencies.
+file(GLOB core_files RELATIVE ${KEEL_SOURCE} ${KEEL_SOURCE}/include/keel/*.hpp
+     ${KEEL_SOURCE}/src/core/*.cpp ${KEEL_SOURCE}/src/core/*.hpp)
+file(GLOB_RECURSE metrics_files RELATIVE ${KEEL_SOURCE} ${KEEL_SOURCE}/include/keel/metrics/*.hpp
+     ${KEEL_SOURCE}/src/metrics/*.cpp ${KEEL_SOURCE}/src/metrics/*.hpp)
+foreach(file IN LISTS core_files metrics_files)
+  file(STRINGS ${KEEL_SOURCE}/${file} lines)
+  set(n 0)
+  foreach(line IN LISTS lines)
+    math(EXPR n "${n} + 1")
+    if(file IN_LIST core_files AND line MATCHES "^[ \t]*#[ \t]*include[ \t]*[<\"]keel/([a-z_]+)/"
+       AND NOT CMAKE_MATCH_1 STREQUAL "detail")
+      list(APPEND failures "${file}:${n}: core includes an adapter's header: ${line}")
+    endif()
+    if(file IN_LIST metrics_files AND line MATCHES "^[ \t]*#[ \t]*include[ \t]*[<\"]keel/store/")
+      list(APPEND failures "${file}:${n}: keel::metrics includes a store header: ${line}")
+    endif()
+  endforeach()
+endforeach()
+
 if(failures)
   list(JOIN failures "\n  " text)
   message(FATAL_ERROR "keel::store's layering is broken:\n  ${text}")

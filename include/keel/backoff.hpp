@@ -118,6 +118,34 @@ class BackoffSequence {
   Duration previous_{};
 };
 
+/// How one session of a loop that keeps a connection ended (keep_reconnecting).
+enum class SessionEnd : unsigned char {
+  kLost,    // it was connected and working, then failed: the backoff starts over
+  kFailed,  // it failed again before it worked: one more failure in a row
+  kStop,    // the loop is done (its owner stops, or a refusal no retry changes)
+};
+
+/// The one reconnect loop of keel's background connections (the Worker's listener, the fleet's
+/// thread): runs `session()` until it returns SessionEnd::kStop; after each other end, waits
+/// `backoff`'s next delay (reset() first after kLost, so that a connection that worked for a
+/// while starts over at the first ceiling) with `wait(delay)`, which returns false when the loop
+/// must stop. No I/O of its own: the caller's session connects and serves until it fails, the
+/// caller's wait sleeps on its own condition variable or timer, so that a stop is seen at once.
+///
+/// Example:
+///   keel::BackoffSequence backoff({.base = 100ms, .cap = 5s}, seed);
+///   keel::keep_reconnecting(backoff, [&] { return serve_until_lost(); },
+///                           [&](keel::Duration d) { return !stop_wait(d); });
+template <class Session, class Wait>
+void keep_reconnecting(BackoffSequence& backoff, Session&& session, Wait&& wait) {
+  for (;;) {
+    const SessionEnd end = session();
+    if (end == SessionEnd::kStop) return;
+    if (end == SessionEnd::kLost) backoff.reset();
+    if (!wait(backoff.next())) return;
+  }
+}
+
 /// When a periodic task (a heartbeat, a prune, a poll, a check) runs next: after a success, its
 /// interval with ±50% jitter (jittered()), so that the processes of a fleet do not do it in
 /// step; after a failure, the backoff's next delay, and the backoff starts over at the first

@@ -7,6 +7,8 @@
 //   auto bad = keel::parse_duration("fast");  // !bad; bad.error().message() names the problem
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -20,6 +22,13 @@ namespace keel {
 /// anything else, on a value too large for Duration, and on a non-zero value that rounds to zero
 /// nanoseconds.
 [[nodiscard]] Expected<Duration> parse_duration(std::string_view text);
+
+/// `d` in whole milliseconds, rounded up: the one conversion keel makes for a duration it stores
+/// or sends as milliseconds (a lease, a TTL, a timeout setting), so that a positive duration is
+/// never 0 ms. Negative durations round toward zero.
+[[nodiscard]] constexpr std::int64_t to_ms(Duration d) noexcept {
+  return std::chrono::ceil<std::chrono::milliseconds>(d).count();
+}
 
 /// The shortest exact-enough human form: "0s", "250ms", "1.5s", "2m", "1h30m", "inf".
 [[nodiscard]] std::string format_duration(Duration d);

@@ -30,6 +30,8 @@
 #include <string>
 #include <string_view>
 
+#include "keel/expected.hpp"
+
 namespace keel {
 
 /// Which part of a text too long for its limit storable_text keeps.
@@ -55,5 +57,13 @@ inline constexpr std::string_view kReplacedMarker = "not UTF-8 text replaced]";
 /// (only about max_bytes of the input are read). Throws std::bad_alloc only.
 [[nodiscard]] std::string storable_text(std::string_view text, std::size_t max_bytes,
                                         Keep keep = Keep::kStart);
+
+/// The longest name keel stores and shows (a queue's, a consumer's), in bytes.
+inline constexpr std::size_t kMaxNameBytes = 64;
+
+/// The one rule for the names keel stores, shows and puts in metric labels (a queue, a
+/// consumer): 1 to kMaxNameBytes of ASCII letters, digits, '_', '.' and '-'. The Error names
+/// `field` ("queue name", "consumer") and quotes the value.
+[[nodiscard]] Expected<void> check_name(std::string_view field, std::string_view name);
 
 }  // namespace keel

@@ -145,4 +145,21 @@ std::string storable_text(std::string_view text, std::size_t max_bytes, Keep kee
   return kept;
 }
 
+Expected<void> check_name(std::string_view field, std::string_view name) {
+  const auto bad = [&](std::string problem) {
+    return Error{
+        .field = std::string(field), .problem = std::move(problem), .got = quote_value(name)};
+  };
+  if (name.empty()) return Error{.field = std::string(field), .problem = "must not be empty"};
+  if (name.size() > kMaxNameBytes) {
+    return bad("must be at most " + std::to_string(kMaxNameBytes) + " characters");
+  }
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '-';
+    if (!ok) return bad("may only contain letters, digits, '_', '.' and '-'");
+  }
+  return {};
+}
+
 }  // namespace keel

@@ -333,3 +333,41 @@ TEST(PeriodicSchedule, SuccessesAreJitteredAroundTheIntervalAndFailuresBackOff) 
   }
   EXPECT_THROW(keel::PeriodicSchedule(Duration::zero(), {}), std::invalid_argument);
 }
+
+TEST(KeepReconnecting, FailuresInARowBackOffALostConnectionStartsOverAndAStopEndsIt) {
+  using keel::SessionEnd;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    keel::BackoffSequence backoff({.base = 100ms, .cap = 2s}, seed);
+    // Three failures to connect, a session that worked and was lost, one more failure, a stop.
+    const std::vector<SessionEnd> ends = {SessionEnd::kFailed, SessionEnd::kFailed,
+                                          SessionEnd::kFailed, SessionEnd::kLost,
+                                          SessionEnd::kFailed, SessionEnd::kStop};
+    std::size_t session = 0;
+    std::vector<Duration> waits;
+    std::vector<int> failures_seen;
+    keel::keep_reconnecting(
+        backoff, [&] { return ends.at(session++); },
+        [&](Duration d) {
+          waits.push_back(d);
+          failures_seen.push_back(backoff.failures());
+          return true;
+        });
+    ASSERT_EQ(session, ends.size()) << "every session ran, none after the stop";
+    ASSERT_EQ(waits.size(), 5u);
+    EXPECT_EQ(failures_seen, (std::vector<int>{1, 2, 3, 1, 2})) << "the lost session reset it";
+    EXPECT_LT(waits[0], 100ms);
+    EXPECT_LT(waits[2], 400ms);
+    EXPECT_LT(waits[3], 100ms) << "seed " << seed << ": after a working session, the first ceiling";
+  }
+  // A wait that says stop ends the loop at once.
+  keel::BackoffSequence backoff({}, 3);
+  int sessions = 0;
+  keel::keep_reconnecting(
+      backoff,
+      [&] {
+        ++sessions;
+        return SessionEnd::kFailed;
+      },
+      [](Duration) { return false; });
+  EXPECT_EQ(sessions, 1);
+}

@@ -54,3 +54,14 @@ TEST(FormatDuration, RoundTripsThroughParse) {
     EXPECT_EQ(parse_duration(keel::format_duration(d)), d);
   }
 }
+
+TEST(ToMs, RoundsUpSoThatAPositiveDurationIsNeverZero) {
+  using namespace std::chrono_literals;
+  EXPECT_EQ(keel::to_ms(0ns), 0);
+  EXPECT_EQ(keel::to_ms(1ns), 1);
+  EXPECT_EQ(keel::to_ms(999us), 1);
+  EXPECT_EQ(keel::to_ms(1ms), 1);
+  EXPECT_EQ(keel::to_ms(1001us), 2);
+  EXPECT_EQ(keel::to_ms(90s), 90'000);
+  EXPECT_EQ(keel::to_ms(-1500us), -1);  // toward zero
+}

@@ -201,3 +201,19 @@ TEST(StorableText, AnyBytesGiveValidTextWithinTheLimitSeeded) {
 
 }  // namespace
 }  // namespace keel
+
+TEST(CheckName, TheOneRuleForStoredNamesNamesItsField) {
+  EXPECT_TRUE(keel::check_name("queue name", "payments.v2-retry_1"));
+  EXPECT_TRUE(keel::check_name("consumer", std::string(keel::kMaxNameBytes, 'a')));
+  const auto empty = keel::check_name("consumer", "");
+  ASSERT_FALSE(empty);
+  EXPECT_EQ(empty.error().field, "consumer");
+  const auto long_name = keel::check_name("queue name", std::string(keel::kMaxNameBytes + 1, 'a'));
+  ASSERT_FALSE(long_name);
+  EXPECT_NE(long_name.error().problem.find("at most 64"), std::string::npos);
+  for (const std::string bad : {"a b", "a/b", "caf\xC3\xA9", std::string("a\0b", 3), "a\n"}) {
+    const auto r = keel::check_name("queue name", bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_EQ(r.error().field, "queue name");
+  }
+}

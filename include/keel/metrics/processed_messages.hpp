@@ -1,6 +1,8 @@
-// A consumer's processed-message counts (keel/store/queue/processed_messages.hpp) as Prometheus
-// metrics through keel::metrics' Scrape. Header-only, so that keel::metrics does not depend on
-// keel::store: a program that links both includes it.
+// A consumer's processed-message counts (keel::store::ProcessedMessages,
+// keel/store/queue/processed_messages.hpp) as Prometheus metrics through keel::metrics' Scrape.
+// Header-only and written against what the records offer (counts() and options().consumer), so
+// that keel::metrics includes nothing of keel::store: a program that has the records has
+// included their header already.
 //
 // Metrics:
 //   keel_consumer_messages_total{consumer,result}   counter  deliveries by result: processed,
@@ -15,14 +17,19 @@
 //   res.set_content(scrape.text(), keel::metrics::kContentType);
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <utility>
+
 #include "keel/metrics/metrics.hpp"
-#include "keel/store/queue/processed_messages.hpp"
 
 namespace keel::metrics {
 
 /// Adds `records`' counts (ProcessedMessages::counts()) to `scrape`, labelled with its consumer.
-inline Scrape& add_processed_messages(Scrape& scrape, const store::ProcessedMessages& records) {
-  const store::ProcessedCounts c = records.counts();
+/// `Records`: keel::store::ProcessedMessages (or anything with the same counts() and options()).
+template <class Records>
+Scrape& add_processed_messages(Scrape& scrape, const Records& records) {
+  const auto c = records.counts();
   const std::string& consumer = records.options().consumer;
   const std::pair<const char*, std::int64_t> results[] = {{"processed", c.processed},
                                                           {"duplicate", c.duplicates},

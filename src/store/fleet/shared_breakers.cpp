@@ -37,6 +37,7 @@
 #include <utility>
 
 #include "db/detail/listener.hpp"
+#include "db/detail/process.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/store/db/dialect.hpp"
@@ -389,23 +390,8 @@ bool shareable(std::string_view key) {
   return !key.empty() && key.size() <= kMaxKey && key.find('\n') == std::string_view::npos;
 }
 
-std::string default_process() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  std::string name = host[0] != '\0' ? host : "localhost";
-  std::replace_if(
-      name.begin(), name.end(), [](char c) { return c == ' ' || c == '\n'; }, '_');
-  std::random_device rd;
-  char tail[16];
-  std::snprintf(tail, sizeof tail, "%04x", static_cast<unsigned>(rd() & 0xffffu));
-  return name + ":" + std::to_string(::getpid()) + ":" + tail;
-}
-
-// Whole milliseconds, rounded up, within [0, kMaxMs].
-std::int64_t to_ms(Duration d) {
-  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d).count();
-  return std::clamp<std::int64_t>(ms, 0, kMaxMs);
-}
+// Whole milliseconds (keel::to_ms, rounded up) within [0, kMaxMs].
+std::int64_t clamped_ms(Duration d) { return std::clamp<std::int64_t>(keel::to_ms(d), 0, kMaxMs); }
 
 // A cell the statement made an integer; 0 for anything else.
 std::int64_t integer_cell(const Rows& rows, std::size_t row, std::size_t column) {
@@ -499,11 +485,11 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
     : registry_(registry),
       url_(std::move(url)),
       options_(std::move(options)),
-      reconnect_((validate(options_), options_.reconnect)),
-      max_break_ms_(to_ms(registry.options().breaker.max_break_duration)),
-      lease_ms_(to_ms(options_.probe_lease)),
-      members_ms_(to_ms(options_.heartbeat * 3)),
-      limit_setting_(std::to_string(to_ms(options_.round_trip_limit)) + "ms"),
+      reconnect_((validate(options_), options_.reconnect), std::random_device{}()),
+      max_break_ms_(clamped_ms(registry.options().breaker.max_break_duration)),
+      lease_ms_(clamped_ms(options_.probe_lease)),
+      members_ms_(clamped_ms(options_.heartbeat * 3)),
+      limit_setting_(std::to_string(clamped_ms(options_.round_trip_limit)) + "ms"),
       rng_(std::random_device{}()) {
   if (!dialect_of(url_.backend).listen_notify()) {
     throw std::invalid_argument(
@@ -511,7 +497,7 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
         " has no notifications; breakers are shared through PostgreSQL only (on SQLite each "
         "process keeps its own)");
   }
-  if (options_.process.empty()) options_.process = default_process();
+  if (options_.process.empty()) options_.process = detail::process_name();
   if (!options_.on_notice) {
     options_.on_notice = [](std::string_view message) {
       std::fprintf(stderr, "keel: shared breakers: %.*s\n", static_cast<int>(message.size()),
@@ -521,7 +507,7 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
   listener_id_ = registry_.add_listener([this](std::string_view key, BreakerState from,
                                                BreakerState to) { on_change(key, from, to); });
   registry_.set_trial_gate([this](std::string_view key) { return gate(key); });
-  horizon_ms_ = to_ms(options_.rate_horizon);
+  horizon_ms_ = clamped_ms(options_.rate_horizon);
   if (options_.rate_limits != nullptr) options_.rate_limits->attach_fleet(&rate_fleet_);
   thread_ = std::thread([this] { run(); });
 }
@@ -755,7 +741,7 @@ void SharedBreakers::lease_one(const std::string& key) {
   const double burst = limit->options().burst > 0 ? limit->options().burst : 1.0;
   const std::int64_t span_us = std::llround(static_cast<double>(count) * 1e6 / rate);
   const std::int64_t burst_us = std::llround(burst * 1e6 / rate);
-  const std::int64_t max_pause_ms = to_ms(limit->options().max_pause);
+  const std::int64_t max_pause_ms = clamped_ms(limit->options().max_pause);
   const Value params[] = {key,         span_us, burst_us, horizon_ms_ * 1000, options_.process,
                           max_pause_ms};
   const Rows rows = bounded(sql().lease, params);
@@ -810,10 +796,10 @@ void SharedBreakers::publish_pauses() {
       const Duration cap = limit ? limit->options().max_pause : RateLimitOptions{}.max_pause;
       const auto left = it->second - std::chrono::steady_clock::now();
       if (left <= Duration::zero()) continue;
-      const std::int64_t ms = std::min(to_ms(left), to_ms(cap));
+      const std::int64_t ms = std::min(clamped_ms(left), clamped_ms(cap));
       const std::string payload =
           schema_ + "\npause\n" + std::to_string(ms) + "\n" + options_.process + "\n" + it->first;
-      const Value params[] = {it->first, ms, options_.process, payload, to_ms(cap)};
+      const Value params[] = {it->first, ms, options_.process, payload, clamped_ms(cap)};
       try {
         (void)bounded(sql().pause, params);
         pauses_published_.fetch_add(1);
@@ -835,7 +821,7 @@ void SharedBreakers::publish_pauses() {
 // The pauses running in the fleet, applied here (a process that starts, or comes back).
 void SharedBreakers::read_pauses() {
   if (options_.rate_limits == nullptr) return;
-  const Value params[] = {to_ms(options_.rate_limits->defaults().max_pause)};
+  const Value params[] = {clamped_ms(options_.rate_limits->defaults().max_pause)};
   const Rows rows = bounded(sql().pauses, params);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::string key = text_cell(rows, i, 0);
@@ -946,7 +932,7 @@ Duration SharedBreakers::ask_fleet(const std::string& key) {
   // member holds the probe: ask again within probe_wait, when its result has likely come (a
   // hold of the whole lease would outlast the fleet's close by up to the lease). Neither and no
   // lease taken: the row changed while this statement waited for it; ask again soon.
-  const std::int64_t wait_ms = to_ms(options_.probe_wait);
+  const std::int64_t wait_ms = clamped_ms(options_.probe_wait);
   std::int64_t hold = 0;
   if (row.open_ms > 0) {
     hold = std::min(row.open_ms, max_break_ms_);
@@ -956,7 +942,15 @@ Duration SharedBreakers::ask_fleet(const std::string& key) {
     hold = std::min<std::int64_t>(wait_ms, 100);
   }
   probes_held_.fetch_add(1);
-  return std::chrono::milliseconds(std::max<std::int64_t>(hold, 1));
+  Duration held = std::chrono::milliseconds(std::max<std::int64_t>(hold, 1));
+  if (row.open_ms <= 0) {
+    // Asking again: jittered, so that the processes held by one probe do not all ask at once.
+    std::lock_guard lock(mu_);
+    held = std::max<Duration>(jittered(held, rng_), std::chrono::milliseconds(1));
+    // Never past the prober's lease: then the next to ask takes the probe over.
+    if (row.lease_ms > 0) held = std::min<Duration>(held, std::chrono::milliseconds(row.lease_ms));
+  }
+  return held;
 }
 
 // Says what of `row` is outside its domain, once per row and kind, and queues the rows that can
@@ -1042,14 +1036,15 @@ void SharedBreakers::run() {
     cv_.notify_all();
     return;
   }
-  Duration delay{};
-  while (!stopping_.load()) {
+  // Core's reconnect loop: a session that shared for a while starts the backoff over; each
+  // failure in a row waits core's next full-jitter delay.
+  const auto session = [&]() -> SessionEnd {
     std::unique_ptr<detail::Listener> listener;
     try {
       listener = detail::open_listener(options_.listen_url.value_or(url_), options_.connect);
       {
         std::lock_guard lock(mu_);
-        if (stopping_.load()) break;
+        if (stopping_.load()) return SessionEnd::kStop;
         listener_ = listener.get();
       }
       share(*listener);
@@ -1083,12 +1078,14 @@ void SharedBreakers::run() {
     listener.reset();
     work_.reset();
     cv_.notify_all();
-    if (stopping_.load() || refused_.load()) break;
-    // Reconnect after core's full jitter.
+    if (stopping_.load() || refused_.load()) return SessionEnd::kStop;
+    // share() set failures_ to 0 once it worked: this is the first failure since.
+    return failures_ == 1 ? SessionEnd::kLost : SessionEnd::kFailed;
+  };
+  keep_reconnecting(reconnect_, session, [&](Duration delay) {
     std::unique_lock lock(mu_);
-    delay = reconnect_.delay(std::max(0, failures_ - 1), delay, rng_);
-    cv_.wait_for(lock, delay, [&] { return stopping_.load(); });
-  }
+    return !cv_.wait_for(lock, delay, [&] { return stopping_.load(); });
+  });
   {
     std::lock_guard lock(mu_);
     sharing_.store(false);
@@ -1110,8 +1107,7 @@ void SharedBreakers::share(detail::Listener& listener) {
   heartbeat();
   {
     std::lock_guard lock(mu_);
-    next_beat_ = std::chrono::steady_clock::now() +
-                 uniform_duration(options_.heartbeat / 2, options_.heartbeat / 2 * 3, rng_);
+    next_beat_ = std::chrono::steady_clock::now() + jittered(options_.heartbeat, rng_);
   }
   publish_pending();  // what this process learnt while it could not share
   read_fleet_state();
@@ -1138,8 +1134,7 @@ void SharedBreakers::share(detail::Listener& listener) {
     if (std::chrono::steady_clock::now() >= next_beat_) {
       heartbeat();
       std::lock_guard lock(mu_);
-      next_beat_ = std::chrono::steady_clock::now() +
-                   uniform_duration(options_.heartbeat / 2, options_.heartbeat / 2 * 3, rng_);
+      next_beat_ = std::chrono::steady_clock::now() + jittered(options_.heartbeat, rng_);
     }
     const Duration wait =
         std::min<Duration>(release_due(), next_beat_ - std::chrono::steady_clock::now());
@@ -1172,7 +1167,7 @@ void SharedBreakers::publish_pending() {
         if (it->second.open) {
           const auto left = it->second.until - std::chrono::steady_clock::now();
           const std::int64_t ms =
-              std::min(to_ms(std::max<Duration>(left, Duration::zero())), max_break_ms_);
+              std::min(clamped_ms(std::max<Duration>(left, Duration::zero())), max_break_ms_);
           const std::string payload =
               schema_ + "\nopen\n" + std::to_string(ms) + "\n" + options_.process + "\n" + key;
           const Value params[] = {key, ms, options_.process, payload, max_break_ms_, members_ms_};

@@ -4,7 +4,6 @@
 #include "keel/store/idempotency/idempotency.hpp"
 
 #include <openssl/evp.h>
-#include <openssl/rand.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +11,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "db/detail/process.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/idempotency_key.hpp"
@@ -34,7 +34,7 @@ std::string to_hex(const unsigned char* data, std::size_t n) {
 
 std::string new_token() {
   unsigned char bytes[16];
-  if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("RAND_bytes failed");
+  detail::secure_random_bytes(bytes, sizeof bytes);
   return to_hex(bytes, sizeof bytes);
 }
 
@@ -299,10 +299,8 @@ Claim IdempotencyStore::claim_then_begin(Connection& connection, std::string_vie
 Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, std::string_view key,
                               std::string_view fingerprint,
                               std::optional<Isolation> then_begin) const {
-  const std::int64_t lock_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(options_.lock_timeout).count();
-  const std::int64_t ttl_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(options_.ttl).count();
+  const std::int64_t lock_ms = keel::to_ms(options_.lock_timeout);
+  const std::int64_t ttl_ms = keel::to_ms(options_.ttl);
   // PostgreSQL, outside a transaction: the claim's commit does not wait for its WAL flush (see
   // kAsyncClaimInsert). Inside the caller's transaction the setting would reach the caller's own
   // commit, so there the claim is an ordinary insert.
@@ -410,8 +408,7 @@ bool IdempotencyStore::complete_then_commit(Connection& connection, std::string_
 Claim IdempotencyStore::hold(Connection& connection, std::string_view scope, std::string_view key,
                              std::string_view fingerprint, std::optional<Isolation> begin) const {
   const std::int64_t now = now_ms();
-  const std::int64_t ttl_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(options_.ttl).count();
+  const std::int64_t ttl_ms = keel::to_ms(options_.ttl);
   const std::string_view lock = connection.dialect().try_transaction_lock();
   const Value lock_params[] = {key_lock_name(scope, key)};
   const Value read_params[] = {scope, key};
@@ -481,8 +478,7 @@ void IdempotencyStore::release(Connection& connection, std::string_view scope, s
 
 int IdempotencyStore::purge_expired(Connection& connection) const {
   const std::int64_t now = now_ms();
-  const std::int64_t ttl_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(options_.ttl).count();
+  const std::int64_t ttl_ms = keel::to_ms(options_.ttl);
   const Rows deleted = connection.query(
       "DELETE FROM keel_idempotency WHERE (scope, idem_key) IN ("
       " SELECT scope, idem_key FROM keel_idempotency"

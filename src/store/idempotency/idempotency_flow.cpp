@@ -4,7 +4,6 @@
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +16,7 @@
 #include <stdexcept>
 
 #include "db/detail/commit.hpp"
+#include "db/detail/process.hpp"
 #include "idempotency/detail/ascii.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/duration.hpp"
@@ -326,7 +326,7 @@ IdempotentRequestFlow::IdempotentRequestFlow(FlowOptions options) : options_(std
   if (!options_.log) options_.log = log_to_stderr;
   if (options_.scope_secret.empty()) {
     unsigned char bytes[32];
-    if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("RAND_bytes failed");
+    detail::secure_random_bytes(bytes, sizeof bytes);
     options_.scope_secret.assign(reinterpret_cast<const char*>(bytes), sizeof bytes);
   } else if (options_.scope_secret.size() < 16) {
     reject("scope_secret", "must be at least 16 bytes",

@@ -244,7 +244,7 @@ Expected<std::int64_t> parse_time_bound(std::string_view text, std::int64_t now_
                      "ago (1h)",
                  .got = quote_value(text)};
   }
-  return now_ms - std::chrono::duration_cast<std::chrono::milliseconds>(*ago).count();
+  return now_ms - keel::to_ms(*ago);
 }
 
 }  // namespace keel::store::dead_letters

@@ -12,6 +12,7 @@
 #include "db/detail/commit.hpp"
 #include "keel/duration.hpp"
 #include "keel/store/db/dialect.hpp"
+#include "keel/text.hpp"
 
 namespace keel::store {
 
@@ -80,19 +81,7 @@ Expected<void> check_message_id(std::string_view id) {
   return {};
 }
 
-Expected<void> check_consumer_name(std::string_view name) {
-  const auto bad = [&](std::string problem) {
-    return Error{.field = "consumer", .problem = std::move(problem), .got = quote_value(name)};
-  };
-  if (name.empty()) return Error{.field = "consumer", .problem = "must not be empty"};
-  if (name.size() > 64) return bad("must be at most 64 characters");
-  for (const char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '.' || c == '-';
-    if (!ok) return bad("may only contain letters, digits, '_', '.' and '-'");
-  }
-  return {};
-}
+Expected<void> check_consumer_name(std::string_view name) { return check_name("consumer", name); }
 
 std::string_view to_string(ProcessStatus status) noexcept {
   switch (status) {
@@ -204,8 +193,7 @@ std::int64_t ProcessedMessages::prune(Connection& connection, Duration older_tha
                    .problem = "must be >= 1",
                    .got = std::to_string(batch)});
   }
-  const std::int64_t cutoff =
-      now_ms() - std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
+  const std::int64_t cutoff = now_ms() - keel::to_ms(older_than);
   std::int64_t deleted = 0;
   detail::statement_or_throw(connection, "processed messages", [&](Connection& tx) {
     deleted = tx.query(

@@ -6,15 +6,15 @@
 // detail/queue_sql.hpp.
 #include "keel/store/queue/queue.hpp"
 
-#include <openssl/rand.h>
-
 #include <algorithm>
 #include <random>
 #include <stdexcept>
 
+#include "db/detail/process.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/idempotency_key.hpp"
+#include "keel/text.hpp"
 #include "queue/detail/queue_sql.hpp"
 
 namespace keel::store {
@@ -180,25 +180,11 @@ std::string_view to_string(CompleteStatus status) noexcept {
   return "stale";
 }
 
-Expected<void> check_queue_name(std::string_view name) {
-  const auto bad = [&](std::string problem) {
-    return Error{.field = "queue name", .problem = std::move(problem), .got = quote_value(name)};
-  };
-  if (name.empty()) return Error{.field = "queue name", .problem = "must not be empty"};
-  if (name.size() > 64) return bad("must be at most 64 characters");
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '.' || c == '-';
-    if (!ok) return bad("may only contain letters, digits, '_', '.' and '-'");
-  }
-  return {};
-}
+Expected<void> check_queue_name(std::string_view name) { return check_name("queue name", name); }
 
 std::string new_job_key() {
   UuidBytes b{};
-  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
-    throw std::runtime_error("RAND_bytes failed");
-  }
+  detail::secure_random_bytes(b.data(), b.size());
   return uuid_v4(b);
 }
 
@@ -295,7 +281,9 @@ SchemaComponent JobQueue::schema() noexcept {
 }
 
 std::int64_t JobQueue::now_ms() const noexcept {
-  return to_ms(clock_->wall_now().time_since_epoch());
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             clock_->wall_now().time_since_epoch())
+      .count();
 }
 
 std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "db/detail/listener.hpp"
+#include "db/detail/process.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/text.hpp"
@@ -19,13 +20,6 @@
 
 namespace keel::store {
 namespace {
-
-std::string default_worker_id() {
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  return std::string(host[0] != '\0' ? host : "localhost") + ":" + std::to_string(getpid()) + ":" +
-         new_job_key().substr(0, 8);
-}
 
 // The wait between failed leases while the database is out: full jitter under ceilings that
 // start at the poll interval and double up to 5 s (the poll interval when that is longer).
@@ -106,7 +100,7 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
     options_.heartbeat_interval =
         std::max(Duration(std::chrono::milliseconds(1)), queue_.options().lease / 3);
   }
-  if (options_.worker_id.empty()) options_.worker_id = default_worker_id();
+  if (options_.worker_id.empty()) options_.worker_id = detail::process_name();
 }
 
 Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,

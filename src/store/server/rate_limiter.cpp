@@ -1,72 +1,9 @@
 #include "keel/store/server/rate_limiter.hpp"
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
-#include <string>
-
-#include "keel/expected.hpp"
 #include "keel/retry_after.hpp"
 #include "keel/store/server/idempotency_middleware.hpp"
 
 namespace keel::store {
-
-RateLimiter::RateLimiter(double rate, std::size_t capacity)
-    : rate_(rate), burst_(std::max(1.0, rate)), capacity_(capacity), shared_{burst_, {}} {
-  if (!(rate > 0) || !std::isfinite(rate)) {
-    throw_invalid({.context = "keel::store::RateLimiter",
-                   .field = "rate",
-                   .problem = "must be > 0 and finite",
-                   .got = std::to_string(rate)});
-  }
-  if (capacity < 1) {
-    throw_invalid({.context = "keel::store::RateLimiter",
-                   .field = "capacity",
-                   .problem = "must be >= 1",
-                   .got = "0"});
-  }
-  shared_.last = steady_clock().now();
-}
-
-Duration RateLimiter::admit(const std::string& scope) {
-  const TimePoint now = steady_clock().now();
-  std::lock_guard lock(mu_);
-  if (scope != kAnonymousScope) {
-    if (const auto it = index_.find(scope); it != index_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second);  // most recently used first
-      return take(it->second->second, now);
-    }
-  }
-  const Duration wait = take(shared_, now);
-  if (wait > Duration::zero() || scope == kAnonymousScope) return wait;
-  // Admitted through the shared bucket: the principal gets a bucket of its own, the token it
-  // just used already spent.
-  if (lru_.size() >= capacity_) {
-    index_.erase(lru_.back().first);
-    lru_.pop_back();
-  }
-  lru_.emplace_front(scope, Bucket{burst_ - 1.0, now});
-  index_.emplace(scope, lru_.begin());
-  return Duration::zero();
-}
-
-std::size_t RateLimiter::size() {
-  std::lock_guard lock(mu_);
-  return lru_.size();
-}
-
-Duration RateLimiter::take(Bucket& b, TimePoint now) const {
-  const double elapsed = std::chrono::duration<double>(now - b.last).count();
-  b.tokens = std::min(burst_, b.tokens + std::max(0.0, elapsed) * rate_);
-  b.last = now;
-  if (b.tokens >= 1.0) {
-    b.tokens -= 1.0;
-    return Duration::zero();
-  }
-  return std::chrono::duration_cast<Duration>(
-      std::chrono::duration<double>((1.0 - b.tokens) / rate_));
-}
 
 void write_rate_limited(httplib::Response& response, Duration wait, std::string_view detail) {
   response.set_header("Retry-After", format_retry_after(wait));

@@ -263,7 +263,7 @@ class SharedBreakers {
   BreakerRegistry& registry_;
   DatabaseUrl url_;
   SharedBreakersOptions options_;
-  Backoff reconnect_;
+  BackoffSequence reconnect_;  // the background thread's
   std::uint64_t listener_id_ = 0;
   // The bounds of what is read back, in ms: the breakers' longest break, the probe lease, the
   // window within which a member counts (3 heartbeats); and round_trip_limit as a setting.

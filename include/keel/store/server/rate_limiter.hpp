@@ -1,12 +1,8 @@
-// keel::store::RateLimiter: per-principal rate limiting for a receiver. Token buckets of `rate`
-// tokens a second, bursts of up to `rate` (at least 1), keyed by the principal's stored scope
-// (principal_scope(): a keyed hash, never the credential) in a table of at most `capacity`
-// entries; the least recently used entry is evicted when it is full, so memory is bounded
-// whatever the number of distinct credentials. A principal not in the table (a new one, an
-// evicted one) and unauthenticated requests (kAnonymousScope) draw from one shared bucket of the
-// same rate: rotating credentials buys no more than `rate` admissions a second in total.
+// keel::store::RateLimiter: keel::PrincipalRateLimiter (keel/principal_rate_limiter.hpp, core)
+// keyed by the idempotency flow's stored scope (principal_scope()), where kAnonymousScope is the
+// anonymous caller's, and the cpp-httplib answer to a request over its rate.
 //
-// Thread-safety: every member is safe for concurrent use (one mutex).
+// Thread-safety: as PrincipalRateLimiter; write_rate_limited writes one response.
 //
 // Example (a pre-routing handler answering 429 + Retry-After beyond 100 requests a second):
 //   keel::store::RateLimiter limiter(100.0, 10000);
@@ -19,43 +15,22 @@
 
 #include <httplib.h>
 
-#include <cstddef>
-#include <list>
-#include <mutex>
 #include <string>
 #include <string_view>
-#include <unordered_map>
-#include <utility>
 
 #include "keel/clock.hpp"
+#include "keel/principal_rate_limiter.hpp"
+#include "keel/store/idempotency/idempotency_flow.hpp"
 
 namespace keel::store {
 
-class RateLimiter {
+class RateLimiter : public PrincipalRateLimiter {
  public:
-  /// Requires: rate > 0 and finite, capacity >= 1. Throws std::invalid_argument naming the field
-  /// otherwise.
-  RateLimiter(double rate, std::size_t capacity);
-  /// Zero when admitted; otherwise how long until a token is available.
-  [[nodiscard]] Duration admit(const std::string& scope);
-  /// Principals with a bucket of their own (at most the capacity).
-  [[nodiscard]] std::size_t size();
-
- private:
-  struct Bucket {
-    double tokens;
-    TimePoint last;
-  };
-  [[nodiscard]] Duration take(Bucket& b, TimePoint now) const;
-
-  using Entry = std::pair<std::string, Bucket>;
-  double rate_;
-  double burst_;
-  std::size_t capacity_;
-  std::mutex mu_;
-  Bucket shared_;                                                      // guarded by mu_
-  std::list<Entry> lru_;                                               // guarded by mu_
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;  // guarded by mu_
+  using PrincipalRateLimiter::PrincipalRateLimiter;
+  /// As PrincipalRateLimiter::admit, with kAnonymousScope the anonymous caller's scope.
+  [[nodiscard]] Duration admit(std::string_view scope) {
+    return PrincipalRateLimiter::admit(scope == kAnonymousScope ? std::string_view() : scope);
+  }
 };
 
 /// Writes the answer to a request over its rate: 429, Retry-After in whole seconds (`wait`

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "db/detail/commit.hpp"
+#include "keel/duration.hpp"
 #include "keel/store/db/database.hpp"
 #include "keel/store/queue/queue.hpp"
 #include "keel/text.hpp"
@@ -24,9 +25,7 @@ namespace keel::store::detail {
 // The longest error text stored with a job or an attempt, in bytes.
 inline constexpr std::size_t kMaxErrorText = 2000;
 
-[[nodiscard]] inline std::int64_t to_ms(Duration d) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-}
+using keel::to_ms;  // keel/duration.hpp: whole milliseconds, rounded up
 
 // An error, reason or history text as the queue stores it: valid UTF-8 without NUL within
 // kMaxErrorText bytes (keel::storable_text), whatever bytes a handler reported, so that an
