@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "commands.hpp"
+#include "rate_flag.hpp"
 #include "keel/admission.hpp"
 #include "keel/backoff.hpp"
 #include "keel/duration.hpp"
@@ -147,15 +148,13 @@ int run_serve(const ServeOptions& o) {
   }
   std::optional<double> rate;
   if (!o.rate_limit.empty()) {
-    const std::size_t slash = o.rate_limit.find("/s");
-    char* end = nullptr;
-    const std::string number = o.rate_limit.substr(0, slash);
-    const double r = std::strtod(number.c_str(), &end);
-    if (slash == std::string::npos || slash + 2 != o.rate_limit.size() || number.empty() ||
-        end != number.c_str() + number.size() || !(r > 0) || r > 1e9) {
+    // A rate names its unit here (100/s, 6000/m): a bare number is refused.
+    if (o.rate_limit.find('/') == std::string::npos) {
       return usage_error("--rate-limit", "must be a positive rate like 100/s", o.rate_limit);
     }
-    rate = r;
+    const auto r = cli::parse_rate("--rate-limit", o.rate_limit);
+    if (!r) return usage_error(r.error());
+    rate = *r;
   }
   // Flags that only mean something with another.
   if (o.admission_queue >= 0 && o.max_concurrency <= 0) {
@@ -183,11 +182,9 @@ int run_serve(const ServeOptions& o) {
   std::string host;
   if (colon != std::string::npos && colon > 0) {
     host = o.listen.substr(0, colon);
-    const std::string p = o.listen.substr(colon + 1);
-    char* end = nullptr;
-    const long v = std::strtol(p.c_str(), &end, 10);
-    if (!p.empty() && end == p.c_str() + p.size() && v >= 0 && v <= 65535)
-      port = static_cast<int>(v);
+    if (const auto p = cli::parse_count("--listen", o.listen.substr(colon + 1), 0, 65535)) {
+      port = static_cast<int>(*p);
+    }
   }
   if (port < 0) {
     return usage_error("--listen", "must be HOST:PORT (e.g. 127.0.0.1:8080)", o.listen);

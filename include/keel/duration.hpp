@@ -23,11 +23,13 @@ namespace keel {
 /// nanoseconds.
 [[nodiscard]] Expected<Duration> parse_duration(std::string_view text);
 
-/// `d` in whole milliseconds, rounded up: the one conversion keel makes for a duration it stores
-/// or sends as milliseconds (a lease, a TTL, a timeout setting), so that a positive duration is
-/// never 0 ms. Negative durations round toward zero.
+/// `d` in whole milliseconds, truncated toward zero (as std::chrono::duration_cast): the one
+/// conversion keel makes for a duration it stores or sends as milliseconds (a lease, a TTL, a
+/// retry's due time, a timeout setting). A job made due `to_ms(delay)` after now is due once
+/// `delay` has passed; an option whose 0 would mean "none" is refused below 1 ms where it is
+/// built.
 [[nodiscard]] constexpr std::int64_t to_ms(Duration d) noexcept {
-  return std::chrono::ceil<std::chrono::milliseconds>(d).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
 }
 
 /// The shortest exact-enough human form: "0s", "250ms", "1.5s", "2m", "1h30m", "inf".

@@ -28,6 +28,13 @@
 //  - The same rules decide durable retries: decide_retry() is the pure function RetryState::next
 //    applies, and the job queue calls it with the progress it stores per job.
 //
+// The engine's parts, each in its own header that this one includes: what an operation reports
+// (retry_events.hpp: StopReason, AttemptInfo, RetryEvent, GiveUpEvent), its configuration
+// (retry_policy.hpp: RetryOptions, RetryPolicy), retries at one layer only (retry_layers.hpp:
+// NestedRetries, RetryContext, RetryScope) and the pure decision a durable driver calls
+// (retry_decision.hpp: decide_retry). This header holds the engine itself: CallOptions,
+// RetryState and keel::retry.
+//
 // Thread-safety: a RetryPolicy is immutable and safe to share between threads and calls. A
 // RetryState belongs to one logical operation and is not thread-safe.
 //
@@ -57,170 +64,14 @@
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
 #include "keel/random.hpp"
+#include "keel/retry_decision.hpp"
+#include "keel/retry_events.hpp"
+#include "keel/retry_layers.hpp"
+#include "keel/retry_policy.hpp"
 
 namespace keel {
 
 class EventStream;  // keel/events.hpp
-
-/// Why an operation stopped. Every brake has its own value so callers can switch on it.
-enum class StopReason : unsigned char {
-  kSuccess,            // the last attempt succeeded
-  kPermanent,          // a failure a retry cannot fix (400, 401, 403, 404, 422, ...)
-  kNotSafeToRetry,     // ambiguous failure of an operation that is not safe to repeat
-  kAttemptsExhausted,  // max_attempts used (or the outcome's retry_limit)
-  kDeadline,           // the next attempt could not start, or its delay not end, in time
-  kBudgetExhausted,    // the retry budget refused the retry
-  kCircuitOpen,        // the dependency's circuit breaker refused the attempt
-  kCancelled,          // the caller cancelled the operation
-  /// The operation failed, and its write was handed to a durable queue to be delivered later
-  /// with the same idempotency key (keel/fallback.hpp). Never returned by the engine itself:
-  /// only an adapter's fallback sets it.
-  kQueued,
-  /// A limit on calls to the dependency (its rate limit, a pause after its 429 or 503 with
-  /// Retry-After, its concurrency limit) would hold the call longer than it may wait: nothing
-  /// was sent, and the outcome (kNotAttempted) says when it may go (server_delay). Never
-  /// returned by the engine itself: the HTTP clients set it before an attempt.
-  kLimited,
-};
-
-/// "success", "permanent", "not safe to retry", "attempts exhausted", "deadline",
-/// "budget exhausted", "circuit open", "cancelled", "queued", "limited".
-[[nodiscard]] std::string_view to_string(StopReason reason) noexcept;
-
-/// What an attempt is told before it runs.
-struct AttemptInfo {
-  int number = 1;                // 1 for the first attempt
-  Duration timeout = kInfinite;  // min(per-try timeout, time left before the deadline)
-  /// The operation's deadline (the earliest of CallOptions::deadline, the policy's
-  /// overall_timeout and CallOptions::ceiling): what an attempt tells its receiver is left
-  /// (Keel-Deadline-Ms, keel/deadline_header.hpp). Infinite when there is none.
-  Deadline deadline = Deadline::infinite();
-  [[nodiscard]] bool is_retry() const noexcept { return number > 1; }
-};
-
-/// Passed to on_retry after a failed attempt that will be retried.
-struct RetryEvent {
-  int attempt = 0;  // the attempt that just failed
-  Outcome outcome;
-  Duration delay{};  // the wait chosen before the next attempt
-  bool server_delay_used = false;
-};
-
-/// Passed to on_give_up when an operation stops for any reason but success.
-struct GiveUpEvent {
-  int attempts = 0;
-  Duration elapsed{};  // RetryState::elapsed() when it stopped
-  StopReason reason = StopReason::kAttemptsExhausted;
-  Outcome last;  // the last attempt's outcome (default for a stop before any attempt)
-};
-
-/// One log line: "keel: gave up after 3 attempts in 1.25s: attempts exhausted (last: HTTP 503
-/// (throttled))". `what` names the operation when non-empty.
-[[nodiscard]] std::string format_give_up(const GiveUpEvent& event, std::string_view what = {});
-
-struct RetryOptions {
-  /// Attempts in all, counting the first. Requires: >= 1. Default 3.
-  int max_attempts = 3;
-  /// Timeout of one attempt. Requires: > 0. Default none (kInfinite).
-  Duration per_try_timeout = kInfinite;
-  /// Deadline of the whole operation, from its start. Requires: > 0. Default none.
-  Duration overall_timeout = kInfinite;
-  /// Delay between attempts. Default full jitter, base 100 ms, cap 10 s.
-  BackoffOptions backoff = {};
-  /// Largest server-requested delay honoured. Requires: >= 0. Default 60 s.
-  Duration retry_after_cap = std::chrono::seconds(60);
-  /// An attempt is not started with less than this before the deadline. Requires: >= 0.
-  /// Default 1 ms.
-  Duration min_attempt_time = std::chrono::milliseconds(1);
-  /// Called before each wait. Default none.
-  std::function<void(const RetryEvent&)> on_retry;
-  /// Called once when the operation stops without success. Default none.
-  std::function<void(const GiveUpEvent&)> on_give_up;
-  /// Where the operations of this policy publish their attempts, budget refusals and give-ups
-  /// (keel/events.hpp). Non-owning; Requires: outlives the policy. Default none.
-  EventStream* events = nullptr;
-  /// Names the operations of this policy in their events (Event::operation). Default empty.
-  std::string operation;
-};
-
-/// Validated, immutable retry configuration, shared by many operations.
-class RetryPolicy {
- public:
-  /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
-  explicit RetryPolicy(RetryOptions options = {});
-
-  [[nodiscard]] const RetryOptions& options() const noexcept { return options_; }
-  [[nodiscard]] const Backoff& backoff() const noexcept { return backoff_; }
-
- private:
-  RetryOptions options_;
-  Backoff backoff_;
-};
-
-/// What a keel retry loop does when it starts inside another keel retry loop.
-enum class NestedRetries : unsigned char {
-  kSingleAttempt,  // one attempt; the outer loop does the retrying (the default)
-  kRetry,          // retry as configured: the layers multiply (3 x 3 x 3 = 27 calls)
-};
-
-/// Marks "a keel retry loop is running" for asynchronous code, where a thread-local cannot follow
-/// the operation from thread to thread. Give the outer and the inner operations the same context
-/// (CallOptions::context); the outer one enters it (RetryScope, or keel::retry does) while it
-/// runs. Safe for concurrent use. Requires: outlives the operations that use it.
-class RetryContext {
- public:
-  /// Retry loops currently inside this context.
-  [[nodiscard]] int depth() const noexcept { return depth_.load(std::memory_order_acquire); }
-  void enter() noexcept { depth_.fetch_add(1, std::memory_order_acq_rel); }
-  void leave() noexcept { depth_.fetch_sub(1, std::memory_order_acq_rel); }
-
- private:
-  std::atomic<int> depth_{0};
-};
-
-/// While alive, marks a keel retry loop as running on this thread (or in `context` when given).
-/// keel::retry opens one around its loop; code that drives RetryState by hand opens one around
-/// the calls that may start inner keel operations. Not copyable; in the thread mode it must be
-/// destroyed on the thread that created it.
-class RetryScope {
- public:
-  explicit RetryScope(RetryContext* context = nullptr) noexcept;
-  ~RetryScope();
-  RetryScope(const RetryScope&) = delete;
-  RetryScope& operator=(const RetryScope&) = delete;
-
- private:
-  RetryContext* context_;
-};
-
-/// Keel retry loops running around the caller: in `context` when given, else on this thread.
-[[nodiscard]] int retry_depth(const RetryContext* context = nullptr) noexcept;
-
-namespace detail {
-// This thread's retry depth. Inline, with a constant initializer, so that the retry loop's
-// scope and depth check are a plain thread-local access where they are used.
-inline thread_local constinit int t_retry_depth = 0;
-}  // namespace detail
-
-inline RetryScope::RetryScope(RetryContext* context) noexcept : context_(context) {
-  if (context_ != nullptr) {
-    context_->enter();
-  } else {
-    ++detail::t_retry_depth;
-  }
-}
-
-inline RetryScope::~RetryScope() {
-  if (context_ != nullptr) {
-    context_->leave();
-  } else {
-    --detail::t_retry_depth;
-  }
-}
-
-inline int retry_depth(const RetryContext* context) noexcept {
-  return context != nullptr ? context->depth() : detail::t_retry_depth;
-}
 
 /// Per-call inputs that are not policy: where time and randomness come from, the caller's
 /// deadline, and whether the operation is safe to repeat.
@@ -259,57 +110,6 @@ struct CallOptions {
   /// Default 0.
   int prior_attempts = 0;
 };
-
-/// Where an operation stands between two attempts: what RetryState keeps in memory, and what a
-/// durable driver (the job queue) stores with each operation and passes back to decide_retry.
-struct RetryProgress {
-  /// Attempts made, counting the one that just ended. Requires: >= 1.
-  int attempts = 1;
-  /// Retries already caused by outcomes that carry a retry_limit (HTTP 500).
-  int limited_retries = 0;
-  /// The delay chosen before the previous retry (decorrelated jitter grows from it).
-  Duration previous_delay{};
-};
-
-/// What decide_retry needs to know about the operation besides its progress.
-struct RetryLimits {
-  /// The operation's attempt limit: the policy's max_attempts, 1 when nested, or a job's own.
-  /// Requires: >= 1.
-  int max_attempts = 1;
-  /// Idempotent, or carries an idempotency key (ambiguous failures may then be retried).
-  bool safe_to_repeat = false;
-  /// Time left before the operation's deadline, now. Default none (kInfinite).
-  Duration time_left = kInfinite;
-};
-
-/// The verdict on one attempt's outcome.
-struct RetryVerdict {
-  bool retry = false;
-  /// The wait before the next attempt (when retry).
-  Duration delay{};
-  /// The delay is the server's (Retry-After, or the refusing brake's retry_in), capped.
-  bool server_delay_used = false;
-  /// False for a deferral: the outcome was kNotAttempted (a breaker or budget refused before
-  /// anything was sent), so a durable driver does not charge an attempt. Drivers that run in
-  /// memory count every attempt they started anyway.
-  bool counts_attempt = true;
-  /// Why the operation stops (when !retry).
-  StopReason reason = StopReason::kSuccess;
-  /// The progress to keep for the next decision (limited_retries and previous_delay updated).
-  RetryProgress progress;
-};
-
-/// The retry decision, as a pure function of the policy, the operation and its progress: what
-/// RetryState::next applies before it consults the budget, and what a durable driver calls
-/// after each attempt. In order: success and permanent stop; an ambiguous outcome stops unless
-/// safe to repeat; a kNotAttempted outcome is deferred (not charged) until the brake's retry_in
-/// (capped by retry_after_cap), or a backoff draw when it gave none; the attempt limit and the
-/// outcome's retry_limit stop; the wait is the server's delay capped by retry_after_cap when it
-/// gave one, else a backoff draw; a wait that does not leave min_attempt_time before the deadline
-/// stops with kDeadline. Requires: progress.attempts >= 1, limits.max_attempts >= 1.
-[[nodiscard]] RetryVerdict decide_retry(const RetryPolicy& policy, const RetryLimits& limits,
-                                        const RetryProgress& progress, const Outcome& outcome,
-                                        Rng& rng);
 
 /// Whether to start an attempt.
 struct AttemptStart {

@@ -189,6 +189,40 @@ TEST(KeelDlq, FiltersSelectWhatReplayAndDiscardMove) {
   EXPECT_EQ(depth(db, "hooks"), "0\n");
 }
 
+// --kind: the kind each job died of is stored with it; list, replay and discard select by it.
+TEST(KeelDlq, KindSelectsTheJobsThatDiedOfIt) {
+  TempDir dir;
+  const std::string db = make_dead(dir, 2);  // permanent failures (exit 1 and exit 2)
+  ASSERT_EQ(run_keel({"jobs", "enqueue", "--db", db, "--queue", "slow", "--payload", "{}",
+                      "--max-attempts", "1"})
+                .status,
+            0);
+  KeelRun r = run_keel(
+      {"jobs", "--db", db, "work", "--queue", "slow", "--exec", "exit 75", "--exit-when-idle"});
+  ASSERT_EQ(r.status, 0) << r.err;  // 75: transient, its only attempt spent
+  r = run_keel({"dlq", "--db", db, "list", "--kind", "exhausted", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(R"("dead_kind": "attempts_exhausted")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("queue": "slow")"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(R"("queue": "hooks")"), std::string::npos) << r.out;
+  r = run_keel({"dlq", "--db", db, "list", "--kind", "permanent"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find("slow"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mail"), std::string::npos) << r.out;
+  r = run_keel({"dlq", "--db", db, "replay", "--kind", "attempts_exhausted"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "1\n");
+  EXPECT_EQ(depth(db, "slow"), "0\n");
+  r = run_keel({"dlq", "--db", db, "discard", "--kind", "crashed"});
+  EXPECT_EQ(r.out, "0\n") << "nothing crashed";
+  EXPECT_EQ(depth(db, "hooks"), "2\n");
+  for (const char* bad : {"Permanent", "", "exhaust", "max age"}) {
+    r = run_keel({"dlq", "--db", db, "list", "--kind", bad});
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_NE(r.err.find("--kind"), std::string::npos) << r.err;
+  }
+}
+
 // --rate 4/s: the jobs are due 250 ms apart, oldest death first, and the command returns at once.
 TEST(KeelDlq, ReplayRateSpreadsTheDueTimes) {
   TempDir dir;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "keel/duration.hpp"
+#include "keel/store/queue/dead_letters.hpp"
 #include "keel/store/queue/queue.hpp"
 #include "keel/store/queue/queue_worker.hpp"
 #include "keel/text.hpp"
@@ -797,6 +798,54 @@ TEST_P(JobQueueTest, TheDeadLetterCallbackReceivesTheReasonsKindWithItsText) {
   EXPECT_EQ(to_string(DeadReason::kMaxAge), "max_age");
 }
 
+TEST_P(JobQueueTest, EachDeadJobStoresItsKindAndTheFilterSelectsByIt) {
+  JobQueue q = make_queue({.max_attempts = 1, .lease = 10s, .max_age = 30s});
+  const auto enqueue = [&](const char* key) {
+    return q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = key}).id;
+  };
+  const std::int64_t permanent = enqueue("permanent");
+  const std::int64_t exhausted = enqueue("exhausted");
+  const std::int64_t crashed = enqueue("crashed");
+  auto l = q.lease(*conn_, "q", "w", 3, 3);
+  ASSERT_EQ(l.size(), 3u);
+  (void)q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::permanent(), .error = "400"});
+  (void)q.complete(*conn_, l[1].id, l[1].fence, {.outcome = Outcome::transient(), .error = "503"});
+  clock_.advance(11s);  // the third job's worker died holding its only attempt
+  EXPECT_TRUE(q.lease(*conn_, "q", "w", 1).empty());
+  const std::int64_t old = enqueue("old");
+  l = q.lease(*conn_, "q", "w", 1);
+  ASSERT_EQ(l.size(), 1u);
+  // A deferral past its max age: dead of age, nothing charged.
+  (void)q.complete(*conn_, l[0].id, l[0].fence, {.outcome = Outcome::not_attempted(40s)});
+
+  const std::pair<std::int64_t, DeadReason> expected[] = {
+      {permanent, DeadReason::kPermanent},
+      {exhausted, DeadReason::kAttemptsExhausted},
+      {crashed, DeadReason::kCrashed},
+      {old, DeadReason::kMaxAge}};
+  for (const auto& [id, kind] : expected) {
+    const auto job = q.get(*conn_, id);
+    ASSERT_TRUE(job) << id;
+    ASSERT_EQ(job->state, JobState::kDead) << id;
+    EXPECT_EQ(job->dead_kind, kind) << id << " " << job->dead_reason;
+    const auto selected = dead_letters::select(*conn_, {.kind = kind});
+    ASSERT_EQ(selected.size(), 1u) << to_string(kind);
+    EXPECT_EQ(selected[0].id, id);
+    EXPECT_EQ(selected[0].kind, kind);
+  }
+  EXPECT_EQ(dead_letters::select(*conn_, {}).size(), 4u) << "no kind: every dead job";
+  // A replay clears the kind with the reason; the job's next death stores its own.
+  ASSERT_EQ(q.replay(*conn_, {crashed}), std::vector<std::int64_t>{crashed});
+  EXPECT_FALSE(q.get(*conn_, crashed)->dead_kind);
+  EXPECT_TRUE(dead_letters::select(*conn_, {.kind = DeadReason::kCrashed}).empty());
+  // The names the command line takes.
+  EXPECT_EQ(parse_dead_reason("exhausted"), DeadReason::kAttemptsExhausted);
+  EXPECT_EQ(parse_dead_reason("max-age"), DeadReason::kMaxAge);
+  EXPECT_EQ(parse_dead_reason("crashed"), DeadReason::kCrashed);
+  EXPECT_FALSE(parse_dead_reason("Permanent"));
+  EXPECT_FALSE(parse_dead_reason(""));
+}
+
 TEST_P(JobQueueTest, ACrashChargesOnlyTheJobsWhoseAttemptStarted) {
   JobQueue q = make_queue({.lease = 10s});
   std::vector<std::int64_t> ids;
@@ -1070,11 +1119,19 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
   ASSERT_EQ(
       q.complete(*conn, leased[0].id, leased[0].fence, {.outcome = Outcome::transient()}).status,
       CompleteStatus::kRetryScheduled);
+  // A job that died before version 7 has its kind read from its reason.
+  const auto dies = q.enqueue(*conn, {.queue = "d", .payload = R"({"n":3})", .key = "k-3"});
+  auto dying = q.lease(*conn, "d", "w", 1);
+  ASSERT_EQ(dying.size(), 1u);
+  ASSERT_EQ(
+      q.complete(*conn, dying[0].id, dying[0].fence, {.outcome = Outcome::permanent()}).status,
+      CompleteStatus::kDead);
   // A job running when the upgrade comes was charged at its lease under the old rules.
   (void)q.enqueue(*conn, {.queue = "q", .payload = R"({"n":2})", .key = "k-2"});
   ASSERT_EQ(q.lease(*conn, "q", "w", 1).size(), 1u);
   // Back to version 3's form, as an older keel left it.
   conn->execute(
+      "ALTER TABLE keel_jobs DROP COLUMN dead_kind;"
       "ALTER TABLE keel_jobs DROP COLUMN started_ms;"
       "PRAGMA writable_schema = ON;"
       "UPDATE sqlite_master SET sql = replace(sql,"
@@ -1089,7 +1146,11 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
   ASSERT_EQ(temp_btrees(*old, kWriteJob), 1) << "the test did not restore the older form";
   auto upgrading = open_database(url);
   JobQueue::migrate(*upgrading);
-  EXPECT_EQ(schema_version(*upgrading, "queue"), 6);
+  EXPECT_EQ(schema_version(*upgrading, "queue"), 7);
+  // Version 7: the dead job's kind, from its reason.
+  const auto dead = q.get(*upgrading, dies.id);
+  ASSERT_TRUE(dead);
+  EXPECT_EQ(dead->dead_kind, DeadReason::kPermanent);
   EXPECT_EQ(temp_btrees(*upgrading, kWriteJob), 0);
   // Version 5: the running job counts as started, so a crash now still charges it.
   EXPECT_EQ(upgrading
@@ -1098,7 +1159,7 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
                 .integer(0, 0),
             1);
   // A connection open during the migration sees the change at its next transaction.
-  EXPECT_EQ(old->query("SELECT COUNT(*) FROM keel_jobs").integer(0, 0), 2);
+  EXPECT_EQ(old->query("SELECT COUNT(*) FROM keel_jobs").integer(0, 0), 3);
   EXPECT_EQ(temp_btrees(*old, kWriteJob), 0) << "a connection open during the migration";
   const Rows sql =
       upgrading->query("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'keel_jobs'");

@@ -55,13 +55,12 @@ TEST(FormatDuration, RoundTripsThroughParse) {
   }
 }
 
-TEST(ToMs, RoundsUpSoThatAPositiveDurationIsNeverZero) {
+TEST(ToMs, TruncatesTowardZeroSoThatADueTimeIsNeverLate) {
   using namespace std::chrono_literals;
   EXPECT_EQ(keel::to_ms(0ns), 0);
-  EXPECT_EQ(keel::to_ms(1ns), 1);
-  EXPECT_EQ(keel::to_ms(999us), 1);
+  EXPECT_EQ(keel::to_ms(999us), 0);
   EXPECT_EQ(keel::to_ms(1ms), 1);
-  EXPECT_EQ(keel::to_ms(1001us), 2);
+  EXPECT_EQ(keel::to_ms(1999us), 1);
   EXPECT_EQ(keel::to_ms(90s), 90'000);
-  EXPECT_EQ(keel::to_ms(-1500us), -1);  // toward zero
+  EXPECT_EQ(keel::to_ms(-1500us), -1);
 }

@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace keel {
 namespace {
@@ -211,7 +212,8 @@ TEST(CheckName, TheOneRuleForStoredNamesNamesItsField) {
   const auto long_name = keel::check_name("queue name", std::string(keel::kMaxNameBytes + 1, 'a'));
   ASSERT_FALSE(long_name);
   EXPECT_NE(long_name.error().problem.find("at most 64"), std::string::npos);
-  for (const std::string bad : {"a b", "a/b", "caf\xC3\xA9", std::string("a\0b", 3), "a\n"}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"a b", "a/b", "caf\xC3\xA9", std::string("a\0b", 3), "a\n"}) {
     const auto r = keel::check_name("queue name", bad);
     ASSERT_FALSE(r) << bad;
     EXPECT_EQ(r.error().field, "queue name");

@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/store/handlers/deferred_request.hpp"
-#include "keel/store/json/json_check.hpp"
+#include "dlq_show.hpp"
 #include "keel/store/queue/dead_letters.hpp"
 #include "keel/text.hpp"
 #include "queue_cli.hpp"
@@ -29,6 +28,8 @@ receiver that deduplicates by key applies each job at most once. discard deletes
 replay and discard take job ids, --all, or filters (which narrow --all, and may be combined):
   --queue Q           jobs of queue Q
   --reason TEXT       jobs whose dead reason contains TEXT (case-sensitive, no wildcards)
+  --kind KIND         jobs that died of KIND: permanent, exhausted (attempts_exhausted),
+                      max-age (max_age) or crashed (its last run's worker died); list takes it too
   --died-after TIME   jobs that died at or after TIME
   --died-before TIME  jobs that died before TIME
 TIME is an RFC 3339 timestamp with a zone (2026-12-01T10:00:00Z, 2026-12-01T11:00:00+01:00) or a
@@ -50,12 +51,7 @@ Exit status:
      not in the dead-letter queue (the other ids given are still replayed or discarded))";
 
 // Exit status when a job id given is not there (see the footer).
-constexpr int kExitNotFound = 3;
-
-int not_found(const std::string& message) {
-  std::fprintf(stderr, "keel dlq: %s\n", message.c_str());
-  return kExitNotFound;
-}
+int not_found(const std::string& message) { return dlq_not_found(message); }
 
 int usage(const std::string& message) { return queue_cli::usage_error("dlq", message); }
 
@@ -68,6 +64,7 @@ struct DlqArgs {
   std::vector<std::string> ids;
   std::string id;
   std::string reason;
+  std::optional<store::DeadReason> kind;
   std::string died_after;
   std::string died_before;
   std::string rate;
@@ -119,6 +116,7 @@ std::optional<Selection> parse_selection(const DlqArgs& a, const std::vector<std
     return std::nullopt;
   }
   sel.filter.reason_contains = a.reason;
+  sel.filter.kind = a.kind;
   sel.filter.ids = ids;
   const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                                steady_clock().wall_now().time_since_epoch())
@@ -179,56 +177,88 @@ std::optional<std::vector<std::int64_t>> parse_ids(const std::vector<std::string
   return ids;
 }
 
-// Payloads nested deeper than this are shown as a JSON string: the depth is found by a linear
-// pre-scan, so that no payload, however it was stored, reaches a recursive parser or printer.
-constexpr std::size_t kMaxShownDepth = 64;
-
-// The payload as JSON text for --json: the payload itself, compact, when it is JSON nested no
-// deeper than kMaxShownDepth, otherwise the payload as a JSON string; a deferred request's
-// credentials redacted. Linear in the payload's size.
-std::string payload_json(const std::string& stored) {
-  const std::string payload = store::redact_deferred_request(stored);
-  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
-  if (store::json_nesting_depth(payload, kMaxShownDepth) <= kMaxShownDepth) {
-    const nlohmann::json parsed = nlohmann::json::parse(payload, nullptr, false);
-    if (!parsed.is_discarded()) return parsed.dump(-1, ' ', false, kReplace);
+// Replay or discard the selection (or, with --dry-run, list what would move); the ids moved.
+std::vector<std::int64_t> move_selection(const std::string& cmd, store::Connection& conn,
+                                         const Selection& sel, const DlqArgs& a) {
+  std::vector<std::int64_t> done;
+  if (a.dry_run) {
+    // Read-only: only report ids that would be missing.
+    for (const auto& j : store::dead_letters::select(conn, sel.filter)) done.push_back(j.id);
+    dry_run(cmd, conn, sel);
+  } else if (cmd == "replay") {
+    const auto moved = store::dead_letters::replay(conn, sel.filter, sel.pacing);
+    for (const auto& j : moved) done.push_back(j.id);
+    std::string pace;
+    if (sel.pacing.per_second > 0 && !moved.empty()) {
+      pace = " at " + a.rate + ", due from " + format_ms(moved.front().run_at_ms) + " to " +
+             format_ms(moved.back().run_at_ms);
+    }
+    std::fprintf(stderr, "keel dlq: replayed %zu dead job(s)%s\n", moved.size(), pace.c_str());
+  } else {
+    done = store::dead_letters::discard(conn, sel.filter);
+    std::fprintf(stderr, "keel dlq: discarded %zu dead job(s)\n", done.size());
   }
-  return nlohmann::json(payload).dump(-1, ' ', false, kReplace);
+  return done;
 }
 
-// A job for --json: `fields` (a JSON object, without the payload) indented by two spaces per
-// level, with "payload" added as its last member in payload_json's compact form, every line
-// after the first indented by `margin` more. The payload is spliced in as text, never parsed
-// or printed recursively, so the output is linear in its size.
-std::string job_text(const nlohmann::json& fields, const std::string& payload,
-                     const std::string& margin = {}) {
-  std::string text = fields.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
-  text.resize(text.size() - 2);  // "\n}"
-  text += ",\n  \"payload\": " + payload_json(payload) + "\n}";
-  if (margin.empty()) return text;
-  std::string out;
-  out.reserve(text.size() + text.size() / 16);
-  for (const char c : text) {
-    out += c;
-    if (c == '\n') out += margin;
+// `dlq replay` and `dlq discard`: the count moved, or the ids given that moved, in their order;
+// exit 3 naming the ids that were not dead.
+int run_move(const std::string& cmd, store::Connection& conn, bool has_schema,
+             const std::vector<std::int64_t>& ids, const Selection& sel, const DlqArgs& a) {
+  if (!has_schema) {
+    if (!ids.empty())
+      return not_found(cmd + ": no such dead job(s): the database has no job queue");
+    if (a.dry_run) {
+      std::fprintf(stderr, "keel dlq: dry run: would %s 0 dead job(s); nothing changed\n",
+                   cmd.c_str());
+    } else {
+      std::printf("0\n");
+    }
+    return 0;
   }
-  return out;
+  const std::vector<std::int64_t> done = move_selection(cmd, conn, sel, a);
+  const auto moved = [&](std::int64_t id) {
+    return std::find(done.begin(), done.end(), id) != done.end();
+  };
+  if (ids.empty()) {
+    if (!a.dry_run) std::printf("%zu\n", done.size());
+    return 0;
+  }
+  std::string missing;
+  for (std::int64_t id : ids) {  // in the order given
+    if (!moved(id)) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+    } else if (!a.dry_run) {
+      std::printf("%lld\n", static_cast<long long>(id));
+    }
+  }
+  if (!missing.empty()) {
+    return not_found(cmd + ": not in the dead-letter queue (skipped): " + missing);
+  }
+  return 0;
 }
 
-// A job's fields for --json, without its payload (job_text adds it).
-nlohmann::json job_json(const store::Job& j) {
-  nlohmann::json out = {{"id", j.id},
-                        {"queue", j.queue},
-                        {"state", to_string(j.state)},
-                        {"idempotency_key", j.idempotency_key},
-                        {"attempts", j.attempts},
-                        {"max_attempts", j.max_attempts},
-                        {"replays", j.replays},
-                        {"dead_reason", j.dead_reason},
-                        {"last_error", j.last_error},
-                        {"created", format_ms(j.created_ms)},
-                        {"updated", format_ms(j.updated_ms)}};
-  return out;
+// replay's and discard's ids and filters, checked; nullopt after printing a usage error.
+std::optional<std::pair<std::vector<std::int64_t>, Selection>> parse_move(const std::string& cmd,
+                                                                          const DlqArgs& a) {
+  const bool filtered = !a.queue.empty() || !a.reason.empty() || a.kind || !a.died_after.empty() ||
+                        !a.died_before.empty();
+  if (!a.ids.empty() && (a.all || filtered)) {
+    usage(cmd + ": give job ids, or --all and filters (not both)");
+    return std::nullopt;
+  }
+  if (a.ids.empty() && !a.all && !filtered) {
+    usage(cmd +
+          ": give job ids, --all, or a filter (--queue, --reason, --kind, --died-after, "
+          "--died-before) (nothing to " +
+          cmd + ")");
+    return std::nullopt;
+  }
+  auto ids = parse_ids(a.ids);
+  if (!ids) return std::nullopt;
+  auto selection = parse_selection(a, *ids);
+  if (!selection) return std::nullopt;
+  return std::make_pair(*ids, *selection);
 }
 
 int run(const std::string& cmd, const DlqArgs& a) {
@@ -239,25 +269,10 @@ int run(const std::string& cmd, const DlqArgs& a) {
       return usage(queue.error().in("--queue").message());
     }
   }
-  std::vector<std::int64_t> ids;
-  std::optional<Selection> selection;
+  std::optional<std::pair<std::vector<std::int64_t>, Selection>> move;
   if (cmd == "replay" || cmd == "discard") {
-    const bool filtered =
-        !a.queue.empty() || !a.reason.empty() || !a.died_after.empty() || !a.died_before.empty();
-    if (!a.ids.empty() && (a.all || filtered)) {
-      return usage(cmd + ": give job ids, or --all and filters (not both)");
-    }
-    if (a.ids.empty() && !a.all && !filtered) {
-      return usage(cmd +
-                   ": give job ids, --all, or a filter (--queue, --reason, --died-after, "
-                   "--died-before) (nothing to " +
-                   cmd + ")");
-    }
-    auto parsed = parse_ids(a.ids);
-    if (!parsed) return kExitUsage;
-    ids = *parsed;
-    selection = parse_selection(a, ids);
-    if (!selection) return kExitUsage;
+    move = parse_move(cmd, a);
+    if (!move) return kExitUsage;
   }
   std::optional<std::int64_t> show_id;
   if (cmd == "show") {
@@ -276,124 +291,31 @@ int run(const std::string& cmd, const DlqArgs& a) {
   if (!a.queue.empty() && (!has_schema || !queue.queue_exists(*conn, a.queue))) {
     return usage("--queue: unknown queue '" + a.queue + "' in " + url->redacted);
   }
-
   if (cmd == "depth") {
     const std::int64_t depth = has_schema ? queue.dead_depth(*conn, a.queue) : 0;
     std::printf("%lld\n", static_cast<long long>(depth));
     return a.fail_if_nonzero && depth > 0 ? 1 : 0;
   }
-  if (cmd == "list") {
-    const std::vector<store::Job> dead =
-        has_schema ? queue.list_dead(*conn, a.queue, 100000) : std::vector<store::Job>{};
-    if (a.json) {
-      std::string out = dead.empty() ? "[]" : "[";
-      for (std::size_t i = 0; i < dead.size(); ++i) {
-        out += (i == 0 ? "\n  " : ",\n  ") + job_text(job_json(dead[i]), dead[i].payload, "  ");
-      }
-      if (!dead.empty()) out += "\n]";
-      std::printf("%s\n", out.c_str());
-      return 0;
-    }
-    std::printf("%-8s %-16s %-9s %-24s %s\n", "ID", "QUEUE", "ATTEMPTS", "DIED", "REASON");
-    for (const auto& j : dead) {
-      std::printf("%-8lld %-16s %4d/%-4d %-24s %s\n", static_cast<long long>(j.id), j.queue.c_str(),
-                  j.attempts, j.max_attempts, format_ms(j.updated_ms).c_str(),
-                  j.dead_reason.c_str());
-    }
-    return 0;
-  }
-  if (cmd == "show") {
-    const auto job = has_schema ? queue.get(*conn, *show_id) : std::nullopt;
-    if (!job) return not_found("show: no job " + std::to_string(*show_id));
-    if (a.json) {
-      nlohmann::json out = job_json(*job);
-      out["history"] = nlohmann::json::array();
-      for (const auto& h : job->history) {
-        out["history"].push_back(
-            {{"round", h.round},
-             {"attempt", h.attempt},
-             {"started", format_ms(h.started_ms)},
-             {"finished", format_ms(h.finished_ms)},
-             {"outcome", h.outcome},
-             {"error", h.error},
-             {"delay_ms", h.delay_ms ? nlohmann::json(*h.delay_ms) : nlohmann::json()},
-             {"worker", h.worker}});
-      }
-      std::printf("%s\n", job_text(out, job->payload).c_str());
-      return 0;
-    }
-    std::printf("job %lld on queue '%s': %s\n", static_cast<long long>(job->id), job->queue.c_str(),
-                std::string(to_string(job->state)).c_str());
-    std::printf("idempotency key: %s\n", job->idempotency_key.c_str());
-    std::printf("attempts: %d of %d (replayed %d times)\n", job->attempts, job->max_attempts,
-                job->replays);
-    if (!job->dead_reason.empty()) std::printf("dead: %s\n", job->dead_reason.c_str());
-    std::printf("payload: %s\nhistory:\n", store::redact_deferred_request(job->payload).c_str());
-    for (const auto& h : job->history) {
-      std::string line = "  " + format_ms(h.started_ms) + "  ";
-      if (h.round > 0) line += "replay " + std::to_string(h.round) + " ";
-      line += "attempt " + std::to_string(h.attempt) + "  " + h.outcome;
-      if (h.delay_ms) line += "  next in " + std::to_string(*h.delay_ms) + "ms";
-      if (!h.error.empty()) line += "  " + h.error;
-      std::printf("%s\n", line.c_str());
-    }
-    return 0;
-  }
-  if (!has_schema) {
-    if (ids.empty()) {
-      if (a.dry_run) {
-        std::fprintf(stderr, "keel dlq: dry run: would %s 0 dead job(s); nothing changed\n",
-                     cmd.c_str());
-      } else {
-        std::printf("0\n");
-      }
-      return 0;
-    }
-    return not_found(cmd + ": no such dead job(s): the database has no job queue");
-  }
-  if (cmd == "replay" || cmd == "discard") {
-    std::vector<std::int64_t> done;
-    if (a.dry_run) {
-      // Read-only: only report ids that would be missing.
-      for (const auto& j : store::dead_letters::select(*conn, selection->filter)) {
-        done.push_back(j.id);
-      }
-      dry_run(cmd, *conn, *selection);
-    } else if (cmd == "replay") {
-      const auto moved = store::dead_letters::replay(*conn, selection->filter, selection->pacing);
-      for (const auto& j : moved) done.push_back(j.id);
-      std::string pace;
-      if (selection->pacing.per_second > 0 && !moved.empty()) {
-        pace = " at " + a.rate + ", due from " + format_ms(moved.front().run_at_ms) + " to " +
-               format_ms(moved.back().run_at_ms);
-      }
-      std::fprintf(stderr, "keel dlq: replayed %zu dead job(s)%s\n", moved.size(), pace.c_str());
-    } else {
-      done = store::dead_letters::discard(*conn, selection->filter);
-      std::fprintf(stderr, "keel dlq: discarded %zu dead job(s)\n", done.size());
-    }
-    if (ids.empty()) {
-      if (!a.dry_run) std::printf("%zu\n", done.size());
-      return 0;
-    }
-    // Ids are printed in the order given.
-    for (std::int64_t id : ids) {
-      if (!a.dry_run && std::find(done.begin(), done.end(), id) != done.end()) {
-        std::printf("%lld\n", static_cast<long long>(id));
-      }
-    }
-    std::string missing;
-    for (std::int64_t id : ids) {
-      if (std::find(done.begin(), done.end(), id) == done.end()) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(id);
-      }
-    }
-    if (!missing.empty()) {
-      return not_found(cmd + ": not in the dead-letter queue (skipped): " + missing);
-    }
-    return 0;
-  }
+  if (cmd == "list") return run_list(*conn, has_schema, a.queue, a.kind, a.json);
+  if (cmd == "show") return run_show(*conn, has_schema, *show_id, a.json);
+  if (move) return run_move(cmd, *conn, has_schema, move->first, move->second, a);
   return kExitUsage;
+}
+
+// --kind: a dead job's kind by name (store::parse_dead_reason), refused naming the flag.
+void add_kind_option(CLI::App* sub, std::optional<store::DeadReason>& kind) {
+  sub->add_option_function<std::string>(
+         "--kind",
+         [&kind](const std::string& text) {
+           kind = store::parse_dead_reason(text);
+           if (!kind) {
+             throw CLI::ValidationError("--kind",
+                                        "must be permanent, exhausted, max-age or crashed (got " +
+                                            quote_value(text) + ")");
+           }
+         },
+         "Only jobs that died of KIND: permanent, exhausted, max-age, crashed")
+      ->type_name("KIND");
 }
 
 }  // namespace
@@ -410,6 +332,7 @@ Runner add_dlq(CLI::App& app) {
 
   CLI::App* list = dlq->add_subcommand("list", "Dead jobs, oldest first");
   list->add_option("--queue", args->queue, "Only this queue");
+  add_kind_option(list, args->kind);
   list->add_flag("--json", args->json, "JSON output");
   list->callback([cmd] { *cmd = "list"; });
 
@@ -423,6 +346,7 @@ Runner add_dlq(CLI::App& app) {
     sub->add_flag("--all", args->all, "Every dead job (narrowed by the filters)");
     sub->add_option("--queue", args->queue, "Only jobs of this queue");
     sub->add_option("--reason", args->reason, "Only jobs whose dead reason contains TEXT");
+    add_kind_option(sub, args->kind);
     sub->add_option("--died-after", args->died_after,
                     "Only jobs that died at or after TIME (RFC 3339, or a duration ago: 1h)");
     sub->add_option("--died-before", args->died_before,

@@ -17,7 +17,7 @@ Metrics::Metrics(std::string queue, bool dead_letter_retention)
     attempts_[o] = 0;
   }
   for (const auto r : {store::DeadReason::kPermanent, store::DeadReason::kAttemptsExhausted,
-                       store::DeadReason::kMaxAge}) {
+                       store::DeadReason::kMaxAge, store::DeadReason::kCrashed}) {
     dead_lettered_[std::string(to_string(r))] = 0;
   }
 }

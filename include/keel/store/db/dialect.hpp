@@ -3,7 +3,7 @@
 // runs, what its error codes mean. The job queue, the idempotency records and the processed
 // messages write their SQL once and ask their connection's dialect (Connection::dialect(),
 // ConnectionPool::dialect()) for the pieces that differ, so that only the database layer
-// (src/store/db/) knows which backend it is talking to. Capabilities are named by what they are,
+// (src/db/) knows which backend it is talking to. Capabilities are named by what they are,
 // not by the backend that has them: a new backend answers each question for itself.
 //
 // Thread-safety: a Dialect is immutable, one static instance per backend; safe for concurrent

@@ -47,6 +47,9 @@ struct DeadLetterFilter {
   /// Only jobs whose dead reason contains this text (case-sensitive, no wildcards). Default
   /// empty: any reason.
   std::string reason_contains;
+  /// Only jobs that died of this kind (the stored dead_kind: permanent, attempts exhausted, max
+  /// age, crashed). Default none: any kind, and jobs whose kind is not known.
+  std::optional<DeadReason> kind;
   /// Only jobs that died at or after this calendar millisecond. Default none.
   std::optional<std::int64_t> died_at_or_after_ms;
   /// Only jobs that died strictly before this calendar millisecond. Default none.
@@ -67,6 +70,9 @@ struct DeadLetter {
   std::int64_t id = 0;
   std::string queue;
   std::string dead_reason;
+  /// Why it died, as a kind; none for a job that died before kinds were stored and whose reason
+  /// did not say (schema version 7's migration read it from the reason when it could).
+  std::optional<DeadReason> kind;
   /// When it died (calendar ms).
   std::int64_t died_ms = 0;
   int attempts = 0;

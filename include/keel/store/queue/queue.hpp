@@ -56,16 +56,16 @@
 // run lease expiry and backoff in virtual time.
 //
 // Where each role lives: JobQueue's methods are grouped below by who calls them, and each group
-// is implemented in a file of its own. Producers enqueue (src/store/queue/queue_producer.cpp).
-// Workers lease, heartbeat, release and complete_and_lease (src/store/queue/queue_lease.cpp, which
+// is implemented in a file of its own. Producers enqueue (src/queue/queue_producer.cpp).
+// Workers lease, heartbeat, release and complete_and_lease (src/queue/queue_lease.cpp, which
 // also sweeps expired leases) and report outcomes with complete and complete_done
-// (src/store/queue/queue_complete.cpp). Operators read a job with get (src/store/queue/queue.cpp)
+// (src/queue/queue_complete.cpp). Operators read a job with get (src/queue/queue.cpp)
 // and administer the dead-letter queue by id or by queue with list_dead, replay and discard
-// (src/store/queue/queue_dead_letters.cpp; by filter, with paced replays:
+// (src/queue/queue_dead_letters.cpp; by filter, with paced replays:
 // keel/store/queue/dead_letters.hpp). Dashboards and housekeeping use stats, dead_depth,
-// dead_expiring, queue_exists, idle, prune_done and prune_dead (src/store/queue/queue_stats.cpp).
-// Construction, the schema and its migrations are src/store/queue/queue.cpp; what the files share
-// is src/store/queue/detail/queue_sql.hpp. The long-running consumer built on the worker protocol
+// dead_expiring, queue_exists, idle, prune_done and prune_dead (src/queue/queue_stats.cpp).
+// Construction, the schema and its migrations are src/queue/queue.cpp; what the files share
+// is src/queue/detail/queue_sql.hpp. The long-running consumer built on the worker protocol
 // is keel::store::Worker (keel/store/queue/queue_worker.hpp).
 //
 // Thread-safety: JobQueue is immutable after construction except for its random generator (which
@@ -146,6 +146,22 @@ struct JobAttempt {
   std::string worker;
 };
 
+/// Why a job moved to the dead-letter queue, decided by JobQueue from keel::core's StopReason.
+enum class DeadReason : unsigned char {
+  kPermanent,          // the outcome was permanent: repeating cannot help
+  kAttemptsExhausted,  // its attempts (or the retries its last outcome allowed) were spent
+  kMaxAge,             // it outlived QueueOptions::max_age
+  /// Its attempts were spent, the last by a run whose worker died (or lost its database for
+  /// longer than its lease): the expired-lease sweep charged it.
+  kCrashed,
+};
+
+/// "permanent", "attempts_exhausted", "max_age", "crashed": also the job's stored dead_kind.
+[[nodiscard]] std::string_view to_string(DeadReason reason) noexcept;
+/// The kind named by `text`: to_string's names, and "exhausted" and "max-age" for the two with
+/// an underscore. None for anything else.
+[[nodiscard]] std::optional<DeadReason> parse_dead_reason(std::string_view text) noexcept;
+
 /// A job as stored.
 struct Job {
   std::int64_t id = 0;
@@ -164,6 +180,9 @@ struct Job {
   std::int64_t fence = 0;
   /// Why the job is dead ("permanent: ...", "attempts exhausted: ..."); empty otherwise.
   std::string dead_reason;
+  /// Why it died, as a kind (state kDead); none otherwise, and for a job that died before kinds
+  /// were stored whose reason did not say.
+  std::optional<DeadReason> dead_kind;
   /// The last attempt's error text; empty when none.
   std::string last_error;
   /// Why the job waits without having been attempted (a breaker or budget refused: "circuit open
@@ -253,16 +272,6 @@ enum class CompleteStatus : unsigned char {
 
 /// "done", "retry_scheduled", "deferred", "dead", "stale".
 [[nodiscard]] std::string_view to_string(CompleteStatus status) noexcept;
-
-/// Why a job moved to the dead-letter queue, decided by JobQueue from keel::core's StopReason.
-enum class DeadReason : unsigned char {
-  kPermanent,          // the outcome was permanent: repeating cannot help
-  kAttemptsExhausted,  // its attempts (or the retries its last outcome allowed) were spent
-  kMaxAge,             // it outlived QueueOptions::max_age
-};
-
-/// "permanent", "attempts_exhausted", "max_age".
-[[nodiscard]] std::string_view to_string(DeadReason reason) noexcept;
 
 /// A move to the dead-letter queue as QueueOptions::on_dead_letter sees it: the reason's kind
 /// and the text stored as the job's dead_reason. Converts to that text, so a callback written
@@ -360,7 +369,7 @@ struct QueueOptions {
 
 class JobQueue {
  public:
-  // Construction and schema (src/store/queue/queue.cpp).
+  // Construction and schema (src/queue/queue.cpp).
 
   /// Throws std::invalid_argument naming the field and value when a Requires line is broken.
   explicit JobQueue(QueueOptions options = {});
@@ -370,7 +379,7 @@ class JobQueue {
   /// The queue's schema component ("queue"), for `keel migrate`.
   [[nodiscard]] static SchemaComponent schema() noexcept;
 
-  // Producer: adding jobs (src/store/queue/queue_producer.cpp).
+  // Producer: adding jobs (src/queue/queue_producer.cpp).
 
   /// Adds a job, or returns the existing job with the same key on the same queue (a unique index
   /// on (queue, key) decides, never a read-then-insert). Invalid requests are refused with
@@ -411,7 +420,7 @@ class JobQueue {
       Connection& tx, const std::vector<EnqueueRequest>& requests) const;
 
   // Worker protocol, leases: taking, extending and giving back jobs; expired leases are swept
-  // inside lease() (src/store/queue/queue_lease.cpp).
+  // inside lease() (src/queue/queue_lease.cpp).
 
   /// For lease()'s and complete_and_lease()'s `start`: every leased job starts at once.
   static constexpr int kStartAll = 1 << 30;
@@ -483,7 +492,7 @@ class JobQueue {
                                                      std::string_view queue) const;
 
   // Worker protocol, outcomes: recording an attempt, and with it the retry decision
-  // (src/store/queue/queue_complete.cpp).
+  // (src/queue/queue_complete.cpp).
 
   /// Records an attempt's outcome, fenced by the lease's token. Throws DatabaseError.
   [[nodiscard]] CompleteResult complete(Connection& connection, std::int64_t job_id,
@@ -496,7 +505,7 @@ class JobQueue {
   /// since another worker owns the job. On PostgreSQL the job's row stays locked from this call
   /// to the commit, so no sweep or other worker can take the lease over in between: call it last.
   /// Requires: a transaction open on `tx` (else std::invalid_argument). Throws DatabaseError.
-  /// (src/store/queue/queue_complete_tx.cpp.)
+  /// (src/queue/queue_complete_tx.cpp.)
   [[nodiscard]] bool complete_in(Connection& tx, std::int64_t job_id, std::int64_t fence) const;
 
   /// Records successes for several leased jobs in one transaction (batching for throughput);
@@ -505,12 +514,12 @@ class JobQueue {
       Connection& connection,
       const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const;
 
-  // Inspection: one job with its history (src/store/queue/queue.cpp).
+  // Inspection: one job with its history (src/queue/queue.cpp).
 
   /// The job with its full attempt history, or nullopt. Throws DatabaseError.
   [[nodiscard]] std::optional<Job> get(Connection& connection, std::int64_t job_id) const;
 
-  // Dead-letter administration by id or by queue (src/store/queue/queue_dead_letters.cpp).
+  // Dead-letter administration by id or by queue (src/queue/queue_dead_letters.cpp).
   // Selecting by reason or age, and paced replays: keel/store/queue/dead_letters.hpp.
 
   /// Dead jobs (no history), oldest first; all queues when `queue` is empty. Throws DatabaseError.
@@ -531,7 +540,7 @@ class JobQueue {
   /// Discards every dead job (of `queue`, or of all queues when empty); returns how many.
   std::int64_t discard_all(Connection& connection, std::string_view queue = {}) const;
 
-  // Statistics and housekeeping (src/store/queue/queue_stats.cpp).
+  // Statistics and housekeeping (src/queue/queue_stats.cpp).
 
   /// Dead jobs (of `queue`, or all when empty). Throws DatabaseError.
   [[nodiscard]] std::int64_t dead_depth(Connection& connection, std::string_view queue = {}) const;
@@ -573,7 +582,7 @@ class JobQueue {
   [[nodiscard]] std::int64_t now_ms() const noexcept;
 
  private:
-  // Producer internals (src/store/queue/queue_producer.cpp).
+  // Producer internals (src/queue/queue_producer.cpp).
 
   // Checks every request and fills `keys` with their canonical (or new) keys; false, with every
   // result's error set, when one is invalid.
@@ -585,7 +594,7 @@ class JobQueue {
                   const std::vector<std::string>& keys, std::int64_t now,
                   std::vector<EnqueueResult>& out) const;
 
-  // Worker protocol internals (src/store/queue/queue_lease.cpp).
+  // Worker protocol internals (src/queue/queue_lease.cpp).
 
   // Sweeps expired leases of `queue`: unstarted jobs back to ready uncharged, started ones
   // charged through settle(); returns how many jobs it moved.

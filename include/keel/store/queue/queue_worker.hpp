@@ -324,7 +324,7 @@ class Worker {
   Backoff db_backoff_;  // the database-outage wait (immutable)
   Rng rng_;             // its jitter; guarded by mu_
 
-  // Wakeups (src/store/queue/queue_worker_wakeup.cpp).
+  // Wakeups (src/queue/queue_worker_wakeup.cpp).
   enum class IdleEnd : unsigned char { kWoken, kDue, kPoll };
   // Wakeups so far; a slot reads it before its lease and idle_wait() returns when it changed.
   [[nodiscard]] std::uint64_t wake_epoch();

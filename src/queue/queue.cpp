@@ -122,6 +122,18 @@ constexpr Migration kMigrations[] = {
      " WHEN (NEW.state = 'ready') EXECUTE FUNCTION keel_jobs_notify();"
      "CREATE TRIGGER keel_jobs_notify_ready AFTER UPDATE OF state ON keel_jobs FOR EACH ROW"
      " WHEN (NEW.state = 'ready' AND OLD.state <> 'ready') EXECUTE FUNCTION keel_jobs_notify();"},
+    // 7: the dead-letter kind as a column (DeadReason's name), so that operators filter dead jobs
+    // by kind rather than by a substring of their reason. Jobs that died before it get the kind
+    // their stored reason says (its text has always started with it); a reason that says none
+    // leaves the kind NULL.
+    {"ALTER TABLE keel_jobs ADD COLUMN dead_kind TEXT;"
+     "UPDATE keel_jobs SET dead_kind = CASE"
+     " WHEN dead_reason LIKE 'permanent:%' THEN 'permanent'"
+     " WHEN dead_reason LIKE 'max age %' THEN 'max_age'"
+     " WHEN dead_reason LIKE 'attempts exhausted%: the worker died while running it%'"
+     " THEN 'crashed'"
+     " WHEN dead_reason LIKE 'attempts exhausted%' THEN 'attempts_exhausted'"
+     " END WHERE state = 'dead';"},
 };
 
 #undef KEEL_QUEUE_SCHEMA_V1
@@ -160,8 +172,20 @@ std::string_view to_string(DeadReason reason) noexcept {
       return "attempts_exhausted";
     case DeadReason::kMaxAge:
       return "max_age";
+    case DeadReason::kCrashed:
+      return "crashed";
   }
   return "attempts_exhausted";
+}
+
+std::optional<DeadReason> parse_dead_reason(std::string_view text) noexcept {
+  for (const DeadReason r : {DeadReason::kPermanent, DeadReason::kAttemptsExhausted,
+                             DeadReason::kMaxAge, DeadReason::kCrashed}) {
+    if (text == to_string(r)) return r;
+  }
+  if (text == "exhausted") return DeadReason::kAttemptsExhausted;
+  if (text == "max-age") return DeadReason::kMaxAge;
+  return std::nullopt;
 }
 
 std::string_view to_string(CompleteStatus status) noexcept {

@@ -44,6 +44,7 @@ std::string where_clause(const Connection& conn, const DeadLetterFilter& f,
     sql += " AND " + conn.dialect().substring_position("dead_reason", param(f.reason_contains)) +
            " > 0";
   }
+  if (f.kind) sql += " AND dead_kind = " + param(std::string(to_string(*f.kind)));
   if (f.died_at_or_after_ms) {
     sql += " AND " + std::string(kDiedMs) + " >= " + param(*f.died_at_or_after_ms);
   }
@@ -62,7 +63,7 @@ std::vector<DeadLetter> select_in(Connection& conn, const DeadLetterFilter& filt
                                   std::int64_t limit) {
   std::vector<Value> params;
   std::string sql = "SELECT id, queue, dead_reason, " + std::string(kDiedMs) +
-                    ", attempts, max_attempts, replays FROM keel_jobs" +
+                    ", attempts, max_attempts, replays, dead_kind FROM keel_jobs" +
                     where_clause(conn, filter, params);
   params.emplace_back(limit);
   sql += " ORDER BY " + std::string(kDiedMs) + ", id LIMIT $" + std::to_string(params.size());
@@ -79,6 +80,7 @@ std::vector<DeadLetter> select_in(Connection& conn, const DeadLetterFilter& filt
     d.attempts = static_cast<int>(r.integer(i, 4));
     d.max_attempts = static_cast<int>(r.integer(i, 5));
     d.replays = static_cast<int>(r.integer(i, 6));
+    if (const auto& kind = r.cell(i, 7)) d.kind = parse_dead_reason(*kind);
     out.push_back(std::move(d));
   }
   return out;
@@ -201,7 +203,8 @@ std::vector<DeadLetter> replay(Connection& connection, const DeadLetterFilter& f
       // JobQueue::replay's update, with the paced run_at.
       const Rows r = tx.query(
           "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
-          " replays = replays + 1, run_at_ms = $3, dead_reason = NULL, updated_ms = $2,"
+          " replays = replays + 1, run_at_ms = $3, dead_reason = NULL, dead_kind = NULL, "
+          "updated_ms = $2,"
           " limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
           " finished_ms = NULL WHERE id = $1 AND state = 'dead'",
           {job.id, now, job.run_at_ms});

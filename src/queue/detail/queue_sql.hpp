@@ -1,4 +1,4 @@
-// What the job queue's source files share (src/store/queue*.cpp, one file per role of
+// What the job queue's source files share (src/queue*.cpp, one file per role of
 // JobQueue): time and text conversions, the transaction wrapper, the attempt-history insert,
 // the optional-queue filter and the column list a Job is read from. Private to keel::store_queue;
 // the schema itself lives only in queue.cpp. Stateless functions: safe from any thread, each
@@ -25,7 +25,7 @@ namespace keel::store::detail {
 // The longest error text stored with a job or an attempt, in bytes.
 inline constexpr std::size_t kMaxErrorText = 2000;
 
-using keel::to_ms;  // keel/duration.hpp: whole milliseconds, rounded up
+using keel::to_ms;  // keel/duration.hpp: whole milliseconds, truncated
 
 // An error, reason or history text as the queue stores it: valid UTF-8 without NUL within
 // kMaxErrorText bytes (keel::storable_text), whatever bytes a handler reported, so that an
@@ -97,10 +97,10 @@ inline constexpr std::string_view kSettleColumns =
 inline constexpr std::string_view kJobColumns =
     "id, queue, payload, idem_key, state, attempts, max_attempts, run_at_ms, lease_owner,"
     " lease_expires_ms, fence, dead_reason, last_error, replays, created_ms, updated_ms,"
-    " deferred_reason, deferrals";
+    " deferred_reason, deferrals, dead_kind";
 
 // How many columns kJobColumns names.
-inline constexpr std::size_t kJobColumnCount = 18;
+inline constexpr std::size_t kJobColumnCount = 19;
 
 // Row i of a SELECT of kJobColumns, without its history.
 [[nodiscard]] inline Job read_job(const Rows& r, std::size_t i) {
@@ -124,6 +124,7 @@ inline constexpr std::size_t kJobColumnCount = 18;
   j.updated_ms = r.integer(i, 15);
   j.deferred_reason = optional_text(r, i, 16);
   j.deferrals = static_cast<int>(r.integer(i, 17));
+  if (const auto& kind = r.cell(i, 18)) j.dead_kind = parse_dead_reason(*kind);
   return j;
 }
 

@@ -15,7 +15,7 @@
 #include "keel/expected.hpp"
 #include "keel/store/idempotency/idempotency_flow.hpp"
 #include "keel/store/server/idempotency_middleware.hpp"
-#include "server/detail/close_after_answer.hpp"
+#include "serve/httplib/detail/close_after_answer.hpp"
 
 namespace keel::store {
 namespace {

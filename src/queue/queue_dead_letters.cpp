@@ -33,7 +33,8 @@ std::vector<std::int64_t> JobQueue::replay(Connection& connection,
     for (std::int64_t id : ids) {
       const Rows r = tx.query(
           "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
-          " replays = replays + 1, run_at_ms = $2, dead_reason = NULL, updated_ms = $2,"
+          " replays = replays + 1, run_at_ms = $2, dead_reason = NULL, dead_kind = NULL, "
+          "updated_ms = $2,"
           " limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
           " finished_ms = NULL WHERE id = $1 AND state = 'dead'",
           {id, now});
@@ -51,7 +52,8 @@ std::int64_t JobQueue::replay_all(Connection& connection, std::string_view queue
     const std::int64_t now = now_ms();
     const std::string sql =
         "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
-        " replays = replays + 1, run_at_ms = $1, dead_reason = NULL, updated_ms = $1,"
+        " replays = replays + 1, run_at_ms = $1, dead_reason = NULL, dead_kind = NULL, updated_ms "
+        "= $1,"
         " limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
         " finished_ms = NULL WHERE state = 'dead'" +
         queue_filter(queue, 2);

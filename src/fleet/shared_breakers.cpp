@@ -390,7 +390,8 @@ bool shareable(std::string_view key) {
   return !key.empty() && key.size() <= kMaxKey && key.find('\n') == std::string_view::npos;
 }
 
-// Whole milliseconds (keel::to_ms, rounded up) within [0, kMaxMs].
+// Whole milliseconds (keel::to_ms) within [0, kMaxMs]. The options are validated in whole
+// milliseconds (>= 1 ms where 0 would mean none).
 std::int64_t clamped_ms(Duration d) { return std::clamp<std::int64_t>(keel::to_ms(d), 0, kMaxMs); }
 
 // A cell the statement made an integer; 0 for anything else.

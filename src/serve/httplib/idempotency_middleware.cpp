@@ -9,7 +9,7 @@
 #include "idempotency/detail/ascii.hpp"
 #include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
-#include "server/detail/close_after_answer.hpp"
+#include "serve/httplib/detail/close_after_answer.hpp"
 
 namespace keel::store {
 namespace {

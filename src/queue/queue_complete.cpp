@@ -138,7 +138,9 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
       out.dead_reason = "max age " + format_duration(options_.max_age) + " reached: " + error;
       break;
     default:
-      out.dead_kind = DeadReason::kAttemptsExhausted;
+      // The expired-lease sweep reports the run whose worker died (history "lease_expired").
+      out.dead_kind =
+          history == "lease_expired" ? DeadReason::kCrashed : DeadReason::kAttemptsExhausted;
       out.dead_reason = "attempts exhausted (" + std::to_string(attempts) + " of " +
                         std::to_string(max_attempts) +
                         (report.outcome.retry_limit != Outcome::kNoRetryLimit
@@ -152,8 +154,8 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
   tx.query(
       "UPDATE keel_jobs SET state = 'dead', attempts = attempts + $5, lease_owner = NULL,"
       " lease_expires_ms = NULL, run_at_ms = $2, last_error = $3, dead_reason = $4,"
-      " updated_ms = $2, finished_ms = $2 WHERE id = $1",
-      {job_id, now, clip(error), out.dead_reason, charge});
+      " dead_kind = $6, updated_ms = $2, finished_ms = $2 WHERE id = $1",
+      {job_id, now, clip(error), out.dead_reason, charge, std::string(to_string(out.dead_kind))});
   insert_attempt(tx, job_id, round, attempts, began, now, name, error, std::nullopt, owner);
   return out;
 }
