@@ -155,6 +155,13 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     }
     sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
            std::string(kExpired) + ")";
+    // Short of work: when the queue's earliest job comes due, for the worker that goes idle
+    // (next_due's two index reads).
+    sql +=
+        " UNION ALL SELECT 3, LEAST((SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
+        " AND state IN ('ready', 'retry_scheduled')), (SELECT min(run_at_ms) FROM keel_jobs"
+        " WHERE queue = $1 AND state = 'running')), NULL, NULL, NULL, NULL, NULL, NULL"
+        " WHERE (SELECT count(*) FROM leased) < $4";
     in_statement(connection, [&](Connection& c) {
       leased = c.query(sql, params);
       return true;
@@ -200,6 +207,10 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     if (one_statement && leased.integer(i, 0) != 1) {
       if (leased.integer(i, 0) == 0) out.current = static_cast<int>(leased.integer(i, 1));
       if (leased.integer(i, 0) == 2) *expired_waiting = true;
+      if (leased.integer(i, 0) == 3) {
+        out.next_due_known = true;
+        if (leased.cell(i, 1)) out.next_due_ms = leased.integer(i, 1);
+      }
       continue;
     }
     LeasedJob job;
@@ -250,6 +261,7 @@ DoneAndLeased JobQueue::complete_and_lease(
       (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4)) {
     last_reap_ms_.store(now);
     if (reap_expired(connection, queue) > 0 && short_of_work) {
+      out.next_due_known = false;  // the sweep made jobs ready since
       int started = 0;
       for (const LeasedJob& job : out.leased) started += job.started ? 1 : 0;
       auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.leased.size()),

@@ -293,6 +293,12 @@ struct DoneAndLeased {
   int current = 0;
   /// The jobs leased next, in the order to run them (as JobQueue::lease returns them).
   std::vector<LeasedJob> leased;
+  /// When fewer jobs than asked for were leased, on PostgreSQL: the same statement's reading of
+  /// when the queue's earliest job comes due (a ready or retrying job's run time, or a running
+  /// job's lease expiry; nullopt: none), as JobQueue::next_due answers, so that an idle worker
+  /// need not ask again. next_due_known says whether it was read.
+  std::optional<std::int64_t> next_due_ms;
+  bool next_due_known = false;
 };
 
 /// What JobQueue::complete_and_start did.
