@@ -116,6 +116,7 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
         std::max(Duration(std::chrono::milliseconds(1)), queue_.options().lease / 3);
   }
   if (options_.worker_id.empty()) options_.worker_id = default_worker_id();
+  deadlocks_logged_.store(queue_.deadlocks());
 }
 
 Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,
@@ -137,6 +138,20 @@ void Worker::log(const std::string& line) const {
     options_.log(line);
   } else {
     std::fprintf(stderr, "keel worker %s: %s\n", options_.worker_id.c_str(), line.c_str());
+  }
+}
+
+void Worker::note_deadlocks() {
+  const std::int64_t now = queue_.deadlocks();
+  std::int64_t logged = deadlocks_logged_.load();
+  while (now > logged) {
+    if (deadlocks_logged_.compare_exchange_weak(logged, now)) {
+      log("PostgreSQL broke " + std::to_string(now - logged) +
+          " deadlock(s) in the queue's statements (40P01, each after deadlock_timeout); retried, "
+          "nothing lost (" +
+          std::to_string(now) + " so far)");
+      return;
+    }
   }
 }
 
@@ -496,6 +511,7 @@ void Worker::slot_loop() {
   bool after_work = false;  // the slot ran jobs since its last idle wait
   bool looked = false;      // ... or it ended because a job was due
   while (!stopping_.load()) {
+    note_deadlocks();
     if (const Duration paused = paused_for(); paused > Duration::zero()) {
       // A brake refused: lease nothing until it expects to admit a call again.
       std::unique_lock lock(mu_);
@@ -797,6 +813,7 @@ std::int64_t Worker::run() {
   }
   cv_.notify_all();
   heartbeats.join();
+  note_deadlocks();
   return recorded_.load();
 }
 

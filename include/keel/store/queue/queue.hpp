@@ -574,6 +574,11 @@ class JobQueue {
   // Configuration.
 
   [[nodiscard]] const QueueOptions& options() const noexcept { return options_; }
+  /// Deadlocks PostgreSQL reported so far to this queue's worker statements (lease, complete,
+  /// start, heartbeat, release, sweep; 40P01, each one cost a deadlock_timeout and was retried).
+  /// They take rows in one order (ascending id, docs/queue.md), so this stays 0; a Worker logs
+  /// each rise and `keel jobs work` exports it (keel_queue_deadlocks_total). Thread-safe.
+  [[nodiscard]] std::int64_t deadlocks() const noexcept { return deadlocks_.load(); }
   [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
   /// Calendar milliseconds now, from the clock.
   [[nodiscard]] std::int64_t now_ms() const noexcept;
@@ -621,6 +626,7 @@ class JobQueue {
   mutable std::mutex rng_mu_;
   mutable Rng rng_;  // guarded by rng_mu_
   mutable std::atomic<std::int64_t> last_reap_ms_{0};
+  mutable std::atomic<std::int64_t> deadlocks_{0};
 };
 
 }  // namespace keel::store

@@ -298,6 +298,9 @@ class Worker {
   // returns the wait.
   Duration database_failed(const std::string& activity, const std::string& what);
   void database_ok();
+  // Logs one line when PostgreSQL broke deadlocks in the queue's statements since the last call
+  // (JobQueue::deadlocks() went up; keel retried each).
+  void note_deadlocks();
 
   ConnectionPool& pool_;
   const JobQueue& queue_;
@@ -313,6 +316,7 @@ class Worker {
   /// Leasing paused until this time of queue_.clock() (ns since its epoch); 0: not paused.
   std::atomic<std::int64_t> paused_until_ns_{0};
   std::atomic<bool> failed_{false};
+  std::atomic<std::int64_t> deadlocks_logged_{0};  // queue_.deadlocks() when last logged
   /// The current database outage: failures in a row, when it began and when it was last logged
   /// (queue_.clock() ns; 0 when the database works). Guarded by mu_.
   int db_failures_ = 0;
