@@ -1209,7 +1209,7 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
   ASSERT_EQ(temp_btrees(*old, kWriteJob), 1) << "the test did not restore the older form";
   auto upgrading = open_database(url);
   JobQueue::migrate(*upgrading);
-  EXPECT_EQ(schema_version(*upgrading, "queue"), 6);
+  EXPECT_EQ(schema_version(*upgrading, "queue"), 7);
   EXPECT_EQ(temp_btrees(*upgrading, kWriteJob), 0);
   // Version 5: the running job counts as started, so a crash now still charges it.
   EXPECT_EQ(upgrading
