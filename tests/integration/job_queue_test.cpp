@@ -967,7 +967,7 @@ TEST_P(JobQueueTest, ManyWorkerThreadsDrainOneQueueWithoutDeadlocksOrLeaseExpiri
   // deadlock in the server's log (each costs a deadlock_timeout) nor seen by the queue. The long
   // drill runs in the optimised build; the sanitizer builds drain fewer jobs.
   const bool pg = GetParam() == Backend::kPostgres;
-  const int jobs = !pg ? 600 : test::kTimingAsserted ? 10000 : 2000;
+  const int jobs = !pg ? 600 : test::kTimingAsserted ? 10000 : 1000;
   JobQueue q({.lease = 30s, .seed = 3});
   {
     std::vector<EnqueueRequest> batch;
