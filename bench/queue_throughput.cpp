@@ -15,6 +15,18 @@
 // adds the log lines that mention a deadlock (40P01) and the jobs that ran more than once (a
 // lease that expired).
 //
+// --enqueue C measures the producer alone: W threads enqueue N jobs, C per call (1:
+// JobQueue::enqueue, one statement; more: enqueue_many, one multi-row INSERT per call).
+//
+// --cycle 1 measures enqueue and drain together, as a user's service and its workers run: W
+// producer threads enqueue N jobs, B per call, while one keel::store::Worker with W slots and
+// batch B drains them; the rate is N over the time until the last job was recorded.
+//
+// --storm N measures what wakeups cost a busy queue: P worker processes (--processes, default 8;
+// one slot each, batch B, WorkerOptions::wakeups from --wakeups 1|0) wait on an empty queue, then
+// 4 producer threads enqueue N jobs one per call. Prints the producers' time, the time until
+// every job was done, the server's transactions per job (pg_stat_database) and the workers' CPU.
+//
 // --latency N measures pickup latency instead: one keel::store::Worker with the default options
 // (concurrency 1; --poll-ms sets WorkerOptions::poll_interval) waits on an empty queue while a
 // producer enqueues N jobs one at a time, G ms apart (default 100, plus up to 20 ms of random
@@ -25,6 +37,7 @@
 //
 // Prints one line: backend=... batch=... workers=... jobs=... seconds=... jobs_per_s=...
 // scripts/bench-queue.sh runs it next to pgbench on the same server.
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,6 +65,9 @@ int usage() {
   std::fprintf(stderr,
                "usage: keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B]"
                " [--worker 1 [--processes P] [--seconds S]]\n"
+               "       keel_bench_queue --db URL [--jobs N] [--workers W] --enqueue C\n"
+               "       keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B] --cycle 1\n"
+               "       keel_bench_queue --db URL --storm N [--processes P] [--wakeups 1|0]\n"
                "       keel_bench_queue --db URL --latency N [--producer thread|process]"
                " [--gap-ms G] [--poll-ms P]\n");
   return 2;
@@ -162,6 +178,228 @@ int run_worker(const keel::store::DatabaseUrl& url, const keel::store::JobQueue&
   return 0;
 }
 
+double since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// --enqueue C: W threads enqueue N jobs between them, C per call.
+int run_enqueue(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& q,
+                const std::string& queue, int jobs, int workers, int chunk) {
+  {
+    auto conn = keel::store::open_database(url);  // the queue's row exists
+    (void)q.enqueue(*conn, {.queue = queue, .payload = "{}"});
+  }
+  std::atomic<int> left{jobs};
+  std::atomic<bool> failed{false};
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&] {
+      try {
+        auto conn = keel::store::open_database(url);
+        for (;;) {
+          const int take = std::min(chunk, left.fetch_sub(chunk));
+          if (take <= 0) break;
+          if (take == 1) {
+            if (!q.enqueue(*conn, {.queue = queue, .payload = "{}"}).ok()) failed = true;
+          } else {
+            const std::vector<keel::store::EnqueueRequest> reqs(
+                static_cast<std::size_t>(take),
+                keel::store::EnqueueRequest{.queue = queue, .payload = "{}"});
+            for (const auto& r : q.enqueue_many(*conn, reqs)) {
+              if (!r.ok()) failed = true;
+            }
+          }
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "keel_bench_queue: %s\n", e.what());
+        failed = true;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double seconds = since(start);
+  if (failed.load()) return 1;
+  std::printf("backend=%s mode=enqueue chunk=%d workers=%d jobs=%d seconds=%.3f jobs_per_s=%.1f\n",
+              std::string(keel::store::to_string(url.backend)).c_str(), chunk, workers, jobs,
+              seconds, jobs / seconds);
+  return 0;
+}
+
+// --cycle 1: W producer threads enqueue N jobs, B per call, while one Worker with W slots and
+// batch B drains them.
+int run_cycle(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& q,
+              const std::string& queue, int jobs, int workers, int batch) {
+  {
+    auto conn = keel::store::open_database(url);  // the queue's row exists; one job fewer below
+    (void)q.enqueue(*conn, {.queue = queue, .payload = "{}"});
+  }
+  keel::store::ConnectionPool pool(url, {.max_connections = workers + 2});
+  std::atomic<int> recorded{0};
+  keel::store::Worker* self = nullptr;
+  keel::store::Worker worker(pool, q,
+                             {.queue = queue,
+                              .concurrency = workers,
+                              .batch = batch,
+                              .on_event =
+                                  [&](const keel::store::WorkerEvent& e) {
+                                    if (e.result.status == keel::store::CompleteStatus::kDone &&
+                                        recorded.fetch_add(1) + 1 == jobs) {
+                                      self->stop();
+                                    }
+                                  },
+                              .log =
+                                  [](std::string_view line) {
+                                    std::fprintf(stderr, "worker: %.*s\n", int(line.size()),
+                                                 line.data());
+                                  }},
+                             [](const keel::store::LeasedJob&, const std::atomic<bool>&) {
+                               return keel::store::AttemptReport::success();
+                             });
+  self = &worker;
+  std::atomic<int> left{jobs - 1};
+  std::atomic<bool> failed{false};
+  const auto start = std::chrono::steady_clock::now();
+  std::thread runner([&] { (void)worker.run(); });
+  std::vector<std::thread> producers;
+  for (int w = 0; w < workers; ++w) {
+    producers.emplace_back([&] {
+      try {
+        auto conn = keel::store::open_database(url);
+        for (;;) {
+          const int take = std::min(batch, left.fetch_sub(batch));
+          if (take <= 0) break;
+          if (take == 1) {
+            (void)q.enqueue(*conn, {.queue = queue, .payload = "{}"});
+          } else {
+            (void)q.enqueue_many(
+                *conn, std::vector<keel::store::EnqueueRequest>(static_cast<std::size_t>(take),
+                                                                {.queue = queue, .payload = "{}"}));
+          }
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "keel_bench_queue: %s\n", e.what());
+        failed = true;
+      }
+    });
+  }
+  for (auto& t : producers) t.join();
+  if (failed.load()) worker.stop();
+  runner.join();
+  const double seconds = since(start);
+  if (failed.load()) return 1;
+  std::printf("backend=%s mode=cycle batch=%d workers=%d jobs=%d seconds=%.3f jobs_per_s=%.1f\n",
+              std::string(keel::store::to_string(url.backend)).c_str(), batch, workers,
+              recorded.load(), seconds, recorded.load() / seconds);
+  return 0;
+}
+
+std::int64_t server_transactions(keel::store::Connection& conn) {
+  return conn
+      .query(
+          "SELECT xact_commit + xact_rollback FROM pg_stat_database"
+          " WHERE datname = current_database()",
+          {})
+      .integer(0, 0);
+}
+
+// --storm N: P worker processes (one slot each) wait on an empty queue; 4 producer threads
+// enqueue N jobs one per call.
+int run_storm(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& q,
+              const std::string& queue, int jobs, int processes, int batch, bool wakeups) {
+  constexpr int kProducers = 4;
+  {
+    auto conn = keel::store::open_database(url);  // the queue's row exists
+    (void)q.enqueue(*conn, {.queue = queue, .payload = "{}"});
+  }
+  std::int64_t xacts_before = 0;
+  {
+    auto conn = keel::store::open_database(url);
+    xacts_before = server_transactions(*conn);
+  }
+  // The workers, forked before any thread of this process starts; each stops when its pipe
+  // closes.
+  int stop_pipe[2] = {-1, -1};
+  if (pipe(stop_pipe) != 0) return 1;
+  std::vector<pid_t> children;
+  for (int p = 0; p < processes; ++p) {
+    const pid_t child = fork();
+    if (child < 0) return 1;
+    if (child > 0) {
+      children.push_back(child);
+      continue;
+    }
+    close(stop_pipe[1]);
+    keel::store::ConnectionPool pool(url, {.max_connections = 3});
+    keel::store::Worker worker(pool, q,
+                               {.queue = queue,
+                                .concurrency = 1,
+                                .batch = batch,
+                                .log = [](std::string_view) {},
+                                .wakeups = wakeups},
+                               [](const keel::store::LeasedJob&, const std::atomic<bool>&) {
+                                 return keel::store::AttemptReport::success();
+                               });
+    std::thread stopper([&] {
+      char c = 0;
+      while (read(stop_pipe[0], &c, 1) > 0) {
+      }
+      worker.stop();
+    });
+    (void)worker.run();
+    stopper.join();
+    if (std::getenv("KEEL_BENCH_WAKEUPS") != nullptr) {
+      const keel::store::WorkerWakeups w = worker.wakeup_counts();
+      std::fprintf(stderr,
+                   "worker %d: notifications=%lld deferred=%lld local=%lld due_checks=%lld"
+                   " woken_leases=%lld lost=%lld\n",
+                   p, static_cast<long long>(w.notifications),
+                   static_cast<long long>(w.deferred_notifications),
+                   static_cast<long long>(w.local), static_cast<long long>(w.due_checks),
+                   static_cast<long long>(w.woken_leases), static_cast<long long>(w.lost_wakeups));
+    }
+    _exit(0);
+  }
+  close(stop_pipe[0]);
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // the workers are idle and listening
+  auto conn = keel::store::open_database(url);
+  std::atomic<int> left{jobs};
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> producers;
+  for (int w = 0; w < kProducers; ++w) {
+    producers.emplace_back([&] {
+      auto c = keel::store::open_database(url);
+      while (left.fetch_sub(1) > 0) (void)q.enqueue(*c, {.queue = queue, .payload = "{}"});
+    });
+  }
+  for (auto& t : producers) t.join();
+  const double produced = since(start);
+  for (;;) {  // until every job is done
+    const keel::store::Rows r =
+        conn->query("SELECT COUNT(*) FROM keel_jobs WHERE queue = $1 AND state <> 'done'", {queue});
+    if (r.integer(0, 0) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double drained = since(start);
+  close(stop_pipe[1]);
+  for (const pid_t child : children) waitpid(child, nullptr, 0);
+  rusage usage{};
+  getrusage(RUSAGE_CHILDREN, &usage);
+  const double cpu = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                     static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+  conn.reset();
+  // A backend reports its counts when it exits or at most a second later.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto after = keel::store::open_database(url);
+  const std::int64_t xacts = server_transactions(*after) - xacts_before;
+  std::printf(
+      "backend=postgres mode=storm wakeups=%d processes=%d batch=%d jobs=%d produce_s=%.3f"
+      " drain_s=%.3f xacts_per_job=%.2f worker_cpu_s=%.2f\n",
+      wakeups ? 1 : 0, processes, batch, jobs, produced, drained, static_cast<double>(xacts) / jobs,
+      cpu);
+  return 0;
+}
+
 std::int64_t realtime_us() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -268,6 +506,11 @@ int main(int argc, char** argv) {
   int poll_ms = 0;
   int processes = 1;
   double limit_s = 0;  // --seconds
+  int enqueue_chunk = 0;
+  bool cycle = false;
+  int storm = 0;
+  bool wakeups = true;
+  bool processes_given = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const char* v = argv[i + 1];
@@ -290,6 +533,15 @@ int main(int argc, char** argv) {
       gap_ms = std::atoi(v);
     } else if (flag == "--processes") {
       processes = std::atoi(v);
+      processes_given = true;
+    } else if (flag == "--enqueue") {
+      enqueue_chunk = std::atoi(v);
+    } else if (flag == "--cycle") {
+      cycle = std::atoi(v) != 0;
+    } else if (flag == "--storm") {
+      storm = std::atoi(v);
+    } else if (flag == "--wakeups") {
+      wakeups = std::atoi(v) != 0;
     } else if (flag == "--seconds") {
       limit_s = std::atof(v);
     } else if (flag == "--poll-ms") {
@@ -314,6 +566,11 @@ int main(int argc, char** argv) {
   keel::store::JobQueue q({.lease = std::chrono::minutes(5), .seed = 1});
   if (latency > 0) {
     return run_latency(*url, q, queue, latency, process_producer, std::max(0, gap_ms), poll_ms);
+  }
+  if (enqueue_chunk > 0) return run_enqueue(*url, q, queue, jobs, workers, enqueue_chunk);
+  if (cycle) return run_cycle(*url, q, queue, jobs, workers, batch);
+  if (storm > 0) {
+    return run_storm(*url, q, queue, storm, processes_given ? processes : 8, batch, wakeups);
   }
   if (use_worker) return run_worker(*url, q, queue, jobs, workers, batch, processes, limit_s);
   std::atomic<int> remaining_to_enqueue{jobs};

@@ -15,7 +15,8 @@
 # Needs keel_bench_queue built in DIR (default: build) and Debian's postgresql-15 (pgbench and a
 # throwaway server from scripts/pg-test-server.sh; that server runs with fsync=off and
 # synchronous_commit=off, for pgbench and the queue alike, so the ratio compares like with like
-# but the absolute numbers are higher than on a durable server).
+# but the absolute numbers are higher than on a durable server). Each PostgreSQL row ends with the
+# machine's 1-minute load average when it finished.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,7 +63,9 @@ UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 SQL
 pgbench_tps=$("$PG_BIN/pgbench" -n -c 2 -j 2 -T "$seconds" -f "$work/update.sql" "$pg_url" 2>/dev/null |
   awk '/^tps = / { print $3; exit }')
-echo "pgbench single-row UPDATE, 2 clients, ${seconds}s: ${pgbench_tps} tps"
+# The machine's load next to each figure: on a shared machine a ratio holds only within one run.
+loadavg() { cut -d' ' -f1 /proc/loadavg; }
+echo "pgbench single-row UPDATE, 2 clients, ${seconds}s: ${pgbench_tps} tps   load $(loadavg)"
 
 run() {  # run URL BATCH -> prints the result line, sets $rate
   local line
@@ -78,8 +81,8 @@ for batch in 1 10 100; do
   run "$pg_url" "$batch"
   wal=$(psql "$pg_url" -Atc "SELECT round(pg_wal_lsn_diff('$(wal_lsn)', '$before') / $jobs)")
   ratio=$(awk -v a="$rate" -v b="$pgbench_tps" 'BEGIN { printf "%.2f", a / b }')
-  printf '  batch %-4s %10s jobs/s   %s x the pgbench rate   %s WAL bytes/job\n' "$batch" "$rate" \
-    "$ratio" "$wal"
+  printf '  batch %-4s %10s jobs/s   %s x the pgbench rate   %s WAL bytes/job   load %s\n' "$batch" \
+    "$rate" "$ratio" "$wal" "$(loadavg)"
 done
 
 # The fleet: keel::store::Worker (what `keel jobs work` runs) with 2, 8 and 16 slots in one
@@ -93,8 +96,8 @@ echo "fleet (same server), no-op jobs, at most ${fleet_seconds}s per row: jobs/s
 fleet_row() {  # fleet_row LABEL LINE
   local rate
   rate=$(sed -n 's/.*jobs_per_s=\([0-9.]*\).*/\1/p' <<<"$2")
-  printf '  %-46s %10s jobs/s   %s x pgbench\n' "$1" "$rate" \
-    "$(awk -v a="$rate" -v b="$pgbench_tps" 'BEGIN { printf "%.2f", a / b }')"
+  printf '  %-46s %10s jobs/s   %s x pgbench   load %s\n' "$1" "$rate" \
+    "$(awk -v a="$rate" -v b="$pgbench_tps" 'BEGIN { printf "%.2f", a / b }')" "$(loadavg)"
 }
 for batch in 1 10; do
   for shape in 2:1 8:1 16:1 8:4 16:4; do

@@ -324,7 +324,8 @@ def beast_rows(raw, emit, goals):
 def queue_rows(text, emit, mach, date, goals):
     """Table rows from scripts/bench-queue.sh: the pgbench rate, then PostgreSQL and SQLite
     '  batch N  <rate> jobs/s ...' lines."""
-    pgbench = re.search(r"pgbench single-row UPDATE[^:]*:\s*([\d.]+)\s*tps", text)
+    pgbench = re.search(r"pgbench single-row UPDATE[^:]*:\s*([\d.]+)\s*tps(?:\s+load ([\d.]+))?",
+                        text)
     rows = []
     section = None
     for line in text.splitlines():
@@ -334,25 +335,28 @@ def queue_rows(text, emit, mach, date, goals):
             section = "SQLite, heap trimming off"
         elif line.startswith("SQLite"):
             section = "SQLite"
-        m = re.match(r"^\s+batch\s+(\d+)\s+([\d.]+)\s+jobs/s", line)
+        m = re.match(r"^\s+batch\s+(\d+)\s+([\d.]+)\s+jobs/s(?:.*\sload ([\d.]+))?", line)
         if m and section:
-            rows.append((section, m.group(1), float(m.group(2))))
+            rows.append((section, m.group(1), float(m.group(2)), m.group(3) or "-"))
     if not rows:
         return
     emit("keel = jobs/s through enqueue + lease + done; peer = pgbench's single-row UPDATE rate on"
-         " the same PostgreSQL server in the same run.")
+         " the same PostgreSQL server in the same run; load = the machine's 1-minute load average"
+         " when the row finished (pgbench's: when pgbench finished).")
     emit("")
-    emit("| workload | keel | peer | ratio | machine | date |")
-    emit("| --- | --- | --- | --- | --- | --- |")
+    emit("| workload | keel | peer | ratio | load | machine | date |")
+    emit("| --- | --- | --- | --- | --- | --- | --- |")
     tps = float(pgbench.group(1)) if pgbench else None
-    for section, batch, rate in rows:
+    tps_load = pgbench.group(2) if pgbench and pgbench.group(2) else "-"
+    for section, batch, rate, load in rows:
         if section == "PostgreSQL" and tps:
             emit(f"| queue, PostgreSQL, batch {batch} | {rate:.0f} jobs/s | pgbench {tps:.0f} tps |"
-                 f" {rate / tps:.2f} | {mach} | {date} |")
+                 f" {rate / tps:.2f} | {load} (pgbench {tps_load}) | {mach} | {date} |")
             goals.append((f"queue, PostgreSQL, batch {batch}: jobs/s / pgbench tps",
                           f"{rate / tps:.2f}"))
         else:
-            emit(f"| queue, {section}, batch {batch} | {rate:.0f} jobs/s | - | - | {mach} | {date} |")
+            emit(f"| queue, {section}, batch {batch} | {rate:.0f} jobs/s | - | - | - | {mach} |"
+                 f" {date} |")
     emit("")
     fleet_rows(text, emit, mach, date, goals, tps)
 
@@ -365,22 +369,22 @@ def fleet_rows(text, emit, mach, date, goals, tps):
     more workers drain slower than fewer in as many processes (beyond 5%, the noise of a shared
     machine)."""
     fleet = []
-    for m in re.finditer(r"^\s+(.+?) batch (\d+), (\d+) workers, (\d+) process\S*\s+([\d.]+) jobs/s",
-                         text, re.M):
+    for m in re.finditer(r"^\s+(.+?) batch (\d+), (\d+) workers, (\d+) process\S*\s+([\d.]+) jobs/s"
+                         r"(?:.*\sload ([\d.]+))?", text, re.M):
         fleet.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)),
-                      float(m.group(5))))
+                      float(m.group(5)), m.group(6) or "-"))
     latency = re.findall(r"^\s+(.+?)\s+median\s+([\d.]+) ms\s+p99\s+([\d.]+) ms", text, re.M)
     if not fleet:
         return
     emit("Fleet: keel::store::Worker against graphile-worker and pg-boss on the same server, the same"
          " no-op job, draining a backlog (jobs/s; ratio = x pgbench's single-row UPDATE rate).")
     emit("")
-    emit("| workload | jobs/s | x pgbench | machine | date |")
-    emit("| --- | --- | --- | --- | --- |")
-    for who, batch, workers, procs, rate in fleet:
+    emit("| workload | jobs/s | x pgbench | load | machine | date |")
+    emit("| --- | --- | --- | --- | --- | --- |")
+    for who, batch, workers, procs, rate, load in fleet:
         ratio = f"{rate / tps:.2f}" if tps else "-"
         emit(f"| {who}, batch {batch}, {workers} workers, {procs} process(es) | {rate:.0f} |"
-             f" {ratio} | {mach} | {date} |")
+             f" {ratio} | {load} | {mach} | {date} |")
     emit("")
     if latency:
         emit("| pickup latency (enqueue to handler start, in-process producer) | median | p99 |")
@@ -389,8 +393,9 @@ def fleet_rows(text, emit, mach, date, goals, tps):
             emit(f"| {who} | {median} ms | {p99} ms |")
         emit("")
     for batch in (1, 10):
-        keel = max((r for w, b, _, _, r in fleet if w.startswith("keel") and b == batch), default=0)
-        peer = max((r for w, b, _, _, r in fleet if not w.startswith("keel") and b == batch),
+        keel = max((r for w, b, _, _, r, _ in fleet if w.startswith("keel") and b == batch),
+                   default=0)
+        peer = max((r for w, b, _, _, r, _ in fleet if not w.startswith("keel") and b == batch),
                    default=0)
         if keel and peer:
             goals.append((f"queue fleet, batch {batch}: keel Worker / best peer (goal >= 1.5)",
@@ -398,8 +403,8 @@ def fleet_rows(text, emit, mach, date, goals, tps):
         if keel and tps and batch == 1:
             goals.append(("queue fleet, batch 1: keel Worker / pgbench tps (goal >= 0.5)",
                           f"{keel / tps:.2f}"))
-    slower = [f"{w} batch {b}: {n} workers in {p}" for w, b, n, p, r in fleet
-              for w2, b2, n2, p2, r2 in fleet
+    slower = [f"{w} batch {b}: {n} workers in {p}" for w, b, n, p, r, _ in fleet
+              for w2, b2, n2, p2, r2, _ in fleet
               if (w2, b2, p2) == (w, b, p) and n2 < n and r < 0.95 * r2]
     goals.append(("queue fleet: rows where more workers drain over 5% slower than fewer"
                   " (goal none)",

@@ -6,6 +6,13 @@
 //   node queue_peer.mjs --peer graphile-worker|pg-boss --db URL [--jobs N] [--workers W]
 //                       [--batch B] [--seconds S]
 //   node queue_peer.mjs --peer ... --db URL --latency N [--gap-ms G]
+//   node queue_peer.mjs --peer ... --db URL --mode enqueue [--jobs N] [--workers W] [--chunk C]
+//   node queue_peer.mjs --peer ... --db URL --mode cycle [--jobs N] [--workers W] [--batch B]
+//
+// --mode enqueue: W loops (one pool) enqueue N jobs, C per call (graphile-worker's addJobs,
+// pg-boss's insert; C = 1: addJob and send). --mode cycle: W producer loops enqueue N jobs, B per
+// call, while the worker (W slots, batch B as below) drains them; the rate is N over the time
+// until the last handler ran.
 //
 // Throughput: N jobs are enqueued first (in bulk), then one worker with W concurrent slots drains
 // them until all have run or S seconds have passed; the rate is the handlers that ran over the
@@ -25,10 +32,13 @@ const versionOf = (name) =>
   JSON.parse(readFileSync(new URL(`./node_modules/${name}/package.json`, import.meta.url))).version;
 
 function parseArgs(argv) {
-  const out = { jobs: 20000, workers: 2, batch: 1, seconds: 3, latency: 0, gapMs: 20 };
+  const out = {
+    jobs: 20000, workers: 2, batch: 1, seconds: 3, latency: 0, gapMs: 20, mode: 'drain', chunk: 1,
+  };
   const names = {
     '--peer': 'peer', '--db': 'db', '--jobs': 'jobs', '--workers': 'workers', '--batch': 'batch',
-    '--seconds': 'seconds', '--latency': 'latency', '--gap-ms': 'gapMs',
+    '--seconds': 'seconds', '--latency': 'latency', '--gap-ms': 'gapMs', '--mode': 'mode',
+    '--chunk': 'chunk',
   };
   for (let i = 2; i < argv.length; i += 2) {
     const key = names[argv[i]];
@@ -36,7 +46,7 @@ function parseArgs(argv) {
       console.error(`queue_peer: unknown flag or missing value: ${argv[i]}`);
       process.exit(2);
     }
-    out[key] = ['peer', 'db'].includes(key) ? argv[i + 1] : Number(argv[i + 1]);
+    out[key] = ['peer', 'db', 'mode'].includes(key) ? argv[i + 1] : Number(argv[i + 1]);
   }
   if (!['graphile-worker', 'pg-boss'].includes(out.peer) || !out.db) {
     console.error('usage: node queue_peer.mjs --peer graphile-worker|pg-boss --db URL ...');
@@ -58,7 +68,9 @@ async function graphileWorker(args, batched) {
   let runner;
   return {
     version: versionOf('graphile-worker'),
-    enqueue: (payloads) => utils.addJobs(payloads.map((p) => ({ identifier: 'noop', payload: p }))),
+    enqueue: (payloads) => (payloads.length === 1
+      ? utils.addJob('noop', payloads[0])
+      : utils.addJobs(payloads.map((p) => ({ identifier: 'noop', payload: p })))),
     async work(handler) {
       const worker = { concurrentJobs: args.workers, pollInterval: 2000 };
       if (batched) {
@@ -104,7 +116,9 @@ async function pgBoss(args, batched) {
   const loops = [];
   return {
     version: versionOf('pg-boss'),
-    enqueue: (payloads) => boss.insert(queue, payloads.map((p) => ({ data: p }))),
+    enqueue: (payloads) => (payloads.length === 1
+      ? boss.send(queue, payloads[0])
+      : boss.insert(queue, payloads.map((p) => ({ data: p })))),
     async work(handler) {
       if (!batched && !args.latency) {
         // W loops of fetch, handler, complete: work() waits its shortest poll (0.5 s) after
@@ -159,6 +173,52 @@ async function throughput(args, peer) {
     ` jobs_per_s=${(ran / seconds).toFixed(1)}`);
 }
 
+// W loops enqueue N jobs between them, `chunk` per call.
+async function produce(args, peer, chunk) {
+  let left = args.jobs;
+  const loops = [];
+  for (let w = 0; w < args.workers; w += 1) {
+    loops.push((async () => {
+      for (;;) {
+        const take = Math.min(chunk, left);
+        if (take <= 0) return;
+        left -= take;
+        await peer.enqueue(Array.from({ length: take }, () => ({})));
+      }
+    })());
+  }
+  await Promise.all(loops);
+}
+
+async function enqueueOnly(args, peer) {
+  await peer.enqueue([{}]);  // the queue exists
+  const start = performance.now();
+  await produce(args, peer, args.chunk);
+  const seconds = (performance.now() - start) / 1000;
+  await peer.stop();
+  console.log(`backend=postgres peer=${args.peer} version=${peer.version} mode=enqueue` +
+    ` chunk=${args.chunk} workers=${args.workers} jobs=${args.jobs} seconds=${seconds.toFixed(3)}` +
+    ` jobs_per_s=${(args.jobs / seconds).toFixed(1)}`);
+}
+
+async function cycle(args, peer) {
+  let ran = 0;
+  let finish;
+  const finished = new Promise((r) => { finish = r; });
+  const start = performance.now();
+  await peer.work(() => {
+    ran += 1;
+    if (ran === args.jobs) finish();
+  });
+  await produce(args, peer, args.batch);
+  await Promise.race([finished, sleep(120000)]);
+  const seconds = (performance.now() - start) / 1000;
+  await peer.stop();
+  console.log(`backend=postgres peer=${args.peer} version=${peer.version} mode=cycle` +
+    ` batch=${args.batch} workers=${args.workers} jobs=${ran} seconds=${seconds.toFixed(3)}` +
+    ` jobs_per_s=${(ran / seconds).toFixed(1)}`);
+}
+
 async function latency(args, peer) {
   await peer.enqueue([{ t: 0 }]);  // the queue exists and the worker has something to start on
   const samples = [];
@@ -187,5 +247,13 @@ async function latency(args, peer) {
 const args = parseArgs(process.argv);
 const make = args.peer === 'graphile-worker' ? graphileWorker : pgBoss;
 const peer = await make(args, args.batch > 1);
-await (args.latency > 0 ? latency(args, peer) : throughput(args, peer));
+if (args.latency > 0) {
+  await latency(args, peer);
+} else if (args.mode === 'enqueue') {
+  await enqueueOnly(args, peer);
+} else if (args.mode === 'cycle') {
+  await cycle(args, peer);
+} else {
+  await throughput(args, peer);
+}
 process.exit(0);

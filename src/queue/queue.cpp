@@ -122,7 +122,32 @@ constexpr Migration kMigrations[] = {
      " WHEN (NEW.state = 'ready') EXECUTE FUNCTION keel_jobs_notify();"
      "CREATE TRIGGER keel_jobs_notify_ready AFTER UPDATE OF state ON keel_jobs FOR EACH ROW"
      " WHEN (NEW.state = 'ready' AND OLD.state <> 'ready') EXECUTE FUNCTION keel_jobs_notify();"},
-    // 7: the dead-letter kind as a column (DeadReason's name), so that operators filter dead jobs
+    // 7, PostgreSQL only: a new job notifies only when it is the queue's first due job, checked
+    // when its transaction commits. A busy queue has due jobs waiting, and its workers lease the
+    // next ones as they record each success; a notification then only made every listening
+    // backend read it (a transaction each) and every idle worker lease for nothing (docs/queue.md,
+    // "Wakeups"). The trigger is a deferred constraint trigger, so the check runs at COMMIT, and
+    // the transaction's first job of a queue decides for the others (keel.notified, a setting
+    // local to the transaction). Jobs of the same transaction do not count as waiting; a job due
+    // later notifies when no job is due (idle workers sleep until the earliest due time).
+    // Replays and releases still notify (keel_jobs_notify_ready).
+    {"SELECT 1",
+     "CREATE OR REPLACE FUNCTION keel_jobs_notify_new() RETURNS trigger LANGUAGE plpgsql AS $$"
+     "DECLARE seen text := coalesce(current_setting('keel.notified', true), '');"
+     " BEGIN"
+     " IF position('|' || NEW.queue || '|' IN seen) > 0 THEN RETURN NULL; END IF;"
+     " PERFORM set_config('keel.notified', seen || '|' || NEW.queue || '|', true);"
+     " IF NOT EXISTS (SELECT 1 FROM keel_jobs j WHERE j.queue = NEW.queue"
+     " AND j.state IN ('ready', 'retry_scheduled') AND j.run_at_ms <= NEW.created_ms"
+     " AND j.xmin <> pg_current_xact_id()::xid) THEN"
+     " PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue);"
+     " END IF;"
+     " RETURN NULL; END$$;"
+     "DROP TRIGGER keel_jobs_notify_insert ON keel_jobs;"
+     "CREATE CONSTRAINT TRIGGER keel_jobs_notify_insert AFTER INSERT ON keel_jobs"
+     " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.state = 'ready')"
+     " EXECUTE FUNCTION keel_jobs_notify_new();"},
+    // 8: the dead-letter kind as a column (DeadReason's name), so that operators filter dead jobs
     // by kind rather than by a substring of their reason. Jobs that died before it get the kind
     // their stored reason says (its text has always started with it); a reason that says none
     // leaves the kind NULL.

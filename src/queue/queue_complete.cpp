@@ -30,14 +30,14 @@ CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, s
     // One UPDATE: the done row is the success's history. Atomic on its own, retried as a
     // transaction is (40P01, a busy database).
     bool current = false;
-    detail::in_statement(connection, [&](Connection& c) {
+    detail::in_statement(deadlocks_, connection, [&](Connection& c) {
       current = detail::mark_done(c, job_id, fence, now_ms());
       return true;
     });
     out.status = current ? CompleteStatus::kDone : CompleteStatus::kStale;
     return out;
   }
-  in_transaction(connection, [&](Connection& tx) {
+  in_transaction(deadlocks_, connection, [&](Connection& tx) {
     out = CompleteResult{};
     const Rows row = tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
                                   " FROM keel_jobs WHERE id = $1 AND fence = $2"
@@ -164,10 +164,26 @@ int JobQueue::complete_done(
     Connection& connection,
     const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const {
   int current = 0;
-  in_transaction(connection, [&](Connection& tx) {
+  if (id_and_fence.empty()) return 0;
+  // In ascending id order, as every statement of the queue that writes several jobs.
+  std::vector<std::pair<std::int64_t, std::int64_t>> done = id_and_fence;
+  std::sort(done.begin(), done.end());
+  if (connection.dialect().data_modifying_ctes()) {
+    // One statement for the whole set, atomic on its own.
+    // kMarkDone's now is $2; $1 is a 0 the statement only compares.
+    std::vector<Value> params = {std::int64_t{0}, now_ms()};
+    const std::string sql = "WITH " + detail::done_ctes(done, params) +
+                            " SELECT count(*) FROM done WHERE $1::bigint = 0";
+    detail::in_statement(deadlocks_, connection, [&](Connection& c) {
+      current = static_cast<int>(c.query(sql, params).integer(0, 0));
+      return true;
+    });
+    return current;
+  }
+  in_transaction(deadlocks_, connection, [&](Connection& tx) {
     current = 0;
     const std::int64_t now = now_ms();
-    for (const auto& [id, fence] : id_and_fence) {
+    for (const auto& [id, fence] : done) {
       if (detail::mark_done(tx, id, fence, now)) ++current;
     }
     return true;

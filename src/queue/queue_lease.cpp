@@ -21,24 +21,6 @@ namespace {
 
 constexpr int kReapBatch = 100;
 
-// "v (id, fence) AS (VALUES ...), done AS (UPDATE ... RETURNING j.id)": the CTEs that record the
-// successes of `done` in a statement whose $2 is now, their parameters appended to `params`.
-std::string done_ctes(const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
-                      std::vector<Value>& params) {
-  std::string sql = "v (id, fence) AS (VALUES ";
-  for (std::size_t i = 0; i < done.size(); ++i) {
-    const std::string a = std::to_string(params.size() + 1);
-    const std::string b = std::to_string(params.size() + 2);
-    sql += (i ? ", ($" : "($") + a + "::bigint, $" + b + "::bigint)";
-    params.emplace_back(done[i].first);
-    params.emplace_back(done[i].second);
-  }
-  // The success's history row is the done row itself (detail::kMarkDone).
-  return sql + "), done AS (UPDATE keel_jobs j" + std::string(detail::kMarkDone) +
-         " FROM v WHERE j.id = v.id AND j.fence = v.fence AND j.state = 'running'"
-         " RETURNING j.id)";
-}
-
 // The start of job $1 under fence $3 at $2 (now): its attempt counts from now, and a crash
 // charges it. The lease is not extended: the worker heartbeats the jobs of its batch from their
 // lease on, and leaving lease_expires_ms and run_at_ms alone keeps the start off every index
@@ -53,7 +35,7 @@ constexpr std::string_view kStart =
 std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
   std::int64_t reaped = 0;
   std::vector<std::pair<std::int64_t, CompleteResult>> dead;
-  in_transaction(connection, [&](Connection& tx) {
+  in_transaction(deadlocks_, connection, [&](Connection& tx) {
     reaped = 0;
     dead.clear();
     const std::int64_t now = now_ms();
@@ -137,25 +119,42 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       params.emplace_back(start);
       started = "j.id IN (SELECT id FROM picked ORDER BY id LIMIT $6)";
     }
+    // The successes first, then the lease. A lease's scan can lock a row that another worker
+    // leased after the statement began (FOR UPDATE locks the row's newest version, then finds it
+    // running and leaves it, still locked, until the statement ends): a success waiting for such
+    // a row waits for a statement that waits for nothing, as long as no statement records its
+    // successes after leasing (two did, and deadlocked, at 8 and 16 threads).
     std::string sql = "WITH ";
-    if (!done.empty()) sql += done_ctes(done, params) + ", ";
-    sql += "picked AS (SELECT id" + std::string(kDue) + " LIMIT $4" +
+    std::string due(kDue);
+    if (!done.empty()) {
+      sql += detail::done_ctes(done, params) + ", ";
+      due.insert(due.find(" ORDER BY"), " AND (SELECT count(*) FROM done) >= 0");
+    }
+    sql += "picked AS (SELECT id" + due + " LIMIT $4" +
            std::string(connection.dialect().lock_rows_skip_locked()) +
            "), leased AS (UPDATE keel_jobs j" + std::string(kSetRunning) +
            ", attempts = attempts + CASE WHEN " + started +
            " THEN 1 ELSE 0 END, started_ms = CASE WHEN " + started +
            " THEN $2::bigint END FROM picked WHERE j.id = picked.id"
            " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence,"
-           " j.started_ms)"
-           " SELECT 1, id, payload, idem_key,"
-           " attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END, max_attempts, fence,"
-           " CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM leased";
+           " j.started_ms)";
+    sql +=
+        " SELECT 1, id, payload, idem_key,"
+        " attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END, max_attempts, fence,"
+        " CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM leased";
     if (!done.empty()) {
       sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL, NULL FROM done";
     }
     sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
            std::string(kExpired) + ")";
-    in_statement(connection, [&](Connection& c) {
+    // Short of work: when the queue's earliest job comes due, for the worker that goes idle
+    // (next_due's two index reads).
+    sql +=
+        " UNION ALL SELECT 3, LEAST((SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
+        " AND state IN ('ready', 'retry_scheduled')), (SELECT min(run_at_ms) FROM keel_jobs"
+        " WHERE queue = $1 AND state = 'running')), NULL, NULL, NULL, NULL, NULL, NULL"
+        " WHERE (SELECT count(*) FROM leased) < $4";
+    in_statement(deadlocks_, connection, [&](Connection& c) {
       leased = c.query(sql, params);
       return true;
     });
@@ -172,7 +171,7 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     static const std::string set_running = "UPDATE keel_jobs" + std::string(kSetRunning) +
                                            ", started_ms = $6, attempts = attempts + $7"
                                            " WHERE id = $4 AND queue = $1";
-    in_transaction(connection, [&](Connection& tx) {
+    in_transaction(deadlocks_, connection, [&](Connection& tx) {
       out.current = 0;
       for (const auto& [id, fence] : done) {
         if (detail::mark_done(tx, id, fence, now)) ++out.current;
@@ -200,6 +199,10 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     if (one_statement && leased.integer(i, 0) != 1) {
       if (leased.integer(i, 0) == 0) out.current = static_cast<int>(leased.integer(i, 1));
       if (leased.integer(i, 0) == 2) *expired_waiting = true;
+      if (leased.integer(i, 0) == 3) {
+        out.next_due_known = true;
+        if (leased.cell(i, 1)) out.next_due_ms = leased.integer(i, 1);
+      }
       continue;
     }
     LeasedJob job;
@@ -250,6 +253,7 @@ DoneAndLeased JobQueue::complete_and_lease(
       (short_of_work || now - last_reap_ms_.load() >= to_ms(options_.lease) / 4)) {
     last_reap_ms_.store(now);
     if (reap_expired(connection, queue) > 0 && short_of_work) {
+      out.next_due_known = false;  // the sweep made jobs ready since
       int started = 0;
       for (const LeasedJob& job : out.leased) started += job.started ? 1 : 0;
       auto more = lease_due(connection, queue, worker, limit - static_cast<int>(out.leased.size()),
@@ -323,7 +327,7 @@ DoneAndStarted JobQueue::complete_and_start(
   DoneAndStarted out;
   const std::int64_t now = now_ms();
   if (done.empty()) {
-    in_statement(connection, [&](Connection& c) {
+    in_statement(deadlocks_, connection, [&](Connection& c) {
       out.started = c.query(std::string(kStart), {job_id, now, fence}).affected() == 1;
       return true;
     });
@@ -332,11 +336,13 @@ DoneAndStarted JobQueue::complete_and_start(
   if (connection.dialect().data_modifying_ctes()) {
     // One statement: the successes and the start, each UPDATE counted by the row it returns.
     std::vector<Value> params = {job_id, now, fence};
-    const std::string sql = "WITH " + done_ctes(done, params) + ", started AS (" +
+    // The successes (earlier jobs of the batch, lower ids) first, then the start.
+    const std::string sql = "WITH " + detail::done_ctes(done, params) + ", started AS (" +
                             std::string(kStart) +
+                            " AND (SELECT count(*) FROM done) >= 0"
                             " RETURNING id) SELECT (SELECT count(*) FROM done),"
                             " (SELECT count(*) FROM started)";
-    in_statement(connection, [&](Connection& c) {
+    in_statement(deadlocks_, connection, [&](Connection& c) {
       const Rows r = c.query(sql, params);
       out.current = static_cast<int>(r.integer(0, 0));
       out.started = r.integer(0, 1) == 1;
@@ -344,7 +350,7 @@ DoneAndStarted JobQueue::complete_and_start(
     });
     return out;
   }
-  in_transaction(connection, [&](Connection& tx) {
+  in_transaction(deadlocks_, connection, [&](Connection& tx) {
     out = {};
     for (const auto& [id, f] : done) {
       if (detail::mark_done(tx, id, f, now)) ++out.current;
@@ -357,7 +363,7 @@ DoneAndStarted JobQueue::complete_and_start(
 
 bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
   bool current = false;
-  in_statement(connection, [&](Connection& c) {
+  in_statement(deadlocks_, connection, [&](Connection& c) {
     const std::int64_t now = now_ms();
     const std::int64_t expires = now + to_ms(options_.lease);
     const Rows r = c.query(
@@ -374,7 +380,7 @@ bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t
                        std::string_view why) const {
   bool released = false;
   CompleteResult result;
-  in_transaction(connection, [&](Connection& tx) {
+  in_transaction(deadlocks_, connection, [&](Connection& tx) {
     released = false;
     result = CompleteResult{};
     const std::int64_t now = now_ms();

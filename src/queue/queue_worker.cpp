@@ -28,6 +28,14 @@ BackoffOptions database_backoff(Duration poll) {
   return {.base = base, .cap = std::max<Duration>(base, std::chrono::seconds(5))};
 }
 
+// The cooldown after wakeups whose leases found nothing: full jitter under ceilings that start
+// at 1 ms and double up to the poll interval (a worker that keeps losing looks as often as one
+// that polls).
+BackoffOptions wakeup_backoff(Duration poll) {
+  const Duration base = std::chrono::milliseconds(1);
+  return {.base = base, .cap = std::max<Duration>(base, poll)};
+}
+
 }  // namespace
 
 Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,
@@ -39,7 +47,8 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
       db_backoff_(database_backoff(options_.poll_interval)),
       rng_(options_.seed != 0
                ? options_.seed
-               : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
+               : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()),
+      wake_backoff_(wakeup_backoff(options_.poll_interval)) {
   constexpr std::string_view kOptions = "keel::store::WorkerOptions";
   const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
     throw_invalid({.context = std::string(kOptions),
@@ -101,6 +110,7 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
         std::max(Duration(std::chrono::milliseconds(1)), queue_.options().lease / 3);
   }
   if (options_.worker_id.empty()) options_.worker_id = detail::process_name();
+  deadlocks_logged_.store(queue_.deadlocks());
 }
 
 Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions options,
@@ -122,6 +132,20 @@ void Worker::log(const std::string& line) const {
     options_.log(line);
   } else {
     std::fprintf(stderr, "keel worker %s: %s\n", options_.worker_id.c_str(), line.c_str());
+  }
+}
+
+void Worker::note_deadlocks() {
+  const std::int64_t now = queue_.deadlocks();
+  std::int64_t logged = deadlocks_logged_.load();
+  while (now > logged) {
+    if (deadlocks_logged_.compare_exchange_weak(logged, now)) {
+      log("PostgreSQL broke " + std::to_string(now - logged) +
+          " deadlock(s) in the queue's statements (40P01, each after deadlock_timeout); retried, "
+          "nothing lost (" +
+          std::to_string(now) + " so far)");
+      return;
+    }
   }
 }
 
@@ -237,7 +261,8 @@ void Worker::record_pending(Connection& conn, std::optional<WorkerEvent>& pendin
 }
 
 void Worker::process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
-                     std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded, bool& ran) {
+                     std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded, bool& ran,
+                     LeaseHint& hint) {
   const TimePoint start = queue_.clock().now();
   std::optional<WorkerEvent> finished = std::move(pending);  // recorded by this job's start
   pending.reset();
@@ -339,6 +364,7 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
   }
   if (next != nullptr && busy) {
     // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
+    leasing();
     std::shared_lock gate(lease_gate_);
     DoneAndLeased step = queue_.complete_and_lease(conn, {{job.id, job.fence}}, options_.queue,
                                                    options_.worker_id, options_.batch, 1);
@@ -349,6 +375,10 @@ void Worker::process(Connection& conn, const LeasedJob& job, std::optional<Worke
         held_.insert(j.id);
       }
     }
+    hint = {.due_ms = step.next_due_ms,
+            .due_known = step.next_due_known,
+            .empty_after_success = step.leased.empty() && step.next_due_known};
+    recruit(step.leased.size());
     *next = std::move(step.leased);
     event.result.status = step.current == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
   } else {
@@ -470,9 +500,12 @@ void Worker::slot_loop() {
   std::vector<LeasedJob> next;         // leased by the last success of a batch (complete_and_lease)
   std::optional<WorkerEvent> pending;  // a success of the batch, recorded with the next start
   std::vector<Unrecorded> unrecorded;  // outcomes known whose recording has not finished
-  std::uint64_t seen = 0;              // the wakeups counted before the last lease
-  bool woken = false;                  // the last idle wait ended with a wakeup
+  LeaseHint hint;           // what the last lease said about the queue when it came back short
+  bool woken = false;       // the last idle wait ended with a wakeup
+  bool after_work = false;  // the slot ran jobs since its last idle wait
+  bool looked = false;      // ... or it ended because a job was due
   while (!stopping_.load()) {
+    note_deadlocks();
     if (const Duration paused = paused_for(); paused > Duration::zero()) {
       // A brake refused: lease nothing until it expects to admit a call again.
       std::unique_lock lock(mu_);
@@ -483,6 +516,15 @@ void Worker::slot_loop() {
     // Leased when the last job's success was recorded, on this connection; else lease now.
     std::vector<LeasedJob> jobs = std::move(next);
     next.clear();
+    if (jobs.empty() && hint.empty_after_success) {
+      // The last success's statement leased nothing: the queue had no due job then, and a job
+      // that came after it wakes the worker. Wait without asking again.
+      hint.empty_after_success = false;
+      const IdleEnd end = idle_wait(**conn, hint.due_ms, hint.due_known, /*after_work=*/true);
+      woken = end == IdleEnd::kWoken;
+      looked = end != IdleEnd::kPoll;
+      continue;
+    }
     if (jobs.empty()) {
       try {
         // A session the server ended (or a node that stopped taking writes) is replaced first.
@@ -492,10 +534,13 @@ void Worker::slot_loop() {
         }
         // Only the first job starts with the lease; each of the others starts (and is charged)
         // right before its handler runs, so a crash charges only the job that was running.
-        seen = wake_epoch();
+        leasing();
         {
           std::shared_lock gate(lease_gate_);
-          jobs = queue_.lease(**conn, options_.queue, options_.worker_id, options_.batch, 1);
+          DoneAndLeased step = queue_.complete_and_lease(**conn, {}, options_.queue,
+                                                         options_.worker_id, options_.batch, 1);
+          jobs = std::move(step.leased);
+          hint = {.due_ms = step.next_due_ms, .due_known = step.next_due_known};
           std::lock_guard lock(mu_);
           for (const LeasedJob& job : jobs) {
             active_[job.id] = job.fence;
@@ -503,7 +548,10 @@ void Worker::slot_loop() {
           }
         }
         if (!jobs.empty() && woken) woken_leases_.fetch_add(1);
+        if (looked) wakeup_lease(/*lost=*/jobs.empty());
         woken = false;
+        looked = false;
+        recruit(jobs.size());
         if (jobs.empty() && options_.exit_when_idle && queue_.idle(**conn, options_.queue)) {
           stop();
           break;
@@ -518,9 +566,14 @@ void Worker::slot_loop() {
       }
     }
     if (jobs.empty()) {
-      woken = idle_wait(**conn, seen) == IdleEnd::kWoken;
+      const IdleEnd end = idle_wait(**conn, hint.due_ms, hint.due_known, after_work);
+      woken = end == IdleEnd::kWoken;
+      looked = end != IdleEnd::kPoll;
+      hint = {};
+      after_work = false;
       continue;
     }
+    after_work = true;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const LeasedJob& job = jobs[i];
       bool ran = false;
@@ -538,7 +591,8 @@ void Worker::slot_loop() {
           }
           continue;
         }
-        process(**conn, job, pending, i + 1 == jobs.size() ? &next : nullptr, unrecorded, ran);
+        process(**conn, job, pending, i + 1 == jobs.size() ? &next : nullptr, unrecorded, ran,
+                hint);
       } catch (const std::exception& e) {
         // An outcome is known but was not recorded (the connection was lost, its commit is in
         // doubt, a node turned read-only): it is settled on a new connection, with the job's
@@ -570,6 +624,18 @@ void Worker::slot_loop() {
     --slots_running_;
   }
   cv_.notify_all();
+}
+
+void Worker::recruit(std::size_t leased) {
+  if (static_cast<int>(leased) < options_.batch) return;
+  bool idle = false;
+  {
+    std::lock_guard lock(mu_);
+    idle = idle_slots_ > 0;
+  }
+  // A full lease: more jobs are likely waiting. One idle slot of this worker joins in (and,
+  // if its lease is full too, the next).
+  if (idle) wake();
 }
 
 void Worker::give_back_unknown_leases(std::optional<ConnectionPool::Lease>& conn) {
@@ -741,6 +807,7 @@ std::int64_t Worker::run() {
   }
   cv_.notify_all();
   heartbeats.join();
+  note_deadlocks();
   return recorded_.load();
 }
 

@@ -15,17 +15,50 @@
 
 namespace keel::store {
 
-std::uint64_t Worker::wake_epoch() {
-  std::lock_guard lock(mu_);
-  return wake_epoch_;
-}
-
 void Worker::wake() {
   {
     std::lock_guard lock(mu_);
-    ++wake_epoch_;
+    // One slot per wakeup: as many pending as there are idle slots to take them (one when none
+    // is idle: the next slot to go idle leases once more, as the job may have come after its
+    // lease read the queue).
+    pending_wakes_ = std::min(pending_wakes_ + 1, std::max(1, idle_slots_));
   }
   cv_.notify_all();
+}
+
+void Worker::leasing() {
+  std::lock_guard lock(mu_);
+  pending_wakes_ = 0;  // the lease about to run sees every job committed before it
+}
+
+void Worker::notified() {
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.clock().now().time_since_epoch().count() < cooldown_until_ns_) {
+      // Other workers took the jobs of the last wakeups: this one looks when the cooldown ends.
+      missed_while_cooling_ = true;
+      deferred_notifications_.fetch_add(1);
+      return;
+    }
+  }
+  wake();
+}
+
+void Worker::wakeup_lease(bool lost) {
+  std::lock_guard lock(mu_);
+  if (!lost) {
+    lost_wakeups_ = 0;
+    cooldown_ = Duration::zero();
+    cooldown_until_ns_ = 0;
+    return;
+  }
+  lost_wakeups_total_.fetch_add(1);
+  // Core's full jitter: a fleet of workers that all lost the same race does not come back
+  // together, and a worker that keeps losing (the others keep up) looks less often, at most
+  // every poll_interval, as a worker without wakeups would.
+  cooldown_ = wake_backoff_.delay(lost_wakeups_, cooldown_, rng_);
+  lost_wakeups_ = std::min(lost_wakeups_ + 1, 30);
+  cooldown_until_ns_ = saturating_add(queue_.clock().now(), cooldown_).time_since_epoch().count();
 }
 
 WorkerWakeups Worker::wakeup_counts() const {
@@ -40,10 +73,13 @@ WorkerWakeups Worker::wakeup_counts() const {
           .notifications = notifications_.load(),
           .local = local_wakeups_.load(),
           .due_checks = due_checks_.load(),
-          .woken_leases = woken_leases_.load()};
+          .woken_leases = woken_leases_.load(),
+          .lost_wakeups = lost_wakeups_total_.load(),
+          .deferred_notifications = deferred_notifications_.load()};
 }
 
-Worker::IdleEnd Worker::idle_wait(Connection& conn, std::uint64_t seen) {
+Worker::IdleEnd Worker::idle_wait(Connection& conn, std::optional<std::int64_t> due_ms,
+                                  bool due_known, bool after_work) {
   if (!subscribed_.exchange(true)) {
     // Producers of this process find the worker by its database as a connection names it. The
     // registry calls wake() under its own mutex, so this is done without holding mu_.
@@ -59,45 +95,76 @@ Worker::IdleEnd Worker::idle_wait(Connection& conn, std::uint64_t seen) {
     return IdleEnd::kPoll;  // a job enqueued since the lease found no subscriber: look again
   }
   std::unique_lock lock(mu_);
-  const auto woken = [&] { return stopping_.load() || wake_epoch_ != seen; };
+  const auto woken = [&] { return stopping_.load() || pending_wakes_ > 0; };
   ++idle_slots_;
   while (idle_poller_ && !woken()) cv_.wait(lock, [&] { return woken() || !idle_poller_; });
   if (woken()) {
+    if (pending_wakes_ > 0) --pending_wakes_;  // this slot takes the wakeup
     --idle_slots_;
     return IdleEnd::kWoken;
   }
   idle_poller_ = true;
   IdleEnd end = IdleEnd::kPoll;
+  // The lease's own read of the earliest due time stands for the first read when it says that
+  // nothing is due yet (a job due now may be one another worker is leasing: read again).
+  bool use_lease_due = due_known && (!due_ms || *due_ms > queue_.now_ms());
   for (;;) {
     Duration wait = options_.poll_interval;
     if (listening_.load()) {
       // Wakeups arrive: the poll is a safety net. Look when the earliest job is due.
-      lock.unlock();
       std::optional<std::int64_t> due;
       bool failed = false;
-      try {
-        due = queue_.next_due(conn, options_.queue);
-      } catch (const std::exception&) {
-        failed = true;  // the lease that follows reports it and backs off
+      if (use_lease_due) {
+        due = due_ms;
+        use_lease_due = false;
+      } else {
+        lock.unlock();
+        try {
+          due = queue_.next_due(conn, options_.queue);
+        } catch (const std::exception&) {
+          failed = true;  // the lease that follows reports it and backs off
+        }
+        lock.lock();
       }
       due_checks_.fetch_add(1);
-      lock.lock();
       if (woken()) {
+        if (pending_wakes_ > 0) --pending_wakes_;
         end = IdleEnd::kWoken;
         break;
       }
       const std::int64_t now = queue_.now_ms();
       if (failed || (due && *due <= now)) {
+        // A job is due. When the last looks found nothing (other workers are leasing the due
+        // jobs), look again only after the cooldown, rather than in a loop of reads and leases.
+        const std::int64_t clock_now = queue_.clock().now().time_since_epoch().count();
+        if (!failed && cooldown_until_ns_ > clock_now &&
+            !cv_.wait_for(lock, Duration(cooldown_until_ns_ - clock_now), woken)) {
+          end = IdleEnd::kDue;
+          break;
+        }
+        if (woken()) {
+          if (pending_wakes_ > 0) --pending_wakes_;
+          end = IdleEnd::kWoken;
+          break;
+        }
         end = IdleEnd::kDue;
         break;
       }
       // Nothing ready, scheduled or running: the slot's next lease finds the queue idle.
       if (!due && options_.exit_when_idle) break;
       wait = uniform_duration(options_.idle_poll / 2, options_.idle_poll / 2 * 3, rng_);
+      if (after_work) {
+        // Just out of work: a job whose producer saw this worker's last job waiting did not
+        // notify (schema version 7), and if it committed after this worker's last lease read the
+        // queue, only a look finds it. Look once more after a poll interval (jittered).
+        wait = jittered(options_.poll_interval, rng_);
+        after_work = false;
+      }
       if (due) wait = std::min<Duration>(wait, std::chrono::milliseconds(*due - now));
     }
     if (!listening_.load()) wait = jittered(wait, rng_);  // a fleet's polls spread out
     if (cv_.wait_for(lock, wait, woken)) {
+      if (pending_wakes_ > 0) --pending_wakes_;
       end = IdleEnd::kWoken;
       break;
     }
@@ -162,17 +229,34 @@ void Worker::listen_loop() {
       wake();
       while (!stopping_.load()) {
         Duration check{};
+        bool cooling = false;
         {
           std::lock_guard lock(mu_);
           check = jittered(options_.node_check, rng_);
+          const std::int64_t now = queue_.clock().now().time_since_epoch().count();
+          if (missed_while_cooling_ && now >= cooldown_until_ns_) {
+            // The cooldown is over and notifications came during it: one wakeup for them all.
+            missed_while_cooling_ = false;
+            cooling = true;
+          } else if (missed_while_cooling_) {
+            check = std::min(check, Duration(cooldown_until_ns_ - now));
+          }
         }
+        if (cooling) wake();
         const std::vector<detail::Notification> got = listener->wait(check);
+        bool mine = false;
         for (const detail::Notification& n : got) {
           if (n.payload != payload) continue;  // another queue's job, or another schema's
           notifications_.fetch_add(1);
-          wake();
+          mine = true;
         }
-        if (!got.empty() || stopping_.load()) continue;
+        if (mine) notified();  // several at once are one wakeup
+        bool waiting_out_cooldown = false;
+        {
+          std::lock_guard lock(mu_);
+          waiting_out_cooldown = missed_while_cooling_;
+        }
+        if (!got.empty() || stopping_.load() || waiting_out_cooldown) continue;
         // Quiet: is the node still the one that takes writes? A standby, or a primary turned
         // read-only, takes LISTEN but will never see a job committed; the new primary will.
         listener_statements_.fetch_add(1);

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -171,6 +172,54 @@ TEST_P(PostgresWakeupTest, AJobWrittenByAnotherSessionWakesAnIdleWorkerThroughNo
   if (kTimingAsserted) {
     EXPECT_LT(took, 500ms);
   }
+}
+
+// Schema version 7: a job notifies only when no other job of its queue is due and waiting. A
+// job that finds one waiting wakes nobody (the workers lease it when they record the one before),
+// so a busy queue costs no notifications: each would make every listening backend run a
+// transaction to read it and every idle worker lease for nothing.
+TEST_P(PostgresWakeupTest, AJobThatFindsAnotherWaitingInItsQueueNotifiesNobody) {
+  ConnectionPool pool(url(), {.max_connections = 4});
+  std::atomic<int> handled{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  Worker worker(pool, queue_, {.queue = "q", .poll_interval = kSlowPoll, .idle_poll = kSlowPoll},
+                [&](const LeasedJob& job, const std::atomic<bool>&) {
+                  if (job.idempotency_key == "hold") {
+                    std::unique_lock lock(mu);
+                    cv.wait(lock, [&] { return release; });
+                  }
+                  handled.fetch_add(1);
+                  return AttemptReport::success();
+                });
+  start(worker);
+  // Plain SQL, each job in a transaction of its own: only the trigger can wake the worker.
+  auto other = open_database(url());
+  const auto insert = [&](const std::string& key) {
+    other->query(
+        "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts,"
+        " run_at_ms, fence, replays, created_ms, updated_ms) VALUES ('q', '{}', $1, 'ready', 0,"
+        " 3, $2, 0, 0, $2, $2)",
+        {key, queue_.now_ms()});
+  };
+  insert("hold");  // the queue was idle: a notification, and the worker runs it
+  ASSERT_TRUE(wait_until([&] { return worker.wakeup_counts().idle == 0; }, 20s));
+  insert("a");  // nothing waiting (hold is running): a notification
+  insert("b");  // a is waiting: none
+  insert("c");  // none
+  ASSERT_TRUE(wait_until([&] { return worker.wakeup_counts().notifications >= 2; }, 20s));
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(wait_until([&] { return handled.load() == 5; }, 20s)) << handled.load();
+  // A notification is delivered within milliseconds of its commit; give a late one the time.
+  std::this_thread::sleep_for(300ms);
+  worker.stop();
+  runner_.join();
+  EXPECT_EQ(worker.wakeup_counts().notifications, 2);
 }
 
 TEST_P(PostgresWakeupTest, ARetryIsLeasedWhenItComesDueNotAtTheNextPoll) {

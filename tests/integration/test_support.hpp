@@ -84,6 +84,25 @@ inline std::optional<std::string> postgres_base_url() {
   return url;
 }
 
+/// The test server's log (scripts/pg-test-server.sh writes it beside its data directory), or
+/// nullopt when the tests run against another server (KEEL_TEST_POSTGRES_URL) or it is missing.
+inline std::optional<std::filesystem::path> postgres_server_log() {
+  if (const char* url = std::getenv("KEEL_TEST_POSTGRES_URL"); url != nullptr && *url != '\0') {
+    return std::nullopt;
+  }
+  const char* file = std::getenv("KEEL_TEST_POSTGRES_URL_FILE");
+#ifdef KEEL_TEST_POSTGRES_URL_FILE_DEFAULT
+  if (file == nullptr || *file == '\0') file = KEEL_TEST_POSTGRES_URL_FILE_DEFAULT;
+#endif
+  if (file == nullptr || *file == '\0') return std::nullopt;
+  std::ifstream in(std::filesystem::path(file).parent_path() / "datadir");
+  std::string base;
+  if (!(in >> base)) return std::nullopt;
+  const std::filesystem::path log = std::filesystem::path(base) / "server.log";
+  if (!std::filesystem::exists(log)) return std::nullopt;
+  return log;
+}
+
 /// A URL for a schema of its own on the test server (created here), or nullopt when there is no
 /// server. Every connection opened with it sees only that schema's tables.
 inline std::optional<std::string> postgres_url() {

@@ -88,4 +88,13 @@ TEST(JobsMetricsTest, DeadLettersAreCountedByTheirKind) {
 }
 
 }  // namespace
+TEST(JobsMetricsTest, DeadlocksTheQueueSawAreACounter) {
+  const Metrics metrics("x");
+  EXPECT_NE(metrics.render({}).find("keel_queue_deadlocks_total{queue=\"x\"} 0"),
+            std::string::npos);
+  const std::string text = metrics.render({}, 2);
+  EXPECT_NE(text.find("# TYPE keel_queue_deadlocks_total counter"), std::string::npos) << text;
+  EXPECT_NE(text.find("keel_queue_deadlocks_total{queue=\"x\"} 2"), std::string::npos) << text;
+}
+
 }  // namespace keel::cli::jobs_cli

@@ -42,7 +42,8 @@ void Metrics::dead_letters_pruned(std::int64_t n) {
   pruned_ += n;
 }
 
-std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
+std::string Metrics::render(const std::vector<store::QueueStats>& stats,
+                            std::int64_t deadlocks) const {
   bool have_own = false;
   for (const auto& s : stats) have_own = have_own || s.queue == queue_;
   std::vector<store::QueueStats> all = stats;
@@ -105,6 +106,10 @@ std::string Metrics::render(const std::vector<store::QueueStats>& stats) const {
   scrape.counter("keel_queue_stale_completions_total",
                  "Outcomes refused because the lease had been lost.", {{"queue", queue_}},
                  static_cast<double>(stale_));
+  scrape.counter("keel_queue_deadlocks_total",
+                 "Deadlocks PostgreSQL broke in this worker's queue statements (each retried after "
+                 "deadlock_timeout; nothing lost).",
+                 {{"queue", queue_}}, static_cast<double>(deadlocks));
   scrape.counter("keel_queue_dead_letters_pruned_total",
                  "Dead jobs this worker deleted because they outlived the dead-letter retention.",
                  {{"queue", queue_}}, static_cast<double>(pruned_));

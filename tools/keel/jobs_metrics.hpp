@@ -1,8 +1,8 @@
 // What `keel jobs work` reports about itself: the Prometheus metrics served on --metrics-listen
 // (the queue's counts per state from the database, plus this worker's attempts, dead letters,
-// deferrals, stale completions and, under a dead-letter retention, the dead jobs about to be
-// pruned and those pruned) and one stderr line per breaker opening and closing.
-// Thread-safety: both classes are safe for concurrent use (a mutex around their counters).
+// deferrals, stale completions, deadlocks PostgreSQL broke and, under a dead-letter retention, the
+// dead jobs about to be pruned and those pruned) and one stderr line per breaker opening and
+// closing. Thread-safety: both classes are safe for concurrent use (a mutex around their counters).
 #pragma once
 
 #include <cstdint>
@@ -39,8 +39,9 @@ class Metrics {
   void dead_letters_pruned(std::int64_t n);
 
   /// The Prometheus text exposition of `stats` (the worker's queue included even when empty)
-  /// and of this worker's counters.
-  [[nodiscard]] std::string render(const std::vector<store::QueueStats>& stats) const;
+  /// and of this worker's counters; `deadlocks` is the worker's JobQueue::deadlocks().
+  [[nodiscard]] std::string render(const std::vector<store::QueueStats>& stats,
+                                   std::int64_t deadlocks = 0) const;
 
   /// Adds the webhook client's retries, give-ups and breakers to the metrics
   /// (keel::metrics::RetryMetrics), with the breakers' and the budget's state read at each

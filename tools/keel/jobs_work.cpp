@@ -284,7 +284,8 @@ int run_work(const JobsArgs& a) {
     server->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
       try {
         auto conn = pool.acquire();
-        res.set_content(metrics.render(queue.stats(*conn)), "text/plain; version=0.0.4");
+        res.set_content(metrics.render(queue.stats(*conn), queue.deadlocks()),
+                        "text/plain; version=0.0.4");
       } catch (const std::exception& e) {
         res.status = 500;
         res.set_content(std::string("database error: ") + e.what() + "\n", "text/plain");

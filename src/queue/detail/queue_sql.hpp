@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "db/detail/commit.hpp"
 #include "keel/duration.hpp"
@@ -42,6 +45,30 @@ inline void in_transaction(Connection& conn, const std::function<bool(Connection
 // Runs fn, one statement atomic on its own, retried as a transaction is (statement_or_throw).
 inline void in_statement(Connection& conn, const std::function<bool(Connection&)>& fn) {
   statement_or_throw(conn, "job queue", fn);
+}
+
+// fn, counting in `deadlocks` each deadlock PostgreSQL reported to it (40P01; the retry runs it
+// again).
+[[nodiscard]] inline std::function<bool(Connection&)> counting_deadlocks(
+    std::atomic<std::int64_t>& deadlocks, const std::function<bool(Connection&)>& fn) {
+  return [&deadlocks, &fn](Connection& c) {
+    try {
+      return fn(c);
+    } catch (const DatabaseError& e) {
+      if (e.details().sqlstate == "40P01") deadlocks.fetch_add(1);
+      throw;
+    }
+  };
+}
+
+// in_transaction and in_statement, counting deadlocks (JobQueue::deadlocks()).
+inline void in_transaction(std::atomic<std::int64_t>& deadlocks, Connection& conn,
+                           const std::function<bool(Connection&)>& fn) {
+  commit_or_throw(conn, "job queue", counting_deadlocks(deadlocks, fn));
+}
+inline void in_statement(std::atomic<std::int64_t>& deadlocks, Connection& conn,
+                         const std::function<bool(Connection&)>& fn) {
+  statement_or_throw(conn, "job queue", counting_deadlocks(deadlocks, fn));
 }
 
 [[nodiscard]] inline std::string optional_text(const Rows& rows, std::size_t row, std::size_t col) {
@@ -86,6 +113,38 @@ inline constexpr std::string_view kSettleColumns =
                                 " WHERE id = $1 AND fence = $3 AND state = 'running'",
                             {job_id, now, fence});
   return r.affected() == 1;
+}
+
+// The CTE "done" recording the successes of `done` in a statement whose $2 is now (with the CTEs
+// it needs), their parameters appended to `params`; it returns the id of each success recorded.
+// Every statement of the queue that writes several jobs takes them in one order, so that two
+// never wait for each other (a deadlock, which PostgreSQL breaks only after deadlock_timeout):
+// several successes are locked in ascending id order before any is written. A statement that
+// also leases runs "done" first (docs/queue.md, "keel's own statements follow keel's rules").
+[[nodiscard]] inline std::string done_ctes(
+    const std::vector<std::pair<std::int64_t, std::int64_t>>& done, std::vector<Value>& params) {
+  const auto param = [&](std::int64_t v) {
+    params.emplace_back(v);
+    return "$" + std::to_string(params.size()) + "::bigint";
+  };
+  // The success's history row is the done row itself (detail::kMarkDone).
+  if (done.size() == 1) {
+    const std::string id = param(done[0].first);
+    const std::string fence = param(done[0].second);
+    return "done AS (UPDATE keel_jobs j" + std::string(detail::kMarkDone) + " WHERE j.id = " + id +
+           " AND j.fence = " + fence + " AND j.state = 'running' RETURNING j.id)";
+  }
+  std::string sql = "v (id, fence) AS (VALUES ";
+  for (std::size_t i = 0; i < done.size(); ++i) {
+    const std::string id = param(done[i].first);
+    sql += (i ? ", (" : "(") + id + ", " + param(done[i].second) + ")";
+  }
+  return sql +
+         "), lk AS (SELECT j.id FROM keel_jobs j JOIN v ON j.id = v.id AND j.fence = v.fence"
+         " WHERE j.state = 'running' ORDER BY j.id FOR NO KEY UPDATE OF j), done AS (UPDATE"
+         " keel_jobs j" +
+         std::string(detail::kMarkDone) +
+         " FROM lk WHERE j.id = lk.id AND j.state = 'running' RETURNING j.id)";
 }
 
 // " AND queue = $N" or nothing, for the commands that take an optional queue.

@@ -71,7 +71,7 @@ struct DeadLetter {
   std::string queue;
   std::string dead_reason;
   /// Why it died, as a kind; none for a job that died before kinds were stored and whose reason
-  /// did not say (schema version 7's migration read it from the reason when it could).
+  /// did not say (schema version 8's migration read it from the reason when it could).
   std::optional<DeadReason> kind;
   /// When it died (calendar ms).
   std::int64_t died_ms = 0;

@@ -302,6 +302,12 @@ struct DoneAndLeased {
   int current = 0;
   /// The jobs leased next, in the order to run them (as JobQueue::lease returns them).
   std::vector<LeasedJob> leased;
+  /// When fewer jobs than asked for were leased, on PostgreSQL: the same statement's reading of
+  /// when the queue's earliest job comes due (a ready or retrying job's run time, or a running
+  /// job's lease expiry; nullopt: none), as JobQueue::next_due answers, so that an idle worker
+  /// need not ask again. next_due_known says whether it was read.
+  std::optional<std::int64_t> next_due_ms;
+  bool next_due_known = false;
 };
 
 /// What JobQueue::complete_and_start did.
@@ -577,6 +583,11 @@ class JobQueue {
   // Configuration.
 
   [[nodiscard]] const QueueOptions& options() const noexcept { return options_; }
+  /// Deadlocks PostgreSQL reported so far to this queue's worker statements (lease, complete,
+  /// start, heartbeat, release, sweep; 40P01, each one cost a deadlock_timeout and was retried).
+  /// They take rows in one order (ascending id, docs/queue.md), so this stays 0; a Worker logs
+  /// each rise and `keel jobs work` exports it (keel_queue_deadlocks_total). Thread-safe.
+  [[nodiscard]] std::int64_t deadlocks() const noexcept { return deadlocks_.load(); }
   [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
   /// Calendar milliseconds now, from the clock.
   [[nodiscard]] std::int64_t now_ms() const noexcept;
@@ -624,6 +635,7 @@ class JobQueue {
   mutable std::mutex rng_mu_;
   mutable Rng rng_;  // guarded by rng_mu_
   mutable std::atomic<std::int64_t> last_reap_ms_{0};
+  mutable std::atomic<std::int64_t> deadlocks_{0};
 };
 
 }  // namespace keel::store

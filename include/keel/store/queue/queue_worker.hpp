@@ -191,6 +191,11 @@ struct WorkerWakeups {
   std::int64_t due_checks = 0;
   /// Leases that found jobs right after a wakeup ended an idle wait.
   std::int64_t woken_leases = 0;
+  /// Leases that found nothing right after a wakeup (another worker took the job); each one
+  /// lengthens the cooldown in which notifications wait (docs/queue.md, "Wakeups").
+  std::int64_t lost_wakeups = 0;
+  /// Notifications that arrived during a cooldown (delivered, as one wakeup, when it ends).
+  std::int64_t deferred_notifications = 0;
 };
 
 namespace detail {
@@ -256,8 +261,19 @@ class Worker {
     /// may hold leases it was not told of.
     bool leased = false;
   };
+  // What a lease that came back short said about the queue: its earliest due time, read by the
+  // same statement, and whether it was the batch's last success that leased nothing (the slot
+  // then waits without leasing again).
+  struct LeaseHint {
+    std::optional<std::int64_t> due_ms;
+    bool due_known = false;
+    bool empty_after_success = false;
+  };
   void process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
-               std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded, bool& ran);
+               std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded, bool& ran,
+               LeaseHint& hint);
+  // After a lease of `leased` jobs: when it was full, wakes one idle slot.
+  void recruit(std::size_t leased);
   // The bookkeeping after an outcome was recorded: the count, a brake's pause, on_event.
   void recorded(const WorkerEvent& event);
   // Records `pending` (a success) on its own, if there is one, and clears it.
@@ -282,6 +298,9 @@ class Worker {
   // returns the wait.
   Duration database_failed(const std::string& activity, const std::string& what);
   void database_ok();
+  // Logs one line when PostgreSQL broke deadlocks in the queue's statements since the last call
+  // (JobQueue::deadlocks() went up; keel retried each).
+  void note_deadlocks();
 
   ConnectionPool& pool_;
   const JobQueue& queue_;
@@ -297,6 +316,7 @@ class Worker {
   /// Leasing paused until this time of queue_.clock() (ns since its epoch); 0: not paused.
   std::atomic<std::int64_t> paused_until_ns_{0};
   std::atomic<bool> failed_{false};
+  std::atomic<std::int64_t> deadlocks_logged_{0};  // queue_.deadlocks() when last logged
   /// The current database outage: failures in a row, when it began and when it was last logged
   /// (queue_.clock() ns; 0 when the database works). Guarded by mu_.
   int db_failures_ = 0;
@@ -326,16 +346,33 @@ class Worker {
 
   // Wakeups (src/queue/queue_worker_wakeup.cpp).
   enum class IdleEnd : unsigned char { kWoken, kDue, kPoll };
-  // Wakeups so far; a slot reads it before its lease and idle_wait() returns when it changed.
-  [[nodiscard]] std::uint64_t wake_epoch();
   // After a lease found nothing: waits for a wakeup, the earliest due job or the poll. One idle
   // slot at a time reads the database (the "poller"); the others wait for a wakeup or its role.
-  IdleEnd idle_wait(Connection& conn, std::uint64_t seen);
+  // `due_ms`: when the lease that found nothing already read the queue's earliest due time
+  // (complete_and_lease), the poller's first read is skipped. `after_work`: the slot ran jobs
+  // before this wait; the poller looks again after a poll interval rather than idle_poll.
+  IdleEnd idle_wait(Connection& conn, std::optional<std::int64_t> due_ms, bool due_known,
+                    bool after_work);
+  // One wakeup: one idle slot leases (a slot that leases next, when none is idle).
   void wake();
+  // A notification for the worker's queue: a wakeup, unless the worker is cooling down after
+  // wakeups whose leases found nothing (then remembered and delivered when the cooldown ends).
+  void notified();
+  // The lease that followed a wakeup found nothing (`lost`: another worker took the job) or
+  // found work. Lost wakeups in a row lengthen the cooldown (keel::core's full jitter, ceilings
+  // doubling from 1 ms up to poll_interval); work ends it.
+  void wakeup_lease(bool lost);
+  // Called before a slot leases: the wakeups so far are answered by that lease.
+  void leasing();
   void start_wakeups();  // run(): the listener thread
   void stop_wakeups();   // run(), once the slots are done
   void listen_loop();
-  std::uint64_t wake_epoch_ = 0;          // guarded by mu_
+  int pending_wakes_ = 0;                 // wakeups no slot took yet; guarded by mu_
+  int lost_wakeups_ = 0;                  // in a row; guarded by mu_
+  Duration cooldown_{};                   // the last cooldown; guarded by mu_
+  std::int64_t cooldown_until_ns_ = 0;    // queue_.clock() ns; guarded by mu_
+  bool missed_while_cooling_ = false;     // guarded by mu_
+  Backoff wake_backoff_;                  // the cooldown's ceilings (immutable)
   bool idle_poller_ = false;              // guarded by mu_
   int idle_slots_ = 0;                    // guarded by mu_
   detail::Listener* listener_ = nullptr;  // guarded by mu_; interrupted by stop()
@@ -347,6 +384,8 @@ class Worker {
   std::atomic<std::int64_t> local_wakeups_{0};
   std::atomic<std::int64_t> due_checks_{0};
   std::atomic<std::int64_t> woken_leases_{0};
+  std::atomic<std::int64_t> lost_wakeups_total_{0};
+  std::atomic<std::int64_t> deferred_notifications_{0};
   std::thread listener_thread_;
 };
 
