@@ -288,6 +288,7 @@ ConnectionPool::Lease ConnectionPool::acquire(Deadline deadline) {
     const auto ready = [&] { return !idle_.empty() || open_ < options_.max_connections; };
     if (!ready()) {
       const Duration left = until.remaining(steady_clock().now());
+      // wait: bound: the pool's acquire_timeout or the caller's deadline
       if (left <= Duration::zero() || !cv_.wait_for(lock, left, ready)) {
         throw DatabaseError(
             "no database connection free within " + format_duration(steady_clock().now() - start) +

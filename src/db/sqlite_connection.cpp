@@ -245,6 +245,7 @@ class SqliteConnection final : public Connection {
     if (now - self->busy_since_ >= self->timeouts().lock) return 0;
     if (self->deadline().expired(steady_clock().now())) return 0;
     const int doublings = std::min(count, 4);  // 100 us << 4 = 1.6 ms
+    // wait: documented: SQLite's busy handler (docs/queue.md), bounded by busy_timeout
     std::this_thread::sleep_for(std::min<std::chrono::microseconds>(
         std::chrono::microseconds(100 << doublings), std::chrono::milliseconds(1)));
     return 1;

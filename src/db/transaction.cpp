@@ -92,6 +92,7 @@ TransactionResult run_with_retry(Connection& connection, const std::function<boo
       if (e.details().connection_lost || connection.broken()) return result;  // needs a new one
       const Decision decision = state.next(result.outcome);
       if (!decision.retry) return result;
+      // wait: core: the transaction retry's decision
       state.clock().sleep_for(decision.delay);
     } catch (...) {
       connection.rollback();

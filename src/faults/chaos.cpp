@@ -97,12 +97,14 @@ void Chaos::slow_down() {
       ++injected_[static_cast<int>(ChaosFault::kHang)];
       const TimePoint until = saturating_add(steady_clock().now(), decider_.options().hang);
       while (!stopping_.load() && steady_clock().now() < until) {
+        // wait: scripted: the chaos decider's hang, in steps that see a stop
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
       break;
     }
     case ChaosSlowdown::kDelay:
       ++injected_[static_cast<int>(ChaosFault::kDelay)];
+      // wait: scripted: the chaos decider's configured delay
       std::this_thread::sleep_for(decider_.options().delay);
       break;
     case ChaosSlowdown::kNone:

@@ -203,6 +203,7 @@ struct FaultServer::Impl {
   // Waits d, or less when the server stops. Returns false when stopping.
   bool wait_for(Duration d) {
     std::unique_lock<std::mutex> lock(mutex);
+    // wait: scripted: a fault script's step, cut short by a stop
     return !stop_cv.wait_for(lock, d, [&] { return stopping.load(); });
   }
 
@@ -321,6 +322,7 @@ struct FaultServer::Impl {
         a.step = step.text;
         log.push_back(a);
       }
+      // wait: scripted: a fault script's step delay
       if (step.delay > Duration::zero() && !wait_for(step.delay)) return close_fd(fd);
       switch (step.action) {
         case FaultStep::Action::kRespond: {

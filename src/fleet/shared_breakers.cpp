@@ -531,6 +531,7 @@ SharedBreakers::~SharedBreakers() {
 
 bool SharedBreakers::wait_until_sharing(Duration timeout) {
   std::unique_lock lock(mu_);
+  // wait: bound: the caller's timeout for sharing to start
   return cv_.wait_for(lock, timeout, [&] {
     return sharing_.load() || stopping_.load() || refused_.load();
   }) && sharing_.load();
@@ -538,6 +539,7 @@ bool SharedBreakers::wait_until_sharing(Duration timeout) {
 
 bool SharedBreakers::flush(Duration timeout) {
   std::unique_lock lock(mu_);
+  // wait: bound: the caller's timeout for publications to be written
   return cv_.wait_for(lock, timeout, [&] { return pending_.empty() && !writing_; });
 }
 
@@ -625,6 +627,7 @@ Duration SharedBreakers::gate(std::string_view key) {
     }
     gates_.push_back(request);
     listener_->interrupt();
+    // wait: bound: an answer from the background thread, at most round_trip_limit
     if (!answered_cv_.wait_for(lock, options_.round_trip_limit,
                                [&] { return request->answered; })) {
       // No answer in time (a slow or frozen database): this trial is decided locally, and so
@@ -665,6 +668,7 @@ bool SharedBreakers::lease_chunk(std::string_view key) {
   leases_.push_back(request);
   listener_->interrupt();
   leases_waited_.fetch_add(1);
+  // wait: bound: an answer from the background thread, at most round_trip_limit
   if (!answered_cv_.wait_for(lock, options_.round_trip_limit, [&] { return request->answered; })) {
     // No answer in time: this call goes on the process's share, and so do the next ones, at
     // once, until the background thread answers again.
@@ -1085,6 +1089,7 @@ void SharedBreakers::run() {
   };
   keep_reconnecting(reconnect_, session, [&](Duration delay) {
     std::unique_lock lock(mu_);
+    // wait: core: keep_reconnecting's delay
     return !cv_.wait_for(lock, delay, [&] { return stopping_.load(); });
   });
   {

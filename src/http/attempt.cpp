@@ -212,6 +212,7 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
     Duration left = std::max(max_wait_ - waited_, Duration::zero());
     if (!deadline.is_infinite()) left = std::min(left, deadline.remaining(now));
     const auto wait = [&](Duration d) {
+      // wait: core: a rate limit's slot or a concurrency limit's hold, from core's limiters
       clock.sleep_for(d);
       waited_ += d;
     };

@@ -169,6 +169,7 @@ Result Client::send(const Request& request) {
         limited = decision.delay;  // the pause this answer asked for is longer than the wait
         break;
       }
+      // wait: core: the retry engine's decision
       clock.sleep_for(decision.delay);
     }
     if (limited) state.cancel();  // a retry's budget grant is given back

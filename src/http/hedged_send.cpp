@@ -140,6 +140,7 @@ int send_hedged(const HedgedOperation& op, const HedgePolicy& policy, HedgeState
       hedge.cancel(i);
     }
     if (!decision.retry) break;
+    // wait: core: the retry engine's decision
     op.clock.sleep_for(decision.delay);
   }
   return hedge.sent();

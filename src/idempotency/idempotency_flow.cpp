@@ -650,6 +650,7 @@ std::optional<FlowResponse> IdempotentRequestFlow::settle_in_doubt(
     }
     const Decision decision = state.next(outcome);
     if (!decision.retry) break;
+    // wait: core: the transaction retry's decision
     state.clock().sleep_for(decision.delay);
   }
   return std::nullopt;  // unknown by the bound: answered as in doubt

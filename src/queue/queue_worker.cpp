@@ -16,17 +16,11 @@
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/text.hpp"
+#include "queue/detail/queue_wakeup.hpp"
 #include "queue/detail/worker_tx.hpp"
 
 namespace keel::store {
 namespace {
-
-// The wait between failed leases while the database is out: full jitter under ceilings that
-// start at the poll interval and double up to 5 s (the poll interval when that is longer).
-BackoffOptions database_backoff(Duration poll) {
-  const Duration base = poll > Duration::zero() ? poll : std::chrono::milliseconds(100);
-  return {.base = base, .cap = std::max<Duration>(base, std::chrono::seconds(5))};
-}
 
 // The cooldown after wakeups whose leases found nothing: full jitter under ceilings that start
 // at 1 ms and double up to the poll interval (a worker that keeps losing looks as often as one
@@ -34,6 +28,14 @@ BackoffOptions database_backoff(Duration poll) {
 BackoffOptions wakeup_backoff(Duration poll) {
   const Duration base = std::chrono::milliseconds(1);
   return {.base = base, .cap = std::max<Duration>(base, poll)};
+}
+
+// How often a worker's heartbeat thread runs its housekeeping (pruning), on average.
+constexpr Duration kPruneInterval = std::chrono::seconds(10);
+
+// The worker's seed: WorkerOptions::seed, or a random one.
+std::uint64_t seed_of(std::uint64_t seed) {
+  return seed != 0 ? seed : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
 }
 
 }  // namespace
@@ -44,11 +46,9 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
       queue_(queue),
       options_(std::move(options)),
       handler_(std::move(handler)),
-      db_backoff_(database_backoff(options_.poll_interval)),
-      rng_(options_.seed != 0
-               ? options_.seed
-               : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()),
-      wake_backoff_(wakeup_backoff(options_.poll_interval)) {
+      rng_(seed_of(options_.seed)),
+      db_backoff_(detail::database_backoff(options_.poll_interval), rng_()),
+      wake_backoff_(wakeup_backoff(options_.poll_interval), rng_()) {
   constexpr std::string_view kOptions = "keel::store::WorkerOptions";
   const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
     throw_invalid({.context = std::string(kOptions),
@@ -184,9 +184,13 @@ Duration Worker::database_failed(const std::string& activity, const std::string&
   std::string line;
   bool give_up = false;
   int failures = 0;
+  Duration wait{};
   {
     std::lock_guard lock(mu_);
-    failures = ++db_failures_;
+    // Core's full jitter (ceilings: the poll interval doubling, at most 5 s), so a fleet of
+    // workers that lost the database together does not come back in lockstep.
+    wait = db_backoff_.next();
+    failures = db_backoff_.failures();
     if (db_failing_since_ns_ == 0) db_failing_since_ns_ = now;
     const Duration out(now - db_failing_since_ns_);
     if (failures == 1) {
@@ -210,27 +214,23 @@ Duration Worker::database_failed(const std::string& activity, const std::string&
     log("giving up: " + failure());
     stop();
   }
-  // Back off with core's full jitter (ceilings: the poll interval doubling, at most 5 s), so a
-  // fleet of workers that lost the database together does not come back in lockstep.
-  std::lock_guard lock(mu_);
-  db_delay_ = db_backoff_.delay(failures - 1, db_delay_, rng_);
-  return db_delay_;
+  return wait;
 }
 
 void Worker::database_ok() {
   std::string line;
   {
     std::lock_guard lock(mu_);
-    if (db_failures_ == 0) return;
-    if (db_failures_ > 1) {
+    const int failures = db_backoff_.failures();
+    if (failures == 0) return;
+    if (failures > 1) {
       const std::int64_t now = queue_.clock().now().time_since_epoch().count();
       line = "database usable again after " +
              format_duration(Duration(now - db_failing_since_ns_)) + " (" +
-             std::to_string(db_failures_) + " failed leases)";
+             std::to_string(failures) + " failed leases)";
     }
-    db_failures_ = 0;
+    db_backoff_.reset();
     db_failing_since_ns_ = 0;
-    db_delay_ = Duration::zero();
   }
   if (!line.empty()) log(line);
 }
@@ -457,6 +457,7 @@ void Worker::settle(std::optional<ConnectionPool::Lease>& conn, std::vector<Unre
       // Core's jittered backoff while the database is out, counted towards max_database_outage.
       const Duration wait = database_failed("settling an outcome", error);
       std::unique_lock lock(mu_);
+      // wait: core: the database-outage BackoffSequence
       cv_.wait_for(lock, wait, [&] { return cancel_.load(); });
     }
     if (cancel_.load()) {
@@ -508,9 +509,12 @@ void Worker::slot_loop() {
     note_deadlocks();
     if (const Duration paused = paused_for(); paused > Duration::zero()) {
       // A brake refused: lease nothing until it expects to admit a call again.
+      // Looked at again within the poll interval, jittered: a fleet's paused slots do not all
+      // come back in the same instant.
       std::unique_lock lock(mu_);
-      cv_.wait_for(lock, std::min(paused, options_.poll_interval),
-                   [&] { return stopping_.load(); });
+      const Duration wait = jittered(std::min(paused, options_.poll_interval), rng_);
+      // wait: core: a brake's pause, jittered
+      cv_.wait_for(lock, wait, [&] { return stopping_.load(); });
       continue;
     }
     // Leased when the last job's success was recorded, on this connection; else lease now.
@@ -561,6 +565,7 @@ void Worker::slot_loop() {
         if (conn && (*conn)->broken()) conn.reset();
         const Duration wait = database_failed("lease", e.what());
         std::unique_lock lock(mu_);
+        // wait: core: the database-outage BackoffSequence
         cv_.wait_for(lock, wait, [&] { return stopping_.load(); });
         continue;
       }
@@ -713,11 +718,16 @@ void Worker::prune(Connection& conn) {
 
 void Worker::heartbeat_loop() {
   std::optional<ConnectionPool::Lease> conn;
-  TimePoint last_prune{};
+  TimePoint next_prune{};
   while (!finished_.load()) {
     {
+      // Within the interval, never later (a lease must be renewed before it expires), spread
+      // over its second half so that a fleet's heartbeats do not come in step.
       std::unique_lock lock(mu_);
-      cv_.wait_for(lock, options_.heartbeat_interval, [&] { return finished_.load(); });
+      const Duration wait =
+          uniform_duration(options_.heartbeat_interval / 2, options_.heartbeat_interval, rng_);
+      // wait: core: the heartbeat, uniform within its interval
+      cv_.wait_for(lock, wait, [&] { return finished_.load(); });
     }
     if (finished_.load()) break;
     std::map<std::int64_t, std::int64_t> leases;
@@ -743,8 +753,12 @@ void Worker::heartbeat_loop() {
         if (still_held) log("job " + std::to_string(id) + ": lease lost (taken over or released)");
       }
       const TimePoint now = queue_.clock().now();
-      if (!stopping_.load() && now - last_prune >= std::chrono::seconds(10)) {
-        last_prune = now;
+      if (!stopping_.load() && now >= next_prune) {
+        // At most about every kPruneInterval, jittered (±50%) across a fleet.
+        {
+          std::lock_guard lock(mu_);
+          next_prune = now + jittered(kPruneInterval, rng_);
+        }
         prune(**conn);
       }
     } catch (const std::exception& e) {
@@ -769,6 +783,7 @@ std::int64_t Worker::run() {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return stopping_.load() || slots_running_ == 0; });
     // Stopping: running handlers have the grace period to finish.
+    // wait: bound: the running jobs, at most the grace
     cv_.wait_for(lock, options_.grace, [&] { return slots_running_ == 0; });
   }
   // The grace is over: handlers are told to stop (an --exec command's process group is killed)
@@ -779,6 +794,7 @@ std::int64_t Worker::run() {
   cancel_.store(true);
   {
     std::unique_lock lock(mu_);
+    // wait: bound: the slots left, a second at a time until they end
     cv_.wait_for(lock, std::chrono::seconds(1), [&] { return slots_running_ == 0; });
   }
   std::map<std::int64_t, std::int64_t> remaining;

@@ -47,8 +47,7 @@ void Worker::notified() {
 void Worker::wakeup_lease(bool lost) {
   std::lock_guard lock(mu_);
   if (!lost) {
-    lost_wakeups_ = 0;
-    cooldown_ = Duration::zero();
+    wake_backoff_.reset();
     cooldown_until_ns_ = 0;
     return;
   }
@@ -56,9 +55,8 @@ void Worker::wakeup_lease(bool lost) {
   // Core's full jitter: a fleet of workers that all lost the same race does not come back
   // together, and a worker that keeps losing (the others keep up) looks less often, at most
   // every poll_interval, as a worker without wakeups would.
-  cooldown_ = wake_backoff_.delay(lost_wakeups_, cooldown_, rng_);
-  lost_wakeups_ = std::min(lost_wakeups_ + 1, 30);
-  cooldown_until_ns_ = saturating_add(queue_.clock().now(), cooldown_).time_since_epoch().count();
+  const Duration cooldown = wake_backoff_.next();
+  cooldown_until_ns_ = saturating_add(queue_.clock().now(), cooldown).time_since_epoch().count();
 }
 
 WorkerWakeups Worker::wakeup_counts() const {
@@ -138,6 +136,7 @@ Worker::IdleEnd Worker::idle_wait(Connection& conn, std::optional<std::int64_t> 
         // jobs), look again only after the cooldown, rather than in a loop of reads and leases.
         const std::int64_t clock_now = queue_.clock().now().time_since_epoch().count();
         if (!failed && cooldown_until_ns_ > clock_now &&
+            // wait: core: the cooldown after lost wakeups, a BackoffSequence
             !cv_.wait_for(lock, Duration(cooldown_until_ns_ - clock_now), woken)) {
           end = IdleEnd::kDue;
           break;
@@ -152,7 +151,7 @@ Worker::IdleEnd Worker::idle_wait(Connection& conn, std::optional<std::int64_t> 
       }
       // Nothing ready, scheduled or running: the slot's next lease finds the queue idle.
       if (!due && options_.exit_when_idle) break;
-      wait = uniform_duration(options_.idle_poll / 2, options_.idle_poll / 2 * 3, rng_);
+      wait = jittered(options_.idle_poll, rng_);
       if (after_work) {
         // Just out of work: a job whose producer saw this worker's last job waiting did not
         // notify (schema version 7), and if it committed after this worker's last lease read the
@@ -163,6 +162,7 @@ Worker::IdleEnd Worker::idle_wait(Connection& conn, std::optional<std::int64_t> 
       if (due) wait = std::min<Duration>(wait, std::chrono::milliseconds(*due - now));
     }
     if (!listening_.load()) wait = jittered(wait, rng_);  // a fleet's polls spread out
+    // wait: core: the idle poll, jittered (or the earliest due job)
     if (cv_.wait_for(lock, wait, woken)) {
       if (pending_wakes_ > 0) --pending_wakes_;
       end = IdleEnd::kWoken;
@@ -206,15 +206,21 @@ void Worker::stop_wakeups() {
 
 void Worker::listen_loop() {
   int failures = 0;
-  Duration delay{};
   std::string payload;  // "SCHEMA.QUEUE": this worker's jobs
-  while (!stopping_.load()) {
+  // Core's reconnect loop, under the database-outage backoff's ceilings: a listener that
+  // listened starts the backoff over, each failure in a row waits core's next full jitter.
+  BackoffSequence reconnect(detail::database_backoff(options_.poll_interval), [&] {
+    std::lock_guard lock(mu_);
+    return rng_();
+  }());
+  const auto session = [&]() -> SessionEnd {
     std::unique_ptr<detail::Listener> listener;
+    bool listened = false;
     try {
       listener = detail::open_listener(options_.listen_url.value_or(pool_.url()));
       {
         std::lock_guard lock(mu_);
-        if (stopping_.load()) break;
+        if (stopping_.load()) return SessionEnd::kStop;
         listener_ = listener.get();
       }
       // The listener's own connection (the pool's may all be held by the slots and heartbeats).
@@ -223,6 +229,7 @@ void Worker::listen_loop() {
       listener_statements_.fetch_add(1);
       listener->listen(detail::kJobsChannel);
       listening_.store(true);
+      listened = true;
       if (failures > 0) log("listening for the queue's notifications again");
       failures = 0;
       // A job committed before LISTEN took effect sent its notification to nobody.
@@ -279,12 +286,14 @@ void Worker::listen_loop() {
     }
     if (listening_.exchange(false)) wake();  // idle slots go back to the short poll
     listener.reset();
-    if (stopping_.load()) break;
-    // Reconnect after core's full jitter (the database-outage backoff's ceilings).
+    if (stopping_.load()) return SessionEnd::kStop;
+    return listened ? SessionEnd::kLost : SessionEnd::kFailed;
+  };
+  keep_reconnecting(reconnect, session, [&](Duration delay) {
     std::unique_lock lock(mu_);
-    delay = db_backoff_.delay(std::max(0, failures - 1), delay, rng_);
-    cv_.wait_for(lock, delay, [&] { return stopping_.load(); });
-  }
+    // wait: core: keep_reconnecting's delay
+    return !cv_.wait_for(lock, delay, [&] { return stopping_.load(); });
+  });
 }
 
 }  // namespace keel::store

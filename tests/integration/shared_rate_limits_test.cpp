@@ -7,6 +7,7 @@
 // share of the rate when the database is unreachable, said once; read a row outside its domain
 // (a schedule in the far future, a pause until 'infinity') within its bounds.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -71,7 +72,11 @@ class SharedRateLimitsTest : public ::testing::Test {
   void SetUp() override {
     const auto url = test::postgres_url();
     if (!url) GTEST_SKIP() << "no PostgreSQL test server (run through ctest)";
-    url_ = parse_database_url(*url).value();
+    // Its own application_name: a test that cuts its connections cuts only its own, not those of
+    // the tests running beside it on the same server.
+    static std::atomic<int> next{0};
+    app_ = "keel_rates_" + std::to_string(::getpid()) + "_" + std::to_string(next.fetch_add(1));
+    url_ = parse_database_url(*url + "&application_name=" + app_).value();
   }
   std::unique_ptr<Member> member(std::string name, RateLimitOptions rate = {.rate_per_s = 50}) {
     auto m = std::make_unique<Member>(url_, std::move(name), rate);
@@ -81,6 +86,7 @@ class SharedRateLimitsTest : public ::testing::Test {
   }
   void exec(const std::string& sql) { open_database(url_)->execute(sql); }
   DatabaseUrl url_;
+  std::string app_;
 };
 
 TEST_F(SharedRateLimitsTest, TheFleetKeepsOneScheduleAndNoCallWaitsOnTheDatabaseWhileChunksCome) {
@@ -177,7 +183,8 @@ TEST_F(SharedRateLimitsTest, WithoutTheDatabaseEachProcessKeepsAnEqualShareAndSa
   refuse = true;
   exec(
       "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-      " WHERE datname = current_database() AND pid <> pg_backend_pid()");
+      " WHERE application_name = '" +
+      app_ + "' AND pid <> pg_backend_pid()");
   ASSERT_TRUE(test::wait_until([&] { return !p0->shared->stats().sharing; }, 10s));
   std::this_thread::sleep_for(500ms);  // a few reconnections, refused
   const auto heard = p0->heard();

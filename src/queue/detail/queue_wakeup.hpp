@@ -8,7 +8,9 @@
 // not be called again; it must not call into the registry.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -16,10 +18,20 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/backoff.hpp"
+#include "keel/clock.hpp"
 #include "keel/store/db/database.hpp"
 #include "keel/store/queue/queue.hpp"
 
 namespace keel::store::detail {
+
+// The Worker's wait between failed leases while the database is out, and between its
+// listener's reconnects: full jitter under ceilings that start at the poll interval and double
+// up to 5 s (the poll interval when that is longer).
+[[nodiscard]] inline BackoffOptions database_backoff(Duration poll) {
+  const Duration base = poll > Duration::zero() ? poll : std::chrono::milliseconds(100);
+  return {.base = base, .cap = std::max<Duration>(base, std::chrono::seconds(5))};
+}
 
 /// The channel of the queue's notifications. A channel is per database: the payload is
 /// "SCHEMA.QUEUE", the schema of the keel_jobs table the job is in and its queue.

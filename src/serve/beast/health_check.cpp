@@ -70,6 +70,7 @@ struct HealthCheck::State {
       // A copy: the waiter may be answered (and freed) by the probe while this thread waits.
       const SteadyTime due = waiters.front().due;
       if (now < due) {
+        // wait: bound: a check's timeout, answered kTimedOut when it passes
         wake_watch.wait_until(lock, due);
         continue;
       }

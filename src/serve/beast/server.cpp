@@ -884,6 +884,7 @@ void Server::Impl::stop() {
   each_session([](Session& s) { s.drain(); });
   {
     std::unique_lock lock(mu);
+    // wait: bound: the drain, at most drain_timeout
     all_closed.wait_for(lock, options.drain_timeout, [this] { return sessions.empty(); });
   }
   // 3. Whatever is left is closed, its request abandoned (a flow still running stops at its next
@@ -897,6 +898,7 @@ void Server::Impl::stop() {
   std::size_t left = 0;
   {
     std::unique_lock lock(mu);
+    // wait: bound: the handlers still running, at most kStopGrace
     workers_done.wait_for(lock, kStopGrace, [this] { return workers_running == 0; });
     for (std::size_t i = 0; i < worker_threads.size(); ++i) {
       if (worker_returned[i] != 0) {

@@ -133,7 +133,8 @@ struct WorkerOptions {
   std::optional<Duration> done_retention;
   /// Called from the heartbeat thread with how many dead jobs of the queue it just deleted
   /// because they had outlived the queue's QueueOptions::dead_letter_retention (checked every
-  /// heartbeat, at most every 10 s, in batches; each deletion is also logged). Default none.
+  /// heartbeat, about every 10 s (jittered), in batches; each deletion is also logged). Default
+  /// none.
   std::function<void(std::int64_t pruned)> on_dead_letters_pruned;
   /// Called after every attempt, from the thread that ran it. Default none.
   std::function<void(const WorkerEvent&)> on_event;
@@ -317,12 +318,10 @@ class Worker {
   std::atomic<std::int64_t> paused_until_ns_{0};
   std::atomic<bool> failed_{false};
   std::atomic<std::int64_t> deadlocks_logged_{0};  // queue_.deadlocks() when last logged
-  /// The current database outage: failures in a row, when it began and when it was last logged
-  /// (queue_.clock() ns; 0 when the database works). Guarded by mu_.
-  int db_failures_ = 0;
+  /// The current database outage: when it began and when it was last logged (queue_.clock()
+  /// ns; 0 when the database works); its failures in a row are db_backoff_'s. Guarded by mu_.
   std::int64_t db_failing_since_ns_ = 0;
   std::int64_t db_logged_ns_ = 0;
-  Duration db_delay_{};  // the last outage wait (guarded by mu_)
   std::string failure_;  // guarded by mu_
 
   std::mutex mu_;
@@ -341,8 +340,8 @@ class Worker {
   /// The report of the deferral that paused leasing, applied to jobs leased before it.
   /// Guarded by mu_.
   AttemptReport pause_report_;
-  Backoff db_backoff_;  // the database-outage wait (immutable)
-  Rng rng_;             // its jitter; guarded by mu_
+  Rng rng_;                     // the idle waits' jitter; guarded by mu_
+  BackoffSequence db_backoff_;  // the database-outage waits; guarded by mu_
 
   // Wakeups (src/queue/queue_worker_wakeup.cpp).
   enum class IdleEnd : unsigned char { kWoken, kDue, kPoll };
@@ -368,11 +367,9 @@ class Worker {
   void stop_wakeups();   // run(), once the slots are done
   void listen_loop();
   int pending_wakes_ = 0;                 // wakeups no slot took yet; guarded by mu_
-  int lost_wakeups_ = 0;                  // in a row; guarded by mu_
-  Duration cooldown_{};                   // the last cooldown; guarded by mu_
   std::int64_t cooldown_until_ns_ = 0;    // queue_.clock() ns; guarded by mu_
   bool missed_while_cooling_ = false;     // guarded by mu_
-  Backoff wake_backoff_;                  // the cooldown's ceilings (immutable)
+  BackoffSequence wake_backoff_;          // the cooldowns after lost wakeups; guarded by mu_
   bool idle_poller_ = false;              // guarded by mu_
   int idle_slots_ = 0;                    // guarded by mu_
   detail::Listener* listener_ = nullptr;  // guarded by mu_; interrupted by stop()
