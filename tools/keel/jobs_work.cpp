@@ -37,166 +37,348 @@ namespace keel::cli::jobs_cli {
 
 using queue_cli::failure;
 
-int run_work(const JobsArgs& a) {
+namespace {
+
+// What `keel jobs work`'s flags say, checked.
+struct WorkSettings {
+  store::DatabaseUrl url;
+  std::optional<store::DatabaseUrl> listen_url;
+  std::optional<store::DatabaseUrl> share_url;
+  std::optional<double> rate;
+  Duration node_check{};
+  Duration lease{};
+  Duration backoff_base{};
+  Duration backoff_cap{};
+  Duration grace{};
+  Duration poll{};
+  Duration idle_poll{};
+  Duration timeout{};
+  bool timeout_given = false;
+  std::optional<double> budget_ratio;
+  Duration max_db_outage{};
+  Duration max_age = kInfinite;
+  std::optional<Duration> retain;
+  store::QueueOptions queue_options;
+  std::string metrics_host;
+  int metrics_port = -1;  // none
+};
+
+bool parse_work_brakes(const JobsArgs& a, WorkSettings& s);
+bool parse_work_limits(const JobsArgs& a, WorkSettings& s);
+
+// The database, the queue, the handler and where the worker's dependencies are shared: false
+// after printing a usage error.
+bool parse_work_targets(const JobsArgs& a, WorkSettings& s) {
   const auto url = queue_cli::parse_db_flag("jobs", a.db);
-  if (!url) return kExitUsage;
+  if (!url) return false;
+  s.url = *url;
   if (auto queue = store::check_queue_name(a.queue); !queue) {
-    return usage(queue.error().in("--queue").message());
+    return usage(queue.error().in("--queue").message()), false;
   }
   if (const int handlers = !a.deliver.empty() + !a.exec.empty() + a.deferred; handlers != 1) {
     return usage(handlers == 0
                      ? "work needs a handler: give --deliver URL or --exec CMD (or --deferred)"
-                     : "--deliver, --exec and --deferred are mutually exclusive");
+                     : "--deliver, --exec and --deferred are mutually exclusive"),
+           false;
   }
   if (!a.deliver.empty()) {
     // The client's own check: a URL it cannot send is refused here, not dead-lettered per job.
     if (auto parsed = http::parse_url(a.deliver); !parsed) {
-      return usage(parsed.error().in("--deliver").message());
+      return usage(parsed.error().in("--deliver").message()), false;
     }
   }
-  std::optional<store::DatabaseUrl> listen_url;
   if (!a.listen_db.empty()) {
     auto parsed = store::parse_database_url(a.listen_db);
-    if (!parsed) return usage(parsed.error().in("--listen-db").message());
+    if (!parsed) return usage(parsed.error().in("--listen-db").message()), false;
     if (!store::dialect_of(parsed->backend).listen_notify() || parsed->transaction_pooler) {
       return usage(Error{.field = "--listen-db",
                          .problem = "must be a direct PostgreSQL URL (LISTEN needs a session of "
                                     "its own, not a transaction pooler's)",
                          .got = quote_value(parsed->redacted)}
-                       .message());
+                       .message()),
+             false;
     }
-    listen_url = std::move(*parsed);
+    s.listen_url = std::move(*parsed);
   }
   const auto node_check = duration_flag("--node-check", a.node_check, kQueueDuration);
-  if (!node_check) return kExitUsage;
-  std::optional<store::DatabaseUrl> share_url;
+  if (!node_check) return false;
+  s.node_check = *node_check;
+  return parse_work_brakes(a, s);
+}
+
+// --share-fleet and --rate-limit, which only a handler that calls a dependency takes.
+bool parse_work_brakes(const JobsArgs& a, WorkSettings& s) {
   if (a.share_breakers) {
     if (!a.exec.empty()) {
       return usage(
-          "--share-fleet: needs --deliver or --deferred (an --exec job calls no "
-          "dependency keel knows of)");
+                 "--share-fleet: needs --deliver or --deferred (an --exec job calls no "
+                 "dependency keel knows of)"),
+             false;
     }
     if (a.share_breakers_url.empty()) {
-      share_url = *url;
+      s.share_url = s.url;
     } else {
       auto parsed = store::parse_database_url(a.share_breakers_url);
-      if (!parsed) return usage(parsed.error().in("--share-fleet").message());
-      share_url = std::move(*parsed);
+      if (!parsed) return usage(parsed.error().in("--share-fleet").message()), false;
+      s.share_url = std::move(*parsed);
     }
   }
-  std::optional<double> rate;
   if (!a.rate_limit.empty()) {
     if (!a.exec.empty()) {
       return usage(
-          "--rate-limit: needs --deliver or --deferred (an --exec job calls no "
-          "dependency keel knows of)");
+                 "--rate-limit: needs --deliver or --deferred (an --exec job calls no "
+                 "dependency keel knows of)"),
+             false;
     }
     auto parsed = parse_rate("--rate-limit", a.rate_limit);
-    if (!parsed) return usage(parsed.error().message());
-    rate = *parsed;
+    if (!parsed) return usage(parsed.error().message()), false;
+    s.rate = *parsed;
   }
+  return true;
+}
+
+// The worker's sizes, leases, backoff and waits: false after printing a usage error.
+bool parse_work_timing(const JobsArgs& a, WorkSettings& s) {
   if (a.concurrency < 1 || a.concurrency > 256) {
-    return usage("--concurrency: must be 1..256, got " + std::to_string(a.concurrency));
+    return usage("--concurrency: must be 1..256, got " + std::to_string(a.concurrency)), false;
   }
   if (a.batch < 1 || a.batch > 1000) {
-    return usage("--batch: must be 1..1000, got " + std::to_string(a.batch));
+    return usage("--batch: must be 1..1000, got " + std::to_string(a.batch)), false;
   }
   const auto lease = duration_flag("--lease", a.lease, kLeaseDuration);
-  if (!lease) return kExitUsage;
+  if (!lease) return false;
   const auto base = duration_flag("--backoff-base", a.backoff_base, kQueueDuration);
-  if (!base) return kExitUsage;
+  if (!base) return false;
   const auto cap = duration_flag("--backoff-cap", a.backoff_cap, kQueueDuration);
-  if (!cap) return kExitUsage;
+  if (!cap) return false;
   if (*cap < *base) {
     return usage("--backoff-cap: must be at least --backoff-base (" + a.backoff_base + "), got '" +
-                 a.backoff_cap + "'");
+                 a.backoff_cap + "'"),
+           false;
   }
   const auto grace = duration_flag("--grace", a.grace, kQueueDurationOrZero);
-  if (!grace) return kExitUsage;
+  if (!grace) return false;
   // --poll, when given, holds whatever wakes the worker: it is also the idle poll on PostgreSQL.
   const auto poll = duration_flag("--poll", a.poll.empty() ? "100ms" : a.poll, kQueueDuration);
-  if (!poll) return kExitUsage;
+  if (!poll) return false;
   const auto idle_poll = duration_flag("--idle-poll",
                                        !a.idle_poll.empty() ? a.idle_poll
                                        : !a.poll.empty()    ? a.poll
                                                             : "5s",
                                        kQueueDuration);
-  if (!idle_poll) return kExitUsage;
+  if (!idle_poll) return false;
   // --timeout bounds one HTTP request of --deliver and --deferred (30 s unless given) and, only
   // when given, one run of an --exec command: a command that has always run long is not cut
   // short by a default it never had.
-  const bool timeout_given = !a.timeout.empty();
-  const auto timeout = duration_flag("--timeout", timeout_given ? a.timeout : kDeliverTimeout,
+  s.timeout_given = !a.timeout.empty();
+  const auto timeout = duration_flag("--timeout", s.timeout_given ? a.timeout : kDeliverTimeout,
                                      a.exec.empty() ? kCurlTimeout : kQueueDuration);
-  if (!timeout) return kExitUsage;
+  if (!timeout) return false;
+  s.lease = *lease;
+  s.backoff_base = *base;
+  s.backoff_cap = *cap;
+  s.grace = *grace;
+  s.poll = *poll;
+  s.idle_poll = *idle_poll;
+  s.timeout = *timeout;
+  return parse_work_limits(a, s);
+}
+
+// The retry budget, the outage and age limits, retention and the metrics port: false after
+// printing a usage error.
+bool parse_work_limits(const JobsArgs& a, WorkSettings& s) {
   // The queue's retries draw on a ratio budget (retries <= RATIO x first attempts in 10 s, plus
   // 10 a second): it refills with time, so a deferred job is never stuck behind it.
-  std::optional<double> budget_ratio;
   if (a.retry_budget != "off") {
     const auto r = parse_fraction("--retry-budget", a.retry_budget, 0.0, 1000.0);
     if (!r) {
       return usage(Error{.field = "--retry-budget",
                          .problem = "must be a ratio from 0 to 1000 (a decimal number) or 'off'",
                          .got = quote_value(a.retry_budget)}
-                       .message());
+                       .message()),
+             false;
     }
-    budget_ratio = *r;
+    s.budget_ratio = *r;
   }
   const auto max_db_outage = duration_flag("--max-db-outage", a.max_db_outage, kQueueDuration);
-  if (!max_db_outage) return kExitUsage;
-  Duration max_age = kInfinite;
+  if (!max_db_outage) return false;
+  s.max_db_outage = *max_db_outage;
   if (!a.max_age.empty()) {
     const auto d = duration_flag("--max-age", a.max_age, kQueueDuration);
-    if (!d) return kExitUsage;
-    max_age = *d;
+    if (!d) return false;
+    s.max_age = *d;
   }
-  std::optional<Duration> retain;
   if (!a.retain_done.empty()) {
-    retain = duration_flag("--retain-done", a.retain_done, kQueueDurationOrZero);
-    if (!retain) return kExitUsage;
+    s.retain = duration_flag("--retain-done", a.retain_done, kQueueDurationOrZero);
+    if (!s.retain) return false;
   }
-  store::QueueOptions queue_options;
-  if (!dead_letter_flags(a, queue_options)) return kExitUsage;
-  std::string metrics_host;
-  int metrics_port = -1;
-  if (!a.metrics_listen.empty()) {
-    const std::size_t colon = a.metrics_listen.rfind(':');
-    if (colon == std::string::npos) {
-      return usage("--metrics-listen: expected HOST:PORT, got '" + a.metrics_listen + "'");
-    }
-    metrics_host = a.metrics_listen.substr(0, colon);
-    if (metrics_host.empty()) metrics_host = "127.0.0.1";
-    const auto port = parse_count("--metrics-listen", a.metrics_listen.substr(colon + 1), 0, 65535);
-    if (!port) {
-      return usage(Error{.field = "--metrics-listen",
-                         .problem = "must be HOST:PORT with a PORT from 0 to 65535",
-                         .got = quote_value(a.metrics_listen)}
-                       .message());
-    }
-    metrics_port = static_cast<int>(*port);
+  if (!dead_letter_flags(a, s.queue_options)) return false;
+  if (a.metrics_listen.empty()) return true;
+  const std::size_t colon = a.metrics_listen.rfind(':');
+  if (colon == std::string::npos) {
+    return usage("--metrics-listen: expected HOST:PORT, got '" + a.metrics_listen + "'"), false;
   }
-  if (!store::database_exists(*url)) {
-    return usage("--db: database '" + url->redacted + "' does not exist (enqueue creates it)");
+  s.metrics_host = a.metrics_listen.substr(0, colon);
+  if (s.metrics_host.empty()) s.metrics_host = "127.0.0.1";
+  const auto port = parse_count("--metrics-listen", a.metrics_listen.substr(colon + 1), 0, 65535);
+  if (!port) {
+    return usage(Error{.field = "--metrics-listen",
+                       .problem = "must be HOST:PORT with a PORT from 0 to 65535",
+                       .got = quote_value(a.metrics_listen)}
+                     .message()),
+           false;
   }
+  s.metrics_port = static_cast<int>(*port);
+  return true;
+}
 
-  store::ConnectionPool pool(*url, {.max_connections = a.concurrency + 3});
+// What a --deliver or --deferred worker calls its dependency with: the breakers (shared with
+// the fleet with --share-fleet), each dependency's rate and pauses, the retry budget.
+struct Delivery {
+  std::unique_ptr<RatioBudget> budget;
+  BreakerRegistry breakers;
+  std::unique_ptr<BreakerLog> breaker_log;
+  // Declared before the sharing, which detaches from it when destroyed.
+  std::unique_ptr<RateLimitRegistry> rates;
+  std::unique_ptr<store::SharedBreakers> shared;
+  std::unique_ptr<http::Client> client;
+};
+
+// Sets up `d` for a worker that delivers; false after printing a usage error.
+bool start_delivery(const WorkSettings& s, Metrics& metrics, Delivery& d) {
+  if (s.budget_ratio) {
+    d.budget = std::make_unique<RatioBudget>(RatioBudgetOptions{.ratio = *s.budget_ratio});
+  }
+  d.breaker_log = std::make_unique<BreakerLog>(d.breakers);
+  // Each dependency's rate, and the pauses a 429 or 503 with Retry-After asks for: with
+  // --rate-limit, or with the fleet's sharing (pauses only, without --rate-limit).
+  if (s.rate || s.share_url) {
+    d.rates =
+        std::make_unique<RateLimitRegistry>(RateLimitOptions{.rate_per_s = s.rate.value_or(0)});
+  }
+  d.breakers.add_listener([&d](std::string_view key, BreakerState from, BreakerState to) {
+    d.breaker_log->on_change(key, from, to);
+  });
+  if (s.share_url) {
+    try {
+      d.shared = std::make_unique<store::SharedBreakers>(
+          d.breakers, *s.share_url,
+          store::SharedBreakersOptions{.listen_url = s.listen_url, .rate_limits = d.rates.get()});
+    } catch (const std::invalid_argument& e) {
+      return usage(std::string("--share-fleet: ") + e.what()), false;
+    }
+    // Start with the fleet's state; an unreachable database was said by SharedBreakers.
+    if (d.shared->wait_until_sharing(std::chrono::seconds(5))) {
+      std::fprintf(stderr, "keel jobs: breakers%s shared through %s as %s\n",
+                   s.rate ? ", rate limits and pauses" : " and pauses",
+                   s.share_url->redacted.c_str(), d.shared->process().c_str());
+    }
+  }
+  http::ClientOptions options = store::webhook_client_options(s.timeout);
+  options.brakes.breakers = &d.breakers;
+  // A slot within the fleet's schedule is waited for; a longer hold (a pause) defers the job.
+  options.brakes.rate_limits = d.rates.get();
+  options.brakes.max_limit_wait = std::chrono::seconds(2);
+  options.brakes.retry_budget = d.budget != nullptr;
+  options.brakes.budget = d.budget.get();
+  options.retry.events = &metrics.watch(d.breakers, d.budget.get());  // retries, breakers, budget
+  options.retry.operation = "webhook";
+  d.client = std::make_unique<http::Client>(options);
+  return true;
+}
+
+store::WorkerOptions worker_options(const JobsArgs& a, const WorkSettings& s, Metrics& metrics) {
+  store::WorkerOptions options;
+  options.queue = a.queue;
+  options.concurrency = a.concurrency;
+  options.batch = a.batch;
+  options.poll_interval = s.poll;
+  options.idle_poll = s.idle_poll;
+  options.wakeups = !a.no_wakeups;
+  options.listen_url = s.listen_url;
+  options.node_check = s.node_check;
+  options.grace = s.grace;
+  options.exit_when_idle = a.exit_when_idle;
+  options.done_retention = s.retain;
+  options.max_database_outage = s.max_db_outage;
+  options.on_event = [&metrics](const store::WorkerEvent& e) { metrics.record(e); };
+  options.on_dead_letters_pruned = [&metrics](std::int64_t n) { metrics.dead_letters_pruned(n); };
+  return options;
+}
+
+// The /metrics endpoint (--metrics-listen) on a thread of its own; -1 when it cannot listen.
+int start_metrics(const WorkSettings& s, store::ConnectionPool& pool, const store::JobQueue& queue,
+                  Metrics& metrics, std::unique_ptr<httplib::Server>& server, std::thread& thread) {
+  server = std::make_unique<httplib::Server>();
+  store::apply_server_limits(*server, {});  // an exclusive port (no SO_REUSEPORT), limits
+  server->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    try {
+      auto conn = pool.acquire();
+      res.set_content(metrics.render(queue.stats(*conn), queue.deadlocks()),
+                      "text/plain; version=0.0.4");
+    } catch (const std::exception& e) {
+      res.status = 500;
+      res.set_content(std::string("database error: ") + e.what() + "\n", "text/plain");
+    }
+  });
+  const int port = s.metrics_port == 0 ? server->bind_to_any_port(s.metrics_host)
+                   : server->bind_to_port(s.metrics_host, s.metrics_port) ? s.metrics_port
+                                                                          : -1;
+  if (port < 0) return -1;
+  std::fprintf(stderr, "keel jobs: metrics on http://%s:%d/metrics\n", s.metrics_host.c_str(),
+               port);
+  thread = std::thread([&server] { server->listen_after_bind(); });
+  return port;
+}
+
+// Runs `worker` until it stops or SIGTERM/SIGINT stops it (after the grace); the attempts it
+// recorded.
+std::int64_t run_until_signalled(store::Worker& worker, const sigset_t& signals,
+                                 const std::string& grace) {
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    const timespec tick{0, 100'000'000};
+    while (!done.load()) {
+      const int sig = sigtimedwait(&signals, nullptr, &tick);
+      if (sig == SIGTERM || sig == SIGINT) {
+        std::fprintf(stderr, "keel jobs: %s: stopping (grace %s)\n",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT", grace.c_str());
+        worker.stop();
+      }
+    }
+  });
+  const std::int64_t recorded = worker.run();
+  done.store(true);
+  signal_thread.join();
+  return recorded;
+}
+
+}  // namespace
+
+int run_work(const JobsArgs& a) {
+  WorkSettings s;
+  if (!parse_work_targets(a, s) || !parse_work_timing(a, s)) return kExitUsage;
+  if (!store::database_exists(s.url)) {
+    return usage("--db: database '" + s.url.redacted + "' does not exist (enqueue creates it)");
+  }
+  store::ConnectionPool pool(s.url, {.max_connections = a.concurrency + 3});
   {
     bool has_schema = false;
-    auto conn = queue_cli::open_queue_db(*url, false, &has_schema);
+    auto conn = queue_cli::open_queue_db(s.url, false, &has_schema);
     store::JobQueue q;
     if (!has_schema || !q.queue_exists(*conn, a.queue)) {
-      return usage("--queue: unknown queue '" + a.queue + "' in " + url->redacted +
+      return usage("--queue: unknown queue '" + a.queue + "' in " + s.url.redacted +
                    " (a queue is created by its first enqueue)");
     }
   }
-  Metrics metrics(a.queue, queue_options.dead_letter_retention < kInfinite);
-  queue_options.backoff = {.base = *base, .cap = *cap};
-  queue_options.lease = *lease;
-  queue_options.max_age = max_age;
-  queue_options.on_dead_letter = [&](std::int64_t, const store::DeadLetterReason& dead) {
+  Metrics metrics(a.queue, s.queue_options.dead_letter_retention < kInfinite);
+  s.queue_options.backoff = {.base = s.backoff_base, .cap = s.backoff_cap};
+  s.queue_options.lease = s.lease;
+  s.queue_options.max_age = s.max_age;
+  s.queue_options.on_dead_letter = [&](std::int64_t, const store::DeadLetterReason& dead) {
     metrics.dead_lettered(dead.reason);
   };
-  store::JobQueue queue(queue_options);
+  store::JobQueue queue(s.queue_options);
 
   // Signals are taken by one thread with sigwait; every other thread (started below) inherits
   // the blocked mask.
@@ -207,118 +389,25 @@ int run_work(const JobsArgs& a) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  std::unique_ptr<http::Client> client;
-  std::unique_ptr<RatioBudget> budget;
-  if (budget_ratio)
-    budget = std::make_unique<RatioBudget>(RatioBudgetOptions{.ratio = *budget_ratio});
-  BreakerRegistry breakers;
-  BreakerLog breaker_log(breakers);
-  // Each dependency's rate, and the pauses a 429 or 503 with Retry-After asks for: with
-  // --rate-limit, or with the fleet's sharing (pauses only, without --rate-limit). Declared
-  // before the sharing, which detaches from it when destroyed.
-  std::unique_ptr<RateLimitRegistry> rates;
-  if ((rate || share_url) && (!a.deliver.empty() || a.deferred)) {
-    rates = std::make_unique<RateLimitRegistry>(RateLimitOptions{.rate_per_s = rate.value_or(0)});
-  }
-  std::unique_ptr<store::SharedBreakers> shared_breakers;
-  if (!a.deliver.empty() || a.deferred) {
-    breakers.add_listener([&](std::string_view key, BreakerState from, BreakerState to) {
-      breaker_log.on_change(key, from, to);
-    });
-    if (share_url) {
-      try {
-        shared_breakers = std::make_unique<store::SharedBreakers>(
-            breakers, *share_url,
-            store::SharedBreakersOptions{.listen_url = listen_url, .rate_limits = rates.get()});
-      } catch (const std::invalid_argument& e) {
-        return usage(std::string("--share-fleet: ") + e.what());
-      }
-      // Start with the fleet's state; an unreachable database was said by SharedBreakers.
-      if (shared_breakers->wait_until_sharing(std::chrono::seconds(5))) {
-        std::fprintf(stderr, "keel jobs: breakers%s shared through %s as %s\n",
-                     rate ? ", rate limits and pauses" : " and pauses", share_url->redacted.c_str(),
-                     shared_breakers->process().c_str());
-      }
-    }
-    http::ClientOptions options = store::webhook_client_options(*timeout);
-    options.brakes.breakers = &breakers;
-    // A slot within the fleet's schedule is waited for; a longer hold (a pause) defers the job.
-    options.brakes.rate_limits = rates.get();
-    options.brakes.max_limit_wait = std::chrono::seconds(2);
-    options.brakes.retry_budget = budget != nullptr;
-    options.brakes.budget = budget.get();
-    options.retry.events = &metrics.watch(breakers, budget.get());  // retries, breakers, budget
-    options.retry.operation = "webhook";
-    client = std::make_unique<http::Client>(options);
-  }
+  Delivery delivery;
   store::JobHandler handler;
-  if (a.deferred) {
-    handler = store::DeferredRequestHandler(*client);
-  } else if (client) {
-    handler = store::WebhookHandler(*client, a.deliver);
+  if (!a.deliver.empty() || a.deferred) {
+    if (!start_delivery(s, metrics, delivery)) return kExitUsage;
+    handler = a.deferred ? store::JobHandler(store::DeferredRequestHandler(*delivery.client))
+                         : store::JobHandler(store::WebhookHandler(*delivery.client, a.deliver));
   } else {
-    handler = store::CommandHandler(a.exec, {.timeout = timeout_given ? *timeout : kInfinite});
+    handler = store::CommandHandler(a.exec, {.timeout = s.timeout_given ? s.timeout : kInfinite});
   }
-  store::WorkerOptions options;
-  options.queue = a.queue;
-  options.concurrency = a.concurrency;
-  options.batch = a.batch;
-  options.poll_interval = *poll;
-  options.idle_poll = *idle_poll;
-  options.wakeups = !a.no_wakeups;
-  options.listen_url = listen_url;
-  options.node_check = *node_check;
-  options.grace = *grace;
-  options.exit_when_idle = a.exit_when_idle;
-  options.done_retention = retain;
-  options.max_database_outage = *max_db_outage;
-  options.on_event = [&](const store::WorkerEvent& e) { metrics.record(e); };
-  options.on_dead_letters_pruned = [&](std::int64_t n) { metrics.dead_letters_pruned(n); };
-  store::Worker worker(pool, queue, options, handler);
+  store::Worker worker(pool, queue, worker_options(a, s, metrics), handler);
 
   std::unique_ptr<httplib::Server> server;
   std::thread server_thread;
-  if (metrics_port >= 0) {
-    server = std::make_unique<httplib::Server>();
-    store::apply_server_limits(*server, {});  // an exclusive port (no SO_REUSEPORT), limits
-    server->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-      try {
-        auto conn = pool.acquire();
-        res.set_content(metrics.render(queue.stats(*conn), queue.deadlocks()),
-                        "text/plain; version=0.0.4");
-      } catch (const std::exception& e) {
-        res.status = 500;
-        res.set_content(std::string("database error: ") + e.what() + "\n", "text/plain");
-      }
-    });
-    const int port = metrics_port == 0
-                         ? server->bind_to_any_port(metrics_host)
-                         : (server->bind_to_port(metrics_host, metrics_port) ? metrics_port : -1);
-    if (port < 0) {
-      return failure("jobs", "--metrics-listen: cannot listen on " + a.metrics_listen);
-    }
-    std::fprintf(stderr, "keel jobs: metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
-                 port);
-    server_thread = std::thread([&] { server->listen_after_bind(); });
+  if (s.metrics_port >= 0 && start_metrics(s, pool, queue, metrics, server, server_thread) < 0) {
+    return failure("jobs", "--metrics-listen: cannot listen on " + a.metrics_listen);
   }
-
-  std::atomic<bool> done{false};
-  std::thread signal_thread([&] {
-    const timespec tick{0, 100'000'000};
-    while (!done.load()) {
-      const int sig = sigtimedwait(&signals, nullptr, &tick);
-      if (sig == SIGTERM || sig == SIGINT) {
-        std::fprintf(stderr, "keel jobs: %s: stopping (grace %s)\n",
-                     sig == SIGTERM ? "SIGTERM" : "SIGINT", a.grace.c_str());
-        worker.stop();
-      }
-    }
-  });
   std::fprintf(stderr, "keel jobs: worker %s on queue '%s' (%s)\n", worker.worker_id().c_str(),
-               a.queue.c_str(), url->redacted.c_str());
-  const std::int64_t recorded = worker.run();
-  done.store(true);
-  signal_thread.join();
+               a.queue.c_str(), s.url.redacted.c_str());
+  const std::int64_t recorded = run_until_signalled(worker, signals, a.grace);
   if (server) {
     server->stop();
     server_thread.join();
