@@ -193,41 +193,27 @@ Expected<DuplicateFlag> parse_duplicate_flag(const std::string& value) {
   return out;
 }
 
-int run_call(const CallArgs& a) {
-  // Validate everything before sending anything.
-  if (auto url = http::parse_url(a.url); !url) return usage_error(url.error().message());
-  const auto retry = parse_policy_flags("call", a.policy);
-  if (!retry) return kExitUsage;
-  const auto connect = duration_flag("call", "--connect-timeout", a.connect_timeout, kCurlTimeout);
-  if (!connect) return kExitUsage;
-  const auto hedge = parse_hedge_flags(a.hedge, a.max_hedges);
-  if (!hedge) return kExitUsage;
-  std::optional<DuplicateFlag> duplicate;
-  if (!a.duplicate_is_success.empty()) {
-    auto parsed = parse_duplicate_flag(a.duplicate_is_success);
-    if (!parsed) return usage_error(parsed.error().message());
-    duplicate = std::move(*parsed);
-  }
-
-  http::Request request;
-  request.url = a.url;
+// The method: --request, or POST with a body and GET without; 0 or the exit status after
+// printing a usage error.
+int set_method(const CallArgs& a, http::Request& request) {
   request.method = !a.method.empty() ? a.method : (a.data_given ? "POST" : "GET");
-  if (request.method.empty() || request.method.size() > 64) {
+  bool token = !request.method.empty() && request.method.size() <= 64;
+  for (char c : request.method) {
+    if (c <= ' ' || c >= 127 || c == ':' || c == '/') token = false;
+  }
+  if (!token) {
     return usage_error(Error{.field = "--request",
                              .problem = "must be a method token of 1 to 64 bytes",
                              .got = quote_value(a.method)}
                            .message());
   }
-  for (char c : request.method) {
-    if (c <= ' ' || c >= 127 || c == ':' || c == '/') {
-      return usage_error(Error{.field = "--request",
-                               .problem = "must be a method token of 1 to 64 bytes",
-                               .got = quote_value(a.method)}
-                             .message());
-    }
-  }
-  // The caller's own key, from -H or --idempotency-key: always the one sent, exactly once.
-  std::string header_key;
+  return 0;
+}
+
+// The -H fields, and the Idempotency-Key one of them gives (canonical, in `header_key`): the
+// caller's own key is always the one sent, exactly once. 0 or the exit status after a usage
+// error.
+int set_headers(const CallArgs& a, http::Request& request, std::string& header_key) {
   for (const std::string& h : a.headers) {
     auto field = http::parse_header_field(h);
     if (!field) return usage_error("--header: " + field.error().message());
@@ -245,16 +231,11 @@ int run_call(const CallArgs& a) {
     }
     request.headers.push_back(std::move(*field));
   }
-  if (a.data_given) {
-    if (a.data.starts_with("@")) {
-      const std::string path = a.data.substr(1);
-      auto body = read_body_file(path);
-      if (!body) return usage_error(body.error().message());
-      request.body = std::move(*body);
-    } else {
-      request.body = a.data;
-    }
-  }
+  return 0;
+}
+
+// --idempotency-key (KEY, auto or off) with the -H key; 0 or the exit status after a usage error.
+int set_key(const CallArgs& a, http::Request& request, const std::string& header_key) {
   if (a.idempotency_key == "off" || a.idempotency_key == "auto") {
     request.generate_idempotency_key = a.idempotency_key == "auto";
     request.idempotency_key = header_key;  // a key given with -H is sent even with off
@@ -276,48 +257,58 @@ int run_call(const CallArgs& a) {
       (request.method == "POST" || request.method == "PATCH")) {
     request.idempotency_key = http::make_idempotency_key();
   }
+  return 0;
+}
 
-  // The body is spooled to a file as it arrives (never held in memory): next to --output's file,
-  // or in TMPDIR for stdout.
-  Spool spool;
-  if (auto opened = spool.open(a.output.empty() ? std::string() : Spool::directory_of(a.output));
-      !opened) {
-    std::fprintf(stderr, "keel call: %s: %s\n",
-                 a.output.empty() ? "stdout" : ("--output '" + a.output + "'").c_str(),
-                 opened.error().message().c_str());
-    return kExitLocalError;
+// The request the flags describe; 0 or the exit status after a usage error.
+int build_request(const CallArgs& a, http::Request& request) {
+  request.url = a.url;
+  if (const int status = set_method(a, request); status != 0) return status;
+  std::string header_key;
+  if (const int status = set_headers(a, request, header_key); status != 0) return status;
+  if (a.data_given) {
+    if (a.data.starts_with("@")) {
+      const std::string path = a.data.substr(1);
+      auto body = read_body_file(path);
+      if (!body) return usage_error(body.error().message());
+      request.body = std::move(*body);
+    } else {
+      request.body = a.data;
+    }
   }
-  request.body_sink.restart = [&spool] { return spool.restart(); };
-  request.body_sink.write = [&spool](std::string_view data) { return spool.write(data); };
+  return set_key(a, request, header_key);
+}
 
-  http::ClientOptions options;
-  options.retry = *retry;
-  options.transport.connect_timeout = *connect;
-  options.hedge = *hedge;
-  if (duplicate) {
-    // The body goes to the spool, not to memory: the predicate reads the attempt's body there.
-    options.classify.duplicate_success =
-        DuplicateSuccessOptions{.statuses = {duplicate->status},
-                                .body = [&spool, text = duplicate->text](std::string_view) {
-                                  return text.empty() || spool.contains(text);
-                                }};
-  }
+// The log, and with -v a line per attempt in the events' words.
+void observe(const CallArgs& a, http::ClientOptions& options) {
   options.observability.log = [](std::string_view line) {
     std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
   };
-  if (a.verbose) {
-    options.observability.on_attempt = [](const http::AttemptEvent& e) {
-      std::string line = "keel call: attempt " + std::to_string(e.attempt) + ": " +
-                         std::string(e.method) + " " + std::string(e.url) + " -> " +
-                         describe(e.outcome);
-      if (!e.error.empty()) line += " [" + std::string(e.error) + "]";
-      line += " in " + format_duration(e.took) + "; " +
-              format_decision(e.will_retry, e.delay, e.reason);  // the events' words
-      std::fprintf(stderr, "%s\n", line.c_str());
-    };
-  }
-  // The host's rate (--rate-limit) and the pauses a 429 or 503 with Retry-After asks for.
+  if (!a.verbose) return;
+  options.observability.on_attempt = [](const http::AttemptEvent& e) {
+    std::string line = "keel call: attempt " + std::to_string(e.attempt) + ": " +
+                       std::string(e.method) + " " + std::string(e.url) + " -> " +
+                       describe(e.outcome);
+    if (!e.error.empty()) line += " [" + std::string(e.error) + "]";
+    line += " in " + format_duration(e.took) + "; " +
+            format_decision(e.will_retry, e.delay, e.reason);  // the events' words
+    std::fprintf(stderr, "%s\n", line.c_str());
+  };
+}
+
+// What --rate-limit, --share-fleet and --queue-on-failure add to the client: kept alive for the
+// call.
+struct CallBrakes {
   std::unique_ptr<RateLimitRegistry> rates;
+#if KEEL_CLI_JOBS
+  std::unique_ptr<SharedBreakersForCall> shared;
+  std::unique_ptr<QueueOnFailure> queue;
+#endif
+};
+
+// Sets up `brakes` and `options` for them; 0 or the exit status after a usage error.
+int add_brakes(const CallArgs& a, http::ClientOptions& options, CallBrakes& brakes) {
+  // The host's rate (--rate-limit) and the pauses a 429 or 503 with Retry-After asks for.
   if (!a.rate_limit.empty() || !a.share_breakers.empty()) {
     double rate = 0;
     if (!a.rate_limit.empty()) {
@@ -325,24 +316,22 @@ int run_call(const CallArgs& a) {
       if (!parsed) return usage_error(parsed.error().message());
       rate = *parsed;
     }
-    rates = std::make_unique<RateLimitRegistry>(RateLimitOptions{.rate_per_s = rate});
-    options.brakes.rate_limits = rates.get();
+    brakes.rates = std::make_unique<RateLimitRegistry>(RateLimitOptions{.rate_per_s = rate});
+    options.brakes.rate_limits = brakes.rates.get();
   }
 #if KEEL_CLI_JOBS
-  std::unique_ptr<SharedBreakersForCall> shared;
   if (!a.share_breakers.empty()) {
     auto opened =
-        SharedBreakersForCall::open(a.share_breakers, std::chrono::seconds(2), rates.get());
+        SharedBreakersForCall::open(a.share_breakers, std::chrono::seconds(2), brakes.rates.get());
     if (!opened) return usage_error(opened.error().message());
-    shared = std::move(*opened);
-    options.brakes.breakers = &shared->registry();
+    brakes.shared = std::move(*opened);
+    options.brakes.breakers = &brakes.shared->registry();
   }
-  std::unique_ptr<QueueOnFailure> queue;
   if (!a.queue_on_failure.empty()) {
     auto opened = QueueOnFailure::open(a.queue_on_failure, a.defer_queue, a.secret_headers);
     if (!opened) return usage_error(opened.error().message());
-    queue = std::move(*opened);
-    options.fallbacks.deferred_writes = &queue->writes();
+    brakes.queue = std::move(*opened);
+    options.fallbacks.deferred_writes = &brakes.queue->writes();
   }
 #else
   if (!a.queue_on_failure.empty() || !a.share_breakers.empty()) {
@@ -351,22 +340,17 @@ int run_call(const CallArgs& a) {
         ": this keel was built without keel::store");
   }
 #endif
-  http::Client client(std::move(options));
-  if (const std::string unfit = format_unfit(check_policy(RetryPolicy(*retry)));
-      a.verbose && !unfit.empty()) {
-    std::fprintf(stderr, "keel call: warning: %s\n", unfit.c_str());
-  }
-  if (a.verbose && !request.idempotency_key.empty()) {
-    std::fprintf(stderr, "keel call: Idempotency-Key: %s\n", request.idempotency_key.c_str());
-  }
-  const http::Result result = client.send(request);
+  return 0;
+}
+
+// What the call ended with, on stdout and stderr, and its exit status.
+int report(const CallArgs& a, const http::Result& result, Spool& spool, const CallBrakes& brakes) {
   if (result.outcome.duplicate) {
     std::fprintf(stderr,
                  "keel call: HTTP %d after an ambiguous failure: an earlier attempt took effect "
                  "(--duplicate-is-success)\n",
                  result.outcome.code);
   }
-
   if (result.reason == StopReason::kQueued) {
 #if KEEL_CLI_JOBS
     std::fprintf(stderr,
@@ -374,8 +358,10 @@ int run_call(const CallArgs& a) {
                  "work --queue %s --deferred delivers it\n",
                  result.deferral == http::DeferralStatus::kAlreadyQueued ? "already queued"
                                                                          : "queued for later",
-                 result.job_id.c_str(), result.idempotency_key.c_str(), queue->database().c_str(),
-                 queue->queue().c_str());
+                 result.job_id.c_str(), result.idempotency_key.c_str(),
+                 brakes.queue->database().c_str(), brakes.queue->queue().c_str());
+#else
+    (void)brakes;
 #endif
     std::printf("%s\n", result.job_id.c_str());
     return exit_status(result.reason);
@@ -407,6 +393,63 @@ int run_call(const CallArgs& a) {
     return kExitUsage;  // refused by the client before sending (check_request)
   }
   return exit_status(result.reason);
+}
+
+int run_call(const CallArgs& a) {
+  // Validate everything before sending anything.
+  if (auto url = http::parse_url(a.url); !url) return usage_error(url.error().message());
+  const auto retry = parse_policy_flags("call", a.policy);
+  if (!retry) return kExitUsage;
+  const auto connect = duration_flag("call", "--connect-timeout", a.connect_timeout, kCurlTimeout);
+  if (!connect) return kExitUsage;
+  const auto hedge = parse_hedge_flags(a.hedge, a.max_hedges);
+  if (!hedge) return kExitUsage;
+  std::optional<DuplicateFlag> duplicate;
+  if (!a.duplicate_is_success.empty()) {
+    auto parsed = parse_duplicate_flag(a.duplicate_is_success);
+    if (!parsed) return usage_error(parsed.error().message());
+    duplicate = std::move(*parsed);
+  }
+  http::Request request;
+  if (const int status = build_request(a, request); status != 0) return status;
+
+  // The body is spooled to a file as it arrives (never held in memory): next to --output's file,
+  // or in TMPDIR for stdout.
+  Spool spool;
+  if (auto opened = spool.open(a.output.empty() ? std::string() : Spool::directory_of(a.output));
+      !opened) {
+    std::fprintf(stderr, "keel call: %s: %s\n",
+                 a.output.empty() ? "stdout" : ("--output '" + a.output + "'").c_str(),
+                 opened.error().message().c_str());
+    return kExitLocalError;
+  }
+  request.body_sink.restart = [&spool] { return spool.restart(); };
+  request.body_sink.write = [&spool](std::string_view data) { return spool.write(data); };
+
+  http::ClientOptions options;
+  options.retry = *retry;
+  options.transport.connect_timeout = *connect;
+  options.hedge = *hedge;
+  if (duplicate) {
+    // The body goes to the spool, not to memory: the predicate reads the attempt's body there.
+    options.classify.duplicate_success =
+        DuplicateSuccessOptions{.statuses = {duplicate->status},
+                                .body = [&spool, text = duplicate->text](std::string_view) {
+                                  return text.empty() || spool.contains(text);
+                                }};
+  }
+  observe(a, options);
+  CallBrakes brakes;
+  if (const int status = add_brakes(a, options, brakes); status != 0) return status;
+  http::Client client(std::move(options));
+  if (const std::string unfit = format_unfit(check_policy(RetryPolicy(*retry)));
+      a.verbose && !unfit.empty()) {
+    std::fprintf(stderr, "keel call: warning: %s\n", unfit.c_str());
+  }
+  if (a.verbose && !request.idempotency_key.empty()) {
+    std::fprintf(stderr, "keel call: Idempotency-Key: %s\n", request.idempotency_key.c_str());
+  }
+  return report(a, client.send(request), spool, brakes);
 }
 
 }  // namespace
