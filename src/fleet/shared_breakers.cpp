@@ -949,11 +949,11 @@ Duration SharedBreakers::ask_fleet(const std::string& key) {
   probes_held_.fetch_add(1);
   Duration held = std::chrono::milliseconds(std::max<std::int64_t>(hold, 1));
   if (row.open_ms <= 0) {
-    // Asking again: jittered, so that the processes held by one probe do not all ask at once.
+    // Asking again within the hold, at a uniform moment in its second half, so that the
+    // processes held by one probe do not all ask at once (and none past probe_wait or the
+    // prober's lease).
     std::lock_guard lock(mu_);
-    held = std::max<Duration>(jittered(held, rng_), std::chrono::milliseconds(1));
-    // Never past the prober's lease: then the next to ask takes the probe over.
-    if (row.lease_ms > 0) held = std::min<Duration>(held, std::chrono::milliseconds(row.lease_ms));
+    held = std::max<Duration>(uniform_duration(held / 2, held, rng_), std::chrono::milliseconds(1));
   }
   return held;
 }

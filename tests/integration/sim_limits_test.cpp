@@ -34,14 +34,16 @@ TEST(SimLimits, DemoStoryWithTheAdaptiveClientLimitIsBackUnderCapacityWithin5sOf
   for (int seed = 1; seed <= kSeeds; ++seed) {
     const sim::Report r = sim::run_scenario("demo-story", "full-jitter+adaptive-limit",
                                             static_cast<std::uint64_t>(seed));
-    const sim::PhaseLoad& after = phase(sim::phase_loads(r), "after the blip");
+    const std::vector<sim::PhaseLoad> loads = sim::phase_loads(r);
+    const sim::PhaseLoad& after = phase(loads, "after the blip");
     ASSERT_TRUE(after.under_capacity_after.has_value()) << "seed " << seed;
     EXPECT_LE(*after.under_capacity_after, 5s) << "seed " << seed;
     EXPECT_GT(r.summary.limited, 0) << "seed " << seed;  // the limit held attempts back
   }
   // Without it (and without a budget), the same story never is.
   const sim::Report plain = sim::run_scenario("demo-story", "full-jitter", 1);
-  EXPECT_FALSE(phase(sim::phase_loads(plain), "after the blip").under_capacity_after.has_value());
+  const std::vector<sim::PhaseLoad> plain_loads = sim::phase_loads(plain);
+  EXPECT_FALSE(phase(plain_loads, "after the blip").under_capacity_after.has_value());
 }
 
 TEST(SimLimits, AdaptiveAdmissionKeepsGoodputAndLatencyUnder3xOverloadAFixedLimit2xTooHighDoesNot) {
