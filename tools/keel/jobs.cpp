@@ -252,18 +252,20 @@ jobs.)";
 
 }  // namespace
 
-Runner add_jobs(CLI::App& app) {
-  using namespace jobs_cli;
-  auto args = std::make_shared<JobsArgs>();
-  auto cmd = std::make_shared<std::string>();
-  CLI::App* jobs =
-      app.add_subcommand("jobs", "The durable job queue: enqueue, work, stats, check-keys");
-  jobs->footer(kJobsFooter);
-  jobs->fallthrough();
-  jobs->require_subcommand(1);
-  jobs->add_option("--db", args->db, "Database URL (sqlite:PATH or postgresql://...)")
-      ->capture_default_str();
+namespace {
 
+using Args = std::shared_ptr<jobs_cli::JobsArgs>;
+using Command = std::shared_ptr<std::string>;
+
+// --dead-letter-retention and --dead-letter-warning, for work and stats.
+void add_dead_letter_options(CLI::App* sub, const Args& args, const char* retention_help) {
+  sub->add_option("--dead-letter-retention", args->dead_letter_retention, retention_help);
+  sub->add_option("--dead-letter-warning", args->dead_letter_warning,
+                  "With --dead-letter-retention: count the dead jobs pruned within this; "
+                  "shorter than the retention (default 24h, at most half the retention)");
+}
+
+void add_enqueue(CLI::App* jobs, const Args& args, const Command& cmd) {
   CLI::App* enqueue = jobs->add_subcommand("enqueue", "Add a job; prints its id");
   enqueue->add_option("--queue", args->queue, "Queue name")->required();
   enqueue->add_option("--payload", args->payload, "The job's payload (JSON)");
@@ -280,7 +282,10 @@ Runner add_jobs(CLI::App& app) {
       ->capture_default_str();
   enqueue->add_option("--delay", args->delay, "Not before now + this")->capture_default_str();
   enqueue->callback([cmd] { *cmd = "enqueue"; });
+}
 
+// work's handler and sizes.
+CLI::App* add_work_handler(CLI::App* jobs, const Args& args) {
   CLI::App* work = jobs->add_subcommand("work", "Run jobs of a queue");
   work->add_option("--queue", args->queue, "Queue name")->required();
   work->add_option("--deliver", args->deliver,
@@ -300,6 +305,11 @@ Runner add_jobs(CLI::App& app) {
       ->capture_default_str();
   work->add_option("--grace", args->grace, "On SIGTERM, time for running jobs to finish")
       ->capture_default_str();
+  return work;
+}
+
+// work's waits: polls, wakeups, the listener.
+void add_work_waits(CLI::App* work, const Args& args) {
   work->add_option("--poll", args->poll,
                    "Wait between polls of an empty queue when nothing else wakes the worker "
                    "(SQLite; PostgreSQL without its listener). Given, also PostgreSQL's idle "
@@ -313,12 +323,16 @@ Runner add_jobs(CLI::App& app) {
                  "instead");
   work->add_option("--listen-db", args->listen_db,
                    "PostgreSQL: a direct URL of the same database for LISTEN (the wake-ups, and "
-                   "--share-breakers), when --db goes through a transaction pooler "
+                   "--share-fleet), when --db goes through a transaction pooler "
                    "(keel_pooler=transaction); without it such a worker polls");
   work->add_option("--node-check", args->node_check,
                    "PostgreSQL: how often (jittered) the listener checks that its node still "
                    "takes writes, and follows a failover when not")
       ->capture_default_str();
+}
+
+// work's limits, retention and metrics.
+void add_work_limits(CLI::App* work, const Args& args) {
   work->add_option("--timeout", args->timeout,
                    "Limit of one attempt: one HTTP request of --deliver or --deferred (default "
                    "30s); one run of an --exec command, killed with its process group (default: "
@@ -336,16 +350,15 @@ Runner add_jobs(CLI::App& app) {
   work->add_option("--max-age", args->max_age,
                    "Dead-letter a job older than this instead of retrying or deferring it "
                    "(default: only attempts count)");
-  const auto dead_letter_options = [&](CLI::App* sub, const char* retention_help) {
-    sub->add_option("--dead-letter-retention", args->dead_letter_retention, retention_help);
-    sub->add_option("--dead-letter-warning", args->dead_letter_warning,
-                    "With --dead-letter-retention: count the dead jobs pruned within this; "
-                    "shorter than the retention (default 24h, at most half the retention)");
-  };
-  dead_letter_options(work,
-                      "Delete dead jobs of the queue that have been dead for longer than this, "
-                      "counting them in keel_queue_dead_letters_pruned_total (default: keep them "
-                      "until replayed or discarded)");
+}
+
+// work's dead letters, exit, metrics and fleet flags, and its callback.
+void add_work_fleet(CLI::App* work, const Args& args, const Command& cmd) {
+  add_dead_letter_options(
+      work, args,
+      "Delete dead jobs of the queue that have been dead for longer than this, "
+      "counting them in keel_queue_dead_letters_pruned_total (default: keep them "
+      "until replayed or discarded)");
   work->add_flag("--exit-when-idle", args->exit_when_idle,
                  "Exit 0 once nothing is ready, running or scheduled for retry");
   work->add_option("--metrics-listen", args->metrics_listen,
@@ -367,12 +380,14 @@ Runner add_jobs(CLI::App& app) {
     *cmd = "work";
     args->share_breakers = share->count() > 0;
   });
+}
 
+void add_stats_and_check_keys(CLI::App* jobs, const Args& args, const Command& cmd) {
   CLI::App* stats = jobs->add_subcommand("stats", "Counts per queue and state, dead-letter depth");
   stats->add_flag("--json", args->json, "JSON output");
-  dead_letter_options(stats,
-                      "The workers' dead-letter retention: also show how many dead jobs it "
-                      "prunes within --dead-letter-warning (EXPIRING)");
+  add_dead_letter_options(stats, args,
+                          "The workers' dead-letter retention: also show how many dead jobs it "
+                          "prunes within --dead-letter-warning (EXPIRING)");
   stats->callback([cmd] { *cmd = "stats"; });
 
   CLI::App* check_keys = jobs->add_subcommand(
@@ -380,6 +395,28 @@ Runner add_jobs(CLI::App& app) {
   check_keys->add_option("--queue", args->queue, "Only this queue (default: all)");
   check_keys->add_flag("--json", args->json, "JSON output");
   check_keys->callback([cmd] { *cmd = "check-keys"; });
+}
+
+}  // namespace
+
+Runner add_jobs(CLI::App& app) {
+  using namespace jobs_cli;
+  auto args = std::make_shared<JobsArgs>();
+  auto cmd = std::make_shared<std::string>();
+  CLI::App* jobs =
+      app.add_subcommand("jobs", "The durable job queue: enqueue, work, stats, check-keys");
+  jobs->footer(kJobsFooter);
+  jobs->fallthrough();
+  jobs->require_subcommand(1);
+  jobs->add_option("--db", args->db, "Database URL (sqlite:PATH or postgresql://...)")
+      ->capture_default_str();
+
+  add_enqueue(jobs, args, cmd);
+  CLI::App* work = add_work_handler(jobs, args);
+  add_work_waits(work, args);
+  add_work_limits(work, args);
+  add_work_fleet(work, args, cmd);
+  add_stats_and_check_keys(jobs, args, cmd);
 
   return [args, cmd]() -> int {
     try {
