@@ -49,11 +49,12 @@ struct Member {
     std::lock_guard lock(mu);
     return notices;
   }
+  // Declared first: the sharing's thread says its notices until `shared` is destroyed.
+  std::mutex mu;
+  std::vector<std::string> notices;  // guarded by mu
   BreakerRegistry breakers;
   RateLimitRegistry rates;
   std::unique_ptr<SharedBreakers> shared;
-  std::mutex mu;
-  std::vector<std::string> notices;  // guarded by mu
 };
 
 // The most times in any window of `width`.
