@@ -25,7 +25,8 @@
 // --storm N measures what wakeups cost a busy queue: P worker processes (--processes, default 8;
 // one slot each, batch B, WorkerOptions::wakeups from --wakeups 1|0) wait on an empty queue, then
 // 4 producer threads enqueue N jobs one per call. Prints the producers' time, the time until
-// every job was done, the server's transactions per job (pg_stat_database) and the workers' CPU.
+// every job was done, the server's transactions per job (pg_stat_database) and the workers' CPU;
+// with KEEL_BENCH_WAKEUPS set, each worker's wakeup counters and its log lines on stderr.
 //
 // --latency N measures pickup latency instead: one keel::store::Worker with the default options
 // (concurrency 1; --poll-ms sets WorkerOptions::poll_interval) waits on an empty queue while a
@@ -335,7 +336,15 @@ int run_storm(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& 
                                {.queue = queue,
                                 .concurrency = 1,
                                 .batch = batch,
-                                .log = [](std::string_view) {},
+                                // With KEEL_BENCH_WAKEUPS set, the workers' own lines (a
+                                // listener that failed, a database outage) go to stderr too.
+                                .log =
+                                    [](std::string_view line) {
+                                      if (std::getenv("KEEL_BENCH_WAKEUPS") != nullptr) {
+                                        std::fprintf(stderr, "worker: %.*s\n",
+                                                     static_cast<int>(line.size()), line.data());
+                                      }
+                                    },
                                 .wakeups = wakeups},
                                [](const keel::store::LeasedJob&, const std::atomic<bool>&) {
                                  return keel::store::AttemptReport::success();
