@@ -27,7 +27,6 @@
 #include <utility>
 
 #include "commands.hpp"
-#include "rate_flag.hpp"
 #include "keel/admission.hpp"
 #include "keel/backoff.hpp"
 #include "keel/duration.hpp"
@@ -37,6 +36,7 @@
 #include "keel/retry_after.hpp"
 #include "keel/store/beast/server.hpp"
 #include "payments_api.hpp"
+#include "rate_flag.hpp"
 
 namespace keel::cli {
 namespace {

@@ -108,7 +108,8 @@ class FleetDrill : public test_jobs::JobsHarness<FleetDatabase> {
   Workers start_fleet(int processes, const std::vector<std::string>& args, bool share) {
     Workers workers;
     for (int i = 0; i < processes; ++i) workers.push_back(spawn(args));
-    const std::string up = share ? "keel jobs: breakers and pauses shared through" : "keel jobs: worker ";
+    const std::string up =
+        share ? "keel jobs: breakers and pauses shared through" : "keel jobs: worker ";
     EXPECT_TRUE(every_said(workers, up, 30s)) << first_err(workers);
     return workers;
   }
