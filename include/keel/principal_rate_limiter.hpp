@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <string>
@@ -48,14 +49,22 @@ class PrincipalRateLimiter {
   [[nodiscard]] Duration take(Bucket& b, TimePoint now) const;
 
   using Entry = std::pair<std::string, Bucket>;
+  // Looked up by string_view: a principal that has a bucket costs no allocation.
+  struct Hash {
+    using is_transparent = void;
+    [[nodiscard]] std::size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
+  };
   double rate_;
   double burst_;
   std::size_t capacity_;
   Clock* clock_;
   std::mutex mu_;
-  Bucket shared_;                                                      // guarded by mu_
-  std::list<Entry> lru_;                                               // guarded by mu_
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;  // guarded by mu_
+  Bucket shared_;         // guarded by mu_
+  std::list<Entry> lru_;  // guarded by mu_
+  std::unordered_map<std::string, std::list<Entry>::iterator, Hash, std::equal_to<>>
+      index_;  // guarded by mu_
 };
 
 }  // namespace keel

@@ -33,9 +33,8 @@ PrincipalRateLimiter::PrincipalRateLimiter(double rate, std::size_t capacity, Cl
 Duration PrincipalRateLimiter::admit(std::string_view scope) {
   const TimePoint now = clock_->now();
   std::lock_guard lock(mu_);
-  const std::string key(scope);
   if (!scope.empty()) {
-    if (const auto it = index_.find(key); it != index_.end()) {
+    if (const auto it = index_.find(scope); it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);  // most recently used first
       return take(it->second->second, now);
     }
@@ -48,8 +47,8 @@ Duration PrincipalRateLimiter::admit(std::string_view scope) {
     index_.erase(lru_.back().first);
     lru_.pop_back();
   }
-  lru_.emplace_front(key, Bucket{burst_ - 1.0, now});
-  index_.emplace(key, lru_.begin());
+  lru_.emplace_front(std::string(scope), Bucket{burst_ - 1.0, now});
+  index_.emplace(lru_.front().first, lru_.begin());
   return Duration::zero();
 }
 

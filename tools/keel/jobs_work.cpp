@@ -63,9 +63,6 @@ struct WorkSettings {
   int metrics_port = -1;  // none
 };
 
-bool parse_work_brakes(const JobsArgs& a, WorkSettings& s);
-bool parse_work_limits(const JobsArgs& a, WorkSettings& s);
-
 // The database, the queue, the handler and where the worker's dependencies are shared: false
 // after printing a usage error.
 bool parse_work_targets(const JobsArgs& a, WorkSettings& s) {
@@ -103,7 +100,7 @@ bool parse_work_targets(const JobsArgs& a, WorkSettings& s) {
   const auto node_check = duration_flag("--node-check", a.node_check, kQueueDuration);
   if (!node_check) return false;
   s.node_check = *node_check;
-  return parse_work_brakes(a, s);
+  return true;
 }
 
 // --share-fleet and --rate-limit, which only a handler that calls a dependency takes.
@@ -181,7 +178,7 @@ bool parse_work_timing(const JobsArgs& a, WorkSettings& s) {
   s.poll = *poll;
   s.idle_poll = *idle_poll;
   s.timeout = *timeout;
-  return parse_work_limits(a, s);
+  return true;
 }
 
 // The retry budget, the outage and age limits, retention and the metrics port: false after
@@ -357,7 +354,11 @@ std::int64_t run_until_signalled(store::Worker& worker, const sigset_t& signals,
 
 int run_work(const JobsArgs& a) {
   WorkSettings s;
-  if (!parse_work_targets(a, s) || !parse_work_timing(a, s)) return kExitUsage;
+  // In the flags' order: the first one wrong is the one named.
+  if (!parse_work_targets(a, s) || !parse_work_brakes(a, s) || !parse_work_timing(a, s) ||
+      !parse_work_limits(a, s)) {
+    return kExitUsage;
+  }
   if (!store::database_exists(s.url)) {
     return usage("--db: database '" + s.url.redacted + "' does not exist (enqueue creates it)");
   }
