@@ -69,6 +69,12 @@ Expected<std::string> ascii_host(std::string_view host) {
   }
   std::string ascii(out);
   idn2_free(out);
+  // UTS #46 maps some characters to nothing (a soft hyphen): a host of only those is no host.
+  if (ascii.empty()) {
+    return Error{.field = "host",
+                 .problem = "maps to " + quote_value(ascii) + ", which is not a host name",
+                 .got = quote_value(host)};
+  }
   // UTS #46 maps some characters to ones a host may not hold (a no-break space to a space).
   for (char c : ascii) {
     if (static_cast<unsigned char>(c) >= 0x80 || !is_host_char(c)) {

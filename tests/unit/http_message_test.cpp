@@ -140,6 +140,8 @@ TEST(ParseUrl, RefusesWhatLibcurlCannotSendNamingIt) {
            Case{"http://a\xC2\xA0"
                 "b.test/",
                 "that is not a valid internationalised domain name"},
+           Case{"http://\xC2\xAD:9",  // a soft hyphen alone, which UTS #46 maps to nothing
+                "which is not a host name"},
            Case{"http://b\xC3\xBC cher.test/", "has a space at byte 10"},
            Case{"http://b\xC3\xBC\x01.test/", "has a control character at byte 10"},
            Case{"http://a!b.test/", "has a host 'a!b.test' that contains '!'"},
