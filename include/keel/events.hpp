@@ -3,8 +3,8 @@
 // every attempt it starts and finishes (with the outcome and the decision: the delay before the
 // next attempt, or why the operation stops), every retry the budget refuses and every give-up
 // (with its StopReason); a BreakerRegistry connected with publish_breaker_transitions() adds
-// every breaker's state changes (key, from, to). The words are those of keel's log lines and of
-// `keel call -v`: an outcome is keel::describe(outcome), a decision "retry in 200ms" or
+// every breaker's state changes (key, from, to). The words are those of keel's log lines: an
+// outcome is keel::describe(outcome), a decision "retry in 200ms" or
 // "stop: attempts exhausted" (format_decision), a reason keel::to_string(StopReason).
 //
 // Subscribers are EventSinks (or callbacks), at most kMaxSubscribers at once, each for the event
@@ -94,7 +94,7 @@ struct Event {
 };
 
 /// The decision after an attempt in keel's words: "retry in 200ms" or "stop: deadline" (the
-/// wording of `keel call -v`).
+/// wording of keel's log lines).
 [[nodiscard]] std::string format_decision(bool will_retry, Duration delay, StopReason reason);
 
 /// One log line for an event, for instance "keel: charge: attempt 2 -> HTTP 503 (throttled); retry

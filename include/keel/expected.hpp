@@ -6,7 +6,7 @@
 //
 // One message format everywhere: "[CONTEXT: ]FIELD PROBLEM (got VALUE)", for instance
 //   duration has no unit; use ns, us, ms, s, m or h (got '5')
-//   keel call: --deadline has no unit; use ns, us, ms, s, m or h (got '5')
+//   my-tool: --deadline has no unit; use ns, us, ms, s, m or h (got '5')
 //   keel::RetryPolicy: max_attempts must be >= 1 (got 0)
 // A caller that knows where the value came from renames the field (`error.in("--deadline")`)
 // instead of wrapping the text. A constructor or function refusing its configuration calls
@@ -40,7 +40,7 @@ namespace keel {
 
 /// What is wrong with one input value.
 struct Error {
-  /// Where the value came from, when the producer knows ("keel call", "keel::RetryPolicy");
+  /// Where the value came from, when the producer knows ("my-tool", "keel::RetryPolicy");
   /// empty otherwise.
   std::string context;
   /// The value's name: a field, a flag, a header ("duration", "--deadline", "Idempotency-Key").

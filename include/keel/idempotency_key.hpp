@@ -1,15 +1,15 @@
 // The one rule for an idempotency key: which values are keys, and the canonical form under which
 // a key is stored, sent and compared. keel's HTTP clients (before sending), the job queue (before
-// storing a job), `keel call`, `keel jobs enqueue` and the receiver's parser
-// (keel::store::parse_idempotency_key, behind `keel-demo serve`) all decide with this function, so
-// a key one of them accepts is accepted by all of them and read by all of them as the same key.
+// storing a job) and the receiver's parser (keel::store::parse_idempotency_key) all decide with
+// this function, so a key one of them accepts is accepted by all of them and read by all of them as
+// the same key.
 //
 // The rule. A key is 1 to kMaxIdempotencyKeyBytes (255) bytes of visible ASCII (0x21-0x7e)
 // other than:
 //   - '"'  a double quote: it would make the key read as a quoted string;
 //   - ','  a comma: a receiver may join two header fields into "a, b", so that one value would
 //          hold two keys;
-//   - '%'  a percent sign: cpp-httplib (0.11, Debian 12's; what `keel-demo serve` runs on) decodes
+//   - '%'  a percent sign: cpp-httplib (0.11, Debian 12's) decodes
 //          %XX in header values, so "a%41" would reach the receiver as "aA".
 // So no space, tab or other control character and no non-ASCII byte (no UTF-8): one key has one
 // byte form on every wire and in every database. The header value may carry the key bare

@@ -1,19 +1,19 @@
 // keel::faults::Chaos: seeded fault injection for a cpp-httplib server, the failures that make
 // clients retry: a fraction of requests answered 503 (optionally with Retry-After), delayed,
 // hung (until the hang passes or the server stops), or committed and then dropped without an
-// answer. It is what `keel-demo serve --chaos-*` runs.
+// answer.
 //
 // Two halves. ChaosDecider is the decision alone: which fault this request gets, from one seeded
 // generator (std::mt19937_64), so a seed replays the same sequence of decisions for the same
 // sequence of calls; a fraction of 0 draws nothing. Chaos applies the decisions to a server
 // through the hooks it installs (pre_routing(), wrap(), after_commit()) and counts each fault
-// kind it injected (injected(); keel-demo serve exports them as keel_chaos_injected_total).
+// kind it injected (injected(), for a metric per kind).
 //
 // The answer to an injected 503 and the dropping of a connection are the server's: Chaos calls
 // the hooks ChaosHooks gives (a 503 has a plain-text default, a drop fraction needs a drop hook).
 // A server other than cpp-httplib uses the three framework-free calls instead, which decide,
 // apply what needs no server (the delays and hangs) and count: inject_503(), slow_down() and
-// drop_after_commit() (keel-demo serve does so on keel::store::beast::Server).
+// drop_after_commit() (as on keel::store::beast::Server, through its hooks).
 //
 // Thread-safety: ChaosDecider and Chaos are safe for concurrent use from cpp-httplib's worker
 // threads (the generator is behind a mutex, the counters are atomic). The hooks are called from

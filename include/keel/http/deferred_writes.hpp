@@ -9,7 +9,7 @@
 // keel::http defines only the interface, so that it depends on no store; the durable
 // implementation is keel::store::QueuedWrites (keel/store/handlers/deferred_request.hpp, in
 // keel::store_handlers), a job on a keel::store::JobQueue delivered by
-// keel::store::DeferredRequestHandler (`keel jobs work --deferred`).
+// keel::store::DeferredRequestHandler.
 //
 // Thread-safety: implementations must be safe for concurrent use: a blocking Client calls defer
 // from every thread that sends; keel::asio::HttpClient calls it on its executor, where it

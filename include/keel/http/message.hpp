@@ -1,9 +1,9 @@
-// The parts of an HTTP message that keel checks or parses itself, shared by both HTTP clients,
-// `keel call` and the fuzz targets: header fields of a request (checked before anything is
-// sent: no header injection, no oversized or control-laden Idempotency-Key), the "Name: value"
-// form of a header argument, and a response's head as libcurl hands it over line by line (the
-// status line and header fields, with a cap on their total size so that a hostile server cannot
-// make the client buffer megabytes of headers).
+// The parts of an HTTP message that keel checks or parses itself, shared by both HTTP clients
+// and anything that takes a header from outside (a flag, a file): header fields of a request
+// (checked before anything is sent: no header injection, no oversized or control-laden
+// Idempotency-Key), the "Name: value" form of a header argument, and a response's head as libcurl
+// hands it over line by line (the status line and header fields, with a cap on their total size so
+// that a hostile server cannot make the client buffer megabytes of headers).
 //
 // Thread-safety: pure functions; a ResponseHeadParser is not thread-safe (one per attempt).
 //

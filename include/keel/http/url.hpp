@@ -1,5 +1,5 @@
 // keel::http::parse_url: the one check of a request URL, shared by keel::http::Client,
-// keel::asio::HttpClient, breaker_key and `keel call`, so that a malformed URL is refused before
+// keel::asio::HttpClient and breaker_key, so that a malformed URL is refused before
 // any attempt (a usage error, not a network error retried three times).
 //
 // Accepted: an absolute URL whose scheme is http or https in any case, an authority with an

@@ -1,4 +1,4 @@
-// The named scenarios behind `keel sim`: each reproduces a figure from the retry literature with
+// The named scenarios of the simulator: each reproduces a figure from the retry literature with
 // fixed seeds, and names the retry policies it compares. Also the Brooker contention experiment
 // (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015), which has its own small model:
 // clients racing to update one row with optimistic concurrency.
@@ -83,7 +83,7 @@ struct Phase {
   Window span;
 };
 
-/// One policy's outcome in one scenario: what `keel sim run --json` prints per line.
+/// One policy's outcome in one scenario (one line of the JSON report, report_json).
 struct Report {
   std::string scenario;
   std::string policy;
@@ -203,7 +203,7 @@ struct HedgeTailConfig {
 /// "adaptive-admission" (AdmissionOptions::adaptive). Its clients retry with full jitter.
 [[nodiscard]] const std::vector<std::string>& admission_policies();
 
-/// The policies `keel sim run --scenario` accepts for the named scenario: brooker_policies(),
+/// The policies the named scenario compares: brooker_policies(),
 /// hedge_policies(), admission_policies() (overload-3x) or policy_names().
 [[nodiscard]] const std::vector<std::string>& scenario_policies(std::string_view scenario);
 

@@ -50,7 +50,7 @@
 // be called from any thread, once each, even after the server is destroyed (they then do
 // nothing). A handler still running on a worker thread that stop() left behind must find what it
 // uses (the pool, the IdempotentHandler ...) alive: keep them until stranded_workers() is 0, or
-// end the process (keel-demo serve exits).
+// end the process.
 //
 // Example:
 //   keel::store::beast::IdempotentHandler charges({.flow = {.store = &store, .pool = &pool}},

@@ -400,7 +400,7 @@ inline int migrate(Connection& connection, std::string_view component,
 /// The recorded schema version of a component; 0 when none.
 [[nodiscard]] int schema_version(Connection& connection, std::string_view component);
 
-/// One of keel's schema components, as `keel migrate` lists and applies them: its name in
+/// One of keel's schema components, as a migration lists and applies them: its name in
 /// keel_schema, the version this program migrates it to, and its migration (migrate() over the
 /// component's steps). Each component's class hands out its own (JobQueue::schema() ...).
 struct SchemaComponent {

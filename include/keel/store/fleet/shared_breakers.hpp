@@ -181,16 +181,17 @@ class SharedBreakers {
   /// Creates or upgrades the tables (component "breakers" in keel_schema), as the background
   /// thread does on first use. PostgreSQL only. Throws DatabaseError or SchemaVersionError.
   static void migrate(Connection& connection);
-  /// The tables' schema component ("breakers"), for `keel migrate`.
+  /// The tables' schema component ("breakers"), for a program that migrates every component (its
+  /// `migrate` applies it).
   [[nodiscard]] static SchemaComponent schema() noexcept;
-  /// The rate limits' table (component "rate_limits"), for `keel migrate`; created on first use
+  /// The rate limits' table (component "rate_limits"), for migrations; created on first use
   /// when rate_limits is set.
   [[nodiscard]] static SchemaComponent rate_limit_schema() noexcept;
   SharedBreakers& operator=(const SharedBreakers&) = delete;
 
   /// Waits until sharing (connected, listening, the fleet's state applied), refused (a newer
-  /// schema) or `timeout`. Returns whether it is sharing. `keel call` uses it to start with the
-  /// fleet's state.
+  /// schema) or `timeout`. Returns whether it is sharing. A short-lived caller uses it to start
+  /// with the fleet's state.
   [[nodiscard]] bool wait_until_sharing(Duration timeout);
   /// Waits until every state change published so far is written, or `timeout`. Returns whether
   /// it is. For tests and for a process about to exit.

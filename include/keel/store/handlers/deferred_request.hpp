@@ -24,10 +24,7 @@
 // plain text, because the delivery needs them; protect the queue's database (file permissions,
 // a PostgreSQL role) as you would the credentials. They are left out of the comparison of two
 // requests under one key (a refreshed token is the same request), and every operator view shows
-// the payload through redact_deferred_request (`keel dlq show`, `keel dlq list --json`).
-//
-// This is what `keel call --queue-on-failure DB` (QueuedWrites) and `keel jobs work --deferred`
-// (DeferredRequestHandler) run.
+// the payload through redact_deferred_request.
 //
 // Thread-safety: QueuedWrites and DeferredRequestHandler are immutable after construction and
 // safe for concurrent use (the pool and the client are); the free functions are pure.

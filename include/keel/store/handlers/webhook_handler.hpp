@@ -6,8 +6,7 @@
 // 500 (and other 5xx but 501 and 505) ambiguous, all retried by the queue; other statuses are
 // permanent. When the client sends nothing (the host's circuit breaker is open, the
 // retry budget is empty) the report is kNotAttempted, and the Worker defers the job without
-// charging an attempt, until the breaker's next probe. This is what `keel jobs work --deliver URL`
-// runs.
+// charging an attempt, until the breaker's next probe.
 //
 // The queue is the retrying layer: give the client a policy of one attempt
 // (webhook_client_options), or a job that always fails reaches the receiver max_attempts x the

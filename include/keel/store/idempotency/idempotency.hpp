@@ -143,7 +143,8 @@ class IdempotencyStore {
   /// Creates or upgrades the tables (component "idempotency" in keel_schema). Throws
   /// DatabaseError.
   static void migrate(Connection& connection);
-  /// The records' schema component ("idempotency"), for `keel migrate`.
+  /// The records' schema component ("idempotency"), for a program that migrates every component
+  /// (its `migrate` applies it).
   [[nodiscard]] static SchemaComponent schema() noexcept;
 
   /// Step 1 of the flow. Outside a transaction each statement commits on its own (a new claim on

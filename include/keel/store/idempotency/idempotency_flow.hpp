@@ -53,7 +53,7 @@
 
 namespace keel::store {
 
-/// What happened to one request, for metrics (keel-demo serve's keel_idempotency_requests_total).
+/// What happened to one request, for metrics (a counter per value).
 /// FlowOutcome says the same more finely.
 enum class IdempotencyOutcome : unsigned char {
   kExecuted,     // the handler ran and its response was stored

@@ -110,9 +110,10 @@ std::vector<std::int64_t> discard(Connection& connection, const DeadLetterFilter
 /// per_second) ms; 0 when per_second is 0. Requires: per_second >= 0 and finite.
 [[nodiscard]] std::int64_t replay_offset_ms(std::int64_t i, double per_second) noexcept;
 
-/// Parses a --died-after/--died-before bound: an RFC 3339 timestamp ("2026-12-01T10:00:00Z",
-/// "2026-12-01T11:00:00.5+01:00"; a 'T', seconds and a zone required) or a duration ago ("90m",
-/// "1h": now_ms minus it, keel::parse_duration). Returns calendar ms, or an Error (field "time").
+/// Parses a bound of DeadLetterFilter's died_after/died_before: an RFC 3339 timestamp
+/// ("2026-12-01T10:00:00Z", "2026-12-01T11:00:00.5+01:00"; a 'T', seconds and a zone required) or a
+/// duration ago ("90m", "1h": now_ms minus it, keel::parse_duration). Returns calendar ms, or an
+/// Error (field "time").
 [[nodiscard]] Expected<std::int64_t> parse_time_bound(std::string_view text, std::int64_t now_ms);
 
 }  // namespace dead_letters

@@ -130,7 +130,8 @@ class ProcessedMessages {
 
   /// Creates or upgrades the table (component "processed" in keel_schema). Throws DatabaseError.
   static void migrate(Connection& connection);
-  /// The records' schema component ("processed"), for `keel migrate`.
+  /// The records' schema component ("processed"), for a program that migrates every component (its
+  /// `migrate` applies it).
   [[nodiscard]] static SchemaComponent schema() noexcept;
 
   /// Claims `message_id` and runs `effect` in one transaction, as described above: returns

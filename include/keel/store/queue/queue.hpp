@@ -382,7 +382,8 @@ class JobQueue {
 
   /// Creates or upgrades the tables (component "queue" in keel_schema). Throws DatabaseError.
   static void migrate(Connection& connection);
-  /// The queue's schema component ("queue"), for `keel migrate`.
+  /// The queue's schema component ("queue"), for a program that migrates every component (its
+  /// `migrate` applies it).
   [[nodiscard]] static SchemaComponent schema() noexcept;
 
   // Producer: adding jobs (src/queue/queue_producer.cpp).
@@ -586,7 +587,7 @@ class JobQueue {
   /// Deadlocks PostgreSQL reported so far to this queue's worker statements (lease, complete,
   /// start, heartbeat, release, sweep; 40P01, each one cost a deadlock_timeout and was retried).
   /// They take rows in one order (ascending id, docs/queue.md), so this stays 0; a Worker logs
-  /// each rise and `keel jobs work` exports it (keel_queue_deadlocks_total). Thread-safe.
+  /// each rise; export it as a counter (keel_queue_deadlocks_total). Thread-safe.
   [[nodiscard]] std::int64_t deadlocks() const noexcept { return deadlocks_.load(); }
   [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
   /// Calendar milliseconds now, from the clock.

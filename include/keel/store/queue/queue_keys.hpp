@@ -4,7 +4,7 @@
 // job fails), and the jobs whose key is read as another form ('"abc"', read as 'abc'; when a job
 // with 'abc' is on the same queue, a receiver takes the two jobs for one request and the second
 // is "done" by a replay of the first's answer). Nothing is rewritten: this reports, and an
-// operator decides (`keel jobs check-keys`).
+// operator decides.
 //
 // Thread-safety: a free function over the Connection it is given (one thread per connection).
 //

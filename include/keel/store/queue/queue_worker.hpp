@@ -1,6 +1,6 @@
 // A job-queue worker: N threads that lease jobs of one queue from a keel::store::JobQueue, run a
 // handler on each, heartbeat the leases while handlers run, and record each outcome (fenced by
-// the lease's token). This is what `keel jobs work` runs.
+// the lease's token).
 //
 // A refusal pauses the worker: when a handler reports kNotAttempted with the brake's estimate of
 // when it will admit a call (an open breaker's retry_in, in Outcome::server_delay), the job is

@@ -9,10 +9,10 @@
 // The adapter counts the Idempotency-Key header fields (cpp-httplib hands a handler only the
 // first), so that two of them are refused with 400 by the flow rather than one used silently.
 //
-// What this adapter does not protect against (cpp-httplib 0.11.4, measured on the payments API of
-// keel-demo serve with 16 worker threads, when it ran on this adapter); put a proxy that buffers
+// What this adapter does not protect against (cpp-httplib 0.11.4, measured on a payments API
+// with 16 worker threads); put a proxy that buffers
 // whole requests in front, or run the flow on keel::store::beast::Server
-// (keel/store/beast/server.hpp, what keel-demo serve runs now), if these matter:
+// (keel/store/beast/server.hpp), if these matter:
 //   - A read timeout per recv(), not per request: slow clients hold threads. 48 connections
 //     trickling their headers a byte at a time held every worker, and a fresh GET /healthz took
 //     99 s; 20 sending one header line a second hold 16 workers indefinitely. A bigger pool
@@ -254,8 +254,8 @@ void apply_server_limits(httplib::Server& server, ServerLimits limits);
 /// it (a form-urlencoded body parsed into params, a multipart one into files, as cpp-httplib
 /// does). What it avoids: cpp-httplib answers a form-urlencoded body over 8,192 bytes with 413
 /// whatever the payload limit (CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH, compiled into
-/// Debian's libcpp-httplib, so no definition in keel can raise it), and that is curl's and
-/// `keel call -d`'s default Content-Type. A body that cannot be read is answered 400 (413 over
+/// Debian's libcpp-httplib, so no definition in keel can raise it), and that is curl's default
+/// Content-Type for a body given with -d. A body that cannot be read is answered 400 (413 over
 /// the payload limit) problem+json and the connection closed; `handler` does not run.
 [[nodiscard]] httplib::Server::HandlerWithContentReader read_whole_body(
     httplib::Server::Handler handler);
