@@ -7,10 +7,9 @@
 #include <memory>
 #include <utility>
 
-#include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
 #include "keel/random.hpp"
-#include "keel/retry_after.hpp"
+#include "keel/store/idempotency/request_translation.hpp"
 
 namespace keel::store::beast {
 namespace {
@@ -19,12 +18,23 @@ namespace http = boost::beast::http;
 
 std::string_view view(boost::beast::string_view s) { return {s.data(), s.size()}; }
 
-/// The first value of header `name`, viewing `request`; nullopt when absent.
-std::optional<std::string_view> header(const Request& request, std::string_view name) {
-  const auto it = request.find(boost::beast::string_view(name.data(), name.size()));
-  if (it == request.end()) return std::nullopt;
-  return view(it->value());
-}
+/// The request's header fields as keel's one request translation reads them (Beast compares
+/// names without regard to case).
+class BeastHeaders final : public HeaderLookup {
+ public:
+  explicit BeastHeaders(const Request& request) noexcept : request_(request) {}
+  [[nodiscard]] std::optional<std::string_view> first(std::string_view name) const override {
+    const auto it = request_.find(boost::beast::string_view(name.data(), name.size()));
+    if (it == request_.end()) return std::nullopt;
+    return view(it->value());
+  }
+  [[nodiscard]] std::size_t count(std::string_view name) const override {
+    return request_.count(boost::beast::string_view(name.data(), name.size()));
+  }
+
+ private:
+  const Request& request_;
+};
 
 /// The request target without its query string (what identifies the operation, as the
 /// cpp-httplib adapter's request.path).
@@ -33,24 +43,14 @@ std::string_view path_of(const Request& request) {
   return target.substr(0, target.find('?'));
 }
 
-std::size_t header_count(const Request& request, std::string_view name) {
-  return request.count(boost::beast::string_view(name.data(), name.size()));
-}
-
 }  // namespace
 
 int request_attempt(const Request& request) {
-  return attempt_number(
-      {.keel_attempt = header(request, "Keel-Attempt"),
-       .envoy_attempt_count = header(request, "x-envoy-attempt-count"),
-       .grpc_previous_rpc_attempts = header(request, "grpc-previous-rpc-attempts")});
+  return keel::store::request_attempt(BeastHeaders(request));
 }
 
 Deadline request_deadline(const Request& request, TimePoint arrival) {
-  // A field sent twice is invalid, hence ignored (as the cpp-httplib adapter does).
-  std::optional<std::string_view> value;
-  if (header_count(request, kDeadlineHeader) == 1) value = header(request, kDeadlineHeader);
-  return keel::store::request_deadline(value, arrival);
+  return keel::store::request_deadline(BeastHeaders(request), arrival);
 }
 
 Response to_response(const FlowResponse& answer, unsigned version) {
@@ -76,16 +76,7 @@ Response problem_response(int status, std::string_view title, std::string_view d
 }
 
 Response shed_response(const Admission& admission, unsigned version) {
-  const bool retry = admission.reason() == ShedReason::kRetryOverLimit;
-  Response res = problem_response(
-      503, "Overloaded",
-      retry ? "the server is at its concurrency limit and sheds retries first; retry after the "
-              "Retry-After delay"
-            : "the server is over its concurrency limit and its queue bound; retry after the "
-              "Retry-After delay",
-      version);
-  res.set(http::field::retry_after, format_retry_after(admission.retry_after()));
-  return res;
+  return to_response(keel::store::shed_response(admission), version);
 }
 
 IdempotentHandler::IdempotentHandler(IdempotentHandlerOptions options, TransactionalHandler handler)
@@ -104,7 +95,7 @@ Clock& IdempotentHandler::clock() const noexcept {
 
 std::string IdempotentHandler::principal(const Request& request) const {
   if (options_.principal) return options_.principal(request);
-  return principal_from_authorization(header(request, "Authorization"));
+  return keel::store::principal_from_headers(BeastHeaders(request));
 }
 
 std::optional<Response> IdempotentHandler::refuse(const Request& request, TimePoint arrival,
@@ -124,15 +115,10 @@ Response IdempotentHandler::run(const Request& request, std::string_view princip
                                 TimePoint arrival, Admission& admission,
                                 const std::atomic<bool>* abandoned) const {
   const TimePoint started = clock().now();
-  const FlowRequest flow_request{.method = view(request.method_string()),
-                                 .path = path_of(request),
-                                 .idempotency_key = header(request, "Idempotency-Key"),
-                                 .idempotency_key_fields = header_count(request, "Idempotency-Key"),
-                                 .content_type = header(request, "Content-Type").value_or(""),
-                                 .body = request.body(),
-                                 .principal = principal,
-                                 .deadline = request_deadline(request, arrival),
-                                 .abandoned = abandoned};
+  FlowRequest flow_request = keel::store::flow_request(
+      BeastHeaders(request), view(request.method_string()), path_of(request), request.body(),
+      principal, request_deadline(request, arrival));
+  flow_request.abandoned = abandoned;
   const FlowResponse answer =
       flow_.run(flow_request, [&](Connection& tx) { return handler_(request, tx); });
   admission.release(clock().now() - started);

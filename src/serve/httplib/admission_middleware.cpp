@@ -8,37 +8,17 @@
 #include <utility>
 
 #include "keel/expected.hpp"
-#include "keel/retry_after.hpp"
 #include "keel/store/server/idempotency_middleware.hpp"
+#include "serve/httplib/detail/header_lookup.hpp"
 
 namespace keel::store {
 
-namespace {
-
-std::optional<std::string_view> header(const httplib::Request& request, const char* name) {
-  // A view into the request's own header map (case-insensitive): valid while the request is.
-  const auto it = request.headers.find(name);
-  if (it == request.headers.end()) return std::nullopt;
-  return std::string_view(it->second);
-}
-
-}  // namespace
-
 int request_attempt(const httplib::Request& request) {
-  return attempt_number(
-      {.keel_attempt = header(request, "Keel-Attempt"),
-       .envoy_attempt_count = header(request, "x-envoy-attempt-count"),
-       .grpc_previous_rpc_attempts = header(request, "grpc-previous-rpc-attempts")});
+  return request_attempt(detail::HttplibHeaders(request));
 }
 
 void write_shed(httplib::Response& response, const Admission& admission) {
-  response.set_header("Retry-After", format_retry_after(admission.retry_after()));
-  const bool retry = admission.reason() == ShedReason::kRetryOverLimit;
-  write_problem(response, 503, "Overloaded",
-                retry ? "the server is at its concurrency limit and sheds retries first; retry "
-                        "after the Retry-After delay"
-                      : "the server is over its concurrency limit and its queue bound; retry "
-                        "after the Retry-After delay");
+  write_flow_response(shed_response(admission), response);
 }
 
 AdmissionMiddleware::AdmissionMiddleware(AdmissionMiddlewareOptions options)

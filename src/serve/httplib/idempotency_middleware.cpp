@@ -3,25 +3,17 @@
 // answer into the httplib::Response (see keel/store/server/idempotency_middleware.hpp).
 #include "keel/store/server/idempotency_middleware.hpp"
 
-#include <iterator>
 #include <stdexcept>
 
 #include "idempotency/detail/ascii.hpp"
-#include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
 #include "serve/httplib/detail/close_after_answer.hpp"
+#include "serve/httplib/detail/header_lookup.hpp"
 
 namespace keel::store {
 namespace {
 
 using detail::iequals;
-
-/// The first value of header `name` (what get_header_value() returns), viewing `request`.
-std::optional<std::string_view> header_view(const httplib::Request& request, const char* name) {
-  const auto range = request.headers.equal_range(name);
-  if (range.first == range.second) return std::nullopt;
-  return std::string_view(range.first->second);
-}
 
 /// FlowOptions from the middleware's options (the fields they share); IdempotentRequestFlow's
 /// constructor validates them.
@@ -48,17 +40,11 @@ void write_problem(httplib::Response& response, int status, std::string_view tit
 }
 
 std::string bearer_principal(const httplib::Request& request) {
-  return principal_from_authorization(header_view(request, "Authorization"));
+  return principal_from_headers(detail::HttplibHeaders(request));
 }
 
 Deadline request_deadline(const httplib::Request& request, TimePoint arrival) {
-  // A field sent twice is invalid, hence ignored.
-  const auto deadlines = request.headers.equal_range(std::string(kDeadlineHeader));
-  std::optional<std::string_view> deadline_header;
-  if (deadlines.first != deadlines.second && std::next(deadlines.first) == deadlines.second) {
-    deadline_header = deadlines.first->second;
-  }
-  return request_deadline(deadline_header, arrival);
+  return request_deadline(detail::HttplibHeaders(request), arrival);
 }
 
 httplib::Server::HandlerResponse refuse_expired_deadline(const httplib::Request& request,
@@ -75,14 +61,8 @@ httplib::Server::HandlerResponse refuse_expired_deadline(const httplib::Request&
 FlowRequest flow_request(const httplib::Request& request, std::string_view principal) {
   // Arrival: now, as the middleware sees the request (cpp-httplib has read it; an admission
   // wrapper outside this one has admitted it).
-  return {.method = request.method,
-          .path = request.path,
-          .idempotency_key = header_view(request, "Idempotency-Key"),
-          .idempotency_key_fields = request.get_header_value_count("Idempotency-Key"),
-          .content_type = header_view(request, "Content-Type").value_or(""),
-          .body = request.body,
-          .principal = principal,
-          .deadline = request_deadline(request, steady_clock().now())};
+  return flow_request(detail::HttplibHeaders(request), request.method, request.path, request.body,
+                      principal, request_deadline(request, steady_clock().now()));
 }
 
 void write_flow_response(const FlowResponse& answer, httplib::Response& response) {
