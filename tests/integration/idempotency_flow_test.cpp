@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -22,6 +24,7 @@
 #include "build_kind.hpp"
 #include "keel/random.hpp"
 #include "keel/store/db/dialect.hpp"
+#include "keel/store/idempotency/request_translation.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {
@@ -893,6 +896,84 @@ TEST(PrincipalFromAuthorization, BearerTokensAndEverythingElse) {
   EXPECT_EQ(principal_from_authorization("bearer  alice "), "alice");
   EXPECT_EQ(principal_from_authorization("Basic YWxpY2U6"), "Authorization: Basic YWxpY2U6");
   EXPECT_EQ(principal_from_authorization("Bearer "), "Authorization: Bearer ");
+}
+
+// A request's header fields as a framework hands them over: names without regard to case, a
+// field may come more than once.
+class Fields final : public HeaderLookup {
+ public:
+  Fields(std::initializer_list<std::pair<std::string, std::string>> fields) : fields_(fields) {}
+  [[nodiscard]] std::optional<std::string_view> first(std::string_view name) const override {
+    for (const auto& [n, v] : fields_) {
+      if (same(n, name)) return std::string_view(v);
+    }
+    return std::nullopt;
+  }
+  [[nodiscard]] std::size_t count(std::string_view name) const override {
+    std::size_t n = 0;
+    for (const auto& field : fields_) n += same(field.first, name) ? 1 : 0;
+    return n;
+  }
+
+ private:
+  static bool same(std::string_view a, std::string_view b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+             return std::tolower(static_cast<unsigned char>(x)) ==
+                    std::tolower(static_cast<unsigned char>(y));
+           });
+  }
+  std::vector<std::pair<std::string, std::string>> fields_;
+};
+
+// The one translation both server adapters use: each attempt header, in any case.
+TEST(RequestTranslation, TheAttemptComesFromAnyOfItsThreeHeaders) {
+  EXPECT_EQ(request_attempt(Fields{}), 1);
+  EXPECT_EQ(request_attempt(Fields{{"keel-attempt", "3"}}), 3);
+  EXPECT_EQ(request_attempt(Fields{{"X-Envoy-Attempt-Count", "2"}}), 2);
+  EXPECT_EQ(request_attempt(Fields{{"grpc-previous-rpc-attempts", "4"}}), 5);
+}
+
+TEST(RequestTranslation, ADeadlineSentTwiceIsIgnored) {
+  const TimePoint arrival{std::chrono::seconds(100)};
+  EXPECT_EQ(request_deadline(Fields{{"Keel-Deadline-Ms", "250"}}, arrival).when(),
+            arrival + std::chrono::milliseconds(250));
+  EXPECT_TRUE(
+      request_deadline(Fields{{"Keel-Deadline-Ms", "250"}, {"keel-deadline-ms", "250"}}, arrival)
+          .is_infinite());
+  EXPECT_TRUE(request_deadline(Fields{}, arrival).is_infinite());
+}
+
+TEST(RequestTranslation, TheFlowRequestCountsIdempotencyKeyFieldsAndReadsTheFirst) {
+  const Fields fields{{"Idempotency-Key", "a"},
+                      {"idempotency-key", "b"},
+                      {"Content-Type", "application/json"},
+                      {"Authorization", "Bearer alice"}};
+  const FlowRequest r =
+      flow_request(fields, "POST", "/charges", "{}", "alice", Deadline::infinite());
+  EXPECT_EQ(r.method, "POST");
+  EXPECT_EQ(r.path, "/charges");
+  EXPECT_EQ(r.idempotency_key, "a");
+  EXPECT_EQ(r.idempotency_key_fields, 2U);
+  EXPECT_EQ(r.content_type, "application/json");
+  EXPECT_EQ(r.body, "{}");
+  EXPECT_EQ(principal_from_headers(fields), "alice");
+  EXPECT_EQ(principal_from_headers(Fields{}), "");
+  EXPECT_FALSE(flow_request(Fields{}, "POST", "/", "", "", Deadline::infinite()).idempotency_key);
+}
+
+TEST(RequestTranslation, AShedRequestGets503ProblemWithItsRetryAfter) {
+  AdmissionLimiter limiter({.max_concurrency = 1, .queue_bound = 0});
+  Admission held = limiter.admit(1, thread_rng());
+  ASSERT_TRUE(held);
+  Admission shed = limiter.admit(2, thread_rng());
+  ASSERT_FALSE(shed);
+  const FlowResponse answer = shed_response(shed);
+  EXPECT_EQ(answer.status, 503);
+  EXPECT_EQ(answer.header("Content-Type"), "application/problem+json");
+  ASSERT_TRUE(answer.header("Retry-After"));
+  EXPECT_FALSE(answer.header("Retry-After")->empty());
+  EXPECT_NE(answer.body.find("\"status\":503"), std::string::npos) << answer.body;
+  EXPECT_NE(answer.body.find("Overloaded"), std::string::npos) << answer.body;
 }
 
 }  // namespace
