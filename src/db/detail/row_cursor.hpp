@@ -26,10 +26,8 @@ namespace keel::store::detail {
 
 class RowCursor {
  public:
-  /// Reads row `row` of `rows` from column `first` on (the columns before it are another read's).
-  /// Requires: `rows` outlives the cursor.
-  RowCursor(const Rows& rows, std::size_t row, std::size_t first = 0) noexcept
-      : rows_(&rows), row_(row), column_(first) {}
+  /// Reads row `row` of `rows` from its first column on. Requires: `rows` outlives the cursor.
+  RowCursor(const Rows& rows, std::size_t row) noexcept : rows_(&rows), row_(row) {}
 
   /// The next cell, nullopt for NULL. Throws std::out_of_range naming the row and the column
   /// when either is past the result's last (a read the statement has no column for).
@@ -46,8 +44,6 @@ class RowCursor {
   [[nodiscard]] std::optional<std::int64_t> optional_integer();
   /// Passes over the next `n` columns without reading them.
   void skip(std::size_t n = 1) noexcept { column_ += n; }
-  /// The index of the next column read.
-  [[nodiscard]] std::size_t column() const noexcept { return column_; }
 
  private:
   // "column 3 (attempts) of row 0", for the errors.
@@ -56,7 +52,7 @@ class RowCursor {
 
   const Rows* rows_;
   std::size_t row_;
-  std::size_t column_;
+  std::size_t column_ = 0;
 };
 
 }  // namespace keel::store::detail
