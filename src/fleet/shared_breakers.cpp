@@ -38,11 +38,15 @@
 
 #include "db/detail/listener.hpp"
 #include "db/detail/process.hpp"
+#include "db/detail/row_cursor.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/store/db/dialect.hpp"
 
 namespace keel::store {
+
+using detail::RowCursor;
+
 namespace {
 
 constexpr std::string_view kChannel = "keel_breakers";
@@ -184,6 +188,16 @@ std::string sane_count(const std::string& column) {
   return "CASE WHEN " + column + " BETWEEN 0 AND " + std::to_string(kMaxCount) + " THEN " + column +
          " ELSE 0 END";
 }
+
+// A cell the statement made an integer; 0 for anything else.
+std::int64_t integer_cell(const Rows::Cell& cell) {
+  std::int64_t value = 0;
+  if (cell) (void)std::from_chars(cell->data(), cell->data() + cell->size(), value);
+  return value;
+}
+
+// A cell as text for the notices, "NULL" for NULL.
+std::string text_cell(const Rows::Cell& cell) { return cell ? *cell : "NULL"; }
 
 // What is read of a row (RowRead): the state, the ms left of its break and of another
 // process's lease (both bounded), the flags, and the columns as text for the notices.
@@ -375,6 +389,69 @@ const Statements& sql() {
   return statements;
 }
 
+// sql().lease's row.
+struct LeaseRow {
+  std::optional<std::int64_t> end_us;   // the leased chunk's end; none: the schedule is full
+  int flags = 0;                        // of the row as it was
+  std::int64_t room_us = 0;             // until the schedule has room
+  std::string next_slot, paused_until;  // as text, for the notices
+};
+LeaseRow read_lease(const Rows& rows) {
+  RowCursor c(rows, 0);
+  LeaseRow r;
+  if (const auto& end = c.cell()) r.end_us = integer_cell(end);
+  r.flags = static_cast<int>(integer_cell(c.cell()));
+  r.room_us = integer_cell(c.cell());
+  r.next_slot = text_cell(c.cell());
+  r.paused_until = text_cell(c.cell());
+  return r;
+}
+
+// A row of sql().pauses.
+struct PauseRow {
+  std::string key;
+  std::int64_t ms = 0;       // the pause left, at most the longest pause
+  bool too_long = false;     // paused_until is further than the longest pause
+  std::string paused_until;  // as text, for the notices
+};
+PauseRow read_pause(const Rows& rows, std::size_t i) {
+  RowCursor c(rows, i);
+  PauseRow r;
+  r.key = text_cell(c.cell());
+  r.ms = integer_cell(c.cell());
+  r.too_long = integer_cell(c.cell()) != 0;
+  r.paused_until = text_cell(c.cell());
+  return r;
+}
+
+// sql().heartbeat's first row (part 0).
+struct HeartbeatCounts {
+  std::int64_t size = 0;     // the fleet's size, this process included
+  std::int64_t removed = 0;  // rows seen in the future, removed
+};
+HeartbeatCounts read_heartbeat_counts(const Rows& rows) {
+  RowCursor c(rows, 0);
+  c.skip();  // part
+  HeartbeatCounts r;
+  r.size = integer_cell(c.cell());
+  c.skip();  // whether this process joined
+  r.removed = integer_cell(c.cell());
+  return r;
+}
+
+// One of sql().heartbeat's later rows (part 1): a member row seen in the future, removed.
+struct RemovedMember {
+  std::string process, seen_at;  // as text, for the notice
+};
+RemovedMember read_removed_member(const Rows& rows, std::size_t i) {
+  RowCursor c(rows, i);
+  c.skip();  // part
+  RemovedMember r;
+  r.process = text_cell(c.cell());
+  r.seen_at = text_cell(c.cell());
+  return r;
+}
+
 // The longest key shared (NOTIFY payloads are limited to 8,000 bytes).
 constexpr std::size_t kMaxKey = 1000;
 
@@ -393,19 +470,6 @@ bool shareable(std::string_view key) {
 // Whole milliseconds (keel::to_ms) within [0, kMaxMs]. The options are validated in whole
 // milliseconds (>= 1 ms where 0 would mean none).
 std::int64_t clamped_ms(Duration d) { return std::clamp<std::int64_t>(keel::to_ms(d), 0, kMaxMs); }
-
-// A cell the statement made an integer; 0 for anything else.
-std::int64_t integer_cell(const Rows& rows, std::size_t row, std::size_t column) {
-  const auto& cell = rows.cell(row, column);
-  std::int64_t value = 0;
-  if (cell) (void)std::from_chars(cell->data(), cell->data() + cell->size(), value);
-  return value;
-}
-
-std::string text_cell(const Rows& rows, std::size_t row, std::size_t column) {
-  const auto& cell = rows.cell(row, column);
-  return cell ? *cell : "NULL";
-}
 
 // A database error caused by a value (class 22, data exception): no retry reads it otherwise.
 bool value_error(const DatabaseError& e) { return e.details().sqlstate.starts_with("22"); }
@@ -448,17 +512,18 @@ struct SharedBreakers::RowRead {
   int flags = 0;
   std::string open_until, holder, probe_until, breaks, probes;  // as text, for the notices
 
-  static RowRead from(const Rows& rows, std::size_t i, std::size_t first) {
+  // The row_columns(p) under `c`, in their order.
+  static RowRead from(RowCursor& c) {
     RowRead r;
-    r.state = text_cell(rows, i, first);
-    r.open_ms = integer_cell(rows, i, first + 1);
-    r.lease_ms = integer_cell(rows, i, first + 2);
-    r.flags = static_cast<int>(integer_cell(rows, i, first + 3));
-    r.open_until = text_cell(rows, i, first + 4);
-    r.holder = text_cell(rows, i, first + 5);
-    r.probe_until = text_cell(rows, i, first + 6);
-    r.breaks = text_cell(rows, i, first + 7);
-    r.probes = text_cell(rows, i, first + 8);
+    r.state = text_cell(c.cell());
+    r.open_ms = integer_cell(c.cell());
+    r.lease_ms = integer_cell(c.cell());
+    r.flags = static_cast<int>(integer_cell(c.cell()));
+    r.open_until = text_cell(c.cell());
+    r.holder = text_cell(c.cell());
+    r.probe_until = text_cell(c.cell());
+    r.breaks = text_cell(c.cell());
+    r.probes = text_cell(c.cell());
     return r;
   }
 };
@@ -752,18 +817,19 @@ void SharedBreakers::lease_one(const std::string& key) {
   const Rows rows = bounded(sql().lease, params);
   const TimePoint now = steady_clock().now();
   if (rows.empty()) return;
-  if (const int flags = static_cast<int>(integer_cell(rows, 0, 1)); flags != 0) {
+  const LeaseRow row = read_lease(rows);
+  if (const int flags = row.flags; flags != 0) {
     const std::string name = "keel_rate_limits row " + quote_value(key) + ": ";
     if ((flags & kSlotOutOfDomain) != 0 && first_time("slot\n" + key)) {
       rows_out_of_domain_.fetch_add(1);
       rows_repaired_.fetch_add(1);
-      notice(name + "next_slot " + quote_value(text_cell(rows, 0, 3)) +
+      notice(name + "next_slot " + quote_value(row.next_slot) +
              " is not a time within rate_horizon (" + format_duration(options_.rate_horizon) +
              ") from now; read as now, and rewritten");
     }
     if ((flags & kPauseTooLong) != 0 && first_time("pause\n" + key)) {
       rows_out_of_domain_.fetch_add(1);
-      notice(name + "paused_until " + quote_value(text_cell(rows, 0, 4)) +
+      notice(name + "paused_until " + quote_value(row.paused_until) +
              " is not a time within max_pause (" + format_duration(limit->options().max_pause) +
              ") from now; obeyed as at most that");
     }
@@ -773,15 +839,14 @@ void SharedBreakers::lease_one(const std::string& key) {
       notice(name + "leases or pauses out of range (0 to 2^53); reset to 0");
     }
   }
-  if (rows.cell(0, 0)) {
-    const std::int64_t end_us = integer_cell(rows, 0, 0);
+  if (row.end_us) {
+    const std::int64_t end_us = *row.end_us;
     limit->add_chunk(now, std::chrono::microseconds(end_us - span_us), count);
     chunks_leased_.fetch_add(1);
     return;
   }
   // The schedule is full as far as the horizon: ask again when it has room for a chunk.
-  const std::int64_t room_us =
-      std::clamp<std::int64_t>(integer_cell(rows, 0, 2), 1000, horizon_ms_ * 1000);
+  const std::int64_t room_us = std::clamp<std::int64_t>(row.room_us, 1000, horizon_ms_ * 1000);
   limit->full_until(now, std::chrono::microseconds(room_us));
   leases_full_.fetch_add(1);
 }
@@ -829,16 +894,17 @@ void SharedBreakers::read_pauses() {
   const Value params[] = {clamped_ms(options_.rate_limits->defaults().max_pause)};
   const Rows rows = bounded(sql().pauses, params);
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::string key = text_cell(rows, i, 0);
+    const PauseRow row = read_pause(rows, i);
+    const std::string& key = row.key;
     if (!shareable(key)) continue;
-    if (integer_cell(rows, i, 2) != 0 && first_time("pause\n" + key)) {
+    if (row.too_long && first_time("pause\n" + key)) {
       rows_out_of_domain_.fetch_add(1);
       notice("keel_rate_limits row " + quote_value(key) + ": paused_until " +
-             quote_value(text_cell(rows, i, 3)) +
+             quote_value(row.paused_until) +
              " is not a time within max_pause; obeyed as at "
              "most that");
     }
-    apply_pause(key, integer_cell(rows, i, 1));
+    apply_pause(key, row.ms);
   }
 }
 
@@ -919,9 +985,11 @@ Duration SharedBreakers::ask_fleet(const std::string& key) {
   const Rows rows = bounded(sql().take_probe, params);
   // No row: the fleet has not heard of this break yet; the trial runs.
   if (rows.empty() || rows.columns() < 1 + kRowColumns) return Duration::zero();
-  const RowRead row = RowRead::from(rows, 0, 1);
+  RowCursor c(rows, 0);
+  const std::int64_t took = integer_cell(c.cell());
+  const RowRead row = RowRead::from(c);
   note_row(key, row);
-  if (integer_cell(rows, 0, 0) > 0) {
+  if (took > 0) {
     probes_taken_.fetch_add(1);
     return Duration::zero();
   }
@@ -1215,12 +1283,14 @@ void SharedBreakers::heartbeat() {
   const Value params[] = {options_.process, members_ms_, hello};
   const Rows rows = bounded(sql().heartbeat, params);
   if (rows.empty()) return;
-  const std::int64_t size = integer_cell(rows, 0, 1);
-  if (const std::int64_t removed = integer_cell(rows, 0, 3); removed > 0) {
+  const HeartbeatCounts counts = read_heartbeat_counts(rows);
+  const std::int64_t size = counts.size;
+  if (const std::int64_t removed = counts.removed; removed > 0) {
     std::string which;
     for (std::size_t i = 1; i < rows.size(); ++i) {
-      which += (i > 1 ? ", " : "") + quote_value(text_cell(rows, i, 1)) + " (seen_at " +
-               quote_value(text_cell(rows, i, 2)) + ")";
+      const RemovedMember member = read_removed_member(rows, i);
+      which += (i > 1 ? ", " : "") + quote_value(member.process) + " (seen_at " +
+               quote_value(member.seen_at) + ")";
     }
     if (removed > static_cast<std::int64_t>(rows.size()) - 1) which += ", ...";
     rows_out_of_domain_.fetch_add(static_cast<std::uint64_t>(removed));
@@ -1259,7 +1329,8 @@ void SharedBreakers::read_fleet_state() {
     return;
   }
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::string key = text_cell(rows, i, 0);
+    RowCursor c(rows, i);
+    const std::string key = text_cell(c.cell());
     if (!shareable(key)) {
       if (first_time("key\n" + key)) {
         rows_out_of_domain_.fetch_add(1);
@@ -1269,7 +1340,7 @@ void SharedBreakers::read_fleet_state() {
       }
       continue;
     }
-    const RowRead row = RowRead::from(rows, i, 1);
+    const RowRead row = RowRead::from(c);
     note_row(key, row);
     if ((row.flags & kUnknownState) == 0 && row.state == "open") {
       apply_open(key, std::chrono::milliseconds(row.open_ms));

@@ -8,10 +8,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <stdexcept>
+#include <string>
 
 #include "db/detail/process.hpp"
+#include "db/detail/row_cursor.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/idempotency_key.hpp"
@@ -96,6 +99,33 @@ constexpr std::string_view kRecordSelect =
     " response_headers, response_body, created_ms FROM keel_idempotency"
     " WHERE scope = $1 AND idem_key = $2";
 
+// A key's record, as kRecordSelect reads it (read_record).
+struct Record {
+  std::string fingerprint;
+  std::string status;  // "in_progress" or "completed"
+  std::string lock_token;
+  std::int64_t lock_expires_ms = 0;
+  std::optional<std::int64_t> response_status;  // a completed record's
+  std::optional<std::string> response_headers;
+  std::optional<std::string> response_body;
+  std::int64_t created_ms = 0;
+};
+
+// The row of a kRecordSelect that found the record.
+Record read_record(const Rows& rows) {
+  detail::RowCursor c(rows, 0);
+  Record r;
+  r.fingerprint = c.text();
+  r.status = c.text();
+  r.lock_token = c.text();
+  r.lock_expires_ms = c.integer();
+  r.response_status = c.optional_integer();
+  r.response_headers = c.cell();
+  r.response_body = c.cell();
+  r.created_ms = c.integer();
+  return r;
+}
+
 // hold()'s completion: the completed record inserted, or written over the record hold() read
 // (past its TTL, or a claim whose lock expired), fenced by that record's token ($10, "" when
 // hold() read none: no token is empty, so a record that appeared since matches nothing).
@@ -129,32 +159,37 @@ std::int64_t key_lock_name(std::string_view scope, std::string_view key) {
   return static_cast<std::int64_t>(h);
 }
 
-// What a key's record (kRecordSelect's row) means for a request with `fingerprint` at `now`:
-// replaced (past its TTL), taken over (a claim whose lock expired), or decided, with `out` set
-// to the answer (replay, 422, 409).
+// What a key's record means for a request with `fingerprint` at `now`: replaced (past its TTL),
+// taken over (a claim whose lock expired), or decided, with `out` set to the answer (replay, 422,
+// 409).
 enum class RecordFate : unsigned char { kReplace, kTakeOver, kDecided };
 
-RecordFate judge(const Rows& row, std::string_view fingerprint, std::int64_t now,
+RecordFate judge(const Record& record, std::string_view fingerprint, std::int64_t now,
                  std::int64_t ttl_ms, Claim& out) {
-  const bool expired = row.integer(0, 7) + ttl_ms <= now;
-  const bool lock_expired = row.integer(0, 3) <= now;
-  const bool completed = row.text(0, 1) == "completed";
+  const bool expired = record.created_ms + ttl_ms <= now;
+  const bool lock_expired = record.lock_expires_ms <= now;
+  const bool completed = record.status == "completed";
   if (expired && (completed || lock_expired)) return RecordFate::kReplace;
-  if (row.text(0, 0) == fingerprint && !completed && lock_expired) return RecordFate::kTakeOver;
+  if (record.fingerprint == fingerprint && !completed && lock_expired) {
+    return RecordFate::kTakeOver;
+  }
   out.token.clear();
-  if (row.text(0, 0) != fingerprint) {
+  if (record.fingerprint != fingerprint) {
     out.status = ClaimStatus::kMismatch;
     return RecordFate::kDecided;
   }
   if (completed) {
+    if (!record.response_status) {
+      throw DatabaseError("keel_idempotency: a completed record without its response_status", {});
+    }
     out.status = ClaimStatus::kReplay;
-    out.response.status = static_cast<int>(row.integer(0, 4));
-    if (row.cell(0, 5)) out.response.headers = decode_headers(*row.cell(0, 5));
-    if (row.cell(0, 6)) out.response.body = *row.cell(0, 6);
+    out.response.status = static_cast<int>(*record.response_status);
+    if (record.response_headers) out.response.headers = decode_headers(*record.response_headers);
+    if (record.response_body) out.response.body = *record.response_body;
     return RecordFate::kDecided;
   }
   out.status = ClaimStatus::kInProgress;
-  const Duration left = std::chrono::milliseconds(row.integer(0, 3) - now);
+  const Duration left = std::chrono::milliseconds(record.lock_expires_ms - now);
   out.retry_after =
       std::max<Duration>(std::chrono::seconds(1), std::chrono::ceil<std::chrono::seconds>(left));
   return RecordFate::kDecided;
@@ -329,8 +364,9 @@ Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, st
 
     const Rows row = connection.query(kRecordSelect, {scope, key});
     if (row.empty()) continue;  // purged between the two statements
-    const std::string& old_token = row.text(0, 2);
-    const RecordFate fate = judge(row, fingerprint, now, ttl_ms, out);
+    const Record record = read_record(row);
+    const std::string& old_token = record.lock_token;
+    const RecordFate fate = judge(record, fingerprint, now, ttl_ms, out);
     if (fate == RecordFate::kDecided) return out;
     if (fate == RecordFate::kReplace) {
       // Past its TTL: the key names a new operation now.
@@ -426,7 +462,7 @@ Claim IdempotencyStore::hold(Connection& connection, std::string_view scope, std
     }
   }
   Claim out;
-  if (!lock.empty() && rows.front().integer(0, 0) != 1) {
+  if (!lock.empty() && detail::RowCursor(rows.front(), 0).integer() != 1) {
     // Another transaction holds the key: its handler is running now.
     out.status = ClaimStatus::kInProgress;
     out.retry_after = std::chrono::seconds(1);
@@ -434,16 +470,16 @@ Claim IdempotencyStore::hold(Connection& connection, std::string_view scope, std
   }
   out.token = new_token();
   out.created_ms = now;
-  const Rows& record = rows.back();
-  if (record.empty()) return out;
+  if (rows.back().empty()) return out;
+  const Record record = read_record(rows.back());
   switch (judge(record, fingerprint, now, ttl_ms, out)) {
     case RecordFate::kReplace:
-      out.replaces = record.text(0, 2);
+      out.replaces = record.lock_token;
       return out;
     case RecordFate::kTakeOver:
-      out.replaces = record.text(0, 2);
+      out.replaces = record.lock_token;
       out.took_over = true;
-      out.created_ms = record.integer(0, 7);
+      out.created_ms = record.created_ms;
       return out;
     case RecordFate::kDecided:
       break;

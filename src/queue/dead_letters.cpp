@@ -8,6 +8,7 @@
 #include <string>
 
 #include "db/detail/commit.hpp"
+#include "db/detail/row_cursor.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/store/db/dialect.hpp"
@@ -71,16 +72,16 @@ std::vector<DeadLetter> select_in(Connection& conn, const DeadLetterFilter& filt
   std::vector<DeadLetter> out;
   out.reserve(r.size());
   for (std::size_t i = 0; i < r.size(); ++i) {
+    detail::RowCursor c(r, i);
     DeadLetter d;
-    d.id = r.integer(i, 0);
-    d.queue = r.text(i, 1);
-    const auto& reason = r.cell(i, 2);
-    d.dead_reason = reason ? *reason : std::string();
-    d.died_ms = r.integer(i, 3);
-    d.attempts = static_cast<int>(r.integer(i, 4));
-    d.max_attempts = static_cast<int>(r.integer(i, 5));
-    d.replays = static_cast<int>(r.integer(i, 6));
-    if (const auto& kind = r.cell(i, 7)) d.kind = parse_dead_reason(*kind);
+    d.id = c.integer();
+    d.queue = c.text();
+    d.dead_reason = c.text_or_empty();
+    d.died_ms = c.integer();
+    d.attempts = static_cast<int>(c.integer());
+    d.max_attempts = static_cast<int>(c.integer());
+    d.replays = static_cast<int>(c.integer());
+    if (const auto& kind = c.cell()) d.kind = parse_dead_reason(*kind);
     out.push_back(std::move(d));
   }
   return out;

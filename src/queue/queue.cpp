@@ -20,8 +20,8 @@
 namespace keel::store {
 
 using detail::kJobColumns;
-using detail::optional_text;
 using detail::read_job;
+using detail::RowCursor;
 using detail::to_ms;
 
 namespace {
@@ -341,35 +341,39 @@ std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) co
                                       " FROM keel_jobs WHERE id = $1",
                                   {job_id});
   if (r.empty()) return std::nullopt;
-  Job job = read_job(r, 0);
+  RowCursor row(r, 0);
+  Job job = read_job(row);
+  const std::string success_worker = row.text_or_empty();
+  const std::optional<std::int64_t> success_started_ms = row.optional_integer();
+  const std::optional<std::int64_t> success_finished_ms = row.optional_integer();
   const Rows h = connection.query(
       "SELECT round, attempt, started_ms, finished_ms, outcome, error, delay_ms, worker"
       " FROM keel_job_attempts WHERE job_id = $1 ORDER BY id",
       {job_id});
   for (std::size_t i = 0; i < h.size(); ++i) {
+    RowCursor c(h, i);
     JobAttempt a;
-    a.round = static_cast<int>(h.integer(i, 0));
-    a.attempt = static_cast<int>(h.integer(i, 1));
-    a.started_ms = h.integer(i, 2);
-    a.finished_ms = h.integer(i, 3);
-    a.outcome = h.text(i, 4);
-    a.error = optional_text(h, i, 5);
-    if (h.cell(i, 6)) a.delay_ms = h.integer(i, 6);
-    a.worker = optional_text(h, i, 7);
+    a.round = static_cast<int>(c.integer());
+    a.attempt = static_cast<int>(c.integer());
+    a.started_ms = c.integer();
+    a.finished_ms = c.integer();
+    a.outcome = c.text();
+    a.error = c.text_or_empty();
+    a.delay_ms = c.optional_integer();
+    a.worker = c.text_or_empty();
     job.history.push_back(std::move(a));
   }
   // The success that made the job done is its row, not a history row (detail::kMarkDone). A job
   // done before that change has its success row already.
   if (job.state == JobState::kDone &&
       (job.history.empty() || job.history.back().outcome != "success")) {
-    const std::size_t extra = detail::kJobColumnCount;
     JobAttempt a;
     a.round = job.replays;
     a.attempt = job.attempts;
-    a.finished_ms = r.cell(0, extra + 2) ? r.integer(0, extra + 2) : job.updated_ms;
-    a.started_ms = r.cell(0, extra + 1) ? r.integer(0, extra + 1) : a.finished_ms;
+    a.finished_ms = success_finished_ms.value_or(job.updated_ms);
+    a.started_ms = success_started_ms.value_or(a.finished_ms);
     a.outcome = "success";
-    a.worker = optional_text(r, 0, extra);
+    a.worker = success_worker;
     job.history.push_back(std::move(a));
   }
   return job;

@@ -14,7 +14,6 @@ namespace keel::store {
 using detail::clip;
 using detail::in_transaction;
 using detail::insert_attempt;
-using detail::optional_text;
 using detail::to_ms;
 
 namespace {
@@ -61,20 +60,20 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
                                 const AttemptReport& report, std::string_view history,
                                 std::int64_t now) const {
   CompleteResult out;
-  const std::int64_t job_id = row.integer(i, 0);
-  const bool started = row.cell(i, 9).has_value();
+  const detail::SettleRow job = detail::read_settle_row(row, i);
+  const std::int64_t job_id = job.id;
+  const bool started = job.started_ms.has_value();
   const OutcomeKind kind = report.outcome.kind;
   const bool attempted = report.outcome.attempted();
   // The attempt this report is about: the started one, or (a report on a job whose attempt was
   // not started) the one it starts now. The stored count changes by `charge`: a report on an
   // unstarted job charges it now; a deferral gives back a started attempt.
-  const std::int64_t attempts = row.integer(i, 1) + (started ? 0 : 1);
+  const std::int64_t attempts = job.attempts + (started ? 0 : 1);
   const int charge = attempted ? (started ? 0 : 1) : (started ? -1 : 0);
-  const std::int64_t max_attempts = row.integer(i, 2);
-  const std::int64_t began =
-      started ? row.integer(i, 9) : (row.cell(i, 3) ? row.integer(i, 3) : now);
-  const std::string owner = optional_text(row, i, 4);
-  const std::int64_t round = row.integer(i, 5);
+  const std::int64_t max_attempts = job.max_attempts;
+  const std::int64_t began = started ? *job.started_ms : job.leased_ms.value_or(now);
+  const std::string& owner = job.lease_owner;
+  const std::int64_t round = job.replays;
   std::string error = report.error;
   if (error.empty() && kind != OutcomeKind::kSuccess) error = describe(report.outcome);
   const std::string_view name =
@@ -85,13 +84,13 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
   limits.max_attempts = static_cast<int>(std::max<std::int64_t>(1, max_attempts));
   limits.safe_to_repeat = true;  // a job carries its idempotency key on every attempt
   if (options_.max_age < kInfinite) {
-    const Duration age = std::chrono::milliseconds(now - row.integer(i, 8));
+    const Duration age = std::chrono::milliseconds(now - job.created_ms);
     limits.time_left = options_.max_age - age;
   }
   RetryProgress progress;
   progress.attempts = static_cast<int>(std::max<std::int64_t>(1, attempts));
-  progress.limited_retries = static_cast<int>(row.integer(i, 6));
-  progress.previous_delay = std::chrono::milliseconds(row.integer(i, 7));
+  progress.limited_retries = static_cast<int>(job.limited_retries);
+  progress.previous_delay = std::chrono::milliseconds(job.prev_delay_ms);
   RetryVerdict verdict;
   {
     std::lock_guard lock(rng_mu_);
@@ -175,7 +174,8 @@ int JobQueue::complete_done(
     const std::string sql = "WITH " + detail::done_ctes(done, params) +
                             " SELECT count(*) FROM done WHERE $1::bigint = 0";
     detail::in_statement(deadlocks_, connection, [&](Connection& c) {
-      current = static_cast<int>(c.query(sql, params).integer(0, 0));
+      const Rows count = c.query(sql, params);
+      current = static_cast<int>(detail::RowCursor(count, 0).integer());
       return true;
     });
     return current;

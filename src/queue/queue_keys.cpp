@@ -36,13 +36,17 @@ std::vector<StoredKeyProblem> check_stored_keys(Connection& connection, std::str
             ? connection.query(sql, {after, static_cast<std::int64_t>(kPage)})
             : connection.query(sql, {after, static_cast<std::int64_t>(kPage), std::string(queue)});
     for (std::size_t i = 0; i < rows.size(); ++i) {
-      const std::string& key = rows.text(i, 2);
+      detail::RowCursor c(rows, i);
+      after = c.integer();
+      const std::string& job_queue = c.text();
+      const std::string& key = c.text();
+      const std::string& state = c.text();
       IdempotencyKeyCheck checked = check_idempotency_key(key);
       if (checked.ok() && checked.key == key) continue;
-      StoredKeyProblem p{.id = rows.integer(i, 0),
-                         .queue = rows.text(i, 1),
+      StoredKeyProblem p{.id = after,
+                         .queue = job_queue,
                          .key = key,
-                         .state = parse_job_state(rows.text(i, 3)).value_or(JobState::kReady)};
+                         .state = parse_job_state(state).value_or(JobState::kReady)};
       if (!checked.ok()) {
         p.issue = StoredKeyIssue::kInvalid;
         p.problem = checked.problem;
@@ -58,7 +62,7 @@ std::vector<StoredKeyProblem> check_stored_keys(Connection& connection, std::str
                      " by clients and receivers; a job enqueued with that key is another job";
         } else {
           p.issue = StoredKeyIssue::kCollides;
-          p.same_as = same.integer(0, 0);
+          p.same_as = detail::RowCursor(same, 0).integer();
           p.reason = "is read as " + quote_value(p.canonical) + ", the key of job " +
                      std::to_string(*p.same_as) + ": a receiver takes both jobs for one request";
         }
@@ -66,7 +70,6 @@ std::vector<StoredKeyProblem> check_stored_keys(Connection& connection, std::str
       out.push_back(std::move(p));
     }
     if (rows.size() < kPage) break;
-    after = rows.integer(rows.size() - 1, 0);
   }
   return out;
 }

@@ -14,7 +14,7 @@ namespace keel::store {
 
 using detail::in_statement;
 using detail::in_transaction;
-using detail::optional_text;
+using detail::RowCursor;
 using detail::to_ms;
 
 namespace {
@@ -48,9 +48,10 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
                      std::string(connection.dialect().lock_rows_skip_locked()),
                  {queue, now, kReapBatch});
     for (std::size_t i = 0; i < expired.size(); ++i) {
-      const std::int64_t id = expired.integer(i, 0);
+      const detail::SettleRow job = detail::read_settle_row(expired, i);
+      const std::int64_t id = job.id;
       ++reaped;
-      if (!expired.cell(i, 9)) {
+      if (!job.started_ms) {
         // Leased in a batch, never started: nothing ran, nothing is charged. Back to ready at
         // the time it was leased, so it keeps its place in the queue; the new fence locks the
         // old worker out.
@@ -63,7 +64,7 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
       }
       // Its handler had started: the attempt is charged, its outcome unknown, and core decides
       // what follows, as for any failed attempt.
-      const std::string owner = optional_text(expired, i, 4);
+      const std::string& owner = job.lease_owner;
       const AttemptReport crash{.outcome = Outcome::ambiguous(),
                                 .error =
                                     "the worker died while running it, or lost its "
@@ -106,12 +107,12 @@ DoneAndLeased JobQueue::finish_and_lease_due(
   constexpr std::string_view kExpired =
       "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2 LIMIT 1";
   Rows leased;
-  std::size_t first = 0;          // column of the leased rows' id
   std::int64_t last_started = 0;  // in a transaction: the highest id the lease started
   if (one_statement) {
     // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path. Its rows:
-    // kind 1 = a leased job, kind 0 = how many successes were current, kind 2 = an expired
-    // lease is waiting.
+    // kind 1 = a leased job (then pick's columns below, and whether the lease started it), kind 0
+    // = how many successes were current, kind 2 = an expired lease is waiting, kind 3 = when the
+    // earliest job comes due.
     std::vector<Value> params = {queue, now, worker, limit, expires};
     // The started jobs: all, or the `start` lowest ids of those picked ($6).
     std::string started = "TRUE";
@@ -158,12 +159,12 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       leased = c.query(sql, params);
       return true;
     });
-    first = 1;
   } else {
     // The due rows are read, then updated one by one, in one write transaction: the same
     // effect as the UPDATE ... WHERE id IN (SELECT ...) RETURNING that PostgreSQL runs, without
     // the two temporary b-trees SQLite builds for those (docs/queue.md). The rows read show the
-    // job before kSetRunning: the lease's attempt and fence are one more.
+    // job before kSetRunning: the lease's attempt and fence are one more. Its columns are a
+    // leased job's in the one statement's rows of kind 1, read below.
     static const std::string pick =
         "SELECT id, payload, idem_key, attempts + 1, max_attempts, fence + 1" + std::string(kDue) +
         " LIMIT $3";
@@ -179,15 +180,16 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       leased = tx.query(pick, {queue, now, limit});
       // The started ones are the `start` lowest ids, as on PostgreSQL.
       std::vector<std::int64_t> ids;
-      for (std::size_t i = 0; i < leased.size(); ++i) ids.push_back(leased.integer(i, 0));
+      for (std::size_t i = 0; i < leased.size(); ++i) ids.push_back(RowCursor(leased, i).integer());
       std::sort(ids.begin(), ids.end());
       last_started = start_all || ids.empty() ? std::numeric_limits<std::int64_t>::max()
                      : start == 0             ? std::numeric_limits<std::int64_t>::min()
                                               : ids[std::min<std::size_t>(ids.size(), start) - 1];
       for (std::size_t i = 0; i < leased.size(); ++i) {
-        const bool starts = leased.integer(i, 0) <= last_started;
-        tx.query(set_running, {queue, now, worker, leased.integer(i, 0), expires,
-                               starts ? Value(now) : Value(), starts ? 1 : 0});
+        const std::int64_t id = RowCursor(leased, i).integer();
+        const bool starts = id <= last_started;
+        tx.query(set_running,
+                 {queue, now, worker, id, expires, starts ? Value(now) : Value(), starts ? 1 : 0});
       }
       *expired_waiting = !tx.query(kExpired, {queue, now}).empty();
       return true;
@@ -196,25 +198,27 @@ DoneAndLeased JobQueue::finish_and_lease_due(
   if (one_statement) *expired_waiting = false;
   out.leased.reserve(leased.size());
   for (std::size_t i = 0; i < leased.size(); ++i) {
-    if (one_statement && leased.integer(i, 0) != 1) {
-      if (leased.integer(i, 0) == 0) out.current = static_cast<int>(leased.integer(i, 1));
-      if (leased.integer(i, 0) == 2) *expired_waiting = true;
-      if (leased.integer(i, 0) == 3) {
+    RowCursor c(leased, i);
+    if (one_statement) {
+      const std::int64_t kind = c.integer();
+      if (kind == 0) out.current = static_cast<int>(c.integer());
+      if (kind == 2) *expired_waiting = true;
+      if (kind == 3) {
         out.next_due_known = true;
-        if (leased.cell(i, 1)) out.next_due_ms = leased.integer(i, 1);
+        if (const auto due = c.optional_integer()) out.next_due_ms = due;
       }
-      continue;
+      if (kind != 1) continue;
     }
     LeasedJob job;
-    job.id = leased.integer(i, first + 0);
+    job.id = c.integer();
     job.queue = std::string(queue);
-    job.payload = leased.text(i, first + 1);
-    job.idempotency_key = leased.text(i, first + 2);
-    job.attempt = static_cast<int>(leased.integer(i, first + 3));
-    job.max_attempts = static_cast<int>(leased.integer(i, first + 4));
-    job.fence = leased.integer(i, first + 5);
+    job.payload = c.text();
+    job.idempotency_key = c.text();
+    job.attempt = static_cast<int>(c.integer());
+    job.max_attempts = static_cast<int>(c.integer());
+    job.fence = c.integer();
     job.lease_expires_ms = expires;
-    job.started = one_statement ? leased.integer(i, first + 6) == 1 : job.id <= last_started;
+    job.started = one_statement ? c.integer() == 1 : job.id <= last_started;
     out.leased.push_back(std::move(job));
   }
   return out;
@@ -289,11 +293,12 @@ std::vector<LeasedJob> JobQueue::leases_of(Connection& connection, std::string_v
   std::vector<LeasedJob> out;
   out.reserve(r.size());
   for (std::size_t i = 0; i < r.size(); ++i) {
+    RowCursor c(r, i);
     LeasedJob job;
-    job.id = r.integer(i, 0);
+    job.id = c.integer();
     job.queue = std::string(queue);
-    job.fence = r.integer(i, 1);
-    job.started = r.integer(i, 2) == 1;
+    job.fence = c.integer();
+    job.started = c.integer() == 1;
     out.push_back(std::move(job));
   }
   return out;
@@ -308,13 +313,11 @@ std::optional<std::int64_t> JobQueue::next_due(Connection& connection,
       " AND state IN ('ready', 'retry_scheduled')),"
       " (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1 AND state = 'running')",
       {queue});
-  std::optional<std::int64_t> due;
-  for (std::size_t c = 0; c < 2; ++c) {
-    if (!r.cell(0, c)) continue;
-    const std::int64_t t = r.integer(0, c);
-    due = due ? std::min(*due, t) : t;
-  }
-  return due;
+  RowCursor c(r, 0);
+  const std::optional<std::int64_t> ready = c.optional_integer();
+  const std::optional<std::int64_t> running = c.optional_integer();
+  if (ready && running) return std::min(*ready, *running);
+  return ready ? ready : running;
 }
 
 bool JobQueue::start(Connection& connection, std::int64_t job_id, std::int64_t fence) const {
@@ -344,8 +347,9 @@ DoneAndStarted JobQueue::complete_and_start(
                             " (SELECT count(*) FROM started)";
     in_statement(deadlocks_, connection, [&](Connection& c) {
       const Rows r = c.query(sql, params);
-      out.current = static_cast<int>(r.integer(0, 0));
-      out.started = r.integer(0, 1) == 1;
+      RowCursor counts(r, 0);
+      out.current = static_cast<int>(counts.integer());
+      out.started = counts.integer() == 1;
       return true;
     });
     return out;
@@ -391,7 +395,7 @@ bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t
                               {job_id, fence});
     if (row.empty()) return false;
     released = true;
-    if (!row.cell(0, 9)) {
+    if (!detail::read_settle_row(row, 0).started_ms) {
       // Never started: ready again at once, in its place, not charged.
       tx.query(
           "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"

@@ -18,6 +18,7 @@
 namespace keel::store {
 
 using detail::in_transaction;
+using detail::RowCursor;
 using detail::to_ms;
 
 namespace {
@@ -96,10 +97,11 @@ std::optional<std::int64_t> insert_job_row(Connection& conn, std::span<const Val
   if (inserted_id.empty()) {
     const Rows r = conn.query(std::string(kInsertJob) + " RETURNING id", params);
     if (r.empty()) return std::nullopt;
-    return r.integer(0, 0);
+    return RowCursor(r, 0).integer();
   }
   if (conn.query(kInsertJob, params).affected() == 0) return std::nullopt;
-  return conn.query(inserted_id).integer(0, 0);
+  const Rows r = conn.query(inserted_id);
+  return RowCursor(r, 0).integer();
 }
 
 // The id of the job already enqueued under (queue, key): the request was a repeat.
@@ -111,7 +113,7 @@ void find_existing(Connection& conn, const std::string& queue, const std::string
     throw DatabaseError("enqueue: the job with key '" + key + "' vanished",
                         {.backend = conn.backend()});
   }
-  out.id = existing.integer(0, 0);
+  out.id = RowCursor(existing, 0).integer();
   out.created = false;
 }
 
@@ -151,8 +153,9 @@ bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, cons
       find_existing(conn, request.queue, key, out);
       return true;
     }
-    out.id = r.integer(0, 0);
-    out.created = r.integer(0, 1) == 1;
+    RowCursor c(r, 0);
+    out.id = c.integer();
+    out.created = c.integer() == 1;
     return true;
   }
   std::optional<std::int64_t> id;
@@ -300,8 +303,11 @@ void JobQueue::write_jobs(Connection& tx, const std::vector<EnqueueRequest>& req
     std::vector<std::pair<std::string, std::int64_t>> created;  // queue + '\n' + key, id
     created.reserve(inserted.size());
     for (std::size_t r = 0; r < inserted.size(); ++r) {
-      created.emplace_back(inserted.text(r, 1) + '\n' + inserted.text(r, 2),
-                           inserted.integer(r, 0));
+      RowCursor c(inserted, r);
+      const std::int64_t id = c.integer();
+      std::string name = c.text() + '\n';
+      name += c.text();
+      created.emplace_back(std::move(name), id);
     }
     for (std::size_t i = from; i < to; ++i) {
       out[i].idempotency_key = keys[i];

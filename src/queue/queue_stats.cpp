@@ -16,6 +16,7 @@ namespace keel::store {
 
 using detail::in_transaction;
 using detail::queue_filter;
+using detail::RowCursor;
 using detail::to_ms;
 
 namespace {
@@ -38,7 +39,7 @@ std::int64_t JobQueue::dead_depth(Connection& connection, std::string_view queue
   const std::string sql =
       "SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead'" + queue_filter(queue, 1);
   const Rows r = queue.empty() ? connection.query(sql) : connection.query(sql, {queue});
-  return r.integer(0, 0);
+  return RowCursor(r, 0).integer();
 }
 
 std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
@@ -47,7 +48,7 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
   const Rows queues = connection.query("SELECT name FROM keel_queues ORDER BY name");
   for (std::size_t i = 0; i < queues.size(); ++i) {
     QueueStats s;
-    s.queue = queues.text(i, 0);
+    s.queue = RowCursor(queues, i).text();
     out.push_back(std::move(s));
   }
   const auto find = [&](const std::string& name) -> QueueStats* {
@@ -59,10 +60,12 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
   const Rows counts =
       connection.query("SELECT queue, state, COUNT(*) FROM keel_jobs GROUP BY queue, state");
   for (std::size_t i = 0; i < counts.size(); ++i) {
-    QueueStats* s = find(counts.text(i, 0));
+    RowCursor c(counts, i);
+    QueueStats* s = find(c.text());
+    const std::string& state = c.text();
+    const std::int64_t n = c.integer();
     if (s == nullptr) continue;
-    const std::int64_t n = counts.integer(i, 2);
-    switch (parse_job_state(counts.text(i, 1)).value_or(JobState::kReady)) {
+    switch (parse_job_state(state).value_or(JobState::kReady)) {
       case JobState::kReady:
         s->ready = n;
         break;
@@ -84,17 +87,21 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
       "SELECT queue, COUNT(*) FROM keel_jobs WHERE state = 'retry_scheduled'"
       " AND deferred_reason IS NOT NULL GROUP BY queue");
   for (std::size_t i = 0; i < deferred.size(); ++i) {
-    if (QueueStats* s = find(deferred.text(i, 0))) s->deferred = deferred.integer(i, 1);
+    RowCursor c(deferred, i);
+    QueueStats* s = find(c.text());
+    const std::int64_t n = c.integer();
+    if (s != nullptr) s->deferred = n;
   }
   const Rows oldest = connection.query(
       "SELECT queue, MIN(run_at_ms) FROM keel_jobs WHERE state IN ('ready', 'retry_scheduled')"
       " AND run_at_ms <= $1 GROUP BY queue",
       {now});
   for (std::size_t i = 0; i < oldest.size(); ++i) {
-    QueueStats* s = find(oldest.text(i, 0));
-    if (s == nullptr || !oldest.cell(i, 1)) continue;
-    s->oldest_ready_age =
-        std::chrono::milliseconds(std::max<std::int64_t>(0, now - oldest.integer(i, 1)));
+    RowCursor c(oldest, i);
+    QueueStats* s = find(c.text());
+    const std::optional<std::int64_t> run_at_ms = c.optional_integer();
+    if (s == nullptr || !run_at_ms) continue;
+    s->oldest_ready_age = std::chrono::milliseconds(std::max<std::int64_t>(0, now - *run_at_ms));
   }
   if (options_.dead_letter_retention < kInfinite) {
     const std::int64_t before =
@@ -105,7 +112,10 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
                              std::string(kDiedMs) + " <= $1 GROUP BY queue",
                          {before});
     for (std::size_t i = 0; i < expiring.size(); ++i) {
-      if (QueueStats* s = find(expiring.text(i, 0))) s->dead_expiring = expiring.integer(i, 1);
+      RowCursor c(expiring, i);
+      QueueStats* s = find(c.text());
+      const std::int64_t n = c.integer();
+      if (s != nullptr) s->dead_expiring = n;
     }
   }
   return out;
@@ -127,7 +137,7 @@ std::int64_t JobQueue::dead_expiring(Connection& connection, std::string_view qu
                           std::string(kDiedMs) + " <= $1" + queue_filter(queue, 2);
   const Rows r =
       queue.empty() ? connection.query(sql, {before}) : connection.query(sql, {before, queue});
-  return r.integer(0, 0);
+  return RowCursor(r, 0).integer();
 }
 
 bool JobQueue::queue_exists(Connection& connection, std::string_view queue) const {
@@ -198,7 +208,7 @@ std::int64_t JobQueue::prune_dead(Connection& connection, std::string_view queue
     std::vector<Value> ids = {cutoff};
     std::string list;
     for (std::size_t i = 0; i < picked.size(); ++i) {
-      ids.emplace_back(picked.integer(i, 0));
+      ids.emplace_back(RowCursor(picked, i).integer());
       list += (i == 0 ? "$" : ", $") + std::to_string(ids.size());
     }
     n = tx.query("DELETE FROM keel_jobs WHERE state = 'dead'" + died + " AND id IN (" + list + ")",

@@ -1,6 +1,7 @@
 // What the job queue's source files share (src/queue*.cpp, one file per role of
 // JobQueue): time and text conversions, the transaction wrapper, the attempt-history insert,
-// the optional-queue filter and the column list a Job is read from. Private to keel::store_queue;
+// the optional-queue filter and the column lists a Job and a job being settled are read from,
+// each with the one function that reads its row (detail::RowCursor). Private to keel::store_queue;
 // the schema itself lives only in queue.cpp. Stateless functions: safe from any thread, each
 // call on the Connection it is given.
 #pragma once
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "db/detail/commit.hpp"
+#include "db/detail/row_cursor.hpp"
 #include "keel/duration.hpp"
 #include "keel/store/db/database.hpp"
 #include "keel/store/queue/queue.hpp"
@@ -71,11 +73,6 @@ inline void in_statement(std::atomic<std::int64_t>& deadlocks, Connection& conn,
   statement_or_throw(conn, "job queue", counting_deadlocks(deadlocks, fn));
 }
 
-[[nodiscard]] inline std::string optional_text(const Rows& rows, std::size_t row, std::size_t col) {
-  const auto& cell = rows.cell(row, col);
-  return cell ? *cell : std::string();
-}
-
 // One row of a job's history (keel_job_attempts).
 inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t round,
                            std::int64_t attempt, std::int64_t started_ms, std::int64_t finished_ms,
@@ -100,10 +97,41 @@ inline constexpr std::string_view kMarkDone =
     " started_ms = COALESCE(started_ms, $2), lease_expires_ms = NULL, run_at_ms = $2,"
     " last_error = NULL, deferred_reason = NULL, updated_ms = $2, finished_ms = $2";
 
-// The columns JobQueue::settle reads of a running job, in its order (its `i`th row).
+// The columns JobQueue::settle reads of a running job: a SettleRow, read by read_settle_row.
 inline constexpr std::string_view kSettleColumns =
     "id, attempts, max_attempts, leased_ms, lease_owner, replays, limited_retries, prev_delay_ms,"
     " created_ms, started_ms";
+
+// A running job as JobQueue::settle reads it (kSettleColumns).
+struct SettleRow {
+  std::int64_t id = 0;
+  std::int64_t attempts = 0;
+  std::int64_t max_attempts = 0;
+  std::optional<std::int64_t> leased_ms;  // none: leased before the column was kept
+  std::string lease_owner;                // empty: none
+  std::int64_t replays = 0;               // the round of its attempts
+  std::int64_t limited_retries = 0;
+  std::int64_t prev_delay_ms = 0;
+  std::int64_t created_ms = 0;
+  std::optional<std::int64_t> started_ms;  // none: leased, its attempt not started
+};
+
+// Row i of a SELECT of kSettleColumns.
+[[nodiscard]] inline SettleRow read_settle_row(const Rows& rows, std::size_t i) {
+  RowCursor c(rows, i);
+  SettleRow r;
+  r.id = c.integer();
+  r.attempts = c.integer();
+  r.max_attempts = c.integer();
+  r.leased_ms = c.optional_integer();
+  r.lease_owner = c.text_or_empty();
+  r.replays = c.integer();
+  r.limited_retries = c.integer();
+  r.prev_delay_ms = c.integer();
+  r.created_ms = c.integer();
+  r.started_ms = c.optional_integer();
+  return r;
+}
 
 // Records the success of the lease (job_id, fence) in one statement, atomic on its own; false
 // when the fence is stale (the lease was lost).
@@ -158,33 +186,38 @@ inline constexpr std::string_view kJobColumns =
     " lease_expires_ms, fence, dead_reason, last_error, replays, created_ms, updated_ms,"
     " deferred_reason, deferrals, dead_kind";
 
-// How many columns kJobColumns names.
-inline constexpr std::size_t kJobColumnCount = 19;
+// The row of a SELECT of kJobColumns under `c`, without its history; `c` is left at the first
+// column after them (for a SELECT that names more).
+[[nodiscard]] inline Job read_job(RowCursor& c) {
+  Job j;
+  j.id = c.integer();
+  j.queue = c.text();
+  j.payload = c.text();
+  j.idempotency_key = c.text();
+  j.state = parse_job_state(c.text()).value_or(JobState::kReady);
+  j.attempts = static_cast<int>(c.integer());
+  j.max_attempts = static_cast<int>(c.integer());
+  j.run_at_ms = c.integer();
+  // A done row keeps its last lease's owner for its history (kMarkDone); the job has no lease.
+  std::string owner = c.text_or_empty();
+  if (j.state == JobState::kRunning) j.lease_owner = std::move(owner);
+  j.lease_expires_ms = c.optional_integer();
+  j.fence = c.integer();
+  j.dead_reason = c.text_or_empty();
+  j.last_error = c.text_or_empty();
+  j.replays = static_cast<int>(c.integer());
+  j.created_ms = c.integer();
+  j.updated_ms = c.integer();
+  j.deferred_reason = c.text_or_empty();
+  j.deferrals = static_cast<int>(c.integer());
+  if (const auto& kind = c.cell()) j.dead_kind = parse_dead_reason(*kind);
+  return j;
+}
 
 // Row i of a SELECT of kJobColumns, without its history.
 [[nodiscard]] inline Job read_job(const Rows& r, std::size_t i) {
-  Job j;
-  j.id = r.integer(i, 0);
-  j.queue = r.text(i, 1);
-  j.payload = r.text(i, 2);
-  j.idempotency_key = r.text(i, 3);
-  j.state = parse_job_state(r.text(i, 4)).value_or(JobState::kReady);
-  j.attempts = static_cast<int>(r.integer(i, 5));
-  j.max_attempts = static_cast<int>(r.integer(i, 6));
-  j.run_at_ms = r.integer(i, 7);
-  // A done row keeps its last lease's owner for its history (kMarkDone); the job has no lease.
-  if (j.state == JobState::kRunning) j.lease_owner = optional_text(r, i, 8);
-  if (r.cell(i, 9)) j.lease_expires_ms = r.integer(i, 9);
-  j.fence = r.integer(i, 10);
-  j.dead_reason = optional_text(r, i, 11);
-  j.last_error = optional_text(r, i, 12);
-  j.replays = static_cast<int>(r.integer(i, 13));
-  j.created_ms = r.integer(i, 14);
-  j.updated_ms = r.integer(i, 15);
-  j.deferred_reason = optional_text(r, i, 16);
-  j.deferrals = static_cast<int>(r.integer(i, 17));
-  if (const auto& kind = r.cell(i, 18)) j.dead_kind = parse_dead_reason(*kind);
-  return j;
+  RowCursor c(r, i);
+  return read_job(c);
 }
 
 }  // namespace keel::store::detail
