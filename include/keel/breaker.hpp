@@ -4,7 +4,9 @@
 //
 //   closed     calls run; their outcomes fill a sliding window. The breaker trips (opens) when
 //              the window holds >= minimum_calls AND (failure rate >= failure_rate_threshold OR
-//              slow-call rate >= slow_call_rate_threshold).
+//              slow-call rate >= slow_call_rate_threshold). A call counts only in the closed
+//              period it was admitted in: one admitted before the breaker last opened (in flight
+//              across a break, or across a fleet's close) is not counted when it reports later.
 //   open       calls are refused without running, for break_duration (optionally growing on
 //              repeated trips, capped at max_break_duration).
 //   half-open  exactly half_open_trials calls are admitted; when all have reported, a failure
@@ -115,7 +117,7 @@ struct BreakerOptions {
 struct BreakerPermit {
   bool allowed = false;
   bool trial = false;            // admitted as a half-open trial
-  std::uint32_t generation = 0;  // the state generation it was admitted in
+  std::uint32_t generation = 0;  // the state generation it was admitted in (closed or half-open)
   TimePoint started{};           // when slow calls are tracked
   [[nodiscard]] explicit operator bool() const noexcept { return allowed; }
 };
@@ -150,7 +152,10 @@ class CircuitBreaker {
   [[nodiscard]] BreakerPermit try_acquire() noexcept;
 
   /// Reports the outcome of a call run under `permit` (ignored when !permit.allowed). Latency is
-  /// measured from the permit when slow calls are tracked.
+  /// measured from the permit when slow calls are tracked. A call admitted while closed counts
+  /// only if the breaker has not left that closed period since: a report after a trip, or after
+  /// the breaker opened and closed again, is ignored (the call met the dependency as it was
+  /// before the break, and a failure of it says nothing of the dependency since).
   void record(const BreakerPermit& permit, const Outcome& outcome) noexcept;
   /// As above with a latency measured by the caller.
   void record(const BreakerPermit& permit, const Outcome& outcome, Duration latency) noexcept;

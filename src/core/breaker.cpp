@@ -346,6 +346,7 @@ BreakerPermit CircuitBreaker::try_acquire() noexcept {
   std::uint64_t w = state_word_.load(std::memory_order_acquire);
   if (state_of(w) == BreakerState::kClosed) {
     permit.allowed = true;
+    permit.generation = gen_of(w);
     if (track_slow_) permit.started = clock_->now();
     return permit;
   }
@@ -354,6 +355,7 @@ BreakerPermit CircuitBreaker::try_acquire() noexcept {
     switch (state_of(w)) {
       case BreakerState::kClosed:
         permit.allowed = true;
+        permit.generation = gen_of(w);
         permit.started = now;
         return permit;
       case BreakerState::kOpen:
@@ -453,10 +455,13 @@ void CircuitBreaker::record(const BreakerPermit& permit, const Outcome& outcome,
   record_closed(permit, failure, slow, TimePoint::min());
 }
 
-void CircuitBreaker::record_closed(const BreakerPermit& /*permit*/, bool failure, bool slow,
+void CircuitBreaker::record_closed(const BreakerPermit& permit, bool failure, bool slow,
                                    TimePoint now) noexcept {
   const std::uint64_t w = state_word_.load(std::memory_order_acquire);
-  if (state_of(w) != BreakerState::kClosed) return;  // a late report from before a trip
+  // A late report from before a trip, or from before the breaker last opened and closed again: the
+  // call was sent to the dependency as it was then, and counts in no later closed period (a
+  // generation is one closed period here: every transition moves it on).
+  if (state_of(w) != BreakerState::kClosed || gen_of(w) != permit.generation) return;
   Window& win = *window_;
   std::int64_t now_step = 0;
   if (win.kind == BreakerWindow::kTime) {

@@ -283,6 +283,64 @@ TEST(Breaker, LateReportsFromBeforeATripAreIgnored) {
   EXPECT_EQ(b.state(), BreakerState::kOpen);
 }
 
+// A fleet's process judges after its share of the minimum calls (3 of 20 when 8 share). Two calls
+// it sent before the fleet's break, reported only after the fleet closed again, must not make 2 of
+// its first 3 calls after the close: they met the dependency as it was before the break.
+TEST(Breaker, CallsAdmittedBeforeABreakDoNotCountAfterTheBreakerClosesAgain) {
+  keel::ManualClock clock;
+  for (const bool closed_by_reset : {false, true}) {
+    SCOPED_TRACE(closed_by_reset ? "closed by reset (the fleet's release)" : "closed by a trial");
+    keel::CircuitBreaker b({.minimum_calls = 20, .break_duration = 5s, .clock = &clock});
+    b.set_fleet_size(8);
+    ASSERT_EQ(b.minimum_calls(), 3);
+    const auto before1 = b.try_acquire();  // in flight when the break begins
+    const auto before2 = b.try_acquire();
+    ASSERT_TRUE(before1 && before2);
+    b.force_open(5s);  // another process's breaker opened
+    clock.advance(5s);
+    if (closed_by_reset) {
+      b.reset();
+    } else {
+      const auto trial = b.try_acquire();
+      ASSERT_TRUE(trial.trial);
+      b.record(trial, kS);
+    }
+    ASSERT_EQ(b.state(), BreakerState::kClosed);
+    b.record(before1, kF);  // their failures arrive after the close
+    b.record(before2, kF);
+    ASSERT_TRUE(call(b, kS));  // the first call of the closed period
+    EXPECT_EQ(b.state(), BreakerState::kClosed);
+    EXPECT_EQ(b.snapshot().calls, 1);
+    EXPECT_EQ(b.snapshot().failures, 0);
+    // Calls admitted after the close count as always: 2 of 3 failed trips it.
+    ASSERT_TRUE(call(b, kF));
+    ASSERT_TRUE(call(b, kF));
+    EXPECT_EQ(b.state(), BreakerState::kOpen);
+  }
+}
+
+// The same in a count window, and for a breaker that tripped on its own calls: a call admitted in
+// an earlier closed period never lands in a later one.
+TEST(Breaker, ACountWindowIgnoresAReportFromAnEarlierClosedPeriod) {
+  keel::ManualClock clock;
+  keel::CircuitBreaker b({.window = keel::BreakerWindow::kCount,
+                          .window_calls = 4,
+                          .minimum_calls = 2,
+                          .break_duration = 1s,
+                          .clock = &clock});
+  const auto slow_call = b.try_acquire();
+  ASSERT_TRUE(call(b, kF));
+  ASSERT_TRUE(call(b, kF));
+  ASSERT_EQ(b.state(), BreakerState::kOpen);
+  clock.advance(1s);
+  ASSERT_TRUE(call(b, kS));  // the trial closes it
+  ASSERT_EQ(b.state(), BreakerState::kClosed);
+  b.record(slow_call, kF);
+  ASSERT_TRUE(call(b, kF));  // 1 of 1 counted: below the minimum
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_EQ(b.snapshot().calls, 1);
+}
+
 TEST(Breaker, ResetClosesItWithAnEmptyWindow) {
   keel::ManualClock clock;
   keel::CircuitBreaker b({.minimum_calls = 1, .clock = &clock});
