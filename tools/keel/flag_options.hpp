@@ -58,6 +58,11 @@ CLI::Option* add_checked(CLI::App* sub, const std::string& command, const std::s
   return option->check(checked_by(command, std::move(parse)))->run_callback_for_default();
 }
 
+/// The option's value as typed (the last one given), or its default.
+inline std::string given_text(const CLI::Option* option) {
+  return option->count() > 0 ? option->results().back() : option->get_default_str();
+}
+
 /// A duration flag within `range` (parse_duration_flag).
 template <class Target>
 CLI::Option* add_duration(CLI::App* sub, const std::string& command, const std::string& flag,

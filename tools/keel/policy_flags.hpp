@@ -75,11 +75,6 @@ inline void add_policy_flags(CLI::App* sub, const char* command, PolicyFlags& fl
       ->default_val("60s");
 }
 
-/// The flag's value as typed, or its default.
-inline std::string given_text(const CLI::Option* option) {
-  return option->count() > 0 ? option->results().back() : option->get_default_str();
-}
-
 /// Whether the flags agree with each other (--backoff-cap at least --backoff-base); otherwise
 /// prints a message naming the flags and the value and returns false. A RetryPolicy built from
 /// flags.retry then does not throw.
