@@ -2,6 +2,7 @@
 // taken as text and parsed strictly, into an Error that names the flag when it is refused.
 #pragma once
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -58,8 +59,10 @@ inline Expected<double> parse_fraction(std::string_view flag, std::string_view t
                  .problem = "must be a decimal number",
                  .got = quote_value(text)};
   }
-  const double v = std::stod(std::string(text));
-  if (!std::isfinite(v) || v < min || v > max) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < min ||
+      v > max) {
     char range[64];
     std::snprintf(range, sizeof range, "between %g and %g", min, max);
     return Error{.field = std::string(flag),
@@ -67,6 +70,23 @@ inline Expected<double> parse_fraction(std::string_view flag, std::string_view t
                  .got = quote_value(text)};
   }
   return v;
+}
+
+/// HOST:PORT: the text before the last colon (not empty) and a port of 0 to 65535 in decimal
+/// digits after it.
+struct HostPort {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+/// `text` as HOST:PORT, or nullopt.
+inline std::optional<HostPort> parse_host_port(std::string_view text) {
+  const std::size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  const auto port = parse_count("port", text.substr(colon + 1), 0, 65535);
+  if (!port) return std::nullopt;
+  return HostPort{.host = std::string(text.substr(0, colon)),
+                  .port = static_cast<std::uint16_t>(*port)};
 }
 
 /// A duration value of `flag` (keel::parse_duration: no sign, exponent, nan, inf or trailing

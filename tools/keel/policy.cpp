@@ -50,11 +50,11 @@ std::string status_text(const ScheduledAttempt& a, const RetryOptions& o) {
 }
 
 int run_policy(const PolicyFlags& flags) {
-  const auto options = parse_policy_flags("policy", flags);
-  if (!options) return kExitUsage;
-  const RetryPolicy policy(*options);
+  if (!check_policy_flags("policy", flags)) return kExitUsage;
+  const RetryOptions& options = flags.retry;
+  const RetryPolicy policy(options);
   const PolicySchedule s = check_policy(policy);
-  const BackoffOptions& b = options->backoff;
+  const BackoffOptions& b = options.backoff;
   std::printf(
       "%d attempts, per-try timeout %s, deadline %s; %s jitter, base %s, cap %s; "
       "Retry-After cap %s\n",
@@ -70,7 +70,7 @@ int run_policy(const PolicyFlags& flags) {
                 format_duration(a.expected_start).c_str(), format_duration(a.latest_start).c_str(),
                 format_duration(a.timeout).c_str(), format_duration(a.worst_timeout).c_str(),
                 a.number == 1 ? "-" : wait_text(a.wait_before).c_str(),
-                status_text(a, *options).c_str());
+                status_text(a, options).c_str());
   }
   if (s.max_attempts > static_cast<int>(s.attempts.size())) {
     std::printf("... and %d more attempts (not listed)\n",
@@ -95,7 +95,7 @@ Runner add_policy(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "policy", "Show a retry policy's schedule and whether its attempts fit its deadline");
   sub->footer(kPolicyFooter);
-  add_policy_flags(sub, *flags);
+  add_policy_flags(sub, "policy", *flags);
   return [flags] { return run_policy(*flags); };
 }
 

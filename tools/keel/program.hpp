@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "flag_options.hpp"
 #include "flags.hpp"
 
 namespace keel::cli {
@@ -20,9 +21,9 @@ using Runner = std::function<int()>;
 using Registrar = Runner (*)(CLI::App&);
 
 /// Adds each of `registrars` to `app`, parses argv and runs the subcommand given. Returns that
-/// subcommand's exit status; 0 after --help or --version; kExitUsage (after CLI11's message) for
-/// invalid arguments; 1 (after "NAME: what" on stderr, NAME the app's name) when the subcommand
-/// throws. Requires: `app` requires exactly one subcommand and has none yet.
+/// subcommand's exit status; 0 after --help or --version; kExitUsage (after CLI11's message, or a
+/// FlagError's alone) for invalid arguments; 1 (after "NAME: what" on stderr, NAME the app's name)
+/// when the subcommand throws. Requires: `app` requires exactly one subcommand and has none yet.
 inline int run_program(CLI::App& app, const std::vector<Registrar>& registrars, int argc,
                        char** argv) {
   std::vector<std::pair<CLI::App*, Runner>> runners;
@@ -39,6 +40,9 @@ inline int run_program(CLI::App& app, const std::vector<Registrar>& registrars, 
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const FlagError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitUsage;
   } catch (const CLI::ParseError& e) {
     app.exit(e);
     return kExitUsage;

@@ -5,6 +5,7 @@
 // Runs are in virtual time (keel::sim over keel::core's policy objects): instant and, for a
 // given --seed, repeatable.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "flag_options.hpp"
 #include "keel/duration.hpp"
 #include "keel/sim/scenarios.hpp"
 #include "sim_plot.hpp"
@@ -23,11 +25,12 @@ namespace {
 struct RunOptions {
   std::string scenario;
   std::vector<std::string> policies;
-  std::string seed = "1";
+  std::uint64_t seed = 1;
   bool json = false;
   std::string csv;
   std::string plot;
-  std::string trigger;
+  std::optional<Duration> trigger;
+  CLI::Option* trigger_option = nullptr;  // for the text of a --trigger out of its range
   bool threshold = false;
 };
 
@@ -189,16 +192,17 @@ void print_table(const std::vector<sim::Report>& reports) {
   }
 }
 
-int run_command(const RunOptions& o) {
-  const auto seed = parse_count("--seed", o.seed, 0, UINT64_MAX);
-  if (!seed) return usage(seed.error().message());
-  const sim::ScenarioInfo* info = sim::find_scenario(o.scenario);
+// The scenario and policies the flags name, and whether the scenario's flags apply to it: 0, or
+// kExitUsage after the message.
+int check_run(const RunOptions& o, const sim::ScenarioInfo*& info,
+              std::vector<std::string>& policies) {
+  info = sim::find_scenario(o.scenario);
   if (info == nullptr) {
     std::string known;
     for (const auto& s : sim::scenarios()) known += (known.empty() ? "" : ", ") + s.name;
     return usage("--scenario: unknown scenario '" + o.scenario + "' (known: " + known + ")");
   }
-  const std::vector<std::string> policies = o.policies.empty() ? info->policies : o.policies;
+  policies = o.policies.empty() ? info->policies : o.policies;
   for (const auto& p : policies) {
     const auto& known = sim::scenario_policies(info->name);
     if (std::find(known.begin(), known.end(), p) == known.end()) {
@@ -208,24 +212,20 @@ int run_command(const RunOptions& o) {
                    " (known: " + list + ")");
     }
   }
-  std::optional<Duration> trigger;
   const bool fleet_outage = info->name == "fleet-outage";
-  if (!o.trigger.empty()) {
+  if (o.trigger) {
     if (info->name != "blip" && !fleet_outage) {
       return usage("--trigger applies to the blip and fleet-outage scenarios only");
     }
-    const auto parsed = parse_duration(o.trigger);
-    if (!parsed) return usage(parsed.error().in("--trigger").message());
     // blip up to 40 s; fleet-outage up to 15 min (seed 003's outage lasted eleven minutes).
     const Duration limit =
         fleet_outage ? Duration(std::chrono::minutes(15)) : Duration(std::chrono::seconds(40));
-    if (*parsed <= Duration::zero() || *parsed > limit) {
+    if (*o.trigger <= Duration::zero() || *o.trigger > limit) {
       return usage(Error{.field = "--trigger",
                          .problem = fleet_outage ? "must be in (0s, 15m]" : "must be in (0s, 40s]",
-                         .got = quote_value(o.trigger)}
+                         .got = quote_value(given_text(o.trigger_option))}
                        .message());
     }
-    trigger = *parsed;
   }
   if (o.threshold && info->name != "blip") {
     return usage("--threshold applies to the blip scenario only");
@@ -233,45 +233,64 @@ int run_command(const RunOptions& o) {
   if (!o.plot.empty() && !plot_format_supported(o.plot)) {
     return usage("--plot: '" + o.plot + "' must end in .svg or .png");
   }
+  return 0;
+}
 
-  std::vector<sim::Report> reports;
+// Runs the scenario under each policy into `reports`: 0, or kExitUsage after the message.
+int simulate(const RunOptions& o, const sim::ScenarioInfo& info,
+             const std::vector<std::string>& policies, std::vector<sim::Report>& reports) {
   for (const auto& p : policies) {
     try {
-      if (trigger && fleet_outage) {
-        reports.push_back(sim::run_fleet_outage(p, *trigger, *seed));
-      } else if (trigger) {
-        reports.push_back(sim::run_blip(p, *trigger, *seed));
+      if (o.trigger && info.name == "fleet-outage") {
+        reports.push_back(sim::run_fleet_outage(p, *o.trigger, o.seed));
+      } else if (o.trigger) {
+        reports.push_back(sim::run_blip(p, *o.trigger, o.seed));
       } else {
-        reports.push_back(sim::run_scenario(info->name, p, *seed));
+        reports.push_back(sim::run_scenario(info.name, p, o.seed));
       }
       if (o.threshold) {
         reports.back().stops_recovering_at =
-            sim::blip_threshold(p, kThresholdStep, kThresholdLimit, *seed);
+            sim::blip_threshold(p, kThresholdStep, kThresholdLimit, o.seed);
       }
     } catch (const std::invalid_argument& e) {
       return usage(std::string("--policy: ") + e.what());
     }
   }
+  return 0;
+}
+
+// The tables of a run for a reader.
+void print_run(const RunOptions& o, const sim::ScenarioInfo& info,
+               const std::vector<sim::Report>& reports) {
+  std::printf("scenario %s (seed %llu): %s\n\n", info.name.c_str(),
+              static_cast<unsigned long long>(o.seed), info.description.c_str());
+  print_table(reports);
+  if (&sim::scenario_policies(info.name) == &sim::hedge_policies()) print_latencies(reports);
+  if (info.name == "fleet-outage") print_breakers(reports);
+  if (info.name == "demo-story") print_story(reports);
+  print_limits(reports);
+  for (const auto& r : reports) {
+    if (!r.stops_recovering_at) continue;
+    if (*r.stops_recovering_at) {
+      std::printf("%s stops recovering once capacity stays halved for %s\n", r.policy.c_str(),
+                  format_duration(**r.stops_recovering_at).c_str());
+    } else {
+      std::printf("%s recovers from every capacity drop up to %s\n", r.policy.c_str(),
+                  format_duration(kThresholdLimit).c_str());
+    }
+  }
+}
+
+int run_command(const RunOptions& o) {
+  const sim::ScenarioInfo* info = nullptr;
+  std::vector<std::string> policies;
+  if (const int status = check_run(o, info, policies); status != 0) return status;
+  std::vector<sim::Report> reports;
+  if (const int status = simulate(o, *info, policies, reports); status != 0) return status;
   if (o.json) {
     for (const auto& r : reports) std::printf("%s\n", sim::to_json_line(r).c_str());
   } else {
-    std::printf("scenario %s (seed %llu): %s\n\n", info->name.c_str(),
-                static_cast<unsigned long long>(*seed), info->description.c_str());
-    print_table(reports);
-    if (&sim::scenario_policies(info->name) == &sim::hedge_policies()) print_latencies(reports);
-    if (fleet_outage) print_breakers(reports);
-    if (info->name == "demo-story") print_story(reports);
-    print_limits(reports);
-    for (const auto& r : reports) {
-      if (!r.stops_recovering_at) continue;
-      if (*r.stops_recovering_at) {
-        std::printf("%s stops recovering once capacity stays halved for %s\n", r.policy.c_str(),
-                    format_duration(**r.stops_recovering_at).c_str());
-      } else {
-        std::printf("%s recovers from every capacity drop up to %s\n", r.policy.c_str(),
-                    format_duration(kThresholdLimit).c_str());
-      }
-    }
+    print_run(o, *info, reports);
   }
   std::string error;
   if (!o.csv.empty() && !write_file_atomically(o.csv, sim::to_csv(reports), error)) {
@@ -298,14 +317,21 @@ Runner add_sim(CLI::App& app) {
       ->required();
   run->add_option("--policy", run_opts->policies,
                   "Policy to run (repeatable; default: the scenario's own list)");
-  run->add_option("--seed", run_opts->seed, "Seed for arrivals, failures and jitter (0 to 2^64-1)")
-      ->capture_default_str();
+  add_count(run, "keel sim run", "--seed", run_opts->seed, 0, UINT64_MAX,
+            "Seed for arrivals, failures and jitter (0 to 2^64-1)")
+      ->default_val("1");
   run->add_flag("--json", run_opts->json, "One JSON object per line, one per policy");
   run->add_option("--csv", run_opts->csv, "Write the time series as CSV to FILE");
   run->add_option("--plot", run_opts->plot,
                   "Render the time series with gnuplot to FILE.svg or FILE.png (one panel per "
                   "policy, same axes)");
-  run->add_option("--trigger", run_opts->trigger,
+  run_opts->trigger_option =
+      add_checked(run, "keel sim run", "--trigger", run_opts->trigger,
+                  FlagParser<Duration>([](std::string_view text) -> Expected<Duration> {
+                    auto d = parse_duration(text);
+                    if (!d) return d.error().in("--trigger");
+                    return d;
+                  }),
                   "blip: how long capacity stays halved (default 5s); fleet-outage: how long "
                   "the dependency is down (default 20s)");
   run->add_flag("--threshold", run_opts->threshold,

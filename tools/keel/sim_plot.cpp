@@ -140,6 +140,20 @@ std::string plot_script(const std::vector<sim::Report>& reports, const std::stri
   return g.str();
 }
 
+namespace {
+
+// Writes `content` to the file at `path` (in render_plot's temporary directory); false when it
+// cannot be opened.
+bool write_temporary(const std::string& path, const std::string& content) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  std::fwrite(content.data(), 1, content.size(), f);
+  std::fclose(f);
+  return true;
+}
+
+}  // namespace
+
 bool render_plot(const std::vector<sim::Report>& reports, const std::string& path,
                  std::string& error) {
   if (!plot_format_supported(path)) {
@@ -162,27 +176,11 @@ bool render_plot(const std::vector<sim::Report>& reports, const std::string& pat
     std::remove(tmp_out.c_str());
     rmdir(dir);
   };
-  {
-    std::FILE* f = std::fopen(data.c_str(), "w");
-    if (f == nullptr) {
-      error = "cannot write a temporary file";
-      cleanup();
-      return false;
-    }
-    const std::string series = plot_data(reports);
-    std::fwrite(series.data(), 1, series.size(), f);
-    std::fclose(f);
-  }
-  {
-    std::FILE* f = std::fopen(script_path.c_str(), "w");
-    if (f == nullptr) {
-      error = "cannot write a temporary file";
-      cleanup();
-      return false;
-    }
-    const std::string script = plot_script(reports, data, tmp_out);
-    std::fwrite(script.data(), 1, script.size(), f);
-    std::fclose(f);
+  if (!write_temporary(data, plot_data(reports)) ||
+      !write_temporary(script_path, plot_script(reports, data, tmp_out))) {
+    error = "cannot write a temporary file";
+    cleanup();
+    return false;
   }
   // The child inherits stdio buffers: flush them, or what the parent printed is printed twice.
   std::fflush(nullptr);

@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +21,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "flag_options.hpp"
 #include "keel/sim/scenarios.hpp"
 
 namespace keel::cli {
@@ -50,9 +50,19 @@ std::string default_web_dir() {
 }
 
 struct ServeOptions {
-  std::string listen = "127.0.0.1:8090";
+  HostPort listen;
+  CLI::Option* listen_option = nullptr;  // its text, for the message when it cannot be bound
   std::string web = default_web_dir();
 };
+
+Expected<HostPort> parse_listen_flag(std::string_view text) {
+  auto listen = parse_host_port(text);
+  if (!listen) {
+    return Error{.field = "--listen:",
+                 .problem = quote_value(text) + " is not HOST:PORT (port 0-65535)"};
+  }
+  return *listen;
+}
 
 std::string json_error(const std::string& message) {
   std::string out = "{\"error\":\"";
@@ -85,33 +95,14 @@ void serve_file(httplib::Server& server, const std::string& route, const std::st
   });
 }
 
-int serve(const ServeOptions& o) {
-  const auto colon = o.listen.rfind(':');
-  int port = -1;
-  const std::string host = colon == std::string::npos ? "" : o.listen.substr(0, colon);
-  if (colon != std::string::npos) {
-    const std::string p = o.listen.substr(colon + 1);
-    const auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
-    if (p.empty() || ec != std::errc() || ptr != p.data() + p.size()) port = -1;
-  }
-  if (host.empty() || port < 0 || port > 65535) {
-    std::fprintf(stderr, "keel sim serve: --listen: '%s' is not HOST:PORT (port 0-65535)\n",
-                 o.listen.c_str());
-    return kExitUsage;
-  }
-  if (!read_file(o.web + "/index.html")) {
-    std::fprintf(stderr, "keel sim serve: --web: no index.html in '%s'\n", o.web.c_str());
-    return kExitUsage;
-  }
-
-  httplib::Server server;
-  serve_file(server, "/", o.web + "/index.html", "text/html; charset=utf-8");
-  serve_file(server, "/app.js", o.web + "/app.js", "text/javascript; charset=utf-8");
-  serve_file(server, "/style.css", o.web + "/style.css", "text/css; charset=utf-8");
+// The page's files and the JSON API.
+void add_routes(httplib::Server& server, const std::string& web) {
+  serve_file(server, "/", web + "/index.html", "text/html; charset=utf-8");
+  serve_file(server, "/app.js", web + "/app.js", "text/javascript; charset=utf-8");
+  serve_file(server, "/style.css", web + "/style.css", "text/css; charset=utf-8");
   serve_file(server, "/vendor/uPlot.iife.min.js",
-             o.web + "/node_modules/uplot/dist/uPlot.iife.min.js",
-             "text/javascript; charset=utf-8");
-  serve_file(server, "/vendor/uPlot.min.css", o.web + "/node_modules/uplot/dist/uPlot.min.css",
+             web + "/node_modules/uplot/dist/uPlot.iife.min.js", "text/javascript; charset=utf-8");
+  serve_file(server, "/vendor/uPlot.min.css", web + "/node_modules/uplot/dist/uPlot.min.css",
              "text/css; charset=utf-8");
   server.Get("/api/sim", [](const httplib::Request& req, httplib::Response& res) {
     try {
@@ -132,21 +123,10 @@ int serve(const ServeOptions& o) {
       res.set_content(json_error(e.what()), "application/json");
     }
   });
+}
 
-  int bound = port;
-  if (port == 0) {
-    bound = server.bind_to_any_port(host);
-    if (bound < 0) bound = -1;
-  } else if (!server.bind_to_port(host, port)) {
-    bound = -1;
-  }
-  if (bound < 0) {
-    std::fprintf(stderr, "keel sim serve: --listen: cannot listen on %s\n", o.listen.c_str());
-    return 1;
-  }
-  std::printf("keel sim serve: listening on http://%s:%d/\n", host.c_str(), bound);
-  std::fflush(stdout);
-
+// Runs the server until SIGINT or SIGTERM (or until it fails); returns the exit status.
+int listen_until_stopped(httplib::Server& server) {
   // SIGINT/SIGTERM stop the server. The handler only writes a byte to a pipe (whichever thread
   // the signal lands on); a thread of ours reads it and stops the server outside the handler.
   if (pipe(g_stop_pipe) != 0) {
@@ -179,12 +159,40 @@ int serve(const ServeOptions& o) {
   return clean || signalled ? 0 : 1;
 }
 
+int serve(const ServeOptions& o) {
+  if (!read_file(o.web + "/index.html")) {
+    std::fprintf(stderr, "keel sim serve: --web: no index.html in '%s'\n", o.web.c_str());
+    return kExitUsage;
+  }
+  httplib::Server server;
+  add_routes(server, o.web);
+  const std::string& host = o.listen.host;
+  int bound = o.listen.port;
+  if (bound == 0) {
+    bound = server.bind_to_any_port(host);
+    if (bound < 0) bound = -1;
+  } else if (!server.bind_to_port(host, bound)) {
+    bound = -1;
+  }
+  if (bound < 0) {
+    std::fprintf(stderr, "keel sim serve: --listen: cannot listen on %s\n",
+                 given_text(o.listen_option).c_str());
+    return 1;
+  }
+  std::printf("keel sim serve: listening on http://%s:%d/\n", host.c_str(), bound);
+  std::fflush(stdout);
+  return listen_until_stopped(server);
+}
+
 }  // namespace
 
 Runner add_sim_serve(CLI::App& sim) {
   auto opts = std::make_shared<ServeOptions>();
   CLI::App* sub = sim.add_subcommand("serve", "Serve the storm explorer page and its JSON API");
-  sub->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any free port)");
+  opts->listen_option = add_checked(sub, "keel sim serve", "--listen", opts->listen,
+                                    FlagParser<HostPort>(parse_listen_flag),
+                                    "HOST:PORT to listen on (port 0: any free port)")
+                            ->default_val("127.0.0.1:8090");
   sub->add_option("--web", opts->web,
                   "Directory of the page (default: $KEEL_WEB_DIR, else PREFIX/share/keel/web "
                   "beside the binary)");
