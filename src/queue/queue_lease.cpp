@@ -24,7 +24,8 @@ constexpr int kReapBatch = 100;
 // The start of job $1 under fence $3 at $2 (now): its attempt counts from now, and a crash
 // charges it. The lease is not extended: the worker heartbeats the jobs of its batch from their
 // lease on, and leaving lease_expires_ms and run_at_ms alone keeps the start off every index
-// (keel_jobs_due holds run_at_ms), so PostgreSQL can update the row in place (a HOT update).
+// (keel_jobs_running holds run_at_ms), so PostgreSQL can update the row in place (a HOT update,
+// which keel_jobs' fillfactor leaves room for).
 constexpr std::string_view kStart =
     "UPDATE keel_jobs SET attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END,"
     " started_ms = COALESCE(started_ms, $2), updated_ms = $2"
@@ -306,8 +307,8 @@ std::vector<LeasedJob> JobQueue::leases_of(Connection& connection, std::string_v
 
 std::optional<std::int64_t> JobQueue::next_due(Connection& connection,
                                                std::string_view queue) const {
-  // Two index reads: the first row of keel_jobs_ready (its predicate spelled as in the index, so
-  // the planner takes it) and of keel_jobs_due's running part.
+  // Two index reads: the first row of keel_jobs_ready and of keel_jobs_running (each predicate
+  // spelled as in its index, so the planner takes it).
   const Rows r = connection.query(
       "SELECT (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
       " AND state IN ('ready', 'retry_scheduled')),"

@@ -1,9 +1,14 @@
 // JobQueue's producer side: enqueue and enqueue_many (one statement for a single job where the
 // backend allows it, multi-row INSERTs for a batch), deduplicated by the (queue, key) index.
+// A key the caller gave may repeat one already stored: its job is inserted ON CONFLICT DO NOTHING
+// and the existing id looked up. A key made here (new_job_key, 122 random bits from the CSPRNG)
+// cannot, so its job is a plain INSERT: no conflict probe before the row and no speculative
+// insertion record after it (the unique index still refuses a repeat, as an error).
 
 #include <algorithm>
 #include <optional>
 #include <span>
+#include <unordered_map>
 
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
@@ -83,23 +88,32 @@ Expected<std::string> check_request(const EnqueueRequest& request) {
   return key;
 }
 
-constexpr std::string_view kInsertJob =
+// One job row: $1 queue, $2 payload, $3 key, $4 max attempts, $5 run at, $6 now.
+constexpr std::string_view kInsertNewKey =
     "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
     " fence, replays, created_ms, updated_ms)"
-    " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)"
-    " ON CONFLICT (queue, idem_key) DO NOTHING";
+    " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)";
+constexpr std::string_view kOnConflict = " ON CONFLICT (queue, idem_key) DO NOTHING";
 
-// Inserts one job row with kInsertJob's parameters: its id, or nullopt when the (queue, key) was
-// already there. SQLite reads the id from the connection rather than by RETURNING, whose
+// The INSERT of one job: a key the caller gave may be stored already (kOnConflict); a key made
+// here is new.
+std::string insert_job_sql(const EnqueueRequest& request) {
+  return std::string(kInsertNewKey) +
+         (request.key.empty() ? std::string() : std::string(kOnConflict));
+}
+
+// Inserts one job row with kInsertNewKey's parameters: its id, or nullopt when the (queue, key)
+// was already there. SQLite reads the id from the connection rather than by RETURNING, whose
 // temporary b-tree costs a single job a page cache allocated and freed (docs/queue.md).
-std::optional<std::int64_t> insert_job_row(Connection& conn, std::span<const Value> params) {
+std::optional<std::int64_t> insert_job_row(Connection& conn, const EnqueueRequest& request,
+                                           std::span<const Value> params) {
   const std::string_view inserted_id = conn.dialect().inserted_id_query();
   if (inserted_id.empty()) {
-    const Rows r = conn.query(std::string(kInsertJob) + " RETURNING id", params);
+    const Rows r = conn.query(insert_job_sql(request) + " RETURNING id", params);
     if (r.empty()) return std::nullopt;
     return RowCursor(r, 0).integer();
   }
-  if (conn.query(kInsertJob, params).affected() == 0) return std::nullopt;
+  if (conn.query(insert_job_sql(request), params).affected() == 0) return std::nullopt;
   const Rows r = conn.query(inserted_id);
   return RowCursor(r, 0).integer();
 }
@@ -122,7 +136,7 @@ void insert_job(Connection& tx, const EnqueueRequest& request, const std::string
                 int max_attempts, std::int64_t now, EnqueueResult& out) {
   const std::int64_t run_at = now + to_ms(request.delay);
   const Value params[] = {request.queue, request.payload, key, max_attempts, run_at, now};
-  if (const auto id = insert_job_row(tx, params)) {
+  if (const auto id = insert_job_row(tx, request, params)) {
     out.id = *id;
     out.created = true;
     return;
@@ -140,14 +154,17 @@ bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, cons
   const Value params[] = {request.queue, request.payload, key, max_attempts, run_at, now};
   if (conn.dialect().data_modifying_ctes()) {
     // The foreign key is checked at the end of the statement, after the queue CTE's insert.
-    const Rows r = conn.query(
+    std::string sql =
         "WITH q AS (INSERT INTO keel_queues (name, created_ms) VALUES ($1, $6)"
         " ON CONFLICT (name) DO NOTHING),"
         " ins AS (" +
-            std::string(kInsertJob) +
-            " RETURNING id) SELECT id, 1 FROM ins UNION ALL SELECT id, 0 FROM keel_jobs"
-            " WHERE queue = $1 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)",
-        params);
+        insert_job_sql(request) + " RETURNING id) SELECT id, 1 FROM ins";
+    if (!request.key.empty()) {
+      sql +=
+          " UNION ALL SELECT id, 0 FROM keel_jobs"
+          " WHERE queue = $1 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)";
+    }
+    const Rows r = conn.query(sql, params);
     if (r.empty()) {
       // A concurrent enqueue of the same key committed after this statement's snapshot.
       find_existing(conn, request.queue, key, out);
@@ -160,7 +177,7 @@ bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, cons
   }
   std::optional<std::int64_t> id;
   try {
-    id = insert_job_row(conn, params);
+    id = insert_job_row(conn, request, params);
   } catch (const DatabaseError& e) {
     if (conn.dialect().is_foreign_key_violation(e.details())) return false;
     throw;
@@ -172,6 +189,65 @@ bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, cons
   }
   find_existing(conn, request.queue, key, out);
   return true;
+}
+
+// Inserts requests [from, to) in one multi-row INSERT, with ON CONFLICT when their keys were
+// given (all or none of them), and fills their results; max_attempts[i] is request i's.
+void insert_run(Connection& tx, const std::vector<EnqueueRequest>& requests,
+                const std::vector<std::string>& keys, const std::vector<int>& max_attempts,
+                std::size_t from, std::size_t to, std::int64_t now,
+                std::vector<EnqueueResult>& out) {
+  std::string sql =
+      "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts,"
+      " run_at_ms, fence, replays, created_ms, updated_ms) VALUES ";
+  std::vector<Value> params;
+  params.reserve((to - from) * 6);
+  for (std::size_t i = from; i < to; ++i) {
+    const auto p = [&](int k) { return "$" + std::to_string(params.size() + k); };
+    sql += (i > from ? ", (" : "(") + p(1) + ", " + p(2) + ", " + p(3) + ", 'ready', 0, " + p(4) +
+           ", " + p(5) + ", 0, 0, " + p(6) + ", " + p(6) + ")";
+    params.emplace_back(requests[i].queue);
+    params.emplace_back(requests[i].payload);
+    params.emplace_back(keys[i]);
+    params.emplace_back(max_attempts[i]);
+    params.emplace_back(now + to_ms(requests[i].delay));
+    params.emplace_back(now);
+  }
+  if (!requests[from].key.empty()) sql += kOnConflict;
+  sql += " RETURNING id, queue, idem_key";
+  const Rows inserted = tx.query(sql, params);
+  // queue + '\n' + key -> the id of the job this statement created under it.
+  std::unordered_map<std::string, std::int64_t> created;
+  created.reserve(inserted.size());
+  for (std::size_t r = 0; r < inserted.size(); ++r) {
+    RowCursor c(inserted, r);
+    const std::int64_t id = c.integer();
+    std::string name = c.text() + '\n';
+    name += c.text();
+    created.emplace(std::move(name), id);
+  }
+  for (std::size_t i = from; i < to; ++i) {
+    out[i].idempotency_key = keys[i];
+    const auto hit = created.find(requests[i].queue + '\n' + keys[i]);
+    if (hit != created.end()) {
+      // The first request with this key created the job; a repeat in the batch gets its id.
+      out[i].id = hit->second;
+      out[i].created = true;
+      created.erase(hit);
+      continue;
+    }
+    const auto earlier = std::find_if(
+        out.begin() + static_cast<std::ptrdiff_t>(from),
+        out.begin() + static_cast<std::ptrdiff_t>(i),
+        [&](const EnqueueResult& e) { return e.idempotency_key == keys[i] && e.id != 0; });
+    if (earlier != out.begin() + static_cast<std::ptrdiff_t>(i) &&
+        requests[static_cast<std::size_t>(earlier - out.begin())].queue == requests[i].queue) {
+      out[i].id = earlier->id;
+      out[i].created = false;
+      continue;
+    }
+    find_existing(tx, requests[i].queue, keys[i], out[i]);
+  }
 }
 
 }  // namespace
@@ -278,61 +354,21 @@ void JobQueue::write_jobs(Connection& tx, const std::vector<EnqueueRequest>& req
     out[0].idempotency_key = keys[0];
     return;
   }
-  // The jobs in multi-row INSERTs (one statement per kEnqueueChunk jobs); a key that was
-  // already there is looked up.
-  for (std::size_t from = 0; from < requests.size(); from += kEnqueueChunk) {
-    const std::size_t to = std::min(requests.size(), from + kEnqueueChunk);
-    std::string sql =
-        "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts,"
-        " run_at_ms, fence, replays, created_ms, updated_ms) VALUES ";
-    std::vector<Value> params;
-    params.reserve((to - from) * 6);
-    for (std::size_t i = from; i < to; ++i) {
-      const auto p = [&](int k) { return "$" + std::to_string(params.size() + k); };
-      sql += (i > from ? ", (" : "(") + p(1) + ", " + p(2) + ", " + p(3) + ", 'ready', 0, " + p(4) +
-             ", " + p(5) + ", 0, 0, " + p(6) + ", " + p(6) + ")";
-      params.emplace_back(requests[i].queue);
-      params.emplace_back(requests[i].payload);
-      params.emplace_back(keys[i]);
-      params.emplace_back(max_attempts_of(requests[i]));
-      params.emplace_back(now + to_ms(requests[i].delay));
-      params.emplace_back(now);
+  // The jobs in multi-row INSERTs, one statement per run of at most kEnqueueChunk requests whose
+  // keys were all given or all made here (so that ids follow the requests' order); a given key
+  // that was already there is looked up.
+  std::vector<int> max_attempts;
+  max_attempts.reserve(requests.size());
+  for (const EnqueueRequest& r : requests) max_attempts.push_back(max_attempts_of(r));
+  for (std::size_t from = 0; from < requests.size();) {
+    const bool made_here = requests[from].key.empty();
+    std::size_t to = from + 1;
+    while (to < requests.size() && to - from < kEnqueueChunk &&
+           requests[to].key.empty() == made_here) {
+      ++to;
     }
-    sql += " ON CONFLICT (queue, idem_key) DO NOTHING RETURNING id, queue, idem_key";
-    const Rows inserted = tx.query(sql, params);
-    std::vector<std::pair<std::string, std::int64_t>> created;  // queue + '\n' + key, id
-    created.reserve(inserted.size());
-    for (std::size_t r = 0; r < inserted.size(); ++r) {
-      RowCursor c(inserted, r);
-      const std::int64_t id = c.integer();
-      std::string name = c.text() + '\n';
-      name += c.text();
-      created.emplace_back(std::move(name), id);
-    }
-    for (std::size_t i = from; i < to; ++i) {
-      out[i].idempotency_key = keys[i];
-      const std::string name = requests[i].queue + '\n' + keys[i];
-      const auto hit = std::find_if(created.begin(), created.end(),
-                                    [&](const auto& c) { return c.first == name; });
-      if (hit != created.end()) {
-        // The first request with this key created the job; a repeat in the batch gets its id.
-        out[i].id = hit->second;
-        out[i].created = true;
-        hit->first.clear();
-        continue;
-      }
-      const auto earlier = std::find_if(
-          out.begin() + static_cast<std::ptrdiff_t>(from),
-          out.begin() + static_cast<std::ptrdiff_t>(i),
-          [&](const EnqueueResult& e) { return e.idempotency_key == keys[i] && e.id != 0; });
-      if (earlier != out.begin() + static_cast<std::ptrdiff_t>(i) &&
-          requests[static_cast<std::size_t>(earlier - out.begin())].queue == requests[i].queue) {
-        out[i].id = earlier->id;
-        out[i].created = false;
-        continue;
-      }
-      find_existing(tx, requests[i].queue, keys[i], out[i]);
-    }
+    insert_run(tx, requests, keys, max_attempts, from, to, now, out);
+    from = to;
   }
 }
 
