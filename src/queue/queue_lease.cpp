@@ -31,7 +31,55 @@ constexpr std::string_view kStart =
     " started_ms = COALESCE(started_ms, $2), updated_ms = $2"
     " WHERE id = $1 AND fence = $3 AND state = 'running'";
 
+// How long a lease floor stands before a lease scans the whole queue again (see lease_floor).
+constexpr std::int64_t kLeaseFloorForMs = 1000;
+
 }  // namespace
+
+// A lease on PostgreSQL scans keel_jobs_ready from the queue's first entry. Each job leased since
+// the last VACUUM left an entry there (an UPDATE adds a version; the old one's entry stays,
+// marked dead once no snapshot needs it), and the scan steps over every one of them: 112 index
+// pages per lease after 15,000 jobs, a third of the lease's time, growing until autovacuum runs.
+// So a lease that took as many jobs as it asked for leaves a floor, the earliest run_at_ms it
+// took, and the next lease of that queue scans from there. A job made due below the floor by
+// this JobQueue (a release, a sweep of expired leases) clears the floors; one made due below it
+// by another process (its release or sweep, or a producer whose clock is behind) is found by the
+// full scan that a lease short of jobs makes, and at least every kLeaseFloorForMs. Every other
+// way a job becomes due (enqueue, retry, replay) gives it a time at or after the lease's own now.
+// SQLite removes an updated row's old index entry at once: its leases take no floor.
+std::optional<std::int64_t> JobQueue::lease_floor(std::string_view queue, std::int64_t now) const {
+  std::lock_guard lock(floor_mu_);
+  for (const LeaseFloor& f : floors_) {
+    if (f.queue == queue) {
+      if (now - f.full_scan_ms >= kLeaseFloorForMs || now < f.full_scan_ms) return std::nullopt;
+      return f.run_at_ms;
+    }
+  }
+  return std::nullopt;
+}
+
+void JobQueue::note_lease(std::string_view queue, std::int64_t now, bool full_scan, bool filled,
+                          std::optional<std::int64_t> earliest) const {
+  std::lock_guard lock(floor_mu_);
+  const auto it = std::find_if(floors_.begin(), floors_.end(),
+                               [&](const LeaseFloor& f) { return f.queue == queue; });
+  if (!filled || !earliest) {
+    if (it != floors_.end()) floors_.erase(it);
+    return;
+  }
+  if (it == floors_.end()) {
+    // Only a full scan starts a floor.
+    if (full_scan) floors_.push_back({std::string(queue), *earliest, now});
+    return;
+  }
+  it->run_at_ms = *earliest;
+  if (full_scan) it->full_scan_ms = now;
+}
+
+void JobQueue::forget_lease_floors() const {
+  std::lock_guard lock(floor_mu_);
+  floors_.clear();
+}
 
 std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
   std::int64_t reaped = 0;
@@ -48,6 +96,8 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
                      " ORDER BY id LIMIT $3" +
                      std::string(connection.dialect().lock_rows_skip_locked()),
                  {queue, now, kReapBatch});
+    // Unstarted jobs go back due at their lease's time, before a lease floor (lease_floor).
+    if (!expired.empty()) forget_lease_floors();
     for (std::size_t i = 0; i < expired.size(); ++i) {
       const detail::SettleRow job = detail::read_settle_row(expired, i);
       const std::int64_t id = job.id;
@@ -108,7 +158,9 @@ DoneAndLeased JobQueue::finish_and_lease_due(
   constexpr std::string_view kExpired =
       "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2 LIMIT 1";
   Rows leased;
-  std::int64_t last_started = 0;  // in a transaction: the highest id the lease started
+  std::int64_t last_started = 0;         // in a transaction: the highest id the lease started
+  std::optional<std::int64_t> floor;     // where this lease's scan started (lease_floor)
+  std::optional<std::int64_t> earliest;  // the earliest due time it leased
   if (one_statement) {
     // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path. Its rows:
     // kind 1 = a leased job (then pick's columns below, and whether the lease started it), kind 0
@@ -132,7 +184,12 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       sql += detail::done_ctes(done, params) + ", ";
       due.insert(due.find(" ORDER BY"), " AND (SELECT count(*) FROM done) >= 0");
     }
-    sql += "picked AS (SELECT id" + due + " LIMIT $4" +
+    floor = lease_floor(queue, now);
+    if (floor) {
+      params.emplace_back(*floor);
+      due.insert(due.find(" ORDER BY"), " AND run_at_ms >= $" + std::to_string(params.size()));
+    }
+    sql += "picked AS (SELECT id, run_at_ms" + due + " LIMIT $4" +
            std::string(connection.dialect().lock_rows_skip_locked()) +
            "), leased AS (UPDATE keel_jobs j" + std::string(kSetRunning) +
            ", attempts = attempts + CASE WHEN " + started +
@@ -147,6 +204,8 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     if (!done.empty()) {
       sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL, NULL FROM done";
     }
+    // The earliest due time leased (lease_floor).
+    sql += " UNION ALL SELECT 4, min(run_at_ms), NULL, NULL, NULL, NULL, NULL, NULL FROM picked";
     sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
            std::string(kExpired) + ")";
     // Short of work: when the queue's earliest job comes due, for the worker that goes idle
@@ -204,6 +263,7 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       const std::int64_t kind = c.integer();
       if (kind == 0) out.current = static_cast<int>(c.integer());
       if (kind == 2) *expired_waiting = true;
+      if (kind == 4) earliest = c.optional_integer();
       if (kind == 3) {
         out.next_due_known = true;
         if (const auto due = c.optional_integer()) out.next_due_ms = due;
@@ -221,6 +281,9 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     job.lease_expires_ms = expires;
     job.started = one_statement ? c.integer() == 1 : job.id <= last_started;
     out.leased.push_back(std::move(job));
+  }
+  if (one_statement) {
+    note_lease(queue, now, !floor, static_cast<int>(out.leased.size()) >= limit, earliest);
   }
   return out;
 }
@@ -397,7 +460,8 @@ bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t
     if (row.empty()) return false;
     released = true;
     if (!detail::read_settle_row(row, 0).started_ms) {
-      // Never started: ready again at once, in its place, not charged.
+      // Never started: ready again at once, in its place, not charged (before any lease floor).
+      forget_lease_floors();
       tx.query(
           "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
           " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"

@@ -155,6 +155,87 @@ TEST_P(JobQueueTest, EnqueueManyWritesGivenAndMadeKeysInTheRequestsOrder) {
                DatabaseError);
 }
 
+TEST_P(JobQueueTest, ALeaseStepsOverNoneOfTheJobsLeasedBeforeItOnPostgres) {
+  // Every job leased since the last VACUUM leaves an entry in keel_jobs_ready; a lease that
+  // scanned from the queue's first entry stepped over all of them. A lease that took what it
+  // asked for leaves a floor, and the next one scans from there (JobQueue::lease_floor).
+  if (GetParam() != Backend::kPostgres) GTEST_SKIP() << "SQLite leaves no old index entries";
+  conn_->execute("ALTER TABLE keel_jobs SET (autovacuum_enabled = false)");
+  JobQueue q = make_queue();
+  for (int chunk = 0; chunk < 40; ++chunk) {
+    std::vector<EnqueueRequest> reqs(100, EnqueueRequest{.queue = "deep", .payload = "{}"});
+    ASSERT_TRUE(q.enqueue_many(*conn_, reqs).front().ok());
+    clock_.advance(1ms);
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> done;
+  for (int i = 0; i < 39; ++i) {
+    const auto step = q.complete_and_lease(*conn_, done, "deep", "w", 100, JobQueue::kStartAll);
+    ASSERT_EQ(step.leased.size(), 100u);
+    done.clear();
+    for (const auto& j : step.leased) done.emplace_back(j.id, j.fence);
+  }
+  EXPECT_EQ(q.complete_done(*conn_, done), 100);
+  const auto index_pages = [&] {
+    conn_->query("SELECT pg_stat_force_next_flush()");
+    return conn_
+        ->query(
+            "SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes"
+            " WHERE indexrelname = 'keel_jobs_ready' AND schemaname = current_schema()")
+        .integer(0, 0);
+  };
+  const std::int64_t before = index_pages();
+  for (int i = 0; i < 20; ++i) {
+    const auto one = q.lease(*conn_, "deep", "w", 1);
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(q.complete_done(*conn_, {{one[0].id, one[0].fence}}), 1);
+  }
+  // 3,900 entries behind the floor fill dozens of leaf pages; from the floor a lease reads the
+  // path down and a page or two.
+  EXPECT_LE(index_pages() - before, 20 * 5) << "index pages read by 20 leases";
+}
+
+TEST_P(JobQueueTest, AJobMadeDueBeforeTheLeaseFloorByAnotherProcessWaitsAtMostASecond) {
+  // Another process's release gives a job back due at its lease's time, before this process's
+  // floor: a busy queue's leases from the floor miss it, and the full scan a second later finds
+  // it first. A release in this process clears the floor at once. SQLite takes no floor.
+  const bool pg = GetParam() == Backend::kPostgres;
+  JobQueue mine = make_queue();
+  JobQueue other = make_queue();
+  const auto first = mine.enqueue(*conn_, {.queue = "f", .payload = R"({"n":0})"});
+  const auto held = other.lease(*conn_, "f", "other", 1, 0);  // leased, not started
+  ASSERT_EQ(held.size(), 1u);
+  ASSERT_EQ(held[0].id, first.id);
+  for (int i = 1; i <= 8; ++i) {
+    clock_.advance(1ms);
+    (void)mine.enqueue(*conn_, {.queue = "f", .payload = "{\"n\":" + std::to_string(i) + "}"});
+  }
+  ASSERT_EQ(mine.lease(*conn_, "f", "mine", 3).size(), 3u);  // a full lease: a floor on PostgreSQL
+  ASSERT_TRUE(other.release(*conn_, held[0].id, held[0].fence, "given back"));
+  const auto next = mine.lease(*conn_, "f", "mine", 1);
+  ASSERT_EQ(next.size(), 1u);
+  if (pg) {
+    EXPECT_NE(next[0].id, first.id) << "a lease from the floor does not reach back";
+    clock_.advance(1s);
+  }
+  const auto after = mine.lease(*conn_, "f", "mine", 1);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(pg ? after[0].id : next[0].id, first.id) << "the earliest due job comes first";
+  // This process's own release clears its floor: the job it gives back is leased next.
+  const auto mine_first = mine.enqueue(*conn_, {.queue = "g", .payload = R"({"n":0})"});
+  const auto kept = mine.lease(*conn_, "g", "mine", 1, 0);
+  ASSERT_EQ(kept.size(), 1u);
+  ASSERT_EQ(kept[0].id, mine_first.id);
+  for (int i = 1; i <= 8; ++i) {
+    clock_.advance(1ms);
+    (void)mine.enqueue(*conn_, {.queue = "g", .payload = "{\"n\":" + std::to_string(i) + "}"});
+  }
+  ASSERT_EQ(mine.lease(*conn_, "g", "mine", 3).size(), 3u);
+  ASSERT_TRUE(mine.release(*conn_, kept[0].id, kept[0].fence, "given back"));
+  const auto back = mine.lease(*conn_, "g", "mine", 1);
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].id, mine_first.id);
+}
+
 TEST_P(JobQueueTest, TheWorkersReadsOfABusyQueueScanNoTableOnPostgres) {
   // With thousands of done jobs beside a few running and dead ones, the worker's statements (the
   // lease with its expired-lease check and next due time, the sweep, heartbeat, leases_of) and

@@ -175,7 +175,11 @@ class JobQueue {
   static constexpr int kStartAll = 1 << 30;
 
   /// Leases up to `limit` due jobs of `queue` for options().lease, oldest due first, each with a
-  /// new fencing token, in one statement on PostgreSQL (one write transaction on SQLite). The
+  /// new fencing token, in one statement on PostgreSQL (one write transaction on SQLite). On
+  /// PostgreSQL a lease that took `limit` jobs lets the next leases of this JobQueue scan from
+  /// the earliest due time it took, for up to a second: a job that another process makes due
+  /// before that time (its release or sweep, or a producer whose clock is behind) may wait up
+  /// to a second behind later ones while the queue stays busy (docs/queue.md, "Lease floor"). The
   /// `start` jobs with the lowest ids start their attempt with the lease (LeasedJob::started;
   /// the default: all of them); the others wait for start(). The jobs come started first, then
   /// by id: the order to run them in. When the due jobs do not fill
@@ -372,6 +376,23 @@ class JobQueue {
                                                  std::string_view worker, int limit,
                                                  int start) const;
 
+  // Where a lease on PostgreSQL starts its scan of a queue's due jobs (queue_lease.cpp): the
+  // earliest run_at_ms the last full lease took, while it is younger than kLeaseFloorFor.
+  struct LeaseFloor {
+    std::string queue;
+    std::int64_t run_at_ms = 0;
+    std::int64_t full_scan_ms = 0;
+  };
+  // The floor for `queue` at `now`, or nullopt: scan from the queue's first due job.
+  [[nodiscard]] std::optional<std::int64_t> lease_floor(std::string_view queue,
+                                                        std::int64_t now) const;
+  // After a lease of `queue` at `now` that was a full scan or not: a lease that took `limit`
+  // jobs, the earliest of them due at `earliest`, leaves a floor; a shorter one clears it.
+  void note_lease(std::string_view queue, std::int64_t now, bool full_scan, bool filled,
+                  std::optional<std::int64_t> earliest) const;
+  // Clears every floor: a job was made due again at a time a floor may be past.
+  void forget_lease_floors() const;
+
   QueueOptions options_;
   RetryPolicy policy_;  // the retry rules decide_retry applies (max attempts, backoff, caps)
   Clock* clock_;
@@ -379,6 +400,8 @@ class JobQueue {
   mutable Rng rng_;  // guarded by rng_mu_
   mutable std::atomic<std::int64_t> last_reap_ms_{0};
   mutable std::atomic<std::int64_t> deadlocks_{0};
+  mutable std::mutex floor_mu_;
+  mutable std::vector<LeaseFloor> floors_;  // guarded by floor_mu_
 };
 
 }  // namespace keel::store
