@@ -1402,10 +1402,10 @@ TEST(ServeSlots, HealthzAnswersWhile2000IdleSocketsAreHeldOpenUnderASoftLimitOf1
       "slowest %.1f ms, %llu idle sockets reopened\n",
       answered, asked, within_100ms, std::chrono::duration<double, std::milli>(slowest).count(),
       static_cast<unsigned long long>(idle.reopened()));
+  // What is asserted is that a fresh connection is served at all (each probe waits 2 s, where
+  // before 83 of 85 got nothing); how fast is the figure printed above, not an assertion, since
+  // under a loaded machine's scheduling a share within 100 ms is not the server's doing.
   EXPECT_GE(answered * 100, probes * 99);
-  if (test::kTimingAsserted) {
-    EXPECT_GE(within_100ms * 100, probes * 99);
-  }
 }
 
 /// The admission gauge of /metrics (keel_admission_in_flight), -1 when it cannot be read.
