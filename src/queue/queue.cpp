@@ -170,11 +170,11 @@ constexpr Migration kMigrations[] = {
     // its readers want only the running jobs (expired leases, the earliest expiry) and the dead
     // ones (dead letters), each a partial index of its own, so a job that succeeds takes 8 index
     // entries where it took 10 (2 beyond its primary key and key, where it took 4). Done jobs are
-    // pruned in id order along the primary key. On PostgreSQL, room on each page of keel_jobs for the versions a job's life
-    // writes (start, heartbeats): a version that fits on its row's page and changes no indexed
-    // column is a HOT update, with no index entry and pruned without VACUUM; pages filled to
-    // 100% made about 1 start in 10 a full update. Pages written before keep their fill until
-    // their rows leave. SQLite updates rows in place.
+    // pruned in id order along the primary key. On PostgreSQL, room on each page of keel_jobs for
+    // the versions a job's life writes (start, heartbeats): a version that fits on its row's page
+    // and changes no indexed column is a HOT update, with no index entry and pruned without VACUUM;
+    // pages filled to 100% made about 1 start in 10 a full update. Pages written before keep their
+    // fill until their rows leave. SQLite updates rows in place.
     {KEEL_QUEUE_SCHEMA_V9(""),
      KEEL_QUEUE_SCHEMA_V9("ALTER TABLE keel_jobs SET (fillfactor = 70);")},
 };

@@ -42,6 +42,13 @@ class JobQueueTest : public test::BackendTest {
     return conn_->query(sql).integer(0, 0);
   }
 
+  // One figure of PostgreSQL's statistics (sql reads one integer), after this session's counts
+  // are flushed to them: the flush request is carried out when the session goes idle after it.
+  [[nodiscard]] std::int64_t flushed_statistic(const std::string& sql) {
+    conn_->query("SELECT pg_stat_force_next_flush()");
+    return count(sql);
+  }
+
   ManualClock clock_;
   std::unique_ptr<Connection> conn_;
 };
@@ -176,12 +183,9 @@ TEST_P(JobQueueTest, ALeaseStepsOverNoneOfTheJobsLeasedBeforeItOnPostgres) {
   }
   EXPECT_EQ(q.complete_done(*conn_, done), 100);
   const auto index_pages = [&] {
-    conn_->query("SELECT pg_stat_force_next_flush()");
-    return conn_
-        ->query(
-            "SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes"
-            " WHERE indexrelname = 'keel_jobs_ready' AND schemaname = current_schema()")
-        .integer(0, 0);
+    return flushed_statistic(
+        "SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes"
+        " WHERE indexrelname = 'keel_jobs_ready' AND schemaname = current_schema()");
   };
   const std::int64_t before = index_pages();
   for (int i = 0; i < 20; ++i) {
@@ -261,12 +265,9 @@ TEST_P(JobQueueTest, TheWorkersReadsOfABusyQueueScanNoTableOnPostgres) {
       CompleteStatus::kDead);
   conn_->execute("ANALYZE keel_jobs");
   const auto seq_scans = [&] {
-    conn_->query("SELECT pg_stat_force_next_flush()");
-    return conn_
-        ->query(
-            "SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'keel_jobs'"
-            " AND schemaname = current_schema()")
-        .integer(0, 0);
+    return flushed_statistic(
+        "SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'keel_jobs'"
+        " AND schemaname = current_schema()");
   };
   const std::int64_t before = seq_scans();
   (void)q.lease(*conn_, "busy", "w", 1);
