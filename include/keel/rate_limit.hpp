@@ -38,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -47,9 +48,11 @@
 
 namespace keel {
 
+struct Outcome;
+
 struct RateLimitOptions {
   /// Calls per second allowed to the dependency (the whole fleet's, when shared). 0: no rate
-  /// limit, only pauses. Requires: >= 0 and <= 1e6. Default 0.
+  /// limit, only pauses. Requires: 0, or in [kMinRatePerS, 1e6]. Default 0.
   double rate_per_s = 0;
   /// Slots that may be taken ahead of the schedule (a burst after a quiet spell): no window of
   /// one second holds more than rate_per_s + burst calls. A dependency that counts its limit per
@@ -67,7 +70,23 @@ struct RateLimitOptions {
   /// Callers held by a pause go at a uniformly random moment within this after its end (core's
   /// jitter, drawn per caller). Requires: >= 0. Default 1 s.
   Duration release_spread = std::chrono::seconds(1);
+  /// Called once per limit, the first time a pause asked for is longer than max_pause and cut
+  /// to it (the dependency's advice, the cap): for a log line. Optional; called without the
+  /// limit's lock held.
+  std::function<void(std::string_view key, Duration asked, Duration cap)> on_pause_cut;
 };
+
+/// The smallest rate RateLimitOptions::rate_per_s may have other than 0: one call a day. A lower
+/// rate is refused rather than kept (its interval is longer than any process lives, and far
+/// lower ones overflow a clock's range: no limit in practice).
+inline constexpr double kMinRatePerS = 1.0 / 86400;
+
+/// The pause a dependency's answer asks of its rate limit: a throttled answer (HTTP 429 or 503,
+/// or a user's throttled outcome) with a Retry-After longer than zero. None for anything else: a
+/// Retry-After of 0 or none pauses nothing, and the attempt is charged and backed off by core's
+/// retry decision like any other throttled answer (so that "come back at once" cannot become an
+/// endless loop of uncharged attempts). The one rule for every driver of a RateLimit.
+[[nodiscard]] std::optional<Duration> pause_asked(const Outcome& outcome) noexcept;
 
 /// The answer to RateLimit::reserve.
 struct RateDecision {
@@ -97,14 +116,72 @@ class RateLimitFleet {
 
 /// Counters since the limit was built.
 struct RateLimitStats {
-  std::uint64_t went = 0;        // slots reserved
-  std::uint64_t waited = 0;      // of those, with a wait
-  std::uint64_t refused = 0;     // calls told to ask again later (paused, or too long a wait)
-  std::uint64_t pauses = 0;      // pauses this limit started or extended (own or the fleet's)
-  std::uint64_t chunks = 0;      // chunks of the fleet's schedule added
-  std::uint64_t on_share = 0;    // slots taken on the local share (fleet out or not answering)
-  std::uint64_t slots_lost = 0;  // leased slots that passed unused
+  std::uint64_t went = 0;            // slots reserved
+  std::uint64_t waited = 0;          // of those, with a wait
+  std::uint64_t refused = 0;         // calls told to ask again later (paused, or too long a wait)
+  std::uint64_t pauses = 0;          // pauses this limit started or extended (own or the fleet's)
+  std::uint64_t chunks = 0;          // chunks of the fleet's schedule added
+  std::uint64_t on_share = 0;        // slots taken on the local share (fleet out or not answering)
+  std::uint64_t slots_lost = 0;      // leased slots that passed unused
+  std::uint64_t pauses_cut = 0;      // pauses asked for longer than max_pause, cut to it
+  std::uint64_t fleet_failures = 0;  // leases the fleet answered with a failure (on the share)
 };
+
+// ---------------------------------------------------------------------------------------------
+// The fleet's schedule of one rate, decided here and stored by a driver (keel::store::
+// SharedBreakers keeps it in a row of keel_rate_limits and runs this decision in the row's
+// transaction). Times are microseconds on the store's clock.
+
+/// A stored schedule.
+struct RateScheduleRow {
+  /// The first slot not leased yet; none for a new row, or one whose value is not a time.
+  std::optional<std::int64_t> next_slot_us;
+  /// The lowest rate (calls per second, spaced) a process asserted within the assertion's
+  /// life (rate_life); 0 when none (a new row, or one written by an older keel).
+  double rate_per_s = 0;
+  /// When that rate was last asserted.
+  std::int64_t rate_at_us = 0;
+};
+
+/// One process's request for a chunk of the schedule.
+struct RateLeaseAsk {
+  std::int64_t now_us = 0;
+  /// This process's rate, spaced (RateLimit::spaced_rate). Requires: > 0.
+  double rate_per_s = 0;
+  /// Slots wanted; the chunk holds at most the rate's chunk (rate_chunk). Requires: >= 1.
+  std::int64_t count = 1;
+  /// Slots the schedule may start behind now (a quiet spell's burst). Requires: >= 1.
+  double burst = 1;
+  /// How far ahead of now a chunk may start. Requires: > 0.
+  std::int64_t horizon_us = 1'000'000;
+};
+
+/// The decision: the row to store, and the chunk granted or when to ask again.
+struct RateLeaseAnswer {
+  RateScheduleRow row;
+  bool granted = false;
+  std::int64_t start_us = 0;     // granted: the chunk's first slot
+  std::int64_t interval_ns = 0;  // granted: between its slots (the fleet's rate)
+  std::int64_t count = 0;        // granted: its slots
+  std::int64_t retry_in_us = 0;  // not granted: when the schedule has room for a chunk
+  double rate_per_s = 0;         // the rate the fleet keeps: the lowest asserted
+  /// next_slot was not a time the schedule can hold (beyond the horizon and the longest chunk,
+  /// or absent from an existing row): read as now and rewritten.
+  bool slot_out_of_domain = false;
+  /// The stored rate was not a rate (<= 0, not finite, above 1e6): replaced by this process's.
+  bool rate_out_of_domain = false;
+  /// Another process asserts a lower rate for this dependency: the fleet keeps it.
+  bool lower_rate_kept = false;
+};
+
+/// The slots of the longest chunk of a rate: max(1, min(1000, rate / 10)), a tenth of a second.
+[[nodiscard]] std::int64_t rate_chunk(double rate_per_s) noexcept;
+/// How long a process's assertion of its rate is kept without being renewed: ten seconds, or
+/// three of the rate's longest chunks when longer (an hourly quota's process leases rarely).
+[[nodiscard]] std::int64_t rate_life_us(double rate_per_s) noexcept;
+/// A lease of `ask` against `row`: pure, for a driver to run in the row's transaction.
+[[nodiscard]] RateLeaseAnswer decide_rate_lease(const RateScheduleRow& row,
+                                                const RateLeaseAsk& ask) noexcept;
 
 class RateLimitRegistry;
 
@@ -131,8 +208,12 @@ class RateLimit {
   [[nodiscard]] TimePoint paused_until() const;
 
   /// The fleet's answer to a lease: `count` slots of its schedule, the first `start_in` from
-  /// `now` (negative: already due), one every 1 / rate_per_s.
-  void add_chunk(TimePoint now, Duration start_in, std::int64_t count);
+  /// `now` (negative: already due), one every `interval` (0: this limit's spaced rate; the
+  /// fleet's when it keeps a lower rate than this process's).
+  void add_chunk(TimePoint now, Duration start_in, std::int64_t count, Duration interval = {});
+  /// The fleet could not lease (an error other than no answer: a permission, the schema): the
+  /// calls go on this process's share until `now + in`, then the fleet is asked again.
+  void fleet_failed(TimePoint now, Duration in);
   /// The fleet's schedule has no room until `now + in`: the next lease is asked for then, and
   /// calls until then are told to ask again.
   void full_until(TimePoint now, Duration in);
@@ -149,8 +230,13 @@ class RateLimit {
   [[nodiscard]] double spaced_rate() const noexcept {
     return options_.rate_per_s * (1 - options_.headroom);
   }
-  /// The slots a chunk holds: max(1, min(1000, rate_per_s / 10)) (a tenth of a second).
+  /// The slots a chunk holds at most: rate_chunk(rate_per_s) (a tenth of a second).
   [[nodiscard]] std::int64_t chunk_size() const noexcept { return chunk_; }
+  /// The slots to lease next: as many as this process spends before they pass (its pace over
+  /// the last half second against the fleet's rate, and the calls waiting now), within
+  /// [1, chunk_size()]. A process that spends slots slower than the fleet's rate leases small
+  /// chunks, so that the fleet's schedule is not given to a process that cannot use it.
+  [[nodiscard]] std::int64_t lease_size(TimePoint now) const;
   [[nodiscard]] RateLimitStats stats() const;
 
  private:
@@ -159,14 +245,24 @@ class RateLimit {
     std::int64_t start_ns = 0;  // the first slot's time
     std::int64_t count = 0;
     std::int64_t next = 0;  // the next slot not taken
+    std::int64_t interval_ns = 0;
   };
-  // Requires: mu_ held. The next leased slot at or after now - burst; -1 when none.
+  // Requires: mu_ held. The next leased slot at or after now - lateness; -1 when none.
   std::int64_t next_slot(std::int64_t now_ns);
+  // Requires: mu_ held. Counts a slot taken at now for the pace.
+  void count_pace(std::int64_t now_ns);
+  // Requires: mu_ held.
+  std::int64_t lease_size_locked(std::int64_t now_ns) const;
+  // Requires: mu_ held. The wait of a call told to come back when the fleet gave no slot.
+  Duration queued_wait(std::int64_t wait_ns, BitGenRef gen) const;
 
   RateLimitOptions options_;
   std::string key_;
   std::int64_t interval_ns_ = 0;  // 1 / rate, 0 without a rate
   std::int64_t burst_ns_ = 0;     // burst x interval
+  // How late a leased slot may still be spent: the burst, or the headroom's share of a second
+  // when longer (a slot spent that late is paid for by the headroom left unused).
+  std::int64_t late_ns_ = 0;
   std::int64_t chunk_ = 1;
   // The registry's fleet, shared by its limits: read under a shared lock for each call to it,
   // so that detaching waits for the calls running (each at most one bounded round trip).
@@ -186,6 +282,13 @@ class RateLimit {
   bool sharing_ = false;
   bool wanted_ = false;  // a chunk is asked for and not yet added
   double share_ = 1.0;
+  std::int64_t local_until_ns_ = 0;  // the fleet failed: on the share until then
+  int waiting_ = 0;                  // calls in reserve() with no slot yet
+  // The pace: slots taken in the current and the last window of half a second.
+  std::int64_t pace_window_ns_ = 0;
+  std::int64_t pace_now_ = 0;
+  std::int64_t pace_last_ = -1;  // -1: no full window yet
+  bool cut_said_ = false;
   RateLimitStats stats_;
 };
 

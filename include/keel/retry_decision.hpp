@@ -58,8 +58,9 @@ struct RetryVerdict {
 /// safe to repeat; a kNotAttempted outcome is deferred (not charged) until the brake's retry_in
 /// (capped by retry_after_cap), or a backoff draw when it gave none; the attempt limit and the
 /// outcome's retry_limit stop; the wait is the server's delay capped by retry_after_cap when it
-/// gave one, else a backoff draw; a wait that does not leave min_attempt_time before the deadline
-/// stops with kDeadline. Requires: progress.attempts >= 1, limits.max_attempts >= 1.
+/// gave one longer than zero, else a backoff draw (a Retry-After of 0 is no advice: charged and
+/// backed off, never an immediate retry); a wait that does not leave min_attempt_time before the
+/// deadline stops with kDeadline. Requires: progress.attempts >= 1, limits.max_attempts >= 1.
 [[nodiscard]] RetryVerdict decide_retry(const RetryPolicy& policy, const RetryLimits& limits,
                                         const RetryProgress& progress, const Outcome& outcome,
                                         Rng& rng);

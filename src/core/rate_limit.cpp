@@ -2,42 +2,32 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
+#include "detail/invalid.hpp"
 #include "keel/backoff.hpp"
-#include "keel/expected.hpp"
+#include "keel/classify.hpp"
+#include "keel/duration.hpp"
 
 namespace keel {
 namespace {
 
-template <class T>
-std::string text(T v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
-
-[[noreturn]] void reject(const char* field, const std::string& requirement,
-                         const std::string& got) {
-  throw_invalid({.context = "keel::RateLimitOptions",
-                 .field = field,
-                 .problem = "must be " + requirement,
-                 .got = got});
-}
+std::string text(double v) { return detail::format_number(v); }
+std::string text(Duration d) { return format_duration(d); }
 
 void validate(const RateLimitOptions& o) {
-  if (!(o.rate_per_s >= 0 && o.rate_per_s <= 1e6)) {
-    reject("rate_per_s", "in [0, 1e6]", text(o.rate_per_s));
+  const auto reject = [](const char* field, const char* requirement, const std::string& got) {
+    detail::reject("RateLimitOptions", field, requirement, got);
+  };
+  if (!(o.rate_per_s == 0 || (o.rate_per_s >= kMinRatePerS && o.rate_per_s <= 1e6))) {
+    reject("rate_per_s", "0 (no rate) or in [1/86400 (one a day), 1e6]", text(o.rate_per_s));
   }
   if (!(o.burst == 0 || (o.burst >= 1 && o.burst <= 1e6))) {
     reject("burst", "0 (one slot) or in [1, 1e6]", text(o.burst));
   }
   if (!(o.headroom >= 0 && o.headroom < 0.5)) reject("headroom", "in [0, 0.5)", text(o.headroom));
-  if (o.max_pause <= Duration::zero()) {
-    reject("max_pause", "> 0", text(o.max_pause.count()) + " ns");
-  }
+  if (o.max_pause <= Duration::zero()) reject("max_pause", "> 0", text(o.max_pause));
   if (o.release_spread < Duration::zero()) {
-    reject("release_spread", ">= 0", text(o.release_spread.count()) + " ns");
+    reject("release_spread", ">= 0", text(o.release_spread));
   }
 }
 
@@ -45,27 +35,93 @@ std::int64_t ns_of(TimePoint t) { return t.time_since_epoch().count(); }
 
 }  // namespace
 
+std::optional<Duration> pause_asked(const Outcome& outcome) noexcept {
+  if (outcome.kind != OutcomeKind::kThrottled) return std::nullopt;
+  if (outcome.source == OutcomeSource::kHttp && outcome.code != 429 && outcome.code != 503) {
+    return std::nullopt;
+  }
+  if (!outcome.has_server_delay() || outcome.server_delay <= Duration::zero()) return std::nullopt;
+  return outcome.server_delay;
+}
+
+std::int64_t rate_chunk(double rate_per_s) noexcept {
+  return std::clamp<std::int64_t>(std::llround(rate_per_s / 10), 1, 1000);
+}
+
+std::int64_t rate_life_us(double rate_per_s) noexcept {
+  const double chunk_us = static_cast<double>(rate_chunk(rate_per_s)) * 1e6 / rate_per_s;
+  return static_cast<std::int64_t>(std::clamp(3 * chunk_us, 10e6, 1e15));
+}
+
+RateLeaseAnswer decide_rate_lease(const RateScheduleRow& row, const RateLeaseAsk& ask) noexcept {
+  RateLeaseAnswer out;
+  out.row = row;
+  const std::int64_t now = ask.now_us;
+  // The rate: the lowest asserted within its life. This process's own renews or replaces it.
+  const bool stored_valid = std::isfinite(row.rate_per_s) && row.rate_per_s > 0 &&
+                            row.rate_per_s <= 1e6 && row.rate_at_us <= now + 1'000'000;
+  out.rate_out_of_domain = row.rate_per_s != 0 && !stored_valid;
+  const bool stored_live = stored_valid && now - row.rate_at_us <= rate_life_us(row.rate_per_s);
+  double rate = ask.rate_per_s;
+  if (stored_live && row.rate_per_s < ask.rate_per_s) {
+    rate = row.rate_per_s;  // another process's lower rate, kept
+    out.lower_rate_kept = true;
+  } else {
+    out.row.rate_per_s = ask.rate_per_s;
+    out.row.rate_at_us = now;
+  }
+  out.rate_per_s = rate;
+  const double interval_us = 1e6 / rate;
+  const std::int64_t count = std::clamp<std::int64_t>(ask.count, 1, rate_chunk(rate));
+  const auto span = static_cast<std::int64_t>(std::ceil(static_cast<double>(count) * interval_us));
+  const auto burst = static_cast<std::int64_t>(std::max(1.0, ask.burst) * interval_us);
+  // The furthest next_slot a lease leaves: a chunk starting at the horizon, of the longest span.
+  const auto longest =
+      static_cast<std::int64_t>(std::ceil(static_cast<double>(rate_chunk(rate)) * interval_us));
+  const std::int64_t bound = now + ask.horizon_us + longest + 1'000'000;  // a second's slack
+  std::int64_t slot = now;
+  if (row.next_slot_us.has_value() && *row.next_slot_us <= bound) {
+    slot = *row.next_slot_us;
+  } else if (row.next_slot_us.has_value() || row.rate_at_us != 0) {
+    out.slot_out_of_domain = true;  // not a time the schedule holds: read as now
+  }
+  const std::int64_t start = std::max(slot, now - burst);
+  if (start > now + ask.horizon_us) {
+    // Full as far as the horizon: room for a chunk when the schedule's end comes within it.
+    out.retry_in_us = std::max<std::int64_t>(1000, start - now - ask.horizon_us);
+    out.row.next_slot_us = slot;
+    return out;
+  }
+  out.granted = true;
+  out.start_us = start;
+  out.count = count;
+  out.interval_ns = std::max<std::int64_t>(1, std::llround(interval_us * 1000));
+  out.row.next_slot_us = start + span;
+  return out;
+}
+
 RateLimit::RateLimit(RateLimitOptions options, std::string key)
-    : options_(options), key_(std::move(key)) {
+    : options_(std::move(options)), key_(std::move(key)) {
   validate(options_);
   if (options_.rate_per_s > 0) {
     interval_ns_ = std::max<std::int64_t>(1, std::llround(1e9 / spaced_rate()));
     const double burst = options_.burst > 0 ? options_.burst : 1.0;
     burst_ns_ = static_cast<std::int64_t>(burst * static_cast<double>(interval_ns_));
-    chunk_ = std::clamp<std::int64_t>(std::llround(options_.rate_per_s / 10), 1, 1000);
+    late_ns_ = std::max<std::int64_t>(burst_ns_, std::llround(options_.headroom * 1e9));
+    chunk_ = rate_chunk(options_.rate_per_s);
   }
 }
 
 std::int64_t RateLimit::next_slot(std::int64_t now_ns) {
-  const std::int64_t earliest = now_ns - burst_ns_;
+  const std::int64_t earliest = now_ns - late_ns_;
   while (!chunks_.empty()) {
     Chunk& c = chunks_.front();
     if (c.next < c.count) {
-      const std::int64_t at = c.start_ns + c.next * interval_ns_;
+      const std::int64_t at = c.start_ns + c.next * c.interval_ns;
       if (at >= earliest) return at;
       // Slots that passed unused are not saved up: a burst is at most `burst`.
       const std::int64_t skip =
-          std::min(c.count - c.next, (earliest - at + interval_ns_ - 1) / interval_ns_);
+          std::min(c.count - c.next, (earliest - at + c.interval_ns - 1) / c.interval_ns);
       c.next += std::max<std::int64_t>(skip, 1);
       stats_.slots_lost += static_cast<std::uint64_t>(std::max<std::int64_t>(skip, 1));
       continue;
@@ -75,32 +131,102 @@ std::int64_t RateLimit::next_slot(std::int64_t now_ns) {
   return -1;
 }
 
+namespace {
+constexpr std::int64_t kPaceWindowNs = 500'000'000;  // half a second
+constexpr std::int64_t kAheadSize = 4;               // the smallest lease asked for ahead of need
+}  // namespace
+
+void RateLimit::count_pace(std::int64_t now_ns) {
+  if (now_ns - pace_window_ns_ >= kPaceWindowNs) {
+    // A window with no slot taken ends the pace too.
+    pace_last_ = now_ns - pace_window_ns_ >= 2 * kPaceWindowNs ? 0 : pace_now_;
+    pace_now_ = 0;
+    pace_window_ns_ = now_ns;
+  }
+  ++pace_now_;
+}
+
+std::int64_t RateLimit::lease_size_locked(std::int64_t now_ns) const {
+  if (interval_ns_ == 0) return 1;
+  // Before a pace is known (the first half second): the calls waiting, one at least.
+  std::int64_t size = 1;
+  if (pace_last_ >= 0) {
+    size = chunk_;
+    // The slots per second this process spent lately (the current window's when higher).
+    const double window = std::max<double>(1, static_cast<double>(now_ns - pace_window_ns_));
+    const double pace = std::max(static_cast<double>(pace_last_) * 1e9 / kPaceWindowNs,
+                                 static_cast<double>(pace_now_) * 1e9 / std::max(window, 1e8));
+    // At that pace a chunk of n slots, spaced at the rate's interval, is spent over n / pace;
+    // its last slot is late by n / pace - n x interval, and at most late_ns_ may be.
+    const double rate_s = 1e9 / static_cast<double>(interval_ns_);
+    // Half the allowance is used: a call also waits for its slot, and its pace varies.
+    if (pace < rate_s) {
+      const double per_slot_late_s = 1 / std::max(pace, 1e-9) - 1 / rate_s;
+      const double fits = (static_cast<double>(late_ns_) / 2e9) / per_slot_late_s;
+      size = std::clamp<std::int64_t>(static_cast<std::int64_t>(fits) + 1, 1, chunk_);
+    }
+  }
+  // The calls waiting now each take one at once.
+  return std::clamp<std::int64_t>(std::max<std::int64_t>(size, waiting_), 1, chunk_);
+}
+
+Duration RateLimit::queued_wait(std::int64_t wait_ns, BitGenRef gen) const {
+  // At least this process's share of a slot's time, jittered in [1, 2) of it: the calls told to
+  // come back do not come back together, nor poll faster than their share of the rate comes.
+  // The share's slot time is bounded by a second: a low rate's callers ask again at least that
+  // often, which costs nothing at such a rate.
+  const double share = std::clamp(share_, 1e-6, 1.0);
+  const Duration floor(std::min<std::int64_t>(
+      1'000'000'000, static_cast<std::int64_t>(static_cast<double>(interval_ns_) / share)));
+  return std::max(Duration(wait_ns), floor + uniform_duration(Duration::zero(), floor, gen));
+}
+
+std::int64_t RateLimit::lease_size(TimePoint now) const {
+  std::lock_guard lock(mu_);
+  return lease_size_locked(ns_of(now));
+}
+
 RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen) {
   const std::int64_t t = ns_of(now);
   const std::int64_t max_wait_ns = std::max<Duration>(max_wait, Duration::zero()).count();
-  bool leased = false;  // the fleet was asked for a chunk during this call
+  // Leases asked for by this call. The fleet answers each: with a chunk, its schedule's room, or
+  // a failure (the share for a while). A chunk another call took first is asked for again, a
+  // few times; then this call is told to come back after a slot's interval: never the whole
+  // rate on its own.
+  constexpr int kMaxLeases = 3;
+  int leases = 0;
+  bool unanswered = false;  // the fleet did not answer in time: this call goes on the share
+  bool counted_waiting = false;
+  const auto stop_waiting = [&] {
+    if (counted_waiting) --waiting_;
+    counted_waiting = false;
+  };
   for (;;) {
     enum class Next { kDone, kWant, kLease } next = Next::kDone;
     RateDecision d;
     {
       std::lock_guard lock(mu_);
       if (paused_until_ns_ > t) {
+        stop_waiting();
         ++stats_.refused;
         const Duration spread = uniform_duration(Duration::zero(), options_.release_spread, gen);
         return {.go = false, .wait = Duration(paused_until_ns_ - t) + spread, .paused = true};
       }
       if (interval_ns_ == 0) {
+        stop_waiting();
         ++stats_.went;
         return {};
       }
-      bool on_share = !sharing_;
-      if (sharing_) {
+      bool on_share = !sharing_ || unanswered || local_until_ns_ > t;
+      if (!on_share) {
         if (full_until_ns_ > t) {
+          stop_waiting();
           ++stats_.refused;
-          return {.go = false, .wait = Duration(full_until_ns_ - t)};
+          return {.go = false, .wait = queued_wait(full_until_ns_ - t, gen)};
         }
         const std::int64_t at = next_slot(t);
         if (at >= 0) {
+          stop_waiting();
           const std::int64_t wait = std::max<std::int64_t>(0, at - t);
           if (wait > max_wait_ns) {
             ++stats_.refused;
@@ -109,19 +235,36 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
           ++chunks_.front().next;
           ++stats_.went;
           if (wait > 0) ++stats_.waited;
+          count_pace(t);
           std::int64_t left = 0;
           for (const Chunk& c : chunks_) left += c.count - c.next;
           d = {.go = true, .wait = Duration(wait)};
-          if (2 * left >= chunk_ || wanted_) return d;  // half a chunk left: the next one
+          // The next chunk is leased ahead when half of one is left, by a process whose pace
+          // fills a few slots of a chunk; a slower one leases when it has none (a chunk leased
+          // ahead would pass while its calls are busy, and be lost to the fleet).
+          const std::int64_t size = lease_size_locked(t);
+          if (2 * left >= size || wanted_ || size < kAheadSize) return d;
           wanted_ = true;
           next = Next::kWant;
-        } else if (!leased) {
+        } else if (leases < kMaxLeases) {
+          if (!counted_waiting) ++waiting_;
+          counted_waiting = true;
           next = Next::kLease;
         } else {
-          on_share = true;  // the fleet gave no chunk in time: this call goes on the share
+          // Each lease answered and other calls took the slots: ask again when this process's
+          // leased slots are spent (its calls queue there), at least a slot's time from now.
+          std::int64_t end = t + interval_ns_ * std::max(1, waiting_);
+          if (!chunks_.empty()) {
+            const Chunk& c = chunks_.back();
+            end = std::max(end, c.start_ns + c.count * c.interval_ns);
+          }
+          stop_waiting();
+          ++stats_.refused;
+          return {.go = false, .wait = queued_wait(end - t, gen)};
         }
       }
       if (on_share) {
+        stop_waiting();
         // This process's share of the rate: all of it alone, the fleet's equal share when the
         // fleet cannot answer.
         const double share = std::clamp(share_, 1e-6, 1.0);
@@ -147,8 +290,8 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
       return d;
     }
     // No leased slot left: ask for a chunk (at most one bounded round trip), then look again.
-    if (fleet_->fleet != nullptr) (void)fleet_->fleet->lease(key_);
-    leased = true;
+    ++leases;
+    if (fleet_->fleet == nullptr || !fleet_->fleet->lease(key_)) unanswered = true;
   }
 }
 
@@ -156,12 +299,19 @@ bool RateLimit::pause(TimePoint now, Duration duration, bool announce) {
   const std::int64_t t = ns_of(now);
   const Duration d = std::clamp<Duration>(duration, Duration::zero(), options_.max_pause);
   const std::int64_t until = t + d.count();
+  bool say_cut = false;
   {
     std::lock_guard lock(mu_);
+    if (duration > options_.max_pause && announce) {
+      ++stats_.pauses_cut;
+      say_cut = !cut_said_;
+      cut_said_ = true;
+    }
     if (until <= paused_until_ns_ || d <= Duration::zero()) return false;
     paused_until_ns_ = until;
     ++stats_.pauses;
   }
+  if (say_cut && options_.on_pause_cut) options_.on_pause_cut(key_, duration, options_.max_pause);
   if (announce) {
     std::shared_lock fleet_lock(fleet_->mu);
     if (fleet_->fleet != nullptr) fleet_->fleet->paused(key_, TimePoint(Duration(until)));
@@ -174,13 +324,25 @@ TimePoint RateLimit::paused_until() const {
   return TimePoint(Duration(paused_until_ns_));
 }
 
-void RateLimit::add_chunk(TimePoint now, Duration start_in, std::int64_t count) {
+void RateLimit::add_chunk(TimePoint now, Duration start_in, std::int64_t count, Duration interval) {
   std::lock_guard lock(mu_);
   wanted_ = false;
   full_until_ns_ = 0;
   if (count <= 0 || interval_ns_ == 0) return;
-  chunks_.push_back({.start_ns = ns_of(now) + start_in.count(), .count = count, .next = 0});
+  // A chunk spaced at the fleet's rate, never faster than this process's own.
+  const std::int64_t spacing = std::max(interval_ns_, interval.count());
+  chunks_.push_back({.start_ns = ns_of(now) + start_in.count(),
+                     .count = count,
+                     .next = 0,
+                     .interval_ns = spacing});
   ++stats_.chunks;
+}
+
+void RateLimit::fleet_failed(TimePoint now, Duration in) {
+  std::lock_guard lock(mu_);
+  wanted_ = false;
+  ++stats_.fleet_failures;
+  local_until_ns_ = ns_of(now) + std::max<Duration>(in, Duration::zero()).count();
 }
 
 void RateLimit::full_until(TimePoint now, Duration in) {
@@ -191,11 +353,11 @@ void RateLimit::full_until(TimePoint now, Duration in) {
 
 std::int64_t RateLimit::slots_left(TimePoint now) const {
   std::lock_guard lock(mu_);
-  const std::int64_t earliest = ns_of(now) - burst_ns_;
+  const std::int64_t earliest = ns_of(now) - late_ns_;
   std::int64_t left = 0;
   for (const Chunk& c : chunks_) {
     for (std::int64_t k = c.next; k < c.count; ++k) {
-      if (c.start_ns + k * interval_ns_ >= earliest) ++left;
+      if (c.start_ns + k * c.interval_ns >= earliest) ++left;
     }
   }
   return left;

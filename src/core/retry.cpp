@@ -105,7 +105,11 @@ RetryVerdict decide_retry(const RetryPolicy& policy, const RetryLimits& limits,
   }
 
   // The wait: the server's (or the refusing brake's) delay when given, capped; else the backoff.
-  if (outcome.has_server_delay()) {
+  // A dependency's delay of 0 ("now", or a Retry-After date already past) is no advice: the
+  // backoff, with its jitter, so that a dependency that always says "now" is not called in a
+  // tight loop. A brake of keel's own that admits again at once (kNotAttempted) is taken at its
+  // word: nothing was sent.
+  if (outcome.has_server_delay() && (outcome.server_delay > Duration::zero() || deferral)) {
     v.delay =
         outcome.server_delay < opt.retry_after_cap ? outcome.server_delay : opt.retry_after_cap;
     v.server_delay_used = true;

@@ -77,7 +77,10 @@ constexpr Migration kRateMigrations[] = {
             " leases BIGINT NOT NULL DEFAULT 0,"  // chunks leased
             " pauses BIGINT NOT NULL DEFAULT 0,"  // pauses written
             " updated_by TEXT,"
-            " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"}};
+            " updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"},
+    // 2: the lowest rate a process asserted, and when (keel::decide_rate_lease).
+    {.sql = "ALTER TABLE keel_rate_limits ADD COLUMN rate_per_s DOUBLE PRECISION,"
+            " ADD COLUMN rate_at TIMESTAMPTZ"}};
 
 // The kinds of a row of keel_rate_limits outside its domain.
 enum RateFlag : int {
@@ -213,7 +216,9 @@ constexpr std::size_t kRowColumns = 9;
 std::string us(const std::string& place) { return "(" + place + " * interval '1 microsecond')"; }
 
 struct Statements {
-  std::string lease;
+  std::string lease_insert;
+  std::string lease_row;
+  std::string lease_write;
   std::string pause;
   std::string pauses;
   std::string take_probe;
@@ -227,47 +232,42 @@ struct Statements {
 const Statements& sql() {
   static const Statements statements = [] {
     Statements s;
-    // $1 key, $2 the chunk's span in us, $3 the burst in us, $4 the horizon in us, $5 process,
-    // $6 the longest pause in ms. Columns: the leased chunk's end, in us from now (NULL: the
-    // schedule is full), the flags of the row as it was, the us until the schedule has room,
-    // next_slot and paused_until as text (for the notices).
+    // The lease runs keel::decide_rate_lease in the row's transaction: lease_row locks the row
+    // (made first when new) and reads it, lease_write stores the decision.
+    // lease_insert: $1 key, $2 process. lease_row: $1 key, $2 the longest pause in ms. Columns:
+    // now, next_slot and rate_at in us since the epoch (NULL when not a time), whether next_slot is
+    // set but not a time, rate_per_s, the flags of the pause and the counts, next_slot and
+    // paused_until as text (for the notices).
     {
-      const std::string sane_slot =
-          "(CASE WHEN r.next_slot IS NULL OR NOT isfinite(r.next_slot) OR r.next_slot >"
-          " statement_timestamp() + " +
-          us("$4") + " + " + kSlack + " THEN now() ELSE r.next_slot END)";
-      const std::string start = "GREATEST(" + sane_slot + ", now() - " + us("$3") + ")";
       const std::string bound = std::to_string(kMaxCount);
-      const std::string rate_flags =
-          "(CASE WHEN r.next_slot IS NOT NULL AND (NOT isfinite(r.next_slot) OR r.next_slot >"
+      const auto epoch_us = [](const std::string& column) {
+        return "CASE WHEN isfinite(" + column + ") AND " + column +
+               " BETWEEN now() - interval '100 years' AND now() + interval '100 years' THEN"
+               " floor(extract(epoch FROM " +
+               column + ") * 1000000)::bigint END";
+      };
+      s.lease_insert =
+          "INSERT INTO keel_rate_limits (key, updated_by, updated_at) VALUES ($1, $2, now())"
+          " ON CONFLICT (key) DO NOTHING";
+      s.lease_row =
+          "SELECT floor(extract(epoch FROM now()) * 1000000)::bigint, " + epoch_us("r.next_slot") +
+          ", " + epoch_us("r.rate_at") +
+          ", (r.next_slot IS NOT NULL AND NOT (isfinite(r.next_slot) AND r.next_slot BETWEEN"
+          " now() - interval '100 years' AND now() + interval '100 years')),"
+          " r.rate_per_s, (CASE WHEN (NOT isfinite(r.paused_until) OR r.paused_until >"
           " statement_timestamp() + " +
-          us("$4") + " + " + kSlack + ") THEN 1 ELSE 0 END + CASE WHEN (NOT isfinite(" +
-          "r.paused_until) OR r.paused_until > statement_timestamp() + " + ms("$6") + " + " +
-          kSlack + ") IS TRUE THEN 2 ELSE 0 END + CASE WHEN r.leases NOT BETWEEN 0 AND " + bound +
-          " OR r.pauses NOT BETWEEN 0 AND " + bound + " THEN 4 ELSE 0 END)";
-      s.lease =
-          "WITH up AS ("
-          " INSERT INTO keel_rate_limits AS r (key, next_slot, leases, updated_by, updated_at)"
-          " VALUES ($1, now() + " +
-          us("$2") +
-          ", 1, $5, now())"
-          " ON CONFLICT (key) DO UPDATE SET next_slot = " +
-          start + " + " + us("$2") + ", leases = " + sane_count("r.leases") +
-          " + 1, pauses = " + sane_count("r.pauses") +
-          ", updated_by = $5, updated_at = now()"
-          " WHERE " +
-          start + " <= now() + " + us("$4") +
-          " RETURNING r.next_slot)"
-          " SELECT (SELECT floor(extract(epoch FROM next_slot - now()) * 1000000)::bigint"
-          "  FROM up),"
-          " (SELECT " +
-          rate_flags +
-          " FROM keel_rate_limits r WHERE r.key = $1),"
-          " (SELECT floor(extract(epoch FROM " +
-          start + " - now() - " + us("$4") +
-          ") * 1000000)::bigint FROM keel_rate_limits r WHERE r.key = $1),"
-          " (SELECT r.next_slot::text FROM keel_rate_limits r WHERE r.key = $1),"
-          " (SELECT r.paused_until::text FROM keel_rate_limits r WHERE r.key = $1)";
+          ms("$2") + " + " + kSlack +
+          ") IS TRUE THEN 2 ELSE 0 END + CASE WHEN r.leases NOT BETWEEN 0 AND " + bound +
+          " OR r.pauses NOT BETWEEN 0 AND " + bound +
+          " THEN 4 ELSE 0 END), r.next_slot::text, r.paused_until::text"
+          " FROM keel_rate_limits r WHERE r.key = $1 FOR UPDATE";
+      // lease_write: $1 key, $2 next_slot in us since the epoch, $3 rate_per_s, $4 rate_at in
+      // us, $5 1 when a chunk was leased, $6 process.
+      s.lease_write = "UPDATE keel_rate_limits SET next_slot = timestamptz 'epoch' + " + us("$2") +
+                      ", rate_per_s = $3::double precision, rate_at = timestamptz 'epoch' + " +
+                      us("$4") + ", leases = " + sane_count("leases") +
+                      " + $5, pauses = " + sane_count("pauses") +
+                      ", updated_by = $6, updated_at = now() WHERE key = $1";
     }
     // $1 key, $2 the pause in ms, $3 process, $4 notification payload, $5 the longest pause in
     // ms. Extends the row's pause only (one out of its domain is replaced).
@@ -389,23 +389,40 @@ const Statements& sql() {
   return statements;
 }
 
-// sql().lease's row.
-struct LeaseRow {
-  std::optional<std::int64_t> end_us;   // the leased chunk's end; none: the schedule is full
-  int flags = 0;                        // of the row as it was
-  std::int64_t room_us = 0;             // until the schedule has room
+}  // namespace
+
+// sql().lease_row's row.
+struct SharedBreakers::LeaseRow {
+  RateScheduleRow schedule;
+  std::int64_t now_us = 0;
+  bool slot_unreadable = false;         // next_slot set, but not a time
+  int flags = 0;                        // of the pause and the counts
   std::string next_slot, paused_until;  // as text, for the notices
 };
-LeaseRow read_lease(const Rows& rows) {
+SharedBreakers::LeaseRow SharedBreakers::read_lease(const Rows& rows) {
   RowCursor c(rows, 0);
-  LeaseRow r;
-  if (const auto& end = c.cell()) r.end_us = integer_cell(end);
+  SharedBreakers::LeaseRow r;
+  r.now_us = integer_cell(c.cell());
+  if (const auto& slot = c.cell()) r.schedule.next_slot_us = integer_cell(slot);
+  r.schedule.rate_at_us = integer_cell(c.cell());
+  const auto& unreadable = c.cell();
+  r.slot_unreadable = unreadable && *unreadable == "t";
+  if (const auto& rate = c.cell()) {
+    const char* end = rate->data() + rate->size();
+    double value = 0;
+    if (std::from_chars(rate->data(), end, value).ec == std::errc{}) {
+      r.schedule.rate_per_s = value;
+    } else {
+      r.schedule.rate_per_s = -1;  // NaN, Infinity: out of the domain
+    }
+  }
   r.flags = static_cast<int>(integer_cell(c.cell()));
-  r.room_us = integer_cell(c.cell());
   r.next_slot = text_cell(c.cell());
   r.paused_until = text_cell(c.cell());
   return r;
 }
+
+namespace {
 
 // A row of sql().pauses.
 struct PauseRow {
@@ -472,6 +489,18 @@ bool shareable(std::string_view key) {
 std::int64_t clamped_ms(Duration d) { return std::clamp<std::int64_t>(keel::to_ms(d), 0, kMaxMs); }
 
 // A database error caused by a value (class 22, data exception): no retry reads it otherwise.
+// A rate as a person writes it: "50/s", "30/m", "120/h".
+std::string format_rate(double per_s) {
+  const auto number = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", v);
+    return std::string(buf);
+  };
+  if (per_s >= 1) return number(per_s) + "/s";
+  if (per_s * 60 >= 1) return number(per_s * 60) + "/m";
+  return number(per_s * 3600) + "/h";
+}
+
 bool value_error(const DatabaseError& e) { return e.details().sqlstate.starts_with("22"); }
 
 void validate(const SharedBreakersOptions& o) {
@@ -556,7 +585,10 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
       lease_ms_(clamped_ms(options_.probe_lease)),
       members_ms_(clamped_ms(options_.heartbeat * 3)),
       limit_setting_(std::to_string(clamped_ms(options_.round_trip_limit)) + "ms"),
-      rng_(std::random_device{}()) {
+      rng_(std::random_device{}()),
+      lease_backoff_(
+          BackoffOptions{.base = std::chrono::seconds(1), .cap = std::chrono::seconds(60)},
+          std::random_device{}()) {
   if (!dialect_of(url_.backend).listen_notify()) {
     throw std::invalid_argument(
         "SharedBreakers: " + url_.redacted +
@@ -625,7 +657,9 @@ SharedBreakersStats SharedBreakers::stats() const {
           .leases_waited = leases_waited_.load(),
           .leases_full = leases_full_.load(),
           .pauses_published = pauses_published_.load(),
-          .pauses_applied = pauses_applied_.load()};
+          .pauses_applied = pauses_applied_.load(),
+          .lease_failures = lease_failures_.load(),
+          .rates_disagreeing = rates_disagreeing_.load()};
 }
 
 void SharedBreakers::notice(const std::string& message) {
@@ -761,8 +795,8 @@ void SharedBreakers::paused(std::string_view key, TimePoint until) {
 // (an equal share of the fleet it last knew, all of it when it never knew one).
 void SharedBreakers::set_rate_sharing(bool sharing) {
   if (options_.rate_limits == nullptr) return;
-  options_.rate_limits->set_fleet_state(sharing,
-                                        sharing ? 1.0 : 1.0 / std::max(1, last_fleet_size_));
+  // The share is this process's when the fleet does not answer a lease, sharing or not.
+  options_.rate_limits->set_fleet_state(sharing, 1.0 / std::max(1, last_fleet_size_));
 }
 
 // Leases the chunks asked for (by calls waiting, and ahead of need), one statement each.
@@ -787,8 +821,10 @@ void SharedBreakers::serve_leases() {
     bool lost = false;
     try {
       lease_one(key);
-    } catch (const std::exception&) {
-      lost = work_->broken();  // slow or gone: the waiting call goes on its share
+      lease_backoff_.reset();
+    } catch (const std::exception& e) {
+      lost = work_->broken();  // gone: every call goes on its share until the fleet is back
+      if (!lost) lease_failed(key, e);
     }
     {
       std::lock_guard lock(mu_);
@@ -802,53 +838,113 @@ void SharedBreakers::serve_leases() {
   }
 }
 
-// One chunk of `key`'s schedule for this process, or the schedule's room.
+// One chunk of `key`'s schedule for this process, or the schedule's room: core's
+// decide_rate_lease, run in the row's transaction (two round trips: the row locked and read,
+// then the decision written with COMMIT).
 void SharedBreakers::lease_one(const std::string& key) {
   const auto limit = options_.rate_limits->find(key);
   if (!limit || limit->options().rate_per_s <= 0 || !shareable(key)) return;
-  const double rate = limit->spaced_rate();
-  const std::int64_t count = limit->chunk_size();
-  const double burst = limit->options().burst > 0 ? limit->options().burst : 1.0;
-  const std::int64_t span_us = std::llround(static_cast<double>(count) * 1e6 / rate);
-  const std::int64_t burst_us = std::llround(burst * 1e6 / rate);
   const std::int64_t max_pause_ms = clamped_ms(limit->options().max_pause);
-  const Value params[] = {key,         span_us, burst_us, horizon_ms_ * 1000, options_.process,
-                          max_pause_ms};
-  const Rows rows = bounded(sql().lease, params);
-  const TimePoint now = steady_clock().now();
-  if (rows.empty()) return;
-  const LeaseRow row = read_lease(rows);
-  if (const int flags = row.flags; flags != 0) {
-    const std::string name = "keel_rate_limits row " + quote_value(key) + ": ";
-    if ((flags & kSlotOutOfDomain) != 0 && first_time("slot\n" + key)) {
-      rows_out_of_domain_.fetch_add(1);
-      rows_repaired_.fetch_add(1);
-      notice(name + "next_slot " + quote_value(row.next_slot) +
-             " is not a time within rate_horizon (" + format_duration(options_.rate_horizon) +
-             ") from now; read as now, and rewritten");
-    }
-    if ((flags & kPauseTooLong) != 0 && first_time("pause\n" + key)) {
-      rows_out_of_domain_.fetch_add(1);
-      notice(name + "paused_until " + quote_value(row.paused_until) +
-             " is not a time within max_pause (" + format_duration(limit->options().max_pause) +
-             ") from now; obeyed as at most that");
-    }
-    if ((flags & kBadRateCount) != 0 && first_time("count\n" + key)) {
-      rows_out_of_domain_.fetch_add(1);
-      rows_repaired_.fetch_add(1);
-      notice(name + "leases or pauses out of range (0 to 2^53); reset to 0");
-    }
+  const TimePoint asked = steady_clock().now();
+  const Value limit_param[] = {limit_setting_};
+  const Value insert_params[] = {key, options_.process};
+  const Value row_params[] = {key, max_pause_ms};
+  const Statement statements[] = {{.sql = kLimits, .params = limit_param},
+                                  {.sql = sql().lease_insert, .params = insert_params},
+                                  {.sql = sql().lease_row, .params = row_params}};
+  const std::vector<Rows> read = work_->begin_then_query(Isolation::kReadCommitted, statements);
+  LeaseRow row;
+  try {
+    if (read.back().empty()) throw std::runtime_error("the row was not found after its insert");
+    row = read_lease(read.back());
+  } catch (...) {
+    work_->rollback();
+    throw;
   }
-  if (row.end_us) {
-    const std::int64_t end_us = *row.end_us;
-    limit->add_chunk(now, std::chrono::microseconds(end_us - span_us), count);
+  const RateLeaseAsk ask{.now_us = row.now_us,
+                         .rate_per_s = limit->spaced_rate(),
+                         .count = limit->lease_size(asked),
+                         .burst = limit->options().burst > 0 ? limit->options().burst : 1.0,
+                         .horizon_us = horizon_ms_ * 1000};
+  RateScheduleRow stored = row.schedule;
+  if (row.slot_unreadable) stored.next_slot_us.reset();
+  const RateLeaseAnswer answer = decide_rate_lease(stored, ask);
+  char rate[32];
+  std::snprintf(rate, sizeof rate, "%.17g", answer.row.rate_per_s);
+  const Value write[] = {key,
+                         answer.row.next_slot_us.value_or(row.now_us),
+                         std::string(rate),
+                         answer.row.rate_at_us,
+                         std::int64_t{answer.granted ? 1 : 0},
+                         options_.process};
+  (void)work_->query_then_commit(sql().lease_write, write);
+  const TimePoint now = steady_clock().now();
+  say_lease_row(key, *limit, row, answer);
+  if (answer.granted) {
+    // The store's clock and this one differ: the chunk starts where the row's transaction put
+    // it relative to the store's now, counted from when this process asked.
+    limit->add_chunk(asked, std::chrono::microseconds(answer.start_us - row.now_us), answer.count,
+                     std::chrono::nanoseconds(answer.interval_ns));
     chunks_leased_.fetch_add(1);
     return;
   }
   // The schedule is full as far as the horizon: ask again when it has room for a chunk.
-  const std::int64_t room_us = std::clamp<std::int64_t>(row.room_us, 1000, horizon_ms_ * 1000);
-  limit->full_until(now, std::chrono::microseconds(room_us));
+  limit->full_until(now, std::chrono::microseconds(answer.retry_in_us));
   leases_full_.fetch_add(1);
+}
+
+// What a lease found outside the row's domain, or a rate other than this process's: said once.
+void SharedBreakers::say_lease_row(const std::string& key, const RateLimit& limit,
+                                   const LeaseRow& row, const RateLeaseAnswer& answer) {
+  const std::string name = "keel_rate_limits row " + quote_value(key) + ": ";
+  if ((answer.slot_out_of_domain || row.slot_unreadable) && first_time("slot\n" + key)) {
+    rows_out_of_domain_.fetch_add(1);
+    rows_repaired_.fetch_add(1);
+    notice(name + "next_slot " + quote_value(row.next_slot) +
+           " is not a time within rate_horizon (" + format_duration(options_.rate_horizon) +
+           ") and a chunk from now; read as now, and rewritten");
+  }
+  if (answer.rate_out_of_domain && first_time("rate\n" + key)) {
+    rows_out_of_domain_.fetch_add(1);
+    rows_repaired_.fetch_add(1);
+    notice(name + "rate_per_s is not a rate; rewritten with this process's");
+  }
+  if ((row.flags & kPauseTooLong) != 0 && first_time("pause\n" + key)) {
+    rows_out_of_domain_.fetch_add(1);
+    notice(name + "paused_until " + quote_value(row.paused_until) +
+           " is not a time within max_pause (" + format_duration(limit.options().max_pause) +
+           ") from now; obeyed as at most that");
+  }
+  if ((row.flags & kBadRateCount) != 0 && first_time("count\n" + key)) {
+    rows_out_of_domain_.fetch_add(1);
+    rows_repaired_.fetch_add(1);
+    notice(name + "leases or pauses out of range (0 to 2^53); reset to 0");
+  }
+  if (answer.lower_rate_kept && first_time("lower-rate\n" + key)) {
+    rates_disagreeing_.fetch_add(1);
+    const double headroom = 1 - limit.options().headroom;
+    notice("rate limit of " + quote_value(key) + ": another process of the fleet keeps " +
+           format_rate(answer.rate_per_s / headroom) + ", lower than this process's " +
+           format_rate(limit.options().rate_per_s) + "; the fleet keeps the lower rate");
+  }
+}
+
+// A lease that failed with the connection still up (a permission, the table's schema, a row
+// lock held past round_trip_limit): the key's calls go on this process's equal share for core's
+// next backoff delay, then ask the fleet again. Said once per key and cause.
+void SharedBreakers::lease_failed(const std::string& key, const std::exception& e) {
+  lease_failures_.fetch_add(1);
+  const auto* db = dynamic_cast<const DatabaseError*>(&e);
+  const std::string cause = db != nullptr ? db->details().sqlstate : std::string("other");
+  const Duration delay = lease_backoff_.next();
+  if (const auto limit = options_.rate_limits->find(key)) {
+    limit->fleet_failed(steady_clock().now(), delay);
+  }
+  if (first_time("lease-failed\n" + key + "\n" + cause)) {
+    notice("rate limit of " + quote_value(key) + ": the fleet's schedule cannot be leased (" +
+           e.what() + "); this process keeps 1/" + std::to_string(std::max(1, last_fleet_size_)) +
+           " of the rate, and asks again after a backoff");
+  }
 }
 
 // Writes the pauses this process learnt, and announces them.
@@ -1311,7 +1407,10 @@ void SharedBreakers::heartbeat() {
     return;
   }
   registry_.set_fleet_size(static_cast<int>(size));
-  last_fleet_size_ = static_cast<int>(size);
+  if (last_fleet_size_ != static_cast<int>(size)) {
+    last_fleet_size_ = static_cast<int>(size);
+    if (sharing_.load()) set_rate_sharing(true);  // the share a lease failure falls back on
+  }
 }
 
 // Requires: the background thread.

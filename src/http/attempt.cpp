@@ -259,10 +259,13 @@ Outcome LimitGate::finish(const Outcome& outcome, Duration took, TimePoint now) 
       permit_.ignore();
     }
   }
-  if (rate_ && overload && outcome.has_server_delay()) {
-    (void)rate_->pause(now, outcome.server_delay);
+  // A 429 or 503 whose Retry-After pauses the host is the host's limit, not this call's
+  // failure (core's rule: pause_asked; an advice of 0 or none is charged as throttled).
+  if (const std::optional<Duration> pause = overload ? pause_asked(outcome) : std::nullopt;
+      rate_ && pause) {
+    (void)rate_->pause(now, *pause);
     paused_ = true;
-    return Outcome::not_attempted(std::min(outcome.server_delay, rate_->options().max_pause));
+    return Outcome::not_attempted(std::min(*pause, rate_->options().max_pause));
   }
   return outcome;
 }

@@ -346,9 +346,8 @@ class Engine {
       }
       wake(static_cast<std::size_t>(op.process));
     }
-    if (!rates_.empty() && outcome.kind == OutcomeKind::kThrottled && outcome.has_server_delay()) {
-      (void)rates_[static_cast<std::size_t>(op.process)]->pause(clock_.now(), outcome.server_delay,
-                                                                false);
+    if (const std::optional<Duration> pause = pause_asked(outcome); !rates_.empty() && pause) {
+      (void)rates_[static_cast<std::size_t>(op.process)]->pause(clock_.now(), *pause, false);
     }
   }
 

@@ -393,6 +393,16 @@ TEST(KeelFlags, BadValuesExitTwoNamingTheFlagAndTheValue) {
     cases.push_back({{"sim", "run", "--scenario", "blip", "--trigger", value}, "--trigger", value});
   }
   const std::string db = "sqlite:" + dir.file("q.db");
+  // Rates that mean no limit in practice, or are not rates: refused by keel call and by keel jobs
+  // work alike (an empty value too: it was no limit at all for jobs work).
+  for (const char* value :
+       {"1e-10", "1e-8/h", "0.5/d", "1e3/s", "0", "-5/s", "nan", "inf/s", "5000000/s", "1/x", ""}) {
+    cases.push_back({{"call", "--rate-limit", value, url}, "--rate-limit", value});
+    cases.push_back(
+        {{"jobs", "--db", db, "work", "--queue", "q", "--deliver", url, "--rate-limit", value},
+         "--rate-limit",
+         value});
+  }
   for (const std::string& value : {std::string(), std::string(256, 'k'), std::string("a\tb")}) {
     cases.push_back(
         {{"jobs", "enqueue", "--db", db, "--queue", "q", "--payload", "{}", "--key", value},

@@ -104,6 +104,28 @@ TEST(HttpLimits, ACallThatMayNotWaitForTheLimitStopsWithoutSendingOrSpendingAnAt
   EXPECT_EQ(server.arrivals().size(), 1u);  // nothing more was sent
 }
 
+// A dependency that answers 429 with Retry-After: 0 (or none) to every request: each answer is a
+// throttled attempt, charged and backed off with core's jitter; nothing pauses the host and no
+// request goes without an attempt spent (it was an endless loop of uncharged requests).
+TEST(HttpLimits, A429WithRetryAfterZeroOrNoneIsAChargedAttemptWithABackoffNotALoop) {
+  for (const std::string script : {"429/retry-after=0", "429"}) {
+    FaultServer server({.script = script});
+    server.start();
+    RateLimitRegistry rates;  // pauses only, as --share-fleet without --rate-limit
+    ClientOptions o = fast_options(4);
+    o.retry.backoff = {.base = milliseconds(20), .cap = milliseconds(40)};
+    o.brakes.rate_limits = &rates;
+    Client client(o);
+    const Result r = client.send({.url = server.url("/x")});
+    EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted) << script;
+    EXPECT_EQ(r.attempts, 4) << script;
+    EXPECT_TRUE(r.outcome.attempted()) << script;
+    EXPECT_EQ(r.outcome.kind, OutcomeKind::kThrottled) << script;
+    EXPECT_EQ(server.arrivals().size(), 4u) << script << ": one request per attempt";
+    EXPECT_EQ(rates.find(*breaker_key(server.url("/x")))->stats().pauses, 0u) << script;
+  }
+}
+
 TEST(HttpLimits, TheAdaptiveConcurrencyLimitBoundsTheCallsInFlightToAHost) {
   FaultServer server({.script = "200/delay=50ms"});
   server.start();

@@ -44,7 +44,8 @@ struct JobsArgs {
   // through PostgreSQL (empty URL: --db).
   bool share_breakers = false;
   std::string share_breakers_url;
-  std::string rate_limit;  // RATE[/s] per dependency; empty: none
+  std::string rate_limit;         // RATE[/s] per dependency
+  bool rate_limit_given = false;  // --rate-limit was given (an empty value is refused)
   // One attempt's limit. Empty (not given): kDeliverTimeout for --deliver and --deferred, none
   // for --exec, whose commands may legitimately run long.
   std::string timeout;

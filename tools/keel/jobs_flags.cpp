@@ -167,15 +167,18 @@ void add_work_fleet(CLI::App* work, const Args& args, const Command& cmd) {
                        "so that the fleet opens together, sends one probe per break and keeps "
                        "one rate (docs/fleet.md; --share-breakers is the old name)")
           ->expected(0, 1);
-  work->add_option("--rate-limit", args->rate_limit,
-                   "--deliver, --deferred: at most RATE calls per second to each dependency "
-                   "(RATE/s, RATE/m, RATE/h), the whole fleet's with --share-fleet; a 429 or 503 "
-                   "with Retry-After pauses it, and a job held by either is deferred without "
-                   "losing an attempt (docs/rate-limits.md)")
-      ->type_name("RATE[/s]");
-  work->callback([cmd, args, share] {
+  auto* rate =
+      work->add_option(
+              "--rate-limit", args->rate_limit,
+              "--deliver, --deferred: at most RATE calls per second to each dependency "
+              "(RATE/s, RATE/m, RATE/h), the whole fleet's with --share-fleet; a 429 or 503 "
+              "with Retry-After pauses it, and a job held by either is deferred without "
+              "losing an attempt (docs/rate-limits.md)")
+          ->type_name("RATE[/s]");
+  work->callback([cmd, args, share, rate] {
     *cmd = "work";
     args->share_breakers = share->count() > 0;
+    args->rate_limit_given = rate->count() > 0;
   });
 }
 

@@ -79,7 +79,7 @@ bool parse_work_brakes(const JobsArgs& a, WorkSettings& s) {
       s.share_url = std::move(*parsed);
     }
   }
-  if (!a.rate_limit.empty()) {
+  if (a.rate_limit_given) {
     if (!a.exec.empty()) {
       return usage(
                  "--rate-limit: needs --deliver or --deferred (an --exec job calls no "

@@ -7,11 +7,12 @@
 
 #include "flags.hpp"
 #include "keel/expected.hpp"
+#include "keel/rate_limit.hpp"
 
 namespace keel::cli {
 
-/// "50", "50/s", "3000/m", "0.5/s", "90/h" as calls per second, within (0, 1,000,000] per second;
-/// otherwise an Error naming `flag`.
+/// "50", "50/s", "3000/m", "0.5/s", "90/h" as calls per second, within [one a day, 1,000,000]
+/// per second (keel::RateLimitOptions::rate_per_s); otherwise an Error naming `flag`.
 inline Expected<double> parse_rate(std::string_view flag, std::string_view text) {
   double per = 1;
   std::string_view number = text;
@@ -30,15 +31,29 @@ inline Expected<double> parse_rate(std::string_view flag, std::string_view text)
                    .got = quote_value(text)};
     }
   }
-  auto value = parse_fraction(flag, number, 0, 1e6 * per);
+  auto value = parse_fraction(flag, number, 0, 1e12);
   if (!value) {
     return Error{.field = std::string(flag),
-                 .problem = "must be a positive rate of at most 1000000/s, like 50/s",
+                 .problem =
+                     "must be a decimal number of calls, with /s, /m or /h, like 50/s or "
+                     "0.5/s (no exponent)",
                  .got = quote_value(text)};
   }
   if (*value <= 0) {
     return Error{.field = std::string(flag),
                  .problem = "must be more than 0 (leave it out for no limit)",
+                 .got = quote_value(text)};
+  }
+  if (*value / per > 1e6) {
+    return Error{.field = std::string(flag),
+                 .problem = "must be at most 1000000/s",
+                 .got = quote_value(text)};
+  }
+  if (*value / per < kMinRatePerS) {
+    return Error{.field = std::string(flag),
+                 .problem =
+                     "must be at least one call a day (1/h is 24 a day); a lower rate is "
+                     "no limit in practice",
                  .got = quote_value(text)};
   }
   return *value / per;

@@ -159,12 +159,14 @@ struct SharedBreakersStats {
   bool refused = false;  // the tables' schema is newer than this program's: never shared
   std::uint64_t rows_out_of_domain = 0;  // rows read outside their domain, once per row and kind
   std::uint64_t rows_repaired = 0;       // rows this process rewrote into their domain
-  int fleet_size = 1;                  // processes sharing, this one included (1 when not sharing)
-  std::uint64_t chunks_leased = 0;     // chunks of a rate's schedule this process leased
-  std::uint64_t leases_waited = 0;     // of those, asked by a call that had no slot left
-  std::uint64_t leases_full = 0;       // lease requests refused: the schedule was full
-  std::uint64_t pauses_published = 0;  // pauses this process wrote to the table
-  std::uint64_t pauses_applied = 0;    // pauses of other processes applied here
+  int fleet_size = 1;                   // processes sharing, this one included (1 when not sharing)
+  std::uint64_t chunks_leased = 0;      // chunks of a rate's schedule this process leased
+  std::uint64_t leases_waited = 0;      // of those, asked by a call that had no slot left
+  std::uint64_t leases_full = 0;        // lease requests refused: the schedule was full
+  std::uint64_t pauses_published = 0;   // pauses this process wrote to the table
+  std::uint64_t pauses_applied = 0;     // pauses of other processes applied here
+  std::uint64_t lease_failures = 0;     // leases that failed other than by a lost connection
+  std::uint64_t rates_disagreeing = 0;  // dependencies another process limits at a lower rate
 };
 
 class SharedBreakers {
@@ -253,6 +255,11 @@ class SharedBreakers {
   void paused(std::string_view key, TimePoint until);
   void serve_leases();
   void lease_one(const std::string& key);
+  void lease_failed(const std::string& key, const std::exception& e);
+  struct LeaseRow;
+  [[nodiscard]] static LeaseRow read_lease(const Rows& rows);
+  void say_lease_row(const std::string& key, const RateLimit& limit, const LeaseRow& row,
+                     const RateLeaseAnswer& answer);
   void publish_pauses();
   void read_pauses();
   void apply_pause(const std::string& key, std::int64_t ms);
@@ -300,6 +307,9 @@ class SharedBreakers {
   Instant next_beat_{};
   std::set<std::string, std::less<>> repairs_;
   std::set<std::string, std::less<>> said_;
+  // Leases that failed other than by a lost connection, in a row: the limits go on their share
+  // for core's next backoff delay before the fleet is asked again.
+  BackoffSequence lease_backoff_;
 
   std::atomic<bool> sharing_{false};
   std::atomic<bool> stopping_{false};
@@ -318,6 +328,8 @@ class SharedBreakers {
   std::atomic<std::uint64_t> leases_full_{0};
   std::atomic<std::uint64_t> pauses_published_{0};
   std::atomic<std::uint64_t> pauses_applied_{0};
+  std::atomic<std::uint64_t> lease_failures_{0};
+  std::atomic<std::uint64_t> rates_disagreeing_{0};
   std::thread thread_;
 };
 
