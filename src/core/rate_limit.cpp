@@ -22,7 +22,7 @@ void validate(const RateLimitOptions& o) {
     reject("rate_per_s", "0 (no rate) or in [1/86400 (one a day), 1e6]", text(o.rate_per_s));
   }
   if (!(o.burst == 0 || (o.burst >= 1 && o.burst <= 1e6))) {
-    reject("burst", "0 (one slot) or in [1, 1e6]", text(o.burst));
+    reject("burst", "0 (none) or in [1, 1e6]", text(o.burst));
   }
   if (!(o.headroom >= 0 && o.headroom < 0.5)) reject("headroom", "in [0, 0.5)", text(o.headroom));
   if (o.max_pause <= Duration::zero()) reject("max_pause", "> 0", text(o.max_pause));
@@ -74,7 +74,7 @@ RateLeaseAnswer decide_rate_lease(const RateScheduleRow& row, const RateLeaseAsk
   const double interval_us = 1e6 / rate;
   const std::int64_t count = std::clamp<std::int64_t>(ask.count, 1, rate_chunk(rate));
   const auto span = static_cast<std::int64_t>(std::ceil(static_cast<double>(count) * interval_us));
-  const auto burst = static_cast<std::int64_t>(std::max(1.0, ask.burst) * interval_us);
+  const auto burst = static_cast<std::int64_t>(std::max(0.0, ask.burst) * interval_us);
   // The furthest next_slot a lease leaves: a chunk starting at the horizon, of the longest span.
   const auto longest =
       static_cast<std::int64_t>(std::ceil(static_cast<double>(rate_chunk(rate)) * interval_us));
@@ -105,9 +105,12 @@ RateLimit::RateLimit(RateLimitOptions options, std::string key)
   validate(options_);
   if (options_.rate_per_s > 0) {
     interval_ns_ = std::max<std::int64_t>(1, std::llround(1e9 / spaced_rate()));
-    const double burst = options_.burst > 0 ? options_.burst : 1.0;
-    burst_ns_ = static_cast<std::int64_t>(burst * static_cast<double>(interval_ns_));
-    late_ns_ = std::max<std::int64_t>(burst_ns_, std::llround(options_.headroom * 1e9));
+    burst_ns_ = static_cast<std::int64_t>(options_.burst * static_cast<double>(interval_ns_));
+    // Half the headroom's share of a second: the other half is for the time between a slot and
+    // the dependency's count of it (a timer that wakes late, the network). A millisecond at
+    // least.
+    late_ns_ =
+        std::max<std::int64_t>({burst_ns_, std::llround(options_.headroom * 0.5e9), 1'000'000});
     chunk_ = rate_chunk(options_.rate_per_s);
   }
 }
@@ -170,15 +173,22 @@ std::int64_t RateLimit::lease_size_locked(std::int64_t now_ns) const {
   return std::clamp<std::int64_t>(std::max<std::int64_t>(size, waiting_), 1, chunk_);
 }
 
-Duration RateLimit::queued_wait(std::int64_t wait_ns, BitGenRef gen) const {
-  // At least this process's share of a slot's time, jittered in [1, 2) of it: the calls told to
-  // come back do not come back together, nor poll faster than their share of the rate comes.
-  // The share's slot time is bounded by a second: a low rate's callers ask again at least that
-  // often, which costs nothing at such a rate.
+Duration RateLimit::queued_wait(std::int64_t now_ns, std::int64_t wait_ns, BitGenRef gen) {
+  // The calls told to come back within one share of a slot's time (this process's share of the
+  // rate, at most a second) are counted: a lone call comes back when the fleet has room; when
+  // several were told, each comes back at least that share later, jittered in [1, 2) of it, so
+  // that they do not come back together nor poll faster than their share of the rate comes.
   const double share = std::clamp(share_, 1e-6, 1.0);
   const Duration floor(std::min<std::int64_t>(
       1'000'000'000, static_cast<std::int64_t>(static_cast<double>(interval_ns_) / share)));
-  return std::max(Duration(wait_ns), floor + uniform_duration(Duration::zero(), floor, gen));
+  if (now_ns - told_window_ns_ >= floor.count()) {
+    told_window_ns_ = now_ns;
+    told_ = 0;
+  }
+  ++told_;
+  const Duration raw(std::max<std::int64_t>(wait_ns, 0));
+  if (told_ <= 1) return raw;
+  return std::max(raw, floor + uniform_duration(Duration::zero(), floor, gen));
 }
 
 std::int64_t RateLimit::lease_size(TimePoint now) const {
@@ -222,7 +232,7 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
         if (full_until_ns_ > t) {
           stop_waiting();
           ++stats_.refused;
-          return {.go = false, .wait = queued_wait(full_until_ns_ - t, gen)};
+          return {.go = false, .wait = queued_wait(t, full_until_ns_ - t, gen)};
         }
         const std::int64_t at = next_slot(t);
         if (at >= 0) {
@@ -260,7 +270,7 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
           }
           stop_waiting();
           ++stats_.refused;
-          return {.go = false, .wait = queued_wait(end - t, gen)};
+          return {.go = false, .wait = queued_wait(t, end - t, gen)};
         }
       }
       if (on_share) {
@@ -310,6 +320,7 @@ bool RateLimit::pause(TimePoint now, Duration duration, bool announce) {
     if (until <= paused_until_ns_ || d <= Duration::zero()) return false;
     paused_until_ns_ = until;
     ++stats_.pauses;
+    if (!announce) ++stats_.pauses_from_fleet;
   }
   if (say_cut && options_.on_pause_cut) options_.on_pause_cut(key_, duration, options_.max_pause);
   if (announce) {
@@ -348,7 +359,12 @@ void RateLimit::fleet_failed(TimePoint now, Duration in) {
 void RateLimit::full_until(TimePoint now, Duration in) {
   std::lock_guard lock(mu_);
   wanted_ = false;
-  full_until_ns_ = ns_of(now) + std::max<Duration>(in, Duration::zero()).count();
+  // Not before this process's share of a slot's time (at most a second): a process does not
+  // ask a full schedule faster than its share of it frees.
+  const double share = std::clamp(share_, 1e-6, 1.0);
+  const std::int64_t floor = std::min<std::int64_t>(
+      1'000'000'000, static_cast<std::int64_t>(static_cast<double>(interval_ns_) / share));
+  full_until_ns_ = ns_of(now) + std::max<std::int64_t>(in.count(), floor);
 }
 
 std::int64_t RateLimit::slots_left(TimePoint now) const {

@@ -864,7 +864,7 @@ void SharedBreakers::lease_one(const std::string& key) {
   const RateLeaseAsk ask{.now_us = row.now_us,
                          .rate_per_s = limit->spaced_rate(),
                          .count = limit->lease_size(asked),
-                         .burst = limit->options().burst > 0 ? limit->options().burst : 1.0,
+                         .burst = limit->options().burst,
                          .horizon_us = horizon_ms_ * 1000};
   RateScheduleRow stored = row.schedule;
   if (row.slot_unreadable) stored.next_slot_us.reset();
@@ -881,9 +881,13 @@ void SharedBreakers::lease_one(const std::string& key) {
   const TimePoint now = steady_clock().now();
   say_lease_row(key, *limit, row, answer);
   if (answer.granted) {
-    // The store's clock and this one differ: the chunk starts where the row's transaction put
-    // it relative to the store's now, counted from when this process asked.
-    limit->add_chunk(asked, std::chrono::microseconds(answer.start_us - row.now_us), answer.count,
+    // The store's clock and this one differ: the chunk's store time less the clocks' offset,
+    // the same for every chunk this process leases (so that slots of chunks leased by different
+    // processes keep their spacing, whatever each lease's round trip was).
+    const auto asked_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(asked.time_since_epoch()).count();
+    const std::int64_t offset = store_clock_offset(row.now_us - asked_us);
+    limit->add_chunk(TimePoint{}, std::chrono::microseconds(answer.start_us - offset), answer.count,
                      std::chrono::nanoseconds(answer.interval_ns));
     chunks_leased_.fetch_add(1);
     return;
@@ -891,6 +895,28 @@ void SharedBreakers::lease_one(const std::string& key) {
   // The schedule is full as far as the horizon: ask again when it has room for a chunk.
   limit->full_until(now, std::chrono::microseconds(answer.retry_in_us));
   leases_full_.fetch_add(1);
+}
+
+// A few samples of the store's clock before the first lease (a lease's own sample may carry a
+// cold connection's delay): each the store's time less the moment it was asked.
+void SharedBreakers::sample_store_clock() {
+  if (options_.rate_limits == nullptr) return;
+  for (int i = 0; i < 4; ++i) {
+    const auto asked = std::chrono::duration_cast<std::chrono::microseconds>(
+                           steady_clock().now().time_since_epoch())
+                           .count();
+    const Rows rows =
+        work_->query("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
+    if (rows.empty()) return;
+    (void)store_clock_offset(RowCursor(rows, 0).integer() - asked);
+  }
+}
+
+std::int64_t SharedBreakers::store_clock_offset(std::int64_t sample) {
+  clock_samples_[clock_samples_taken_ % clock_samples_.size()] = sample;
+  ++clock_samples_taken_;
+  const std::size_t n = std::min(clock_samples_taken_, clock_samples_.size());
+  return *std::min_element(clock_samples_.begin(), clock_samples_.begin() + static_cast<long>(n));
 }
 
 // What a lease found outside the row's domain, or a rate other than this process's: said once.
@@ -1284,6 +1310,7 @@ void SharedBreakers::share(detail::Listener& listener) {
   repair_rows();
   publish_pauses();
   read_pauses();
+  sample_store_clock();
   {
     std::lock_guard lock(mu_);  // a waiter checks sharing_ under mu_: no wakeup is lost
     sharing_.store(true);

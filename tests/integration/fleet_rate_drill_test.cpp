@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <memory>
@@ -46,14 +47,21 @@ constexpr int kProcesses = 8;
 // next request gets a 429 with Retry-After: 5 instead.
 class RateLimitedApi {
  public:
-  RateLimitedApi() {
+  // `limit` requests in any sliding `window`; `retry_after`: the header of every 429 over the
+  // limit (empty: none); `always_429`: every request is refused.
+  explicit RateLimitedApi(int limit = kRate, Clock::duration window = 1s,
+                          std::string retry_after = {}, bool always_429 = false)
+      : limit_(limit),
+        window_(window),
+        retry_after_(std::move(retry_after)),
+        always_429_(always_429) {
     server_.new_task_queue = [] { return new httplib::ThreadPool(128); };
     server_.Post("/hook", [this](const httplib::Request& req, httplib::Response& res) {
       const std::string key = req.get_header_value("Idempotency-Key");
       std::lock_guard lock(mu_);
       const auto now = Clock::now();
       arrivals_.push_back(now);
-      while (!accepted_.empty() && accepted_.front() <= now - 1s) accepted_.pop_front();
+      while (!accepted_.empty() && accepted_.front() <= now - window_) accepted_.pop_front();
       if (pause_next_) {
         pause_next_ = false;
         pause_at_ = now;
@@ -62,9 +70,10 @@ class RateLimitedApi {
         res.set_header("Retry-After", "5");
         return;
       }
-      if (static_cast<int>(accepted_.size()) >= kRate) {
+      if (always_429_ || static_cast<int>(accepted_.size()) >= limit_) {
         ++throttled_;
         res.status = 429;
+        if (!retry_after_.empty()) res.set_header("Retry-After", retry_after_);
         return;
       }
       accepted_.push_back(now);
@@ -104,6 +113,10 @@ class RateLimitedApi {
   }
 
  private:
+  int limit_;
+  Clock::duration window_;
+  std::string retry_after_;
+  bool always_429_;
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
@@ -164,20 +177,34 @@ class FleetRateDrill : public test_jobs::JobsHarness<RateDatabase> {
  protected:
   using Workers = std::vector<std::unique_ptr<Process>>;
 
+  struct FleetArgs {
+    std::string rate = "50/s";
+    int concurrency = 4;
+    int processes = kProcesses;
+    std::vector<std::string> extra;
+  };
   Workers start_fleet(const std::string& hook, bool share) {
+    return start_fleet(hook, share, FleetArgs{});
+  }
+  Workers start_fleet(const std::string& hook, bool share, const FleetArgs& f) {
     // The queue exists and holds no job: the fleet starts idle.
     enqueue_many(kQueue, 1);
     (void)open_database(url())->query("DELETE FROM keel_jobs WHERE queue = $1",
                                       {std::string(kQueue)});
-    std::vector<std::string> args = {"jobs",           "--db",  url_text(),      "work",
-                                     "--queue",        kQueue,  "--deliver",     hook,
-                                     "--backoff-base", "10ms",  "--backoff-cap", "50ms",
-                                     "--idle-poll",    "100ms", "--concurrency", "4",
-                                     "--timeout",      "5s",    "--rate-limit",  "50/s"};
+    std::vector<std::string> args = {
+        "jobs",           "--db",  url_text(),      "work",
+        "--queue",        kQueue,  "--deliver",     hook,
+        "--backoff-base", "10ms",  "--backoff-cap", "50ms",
+        "--idle-poll",    "100ms", "--concurrency", std::to_string(f.concurrency),
+        "--timeout",      "5s"};
+    if (!f.rate.empty()) args.insert(args.end(), {"--rate-limit", f.rate});
     if (share) args.emplace_back("--share-fleet");
+    args.insert(args.end(), f.extra.begin(), f.extra.end());
     Workers workers;
-    for (int i = 0; i < kProcesses; ++i) workers.push_back(spawn(args));
-    const std::string up = share ? "rate limits and pauses shared through" : "keel jobs: worker ";
+    for (int i = 0; i < f.processes; ++i) workers.push_back(spawn(args));
+    const std::string up = share ? (f.rate.empty() ? "breakers and pauses shared through"
+                                                   : "rate limits and pauses shared through")
+                                 : "keel jobs: worker ";
     EXPECT_TRUE(test::wait_until(
         [&] {
           return std::all_of(workers.begin(), workers.end(),
@@ -228,6 +255,14 @@ TEST_F(FleetRateDrill, EightSharingProcessesKeepOneRate) {
   expect_every_job_once(api, jobs);
   const auto arrivals = api.arrivals();
   const int most = busiest(arrivals, 1s);
+  if (std::getenv("KEEL_DRILL_DEBUG") != nullptr) {
+    auto t = arrivals;
+    std::sort(t.begin(), t.end());
+    for (std::size_t i = 1; i < t.size(); ++i) {
+      std::printf("%.1f ", std::chrono::duration<double, std::milli>(t[i] - t[i - 1]).count());
+    }
+    std::printf("\n");
+  }
   const double share_429 = 100.0 * api.throttled() / static_cast<double>(arrivals.size());
   std::printf(
       "rate drill, 8 processes sharing --rate-limit 50/s: %d jobs in %.1f s (%.1f jobs/s), "
@@ -305,6 +340,129 @@ TEST_F(FleetRateDrill, A429WithRetryAfterPausesTheFleetWithoutCostingAnAttempt) 
     EXPECT_GE(resumed_s, 5.0);
     EXPECT_LE(resumed_s, 8.0);  // within the release spread (1 s) and a worker's poll
   }
+}
+
+// Other operating points than 50/s x 4 jobs: low rates with many jobs per process, a high rate
+// with few, a per-minute quota (one job a process: with more, most of them wait longer than a
+// job waits for a slot and are deferred, and the queue's re-leases leave gaps; see
+// docs/rate-limits.md). Each: no window over the rate + 10%, 429s at most 1% (one at
+// the smallest counts), the queue drained at 80% of the rate or more (the first and last
+// requests bound the time), nothing dead, every job's effect once. Release build only: rates.
+struct DrillPoint {
+  std::string rate;
+  int per_window;  // the API's limit in its window
+  Clock::duration window;
+  int concurrency;
+  int jobs;
+};
+
+class FleetRatePoints : public FleetRateDrill {
+ protected:
+  void run_point(const DrillPoint& p) {
+    if (!test::kTimingAsserted) GTEST_SKIP() << "rates: measured in the release build only";
+    const std::string queue = std::string(kQueue) + "_points";
+    RateLimitedApi api(p.per_window, p.window);
+    enqueue_many(queue, 1);
+    (void)open_database(url())->query("DELETE FROM keel_jobs WHERE queue = $1", {queue});
+    std::vector<std::string> args = {
+        "jobs",           "--db",  url_text(),      "work",
+        "--queue",        queue,   "--deliver",     api.url(),
+        "--backoff-base", "10ms",  "--backoff-cap", "50ms",
+        "--idle-poll",    "100ms", "--concurrency", std::to_string(p.concurrency),
+        "--timeout",      "5s",    "--rate-limit",  p.rate,
+        "--share-fleet"};
+    Workers workers;
+    for (int i = 0; i < kProcesses; ++i) workers.push_back(spawn(args));
+    ASSERT_TRUE(test::wait_until(
+        [&] {
+          return std::all_of(workers.begin(), workers.end(), [](const auto& w) {
+            return w->err().find("rate limits and pauses shared through") != std::string::npos;
+          });
+        },
+        30s));
+    enqueue_many(queue, p.jobs);
+    const auto done_here = [&] {
+      return count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done' AND queue = '" + queue +
+                   "'");
+    };
+    ASSERT_TRUE(test::wait_until([&] { return done_here() >= p.jobs; }, 90s))
+        << p.rate << ": not drained\n"
+        << workers.front()->err();
+    stop_fleet(workers);
+    EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead'"), 0) << p.rate;
+    auto arrivals = api.arrivals();
+    std::sort(arrivals.begin(), arrivals.end());
+    ASSERT_FALSE(arrivals.empty());
+    const int most = busiest(arrivals, p.window);
+    const double share_429 = 100.0 * api.throttled() / static_cast<double>(arrivals.size());
+    const double seconds =
+        std::chrono::duration<double>(arrivals.back() - arrivals.front()).count();
+    const double per_s = p.per_window / std::chrono::duration<double>(p.window).count();
+    const double drained = (static_cast<double>(arrivals.size()) - 1) / std::max(seconds, 1e-3);
+    std::printf(
+        "rate drill, 8 processes x %d jobs sharing --rate-limit %s: %d jobs, %zu requests in "
+        "%.1f s (%.2f/s), %d 429s (%.2f%%), busiest window %d of %d\n",
+        p.concurrency, p.rate.c_str(), p.jobs, arrivals.size(), seconds, drained, api.throttled(),
+        share_429, most, p.per_window);
+    // The bounds are 1% and 90% on a quiet machine (docs/rate-limits.md has the
+    // figures); ctest runs this beside other tests, so the assertion leaves room for a loaded
+    // machine's timers: one 429 at the smallest counts, and 80% of the rate. The bugs these
+    // points caught were 4-17% 429s and 28-60% of the rate.
+    EXPECT_LE(most, std::max(p.per_window + 1, static_cast<int>(p.per_window * 1.1))) << p.rate;
+    EXPECT_LE(api.throttled(), std::max(1, static_cast<int>(arrivals.size() / 100))) << p.rate;
+    EXPECT_GE(drained, 0.8 * per_s) << p.rate;
+    EXPECT_EQ(api.applied().size(), static_cast<std::size_t>(p.jobs)) << p.rate;
+  }
+};
+
+TEST_F(FleetRatePoints, FivePerSecondWith16JobsAProcess) { run_point({"5/s", 5, 1s, 16, 60}); }
+TEST_F(FleetRatePoints, TwentyPerSecondWith4JobsAProcess) { run_point({"20/s", 20, 1s, 4, 160}); }
+TEST_F(FleetRatePoints, FiveHundredPerSecondWith4JobsAProcess) {
+  run_point({"500/s", 500, 1s, 4, 2500});
+}
+TEST_F(FleetRatePoints, SixtyPerMinuteWithAJobAProcess) { run_point({"60/m", 60, 60s, 1, 24}); }
+
+// An hourly quota shared: 8 processes at 120/h (one call every 30 s) send one request in their
+// first 25 s, not the 6 in 0.2 s a chunk read as garbage let through.
+TEST_F(FleetRateDrill, AnHourlyQuotaSharedSendsOneCallPerItsInterval) {
+  if (!test::kTimingAsserted) GTEST_SKIP() << "a rate: measured in the release build only";
+  RateLimitedApi api(2, 60s);
+  Workers workers = start_fleet(api.url(), /*share=*/true, {.rate = "120/h"});
+  ASSERT_FALSE(HasFailure());
+  enqueue_many(kQueue, 10);
+  std::this_thread::sleep_for(25s);  // a window of the quota's own, in real time
+  stop_fleet(workers);
+  const auto arrivals = api.arrivals();
+  std::printf("hourly drill, 8 processes sharing --rate-limit 120/h: %zu requests in 25 s\n",
+              arrivals.size());
+  EXPECT_EQ(arrivals.size(), 1u);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead'"), 0);
+}
+
+// An API that answers 429 with Retry-After: 0 to every request: each job's attempts are charged
+// and backed off, and the job ends dead as throttled after its attempts, in a bounded number of
+// requests (it was an endless loop of uncharged requests with a rate limit or --share-fleet on).
+TEST_F(FleetRateDrill, RetryAfterZeroOnEveryRequestChargesTheJobsAndEndsThem) {
+  RateLimitedApi api(kRate, 1s, "0", /*always_429=*/true);
+  const int jobs = 6;
+  Workers workers =
+      start_fleet(api.url(), /*share=*/true, {.rate = "", .concurrency = 2, .processes = 2});
+  ASSERT_FALSE(HasFailure());
+  auto conn = open_database(url());
+  JobQueue q;
+  for (int i = 0; i < jobs; ++i) {
+    ASSERT_TRUE(q.enqueue(*conn, {.queue = kQueue, .payload = "{}", .max_attempts = 3}).ok());
+  }
+  ASSERT_TRUE(test::wait_until(
+      [&] { return count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead'") >= jobs; }, 60s))
+      << workers.front()->err();
+  stop_fleet(workers);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead' AND attempts = 3"), jobs);
+  std::printf("Retry-After 0 drill: %d jobs of 3 attempts each, %zu requests, all dead\n", jobs,
+              api.arrivals().size());
+  // Each attempt may send up to the HTTP client's own attempts (one layer: the worker's client
+  // makes one per job attempt): bounded, not a loop.
+  EXPECT_LE(api.arrivals().size(), static_cast<std::size_t>(jobs * 3 * 3));
 }
 
 }  // namespace

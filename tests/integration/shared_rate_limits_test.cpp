@@ -122,15 +122,17 @@ TEST_F(SharedRateLimitsTest, TheFleetKeepsOneScheduleAndNoCallWaitsOnTheDatabase
   EXPECT_LE(busiest(sent, 1s), 50 + 5 + 2);  // rate + burst, two for the callers' own timing
   std::uint64_t chunks = 0;
   std::uint64_t waited = 0;
+  std::uint64_t full = 0;
   for (const auto& m : fleet) {
     chunks += m->shared->stats().chunks_leased;
     waited += m->shared->stats().leases_waited;
+    full += m->shared->stats().leases_full;
   }
   EXPECT_GE(chunks, sent.size() / 5);  // chunks of at most 5 slots
   // Two callers a process spend about 12 slots a second each: chunks of a slot or two, leased
   // when needed (a chunk leased ahead by so slow a process would pass unused). At most one
-  // round trip a chunk, never more.
-  EXPECT_LE(waited, 4u + chunks) << "a call waited on the database more than once a chunk";
+  // round trip per answer (a chunk, or the schedule's room), never a loop.
+  EXPECT_LE(waited, 4u + chunks + full) << "a call waited on the database more than once an answer";
   std::printf(
       "shared schedule: %zu calls in 3 s from 4 processes, busiest second %d, %llu chunks "
       "leased, %llu asked by a call without a slot\n",

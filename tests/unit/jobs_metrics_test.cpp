@@ -97,4 +97,44 @@ TEST(JobsMetricsTest, DeadlocksTheQueueSawAreACounter) {
   EXPECT_NE(text.find("keel_queue_deadlocks_total{queue=\"x\"} 2"), std::string::npos) << text;
 }
 
+namespace {
+
+// The rate limits' series: slots, refusals, pauses by cause, cuts and the share's fallbacks per
+// dependency, with at most kMaxRateLabels dependencies named (the rest summed as "other").
+TEST(JobsMetricsTest, RateLimitsArePerDependencyWithBoundedLabels) {
+  using namespace std::chrono_literals;
+  Metrics metrics("x");
+  RateLimitRegistry rates({.rate_per_s = 1000});
+  keel::Rng rng(1);
+  const TimePoint now{};
+  for (std::size_t i = 0; i < Metrics::kMaxRateLabels + 10; ++i) {
+    (void)rates.get("host" + std::to_string(i) + ":443")->reserve(now, 1s, rng);
+  }
+  const auto api = rates.get("host0:443");
+  (void)api->pause(now, 120s);                     // its own Retry-After, cut to 60 s
+  (void)api->pause(now, 70s, /*announce=*/false);  // the fleet's: longer than the first's cut
+  (void)api->reserve(now, 1s, rng);                // refused: paused
+  metrics.watch_rates(&rates, nullptr);
+  const std::string text = metrics.render({});
+  EXPECT_NE(
+      text.find(R"(keel_rate_limit_pauses_total{cause="retry_after",dependency="host0:443"} 1)"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(keel_rate_limit_pauses_cut_total{dependency="host0:443"} 1)"),
+            std::string::npos);
+  EXPECT_NE(text.find(R"(keel_rate_limit_refusals_total{dependency="host0:443"} 1)"),
+            std::string::npos);
+  EXPECT_NE(text.find(R"(keel_rate_limit_slots_total{dependency="other",wait="none"} 10)"),
+            std::string::npos)
+      << text;
+  std::size_t named = 0;
+  for (std::size_t at = 0;
+       (at = text.find("keel_rate_limit_refusals_total{", at)) != std::string::npos; ++at) {
+    ++named;
+  }
+  EXPECT_EQ(named, Metrics::kMaxRateLabels + 1);  // and "other"
+}
+
+}  // namespace
+
 }  // namespace keel::cli::jobs_cli

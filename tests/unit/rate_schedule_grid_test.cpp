@@ -132,7 +132,7 @@ class Fleet {
     const keel::RateLeaseAsk ask{.now_us = now_ / 1000,
                                  .rate_per_s = l.spaced_rate(),
                                  .count = l.lease_size(now),
-                                 .burst = 1,
+                                 .burst = 0,
                                  .horizon_us = 1'000'000};
     const keel::RateLeaseAnswer a = keel::decide_rate_lease(row_, ask);
     row_ = a.row;
@@ -308,6 +308,10 @@ TEST(RateScheduleGrid, EveryRateProcessCountAndJobCountKeepsTheRateAndDrainsIt) 
             static_cast<double>(std::max<std::int64_t>(20 * kSecond, 3 * p.window) - p.window) /
             kSecond;
         EXPECT_GE(r.drained * seconds + 1.0, 0.9 * r.expected * seconds) << at;
+        // The fleet's row is asked at most about twice a call, and a full schedule at most once
+        // a second per process: never a loop of leases.
+        const double run_s = seconds + static_cast<double>(p.window) / kSecond;
+        EXPECT_LE(r.leases, 2 * r.requests + processes * (run_s + 20)) << at;
       }
     }
   }

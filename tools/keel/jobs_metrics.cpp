@@ -70,8 +70,8 @@ std::string Metrics::render(const std::vector<store::QueueStats>& stats,
   }
   for (const auto& s : all) {
     scrape.gauge("keel_queue_deferred_jobs",
-                 "Jobs waiting because a breaker or budget refused them (not because an attempt "
-                 "failed).",
+                 "Jobs waiting because a brake refused them (a breaker, the budget, a rate limit "
+                 "or a pause; not because an attempt failed).",
                  {{"queue", s.queue}}, static_cast<double>(s.deferred));
   }
   for (const auto& s : all) {
@@ -100,9 +100,11 @@ std::string Metrics::render(const std::vector<store::QueueStats>& stats,
                    "Jobs this worker moved to the dead-letter queue, by reason.",
                    {{"queue", queue_}, {"reason", reason}}, static_cast<double>(n));
   }
-  scrape.counter("keel_queue_deferrals_total",
-                 "Jobs this worker deferred without sending (a brake refused).",
-                 {{"queue", queue_}}, static_cast<double>(deferrals_));
+  scrape.counter(
+      "keel_queue_deferrals_total",
+      "Jobs this worker deferred without sending (a breaker, the budget, a rate limit or "
+      "a pause refused).",
+      {{"queue", queue_}}, static_cast<double>(deferrals_));
   scrape.counter("keel_queue_stale_completions_total",
                  "Outcomes refused because the lease had been lost.", {{"queue", queue_}},
                  static_cast<double>(stale_));
@@ -113,12 +115,84 @@ std::string Metrics::render(const std::vector<store::QueueStats>& stats,
   scrape.counter("keel_queue_dead_letters_pruned_total",
                  "Dead jobs this worker deleted because they outlived the dead-letter retention.",
                  {{"queue", queue_}}, static_cast<double>(pruned_));
+  render_rates(scrape);
   std::string text = scrape.text();
   if (retry_metrics_ != nullptr) {
     retry_metrics_->observe(health_snapshot(*breakers_, {{"webhook", budget_}}));
     text += metrics::serialize({&registry_});
   }
   return text;
+}
+
+void Metrics::watch_rates(const RateLimitRegistry* rates, const store::SharedBreakers* fleet) {
+  std::lock_guard lock(mu_);
+  rates_ = rates;
+  fleet_ = fleet;
+}
+
+// Requires: mu_ held.
+void Metrics::render_rates(metrics::Scrape& scrape) const {
+  if (rates_ == nullptr) return;
+  struct Sums {
+    double went = 0, waited = 0, refused = 0, own_pauses = 0, fleet_pauses = 0, cut = 0,
+           on_share = 0, failures = 0, lost = 0;
+  };
+  std::map<std::string, Sums> by;
+  for (const auto& [key, limit] : rates_->all()) {
+    const RateLimitStats st = limit->stats();
+    Sums& s = by.size() < kMaxRateLabels || by.contains(key) ? by[key] : by["other"];
+    s.went += static_cast<double>(st.went);
+    s.waited += static_cast<double>(st.waited);
+    s.refused += static_cast<double>(st.refused);
+    s.own_pauses += static_cast<double>(st.pauses - st.pauses_from_fleet);
+    s.fleet_pauses += static_cast<double>(st.pauses_from_fleet);
+    s.cut += static_cast<double>(st.pauses_cut);
+    s.on_share += static_cast<double>(st.on_share);
+    s.failures += static_cast<double>(st.fleet_failures);
+    s.lost += static_cast<double>(st.slots_lost);
+  }
+  for (const auto& [key, s] : by) {
+    const prometheus::Labels d = {{"dependency", key}};
+    scrape.counter("keel_rate_limit_slots_total",
+                   "Calls a dependency's rate limit let go, at once or after a wait.",
+                   {{"dependency", key}, {"wait", "none"}}, s.went - s.waited);
+    scrape.counter("keel_rate_limit_slots_total",
+                   "Calls a dependency's rate limit let go, at once or after a wait.",
+                   {{"dependency", key}, {"wait", "waited"}}, s.waited);
+    scrape.counter("keel_rate_limit_refusals_total",
+                   "Calls told to come back later (a pause, or a slot further than they wait).", d,
+                   s.refused);
+    scrape.counter("keel_rate_limit_pauses_total",
+                   "Pauses of a dependency, by cause: its own Retry-After here, or the fleet's.",
+                   {{"dependency", key}, {"cause", "retry_after"}}, s.own_pauses);
+    scrape.counter("keel_rate_limit_pauses_total",
+                   "Pauses of a dependency, by cause: its own Retry-After here, or the fleet's.",
+                   {{"dependency", key}, {"cause", "fleet"}}, s.fleet_pauses);
+    scrape.counter("keel_rate_limit_pauses_cut_total",
+                   "Retry-After advice longer than the longest pause, cut to it.", d, s.cut);
+    scrape.counter("keel_rate_limit_fallback_slots_total",
+                   "Calls that went on this process's share of a shared rate (the fleet did not "
+                   "answer a lease, or failed it).",
+                   d, s.on_share);
+    scrape.counter("keel_rate_limit_fleet_failures_total",
+                   "Leases of the fleet's schedule that failed with the database reachable.", d,
+                   s.failures);
+    scrape.counter("keel_rate_limit_slots_lost_total",
+                   "Leased slots of the fleet's schedule that passed unused here.", d, s.lost);
+  }
+  if (fleet_ != nullptr) {
+    const store::SharedBreakersStats f = fleet_->stats();
+    const std::pair<const char*, std::uint64_t> leases[] = {
+        {"chunk", f.chunks_leased}, {"full", f.leases_full}, {"failed", f.lease_failures}};
+    for (const auto& [result, n] : leases) {
+      scrape.counter("keel_fleet_rate_leases_total",
+                     "Leases of the fleet's rate schedules by this process, by result.",
+                     {{"result", result}}, static_cast<double>(n));
+    }
+    scrape.gauge("keel_fleet_rates_disagreeing",
+                 "Dependencies another process of the fleet limits at a lower rate (kept).",
+                 prometheus::Labels{}, static_cast<double>(f.rates_disagreeing));
+  }
 }
 
 EventStream& Metrics::watch(BreakerRegistry& breakers, const RetryBudget* budget) {

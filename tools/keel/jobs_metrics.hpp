@@ -17,6 +17,8 @@
 #include "keel/budget.hpp"
 #include "keel/events.hpp"
 #include "keel/metrics/metrics.hpp"
+#include "keel/rate_limit.hpp"
+#include "keel/store/fleet/shared_breakers.hpp"
 #include "keel/store/queue/queue.hpp"
 #include "keel/store/queue/queue_worker.hpp"
 
@@ -50,6 +52,13 @@ class Metrics {
   /// `breakers`.
   [[nodiscard]] EventStream& watch(BreakerRegistry& breakers, const RetryBudget* budget);
 
+  /// Adds the dependencies' rate limits and pauses (and, with `fleet`, its chunk leases and
+  /// their failures) to the metrics, read at each scrape. At most kMaxRateLabels dependencies
+  /// are named; the rest are summed under dependency="other". Requires: both (fleet may be
+  /// null) outlive the scrapes.
+  void watch_rates(const RateLimitRegistry* rates, const store::SharedBreakers* fleet);
+  static constexpr std::size_t kMaxRateLabels = 50;
+
  private:
   std::string queue_;
   bool dead_letter_retention_ = false;
@@ -64,6 +73,9 @@ class Metrics {
   std::shared_ptr<metrics::RetryMetrics> retry_metrics_;
   const BreakerRegistry* breakers_ = nullptr;
   const RetryBudget* budget_ = nullptr;
+  const RateLimitRegistry* rates_ = nullptr;
+  const store::SharedBreakers* fleet_ = nullptr;
+  void render_rates(metrics::Scrape& scrape) const;
 };
 
 /// Logs one line when a dependency's breaker opens and one when it closes again, with the

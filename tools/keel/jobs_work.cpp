@@ -88,6 +88,7 @@ bool start_delivery(const WorkSettings& s, Metrics& metrics, Delivery& d) {
                    s.share_url->redacted.c_str(), d.shared->process().c_str());
     }
   }
+  metrics.watch_rates(d.rates.get(), d.shared.get());
   http::ClientOptions options = store::webhook_client_options(s.timeout);
   options.brakes.breakers = &d.breakers;
   // A slot within the fleet's schedule is waited for; a longer hold (a pause) defers the job.

@@ -59,6 +59,7 @@
 //   options.brakes.breakers = &breakers;  // an http::Client's brakes, as without sharing
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -310,6 +311,13 @@ class SharedBreakers {
   // Leases that failed other than by a lost connection, in a row: the limits go on their share
   // for core's next backoff delay before the fleet is asked again.
   BackoffSequence lease_backoff_;
+  // The store's clock less this process's steady clock, in us: the least of the last samples
+  // (a lease's transaction start less the moment it was asked), as NTP keeps its least-delay
+  // sample; a chunk's slots are spent at their store time less it. The background thread's.
+  std::array<std::int64_t, 64> clock_samples_{};
+  std::size_t clock_samples_taken_ = 0;
+  [[nodiscard]] std::int64_t store_clock_offset(std::int64_t sample);
+  void sample_store_clock();
 
   std::atomic<bool> sharing_{false};
   std::atomic<bool> stopping_{false};
