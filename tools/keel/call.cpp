@@ -26,6 +26,7 @@
 #include "keel/http/client.hpp"
 #include "keel/policy_check.hpp"
 #include "keel/rate_limit.hpp"
+#include "rate_flag.hpp"
 
 namespace keel::cli::call_cli {
 namespace {
@@ -96,13 +97,8 @@ struct CallBrakes {
 int add_brakes(const CallArgs& a, http::ClientOptions& options, CallBrakes& brakes) {
   // The host's rate (--rate-limit) and the pauses a 429 or 503 with Retry-After asks for.
   if (a.rate_limit || !a.share_breakers.empty()) {
-    RateLimitOptions rate{.rate_per_s = a.rate_limit.value_or(0)};
-    rate.on_pause_cut = [](std::string_view key, Duration asked, Duration cap) {
-      std::fprintf(stderr, "keel call: %.*s asked for a pause of %s; cut to %s (max pause)\n",
-                   static_cast<int>(key.size()), key.data(), format_duration(asked).c_str(),
-                   format_duration(cap).c_str());
-    };
-    brakes.rates = std::make_unique<RateLimitRegistry>(std::move(rate));
+    brakes.rates = std::make_unique<RateLimitRegistry>(
+        command_rate_options(a.rate_limit.value_or(0), "keel call"));
     options.brakes.rate_limits = brakes.rates.get();
     // A slot or a pause is waited for within the call's deadline, not a shorter bound of its own.
     options.brakes.max_limit_wait = options.retry.overall_timeout;

@@ -62,13 +62,8 @@ bool start_delivery(const WorkSettings& s, Metrics& metrics, Delivery& d) {
   // Each dependency's rate, and the pauses a 429 or 503 with Retry-After asks for: with
   // --rate-limit, or with the fleet's sharing (pauses only, without --rate-limit).
   if (s.rate || s.share_url) {
-    RateLimitOptions rate{.rate_per_s = s.rate.value_or(0)};
-    rate.on_pause_cut = [](std::string_view key, Duration asked, Duration cap) {
-      std::fprintf(stderr, "keel jobs: %.*s asked for a pause of %s; cut to %s (max pause)\n",
-                   static_cast<int>(key.size()), key.data(), format_duration(asked).c_str(),
-                   format_duration(cap).c_str());
-    };
-    d.rates = std::make_unique<RateLimitRegistry>(std::move(rate));
+    d.rates =
+        std::make_unique<RateLimitRegistry>(command_rate_options(s.rate.value_or(0), "keel jobs"));
   }
   d.breakers.add_listener([&d](std::string_view key, BreakerState from, BreakerState to) {
     d.breaker_log->on_change(key, from, to);

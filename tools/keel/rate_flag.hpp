@@ -2,10 +2,12 @@
 // per second.
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <string_view>
 
 #include "flags.hpp"
+#include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/rate_limit.hpp"
 
@@ -57,6 +59,19 @@ inline Expected<double> parse_rate(std::string_view flag, std::string_view text)
                  .got = quote_value(text)};
   }
   return *value / per;
+}
+
+/// The rate limits' options of a command (keel call, keel jobs work): `rate_per_s` (0: pauses
+/// only), and one line on stderr, "PROGRAM: KEY asked for a pause of ...; cut to ... (max
+/// pause)", the first time a dependency's Retry-After is cut to max_pause. `program`: a literal.
+inline RateLimitOptions command_rate_options(double rate_per_s, const char* program) {
+  RateLimitOptions options{.rate_per_s = rate_per_s};
+  options.on_pause_cut = [program](std::string_view key, Duration asked, Duration cap) {
+    std::fprintf(stderr, "%s: %.*s asked for a pause of %s; cut to %s (max pause)\n", program,
+                 static_cast<int>(key.size()), key.data(), format_duration(asked).c_str(),
+                 format_duration(cap).c_str());
+  };
+  return options;
 }
 
 }  // namespace keel::cli
