@@ -36,10 +36,11 @@
 //
 // Rate limits and pauses (SharedBreakersOptions::rate_limits, docs/fleet.md "Rate limits"): the
 // same object shares a keel::RateLimitRegistry with the fleet. Each dependency's rate is one
-// schedule in the row of table keel_rate_limits: a process leases chunks of its slots (a tenth of
-// a second's worth, keel::RateLimit::chunk_size) and spends them locally, asking for the next
-// chunk in the background before the last is spent; a call waits on the database only when a
-// chunk is late, and then at most round_trip_limit (RateLimitFleet::lease). A process that dies
+// schedule in the row of table keel_rate_limits, decided by keel::decide_rate_lease in the row's
+// transaction: a process leases chunks of its slots (at most a tenth of a second's worth, sized
+// by what it spends: keel::RateLimit::lease_size) and spends them locally, asking for the next
+// chunk in the background before the last is spent when it spends a few a chunk; a call waits
+// on the database at most round_trip_limit (RateLimitFleet::lease). A process that dies
 // takes only its unspent chunk with it. A pause (a 429 or 503 with Retry-After any process got)
 // is written to the row and announced on the channel like a breaker's opening; every process
 // holds its calls to that dependency until then (each released within the limit's
