@@ -255,14 +255,6 @@ TEST_F(FleetRateDrill, EightSharingProcessesKeepOneRate) {
   expect_every_job_once(api, jobs);
   const auto arrivals = api.arrivals();
   const int most = busiest(arrivals, 1s);
-  if (std::getenv("KEEL_DRILL_DEBUG") != nullptr) {
-    auto t = arrivals;
-    std::sort(t.begin(), t.end());
-    for (std::size_t i = 1; i < t.size(); ++i) {
-      std::printf("%.1f ", std::chrono::duration<double, std::milli>(t[i] - t[i - 1]).count());
-    }
-    std::printf("\n");
-  }
   const double share_429 = 100.0 * api.throttled() / static_cast<double>(arrivals.size());
   std::printf(
       "rate drill, 8 processes sharing --rate-limit 50/s: %d jobs in %.1f s (%.1f jobs/s), "
