@@ -217,12 +217,12 @@ Duration Worker::database_failed(const std::string& activity, const std::string&
   return wait;
 }
 
-void Worker::database_ok() {
+bool Worker::database_ok() {
   std::string line;
   {
     std::lock_guard lock(mu_);
     const int failures = db_backoff_.failures();
-    if (failures == 0) return;
+    if (failures == 0) return false;
     if (failures > 1) {
       const std::int64_t now = queue_.clock().now().time_since_epoch().count();
       line = "database usable again after " +
@@ -233,6 +233,7 @@ void Worker::database_ok() {
     db_failing_since_ns_ = 0;
   }
   if (!line.empty()) log(line);
+  return true;
 }
 
 void Worker::recorded(const WorkerEvent& event) {
@@ -484,11 +485,11 @@ void Worker::settle(std::optional<ConnectionPool::Lease>& conn, std::vector<Unre
         recorded(u.event);
         unrecorded.erase(unrecorded.begin());
       }
+      if (database_ok()) reclaim = true;
       if (reclaim) {
         give_back_unknown_leases(conn);
         reclaim = false;
       }
-      database_ok();
     } catch (const std::exception& e) {
       error = e.what();
       if (conn && (*conn)->broken()) conn.reset();
@@ -560,7 +561,9 @@ void Worker::slot_loop() {
           stop();
           break;
         }
-        database_ok();
+        // The first lease after an outage: what the database says this worker holds beyond what
+        // its slots run goes back (give_back_unknown_leases), not left to its lease's expiry.
+        if (database_ok()) give_back_unknown_leases(conn);
       } catch (const std::exception& e) {
         if (conn && (*conn)->broken()) conn.reset();
         const Duration wait = database_failed("lease", e.what());

@@ -18,6 +18,7 @@
 #include "keel/store/queue/queue.hpp"
 #include "keel/store/queue/queue_worker.hpp"
 #include "test_support.hpp"
+#include "waiting.hpp"
 
 namespace keel::store {
 namespace {
@@ -29,6 +30,8 @@ using namespace std::chrono_literals;
 // the commit is in doubt) or before anything reached the database. Each failure disarms.
 struct Fault {
   std::atomic<bool> armed{false};
+  // When set, the next statement that leases jobs fails as a lost connection before it is sent.
+  std::atomic<bool> lease_armed{false};
   bool after_commit = true;
   std::atomic<int> injected{0};
 };
@@ -40,6 +43,14 @@ class LosingConnection final : public Connection {
   [[nodiscard]] Backend backend() const noexcept override { return inner_->backend(); }
   void execute(std::string_view sql) override { inner_->execute(sql); }
   Rows query(std::string_view sql, std::span<const Value> params) override {
+    if (sql.find("state IN ('ready', 'retry_scheduled') AND run_at_ms <=") !=
+        std::string_view::npos) {
+      bool expected = true;
+      if (fault_.lease_armed.compare_exchange_strong(expected, false)) {
+        fault_.injected.fetch_add(1);
+        lose(false);
+      }
+    }
     const bool records = records_outcome(sql);
     if (inner_->in_transaction()) {
       if (records) tx_records_ = true;
@@ -253,6 +264,51 @@ TEST_P(WorkerSettle, AWorkerWhoseJobsAllSucceedNeverSaysItLostALease) {
   const std::string log = joined(run_until_idle(worker));
   EXPECT_EQ(log.find("lease lost"), std::string::npos) << log;
   EXPECT_EQ(conn_->query("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'").integer(0, 0), 300);
+}
+
+// A failover to a standby that lagged brings back leases this worker had already settled on the
+// old primary: the database says the worker holds a job that none of its slots runs. After the
+// outage (here one lost lease) the worker gives it back at once, uncharged, and it runs; it is
+// not left running until its lease expires (a minute here), nor charged as a crash.
+TEST_P(WorkerSettle, AJobTheDatabaseSaysItHoldsAfterAnOutageIsGivenBackNotLeftToItsLease) {
+  JobQueue queue({.lease = 60s, .seed = 3});
+  const std::int64_t id =
+      queue.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "stale", .max_attempts = 1}).id;
+  // Leased and started by "w" in a life the worker does not remember.
+  const std::vector<LeasedJob> stale = queue.lease(*conn_, "q", "w", 1);
+  ASSERT_EQ(stale.size(), 1u);
+  ASSERT_TRUE(stale[0].started);
+  ConnectionPool pool = make_pool();
+  std::atomic<int> runs{0};
+  WorkerOptions o = options();
+  o.worker_id = "w";
+  o.exit_when_idle = false;
+  fault_.lease_armed = true;
+  Worker worker(pool, queue, o, [&](const LeasedJob&, const std::atomic<bool>&) {
+    runs.fetch_add(1);
+    return AttemptReport::success();
+  });
+  std::thread t([&] { (void)worker.run(); });
+  const bool done = test::wait_until(
+      [&] {
+        const auto job = queue.get(*conn_, id);
+        return job && job->state == JobState::kDone;
+      },
+      20s);
+  worker.stop();
+  t.join();
+  std::string log;
+  {
+    std::lock_guard lock(mu_);
+    log = joined(lines_);
+  }
+  EXPECT_TRUE(done) << "the job stayed leased to the worker after the outage\n" << log;
+  EXPECT_EQ(fault_.injected.load(), 1);
+  EXPECT_EQ(runs.load(), 1) << log;
+  const auto job = queue.get(*conn_, id);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->attempts, 1) << "the given-back attempt was charged";
+  EXPECT_NE(log.find("giving back 1 job(s)"), std::string::npos) << log;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, WorkerSettle,

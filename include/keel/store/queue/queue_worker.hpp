@@ -298,7 +298,11 @@ class Worker {
   // A lease (or `activity`) failed: logs (rate-limited), gives up past max_database_outage;
   // returns the wait.
   Duration database_failed(const std::string& activity, const std::string& what);
-  void database_ok();
+  // A statement succeeded: ends an outage (logged). True when one ended, and the caller then
+  // gives back what the database says this worker holds beyond what it runs: a lost answer may
+  // have leased jobs, and a failover to a standby that lagged brings back leases this worker
+  // already settled on the old primary.
+  [[nodiscard]] bool database_ok();
   // Logs one line when PostgreSQL broke deadlocks in the queue's statements since the last call
   // (JobQueue::deadlocks() went up; keel retried each).
   void note_deadlocks();
