@@ -39,8 +39,7 @@ CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, s
   in_transaction(deadlocks_, connection, [&](Connection& tx) {
     out = CompleteResult{};
     const Rows row = tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
-                                  " FROM keel_jobs WHERE id = $1 AND fence = $2"
-                                  " AND state = 'running'" +
+                                  " FROM keel_jobs WHERE " + detail::held_by("$1", "$2") +
                                   std::string(connection.dialect().lock_rows()),
                               {job_id, fence});
     if (row.empty()) {

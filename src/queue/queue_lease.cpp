@@ -26,13 +26,18 @@ constexpr int kReapBatch = 100;
 // lease on, and leaving lease_expires_ms and run_at_ms alone keeps the start off every index
 // (keel_jobs_running holds run_at_ms), so PostgreSQL can update the row in place (a HOT update,
 // which keel_jobs' fillfactor leaves room for).
-constexpr std::string_view kStart =
+const std::string kStart =
     "UPDATE keel_jobs SET attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END,"
-    " started_ms = COALESCE(started_ms, $2), updated_ms = $2"
-    " WHERE id = $1 AND fence = $3 AND state = 'running'";
+    " started_ms = COALESCE(started_ms, $2), updated_ms = $2 WHERE " +
+    detail::held_by("$1", "$3");
 
 // How long a lease floor stands before a lease scans the whole queue again (see lease_floor).
 constexpr std::int64_t kLeaseFloorForMs = 1000;
+
+// How often a JobQueue's leases look for an expired lease of a queue, and how long the check's
+// floor stands before one looks from the start again (see expiry_plan).
+constexpr std::int64_t kExpiryCheckEveryMs = 1000;
+constexpr std::int64_t kExpiryFloorForMs = 60'000;
 
 }  // namespace
 
@@ -81,6 +86,42 @@ void JobQueue::forget_lease_floors() const {
   floors_.clear();
 }
 
+// The check for an expired lease reads keel_jobs_running from the queue's earliest run_at_ms.
+// Every job that finished leaves a dead entry there (its old running version), which VACUUM
+// removes only once no snapshot needs it: while a session holds an old snapshot, a check from
+// the start steps over every job finished since (30 ms and 84,000 heap fetches per lease after a
+// few minutes at 2,000 jobs/s). So a JobQueue looks at most once per kExpiryCheckEveryMs per
+// queue, and from where its last check found none: a check at T that found no running job with
+// run_at_ms <= T leaves none behind it, since a lease or a heartbeat sets run_at_ms to its own
+// now plus the lease, after T (unless the process's clock is more than a lease behind, which a
+// check from the start finds, at least every kExpiryFloorForMs). An expired lease is therefore
+// swept up to a second later than it expired.
+JobQueue::ExpiryPlan JobQueue::expiry_plan(std::string_view queue, std::int64_t now) const {
+  std::lock_guard lock(floor_mu_);
+  for (const ExpiryCheck& e : expiry_) {
+    if (e.queue != queue) continue;
+    ExpiryPlan plan;
+    plan.check = now - e.last_ms >= kExpiryCheckEveryMs || now < e.last_ms;
+    if (e.clear_to && now >= e.chain_ms && now - e.chain_ms < kExpiryFloorForMs) {
+      plan.above = e.clear_to;
+    }
+    return plan;
+  }
+  return {.check = true};
+}
+
+void JobQueue::note_expiry_check(std::string_view queue, std::int64_t now, const ExpiryPlan& plan,
+                                 bool found) const {
+  std::lock_guard lock(floor_mu_);
+  auto it = std::find_if(expiry_.begin(), expiry_.end(),
+                         [&](const ExpiryCheck& e) { return e.queue == queue; });
+  if (it == expiry_.end()) it = expiry_.insert(expiry_.end(), ExpiryCheck{std::string(queue)});
+  it->last_ms = now;
+  if (found) return;  // the floor stays where it was, below the expired lease
+  if (!plan.above) it->chain_ms = now;
+  it->clear_to = now;
+}
+
 std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
   std::int64_t reaped = 0;
   std::vector<std::pair<std::int64_t, CompleteResult>> dead;
@@ -90,12 +131,19 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
     const std::int64_t now = now_ms();
     // Leases that expired: the worker died or stalled. Rows are taken in id order, as every
     // statement of the queue that locks several rows takes them, so sweeps never deadlock.
+    const ExpiryPlan plan = expiry_plan(queue, now);
+    std::vector<Value> params = {queue, now, kReapBatch};
+    std::string above;
+    if (plan.above) {
+      params.emplace_back(*plan.above);
+      above = " AND run_at_ms > $4";
+    }
     const Rows expired =
         tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
-                     " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2"
-                     " ORDER BY id LIMIT $3" +
+                     " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2" +
+                     above + " ORDER BY id LIMIT $3" +
                      std::string(connection.dialect().lock_rows_skip_locked()),
-                 {queue, now, kReapBatch});
+                 params);
     // Unstarted jobs go back due at their lease's time, before a lease floor (lease_floor).
     if (!expired.empty()) forget_lease_floors();
     for (std::size_t i = 0; i < expired.size(); ++i) {
@@ -155,8 +203,13 @@ DoneAndLeased JobQueue::finish_and_lease_due(
   constexpr std::string_view kSetRunning =
       " SET state = 'running', fence = fence + 1, lease_owner = $3,"
       " leased_ms = $2, lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2";
-  constexpr std::string_view kExpired =
-      "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2 LIMIT 1";
+  // An expired lease waiting, at most once a second, from the last check's floor (expiry_plan):
+  // $2 is now, `above` the floor's parameter.
+  const ExpiryPlan expiry = expiry_plan(queue, now);
+  const auto expired_check = [](const std::string& above) {
+    return "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2" +
+           (above.empty() ? std::string() : " AND run_at_ms > " + above) + " LIMIT 1";
+  };
   Rows leased;
   std::int64_t last_started = 0;         // in a transaction: the highest id the lease started
   std::optional<std::int64_t> floor;     // where this lease's scan started (lease_floor)
@@ -206,15 +259,23 @@ DoneAndLeased JobQueue::finish_and_lease_due(
     }
     // The earliest due time leased (lease_floor).
     sql += " UNION ALL SELECT 4, min(run_at_ms), NULL, NULL, NULL, NULL, NULL, NULL FROM picked";
-    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
-           std::string(kExpired) + ")";
+    std::string above;
+    if (expiry.above) {
+      params.emplace_back(*expiry.above);
+      above = "$" + std::to_string(params.size());
+    }
+    if (expiry.check) {
+      sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
+             expired_check(above) + ")";
+    }
     // Short of work: when the queue's earliest job comes due, for the worker that goes idle
-    // (next_due's two index reads).
+    // (next_due's two index reads; no running job is below the expiry floor).
     sql +=
         " UNION ALL SELECT 3, LEAST((SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
         " AND state IN ('ready', 'retry_scheduled')), (SELECT min(run_at_ms) FROM keel_jobs"
-        " WHERE queue = $1 AND state = 'running')), NULL, NULL, NULL, NULL, NULL, NULL"
-        " WHERE (SELECT count(*) FROM leased) < $4";
+        " WHERE queue = $1 AND state = 'running'" +
+        (above.empty() ? std::string() : " AND run_at_ms > " + above) +
+        ")), NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT count(*) FROM leased) < $4";
     in_statement(deadlocks_, connection, [&](Connection& c) {
       leased = c.query(sql, params);
       return true;
@@ -251,7 +312,12 @@ DoneAndLeased JobQueue::finish_and_lease_due(
         tx.query(set_running,
                  {queue, now, worker, id, expires, starts ? Value(now) : Value(), starts ? 1 : 0});
       }
-      *expired_waiting = !tx.query(kExpired, {queue, now}).empty();
+      if (expiry.check) {
+        std::vector<Value> check_params = {queue, now};
+        if (expiry.above) check_params.emplace_back(*expiry.above);
+        *expired_waiting =
+            !tx.query(expired_check(expiry.above ? "$3" : ""), check_params).empty();
+      }
       return true;
     });
   }
@@ -285,6 +351,7 @@ DoneAndLeased JobQueue::finish_and_lease_due(
   if (one_statement) {
     note_lease(queue, now, !floor, static_cast<int>(out.leased.size()) >= limit, earliest);
   }
+  if (expiry.check) note_expiry_check(queue, now, expiry, *expired_waiting);
   return out;
 }
 
@@ -372,11 +439,17 @@ std::optional<std::int64_t> JobQueue::next_due(Connection& connection,
                                                std::string_view queue) const {
   // Two index reads: the first row of keel_jobs_ready and of keel_jobs_running (each predicate
   // spelled as in its index, so the planner takes it).
+  // No running job is below the expiry floor (expiry_plan): the read of keel_jobs_running starts
+  // there, past the entries of the jobs finished before it.
+  const ExpiryPlan plan = expiry_plan(queue, now_ms());
+  std::vector<Value> params = {queue};
+  if (plan.above) params.emplace_back(*plan.above);
   const Rows r = connection.query(
-      "SELECT (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
-      " AND state IN ('ready', 'retry_scheduled')),"
-      " (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1 AND state = 'running')",
-      {queue});
+      std::string("SELECT (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
+                  " AND state IN ('ready', 'retry_scheduled')),"
+                  " (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1 AND state = 'running'") +
+          (plan.above ? " AND run_at_ms > $2" : "") + ")",
+      params);
   RowCursor c(r, 0);
   const std::optional<std::int64_t> ready = c.optional_integer();
   const std::optional<std::int64_t> running = c.optional_integer();
@@ -435,8 +508,8 @@ bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64
     const std::int64_t now = now_ms();
     const std::int64_t expires = now + to_ms(options_.lease);
     const Rows r = c.query(
-        "UPDATE keel_jobs SET lease_expires_ms = $3, run_at_ms = $3, updated_ms = $4"
-        " WHERE id = $1 AND fence = $2 AND state = 'running'",
+        "UPDATE keel_jobs SET lease_expires_ms = $3, run_at_ms = $3, updated_ms = $4 WHERE " +
+            detail::held_by("$1", "$2"),
         {job_id, fence, expires, now});
     current = r.affected() == 1;
     return true;
@@ -453,8 +526,7 @@ bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t
     result = CompleteResult{};
     const std::int64_t now = now_ms();
     const Rows row = tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
-                                  " FROM keel_jobs WHERE id = $1 AND fence = $2"
-                                  " AND state = 'running'" +
+                                  " FROM keel_jobs WHERE " + detail::held_by("$1", "$2") +
                                   std::string(connection.dialect().lock_rows()),
                               {job_id, fence});
     if (row.empty()) return false;

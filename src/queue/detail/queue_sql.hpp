@@ -92,6 +92,19 @@ inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t rou
 // reason; read_job reports it only while the job runs. $2 is now.
 // A success reported for a job whose attempt was not started (JobQueue::start) starts and
 // charges it here.
+// The condition that a job's row is still held under a lease: its id and fence are `id` and
+// `fence` (parameters or columns), and it is running; `alias` prefixes the columns ("j." or none).
+// The state is compared as an expression that no index predicate implies, so that a statement on
+// one job is planned on the primary key and never on keel_jobs_running (partial on state =
+// 'running'): while a snapshot is held, that index holds a dead entry for every job finished
+// since, and a plan on it stepped over all of them for one row (137 ms, 66,000 buffers).
+[[nodiscard]] inline std::string held_by(std::string_view id, std::string_view fence,
+                                         std::string_view alias = {}) {
+  const std::string a(alias);
+  return a + "id = " + std::string(id) + " AND " + a + "fence = " + std::string(fence) + " AND " +
+         a + "state || '' = 'running'";
+}
+
 inline constexpr std::string_view kMarkDone =
     " SET state = 'done', attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END,"
     " started_ms = COALESCE(started_ms, $2), lease_expires_ms = NULL, run_at_ms = $2,"
@@ -137,8 +150,8 @@ struct SettleRow {
 // when the fence is stale (the lease was lost).
 [[nodiscard]] inline bool mark_done(Connection& conn, std::int64_t job_id, std::int64_t fence,
                                     std::int64_t now) {
-  const Rows r = conn.query("UPDATE keel_jobs" + std::string(kMarkDone) +
-                                " WHERE id = $1 AND fence = $3 AND state = 'running'",
+  const Rows r = conn.query("UPDATE keel_jobs" + std::string(kMarkDone) + " WHERE " +
+                                held_by("$1", "$3"),
                             {job_id, now, fence});
   return r.affected() == 1;
 }
@@ -159,8 +172,8 @@ struct SettleRow {
   if (done.size() == 1) {
     const std::string id = param(done[0].first);
     const std::string fence = param(done[0].second);
-    return "done AS (UPDATE keel_jobs j" + std::string(detail::kMarkDone) + " WHERE j.id = " + id +
-           " AND j.fence = " + fence + " AND j.state = 'running' RETURNING j.id)";
+    return "done AS (UPDATE keel_jobs j" + std::string(detail::kMarkDone) + " WHERE " +
+           held_by(id, fence, "j.") + " RETURNING j.id)";
   }
   std::string sql = "v (id, fence) AS (VALUES ";
   for (std::size_t i = 0; i < done.size(); ++i) {
@@ -168,11 +181,10 @@ struct SettleRow {
     sql += (i ? ", (" : "(") + id + ", " + param(done[i].second) + ")";
   }
   return sql +
-         "), lk AS (SELECT j.id FROM keel_jobs j JOIN v ON j.id = v.id AND j.fence = v.fence"
-         " WHERE j.state = 'running' ORDER BY j.id FOR NO KEY UPDATE OF j), done AS (UPDATE"
-         " keel_jobs j" +
-         std::string(detail::kMarkDone) +
-         " FROM lk WHERE j.id = lk.id AND j.state = 'running' RETURNING j.id)";
+         "), lk AS (SELECT j.id FROM keel_jobs j JOIN v ON " + held_by("v.id", "v.fence", "j.") +
+         " ORDER BY j.id FOR NO KEY UPDATE OF j), done AS (UPDATE keel_jobs j" +
+         std::string(detail::kMarkDone) + " FROM lk WHERE j.id = lk.id AND j.state || '' = 'running'"
+         " RETURNING j.id)";
 }
 
 // " AND queue = $N" or nothing, for the commands that take an optional queue.

@@ -182,9 +182,11 @@ class JobQueue {
   /// to a second behind later ones while the queue stays busy (docs/queue.md, "Lease floor"). The
   /// `start` jobs with the lowest ids start their attempt with the lease (LeasedJob::started;
   /// the default: all of them); the others wait for start(). The jobs come started first, then
-  /// by id: the order to run them in. When the due jobs do not fill
-  /// `limit` (and at least every quarter lease), expired leases are swept as described above and
-  /// the jobs they make ready are leased too. Requires: limit >= 1, start >= 0. Throws
+  /// by id: the order to run them in. A lease looks for expired leases at most once a second per
+  /// queue (from where its JobQueue's last look found none; from the start at least once a
+  /// minute); when one is waiting and the due jobs do not fill `limit` (and at least every
+  /// quarter lease), expired leases are swept as described above and the jobs they make ready are
+  /// leased too. Requires: limit >= 1, start >= 0. Throws
   /// DatabaseError.
   [[nodiscard]] std::vector<LeasedJob> lease(Connection& connection, std::string_view queue,
                                              std::string_view worker, int limit = 1,
@@ -393,6 +395,23 @@ class JobQueue {
   // Clears every floor: a job was made due again at a time a floor may be past.
   void forget_lease_floors() const;
 
+  // Whether a lease looks for expired leases of a queue, and from where (queue_lease.cpp): at
+  // most once per kExpiryCheckEveryMs per queue, each check from where the last one found none.
+  struct ExpiryCheck {
+    std::string queue;
+    std::int64_t last_ms = 0;             // the last check
+    std::optional<std::int64_t> clear_to;  // no running job has run_at_ms <= this
+    std::int64_t chain_ms = 0;            // the full check clear_to counts from
+  };
+  struct ExpiryPlan {
+    bool check = false;                  // look for an expired lease with this lease
+    std::optional<std::int64_t> above;  // only among run_at_ms > this (none: all)
+  };
+  [[nodiscard]] ExpiryPlan expiry_plan(std::string_view queue, std::int64_t now) const;
+  // After a check planned by `plan` at `now` that found an expired lease or none.
+  void note_expiry_check(std::string_view queue, std::int64_t now, const ExpiryPlan& plan,
+                         bool found) const;
+
   QueueOptions options_;
   RetryPolicy policy_;  // the retry rules decide_retry applies (max attempts, backoff, caps)
   Clock* clock_;
@@ -402,6 +421,7 @@ class JobQueue {
   mutable std::atomic<std::int64_t> deadlocks_{0};
   mutable std::mutex floor_mu_;
   mutable std::vector<LeaseFloor> floors_;  // guarded by floor_mu_
+  mutable std::vector<ExpiryCheck> expiry_;  // guarded by floor_mu_
 };
 
 }  // namespace keel::store
