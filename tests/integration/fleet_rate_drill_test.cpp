@@ -399,10 +399,13 @@ class FleetRatePoints : public FleetRateDrill {
     // The bounds are 1% and 90% on a quiet machine (docs/rate-limits.md has the
     // figures); ctest runs this beside other tests, so the assertion leaves room for a loaded
     // machine's timers: one 429 at the smallest counts, and 80% of the rate. The bugs these
-    // points caught were 4-17% 429s and 28-60% of the rate.
+    // points caught were 4-17% 429s and 28-60% of the rate. At hundreds a second the drain is
+    // bound by the machine as much as by the schedule (32 workers' requests on two cores: 307/s
+    // of 500 beside a compile), so there it must show only that the bug (28%) is gone: half the
+    // rate. The schedule's own drain is asserted in virtual time (rate_schedule_grid_test.cpp).
     EXPECT_LE(most, std::max(p.per_window + 1, static_cast<int>(p.per_window * 1.1))) << p.rate;
     EXPECT_LE(api.throttled(), std::max(1, static_cast<int>(arrivals.size() / 100))) << p.rate;
-    EXPECT_GE(drained, 0.8 * per_s) << p.rate;
+    EXPECT_GE(drained, (per_s >= 200 ? 0.5 : 0.8) * per_s) << p.rate;
     EXPECT_EQ(api.applied().size(), static_cast<std::size_t>(p.jobs)) << p.rate;
   }
 };
