@@ -24,7 +24,6 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <utility>
 
@@ -35,9 +34,11 @@
 #include "keel/faults/chaos.hpp"
 #include "keel/metrics/metrics.hpp"
 #include "keel/principal_rate_limiter.hpp"
+#include "keel/random.hpp"
 #include "keel/retry_after.hpp"
 #include "keel/store/beast/server.hpp"
 #include "payments_api.hpp"
+#include "stop_signals.hpp"
 
 namespace keel::cli::serve_cli {
 namespace {
@@ -77,19 +78,6 @@ std::optional<std::string> read_scope_secret(const ServeOptions& o) {
   }
   if (scope_secret.size() < 16) return refuse("must name a file of at least 16 bytes");
   return scope_secret;
-}
-
-// Signals are handled with sigwait; every thread has them blocked, so they are blocked before
-// the first thread starts (the health check's, the server's).
-sigset_t block_stop_signals() {
-  signal(SIGPIPE, SIG_IGN);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);  // no configuration to reload: a hang-up stops as SIGTERM does
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  return signals;
 }
 
 // What stands between a request and the API: the rate limiter, the injected faults, admission.
@@ -244,7 +232,7 @@ class Sweeper {
     // after a failure core's backoff up to that interval.
     PeriodicSchedule schedule(
         sweep, {.base = std::min<Duration>(std::chrono::seconds(1), sweep), .cap = sweep},
-        (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}());
+        random_seed());
     Duration wait = schedule.after_success();
     std::unique_lock lock(mu_);
     while (!cv_.wait_for(lock, wait, [&] { return stopping_; })) {
@@ -278,9 +266,7 @@ int wait_and_stop(sigset_t& signals, beast::Server& server, faults::Chaos& chaos
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "keel-demo serve: %s received, finishing in-flight requests\n",
-               sig == SIGINT   ? "SIGINT"
-               : sig == SIGHUP ? "SIGHUP"
-                               : "SIGTERM");
+               stop_signal_name(sig));
   chaos.stop();   // hangs end now: their requests are answered before the drain ends
   server.stop();  // within --drain-timeout + keel::store::beast::kStopGrace
   const bool sweeper_out = sweeper.stop();

@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "keel/duration.hpp"
 #include "keel/faults/fault_server.hpp"
+#include "stop_signals.hpp"
 
 namespace keel::cli {
 namespace {
@@ -38,7 +39,7 @@ Control endpoints (they do not consume steps):
   POST /_keel/reset    forget them and rewind the script
   POST /_keel/script   replace the script with the request body
 
-Prints "listening on http://127.0.0.1:PORT" on stdout, then serves until SIGINT or SIGTERM
+Prints "listening on http://127.0.0.1:PORT" on stdout, then serves until SIGINT, SIGTERM or SIGHUP
 (or --for elapses). Exit status: 0 after a clean stop, 2 invalid arguments, 1 cannot listen.)";
 
 struct UpstreamArgs {
@@ -64,11 +65,7 @@ int run_upstream(const UpstreamArgs& a) {
   }
   // Block the stop signals in every thread (the server's threads inherit the mask) and wait for
   // them here.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  sigset_t stop_signals = block_stop_signals();
 
   faults::FaultServer server({.script = a.script, .port = a.port});
   server.start();
@@ -103,7 +100,8 @@ Runner add_upstream(CLI::App& app) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   sub->add_option("--script", a->script, "The fault script (see below)")->capture_default_str();
-  sub->add_option("--for", a->run_for, "Stop after this long (default: until SIGINT/SIGTERM)");
+  sub->add_option("--for", a->run_for,
+                  "Stop after this long (default: until SIGINT/SIGTERM/SIGHUP)");
   sub->add_flag("--log-on-exit", a->log_on_exit, "Print the JSON log of requests when stopping");
   return [a] { return run_upstream(*a); };
 }

@@ -149,8 +149,12 @@ void keep_reconnecting(BackoffSequence& backoff, Session&& session, Wait&& wait)
 /// When a periodic task (a heartbeat, a prune, a poll, a check) runs next: after a success, its
 /// interval with ±50% jitter (jittered()), so that the processes of a fleet do not do it in
 /// step; after a failure, the backoff's next delay, and the backoff starts over at the first
-/// success. The one building block of keel's background loops; the loop itself (a thread, a
-/// timer on an event loop) waits for the delay it is given.
+/// success. For a loop whose period may stretch (a sweep, a poll, a check); the loop itself (a
+/// thread, a timer on an event loop) waits for the delay it is given; loops without a failure
+/// path of their own (the Worker's prune, the fleet's membership heartbeat) take jittered()
+/// directly, the same spread. A loop that must run within its interval, as the Worker's lease
+/// heartbeat must, spreads its waits over the interval's second half instead
+/// (uniform_duration(interval / 2, interval)): +50% would let the lease expire.
 ///
 /// Thread-safety: not thread-safe; one per loop.
 class PeriodicSchedule {

@@ -28,6 +28,30 @@ using TimePoint = std::chrono::time_point<std::chrono::steady_clock, Duration>;
 /// A point in calendar time (for HTTP dates).
 using WallTime = std::chrono::time_point<std::chrono::system_clock, Duration>;
 
+/// Days since 1970-01-01 of a proleptic Gregorian date (month 1-12, day 1-31; not checked): the
+/// one calendar conversion of keel (HTTP dates, RFC 3339 times). Hinnant's days_from_civil.
+[[nodiscard]] constexpr std::int64_t days_from_civil(std::int64_t y, unsigned m,
+                                                     unsigned d) noexcept {
+  y -= m <= 2 ? 1 : 0;
+  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const auto yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
+}
+static_assert(days_from_civil(1970, 1, 1) == 0 && days_from_civil(2000, 3, 1) == 11017);
+
+/// Whether `y` is a leap year of the proleptic Gregorian calendar.
+[[nodiscard]] constexpr bool is_leap_year(std::int64_t y) noexcept {
+  return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+}
+
+/// The days of month `m` (1-12) of year `y`.
+[[nodiscard]] constexpr unsigned days_in_month(std::int64_t y, unsigned m) noexcept {
+  constexpr unsigned kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  return m == 2 && is_leap_year(y) ? 29 : kDays[m - 1];
+}
+
 /// "No limit": the largest Duration. Arithmetic below saturates at it instead of overflowing.
 inline constexpr Duration kInfinite = Duration::max();
 
@@ -82,6 +106,13 @@ class Clock {
     return d > Duration::zero() ? d : Duration::zero();
   }
 };
+
+/// The clock's calendar now in whole milliseconds since 1970-01-01 UTC: the one form in which
+/// keel's stores write a time (a job's due time, a key's expiry, a message's record).
+[[nodiscard]] inline std::int64_t wall_ms(const Clock& clock) noexcept {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(clock.wall_now().time_since_epoch())
+      .count();
+}
 
 /// std::chrono::steady_clock and std::this_thread::sleep_for. Stateless.
 class SteadyClock final : public Clock {

@@ -30,8 +30,12 @@ class Rng {
   std::uint64_t s_[4];
 };
 
-/// The calling thread's generator, seeded once per thread from std::random_device.
+/// The calling thread's generator, seeded once per thread from random_seed().
 [[nodiscard]] Rng& thread_rng() noexcept;
+
+/// 64 bits from std::random_device: the seed of a generator that must differ between processes
+/// (each process's jitter, a worker's name). Not for secrets.
+[[nodiscard]] std::uint64_t random_seed();
 
 /// A non-owning, type-erased reference to a 64-bit uniform random bit generator.
 class BitGenRef {

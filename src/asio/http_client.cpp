@@ -141,19 +141,12 @@ const HttpClientOptions& HttpClient::options() const noexcept { return impl_->op
 std::size_t HttpClient::transfers_in_flight() const noexcept { return impl_->multi->in_flight(); }
 
 ::asio::awaitable<HttpResult> HttpClient::send(HttpRequest request, RetryContext* context) {
-  if (request.url.empty()) {
-    throw_invalid(
-        {.context = "keel::asio::HttpRequest", .field = "url", .problem = "must not be empty"});
-  }
-  if (request.method.empty()) {
-    throw_invalid(
-        {.context = "keel::asio::HttpRequest", .field = "method", .problem = "must not be empty"});
-  }
   std::shared_ptr<Impl> impl = impl_;
   Clock& clock = impl->options.clock != nullptr ? *impl->options.clock : steady_clock();
 
   HttpResult result;
-  const std::optional<RequestTraits> traits = http::detail::begin_operation(request, result);
+  const std::optional<RequestTraits> traits =
+      http::detail::begin_operation(request, result, "keel::asio::HttpRequest");
   if (!traits) co_return result;
 
   // Set up outside the coroutine body proper: plain code, no declarations in conditions.

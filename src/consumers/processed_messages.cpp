@@ -118,9 +118,7 @@ SchemaComponent ProcessedMessages::schema() noexcept {
 }
 
 std::int64_t ProcessedMessages::now_ms() const noexcept {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             clock_->wall_now().time_since_epoch())
-      .count();
+  return wall_ms(*clock_);
 }
 
 Expected<ProcessResult> ProcessedMessages::process(Connection& connection,

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "detail/invalid.hpp"
+
 namespace keel {
 
 std::string_view to_string(ShedReason reason) noexcept {
@@ -59,11 +61,7 @@ void Admission::release(Duration latency) noexcept {
 }
 
 AdmissionLimiter::AdmissionLimiter(AdmissionOptions options) : options_(options) {
-  const auto reject = [](const char* field, const std::string& requirement,
-                         const std::string& got) {
-    throw std::invalid_argument(std::string("keel::AdmissionOptions: ") + field + " must be " +
-                                requirement + " (got " + got + ")");
-  };
+  constexpr detail::OptionsCheck reject("AdmissionOptions");
   if (options_.max_concurrency < 1) {
     reject("max_concurrency", ">= 1", std::to_string(options_.max_concurrency));
   }

@@ -53,10 +53,7 @@ constexpr bool rate_reached(std::int64_t n, std::int64_t calls, std::int64_t ppm
   return strict ? lhs > rhs : lhs >= rhs;
 }
 
-[[noreturn]] void reject(const char* field, const std::string& requirement,
-                         const std::string& got) {
-  detail::reject("CircuitBreaker", field, requirement, got);
-}
+constexpr detail::OptionsCheck reject("CircuitBreaker");
 
 std::string number(double v) { return detail::format_number(v); }
 

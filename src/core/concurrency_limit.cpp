@@ -5,27 +5,15 @@
 #include <sstream>
 #include <string>
 
+#include "detail/invalid.hpp"
 #include "keel/expected.hpp"
 
 namespace keel {
 namespace {
 
-template <class T>
-std::string text(T v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
-
-[[noreturn]] void reject(const char* field, const std::string& requirement,
-                         const std::string& got) {
-  throw_invalid({.context = "keel::ConcurrencyLimitOptions",
-                 .field = field,
-                 .problem = "must be " + requirement,
-                 .got = got});
-}
-
 void validate(const ConcurrencyLimitOptions& o) {
+  constexpr detail::OptionsCheck reject("ConcurrencyLimitOptions");
+  const auto text = [](auto v) { return detail::got_text(v); };
   if (o.min_limit < 1) reject("min_limit", ">= 1", text(o.min_limit));
   if (o.max_limit < o.min_limit || o.max_limit > (std::int64_t{1} << 20)) {
     reject("max_limit", "in [min_limit, 2^20]", text(o.max_limit));

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "detail/invalid.hpp"
 #include "keel/expected.hpp"
 
 namespace keel {
@@ -15,18 +16,9 @@ PrincipalRateLimiter::PrincipalRateLimiter(double rate, std::size_t capacity, Cl
       capacity_(capacity),
       clock_(&clock),
       shared_{burst_, {}} {
-  if (!(rate > 0) || !std::isfinite(rate)) {
-    throw_invalid({.context = "keel::PrincipalRateLimiter",
-                   .field = "rate",
-                   .problem = "must be > 0 and finite",
-                   .got = std::to_string(rate)});
-  }
-  if (capacity < 1) {
-    throw_invalid({.context = "keel::PrincipalRateLimiter",
-                   .field = "capacity",
-                   .problem = "must be >= 1",
-                   .got = "0"});
-  }
+  constexpr detail::OptionsCheck reject("PrincipalRateLimiter");
+  if (!(rate > 0) || !std::isfinite(rate)) reject("rate", "> 0 and finite", std::to_string(rate));
+  if (capacity < 1) reject("capacity", ">= 1", capacity);
   shared_.last = clock_->now();
 }
 

@@ -30,12 +30,13 @@ Rng::result_type Rng::operator()() noexcept {
 }
 
 Rng& thread_rng() noexcept {
-  thread_local Rng rng = [] {
-    std::random_device device;
-    const std::uint64_t seed = (static_cast<std::uint64_t>(device()) << 32) ^ device();
-    return Rng(seed);
-  }();
+  thread_local Rng rng(random_seed());
   return rng;
+}
+
+std::uint64_t random_seed() {
+  std::random_device device;
+  return (static_cast<std::uint64_t>(device()) << 32) ^ device();
 }
 
 }  // namespace keel

@@ -15,9 +15,7 @@ std::string text(double v) { return detail::format_number(v); }
 std::string text(Duration d) { return format_duration(d); }
 
 void validate(const RateLimitOptions& o) {
-  const auto reject = [](const char* field, const char* requirement, const std::string& got) {
-    detail::reject("RateLimitOptions", field, requirement, got);
-  };
+  constexpr detail::OptionsCheck reject("RateLimitOptions");
   if (!(o.rate_per_s == 0 || (o.rate_per_s >= kMinRatePerS && o.rate_per_s <= 1e6))) {
     reject("rate_per_s", "0 (no rate) or in [1/86400 (one a day), 1e6]", text(o.rate_per_s));
   }

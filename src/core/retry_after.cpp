@@ -16,25 +16,6 @@ constexpr std::array<std::string_view, 7> kDayLong = {"Monday", "Tuesday",  "Wed
 constexpr std::array<std::string_view, 12> kMonth = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                                      "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
 
-// Days since 1970-01-01 for a proleptic Gregorian date (Hinnant's days_from_civil).
-constexpr std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) noexcept {
-  y -= m <= 2 ? 1 : 0;
-  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
-  const auto yoe = static_cast<unsigned>(y - era * 400);
-  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
-  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
-}
-
-constexpr bool is_leap(std::int64_t y) noexcept {
-  return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-}
-
-constexpr unsigned days_in_month(std::int64_t y, unsigned m) noexcept {
-  constexpr unsigned kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-  return m == 2 && is_leap(y) ? 29 : kDays[m - 1];
-}
-
 // A cursor over the input; every reader returns false on a mismatch.
 class Cursor {
  public:

@@ -19,7 +19,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -29,6 +28,7 @@
 
 #include "db/detail/connections.hpp"
 #include "db/detail/postgres_connect.hpp"
+#include "keel/random.hpp"
 
 namespace keel::store::detail {
 namespace {
@@ -173,8 +173,7 @@ std::string host_port_of(const PGconn* conn) {
 }
 
 std::string random_prefix() {
-  std::random_device device;
-  const std::uint64_t bits = (std::uint64_t{device()} << 32) ^ device();
+  const std::uint64_t bits = random_seed();
   char out[32];
   std::snprintf(out, sizeof out, "keel_%016llx_", static_cast<unsigned long long>(bits));
   return out;

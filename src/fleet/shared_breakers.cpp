@@ -32,7 +32,6 @@
 #include <cstdio>
 #include <exception>
 #include <optional>
-#include <random>
 #include <stdexcept>
 #include <utility>
 
@@ -41,6 +40,7 @@
 #include "db/detail/row_cursor.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/random.hpp"
 #include "keel/store/db/dialect.hpp"
 
 namespace keel::store {
@@ -580,15 +580,15 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
     : registry_(registry),
       url_(std::move(url)),
       options_(std::move(options)),
-      reconnect_((validate(options_), options_.reconnect), std::random_device{}()),
+      reconnect_((validate(options_), options_.reconnect), random_seed()),
       max_break_ms_(clamped_ms(registry.options().breaker.max_break_duration)),
       lease_ms_(clamped_ms(options_.probe_lease)),
       members_ms_(clamped_ms(options_.heartbeat * 3)),
       limit_setting_(std::to_string(clamped_ms(options_.round_trip_limit)) + "ms"),
-      rng_(std::random_device{}()),
+      rng_(random_seed()),
       lease_backoff_(
           BackoffOptions{.base = std::chrono::seconds(1), .cap = std::chrono::seconds(60)},
-          std::random_device{}()) {
+          random_seed()) {
   if (!dialect_of(url_.backend).listen_notify()) {
     throw std::invalid_argument(
         "SharedBreakers: " + url_.redacted +

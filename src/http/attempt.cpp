@@ -315,7 +315,16 @@ void adopt_lookup(Result& result, Result found) {
   result = std::move(found);
 }
 
-std::optional<RequestTraits> begin_operation(const Request& request, Result& result) {
+std::optional<RequestTraits> begin_operation(const Request& request, Result& result,
+                                             std::string_view request_type) {
+  if (request.url.empty()) {
+    throw_invalid(
+        {.context = std::string(request_type), .field = "url", .problem = "must not be empty"});
+  }
+  if (request.method.empty()) {
+    throw_invalid(
+        {.context = std::string(request_type), .field = "method", .problem = "must not be empty"});
+  }
   auto checked = check_request(request);
   if (!checked) {
     // Refused before any attempt: nothing was sent, and sending it again would not help.

@@ -110,19 +110,12 @@ Client::~Client() = default;
 const ClientOptions& Client::options() const noexcept { return impl_->options; }
 
 Result Client::send(const Request& request) {
-  if (request.url.empty()) {
-    throw_invalid(
-        {.context = "keel::http::Request", .field = "url", .problem = "must not be empty"});
-  }
-  if (request.method.empty()) {
-    throw_invalid(
-        {.context = "keel::http::Request", .field = "method", .problem = "must not be empty"});
-  }
   Impl& impl = *impl_;
   Clock& clock = impl.options.clock != nullptr ? *impl.options.clock : steady_clock();
 
   Result result;
-  const std::optional<RequestTraits> traits = detail::begin_operation(request, result);
+  const std::optional<RequestTraits> traits =
+      detail::begin_operation(request, result, "keel::http::Request");
   if (!traits) return result;
   std::shared_ptr<CircuitBreaker> breaker;  // held for the whole operation
   const CallOptions call = impl.guards.call_options(request, *traits, clock, breaker);

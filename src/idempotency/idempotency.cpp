@@ -315,9 +315,7 @@ SchemaComponent IdempotencyStore::schema() noexcept {
 }
 
 std::int64_t IdempotencyStore::now_ms() const noexcept {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             clock_->wall_now().time_since_epoch())
-      .count();
+  return wall_ms(*clock_);
 }
 
 Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, std::string_view key,

@@ -9,10 +9,12 @@
 
 #include "db/detail/commit.hpp"
 #include "db/detail/row_cursor.hpp"
+#include "keel/clock.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/store/db/dialect.hpp"
 #include "keel/store/db/transaction.hpp"
+#include "queue/detail/queue_sql.hpp"
 #include "queue/detail/queue_wakeup.hpp"
 
 namespace keel::store::dead_letters {
@@ -20,11 +22,6 @@ namespace {
 
 // When a dead job died: its finished time, or its update time when it has none.
 constexpr std::string_view kDiedMs = "COALESCE(finished_ms, updated_ms)";
-
-std::int64_t wall_ms(Clock& clock) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(clock.wall_now().time_since_epoch())
-      .count();
-}
 
 // Runs fn in one transaction, retrying lost races; throws DatabaseError when it cannot commit.
 void in_transaction(Connection& conn, const std::function<bool(Connection&)>& fn) {
@@ -104,14 +101,10 @@ void assign_run_at(std::vector<DeadLetter>& jobs, const ReplayPacing& pacing, st
   }
 }
 
-// Calendar ms of a civil UTC time (days from civil, proleptic Gregorian).
+// Calendar ms of a civil UTC time (proleptic Gregorian).
 std::int64_t utc_ms(int y, int mon, int d, int h, int min, int s) {
-  y -= mon <= 2 ? 1 : 0;
-  const int era = (y >= 0 ? y : y - 399) / 400;
-  const int yoe = y - era * 400;
-  const int doy = (153 * (mon + (mon > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-  const int doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  const std::int64_t days = std::int64_t{era} * 146097 + doe - 719468;
+  const std::int64_t days =
+      days_from_civil(y, static_cast<unsigned>(mon), static_cast<unsigned>(d));
   return ((days * 24 + h) * 60 + min) * 60000 + std::int64_t{s} * 1000;
 }
 
@@ -134,10 +127,9 @@ std::optional<std::int64_t> parse_rfc3339(std::string_view t) {
       !digits(t, 17, 2, &s)) {
     return std::nullopt;
   }
-  static constexpr int kDays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-  const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-  if (mon < 1 || mon > 12 || d < 1 || d > kDays[mon - 1] || (mon == 2 && d == 29 && !leap) ||
-      h > 23 || min > 59 || s > 60) {
+  if (mon < 1 || mon > 12 || d < 1 ||
+      static_cast<unsigned>(d) > days_in_month(y, static_cast<unsigned>(mon)) || h > 23 ||
+      min > 59 || s > 60) {
     return std::nullopt;
   }
   std::size_t pos = 19;
@@ -202,13 +194,8 @@ std::vector<DeadLetter> replay(Connection& connection, const DeadLetterFilter& f
     assign_run_at(jobs, pacing, now);
     for (DeadLetter& job : jobs) {
       // JobQueue::replay's update, with the paced run_at.
-      const Rows r = tx.query(
-          "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
-          " replays = replays + 1, run_at_ms = $3, dead_reason = NULL, dead_kind = NULL, "
-          "updated_ms = $2,"
-          " limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
-          " finished_ms = NULL WHERE id = $1 AND state = 'dead'",
-          {job.id, now, job.run_at_ms});
+      const Rows r =
+          tx.query(detail::replay_update("$3", "$2", "id = $1"), {job.id, now, job.run_at_ms});
       if (r.affected() == 1) out.push_back(std::move(job));
     }
     return true;

@@ -7,13 +7,13 @@
 #include "keel/store/queue/queue.hpp"
 
 #include <algorithm>
-#include <random>
 #include <stdexcept>
 
 #include "db/detail/process.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/idempotency_key.hpp"
+#include "keel/random.hpp"
 #include "keel/text.hpp"
 #include "queue/detail/queue_sql.hpp"
 
@@ -314,9 +314,7 @@ JobQueue::JobQueue(QueueOptions options)
     : options_(std::move(options)),
       policy_(queue_policy(options_)),
       clock_(options_.clock != nullptr ? options_.clock : &steady_clock()),
-      rng_(options_.seed != 0
-               ? options_.seed
-               : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
+      rng_(options_.seed != 0 ? options_.seed : random_seed()) {
   if (options_.lease <= Duration::zero()) {
     throw_invalid({.context = std::string(kOptions),
                    .field = "lease",
@@ -349,9 +347,7 @@ SchemaComponent JobQueue::schema() noexcept {
 }
 
 std::int64_t JobQueue::now_ms() const noexcept {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             clock_->wall_now().time_since_epoch())
-      .count();
+  return wall_ms(*clock_);
 }
 
 std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) const {

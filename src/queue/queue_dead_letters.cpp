@@ -31,13 +31,7 @@ std::vector<std::int64_t> JobQueue::replay(Connection& connection,
     out.clear();
     const std::int64_t now = now_ms();
     for (std::int64_t id : ids) {
-      const Rows r = tx.query(
-          "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
-          " replays = replays + 1, run_at_ms = $2, dead_reason = NULL, dead_kind = NULL, "
-          "updated_ms = $2,"
-          " limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
-          " finished_ms = NULL WHERE id = $1 AND state = 'dead'",
-          {id, now});
+      const Rows r = tx.query(detail::replay_update("$2", "$2", "id = $1"), {id, now});
       if (r.affected() == 1) out.push_back(id);
     }
     return true;
@@ -50,13 +44,7 @@ std::int64_t JobQueue::replay_all(Connection& connection, std::string_view queue
   std::int64_t n = 0;
   in_transaction(connection, [&](Connection& tx) {
     const std::int64_t now = now_ms();
-    const std::string sql =
-        "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
-        " replays = replays + 1, run_at_ms = $1, dead_reason = NULL, dead_kind = NULL, updated_ms "
-        "= $1,"
-        " limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
-        " finished_ms = NULL WHERE state = 'dead'" +
-        queue_filter(queue, 2);
+    const std::string sql = detail::replay_update("$1", "$1", "") + queue_filter(queue, 2);
     const Rows r = queue.empty() ? tx.query(sql, {now}) : tx.query(sql, {now, queue});
     n = r.affected();
     return true;

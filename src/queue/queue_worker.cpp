@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <random>
 #include <shared_mutex>
 #include <stdexcept>
 #include <thread>
@@ -15,6 +14,7 @@
 #include "db/detail/process.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/random.hpp"
 #include "keel/text.hpp"
 #include "queue/detail/queue_wakeup.hpp"
 #include "queue/detail/worker_tx.hpp"
@@ -35,7 +35,7 @@ constexpr Duration kPruneInterval = std::chrono::seconds(10);
 
 // The worker's seed: WorkerOptions::seed, or a random one.
 std::uint64_t seed_of(std::uint64_t seed) {
-  return seed != 0 ? seed : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  return seed != 0 ? seed : random_seed();
 }
 
 }  // namespace

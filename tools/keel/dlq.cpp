@@ -118,9 +118,7 @@ std::optional<Selection> parse_selection(const DlqArgs& a, const std::vector<std
   sel.filter.reason_contains = a.reason;
   sel.filter.kind = a.kind;
   sel.filter.ids = ids;
-  const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                               steady_clock().wall_now().time_since_epoch())
-                               .count();
+  const std::int64_t now = wall_ms(steady_clock());
   if (!a.died_after.empty()) {
     const auto t = store::dead_letters::parse_time_bound(a.died_after, now);
     if (!t) {

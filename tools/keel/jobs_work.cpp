@@ -1,8 +1,8 @@
 // `keel jobs work`: checks the flags, builds the queue, the handler (keel::store::WebhookHandler
 // for --deliver, keel::store::CommandHandler for --exec, keel::store::DeferredRequestHandler for
-// --deferred) and the keel::store::Worker, serves --metrics-listen and turns SIGTERM and SIGINT
-// into Worker::stop(). --timeout is a per-request limit for the HTTP handlers (default 30 s) and
-// a per-run limit for --exec only when given.
+// --deferred) and the keel::store::Worker, serves --metrics-listen and turns a stop signal
+// (SIGTERM, SIGINT, SIGHUP) into Worker::stop(). --timeout is a per-request limit for the HTTP
+// handlers (default 30 s) and a per-run limit for --exec only when given.
 #include "jobs_work.hpp"
 
 #include <httplib.h>
@@ -34,6 +34,7 @@
 #include "keel/store/server/idempotency_middleware.hpp"
 #include "queue_cli.hpp"
 #include "rate_flag.hpp"
+#include "stop_signals.hpp"
 
 namespace keel::cli::jobs_cli {
 
@@ -141,8 +142,8 @@ int start_metrics(const WorkSettings& s, store::ConnectionPool& pool, const stor
   return port;
 }
 
-// Runs `worker` until it stops or SIGTERM/SIGINT stops it (after the grace); the attempts it
-// recorded.
+// Runs `worker` until it stops or a stop signal (stop_signals.hpp) stops it (after the grace);
+// the attempts it recorded.
 std::int64_t run_until_signalled(store::Worker& worker, const sigset_t& signals,
                                  const std::string& grace) {
   std::atomic<bool> done{false};
@@ -150,9 +151,9 @@ std::int64_t run_until_signalled(store::Worker& worker, const sigset_t& signals,
     const timespec tick{0, 100'000'000};
     while (!done.load()) {
       const int sig = sigtimedwait(&signals, nullptr, &tick);
-      if (sig == SIGTERM || sig == SIGINT) {
-        std::fprintf(stderr, "keel jobs: %s: stopping (grace %s)\n",
-                     sig == SIGTERM ? "SIGTERM" : "SIGINT", grace.c_str());
+      if (sig > 0) {
+        std::fprintf(stderr, "keel jobs: %s: stopping (grace %s)\n", stop_signal_name(sig),
+                     grace.c_str());
         worker.stop();
       }
     }
@@ -192,12 +193,7 @@ int run_work(const JobsArgs& a) {
 
   // Signals are taken by one thread with sigwait; every other thread (started below) inherits
   // the blocked mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = block_stop_signals();
 
   Delivery delivery;
   store::JobHandler handler;

@@ -5,7 +5,10 @@
 
 #include <string>
 #include <string_view>
+#include <type_traits>
 
+#include "keel/clock.hpp"
+#include "keel/duration.hpp"
 #include "keel/expected.hpp"
 
 namespace keel::detail {
@@ -27,5 +30,32 @@ namespace keel::detail {
   if (!s.empty() && s.back() == '.') s.pop_back();
   return s;
 }
+
+/// A refused value as the message shows it: text as given, an integer, a double without trailing
+/// zeros, a duration as keel writes one (100ms).
+[[nodiscard]] inline std::string got_text(std::string_view v) { return std::string(v); }
+[[nodiscard]] inline std::string got_text(const char* v) { return v; }
+[[nodiscard]] inline std::string got_text(double v) { return format_number(v); }
+[[nodiscard]] inline std::string got_text(Duration d) { return format_duration(d); }
+template <class T>
+  requires std::is_integral_v<T>
+[[nodiscard]] std::string got_text(T v) {
+  return std::to_string(v);
+}
+
+/// The refusals of one options type: check("field", "requirement", value) throws reject(type,
+/// ...) with the value's got_text. The one way a keel::core type refuses its options.
+class OptionsCheck {
+ public:
+  explicit constexpr OptionsCheck(std::string_view type) noexcept : type_(type) {}
+  template <class T>
+  [[noreturn]] void operator()(std::string_view field, std::string_view requirement,
+                               const T& got) const {
+    reject(type_, field, requirement, got_text(got));
+  }
+
+ private:
+  std::string_view type_;
+};
 
 }  // namespace keel::detail

@@ -11,9 +11,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
-#include <random>
 #include <stdexcept>
 #include <string>
+
+#include "keel/random.hpp"
 
 namespace keel::store::detail {
 
@@ -34,9 +35,8 @@ inline std::string process_name() {
   std::string name = host[0] != '\0' ? host : "localhost";
   std::replace_if(
       name.begin(), name.end(), [](char c) { return c == ' ' || c == '\n' || c == '\r'; }, '_');
-  std::random_device rd;
   char tail[16];
-  std::snprintf(tail, sizeof tail, "%08x", static_cast<unsigned>(rd()));
+  std::snprintf(tail, sizeof tail, "%08x", static_cast<unsigned>(random_seed()));
   return name + ":" + std::to_string(::getpid()) + ":" + tail;
 }
 

@@ -105,6 +105,21 @@ inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t rou
          a + "state || '' = 'running'";
 }
 
+// The UPDATE that replays dead jobs: ready again at `run_at`, at `now`, with a new round of
+// attempts (replays + 1, attempts and the limits' counts reset, the death forgotten), for the rows
+// `where` selects among the dead. The one statement of JobQueue::replay, replay_all and
+// dead_letters::replay.
+[[nodiscard]] inline std::string replay_update(std::string_view run_at, std::string_view now,
+                                               std::string_view where) {
+  return "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
+         " replays = replays + 1, run_at_ms = " +
+         std::string(run_at) + ", dead_reason = NULL, dead_kind = NULL, updated_ms = " +
+         std::string(now) +
+         ", limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
+         " finished_ms = NULL WHERE state = 'dead'" +
+         (where.empty() ? std::string() : " AND " + std::string(where));
+}
+
 inline constexpr std::string_view kMarkDone =
     " SET state = 'done', attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END,"
     " started_ms = COALESCE(started_ms, $2), lease_expires_ms = NULL, run_at_ms = $2,"

@@ -31,7 +31,6 @@
 #include <list>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -41,6 +40,7 @@
 #include "keel/backoff.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
+#include "keel/random.hpp"
 #include "keel/store/idempotency/idempotency_flow.hpp"
 
 namespace keel::store::beast {
@@ -240,7 +240,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   // waits long once one is free. Touched only by the one accept in flight at a time.
   BackoffSequence accept_backoff_delays{
       {.base = std::chrono::milliseconds(10), .cap = std::chrono::seconds(1)},
-      (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};
+      random_seed()};
   SteadyTime accept_logged{};  // the last "accept failed" line: at most one a second
   std::vector<std::thread> loop_threads;
   // The worker threads run their own io_context, so that stop() can leave one blocked in a

@@ -99,8 +99,10 @@ class OperationGuards {
 /// Checks `request` (check_request) and settles its Idempotency-Key in `result`: the caller's,
 /// or one generated once for a POST or PATCH (Request::generate_idempotency_key). Returns the
 /// request's traits; nullopt when the request is refused, with `result` filled (kPermanent, no
-/// attempt, error saying why).
-[[nodiscard]] std::optional<RequestTraits> begin_operation(const Request& request, Result& result);
+/// attempt, error saying why). Throws std::invalid_argument, naming `request_type` (the client's
+/// request type), when the url or the method is empty: a program's error, not a request to refuse.
+[[nodiscard]] std::optional<RequestTraits> begin_operation(const Request& request, Result& result,
+                                                           std::string_view request_type);
 
 /// Attempt `info` as the engine started it, with its timeout shortened to the host's measured
 /// one (AdaptiveTimeout::attempt_timeout at `now`); unchanged when `timeout` is nullptr.
