@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "build_kind.hpp"
@@ -500,6 +501,30 @@ TEST_P(JobsProcessTest, StatsShowJobsWaitingOnTheOpenCircuit) {
   EXPECT_GE(doc["queues"][0]["deferred"].get<std::int64_t>(), 1) << json.out;
   worker->signal(SIGTERM);
   EXPECT_EQ(worker->wait(), 0);
+}
+
+// Every stop signal of a keel process (SIGTERM, SIGINT, SIGHUP: stop_signals.hpp) stops a worker
+// cleanly, exit 0, with a line naming it. A hang-up used to kill `keel jobs work` outright.
+TEST_P(JobsProcessTest, EachStopSignalStopsAWorkerCleanlyAndSaysWhich) {
+  Receiver api;
+  enqueue_many("signals", 1);
+  for (const auto& [sig, name] : {std::pair{SIGTERM, "SIGTERM"}, std::pair{SIGINT, "SIGINT"},
+                                  std::pair{SIGHUP, "SIGHUP"}}) {
+    SCOPED_TRACE(name);
+    auto args = work_args("signals", api.url("/hook"));
+    args.pop_back();  // no --exit-when-idle: the worker runs until a signal
+    auto worker = spawn(args);
+    bool up = false;
+    for (int i = 0; i < 500 && !up; ++i) {
+      up = worker->err().find("keel jobs: worker ") != std::string::npos;
+      if (!up) std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_TRUE(up) << worker->err();
+    worker->signal(sig);
+    EXPECT_EQ(worker->wait(), 0) << worker->err();
+    EXPECT_NE(worker->err().find(std::string(name) + ": stopping"), std::string::npos)
+        << worker->err();
+  }
 }
 
 // Scrapes /metrics of a worker started with --metrics-listen 127.0.0.1:0 (port from its log).
