@@ -117,9 +117,7 @@ SchemaComponent ProcessedMessages::schema() noexcept {
           .migrate = &ProcessedMessages::migrate};
 }
 
-std::int64_t ProcessedMessages::now_ms() const noexcept {
-  return wall_ms(*clock_);
-}
+std::int64_t ProcessedMessages::now_ms() const noexcept { return wall_ms(*clock_); }
 
 Expected<ProcessResult> ProcessedMessages::process(Connection& connection,
                                                    std::string_view message_id,

@@ -314,9 +314,7 @@ SchemaComponent IdempotencyStore::schema() noexcept {
           .migrate = &IdempotencyStore::migrate};
 }
 
-std::int64_t IdempotencyStore::now_ms() const noexcept {
-  return wall_ms(*clock_);
-}
+std::int64_t IdempotencyStore::now_ms() const noexcept { return wall_ms(*clock_); }
 
 Claim IdempotencyStore::claim(Connection& connection, std::string_view scope, std::string_view key,
                               std::string_view fingerprint) const {

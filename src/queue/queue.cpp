@@ -346,9 +346,7 @@ SchemaComponent JobQueue::schema() noexcept {
           .migrate = &JobQueue::migrate};
 }
 
-std::int64_t JobQueue::now_ms() const noexcept {
-  return wall_ms(*clock_);
-}
+std::int64_t JobQueue::now_ms() const noexcept { return wall_ms(*clock_); }
 
 std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) const {
   const Rows r = connection.query("SELECT " + std::string(kJobColumns) +

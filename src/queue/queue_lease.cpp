@@ -138,12 +138,11 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
       params.emplace_back(*plan.above);
       above = " AND run_at_ms > $4";
     }
-    const Rows expired =
-        tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
-                     " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2" +
-                     above + " ORDER BY id LIMIT $3" +
-                     std::string(connection.dialect().lock_rows_skip_locked()),
-                 params);
+    const Rows expired = tx.query(
+        std::string("SELECT ") + std::string(detail::kSettleColumns) +
+            " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2" + above +
+            " ORDER BY id LIMIT $3" + std::string(connection.dialect().lock_rows_skip_locked()),
+        params);
     // Unstarted jobs go back due at their lease's time, before a lease floor (lease_floor).
     if (!expired.empty()) forget_lease_floors();
     for (std::size_t i = 0; i < expired.size(); ++i) {
@@ -315,8 +314,7 @@ DoneAndLeased JobQueue::finish_and_lease_due(
       if (expiry.check) {
         std::vector<Value> check_params = {queue, now};
         if (expiry.above) check_params.emplace_back(*expiry.above);
-        *expired_waiting =
-            !tx.query(expired_check(expiry.above ? "$3" : ""), check_params).empty();
+        *expired_waiting = !tx.query(expired_check(expiry.above ? "$3" : ""), check_params).empty();
       }
       return true;
     });

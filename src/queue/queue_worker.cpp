@@ -34,9 +34,7 @@ BackoffOptions wakeup_backoff(Duration poll) {
 constexpr Duration kPruneInterval = std::chrono::seconds(10);
 
 // The worker's seed: WorkerOptions::seed, or a random one.
-std::uint64_t seed_of(std::uint64_t seed) {
-  return seed != 0 ? seed : random_seed();
-}
+std::uint64_t seed_of(std::uint64_t seed) { return seed != 0 ? seed : random_seed(); }
 
 }  // namespace
 

@@ -508,8 +508,8 @@ TEST_P(JobsProcessTest, StatsShowJobsWaitingOnTheOpenCircuit) {
 TEST_P(JobsProcessTest, EachStopSignalStopsAWorkerCleanlyAndSaysWhich) {
   Receiver api;
   enqueue_many("signals", 1);
-  for (const auto& [sig, name] : {std::pair{SIGTERM, "SIGTERM"}, std::pair{SIGINT, "SIGINT"},
-                                  std::pair{SIGHUP, "SIGHUP"}}) {
+  for (const auto& [sig, name] :
+       {std::pair{SIGTERM, "SIGTERM"}, std::pair{SIGINT, "SIGINT"}, std::pair{SIGHUP, "SIGHUP"}}) {
     SCOPED_TRACE(name);
     auto args = work_args("signals", api.url("/hook"));
     args.pop_back();  // no --exit-when-idle: the worker runs until a signal

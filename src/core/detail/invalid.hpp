@@ -38,10 +38,8 @@ namespace keel::detail {
 [[nodiscard]] inline std::string got_text(double v) { return format_number(v); }
 [[nodiscard]] inline std::string got_text(Duration d) { return format_duration(d); }
 template <class T>
-  requires std::is_integral_v<T>
-[[nodiscard]] std::string got_text(T v) {
-  return std::to_string(v);
-}
+requires std::is_integral_v<T>
+[[nodiscard]] std::string got_text(T v) { return std::to_string(v); }
 
 /// The refusals of one options type: check("field", "requirement", value) throws reject(type,
 /// ...) with the value's got_text. The one way a keel::core type refuses its options.

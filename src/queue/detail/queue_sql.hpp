@@ -113,8 +113,8 @@ inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t rou
                                                std::string_view where) {
   return "UPDATE keel_jobs SET state = 'ready', attempts = 0, fence = fence + 1,"
          " replays = replays + 1, run_at_ms = " +
-         std::string(run_at) + ", dead_reason = NULL, dead_kind = NULL, updated_ms = " +
-         std::string(now) +
+         std::string(run_at) +
+         ", dead_reason = NULL, dead_kind = NULL, updated_ms = " + std::string(now) +
          ", limited_retries = 0, prev_delay_ms = 0, deferred_reason = NULL, deferrals = 0,"
          " finished_ms = NULL WHERE state = 'dead'" +
          (where.empty() ? std::string() : " AND " + std::string(where));
@@ -165,9 +165,9 @@ struct SettleRow {
 // when the fence is stale (the lease was lost).
 [[nodiscard]] inline bool mark_done(Connection& conn, std::int64_t job_id, std::int64_t fence,
                                     std::int64_t now) {
-  const Rows r = conn.query("UPDATE keel_jobs" + std::string(kMarkDone) + " WHERE " +
-                                held_by("$1", "$3"),
-                            {job_id, now, fence});
+  const Rows r =
+      conn.query("UPDATE keel_jobs" + std::string(kMarkDone) + " WHERE " + held_by("$1", "$3"),
+                 {job_id, now, fence});
   return r.affected() == 1;
 }
 
@@ -195,10 +195,11 @@ struct SettleRow {
     const std::string id = param(done[i].first);
     sql += (i ? ", (" : "(") + id + ", " + param(done[i].second) + ")";
   }
-  return sql +
-         "), lk AS (SELECT j.id FROM keel_jobs j JOIN v ON " + held_by("v.id", "v.fence", "j.") +
+  return sql + "), lk AS (SELECT j.id FROM keel_jobs j JOIN v ON " +
+         held_by("v.id", "v.fence", "j.") +
          " ORDER BY j.id FOR NO KEY UPDATE OF j), done AS (UPDATE keel_jobs j" +
-         std::string(detail::kMarkDone) + " FROM lk WHERE j.id = lk.id AND j.state || '' = 'running'"
+         std::string(detail::kMarkDone) +
+         " FROM lk WHERE j.id = lk.id AND j.state || '' = 'running'"
          " RETURNING j.id)";
 }
 

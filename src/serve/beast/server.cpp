@@ -239,8 +239,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   // jitter under ceilings from 10 ms up to 1 s, so a server out of descriptors neither spins nor
   // waits long once one is free. Touched only by the one accept in flight at a time.
   BackoffSequence accept_backoff_delays{
-      {.base = std::chrono::milliseconds(10), .cap = std::chrono::seconds(1)},
-      random_seed()};
+      {.base = std::chrono::milliseconds(10), .cap = std::chrono::seconds(1)}, random_seed()};
   SteadyTime accept_logged{};  // the last "accept failed" line: at most one a second
   std::vector<std::thread> loop_threads;
   // The worker threads run their own io_context, so that stop() can leave one blocked in a

@@ -399,12 +399,12 @@ class JobQueue {
   // most once per kExpiryCheckEveryMs per queue, each check from where the last one found none.
   struct ExpiryCheck {
     std::string queue;
-    std::int64_t last_ms = 0;             // the last check
+    std::int64_t last_ms = 0;              // the last check
     std::optional<std::int64_t> clear_to;  // no running job has run_at_ms <= this
-    std::int64_t chain_ms = 0;            // the full check clear_to counts from
+    std::int64_t chain_ms = 0;             // the full check clear_to counts from
   };
   struct ExpiryPlan {
-    bool check = false;                  // look for an expired lease with this lease
+    bool check = false;                 // look for an expired lease with this lease
     std::optional<std::int64_t> above;  // only among run_at_ms > this (none: all)
   };
   [[nodiscard]] ExpiryPlan expiry_plan(std::string_view queue, std::int64_t now) const;
@@ -420,7 +420,7 @@ class JobQueue {
   mutable std::atomic<std::int64_t> last_reap_ms_{0};
   mutable std::atomic<std::int64_t> deadlocks_{0};
   mutable std::mutex floor_mu_;
-  mutable std::vector<LeaseFloor> floors_;  // guarded by floor_mu_
+  mutable std::vector<LeaseFloor> floors_;   // guarded by floor_mu_
   mutable std::vector<ExpiryCheck> expiry_;  // guarded by floor_mu_
 };
 
