@@ -296,6 +296,24 @@ void FailoverDrill::run(const Scenario& s) {
   std::int64_t window_start_arrivals = 0;
   if (s.detached_before > 0ms) {
     window_start_arrivals = static_cast<std::int64_t>(upstream.arrivals().size());
+    // The window starts where the standby has received everything the primary wrote so far: an
+    // asynchronous standby runs behind, and what it lacked at the detach is lost as well (a
+    // loaded machine's lag was 50 deliveries). Outcomes of deliveries before the window that
+    // commit after this point are the ones in flight, which the bound allows for.
+    {
+      Poller primary(node1);
+      auto standby_conn = open_database(parse_database_url(node2).value(),
+                                        {.connect_timeout = 2s, .read_only = true});
+      const std::string lsn = primary.conn().query("SELECT pg_current_wal_lsn()::text").text(0, 0);
+      ASSERT_TRUE(test::wait_until(
+          [&] {
+            return standby_conn
+                       ->query("SELECT (pg_last_wal_receive_lsn() >= $1::pg_lsn)::int", {lsn})
+                       .integer(0, 0) == 1;
+          },
+          10s))
+          << "the standby did not catch up with " << lsn;
+    }
     ASSERT_TRUE(cluster_->run("detach"));
     std::this_thread::sleep_for(s.detached_before);
   }
