@@ -130,9 +130,11 @@ TEST_F(SharedRateLimitsTest, TheFleetKeepsOneScheduleAndNoCallWaitsOnTheDatabase
   }
   EXPECT_GE(chunks, sent.size() / 5);  // chunks of at most 5 slots
   // Two callers a process spend about 12 slots a second each: chunks of a slot or two, leased
-  // when needed (a chunk leased ahead by so slow a process would pass unused). At most one
-  // round trip per answer (a chunk, or the schedule's room), never a loop.
-  EXPECT_LE(waited, 4u + chunks + full) << "a call waited on the database more than once an answer";
+  // when needed (a chunk leased ahead by so slow a process would pass unused). A call waits at
+  // most once per answer (a chunk, or the schedule's room), never in a loop; one answer may end
+  // the waits of both of its process's callers, when both ran out of slots together.
+  EXPECT_LE(waited, 4u + 2u * (chunks + full))
+      << "a call waited on the database more than once an answer";
   std::printf(
       "shared schedule: %zu calls in 3 s from 4 processes, busiest second %d, %llu chunks "
       "leased, %llu asked by a call without a slot\n",
