@@ -80,6 +80,16 @@ std::optional<std::string> read_scope_secret(const ServeOptions& o) {
   return scope_secret;
 }
 
+// --adaptive-admission: the threshold-free limit, at most --max-concurrency, starting at keel's
+// initial limit (20) or that bound when lower.
+std::optional<ConcurrencyLimitOptions> adaptive_admission(const ServeOptions& o) {
+  if (!o.adaptive_admission) return std::nullopt;
+  ConcurrencyLimitOptions limit;
+  limit.max_limit = std::min<std::int64_t>(o.max_concurrency, std::int64_t{1} << 20);
+  limit.initial_limit = std::min(limit.initial_limit, limit.max_limit);
+  return limit;
+}
+
 // What stands between a request and the API: the rate limiter, the injected faults, admission.
 struct Guards {
   explicit Guards(const ServeOptions& o)
@@ -102,7 +112,8 @@ struct Guards {
           .max_concurrency = o.max_concurrency,
           .queue_bound = o.admission_queue >= 0 ? o.admission_queue
                                                 : std::max<std::int64_t>(1, o.max_concurrency / 4),
-          .latency_threshold = o.adaptive_latency.value_or(Duration::zero())});
+          .latency_threshold = o.adaptive_latency.value_or(Duration::zero()),
+          .adaptive = adaptive_admission(o)});
     }
   }
 

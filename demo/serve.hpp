@@ -42,6 +42,7 @@ struct ServeOptions {
   std::int64_t max_concurrency = 0;
   std::int64_t admission_queue = -1;
   std::optional<Duration> adaptive_latency;
+  bool adaptive_admission = false;
   std::size_t max_body_bytes = 0;
   std::size_t max_json_depth = 0;
   int retry_after_spread = 0;

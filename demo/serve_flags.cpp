@@ -129,7 +129,12 @@ void add_limit_flags(CLI::App* sub, ServeOptions& o, Given& given) {
   given.adaptive_latency =
       add_duration(sub, kCommand, "--adaptive-latency", o.adaptive_latency, true,
                    "Make --max-concurrency the upper bound of an adaptive limit (AIMD): a request "
-                   "slower than this cuts it by 10%, a fast one while busy adds 1");
+                   "slower than this, admitted with the limit full, cuts it by 10%; a fast one "
+                   "while busy adds 1");
+  sub->add_flag("--adaptive-admission", o.adaptive_admission,
+                "Make --max-concurrency the upper bound of an adaptive limit without a "
+                "threshold: found from the latency of admitted requests (from their arrival) "
+                "against the server's own baseline (docs/admission.md)");
   add_count(sub, kCommand, "--max-body-bytes", o.max_body_bytes, 1, 1ULL << 32,
             "Largest request body in bytes (413 beyond, before it is read)")
       ->default_val("1048576");
@@ -215,6 +220,16 @@ int needs(std::string_view flag, std::string problem, std::string_view value) {
 int check_combinations(const ServeOptions& o, const Given& given) {
   if (o.adaptive_latency && o.max_concurrency <= 0) {
     return needs("--adaptive-latency", "needs --max-concurrency (the upper limit)",
+                 given_text(given.adaptive_latency));
+  }
+  if (o.adaptive_admission && o.max_concurrency <= 0) {
+    return usage_error(Error{.field = "--adaptive-admission",
+                             .problem = "needs --max-concurrency (the upper limit)"}
+                           .message());
+  }
+  if (o.adaptive_admission && o.adaptive_latency) {
+    return needs("--adaptive-admission",
+                 "cannot be used with --adaptive-latency (one adaptive limit at a time)",
                  given_text(given.adaptive_latency));
   }
   if (o.admission_queue >= 0 && o.max_concurrency <= 0) {

@@ -278,7 +278,6 @@ void PaymentsApi::route(beast::Server& server, http::verb method, std::string pa
         boost::asio::post(server.worker_executor(), [this, job, guarded, arrival, &work] {
           // Nobody will read the answer (the client went away, or the drain gave up): no work.
           if (job->respond.is_abandoned()) return job->admission.release();
-          const keel::TimePoint started = steady_clock().now();
           beast::Response res;
           try {
             if (guarded && options_.before) options_.before(job->request);
@@ -294,7 +293,10 @@ void PaymentsApi::route(beast::Server& server, http::verb method, std::string pa
                     keel::format_retry_after(
                         keel::spread_retry_after(options_.retry_after_spread, keel::thread_rng())));
           }
-          job->admission.release(steady_clock().now() - started);
+          // Timed from the arrival on the event loop: the wait for a worker thread is the queue
+          // an adaptive limit must see (timed from here, an overloaded server looks idle).
+          const keel::TimePoint ended = steady_clock().now();
+          job->admission.release(ended - arrival, ended);
           job->respond(std::move(res));
         });
       });

@@ -64,7 +64,9 @@ struct AdmissionOptions {
   /// Requests in flight beyond which retries are shed. Requires: >= 1. Default 64.
   std::int64_t max_concurrency = 64;
   /// First attempts admitted beyond max_concurrency before they are shed too (0: one limit for
-  /// all, a plain concurrency limit that does not prefer first attempts). Requires: >= 0.
+  /// all, a plain concurrency limit that does not prefer first attempts). Under an adaptive
+  /// limit (latency_threshold or adaptive) it is the queue at the limit's highest, and shrinks
+  /// with the limit: queue_bound x limit / highest, rounded down, at least 1. Requires: >= 0.
   /// Default 16.
   std::int64_t queue_bound = 16;
   /// Upper end of the full-jitter Retry-After of shed requests: U(0, retry_after_max).
@@ -72,10 +74,16 @@ struct AdmissionOptions {
   Duration retry_after_max = std::chrono::seconds(10);
   /// Adaptive limit (AIMD on latency, as Netflix concurrency-limits' AIMDLimit): when > 0, the
   /// limit retries are shed at starts at max_concurrency and moves with the latencies reported
-  /// through Admission::release(latency): one above this threshold multiplies it by
-  /// backoff_ratio (rounded down, at least 1 less), one at or under it while at least half the
-  /// limit was in use adds 1; it stays in [min_concurrency, max_concurrency]. First attempts are
-  /// shed at the current limit + queue_bound. Requires: >= 0. Default 0 (a fixed limit).
+  /// through Admission::release(latency): one above this threshold, of a request admitted with
+  /// at least the limit in flight (itself included), multiplies it by backoff_ratio (rounded
+  /// down, at least 1 less); a limit's worth of answers at or under it, each while at least
+  /// half the limit was in use, adds 1 (as TCP's congestion avoidance grows by one a round
+  /// trip); it stays in [min_concurrency, max_concurrency]. A slow answer of a request admitted
+  /// below the limit changes nothing: the dependency is slow, not queued behind this limit (it
+  /// keeps up with more in flight), and a cut would only shed. Report the latency from the
+  /// request's arrival, so that a wait for the server's threads counts. First attempts are
+  /// shed at the current limit + its queue (queue_bound scaled to it). Requires: >= 0.
+  /// Default 0 (a fixed limit).
   Duration latency_threshold = Duration::zero();
   /// Lowest adaptive limit. Requires: in [1, max_concurrency]; the default unless
   /// latency_threshold > 0. Default 1.
@@ -85,9 +93,9 @@ struct AdmissionOptions {
   double backoff_ratio = 0.9;
   /// Adaptive limit found from latency against the receiver's baseline (keel::
   /// AdaptiveConcurrencyLimit, docs/concurrency.md): when set, retries are shed at its limit and
-  /// first attempts at its limit + queue_bound; it learns from Admission::release(latency, now).
-  /// max_concurrency is then ignored (the options' max_limit bounds it). Requires:
-  /// latency_threshold == 0 (one adaptive mode). Default none.
+  /// first attempts at its limit + its queue (queue_bound scaled to it); it learns from
+  /// Admission::release(latency, now). max_concurrency is then ignored (the options' max_limit
+  /// bounds it). Requires: latency_threshold == 0 (one adaptive mode). Default none.
   std::optional<ConcurrencyLimitOptions> adaptive;
 };
 
@@ -161,12 +169,14 @@ class AdmissionLimiter {
  private:
   friend class Admission;
   void release_one() noexcept { in_flight_.fetch_sub(1, std::memory_order_release); }
+  [[nodiscard]] std::int64_t queue_at(std::int64_t limit) const noexcept;
   void on_latency(Duration latency, std::int64_t in_flight_at_admit) noexcept;
   void on_latency(Duration latency, TimePoint now, std::int64_t in_flight_at_admit) noexcept;
 
   AdmissionOptions options_;
   std::atomic<std::int64_t> in_flight_{0};
   std::atomic<std::int64_t> limit_{0};
+  std::atomic<std::int64_t> grow_credit_{0};  // fast busy answers since the limit last moved
   std::unique_ptr<AdaptiveConcurrencyLimit> adaptive_;  // with options_.adaptive
   std::atomic<std::uint64_t> admitted_first_{0};
   std::atomic<std::uint64_t> admitted_retry_{0};

@@ -107,6 +107,19 @@ AdmissionLimiter::AdmissionLimiter(AdmissionOptions options) : options_(options)
   limit_.store(options_.max_concurrency, std::memory_order_relaxed);
 }
 
+// The first attempts' queue beyond the limit: queue_bound, in proportion to an adaptive limit's
+// fall from its highest (a fixed queue in front of a limit cut to a few would be the queue the
+// cut was made to drain), at least 1 unless queue_bound is 0.
+std::int64_t AdmissionLimiter::queue_at(std::int64_t limit) const noexcept {
+  const std::int64_t bound = options_.queue_bound;
+  const bool adapts = adaptive_ || options_.latency_threshold > Duration::zero();
+  if (!adapts || bound == 0) return bound;
+  const std::int64_t top = adaptive_ ? adaptive_->options().max_limit : options_.max_concurrency;
+  if (limit >= top) return bound;
+  const double share = static_cast<double>(limit) / static_cast<double>(top);
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(bound) * share));
+}
+
 void AdmissionLimiter::on_latency(Duration latency, TimePoint now,
                                   std::int64_t in_flight_at_admit) noexcept {
   if (adaptive_) {
@@ -116,27 +129,38 @@ void AdmissionLimiter::on_latency(Duration latency, TimePoint now,
   on_latency(latency, in_flight_at_admit);
 }
 
+// AIMD: a cut per slow answer that found the limit full; one more only after a limit's worth of
+// fast answers (as TCP's congestion avoidance grows by one per round trip), so that the limit
+// does not overshoot by the answers that come back before its queue shows.
 void AdmissionLimiter::on_latency(Duration latency, std::int64_t in_flight_at_admit) noexcept {
   if (options_.latency_threshold <= Duration::zero()) return;
   std::int64_t current = limit_.load(std::memory_order_relaxed);
-  for (;;) {
-    std::int64_t next = current;
-    if (latency > options_.latency_threshold) {
-      const auto scaled =
-          static_cast<std::int64_t>(static_cast<double>(current) * options_.backoff_ratio);
-      next = std::max(options_.min_concurrency, std::min(scaled, current - 1));
-    } else if (in_flight_at_admit * 2 >= current) {
-      next = std::min(options_.max_concurrency, current + 1);
+  if (latency > options_.latency_threshold) {
+    // A slow answer cuts the limit only when the request found it full: a queue this limit let
+    // in. Below the limit the latency is the dependency's own (a slow dependency keeps up with
+    // more in flight, its throughput still rising with them), and a cut would only shed.
+    if (in_flight_at_admit < current) return;
+    const auto scaled =
+        static_cast<std::int64_t>(static_cast<double>(current) * options_.backoff_ratio);
+    const std::int64_t next = std::max(options_.min_concurrency, std::min(scaled, current - 1));
+    if (next != current &&
+        limit_.compare_exchange_strong(current, next, std::memory_order_relaxed)) {
+      grow_credit_.store(0, std::memory_order_relaxed);
     }
-    if (next == current) return;
-    if (limit_.compare_exchange_weak(current, next, std::memory_order_relaxed)) return;
+    return;
   }
+  // A fast answer while at least half the limit was in use is a credit; a limit's worth of
+  // them adds 1.
+  if (in_flight_at_admit * 2 < current || current >= options_.max_concurrency) return;
+  if (grow_credit_.fetch_add(1, std::memory_order_relaxed) + 1 < current) return;
+  grow_credit_.store(0, std::memory_order_relaxed);
+  (void)limit_.compare_exchange_strong(current, current + 1, std::memory_order_relaxed);
 }
 
 Admission AdmissionLimiter::admit(int attempt, BitGenRef gen) noexcept {
   const bool retry = attempt > 1;
   const std::int64_t base = limit();
-  const std::int64_t limit = retry ? base : base + options_.queue_bound;
+  const std::int64_t limit = retry ? base : base + queue_at(base);
   Admission out;
   std::int64_t current = in_flight_.load(std::memory_order_relaxed);
   while (current < limit) {

@@ -246,6 +246,41 @@ TEST(KeelCall, ConnectionRefusedIsRetriedAndExitsFour) {
   EXPECT_NE(r.err.find("gave up after 3 attempts"), std::string::npos) << r.err;
 }
 
+TEST(KeelCall, AdaptiveConcurrencyCallsThroughTheHostsLimit) {
+  FaultServer server({.script = "503,200/body=hello"});
+  server.start();
+  const ProcessRun r = keel(call({"--adaptive-concurrency", server.url("/x")}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "hello\n");
+  EXPECT_EQ(server.arrivals().size(), 2u);
+}
+
+TEST(KeelJobsWork, AdaptiveConcurrencyDeliversEveryJobThroughEachDependencysLimit) {
+  // Eight slots, every first delivery a 503 (a drop that cuts the limit), then 200s.
+  FaultServer server({.script = "503,503,503,503,200"});
+  server.start();
+  TempDir dir;
+  const std::string db = "sqlite:" + dir.file("q.db");
+  for (int i = 0; i < 12; ++i) {
+    const ProcessRun e = keel({"jobs", "--db", db, "enqueue", "--queue", "q", "--payload",
+                               "{\"n\":" + std::to_string(i) + "}"});
+    ASSERT_EQ(e.status, 0) << e.err;
+  }
+  const ProcessRun w =
+      keel({"jobs", "--db", db, "work", "--queue", "q", "--deliver", server.url("/hook"),
+            "--concurrency", "8", "--backoff-base", "10ms", "--backoff-cap", "20ms",
+            "--adaptive-concurrency", "--exit-when-idle"});
+  EXPECT_EQ(w.status, 0) << w.err;
+  const ProcessRun stats = keel({"jobs", "--db", db, "stats", "--json"});
+  EXPECT_NE(stats.out.find("\"done\": 12,"), std::string::npos) << stats.out;
+  EXPECT_EQ(server.arrivals().size(), 16u);
+  // An --exec job calls nothing keel knows of: the flag is refused, naming it.
+  const ProcessRun exec = keel(
+      {"jobs", "--db", db, "work", "--queue", "q", "--exec", "true", "--adaptive-concurrency"});
+  EXPECT_EQ(exec.status, 2);
+  EXPECT_NE(exec.err.find("--adaptive-concurrency"), std::string::npos) << exec.err;
+}
+
 TEST(KeelCall, BadArgumentsExitTwoNamingTheFlag) {
   struct Case {
     std::vector<std::string> args;

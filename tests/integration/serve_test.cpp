@@ -596,9 +596,16 @@ TEST_P(Serve, MaxConcurrencyShedsRetriesBeforeAnyFirstAttempt) {
   EXPECT_NE(m->body.find("keel_admission_in_flight 0\n"), std::string::npos);
 }
 
-TEST_P(Serve, AdaptiveLatencyCutsTheLimitAfterSlowRequests) {
-  // Every request takes 300 ms, over the 100 ms threshold: each cuts the limit by 10% (rounded
-  // down), 8 -> 7 -> 6.
+/// The value of the metric `name` (a series without labels) in a /metrics body; -1 when absent.
+std::int64_t metric(const std::string& text, const std::string& name) {
+  const auto at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stoll(text.substr(at + name.size() + 2));
+}
+
+TEST_P(Serve, AdaptiveLatencyCutsTheLimitOnlyWhenSlowRequestsFillIt) {
+  // Every request takes 300 ms, over the 100 ms threshold. One at a time they are a slow
+  // dependency, not a queue: the limit stays at 8. Ten at once fill it (8 + a queue of 2): the
+  // ones admitted with the limit full cut it by 10% each (rounded down).
   ServeProcess server(args({"--max-concurrency", "8", "--adaptive-latency", "100ms",
                             "--chaos-delay-fraction", "1", "--chaos-delay", "300ms"}));
   auto c = server.client();
@@ -610,7 +617,150 @@ TEST_P(Serve, AdaptiveLatencyCutsTheLimitAfterSlowRequests) {
   }
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
-  EXPECT_NE(m->body.find("keel_admission_limit 6\n"), std::string::npos) << m->body;
+  EXPECT_EQ(metric(m->body, "keel_admission_limit"), 8) << m->body;
+  std::atomic<int> ready{0};
+  std::atomic<int> created{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 10; ++i) {
+    threads.emplace_back([&, i] {
+      auto client = server.client();
+      ++ready;
+      while (ready.load() < 10) std::this_thread::yield();
+      auto r = client.Post("/v1/charges", headers("fill-" + std::to_string(i)), kCharge,
+                           "application/json");
+      if (r && r->status == 201) ++created;
+    });
+  }
+  for (auto& t : threads) t.join();
+  m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::int64_t limit = metric(m->body, "keel_admission_limit");
+  EXPECT_GE(created.load(), 8);
+  EXPECT_GE(limit, 1) << m->body;
+  EXPECT_LE(limit, 7) << m->body;
+}
+
+/// What an open-loop load of GET requests saw: latencies of the admitted ones (answered 404, the
+/// route's answer for a charge that is not there), from the moment each was sent, and the shed.
+struct LoadSeen {
+  std::vector<double> admitted_ms;
+  int shed = 0;
+  int failed = 0;
+  [[nodiscard]] double p99() const {
+    if (admitted_ms.empty()) return 0;
+    std::vector<double> v = admitted_ms;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, v.size() * 99 / 100)];
+  }
+  [[nodiscard]] double shed_fraction() const {
+    const auto all = admitted_ms.size() + static_cast<std::size_t>(shed + failed);
+    return all == 0 ? 0 : static_cast<double>(shed) / static_cast<double>(all);
+  }
+};
+
+/// `rate` requests a second on a fixed schedule (each sent at its time by the first of 64 senders
+/// free), `warm` at `warm_rate` first; only the requests after the first `settle` of the load are
+/// counted.
+LoadSeen open_loop(const ServeProcess& server, double warm_rate, Duration warm, double rate,
+                   Duration length, Duration settle) {
+  using clock = std::chrono::steady_clock;
+  const int warm_count = static_cast<int>(warm_rate * std::chrono::duration<double>(warm).count());
+  const int count = static_cast<int>(rate * std::chrono::duration<double>(length).count());
+  const int settle_count = static_cast<int>(rate * std::chrono::duration<double>(settle).count());
+  const auto start = clock::now() + 200ms;
+  const auto when = [&](int i) {
+    const double s = i < warm_count
+                         ? i / warm_rate
+                         : std::chrono::duration<double>(warm).count() + (i - warm_count) / rate;
+    return start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s));
+  };
+  std::atomic<int> next{0};
+  std::mutex mu;
+  LoadSeen seen;
+  std::vector<std::thread> senders;
+  for (int t = 0; t < 64; ++t) {
+    senders.emplace_back([&] {
+      auto c = server.client();
+      for (int i = next++; i < warm_count + count; i = next++) {
+        std::this_thread::sleep_until(when(i));
+        const auto sent = clock::now();
+        auto r = c.Get("/v1/charges/ch_absent", headers(""));
+        const double ms = std::chrono::duration<double, std::milli>(clock::now() - sent).count();
+        if (i < warm_count + settle_count) continue;
+        std::lock_guard lock(mu);
+        if (r && r->status == 404) {
+          seen.admitted_ms.push_back(ms);
+        } else if (r && r->status == 503) {
+          ++seen.shed;
+        } else {
+          ++seen.failed;
+        }
+      }
+    });
+  }
+  for (auto& t : senders) t.join();
+  return seen;
+}
+
+TEST_P(Serve, AdaptiveAdmissionKeepsAnOverloadsLatencyNearAFixedLimitSetRightAndShedsNoSlowWork) {
+  // A drill of seconds of real load, timed: in the optimised build on SQLite (the route reads
+  // one row). Two servers: 4 threads x 40 ms (100/s) at 3x, 8 threads x 20 ms (400/s) at 2x; the
+  // AIMD threshold 1.5x the unloaded latency, both adaptive limits at most 64.
+  if (!test::kTimingAsserted || GetParam() != Backend::kSqlite) {
+    GTEST_SKIP() << "a timed drill: the optimised build, once";
+  }
+  struct Point {
+    int threads;
+    int hold_ms;
+    double overload;
+  };
+  for (const Point p : {Point{4, 40, 3}, Point{8, 20, 2}}) {
+    const double capacity = p.threads * 1000.0 / p.hold_ms;
+    const auto overload = [&](std::vector<std::string> limit) {
+      std::vector<std::string> a = {
+          "--threads", std::to_string(p.threads), "--chaos-delay-fraction",
+          "1",         "--chaos-delay",           std::to_string(p.hold_ms) + "ms"};
+      a.insert(a.end(), limit.begin(), limit.end());
+      ServeProcess server(args(a));
+      // 2 s at half the capacity (the unloaded latency the adaptive limits learn), then the
+      // overload, counted after its first 2 s.
+      return open_loop(server, capacity / 2, 2s, capacity * p.overload, 6s, 2s);
+    };
+    const LoadSeen fixed =
+        overload({"--max-concurrency", std::to_string(p.threads), "--admission-queue", "1"});
+    const LoadSeen aimd = overload({"--max-concurrency", "64", "--adaptive-latency",
+                                    std::to_string(p.hold_ms * 3 / 2) + "ms"});
+    const LoadSeen gradient = overload({"--max-concurrency", "64", "--adaptive-admission"});
+    std::printf(
+        "%d threads x %d ms at %.0fx, p99 of admitted / shed: fixed %d %.1f ms / %.0f%%, AIMD "
+        "%.1f ms / %.0f%%, threshold-free %.1f ms / %.0f%%\n",
+        p.threads, p.hold_ms, p.overload, p.threads, fixed.p99(), 100 * fixed.shed_fraction(),
+        aimd.p99(), 100 * aimd.shed_fraction(), gradient.p99(), 100 * gradient.shed_fraction());
+    const auto served = static_cast<std::size_t>(0.7 * capacity * 4);  // 70% of 4 s
+    ASSERT_GT(fixed.admitted_ms.size(), served / 2) << p.threads;
+    EXPECT_LE(aimd.p99(), 1.5 * fixed.p99()) << p.threads;
+    EXPECT_LE(gradient.p99(), 1.5 * fixed.p99()) << p.threads;
+    // Each adaptive limit still serves most of the capacity, not a trickle.
+    EXPECT_GE(aimd.admitted_ms.size(), served) << p.threads;
+    EXPECT_GE(gradient.admitted_ms.size(), served) << p.threads;
+  }
+
+  // A slow dependency that keeps up: 300 ms a request at 10/s on 16 threads (3 in flight of a
+  // capacity of 53/s). Neither adaptive limit takes it for overload.
+  const auto slow = [&](std::vector<std::string> limit) {
+    std::vector<std::string> a = {"--threads",     "16",   "--chaos-delay-fraction", "1",
+                                  "--chaos-delay", "300ms"};
+    a.insert(a.end(), limit.begin(), limit.end());
+    ServeProcess server(args(a));
+    return open_loop(server, 10, 1s, 10, 6s, 0s);
+  };
+  const LoadSeen slow_aimd = slow({"--max-concurrency", "16", "--adaptive-latency", "100ms"});
+  const LoadSeen slow_gradient = slow({"--max-concurrency", "16", "--adaptive-admission"});
+  std::printf("slow dependency, shed: AIMD (100 ms) %.1f%%, threshold-free %.1f%%\n",
+              100 * slow_aimd.shed_fraction(), 100 * slow_gradient.shed_fraction());
+  EXPECT_LT(slow_aimd.shed_fraction(), 0.05);
+  EXPECT_LT(slow_gradient.shed_fraction(), 0.05);
+  EXPECT_EQ(slow_aimd.failed + slow_gradient.failed, 0);
 }
 
 TEST_P(Serve, MaxConcurrencyShedsFirstAttemptsPastTheQueueBound) {
@@ -813,11 +963,6 @@ TEST_P(Serve, UpgradeFromPlaintextPrincipalsKeepsOwnersAndReplays) {
   EXPECT_EQ(db->query("SELECT COUNT(*) FROM charges WHERE principal LIKE 'p:%'").integer(0, 0), 1);
   EXPECT_EQ(db->query("SELECT COUNT(*) FROM keel_idempotency WHERE scope LIKE 'p:%'").integer(0, 0),
             1);
-}
-
-std::int64_t metric(const std::string& text, const std::string& name) {
-  const auto at = text.find("\n" + name + " ");
-  return at == std::string::npos ? -1 : std::stoll(text.substr(at + name.size() + 2));
 }
 
 TEST_P(Serve, ManyDistinctTokensKeepTheRateLimitTableBounded) {
@@ -1191,6 +1336,8 @@ TEST(ServeFlags, BadValuesExit2NamingTheFlag) {
            {"--admission-queue -2", "--admission-queue"},
            {"--max-concurrency 4 --adaptive-latency soon", "--adaptive-latency"},
            {"--adaptive-latency 100ms", "--adaptive-latency"},
+           {"--max-concurrency 8 --adaptive-admission --adaptive-latency 100ms",
+            "--adaptive-admission"},
            {"--scope-secret-file /nonexistent/secret", "--scope-secret-file"},
            {"--max-connections 0", "--max-connections"},
            {"--max-connections many", "--max-connections"},
@@ -1215,6 +1362,7 @@ TEST(ServeFlags, AFlagWithoutTheFlagItNeedsExits2NamingBoth) {
            {"--admission-queue 4", "--admission-queue", "--max-concurrency"},
            {"--admission-queue 0", "--admission-queue", "--max-concurrency"},
            {"--adaptive-latency 100ms", "--adaptive-latency", "--max-concurrency"},
+           {"--adaptive-admission", "--adaptive-admission", "--max-concurrency"},
            {"--rate-limit-principals 64", "--rate-limit-principals", "--rate-limit"},
            {"--chaos-503-retry-after 1s", "--chaos-503-retry-after", "--chaos-503"},
            {"--chaos-delay 1s", "--chaos-delay", "--chaos-delay-fraction"},

@@ -182,6 +182,62 @@ TEST(AdmissionLimiter, RetriesAreNeverAdmittedPastTheLimitUnderRealThreads) {
   EXPECT_EQ(limiter.in_flight(), 4);
 }
 
+TEST(AdmissionLimiter, TheFirstAttemptsQueueShrinksWithAnAdaptiveLimit) {
+  // At every limit an AIMD limiter of max 64 and a queue of 16 may be cut to, first attempts are
+  // admitted up to the limit + 16 x limit / 64 (at least 1), retries up to the limit.
+  keel::Rng rng(3);
+  AdmissionLimiter limiter({.max_concurrency = 64,
+                            .queue_bound = 16,
+                            .latency_threshold = 100ms,
+                            .min_concurrency = 1,
+                            .backoff_ratio = 0.5});
+  for (const std::int64_t limit : {64, 32, 16, 8, 4, 2, 1}) {
+    ASSERT_EQ(limiter.limit(), limit);
+    const std::int64_t queue = std::max<std::int64_t>(1, 16 * limit / 64);
+    std::vector<Admission> held;
+    for (std::int64_t i = 0; i < limit; ++i) held.push_back(limiter.admit(2, rng));
+    EXPECT_TRUE(held.back()) << limit;
+    EXPECT_EQ(limiter.admit(2, rng).reason(), ShedReason::kRetryOverLimit) << limit;
+    for (std::int64_t i = 0; i < queue; ++i) held.push_back(limiter.admit(1, rng));
+    EXPECT_TRUE(held.back()) << limit;
+    EXPECT_EQ(limiter.admit(1, rng).reason(), ShedReason::kOverCapacity) << limit;
+    // The last one admitted found the limit full: its slow answer halves the limit.
+    held.back().release(300ms);
+    for (auto& h : held) h.release();
+  }
+  // A fixed limit keeps its whole queue.
+  AdmissionLimiter fixed({.max_concurrency = 4, .queue_bound = 16});
+  std::vector<Admission> held;
+  for (int i = 0; i < 20; ++i) held.push_back(fixed.admit(1, rng));
+  EXPECT_TRUE(held.back());
+  EXPECT_EQ(fixed.admit(1, rng).reason(), ShedReason::kOverCapacity);
+}
+
+TEST(AdmissionLimiter, SlowAnswersBelowTheLimitNeverCutIt) {
+  // A dependency that is slow but keeps up (every answer over the threshold, never the limit in
+  // flight): the limit stays where it is at every load below it, and nothing is shed.
+  for (const std::int64_t in_flight : {1, 2, 5, 10, 15}) {
+    keel::Rng rng(static_cast<std::uint64_t>(in_flight));
+    AdmissionLimiter limiter({.max_concurrency = 16,
+                              .queue_bound = 4,
+                              .latency_threshold = 100ms,
+                              .min_concurrency = 1,
+                              .backoff_ratio = 0.5});
+    std::vector<Admission> held;
+    for (std::int64_t i = 1; i < in_flight; ++i) held.push_back(limiter.admit(1, rng));
+    for (int i = 0; i < 1000; ++i) {
+      Admission a = limiter.admit(i % 3 == 0 ? 2 : 1, rng);
+      ASSERT_TRUE(a) << "shed at " << in_flight << " in flight";
+      a.release(300ms);
+    }
+    EXPECT_EQ(limiter.limit(), 16) << in_flight << " in flight";
+    // The same slow answer of the request that fills the limit is a queue: it cuts.
+    while (limiter.in_flight() + 1 < limiter.limit()) held.push_back(limiter.admit(1, rng));
+    limiter.admit(1, rng).release(300ms);
+    EXPECT_EQ(limiter.limit(), 8) << in_flight << " in flight";
+  }
+}
+
 TEST(AdmissionLimiter, AdaptiveLimitShrinksOnSlowRequestsAndGrowsBackWhenBusyAndFast) {
   keel::Rng rng(1);
   AdmissionLimiter limiter({.max_concurrency = 20,
@@ -190,31 +246,44 @@ TEST(AdmissionLimiter, AdaptiveLimitShrinksOnSlowRequestsAndGrowsBackWhenBusyAnd
                             .min_concurrency = 2,
                             .backoff_ratio = 0.5});
   EXPECT_EQ(limiter.limit(), 20);
-  // Slow answers halve the limit, down to min_concurrency.
+  // Slow answers of requests that found the limit full halve it, down to min_concurrency.
   for (const std::int64_t expected : {10, 5, 2, 2}) {
-    limiter.admit(1, rng).release(250ms);
+    std::vector<Admission> held;
+    while (limiter.in_flight() + 1 < limiter.limit()) held.push_back(limiter.admit(1, rng));
+    limiter.admit(1, rng).release(250ms);  // admitted as the limit-th in flight
     EXPECT_EQ(limiter.limit(), expected);
+    for (auto& h : held) h.release();
   }
   EXPECT_EQ(limiter.stats().limit, 2);
-  // Retries are now shed at 2 in flight, first attempts at 2 + 2.
+  // Retries are now shed at 2 in flight, first attempts at 2 + 1: the queue of 2 at the limit's
+  // highest (20) shrinks with it (2 x 2 / 20, at least 1).
   Admission a = limiter.admit(1, rng);
   Admission b = limiter.admit(1, rng);
   EXPECT_EQ(limiter.admit(2, rng).reason(), ShedReason::kRetryOverLimit);
   Admission c = limiter.admit(1, rng);
-  Admission d = limiter.admit(1, rng);
   EXPECT_TRUE(c);
-  EXPECT_TRUE(d);
   EXPECT_EQ(limiter.admit(1, rng).reason(), ShedReason::kOverCapacity);
-  // Fast answers while at least half the limit was in use add one each.
-  a.release(10ms);  // admitted with 1 in flight: 1 * 2 >= 2
+  // A limit's worth of fast answers, each while at least half the limit was in use, adds one.
+  a.release(10ms);  // admitted with 1 in flight: 1 * 2 >= 2, a credit of 1
+  EXPECT_EQ(limiter.limit(), 2);
+  b.release(10ms);  // 2 in flight at its admission: 2 credits, the limit's worth
   EXPECT_EQ(limiter.limit(), 3);
-  b.release(10ms);  // 2 in flight at its admission
-  EXPECT_EQ(limiter.limit(), 4);
-  c.release(10ms);
-  d.release(10ms);
-  EXPECT_EQ(limiter.limit(), 6);
-  // A fast answer from an idle server does not grow the limit: nothing showed it was needed.
-  limiter.admit(1, rng).release(10ms);  // 1 in flight, 1 * 2 < 6
+  c.release(10ms);  // 3 in flight at its admission: 1 credit of the 3 the next one needs
+  EXPECT_EQ(limiter.limit(), 3);
+  for (const std::int64_t limit : {3, 4, 5}) {
+    std::vector<Admission> busy;  // each answer below is admitted as the limit-th in flight
+    for (std::int64_t i = 1; i < limit; ++i) busy.push_back(limiter.admit(1, rng));
+    int answers = 0;
+    while (limiter.limit() == limit && answers < 100) {
+      limiter.admit(1, rng).release(10ms);
+      ++answers;
+    }
+    EXPECT_EQ(limiter.limit(), limit + 1);
+    EXPECT_EQ(answers, limit == 3 ? 2 : limit);  // c's credit counted at 3
+    for (auto& h : busy) h.release();
+  }
+  // Fast answers from an idle server do not grow the limit: nothing showed it was needed.
+  for (int i = 0; i < 100; ++i) limiter.admit(1, rng).release(10ms);  // 1 * 2 < 6
   EXPECT_EQ(limiter.limit(), 6);
   // Only the first release counts; a plain release() reports nothing.
   Admission e = limiter.admit(1, rng);

@@ -103,6 +103,10 @@ int add_brakes(const CallArgs& a, http::ClientOptions& options, CallBrakes& brak
     // A slot or a pause is waited for within the call's deadline, not a shorter bound of its own.
     options.brakes.max_limit_wait = options.retry.overall_timeout;
   }
+  if (a.adaptive_concurrency) {
+    options.brakes.adaptive_concurrency = true;
+    options.brakes.max_limit_wait = options.retry.overall_timeout;
+  }
 #if KEEL_CLI_JOBS
   if (!a.share_breakers.empty()) {
     auto opened =

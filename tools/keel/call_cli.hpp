@@ -37,9 +37,10 @@ struct CallArgs {
   Duration connect_timeout{};
   std::string idempotency_key = "auto";
   std::optional<DuplicateFlag> duplicate_is_success;
-  std::string queue_on_failure;      // DB; empty: off
-  std::string share_breakers;        // DB; empty: the call's own breakers
-  std::optional<double> rate_limit;  // calls per second; none: no limit
+  std::string queue_on_failure;       // DB; empty: off
+  std::string share_breakers;         // DB; empty: the call's own breakers
+  std::optional<double> rate_limit;   // calls per second; none: no limit
+  bool adaptive_concurrency = false;  // the host's calls in flight under an adaptive limit
   std::string defer_queue = "deferred-http";
   HedgeFlags hedge;
   // --secret-header NAME, repeatable: credentials besides Authorization, Cookie.

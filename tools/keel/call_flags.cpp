@@ -126,6 +126,10 @@ void add_fallback_flags(CLI::App* sub, CallArgs& a) {
       "whole fleet's with --share-fleet; the call waits for its slot or a pause "
       "within --deadline, else exits as refused by a brake (docs/rate-limits.md)")
       ->type_name("RATE[/s]");
+  sub->add_flag("--adaptive-concurrency", a.adaptive_concurrency,
+                "Bound the host's calls in flight by an adaptive limit found from their latency "
+                "and its 429/503 answers; an attempt over it waits within --deadline, else "
+                "exits as refused by a brake (docs/concurrency.md)");
   sub->add_option("--defer-queue", a.defer_queue, "The queue --queue-on-failure writes to")
       ->capture_default_str();
   sub->add_option("--secret-header", a.secret_headers,

@@ -44,8 +44,9 @@ struct JobsArgs {
   // through PostgreSQL (empty URL: --db).
   bool share_breakers = false;
   std::string share_breakers_url;
-  std::string rate_limit;         // RATE[/s] per dependency
-  bool rate_limit_given = false;  // --rate-limit was given (an empty value is refused)
+  std::string rate_limit;             // RATE[/s] per dependency
+  bool rate_limit_given = false;      // --rate-limit was given (an empty value is refused)
+  bool adaptive_concurrency = false;  // each dependency's calls in flight under an adaptive limit
   // One attempt's limit. Empty (not given): kDeliverTimeout for --deliver and --deferred, none
   // for --exec, whose commands may legitimately run long.
   std::string timeout;

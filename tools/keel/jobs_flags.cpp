@@ -175,6 +175,10 @@ void add_work_fleet(CLI::App* work, const Args& args, const Command& cmd) {
               "with Retry-After pauses it, and a job held by either is deferred without "
               "losing an attempt (docs/rate-limits.md)")
           ->type_name("RATE[/s]");
+  work->add_flag("--adaptive-concurrency", args->adaptive_concurrency,
+                 "--deliver, --deferred: bound each dependency's calls in flight by an adaptive "
+                 "limit found from their latency and its 429/503 answers; a job over it is "
+                 "deferred without losing an attempt (docs/concurrency.md)");
   work->callback([cmd, args, share, rate] {
     *cmd = "work";
     args->share_breakers = share->count() > 0;

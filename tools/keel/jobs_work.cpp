@@ -90,6 +90,7 @@ bool start_delivery(const WorkSettings& s, Metrics& metrics, Delivery& d) {
   // A slot within the fleet's schedule is waited for; a longer hold (a pause) defers the job.
   options.brakes.rate_limits = d.rates.get();
   options.brakes.max_limit_wait = std::chrono::seconds(2);
+  options.brakes.adaptive_concurrency = s.adaptive_concurrency;
   options.brakes.retry_budget = d.budget != nullptr;
   options.brakes.budget = d.budget.get();
   options.retry.events = &metrics.watch(d.breakers, d.budget.get());  // retries, breakers, budget

@@ -17,6 +17,7 @@ struct WorkSettings {
   std::optional<store::DatabaseUrl> listen_url;
   std::optional<store::DatabaseUrl> share_url;
   std::optional<double> rate;
+  bool adaptive_concurrency = false;
   Duration node_check{};
   Duration lease{};
   Duration backoff_base{};

@@ -90,6 +90,13 @@ bool parse_work_brakes(const JobsArgs& a, WorkSettings& s) {
     if (!parsed) return usage(parsed.error().message()), false;
     s.rate = *parsed;
   }
+  if (a.adaptive_concurrency && !a.exec.empty()) {
+    return usage(
+               "--adaptive-concurrency: needs --deliver or --deferred (an --exec job calls no "
+               "dependency keel knows of)"),
+           false;
+  }
+  s.adaptive_concurrency = a.adaptive_concurrency;
   return true;
 }
 

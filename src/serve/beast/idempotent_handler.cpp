@@ -114,14 +114,16 @@ std::optional<Response> IdempotentHandler::refuse(const Request& request, TimePo
 Response IdempotentHandler::run(const Request& request, std::string_view principal,
                                 TimePoint arrival, Admission& admission,
                                 const std::atomic<bool>* abandoned) const {
-  const TimePoint started = clock().now();
   FlowRequest flow_request = keel::store::flow_request(
       BeastHeaders(request), view(request.method_string()), path_of(request), request.body(),
       principal, request_deadline(request, arrival));
   flow_request.abandoned = abandoned;
   const FlowResponse answer =
       flow_.run(flow_request, [&](Connection& tx) { return handler_(request, tx); });
-  admission.release(clock().now() - started);
+  // From the request's arrival, not the flow's start: the wait for a worker thread is the queue
+  // an adaptive limit must see.
+  const TimePoint ended = clock().now();
+  admission.release(ended - arrival, ended);
   return to_response(answer, request.version());
 }
 

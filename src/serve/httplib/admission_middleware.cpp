@@ -43,7 +43,8 @@ httplib::Server::Handler AdmissionMiddleware::wrap(httplib::Server::Handler hand
     Clock& clock = options.clock != nullptr ? *options.clock : steady_clock();
     const TimePoint started = clock.now();
     handler(request, response);  // an exception releases the slot without a latency
-    admission.release(clock.now() - started);
+    const TimePoint ended = clock.now();
+    admission.release(ended - started, ended);
   };
 }
 

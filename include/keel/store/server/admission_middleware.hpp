@@ -38,7 +38,10 @@ struct AdmissionMiddlewareOptions {
   AdmissionLimiter* limiter = nullptr;
   /// Called for each shed request, before the answer is written. Default none.
   std::function<void(const httplib::Request&, const Admission&)> on_shed;
-  /// Times each admitted handler, for the limiter's adaptive limit. Default keel::steady_clock().
+  /// Times each admitted handler, for the limiter's adaptive limit: from the handler's start
+  /// (cpp-httplib reads a request on the thread that handles it, so a wait for a thread comes
+  /// before the request is seen and is not counted; keel::store::beast::Server's handlers time
+  /// from the arrival on its event loop). Default keel::steady_clock().
   Clock* clock = nullptr;
 };
 
