@@ -182,174 +182,205 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
   return reaped;
 }
 
+namespace {
+
+// The due jobs of queue $1 at time $2: the condition, then the lease order.
+constexpr std::string_view kDueWhere =
+    " FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
+    " AND run_at_ms <= $2";
+constexpr std::string_view kDueOrder = " ORDER BY run_at_ms, id";
+// What a lease does to a job: $2 is now, $3 the worker, $5 the lease's expiry. Whether it starts
+// the attempt (counts it, started_ms set) is added per statement.
+constexpr std::string_view kSetRunning =
+    " SET state = 'running', fence = fence + 1, lease_owner = $3,"
+    " leased_ms = $2, lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2";
+
+// An expired lease waiting, from the floor named by `above` (an SQL parameter, or empty: all).
+std::string expired_check(const std::string& above) {
+  return "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2" +
+         (above.empty() ? std::string() : " AND run_at_ms > " + above) + " LIMIT 1";
+}
+
+// A leased job from the columns id, payload, idem_key, attempt, max_attempts, fence at `c`.
+LeasedJob leased_job(RowCursor& c, std::string_view queue, std::int64_t expires) {
+  LeasedJob job;
+  job.id = c.integer();
+  job.queue = std::string(queue);
+  job.payload = c.text();
+  job.idempotency_key = c.text();
+  job.attempt = static_cast<int>(c.integer());
+  job.max_attempts = static_cast<int>(c.integer());
+  job.fence = c.integer();
+  job.lease_expires_ms = expires;
+  return job;
+}
+
+}  // namespace
+
+// One statement when WITH may hold the writes (PostgreSQL); otherwise a transaction that reads
+// the due rows, then updates them one by one (SQLite). Both look for an expired lease as the
+// queue's expiry plan says.
 DoneAndLeased JobQueue::finish_and_lease_due(
     Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
     std::string_view queue, std::string_view worker, int limit, int start,
     bool* expired_waiting) const {
-  // One statement when WITH may hold the writes: the leased rows say themselves whether the lease
-  // started them. Otherwise a transaction that reads the due rows, then updates them one by one.
-  const bool one_statement = connection.dialect().data_modifying_ctes();
-  const bool start_all = start >= limit;
   const std::int64_t now = now_ms();
-  const std::int64_t expires = now + to_ms(options_.lease);
-  DoneAndLeased out;
-  // The due jobs of queue $1 at time $2, in lease order.
-  constexpr std::string_view kDue =
-      " FROM keel_jobs WHERE queue = $1 AND state IN ('ready', 'retry_scheduled')"
-      " AND run_at_ms <= $2 ORDER BY run_at_ms, id";
-  // What a lease does to a job: $2 is now, $3 the worker, $5 the lease's expiry. Whether it
-  // starts the attempt (counts it, started_ms set) is added per statement below.
-  constexpr std::string_view kSetRunning =
-      " SET state = 'running', fence = fence + 1, lease_owner = $3,"
-      " leased_ms = $2, lease_expires_ms = $5, run_at_ms = $5, updated_ms = $2";
-  // An expired lease waiting, at most once a second, from the last check's floor (expiry_plan):
-  // $2 is now, `above` the floor's parameter.
-  const ExpiryPlan expiry = expiry_plan(queue, now);
-  const auto expired_check = [](const std::string& above) {
-    return "SELECT 1 FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2" +
-           (above.empty() ? std::string() : " AND run_at_ms > " + above) + " LIMIT 1";
+  const LeaseAsk ask{.queue = queue,
+                     .worker = worker,
+                     .limit = limit,
+                     .start = start,
+                     .now = now,
+                     .expires = now + to_ms(options_.lease),
+                     .expiry = expiry_plan(queue, now)};
+  *expired_waiting = false;
+  DoneAndLeased out = connection.dialect().data_modifying_ctes()
+                          ? lease_in_one_statement(connection, done, ask, expired_waiting)
+                          : lease_in_transaction(connection, done, ask, expired_waiting);
+  if (ask.expiry.check) note_expiry_check(queue, now, ask.expiry, *expired_waiting);
+  return out;
+}
+
+// One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path; the leased rows
+// say themselves whether the lease started them. Its rows: kind 1 = a leased job (then the job's
+// columns and whether the lease started it), kind 0 = how many successes were current, kind 2 =
+// an expired lease is waiting, kind 3 = when the earliest job comes due, kind 4 = the earliest
+// due time leased (lease_floor).
+DoneAndLeased JobQueue::lease_in_one_statement(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    const LeaseAsk& ask, bool* expired_waiting) const {
+  std::vector<Value> params = {ask.queue, ask.now, ask.worker, ask.limit, ask.expires};
+  const auto param = [&params](Value v) {
+    params.push_back(std::move(v));
+    return "$" + std::to_string(params.size());
   };
-  Rows leased;
-  std::int64_t last_started = 0;         // in a transaction: the highest id the lease started
-  std::optional<std::int64_t> floor;     // where this lease's scan started (lease_floor)
-  std::optional<std::int64_t> earliest;  // the earliest due time it leased
-  if (one_statement) {
-    // One statement, atomic on its own: no BEGIN/COMMIT round trips on the hot path. Its rows:
-    // kind 1 = a leased job (then pick's columns below, and whether the lease started it), kind 0
-    // = how many successes were current, kind 2 = an expired lease is waiting, kind 3 = when the
-    // earliest job comes due.
-    std::vector<Value> params = {queue, now, worker, limit, expires};
-    // The started jobs: all, or the `start` lowest ids of those picked ($6).
-    std::string started = "TRUE";
-    if (!start_all) {
-      params.emplace_back(start);
-      started = "j.id IN (SELECT id FROM picked ORDER BY id LIMIT $6)";
-    }
-    // The successes first, then the lease. A lease's scan can lock a row that another worker
-    // leased after the statement began (FOR UPDATE locks the row's newest version, then finds it
-    // running and leaves it, still locked, until the statement ends): a success waiting for such
-    // a row waits for a statement that waits for nothing, as long as no statement records its
-    // successes after leasing (two did, and deadlocked, at 8 and 16 threads).
-    std::string sql = "WITH ";
-    std::string due(kDue);
-    if (!done.empty()) {
-      sql += detail::done_ctes(done, params) + ", ";
-      due.insert(due.find(" ORDER BY"), " AND (SELECT count(*) FROM done) >= 0");
-    }
-    floor = lease_floor(queue, now);
-    if (floor) {
-      params.emplace_back(*floor);
-      due.insert(due.find(" ORDER BY"), " AND run_at_ms >= $" + std::to_string(params.size()));
-    }
-    sql += "picked AS (SELECT id, run_at_ms" + due + " LIMIT $4" +
-           std::string(connection.dialect().lock_rows_skip_locked()) +
-           "), leased AS (UPDATE keel_jobs j" + std::string(kSetRunning) +
-           ", attempts = attempts + CASE WHEN " + started +
-           " THEN 1 ELSE 0 END, started_ms = CASE WHEN " + started +
-           " THEN $2::bigint END FROM picked WHERE j.id = picked.id"
-           " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence,"
-           " j.started_ms)";
-    sql +=
-        " SELECT 1, id, payload, idem_key,"
-        " attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END, max_attempts, fence,"
-        " CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM leased";
-    if (!done.empty()) {
-      sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL, NULL FROM done";
-    }
-    // The earliest due time leased (lease_floor).
-    sql += " UNION ALL SELECT 4, min(run_at_ms), NULL, NULL, NULL, NULL, NULL, NULL FROM picked";
-    std::string above;
-    if (expiry.above) {
-      params.emplace_back(*expiry.above);
-      above = "$" + std::to_string(params.size());
-    }
-    if (expiry.check) {
-      sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
-             expired_check(above) + ")";
-    }
-    // Short of work: when the queue's earliest job comes due, for the worker that goes idle
-    // (next_due's two index reads; no running job is below the expiry floor).
-    sql +=
-        " UNION ALL SELECT 3, LEAST((SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
-        " AND state IN ('ready', 'retry_scheduled')), (SELECT min(run_at_ms) FROM keel_jobs"
-        " WHERE queue = $1 AND state = 'running'" +
-        (above.empty() ? std::string() : " AND run_at_ms > " + above) +
-        ")), NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT count(*) FROM leased) < $4";
-    in_statement(deadlocks_, connection, [&](Connection& c) {
-      leased = c.query(sql, params);
-      return true;
-    });
-  } else {
-    // The due rows are read, then updated one by one, in one write transaction: the same
-    // effect as the UPDATE ... WHERE id IN (SELECT ...) RETURNING that PostgreSQL runs, without
-    // the two temporary b-trees SQLite builds for those (docs/queue.md). The rows read show the
-    // job before kSetRunning: the lease's attempt and fence are one more. Its columns are a
-    // leased job's in the one statement's rows of kind 1, read below.
-    static const std::string pick =
-        "SELECT id, payload, idem_key, attempts + 1, max_attempts, fence + 1" + std::string(kDue) +
-        " LIMIT $3";
-    // $6: started_ms (NULL: not started), $7: 1 when the lease starts the attempt.
-    static const std::string set_running = "UPDATE keel_jobs" + std::string(kSetRunning) +
-                                           ", started_ms = $6, attempts = attempts + $7"
-                                           " WHERE id = $4 AND queue = $1";
-    in_transaction(deadlocks_, connection, [&](Connection& tx) {
-      out.current = 0;
-      for (const auto& [id, fence] : done) {
-        if (detail::mark_done(tx, id, fence, now)) ++out.current;
-      }
-      leased = tx.query(pick, {queue, now, limit});
-      // The started ones are the `start` lowest ids, as on PostgreSQL.
-      std::vector<std::int64_t> ids;
-      for (std::size_t i = 0; i < leased.size(); ++i) ids.push_back(RowCursor(leased, i).integer());
-      std::sort(ids.begin(), ids.end());
-      last_started = start_all || ids.empty() ? std::numeric_limits<std::int64_t>::max()
-                     : start == 0             ? std::numeric_limits<std::int64_t>::min()
-                                              : ids[std::min<std::size_t>(ids.size(), start) - 1];
-      for (std::size_t i = 0; i < leased.size(); ++i) {
-        const std::int64_t id = RowCursor(leased, i).integer();
-        const bool starts = id <= last_started;
-        tx.query(set_running,
-                 {queue, now, worker, id, expires, starts ? Value(now) : Value(), starts ? 1 : 0});
-      }
-      if (expiry.check) {
-        std::vector<Value> check_params = {queue, now};
-        if (expiry.above) check_params.emplace_back(*expiry.above);
-        *expired_waiting = !tx.query(expired_check(expiry.above ? "$3" : ""), check_params).empty();
-      }
-      return true;
-    });
+  // The started jobs: all, or the `start` lowest ids of those picked.
+  const std::string started = ask.start >= ask.limit ? std::string("TRUE")
+                                                     : "j.id IN (SELECT id FROM picked ORDER BY "
+                                                       "id LIMIT " +
+                                                           param(ask.start) + ")";
+  // The successes first, then the lease. A lease's scan can lock a row that another worker
+  // leased after the statement began (FOR UPDATE locks the row's newest version, then finds it
+  // running and leaves it, still locked, until the statement ends): a success waiting for such a
+  // row waits for a statement that waits for nothing, as long as no statement records its
+  // successes after leasing (two did, and deadlocked, at 8 and 16 threads).
+  std::string sql = "WITH ";
+  std::string due(kDueWhere);
+  if (!done.empty()) {
+    sql += detail::done_ctes(done, params) + ", ";
+    due += " AND (SELECT count(*) FROM done) >= 0";
   }
-  if (one_statement) *expired_waiting = false;
-  out.leased.reserve(leased.size());
-  for (std::size_t i = 0; i < leased.size(); ++i) {
-    RowCursor c(leased, i);
-    if (one_statement) {
-      const std::int64_t kind = c.integer();
-      if (kind == 0) out.current = static_cast<int>(c.integer());
-      if (kind == 2) *expired_waiting = true;
-      if (kind == 4) earliest = c.optional_integer();
-      if (kind == 3) {
-        out.next_due_known = true;
-        if (const auto due = c.optional_integer()) out.next_due_ms = due;
-      }
-      if (kind != 1) continue;
+  const std::optional<std::int64_t> floor = lease_floor(ask.queue, ask.now);
+  if (floor) due += " AND run_at_ms >= " + param(*floor);
+  due += kDueOrder;
+  sql += "picked AS (SELECT id, run_at_ms" + due + " LIMIT $4" +
+         std::string(connection.dialect().lock_rows_skip_locked()) +
+         "), leased AS (UPDATE keel_jobs j" + std::string(kSetRunning) +
+         ", attempts = attempts + CASE WHEN " + started +
+         " THEN 1 ELSE 0 END, started_ms = CASE WHEN " + started +
+         " THEN $2::bigint END FROM picked WHERE j.id = picked.id"
+         " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence,"
+         " j.started_ms)";
+  sql +=
+      " SELECT 1, id, payload, idem_key,"
+      " attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END, max_attempts, fence,"
+      " CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM leased";
+  if (!done.empty()) {
+    sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL, NULL FROM done";
+  }
+  sql += " UNION ALL SELECT 4, min(run_at_ms), NULL, NULL, NULL, NULL, NULL, NULL FROM picked";
+  const std::string above = ask.expiry.above ? param(*ask.expiry.above) : std::string();
+  if (ask.expiry.check) {
+    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
+           expired_check(above) + ")";
+  }
+  // Short of work: when the queue's earliest job comes due, for the worker that goes idle
+  // (next_due's two index reads; no running job is below the expiry floor).
+  sql +=
+      " UNION ALL SELECT 3, LEAST((SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
+      " AND state IN ('ready', 'retry_scheduled')), (SELECT min(run_at_ms) FROM keel_jobs"
+      " WHERE queue = $1 AND state = 'running'" +
+      (above.empty() ? std::string() : " AND run_at_ms > " + above) +
+      ")), NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT count(*) FROM leased) < $4";
+  Rows rows;
+  in_statement(deadlocks_, connection, [&](Connection& c) {
+    rows = c.query(sql, params);
+    return true;
+  });
+  DoneAndLeased out;
+  std::optional<std::int64_t> earliest;
+  out.leased.reserve(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    RowCursor c(rows, i);
+    const std::int64_t kind = c.integer();
+    if (kind == 0) out.current = static_cast<int>(c.integer());
+    if (kind == 2) *expired_waiting = true;
+    if (kind == 4) earliest = c.optional_integer();
+    if (kind == 3) {
+      out.next_due_known = true;
+      if (const auto due_ms = c.optional_integer()) out.next_due_ms = due_ms;
     }
-    LeasedJob job;
-    job.id = c.integer();
-    job.queue = std::string(queue);
-    job.payload = c.text();
-    job.idempotency_key = c.text();
-    job.attempt = static_cast<int>(c.integer());
-    job.max_attempts = static_cast<int>(c.integer());
-    job.fence = c.integer();
-    job.lease_expires_ms = expires;
-    job.started = one_statement ? c.integer() == 1 : job.id <= last_started;
+    if (kind != 1) continue;
+    LeasedJob job = leased_job(c, ask.queue, ask.expires);
+    job.started = c.integer() == 1;
     out.leased.push_back(std::move(job));
   }
-  if (one_statement) {
-    note_lease(queue, now, !floor, static_cast<int>(out.leased.size()) >= limit, earliest);
+  note_lease(ask.queue, ask.now, !floor, static_cast<int>(out.leased.size()) >= ask.limit,
+             earliest);
+  return out;
+}
+
+// The due rows are read, then updated one by one, in one write transaction: the same effect as
+// the UPDATE ... WHERE id IN (SELECT ...) RETURNING that PostgreSQL runs, without the two
+// temporary b-trees SQLite builds for those (docs/queue.md). The rows read show the job before
+// kSetRunning: the lease's attempt and fence are one more.
+DoneAndLeased JobQueue::lease_in_transaction(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    const LeaseAsk& ask, bool* expired_waiting) const {
+  static const std::string pick =
+      "SELECT id, payload, idem_key, attempts + 1, max_attempts,"
+      " fence + 1" +
+      std::string(kDueWhere) + std::string(kDueOrder) + " LIMIT $3";
+  // $6: started_ms (NULL: not started), $7: 1 when the lease starts the attempt.
+  static const std::string set_running = "UPDATE keel_jobs" + std::string(kSetRunning) +
+                                         ", started_ms = $6, attempts = attempts + $7"
+                                         " WHERE id = $4 AND queue = $1";
+  DoneAndLeased out;
+  Rows rows;
+  std::int64_t last_started = 0;  // the highest id the lease started
+  in_transaction(deadlocks_, connection, [&](Connection& tx) {
+    out.current = 0;
+    for (const auto& [id, fence] : done) {
+      if (detail::mark_done(tx, id, fence, ask.now)) ++out.current;
+    }
+    rows = tx.query(pick, {ask.queue, ask.now, ask.limit});
+    // The started ones are the `start` lowest ids, as on PostgreSQL.
+    std::vector<std::int64_t> ids;
+    for (std::size_t i = 0; i < rows.size(); ++i) ids.push_back(RowCursor(rows, i).integer());
+    std::sort(ids.begin(), ids.end());
+    last_started = ask.start >= ask.limit || ids.empty() ? std::numeric_limits<std::int64_t>::max()
+                   : ask.start == 0                      ? std::numeric_limits<std::int64_t>::min()
+                                    : ids[std::min<std::size_t>(ids.size(), ask.start) - 1];
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const std::int64_t id = RowCursor(rows, i).integer();
+      const bool starts = id <= last_started;
+      tx.query(set_running, {ask.queue, ask.now, ask.worker, id, ask.expires,
+                             starts ? Value(ask.now) : Value(), starts ? 1 : 0});
+    }
+    if (ask.expiry.check) {
+      std::vector<Value> check_params = {ask.queue, ask.now};
+      if (ask.expiry.above) check_params.emplace_back(*ask.expiry.above);
+      *expired_waiting =
+          !tx.query(expired_check(ask.expiry.above ? "$3" : ""), check_params).empty();
+    }
+    return true;
+  });
+  out.leased.reserve(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    RowCursor c(rows, i);
+    LeasedJob job = leased_job(c, ask.queue, ask.expires);
+    job.started = job.id <= last_started;
+    out.leased.push_back(std::move(job));
   }
-  if (expiry.check) note_expiry_check(queue, now, expiry, *expired_waiting);
   return out;
 }
 

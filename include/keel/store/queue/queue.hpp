@@ -412,6 +412,25 @@ class JobQueue {
   void note_expiry_check(std::string_view queue, std::int64_t now, const ExpiryPlan& plan,
                          bool found) const;
 
+  // What one lease asks for, and the expiry check it makes.
+  struct LeaseAsk {
+    std::string_view queue;
+    std::string_view worker;
+    int limit = 0;
+    int start = 0;  // how many of the leased jobs it starts (the lowest ids); >= limit: all
+    std::int64_t now = 0;
+    std::int64_t expires = 0;
+    ExpiryPlan expiry;
+  };
+  // finish_and_lease_due's two algorithms (queue_lease.cpp): one statement where WITH may hold
+  // the writes, a transaction of reads and updates elsewhere.
+  [[nodiscard]] DoneAndLeased lease_in_one_statement(
+      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+      const LeaseAsk& ask, bool* expired_waiting) const;
+  [[nodiscard]] DoneAndLeased lease_in_transaction(
+      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+      const LeaseAsk& ask, bool* expired_waiting) const;
+
   QueueOptions options_;
   RetryPolicy policy_;  // the retry rules decide_retry applies (max attempts, backoff, caps)
   Clock* clock_;
