@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <keel/http/client.hpp>
 #include <keel/store/db/database.hpp>
+#include <keel/store/db/row_cursor.hpp>
 #include <keel/store/idempotency/idempotency.hpp>
 #include <keel/store/server/idempotency_middleware.hpp>
 #include <memory>
@@ -106,7 +107,8 @@ int main() {
     std::int64_t charges = -1;
     {
       auto conn = pool.acquire();
-      charges = conn->query("SELECT COUNT(*) FROM charges").integer(0, 0);
+      const store::Rows rows = conn->query("SELECT COUNT(*) FROM charges");
+      charges = store::RowCursor(rows, 0).integer();
     }
     ok &= check(status(first) == 201, "the first POST ran the handler: 201");
     ok &= check(status(second) == 201 && body_of(second) == body_of(first),

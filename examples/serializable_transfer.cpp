@@ -17,6 +17,7 @@
 #include <fstream>
 #include <keel/duration.hpp>
 #include <keel/store/db/database.hpp>
+#include <keel/store/db/row_cursor.hpp>
 #include <keel/store/db/transaction.hpp>
 #include <string>
 
@@ -39,7 +40,8 @@ std::string base_url(int argc, char** argv) {
 }
 
 std::int64_t balance(store::Connection& conn, const char* id) {
-  return conn.query("SELECT balance FROM accounts WHERE id = $1", {id}).integer(0, 0);
+  const store::Rows rows = conn.query("SELECT balance FROM accounts WHERE id = $1", {id});
+  return store::RowCursor(rows, 0).integer();
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <keel/store/db/database.hpp>
+#include <keel/store/db/row_cursor.hpp>
 #include <keel/store/queue/processed_messages.hpp>
 #include <map>
 #include <mutex>
@@ -190,8 +191,13 @@ int main(int argc, char** argv) {
     {
       auto conn = pool.acquire();
       const auto rows = conn->query("SELECT id, cents FROM accounts ORDER BY id");
-      for (std::size_t i = 0; i < rows.size(); ++i) balances[rows.text(i, 0)] = rows.integer(i, 1);
-      ledger_rows = conn->query("SELECT COUNT(*) FROM ledger").integer(0, 0);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        store::RowCursor row(rows, i);
+        const std::string id = row.text();
+        balances[id] = row.integer();
+      }
+      const store::Rows count = conn->query("SELECT COUNT(*) FROM ledger");
+      ledger_rows = store::RowCursor(count, 0).integer();
     }
     const store::ProcessedCounts c = records.counts();
     std::printf(

@@ -14,6 +14,7 @@
 
 #include "keel/random.hpp"
 #include "keel/retry_after.hpp"
+#include "keel/store/db/row_cursor.hpp"
 #include "keel/store/db/transaction.hpp"
 
 namespace payments {
@@ -64,12 +65,16 @@ std::string percent_decode(std::string_view text) {
   return out;
 }
 
+// A row of the charges' columns (id, amount, currency, customer, created), read in their order.
 nlohmann::json charge_json(const store::Rows& rows, std::size_t i) {
-  return {{"id", rows.text(i, 0)},
-          {"amount", rows.integer(i, 1)},
-          {"currency", rows.text(i, 2)},
-          {"customer", rows.text(i, 3)},
-          {"created", rows.integer(i, 4)}};
+  store::RowCursor c(rows, i);
+  nlohmann::json charge;
+  charge["id"] = c.text();
+  charge["amount"] = c.integer();
+  charge["currency"] = c.text();
+  charge["customer"] = c.text();
+  charge["created"] = c.integer();
+  return charge;
 }
 
 constexpr store::Migration kPaymentsSchema[] = {

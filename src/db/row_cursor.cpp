@@ -1,11 +1,11 @@
-// RowCursor (detail/row_cursor.hpp): one row of a result read column after column.
-#include "db/detail/row_cursor.hpp"
+// RowCursor (keel/store/db/row_cursor.hpp): one row of a result read column after column.
+#include "keel/store/db/row_cursor.hpp"
 
 #include <charconv>
 #include <stdexcept>
 #include <system_error>
 
-namespace keel::store::detail {
+namespace keel::store {
 
 std::string RowCursor::where(std::size_t column) const {
   std::string out = "column " + std::to_string(column);
@@ -58,4 +58,4 @@ std::optional<std::int64_t> RowCursor::optional_integer() {
   return parse_integer(*c, column_ - 1);
 }
 
-}  // namespace keel::store::detail
+}  // namespace keel::store

@@ -37,15 +37,13 @@
 
 #include "db/detail/listener.hpp"
 #include "db/detail/process.hpp"
-#include "db/detail/row_cursor.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/random.hpp"
 #include "keel/store/db/dialect.hpp"
+#include "keel/store/db/row_cursor.hpp"
 
 namespace keel::store {
-
-using detail::RowCursor;
 
 namespace {
 

@@ -14,11 +14,11 @@
 #include <string>
 
 #include "db/detail/process.hpp"
-#include "db/detail/row_cursor.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/idempotency_key.hpp"
 #include "keel/store/db/dialect.hpp"
+#include "keel/store/db/row_cursor.hpp"
 #include "keel/store/json/json_check.hpp"
 
 namespace keel::store {
@@ -113,7 +113,7 @@ struct Record {
 
 // The row of a kRecordSelect that found the record.
 Record read_record(const Rows& rows) {
-  detail::RowCursor c(rows, 0);
+  RowCursor c(rows, 0);
   Record r;
   r.fingerprint = c.text();
   r.status = c.text();
@@ -458,7 +458,7 @@ Claim IdempotencyStore::hold(Connection& connection, std::string_view scope, std
     }
   }
   Claim out;
-  if (!lock.empty() && detail::RowCursor(rows.front(), 0).integer() != 1) {
+  if (!lock.empty() && RowCursor(rows.front(), 0).integer() != 1) {
     // Another transaction holds the key: its handler is running now.
     out.status = ClaimStatus::kInProgress;
     out.retry_after = std::chrono::seconds(1);

@@ -8,11 +8,11 @@
 #include <string>
 
 #include "db/detail/commit.hpp"
-#include "db/detail/row_cursor.hpp"
 #include "keel/clock.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/store/db/dialect.hpp"
+#include "keel/store/db/row_cursor.hpp"
 #include "keel/store/db/transaction.hpp"
 #include "queue/detail/queue_sql.hpp"
 #include "queue/detail/queue_wakeup.hpp"
@@ -69,7 +69,7 @@ std::vector<DeadLetter> select_in(Connection& conn, const DeadLetterFilter& filt
   std::vector<DeadLetter> out;
   out.reserve(r.size());
   for (std::size_t i = 0; i < r.size(); ++i) {
-    detail::RowCursor c(r, i);
+    RowCursor c(r, i);
     DeadLetter d;
     d.id = c.integer();
     d.queue = c.text();

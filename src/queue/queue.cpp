@@ -21,7 +21,6 @@ namespace keel::store {
 
 using detail::kJobColumns;
 using detail::read_job;
-using detail::RowCursor;
 using detail::to_ms;
 
 namespace {

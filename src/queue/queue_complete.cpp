@@ -174,7 +174,7 @@ int JobQueue::complete_done(
                             " SELECT count(*) FROM done WHERE $1::bigint = 0";
     detail::in_statement(deadlocks_, connection, [&](Connection& c) {
       const Rows count = c.query(sql, params);
-      current = static_cast<int>(detail::RowCursor(count, 0).integer());
+      current = static_cast<int>(RowCursor(count, 0).integer());
       return true;
     });
     return current;

@@ -36,7 +36,7 @@ std::vector<StoredKeyProblem> check_stored_keys(Connection& connection, std::str
             ? connection.query(sql, {after, static_cast<std::int64_t>(kPage)})
             : connection.query(sql, {after, static_cast<std::int64_t>(kPage), std::string(queue)});
     for (std::size_t i = 0; i < rows.size(); ++i) {
-      detail::RowCursor c(rows, i);
+      RowCursor c(rows, i);
       after = c.integer();
       const std::string& job_queue = c.text();
       const std::string& key = c.text();
@@ -62,7 +62,7 @@ std::vector<StoredKeyProblem> check_stored_keys(Connection& connection, std::str
                      " by clients and receivers; a job enqueued with that key is another job";
         } else {
           p.issue = StoredKeyIssue::kCollides;
-          p.same_as = detail::RowCursor(same, 0).integer();
+          p.same_as = RowCursor(same, 0).integer();
           p.reason = "is read as " + quote_value(p.canonical) + ", the key of job " +
                      std::to_string(*p.same_as) + ": a receiver takes both jobs for one request";
         }

@@ -14,7 +14,6 @@ namespace keel::store {
 
 using detail::in_statement;
 using detail::in_transaction;
-using detail::RowCursor;
 using detail::to_ms;
 
 namespace {

@@ -23,7 +23,6 @@
 namespace keel::store {
 
 using detail::in_transaction;
-using detail::RowCursor;
 using detail::to_ms;
 
 namespace {

@@ -16,7 +16,6 @@ namespace keel::store {
 
 using detail::in_transaction;
 using detail::queue_filter;
-using detail::RowCursor;
 using detail::to_ms;
 
 namespace {

@@ -1,7 +1,7 @@
-// detail::RowCursor, the store's one way of reading a result's row: each read takes the next
+// RowCursor, the store's one way of reading a result's row: each read takes the next
 // column, and a read the result has no cell for, a NULL where a value is required or text where
 // an integer is required is an error naming the column, never a read out of bounds.
-#include "db/detail/row_cursor.hpp"
+#include "keel/store/db/row_cursor.hpp"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,6 @@
 
 namespace keel::store {
 namespace {
-
-using detail::RowCursor;
 
 Rows two_rows() {
   Rows rows;

@@ -1,7 +1,7 @@
 // What the job queue's source files share (src/queue*.cpp, one file per role of
 // JobQueue): time and text conversions, the transaction wrapper, the attempt-history insert,
 // the optional-queue filter and the column lists a Job and a job being settled are read from,
-// each with the one function that reads its row (detail::RowCursor). Private to keel::store_queue;
+// each with the one function that reads its row (RowCursor). Private to keel::store_queue;
 // the schema itself lives only in queue.cpp. Stateless functions: safe from any thread, each
 // call on the Connection it is given.
 #pragma once
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "db/detail/commit.hpp"
-#include "db/detail/row_cursor.hpp"
 #include "keel/duration.hpp"
 #include "keel/store/db/database.hpp"
+#include "keel/store/db/row_cursor.hpp"
 #include "keel/store/queue/queue.hpp"
 #include "keel/text.hpp"
 

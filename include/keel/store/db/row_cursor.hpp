@@ -3,8 +3,12 @@
 // the statement's column list that turns a row into a struct of named fields (read_job beside
 // kJobColumns, ...). No caller indexes into a column list defined elsewhere.
 //
+// Applications read their own statements' rows with it too: a column read past the result's
+// last, a NULL where a value is required, or text where an integer is, is an error naming the
+// column, where an index into Rows would read the wrong cell or throw without saying which.
+//
 // Thread-safety: not thread-safe; one cursor per row read. It refers to the Rows it reads, which
-// must outlive it. Private to keel::store_db and the store's targets above it.
+// must outlive it.
 //
 // Example:
 //   // The columns read_attempt reads, in its order.
@@ -22,7 +26,7 @@
 
 #include "keel/store/db/database.hpp"
 
-namespace keel::store::detail {
+namespace keel::store {
 
 class RowCursor {
  public:
@@ -55,4 +59,4 @@ class RowCursor {
   std::size_t column_ = 0;
 };
 
-}  // namespace keel::store::detail
+}  // namespace keel::store
