@@ -129,8 +129,8 @@ void add_limit_flags(CLI::App* sub, ServeOptions& o, Given& given) {
   given.adaptive_latency =
       add_duration(sub, kCommand, "--adaptive-latency", o.adaptive_latency, true,
                    "Make --max-concurrency the upper bound of an adaptive limit (AIMD): a request "
-                   "slower than this, admitted with the limit full, cuts it by 10%; a fast one "
-                   "while busy adds 1");
+                   "slower than this, admitted with the limit full, cuts it by 10%; a limit's "
+                   "worth of fast ones while busy add 1");
   sub->add_flag("--adaptive-admission", o.adaptive_admission,
                 "Make --max-concurrency the upper bound of an adaptive limit without a "
                 "threshold: found from the latency of admitted requests (from their arrival) "
