@@ -210,10 +210,12 @@ void add_chaos_flags(CLI::App* sub, ServeOptions& o, Given& given) {
   sub->add_option("--chaos-seed", o.chaos_seed, "Seed for the fault injection");
 }
 
+// A refused combination; `value` is the flag's own (empty for a switch: nothing to show).
 int needs(std::string_view flag, std::string problem, std::string_view value) {
-  return usage_error(
-      Error{.field = std::string(flag), .problem = std::move(problem), .got = quote_value(value)}
-          .message());
+  return usage_error(Error{.field = std::string(flag),
+                           .problem = std::move(problem),
+                           .got = value.empty() ? std::string() : quote_value(value)}
+                         .message());
 }
 
 // The flags that only mean something with another: 0, or kExitUsage after the message.
@@ -223,9 +225,7 @@ int check_combinations(const ServeOptions& o, const Given& given) {
                  given_text(given.adaptive_latency));
   }
   if (o.adaptive_admission && o.max_concurrency <= 0) {
-    return usage_error(Error{.field = "--adaptive-admission",
-                             .problem = "needs --max-concurrency (the upper limit)"}
-                           .message());
+    return needs("--adaptive-admission", "needs --max-concurrency (the upper limit)", "");
   }
   if (o.adaptive_admission && o.adaptive_latency) {
     return needs("--adaptive-admission",

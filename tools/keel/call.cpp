@@ -100,11 +100,11 @@ int add_brakes(const CallArgs& a, http::ClientOptions& options, CallBrakes& brak
     brakes.rates = std::make_unique<RateLimitRegistry>(
         command_rate_options(a.rate_limit.value_or(0), "keel call"));
     options.brakes.rate_limits = brakes.rates.get();
-    // A slot or a pause is waited for within the call's deadline, not a shorter bound of its own.
-    options.brakes.max_limit_wait = options.retry.overall_timeout;
   }
-  if (a.adaptive_concurrency) {
-    options.brakes.adaptive_concurrency = true;
+  options.brakes.adaptive_concurrency = a.adaptive_concurrency;
+  // A slot, a pause or a place under the limit is waited for within the call's deadline, not a
+  // shorter bound of its own.
+  if (brakes.rates || a.adaptive_concurrency) {
     options.brakes.max_limit_wait = options.retry.overall_timeout;
   }
 #if KEEL_CLI_JOBS
