@@ -23,6 +23,7 @@
 #include "keel/expected.hpp"
 #include "keel/random.hpp"
 #include "keel/retry_after.hpp"
+#include "keel/store/idempotency/flow_decision.hpp"
 
 namespace keel::store {
 namespace {
@@ -368,73 +369,117 @@ FlowResponse IdempotentRequestFlow::finish(FlowResponse response) const {
   return response;
 }
 
-FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
-                                        const FlowHandler& handler) const {
-  const auto expired = [&] {
-    return (request.abandoned != nullptr && request.abandoned->load(std::memory_order_acquire)) ||
-           request.deadline.expired(options_.clock->now());
-  };
-  if (expired()) return finish(deadline_exceeded_response("before it arrived"));
+namespace {
+
+/// The caller has gone (the server saw it leave) or its deadline has passed.
+bool gone(const FlowRequest& request, const Clock& clock) {
+  return (request.abandoned != nullptr && request.abandoned->load(std::memory_order_acquire)) ||
+         request.deadline.expired(clock.now());
+}
+
+/// The request's own refusals, before any database work: the Idempotency-Key's fields and form,
+/// and a JSON body's limits. Sets the key and the request's fingerprint when it refuses nothing.
+std::optional<FlowResponse> check_request(const FlowRequest& request, const FlowOptions& options,
+                                          std::string& key, std::string& fingerprint) {
   if (request.idempotency_key && request.idempotency_key_fields > 1) {
-    return finish(problem(FlowOutcome::kInvalidKey, 400, "Invalid Idempotency-Key",
-                          "the request has " + std::to_string(request.idempotency_key_fields) +
-                              " Idempotency-Key header fields; send exactly one (servers and "
-                              "intermediaries disagree about which of several applies)"));
+    return problem(FlowOutcome::kInvalidKey, 400, "Invalid Idempotency-Key",
+                   "the request has " + std::to_string(request.idempotency_key_fields) +
+                       " Idempotency-Key header fields; send exactly one (servers and "
+                       "intermediaries disagree about which of several applies)");
   }
-  const ParsedKey key = parse_idempotency_key(request.idempotency_key, options_.max_key_bytes);
-  if (!key.key) {
-    return finish(problem(
-        key.error == KeyError::kMissing ? FlowOutcome::kMissingKey : FlowOutcome::kInvalidKey, 400,
-        "Invalid Idempotency-Key", key.detail));
+  ParsedKey parsed = parse_idempotency_key(request.idempotency_key, options.max_key_bytes);
+  if (!parsed.key) {
+    return problem(
+        parsed.error == KeyError::kMissing ? FlowOutcome::kMissingKey : FlowOutcome::kInvalidKey,
+        400, "Invalid Idempotency-Key", parsed.detail);
   }
   JsonCheck json;
   if (looks_like_json(request.content_type, request.body)) {
-    json = check_json(request.body, options_.json_limits);
+    json = check_json(request.body, options.json_limits);
     if (json.status == JsonStatus::kTooDeep || json.status == JsonStatus::kDuplicateKey) {
-      return finish(problem(
+      return problem(
           FlowOutcome::kInvalidBody, 400,
           json.status == JsonStatus::kTooDeep ? "JSON nested too deeply" : "Duplicate JSON member",
-          json.detail));
+          json.detail);
     }
   } else {
     json.detail = "not JSON";
   }
-  const std::string scope = this->scope(request.principal);
-  const std::string fingerprint =
-      request_fingerprint(request.method, request.path, request.body, json);
-  const IdempotencyStore& store = *options_.store;
-  // A database failure's answer, from core's classification (the table in docs/idempotency.md):
-  // one a later retry may fix is 503 with a spread Retry-After; one no retry can fix is 500
-  // without it, so that well-behaved clients stop; a commit in doubt is 500 with Retry-After (a
-  // retry with the same key receives the outcome).
-  const auto failed = [&](DatabaseFailure failure, const std::string& error) {
-    FlowResponse out;
-    switch (failure) {
-      case DatabaseFailure::kInDoubt:
-        out = problem(FlowOutcome::kCommitInDoubt, 500, "Commit in doubt",
-                      "the outcome of the commit is unknown; retry with the same "
-                      "Idempotency-Key to receive it",
-                      spread_retry_after_value(Duration::zero()));
-        break;
-      case DatabaseFailure::kPermanent:
-        out = problem(FlowOutcome::kDatabaseError, 500, "Request failed",
-                      "the database refused the request's work (a constraint or a check failed); "
-                      "nothing was stored, and retrying the same request will fail the same way");
-        break;
-      default:
-        out = problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
-                      "the database is unavailable or busy; retry after the delay in Retry-After",
-                      spread_retry_after_value(Duration::zero()));
-        break;
-    }
-    out.error = error;
-    options_.log(out.error);
-    return finish(std::move(out));
-  };
-  const auto unavailable = [&](const DatabaseError& e) {
-    return failed(e.failure(), std::string("claiming an Idempotency-Key failed: ") + e.what());
-  };
+  key = std::move(*parsed.key);
+  fingerprint = request_fingerprint(request.method, request.path, request.body, json);
+  return std::nullopt;
+}
 
+}  // namespace
+
+/// A request that passed its own checks: the stored scope of its principal, its key and the
+/// fingerprint a repeat must match.
+struct IdempotentRequestFlow::Keyed {
+  std::string scope;
+  std::string key;
+  std::string fingerprint;
+};
+
+/// How the handler's transaction ended: what decide_flow_answer reads, and what the answer is
+/// made of.
+struct IdempotentRequestFlow::Ended {
+  FlowFacts facts;
+  Claim claim;
+  StoredResponse result;
+  std::string error;   // the transaction's last database error
+  std::string thrown;  // what the handler threw
+};
+
+FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
+                                        const FlowHandler& handler) const {
+  if (gone(request, *options_.clock))
+    return finish(deadline_exceeded_response("before it arrived"));
+  Keyed keyed;
+  if (std::optional<FlowResponse> refused =
+          check_request(request, options_, keyed.key, keyed.fingerprint)) {
+    return finish(std::move(*refused));
+  }
+  keyed.scope = scope(request.principal);
+  return run_keyed(request, keyed, handler);
+}
+
+// A database failure's answer, from core's classification (the table in docs/idempotency.md):
+// one a later retry may fix is 503 with a spread Retry-After; one no retry can fix is 500 without
+// it, so that well-behaved clients stop; a commit in doubt is 500 with Retry-After (a retry with
+// the same key receives the outcome).
+FlowResponse IdempotentRequestFlow::database_failure(FlowOutcome outcome, std::string error) const {
+  FlowResponse out;
+  switch (outcome) {
+    case FlowOutcome::kCommitInDoubt:
+      out = problem(FlowOutcome::kCommitInDoubt, 500, "Commit in doubt",
+                    "the outcome of the commit is unknown; retry with the same "
+                    "Idempotency-Key to receive it",
+                    spread_retry_after_value(Duration::zero()));
+      break;
+    case FlowOutcome::kDatabaseError:
+      out = problem(FlowOutcome::kDatabaseError, 500, "Request failed",
+                    "the database refused the request's work (a constraint or a check failed); "
+                    "nothing was stored, and retrying the same request will fail the same way");
+      break;
+    default:
+      out = problem(FlowOutcome::kDatabaseUnavailable, 503, "Database unavailable",
+                    "the database is unavailable or busy; retry after the delay in Retry-After",
+                    spread_retry_after_value(Duration::zero()));
+      break;
+  }
+  out.error = std::move(error);
+  options_.log(out.error);
+  return finish(std::move(out));
+}
+
+FlowResponse IdempotentRequestFlow::run_keyed(const FlowRequest& request, const Keyed& keyed,
+                                              const FlowHandler& handler) const {
+  const auto expired = [&] { return gone(request, *options_.clock); };
+  const auto unavailable = [&](const DatabaseError& e) {
+    return database_failure(database_failure_outcome(e.failure()),
+                            std::string("claiming an Idempotency-Key failed: ") + e.what());
+  };
+  const IdempotencyStore& store = *options_.store;
   // Every wait on the database ends by the caller's deadline or the server's own bound,
   // whichever is first: the wait for a connection, each statement's lock wait and run (the
   // connection's deadline), the transaction's retries.
@@ -444,10 +489,7 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     lease.emplace(options_.pool->acquire(
         Deadline::after(steady_clock(), bound.remaining(options_.clock->now()))));
   } catch (const DatabaseError& e) {
-    if (expired()) {
-      return finish(deadline_exceeded_response("while it waited for a database connection"));
-    }
-    return unavailable(e);
+    if (!expired()) return unavailable(e);
   }
   if (expired()) {
     return finish(deadline_exceeded_response("while it waited for a database connection"));
@@ -461,24 +503,19 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
   // in another. At SERIALIZABLE on PostgreSQL the transaction's snapshot would predate the lock,
   // so there the claim commits on its own first (sent with the handler's BEGIN) and the
   // completion goes with the COMMIT. docs/idempotency.md, "Round trips per request".
-  const bool held =
-      !conn.dialect().row_level_locks() || options_.isolation == Isolation::kReadCommitted;
   // Where BEGIN goes with the first statements (PostgreSQL), this request's first transaction
   // opens before the handler's loop, and the loop's retries open their own.
   const bool pipelined_begin = conn.dialect().row_level_locks();
-  Claim claim;
-  const auto release = [&](Connection& c) {
-    if (held) return;  // nothing was written
-    try {
-      store.release(c, scope, *key.key, claim.token);
-    } catch (const DatabaseError&) {
-      // The lock expires on its own; a retry then takes over.
-    }
-  };
+  Ended ended;
+  FlowFacts& facts = ended.facts;
+  Claim& claim = ended.claim;
+  facts.held = !pipelined_begin || options_.isolation == Isolation::kReadCommitted;
   if (pipelined_begin) {
     try {
-      claim = held ? store.hold(conn, scope, *key.key, fingerprint, options_.isolation)
-                   : store.claim_then_begin(conn, scope, *key.key, fingerprint, options_.isolation);
+      claim = facts.held
+                  ? store.hold(conn, keyed.scope, keyed.key, keyed.fingerprint, options_.isolation)
+                  : store.claim_then_begin(conn, keyed.scope, keyed.key, keyed.fingerprint,
+                                           options_.isolation);
     } catch (const DatabaseError& e) {
       return unavailable(e);
     }
@@ -488,35 +525,37 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     }
     if (expired()) {
       conn.rollback();
-      release(conn);
+      release_claim(conn, facts.held, keyed, claim);
       return finish(deadline_exceeded_response("while it claimed its Idempotency-Key"));
     }
   }
+  return transact(request, keyed, conn, ended, bound, handler);
+}
 
-  StoredResponse result;
-  bool lost_claim = false;
-  bool declined = false;
-  bool expired_after_claim = false;
-  bool expired_before_commit = false;
+FlowResponse IdempotentRequestFlow::transact(const FlowRequest& request, const Keyed& keyed,
+                                             Connection& conn, Ended& ended, Deadline bound,
+                                             const FlowHandler& handler) const {
+  const auto expired = [&] { return gone(request, *options_.clock); };
+  const IdempotencyStore& store = *options_.store;
+  const bool pipelined_begin = conn.dialect().row_level_locks();
+  FlowFacts& facts = ended.facts;
+  Claim& claim = ended.claim;
   bool first_attempt = true;
   const auto body = [&](Connection& t) {
-    lost_claim = false;
-    declined = false;
-    if (held && !(pipelined_begin && first_attempt)) {
-      claim = store.hold(t, scope, *key.key, fingerprint);
+    facts.lost_claim = false;
+    facts.declined = false;
+    if (facts.held && !(pipelined_begin && first_attempt)) {
+      claim = store.hold(t, keyed.scope, keyed.key, keyed.fingerprint);
       if (claim.status != ClaimStatus::kClaimed) return false;
       if (expired()) {
-        expired_after_claim = true;
+        facts.expired_after_claim = true;
         return false;
       }
     }
     first_attempt = false;
-    result = handler(t);
-    if (result.status >= 400) {
-      declined = true;
-      return false;
-    }
-    return true;
+    ended.result = handler(t);
+    facts.declined = ended.result.status >= 400;
+    return !facts.declined;
   };
   detail::TransactionEnds ends;
   ends.begun = pipelined_begin;
@@ -524,13 +563,15 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
     // The last check before the effect commits: a caller who stopped waiting (or a server that
     // stopped answering) gets nothing committed behind its back.
     if (expired()) {
-      expired_before_commit = true;
+      facts.expired_before_commit = true;
       return false;
     }
-    lost_claim =
-        held ? !store.complete_held_then_commit(t, scope, *key.key, fingerprint, claim, result)
-             : !store.complete_then_commit(t, scope, *key.key, claim.token, result);
-    return !lost_claim;
+    facts.lost_claim =
+        facts.held
+            ? !store.complete_held_then_commit(t, keyed.scope, keyed.key, keyed.fingerprint, claim,
+                                               ended.result)
+            : !store.complete_then_commit(t, keyed.scope, keyed.key, claim.token, ended.result);
+    return !facts.lost_claim;
   };
   TransactionResult tx;
   try {
@@ -540,67 +581,87 @@ FlowResponse IdempotentRequestFlow::run(const FlowRequest& request,
         // The bound holds the transaction's statements and retries too: nobody waits past it.
         {.clock = options_.clock, .ceiling = bound});
   } catch (...) {
-    FlowResponse out = problem(FlowOutcome::kHandlerError, 500, "Handler failed",
-                               "the request failed on the server; nothing was stored");
-    out.error = "the handler of " + what(request) + " threw: " + current_exception_text();
-    release(conn);
-    options_.log(out.error);
-    return finish(std::move(out));
+    facts.handler_threw = true;
+    ended.thrown = current_exception_text();
   }
-
-  if (tx.committed()) {
-    return finish(
-        stored_answer(claim.took_over ? FlowOutcome::kTookOver : FlowOutcome::kExecuted, result));
-  }
-  if (tx.status == TransactionStatus::kRolledBack && claim.status != ClaimStatus::kClaimed) {
-    return finish(claimed_elsewhere(claim));
-  }
-  if (tx.status == TransactionStatus::kRolledBack && expired_after_claim) {
-    return finish(deadline_exceeded_response("while it claimed its Idempotency-Key"));
-  }
-  if (tx.status == TransactionStatus::kRolledBack && lost_claim) {
-    return finish(problem(FlowOutcome::kClaimLost, 409, "Request in progress",
-                          "another request claimed this Idempotency-Key while this one ran "
-                          "(its claim had expired, or it claimed without holding the key); "
-                          "nothing was stored; retry to receive the outcome",
-                          spread_retry_after_value(Duration::zero())));
-  }
-  // Not stored: release the claim so that a retry runs afresh. After a commit in doubt the
-  // release is harmless: it only deletes a record still in progress.
-  if (!held) {
+  facts.transaction = tx.status;
+  facts.claim = claim.status;
+  facts.took_over = claim.took_over;
+  facts.failure = tx.status == TransactionStatus::kCommitInDoubt
+                      ? DatabaseFailure::kInDoubt
+                      : tx.failure.value_or(DatabaseFailure::kUnavailable);
+  facts.expired_now = expired();
+  ended.error = std::move(tx.error);
+  const FlowDecision decision = decide_flow_answer(facts);
+  if (decision.release_claim) {
+    // After a lost connection the release goes on a new one.
     if (conn.broken()) {
       try {
         auto fresh = options_.pool->acquire();
-        release(*fresh);
+        release_claim(*fresh, facts.held, keyed, claim);
       } catch (const DatabaseError&) {
         // The lock expires on its own; a retry then takes over.
       }
     } else {
-      release(conn);
+      release_claim(conn, facts.held, keyed, claim);
     }
   }
-  if (tx.status == TransactionStatus::kRolledBack && expired_before_commit) {
-    return finish(deadline_exceeded_response("before its transaction committed"));
+  return answer(request, keyed, ended, decision, bound);
+}
+
+void IdempotentRequestFlow::release_claim(Connection& connection, bool held, const Keyed& keyed,
+                                          const Claim& claim) const {
+  if (held) return;  // nothing was written
+  try {
+    options_.store->release(connection, keyed.scope, keyed.key, claim.token);
+  } catch (const DatabaseError&) {
+    // The lock expires on its own; a retry then takes over.
   }
-  if (tx.status == TransactionStatus::kRolledBack && declined) {
-    return finish(stored_answer(FlowOutcome::kNotStored, result));
+}
+
+FlowResponse IdempotentRequestFlow::answer(const FlowRequest& request, const Keyed& keyed,
+                                           const Ended& ended, const FlowDecision& decision,
+                                           Deadline bound) const {
+  switch (decision.outcome) {
+    case FlowOutcome::kExecuted:
+    case FlowOutcome::kTookOver:
+    case FlowOutcome::kNotStored:
+      return finish(stored_answer(decision.outcome, ended.result));
+    case FlowOutcome::kReplayed:
+    case FlowOutcome::kMismatch:
+    case FlowOutcome::kInProgress:
+      return finish(claimed_elsewhere(ended.claim));
+    case FlowOutcome::kClaimLost:
+      return finish(problem(FlowOutcome::kClaimLost, 409, "Request in progress",
+                            "another request claimed this Idempotency-Key while this one ran "
+                            "(its claim had expired, or it claimed without holding the key); "
+                            "nothing was stored; retry to receive the outcome",
+                            spread_retry_after_value(Duration::zero())));
+    case FlowOutcome::kDeadlineExceeded:
+      if (ended.facts.transaction == TransactionStatus::kFailed) {
+        options_.log("the transaction of " + what(request) + " failed: " + ended.error);
+      }
+      return finish(deadline_exceeded_response(decision.when));
+    case FlowOutcome::kHandlerError: {
+      FlowResponse out = problem(FlowOutcome::kHandlerError, 500, "Handler failed",
+                                 "the request failed on the server; nothing was stored");
+      out.error = "the handler of " + what(request) + " threw: " + ended.thrown;
+      options_.log(out.error);
+      return finish(std::move(out));
+    }
+    default:
+      break;
   }
-  if (tx.status == TransactionStatus::kFailed && expired()) {
-    options_.log("the transaction of " + what(request) + " failed: " + tx.error);
-    return finish(deadline_exceeded_response("while its transaction ran"));
-  }
-  if (tx.status == TransactionStatus::kCommitInDoubt && held) {
+  if (decision.settle_first) {
     // The COMMIT's answer was lost (a failover, a connection cut): the key's record, read on a
     // new connection, says whether it applied.
-    if (std::optional<FlowResponse> settled =
-            settle_in_doubt(request, scope, *key.key, fingerprint, bound, tx.error)) {
+    if (std::optional<FlowResponse> settled = settle_in_doubt(
+            request, keyed.scope, keyed.key, keyed.fingerprint, bound, ended.error)) {
       return finish(std::move(*settled));
     }
   }
-  const DatabaseFailure failure = tx.status == TransactionStatus::kCommitInDoubt
-                                      ? DatabaseFailure::kInDoubt
-                                      : tx.failure.value_or(DatabaseFailure::kUnavailable);
-  return failed(failure, "the transaction of " + what(request) + " failed: " + tx.error);
+  return database_failure(decision.outcome,
+                          "the transaction of " + what(request) + " failed: " + ended.error);
 }
 
 std::optional<FlowResponse> IdempotentRequestFlow::settle_in_doubt(

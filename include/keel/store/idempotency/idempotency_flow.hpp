@@ -263,6 +263,8 @@ inline constexpr std::string_view kAnonymousScope = "anonymous";
 /// not name.
 [[nodiscard]] std::string_view problem_title(int status) noexcept;
 
+struct FlowDecision;  // keel/store/idempotency/flow_decision.hpp
+
 class IdempotentRequestFlow {
  public:
   /// Throws std::invalid_argument naming the field when store or pool is null, or a limit breaks
@@ -280,6 +282,25 @@ class IdempotentRequestFlow {
   [[nodiscard]] const FlowOptions& options() const noexcept { return options_; }
 
  private:
+  struct Keyed;
+  struct Ended;
+  [[nodiscard]] FlowResponse run_keyed(const FlowRequest& request, const Keyed& keyed,
+                                       const FlowHandler& handler) const;
+  /// Runs the handler's transaction on `conn` (the key claimed already where BEGIN is
+  /// pipelined), then decides and answers.
+  [[nodiscard]] FlowResponse transact(const FlowRequest& request, const Keyed& keyed,
+                                      Connection& conn, Ended& ended, Deadline bound,
+                                      const FlowHandler& handler) const;
+  /// Acts on decide_flow_answer (keel/store/idempotency/flow_decision.hpp).
+  [[nodiscard]] FlowResponse answer(const FlowRequest& request, const Keyed& keyed,
+                                    const Ended& ended, const FlowDecision& decision,
+                                    Deadline bound) const;
+  /// Frees a claim that committed on its own (not `held`), so that a retry runs afresh.
+  void release_claim(Connection& connection, bool held, const Keyed& keyed,
+                     const Claim& claim) const;
+  /// The answer to a database failure (kCommitInDoubt, kDatabaseError or
+  /// kDatabaseUnavailable), `error` logged.
+  [[nodiscard]] FlowResponse database_failure(FlowOutcome outcome, std::string error) const;
   [[nodiscard]] FlowResponse finish(FlowResponse response) const;
   // A Retry-After of max(wait, 1 s) plus a draw from 0..retry_after_spread-1 seconds.
   [[nodiscard]] std::string spread_retry_after_value(Duration wait) const;
