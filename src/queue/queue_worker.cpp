@@ -17,6 +17,7 @@
 #include "keel/random.hpp"
 #include "keel/text.hpp"
 #include "queue/detail/queue_wakeup.hpp"
+#include "queue/detail/worker_decision.hpp"
 #include "queue/detail/worker_tx.hpp"
 
 namespace keel::store {
@@ -248,254 +249,9 @@ void Worker::recorded(const WorkerEvent& event) {
   if (options_.on_event) options_.on_event(event);
 }
 
-void Worker::record_pending(Connection& conn, std::optional<WorkerEvent>& pending,
-                            std::vector<Unrecorded>& unrecorded) {
-  if (!pending) return;
-  unrecorded.push_back({.event = std::move(*pending)});
-  pending.reset();
-  WorkerEvent& event = unrecorded.back().event;
-  event.result = queue_.complete(conn, event.job.id, event.job.fence, event.report);
-  recorded(event);
-  unrecorded.pop_back();
-}
-
-void Worker::process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
-                     std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded, bool& ran,
-                     LeaseHint& hint) {
-  const TimePoint start = queue_.clock().now();
-  std::optional<WorkerEvent> finished = std::move(pending);  // recorded by this job's start
-  pending.reset();
-  ran = false;
-  AttemptReport report;
-  std::optional<CompleteStatus> settled;  // recorded in the handler's transaction already
-  bool in_doubt = false;                  // the handler's transaction's COMMIT is in doubt
-  if (paused_for() > Duration::zero()) {
-    record_pending(conn, finished, unrecorded);
-    // Leased before a refusal paused the worker: defer it the same way, sending nothing.
-    ran = true;  // "ran" as far as recording goes: its report is the deferral
-    std::lock_guard lock(mu_);
-    report = pause_report_;
-  } else {
-    bool current = true;
-    if (!job.started) {
-      // The previous job's success and this job's start in one statement (one transaction on
-      // SQLite): a crash in between re-runs neither, and one after charges only this job.
-      if (finished) unrecorded.push_back({.event = *finished});
-      const DoneAndStarted step =
-          finished ? queue_.complete_and_start(conn, {{finished->job.id, finished->job.fence}},
-                                               job.id, job.fence)
-                   : DoneAndStarted{.started = queue_.start(conn, job.id, job.fence)};
-      if (finished) {
-        unrecorded.pop_back();
-        finished->result.status =
-            step.current == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
-        recorded(*finished);
-        finished.reset();
-      }
-      current = step.started;
-    }
-    record_pending(conn, finished, unrecorded);  // a started job: nothing to record it with
-    if (!current) {
-      // The lease was lost while the job waited in this batch: another worker has it.
-      {
-        std::lock_guard lock(mu_);
-        active_.erase(job.id);
-        held_.erase(job.id);
-      }
-      log("job " + std::to_string(job.id) + ": lease lost before it started; not run");
-      if (options_.on_event) {
-        WorkerEvent event;
-        event.job = job;
-        event.result.status = CompleteStatus::kStale;
-        options_.on_event(event);
-      }
-      ran = true;  // nothing to record and nothing to give back
-      return;
-    }
-    ran = true;
-    try {
-      if (tx_handler_) {
-        // The handler's writes and the success in one transaction (queue_worker_tx.cpp).
-        const detail::TransactionalAttempt attempt =
-            detail::run_transactional_attempt(conn, queue_, job, tx_handler_, cancel_, [&] {
-              std::lock_guard lock(mu_);
-              active_.erase(job.id);
-            });
-        report = attempt.report;
-        in_doubt = attempt.in_doubt;
-        if (attempt.done || attempt.stale) {
-          settled = attempt.done ? CompleteStatus::kDone : CompleteStatus::kStale;
-        }
-      } else {
-        report = handler_(job, cancel_);
-      }
-    } catch (const std::exception& e) {
-      report.outcome = Outcome::permanent();
-      report.error = std::string("handler threw: ") + e.what();
-    }
-  }
-  {
-    std::lock_guard lock(mu_);
-    active_.erase(job.id);
-  }
-  WorkerEvent event;
-  event.job = job;
-  event.report = report;
-  event.took = queue_.clock().now() - start;
-  const bool busy = report.outcome.kind == OutcomeKind::kSuccess && !stopping_.load() &&
-                    paused_for() == Duration::zero();
-  if (settled) {
-    event.result.status = *settled;
-    recorded(event);
-    return;
-  }
-  if (next == nullptr && busy) {
-    // A success with more of the batch to run: recorded with the next job's start.
-    pending = std::move(event);
-    return;
-  }
-  unrecorded.push_back(
-      {.event = event, .tx_in_doubt = in_doubt, .leased = next != nullptr && busy && !in_doubt});
-  if (in_doubt) {
-    // Only the job's row can say whether the COMMIT applied: settled on a new connection.
-    throw DatabaseError("the job's transaction's COMMIT is in doubt: " + report.error,
-                        {.backend = conn.backend(), .during_commit = true});
-  }
-  if (next != nullptr && busy) {
-    // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
-    leasing();
-    std::shared_lock gate(lease_gate_);
-    DoneAndLeased step = queue_.complete_and_lease(conn, {{job.id, job.fence}}, options_.queue,
-                                                   options_.worker_id, options_.batch, 1);
-    {
-      std::lock_guard lock(mu_);
-      for (const LeasedJob& j : step.leased) {
-        active_[j.id] = j.fence;
-        held_.insert(j.id);
-      }
-    }
-    hint = {.due_ms = step.next_due_ms,
-            .due_known = step.next_due_known,
-            .empty_after_success = step.leased.empty() && step.next_due_known};
-    recruit(step.leased.size());
-    *next = std::move(step.leased);
-    event.result.status = step.current == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
-  } else {
-    event.result = queue_.complete(conn, job.id, job.fence, report);
-  }
-  unrecorded.pop_back();
-  recorded(event);
-}
-
-CompleteResult Worker::settle_one(Connection& conn, Unrecorded& u) {
-  WorkerEvent& event = u.event;
-  const std::string job = "job " + std::to_string(event.job.id);
-  const auto same_lease = [&](const std::optional<Job>& row) {
-    return row && row->fence == event.job.fence;
-  };
-  if (u.tx_in_doubt) {
-    // The success was recorded in the handler's transaction: the row says whether it committed.
-    const std::optional<Job> row = queue_.get(conn, event.job.id);
-    if (same_lease(row) && row->state == JobState::kDone) {
-      log(job + ": its transaction committed before the connection was lost");
-      return {.status = CompleteStatus::kDone};
-    }
-    if (same_lease(row) && row->state == JobState::kRunning) {
-      // Rolled back with the lost connection: nothing of the attempt remains, so it is given
-      // back, as a brake's refusal is, rather than charged.
-      event.report = {.outcome = Outcome::not_attempted(),
-                      .error =
-                          "not charged: the job's transaction did not commit (the connection "
-                          "was lost during COMMIT: " +
-                          event.report.error + ")"};
-    }
-  }
-  CompleteResult result;
-  try {
-    result = queue_.complete(conn, event.job.id, event.job.fence, event.report);
-  } catch (const DatabaseError& e) {
-    if (e.failure() != DatabaseFailure::kPermanent) throw;
-    // The outcome cannot be stored as it is (its text, most likely): the outcome is kept and its
-    // text replaced, never turned into a second run of the job.
-    log(job + ": its outcome (" + describe(event.report.outcome) +
-        ") could not be stored with its text (" + e.what() + "); recording it without");
-    event.report.error = "(the outcome's text could not be stored: the database refused it)";
-    result = queue_.complete(conn, event.job.id, event.job.fence, event.report);
-  }
-  if (result.status != CompleteStatus::kStale) return result;
-  // Not running under this lease any more: recorded already (a commit in doubt that applied), or
-  // taken over or released meanwhile.
-  const std::optional<Job> row = queue_.get(conn, event.job.id);
-  if (same_lease(row) && row->state != JobState::kRunning) {
-    log(job + ": its outcome was recorded before the connection was lost");
-    switch (row->state) {
-      case JobState::kDone:
-        return {.status = CompleteStatus::kDone};
-      case JobState::kDead:
-        return {.status = CompleteStatus::kDead};
-      default:
-        return {.status = CompleteStatus::kRetryScheduled};
-    }
-  }
-  log(job + ": lease lost while its outcome was settled (taken over or released); its outcome (" +
-      describe(event.report.outcome) + ") was not recorded");
-  return result;
-}
-
-void Worker::settle(std::optional<ConnectionPool::Lease>& conn, std::vector<Unrecorded>& unrecorded,
-                    std::string error) {
-  for (const Unrecorded& u : unrecorded) {
-    log("job " + std::to_string(u.event.job.id) + ": recording its outcome (" +
-        (u.event.report.outcome.kind == OutcomeKind::kSuccess ? std::string("success")
-                                                              : describe(u.event.report.outcome)) +
-        ") failed: " + error + "; settling it on a new connection");
-  }
-  bool reclaim = false;  // a lost answer may have leased jobs this worker does not know of
-  for (bool first = true; !unrecorded.empty() || reclaim; first = false) {
-    if (!first) {
-      // Core's jittered backoff while the database is out, counted towards max_database_outage.
-      const Duration wait = database_failed("settling an outcome", error);
-      std::unique_lock lock(mu_);
-      // wait: core: the database-outage BackoffSequence
-      cv_.wait_for(lock, wait, [&] { return cancel_.load(); });
-    }
-    if (cancel_.load()) {
-      // The grace after stop() is over: what is not settled is left to its lease.
-      for (const Unrecorded& u : unrecorded) {
-        log("job " + std::to_string(u.event.job.id) +
-            ": outcome not settled before the worker stopped (" + error +
-            "); its lease expires and the sweep decides");
-        std::lock_guard lock(mu_);
-        held_.erase(u.event.job.id);
-      }
-      unrecorded.clear();
-      return;
-    }
-    try {
-      if (!conn || !(*conn)->usable()) {
-        conn.reset();
-        conn.emplace(pool_.acquire());
-      }
-      while (!unrecorded.empty()) {
-        Unrecorded& u = unrecorded.front();
-        u.event.result = settle_one(**conn, u);
-        if (u.leased) reclaim = true;
-        recorded(u.event);
-        unrecorded.erase(unrecorded.begin());
-      }
-      if (database_ok()) reclaim = true;
-      if (reclaim) {
-        give_back_unknown_leases(conn);
-        reclaim = false;
-      }
-    } catch (const std::exception& e) {
-      error = e.what();
-      if (conn && (*conn)->broken()) conn.reset();
-    }
-  }
-}
-
-void Worker::slot_loop() {
+// A slot's state between its jobs: its connection, and what the batch it runs has left for the
+// next statement to carry.
+struct Worker::Slot {
   std::optional<ConnectionPool::Lease> conn;
   std::vector<LeasedJob> next;         // leased by the last success of a batch (complete_and_lease)
   std::optional<WorkerEvent> pending;  // a success of the batch, recorded with the next start
@@ -504,6 +260,177 @@ void Worker::slot_loop() {
   bool woken = false;       // the last idle wait ended with a wakeup
   bool after_work = false;  // the slot ran jobs since its last idle wait
   bool looked = false;      // ... or it ended because a job was due
+  bool ran = false;         // the current job's handler ran (or its deferral was decided)
+};
+
+// What a job's handler gave: its report, and whether its transaction recorded it already.
+struct Worker::HandlerRun {
+  AttemptReport report;
+  std::optional<CompleteStatus> settled;  // recorded in the handler's transaction already
+  bool in_doubt = false;                  // the handler's transaction's COMMIT is in doubt
+};
+
+void Worker::record_pending(Slot& slot, std::optional<WorkerEvent>& event) {
+  if (!event) return;
+  slot.unrecorded.push_back({.event = std::move(*event)});
+  event.reset();
+  WorkerEvent& e = slot.unrecorded.back().event;
+  e.result = queue_.complete(**slot.conn, e.job.id, e.job.fence, e.report);
+  recorded(e);
+  slot.unrecorded.pop_back();
+}
+
+bool Worker::start_job(Slot& slot, const LeasedJob& job, std::optional<WorkerEvent>& previous) {
+  Connection& conn = **slot.conn;
+  // The previous job's success and this job's start in one statement (one transaction on
+  // SQLite): a crash in between re-runs neither, and one after charges only this job.
+  if (previous) slot.unrecorded.push_back({.event = *previous});
+  const DoneAndStarted step =
+      previous ? queue_.complete_and_start(conn, {{previous->job.id, previous->job.fence}}, job.id,
+                                           job.fence)
+               : DoneAndStarted{.started = queue_.start(conn, job.id, job.fence)};
+  if (previous) {
+    slot.unrecorded.pop_back();
+    previous->result.status = step.current == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
+    recorded(*previous);
+    previous.reset();
+  }
+  return step.started;
+}
+
+void Worker::lost_before_start(const LeasedJob& job) {
+  // The lease was lost while the job waited in this batch: another worker has it.
+  {
+    std::lock_guard lock(mu_);
+    active_.erase(job.id);
+    held_.erase(job.id);
+  }
+  log("job " + std::to_string(job.id) + ": lease lost before it started; not run");
+  if (options_.on_event) {
+    WorkerEvent event;
+    event.job = job;
+    event.result.status = CompleteStatus::kStale;
+    options_.on_event(event);
+  }
+}
+
+Worker::HandlerRun Worker::run_handler(Connection& conn, const LeasedJob& job) {
+  HandlerRun run;
+  try {
+    if (tx_handler_) {
+      // The handler's writes and the success in one transaction (queue_worker_tx.cpp).
+      const detail::TransactionalAttempt attempt =
+          detail::run_transactional_attempt(conn, queue_, job, tx_handler_, cancel_, [&] {
+            std::lock_guard lock(mu_);
+            active_.erase(job.id);
+          });
+      run.report = attempt.report;
+      run.in_doubt = attempt.in_doubt;
+      if (attempt.done || attempt.stale) {
+        run.settled = attempt.done ? CompleteStatus::kDone : CompleteStatus::kStale;
+      }
+    } else {
+      run.report = handler_(job, cancel_);
+    }
+  } catch (const std::exception& e) {
+    run.report.outcome = Outcome::permanent();
+    run.report.error = std::string("handler threw: ") + e.what();
+  }
+  return run;
+}
+
+void Worker::process(Slot& slot, const LeasedJob& job, bool last) {
+  const TimePoint start = queue_.clock().now();
+  std::optional<WorkerEvent> previous = std::move(slot.pending);  // recorded by this job's start
+  slot.pending.reset();
+  slot.ran = false;
+  const detail::StartDecision how =
+      detail::decide_start({.paused = paused_for() > Duration::zero(),
+                            .started = job.started,
+                            .previous_success = previous.has_value()});
+  HandlerRun run;
+  if (how.defer) {
+    record_pending(slot, previous);
+    // Leased before a refusal paused the worker: defer it the same way, sending nothing.
+    slot.ran = true;  // "ran" as far as recording goes: its report is the deferral
+    std::lock_guard lock(mu_);
+    run.report = pause_report_;
+  } else {
+    const bool current = !how.start || start_job(slot, job, previous);
+    record_pending(slot, previous);  // a started job: nothing to record it with
+    slot.ran = true;                 // nothing to give back: run, or another worker's now
+    if (!current) return lost_before_start(job);
+    run = run_handler(**slot.conn, job);
+  }
+  {
+    std::lock_guard lock(mu_);
+    active_.erase(job.id);
+  }
+  WorkerEvent event;
+  event.job = job;
+  event.report = run.report;
+  event.took = queue_.clock().now() - start;
+  const detail::Recording recording =
+      detail::decide_recording({.recorded_by_handler = run.settled.has_value(),
+                                .in_doubt = run.in_doubt,
+                                .success = run.report.outcome.kind == OutcomeKind::kSuccess,
+                                .stopping = stopping_.load(),
+                                .paused = paused_for() > Duration::zero(),
+                                .last_of_batch = last});
+  switch (recording) {
+    case detail::Recording::kRecorded:
+      event.result.status = *run.settled;
+      recorded(event);
+      return;
+    case detail::Recording::kWithNextStart:
+      slot.pending = std::move(event);
+      return;
+    case detail::Recording::kSettle:
+    case detail::Recording::kWithNextLease:
+    case detail::Recording::kAlone:
+      break;
+  }
+  slot.unrecorded.push_back({.event = event,
+                             .tx_in_doubt = run.in_doubt,
+                             .leased = recording == detail::Recording::kWithNextLease});
+  if (recording == detail::Recording::kSettle) {
+    // Only the job's row can say whether the COMMIT applied: settled on a new connection.
+    throw DatabaseError("the job's transaction's COMMIT is in doubt: " + run.report.error,
+                        {.backend = (*slot.conn)->backend(), .during_commit = true});
+  }
+  if (recording == detail::Recording::kWithNextLease) {
+    // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
+    event.result.status =
+        complete_and_lease(slot, job) == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
+  } else {
+    event.result = queue_.complete(**slot.conn, job.id, job.fence, run.report);
+  }
+  slot.unrecorded.pop_back();
+  recorded(event);
+}
+
+std::int64_t Worker::complete_and_lease(Slot& slot, const LeasedJob& job) {
+  leasing();
+  std::shared_lock gate(lease_gate_);
+  DoneAndLeased step = queue_.complete_and_lease(**slot.conn, {{job.id, job.fence}}, options_.queue,
+                                                 options_.worker_id, options_.batch, 1);
+  {
+    std::lock_guard lock(mu_);
+    for (const LeasedJob& j : step.leased) {
+      active_[j.id] = j.fence;
+      held_.insert(j.id);
+    }
+  }
+  slot.hint = {.due_ms = step.next_due_ms,
+               .due_known = step.next_due_known,
+               .empty_after_success = step.leased.empty() && step.next_due_known};
+  recruit(step.leased.size());
+  slot.next = std::move(step.leased);
+  return step.current;
+}
+
+void Worker::slot_loop() {
+  Slot slot;
   while (!stopping_.load()) {
     note_deadlocks();
     if (const Duration paused = paused_for(); paused > Duration::zero()) {
@@ -517,119 +444,127 @@ void Worker::slot_loop() {
       continue;
     }
     // Leased when the last job's success was recorded, on this connection; else lease now.
-    std::vector<LeasedJob> jobs = std::move(next);
-    next.clear();
-    if (jobs.empty() && hint.empty_after_success) {
+    std::vector<LeasedJob> jobs = std::move(slot.next);
+    slot.next.clear();
+    if (jobs.empty() && slot.hint.empty_after_success) {
       // The last success's statement leased nothing: the queue had no due job then, and a job
       // that came after it wakes the worker. Wait without asking again.
-      hint.empty_after_success = false;
-      const IdleEnd end = idle_wait(**conn, hint.due_ms, hint.due_known, /*after_work=*/true);
-      woken = end == IdleEnd::kWoken;
-      looked = end != IdleEnd::kPoll;
+      slot.hint.empty_after_success = false;
+      idle(slot, /*after_work=*/true);
       continue;
     }
+    if (jobs.empty() && !lease(slot, jobs)) continue;
     if (jobs.empty()) {
-      try {
-        // A session the server ended (or a node that stopped taking writes) is replaced first.
-        if (!conn || !(*conn)->usable()) {
-          conn.reset();
-          conn.emplace(pool_.acquire());
-        }
-        // Only the first job starts with the lease; each of the others starts (and is charged)
-        // right before its handler runs, so a crash charges only the job that was running.
-        leasing();
-        {
-          std::shared_lock gate(lease_gate_);
-          DoneAndLeased step = queue_.complete_and_lease(**conn, {}, options_.queue,
-                                                         options_.worker_id, options_.batch, 1);
-          jobs = std::move(step.leased);
-          hint = {.due_ms = step.next_due_ms, .due_known = step.next_due_known};
-          std::lock_guard lock(mu_);
-          for (const LeasedJob& job : jobs) {
-            active_[job.id] = job.fence;
-            held_.insert(job.id);
-          }
-        }
-        if (!jobs.empty() && woken) woken_leases_.fetch_add(1);
-        if (looked) wakeup_lease(/*lost=*/jobs.empty());
-        woken = false;
-        looked = false;
-        recruit(jobs.size());
-        if (jobs.empty() && options_.exit_when_idle && queue_.idle(**conn, options_.queue)) {
-          stop();
-          break;
-        }
-        // The first lease after an outage: what the database says this worker holds beyond what
-        // its slots run goes back (give_back_unknown_leases), not left to its lease's expiry.
-        if (database_ok()) give_back_unknown_leases(conn);
-      } catch (const std::exception& e) {
-        if (conn && (*conn)->broken()) conn.reset();
-        const Duration wait = database_failed("lease", e.what());
-        std::unique_lock lock(mu_);
-        // wait: core: the database-outage BackoffSequence
-        cv_.wait_for(lock, wait, [&] { return stopping_.load(); });
-        continue;
-      }
-    }
-    if (jobs.empty()) {
-      const IdleEnd end = idle_wait(**conn, hint.due_ms, hint.due_known, after_work);
-      woken = end == IdleEnd::kWoken;
-      looked = end != IdleEnd::kPoll;
-      hint = {};
-      after_work = false;
+      idle(slot, slot.after_work);
+      slot.hint = {};
+      slot.after_work = false;
       continue;
     }
-    after_work = true;
-    for (std::size_t i = 0; i < jobs.size(); ++i) {
-      const LeasedJob& job = jobs[i];
-      bool ran = false;
-      try {
-        if (stopping_.load()) {
-          record_pending(**conn, pending, unrecorded);
-          // Leased in this batch but not started: give it back at once.
-          {
-            std::lock_guard lock(mu_);
-            active_.erase(job.id);
-            held_.erase(job.id);
-          }
-          if (queue_.release(**conn, job.id, job.fence, "worker stopping; not started")) {
-            released_.fetch_add(1);
-          }
-          continue;
-        }
-        process(**conn, job, pending, i + 1 == jobs.size() ? &next : nullptr, unrecorded, ran,
-                hint);
-      } catch (const std::exception& e) {
-        // An outcome is known but was not recorded (the connection was lost, its commit is in
-        // doubt, a node turned read-only): it is settled on a new connection, with the job's
-        // fencing token, never left to its lease and run again. A job of this batch that did not
-        // run is given back uncharged.
-        if (pending) {
-          unrecorded.insert(unrecorded.begin(), {.event = std::move(*pending)});
-          pending.reset();
-        }
-        if (conn && (*conn)->broken()) conn.reset();
-        if (!unrecorded.empty()) {
-          settle(conn, unrecorded, e.what());
-        } else {
-          log("job " + std::to_string(job.id) + (ran ? ": " : ": not run: ") + e.what());
-        }
-        if (!ran) give_back(conn, {job}, /*maybe_started=*/true);
-        give_back(
-            conn,
-            std::vector<LeasedJob>(jobs.begin() + static_cast<std::ptrdiff_t>(i) + 1, jobs.end()),
-            /*maybe_started=*/false);
-        break;
-      }
-    }
+    slot.after_work = true;
+    run_batch(slot, jobs);
   }
   // Stopping with jobs leased by the last success and not started: give them back at once.
-  give_back(conn, next, /*maybe_started=*/false);
+  give_back(slot.conn, slot.next, /*maybe_started=*/false);
   {
     std::lock_guard lock(mu_);
     --slots_running_;
   }
   cv_.notify_all();
+}
+
+void Worker::idle(Slot& slot, bool after_work) {
+  const IdleEnd end = idle_wait(**slot.conn, slot.hint.due_ms, slot.hint.due_known, after_work);
+  slot.woken = end == IdleEnd::kWoken;
+  slot.looked = end != IdleEnd::kPoll;
+}
+
+bool Worker::lease(Slot& slot, std::vector<LeasedJob>& jobs) {
+  try {
+    // A session the server ended (or a node that stopped taking writes) is replaced first.
+    if (!slot.conn || !(*slot.conn)->usable()) {
+      slot.conn.reset();
+      slot.conn.emplace(pool_.acquire());
+    }
+    // Only the first job starts with the lease; each of the others starts (and is charged)
+    // right before its handler runs, so a crash charges only the job that was running.
+    leasing();
+    {
+      std::shared_lock gate(lease_gate_);
+      DoneAndLeased step = queue_.complete_and_lease(**slot.conn, {}, options_.queue,
+                                                     options_.worker_id, options_.batch, 1);
+      jobs = std::move(step.leased);
+      slot.hint = {.due_ms = step.next_due_ms, .due_known = step.next_due_known};
+      std::lock_guard lock(mu_);
+      for (const LeasedJob& job : jobs) {
+        active_[job.id] = job.fence;
+        held_.insert(job.id);
+      }
+    }
+    if (!jobs.empty() && slot.woken) woken_leases_.fetch_add(1);
+    if (slot.looked) wakeup_lease(/*lost=*/jobs.empty());
+    slot.woken = false;
+    slot.looked = false;
+    recruit(jobs.size());
+    if (jobs.empty() && options_.exit_when_idle && queue_.idle(**slot.conn, options_.queue)) {
+      stop();
+      return false;
+    }
+    // The first lease after an outage: what the database says this worker holds beyond what
+    // its slots run goes back (give_back_unknown_leases), not left to its lease's expiry.
+    if (database_ok()) give_back_unknown_leases(slot.conn);
+    return true;
+  } catch (const std::exception& e) {
+    if (slot.conn && (*slot.conn)->broken()) slot.conn.reset();
+    const Duration wait = database_failed("lease", e.what());
+    std::unique_lock lock(mu_);
+    // wait: core: the database-outage BackoffSequence
+    cv_.wait_for(lock, wait, [&] { return stopping_.load(); });
+    return false;
+  }
+}
+
+void Worker::run_batch(Slot& slot, const std::vector<LeasedJob>& jobs) {
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const LeasedJob& job = jobs[i];
+    slot.ran = false;
+    try {
+      if (stopping_.load()) {
+        record_pending(slot, slot.pending);
+        // Leased in this batch but not started: give it back at once.
+        {
+          std::lock_guard lock(mu_);
+          active_.erase(job.id);
+          held_.erase(job.id);
+        }
+        if (queue_.release(**slot.conn, job.id, job.fence, "worker stopping; not started")) {
+          released_.fetch_add(1);
+        }
+        continue;
+      }
+      process(slot, job, i + 1 == jobs.size());
+    } catch (const std::exception& e) {
+      // An outcome is known but was not recorded (the connection was lost, its commit is in
+      // doubt, a node turned read-only): it is settled on a new connection, with the job's
+      // fencing token, never left to its lease and run again. A job of this batch that did not
+      // run is given back uncharged.
+      if (slot.pending) {
+        slot.unrecorded.insert(slot.unrecorded.begin(), {.event = std::move(*slot.pending)});
+        slot.pending.reset();
+      }
+      if (slot.conn && (*slot.conn)->broken()) slot.conn.reset();
+      if (!slot.unrecorded.empty()) {
+        settle(slot.conn, slot.unrecorded, e.what());
+      } else {
+        log("job " + std::to_string(job.id) + (slot.ran ? ": " : ": not run: ") + e.what());
+      }
+      if (!slot.ran) give_back(slot.conn, {job}, /*maybe_started=*/true);
+      give_back(
+          slot.conn,
+          std::vector<LeasedJob>(jobs.begin() + static_cast<std::ptrdiff_t>(i) + 1, jobs.end()),
+          /*maybe_started=*/false);
+      break;
+    }
+  }
 }
 
 void Worker::recruit(std::size_t leased) {
@@ -642,57 +577,6 @@ void Worker::recruit(std::size_t leased) {
   // A full lease: more jobs are likely waiting. One idle slot of this worker joins in (and,
   // if its lease is full too, the next).
   if (idle) wake();
-}
-
-void Worker::give_back_unknown_leases(std::optional<ConnectionPool::Lease>& conn) {
-  // No lease is in flight meanwhile: every job leased by a statement whose answer came back is
-  // in active_ already, so what the database says this worker holds beyond that is unknown to it.
-  std::unique_lock gate(lease_gate_);
-  std::vector<LeasedJob> unknown;
-  {
-    const std::vector<LeasedJob> held =
-        queue_.leases_of(**conn, options_.queue, options_.worker_id);
-    std::lock_guard lock(mu_);
-    for (const LeasedJob& job : held) {
-      if (held_.count(job.id) == 0) unknown.push_back(job);
-    }
-  }
-  gate.unlock();
-  if (unknown.empty()) return;
-  log("giving back " + std::to_string(unknown.size()) +
-      " job(s) leased by a statement whose answer was lost");
-  give_back(conn, unknown, /*maybe_started=*/true);
-}
-
-void Worker::give_back(std::optional<ConnectionPool::Lease>& conn,
-                       const std::vector<LeasedJob>& jobs, bool maybe_started) {
-  for (const LeasedJob& job : jobs) {
-    {
-      std::lock_guard lock(mu_);
-      active_.erase(job.id);
-      held_.erase(job.id);
-    }
-    try {
-      if (!conn || !(*conn)->usable()) {
-        conn.reset();
-        conn.emplace(pool_.acquire());
-      }
-      // Leased and not started: ready again at once, in its place, not charged. One whose start
-      // may have committed (its statement's outcome is unknown) gets that attempt back the way a
-      // brake's refusal does.
-      const bool given =
-          maybe_started ? queue_.complete(**conn, job.id, job.fence,
-                                          {.outcome = Outcome::not_attempted(Duration::zero()),
-                                           .error = "not run: the database failed as it started"})
-                                  .status != CompleteStatus::kStale
-                        : queue_.release(**conn, job.id, job.fence, "worker stopping; not started");
-      if (given) released_.fetch_add(1);
-    } catch (const std::exception& e) {
-      if (conn && (*conn)->broken()) conn.reset();
-      log("job " + std::to_string(job.id) + ": release failed: " + e.what() +
-          " (the lease expires and the job runs again)");
-    }
-  }
 }
 
 void Worker::prune(Connection& conn) {

@@ -246,14 +246,8 @@ class Worker {
   void log(const std::string& line) const;
   // Housekeeping on the heartbeat thread: prune_done and prune_dead, as configured.
   void prune(Connection& conn);
-  // Runs one job (or, while paused, defers it with `pause_report_`) and records its outcome.
-  // `pending` is the batch's previous success, not recorded yet: this job's start records it
-  // (complete_and_start). With `next` (the batch's last job), a success is recorded by
-  // complete_and_lease and the jobs it leased are put in *next (and heartbeated); without it, a
-  // success is left in `pending` for the next job's start.
-  // An outcome whose recording was under way is in `unrecorded` until it is recorded (so that a
-  // failure leaves it there to be settled); `ran` says whether the job's handler ran (or its
-  // deferral was decided).
+  // An outcome whose recording was under way is in a slot's `unrecorded` until it is recorded
+  // (so that a failure leaves it there to be settled).
   struct Unrecorded {
     WorkerEvent event;
     /// The handler's transaction (the success with the writes) was lost during COMMIT.
@@ -270,16 +264,36 @@ class Worker {
     bool due_known = false;
     bool empty_after_success = false;
   };
-  void process(Connection& conn, const LeasedJob& job, std::optional<WorkerEvent>& pending,
-               std::vector<LeasedJob>* next, std::vector<Unrecorded>& unrecorded, bool& ran,
-               LeaseHint& hint);
+  struct Slot;        // one slot thread's state (queue_worker.cpp)
+  struct HandlerRun;  // what a job's handler gave
+  // Leases a batch into `jobs`; false when the slot should look again (the lease failed and the
+  // slot waited, or the worker stops because the queue is idle).
+  bool lease(Slot& slot, std::vector<LeasedJob>& jobs);
+  // Waits for a job (idle_wait) and notes how the wait ended.
+  void idle(Slot& slot, bool after_work);
+  // Runs a leased batch in order; a failure to record settles what is known and gives back
+  // what did not run.
+  void run_batch(Slot& slot, const std::vector<LeasedJob>& jobs);
+  // Runs one job (or, while paused, defers it with `pause_report_`) and records its outcome as
+  // detail::decide_start and detail::decide_recording say (queue/detail/worker_decision.hpp):
+  // the batch's previous success (`slot.pending`) rides on this job's start; a success of the
+  // batch's `last` job is recorded by complete_and_lease, which puts the jobs it leased in
+  // `slot.next`; any other success is left in `slot.pending` for the next job's start.
+  void process(Slot& slot, const LeasedJob& job, bool last);
+  // Records this job's start (with `previous`, the batch's last success, if any); false when
+  // its lease was lost meanwhile.
+  bool start_job(Slot& slot, const LeasedJob& job, std::optional<WorkerEvent>& previous);
+  void lost_before_start(const LeasedJob& job);
+  [[nodiscard]] HandlerRun run_handler(Connection& conn, const LeasedJob& job);
+  // Records the batch's last success and leases the next batch into `slot.next`; returns how
+  // many rows the success updated (1: still this worker's).
+  std::int64_t complete_and_lease(Slot& slot, const LeasedJob& job);
   // After a lease of `leased` jobs: when it was full, wakes one idle slot.
   void recruit(std::size_t leased);
   // The bookkeeping after an outcome was recorded: the count, a brake's pause, on_event.
   void recorded(const WorkerEvent& event);
-  // Records `pending` (a success) on its own, if there is one, and clears it.
-  void record_pending(Connection& conn, std::optional<WorkerEvent>& pending,
-                      std::vector<Unrecorded>& unrecorded);
+  // Records `event` (a success) on its own, if there is one, and clears it.
+  void record_pending(Slot& slot, std::optional<WorkerEvent>& event);
   // Records outcomes whose recording failed (`error`) on a new connection, with each job's
   // fencing token: recorded now, found recorded already (a commit in doubt that applied), or
   // found taken over. Waits for the database with core's backoff, counted towards
