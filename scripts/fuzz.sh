@@ -20,7 +20,7 @@ cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/nu
 cmake --build "$build" >/dev/null
 if [ "$build_only" -eq 1 ]; then exit 0; fi
 # json_check gets longer inputs: its corpus holds deep-nesting seeds.
-for target in retry_after duration deadline_header json_check url header_arg response_head database_url idempotency_key explorer_query storable_text; do
+for target in retry_after duration deadline_header json_check url header_arg response_head database_url idempotency_key explorer_query storable_text grpc_pushback; do
   max_len=256
   if [ "$target" = json_check ]; then max_len=8192; fi
   corpus="$build/corpus-$target"

@@ -56,7 +56,15 @@ enum class OutcomeKind : unsigned char {
 }
 
 /// Where an outcome came from (for logs and metrics).
-enum class OutcomeSource : unsigned char { kNone, kHttp, kNetwork, kSqlstate, kBody, kUser };
+enum class OutcomeSource : unsigned char {
+  kNone,
+  kHttp,
+  kNetwork,
+  kSqlstate,
+  kBody,
+  kUser,
+  kGrpc,  // a gRPC status code (keel/grpc_status.hpp)
+};
 
 /// The classified result of one attempt. Small and trivially copyable. A default-constructed
 /// Outcome is kNotAttempted: build results with the named constructors or the classifiers.
@@ -76,7 +84,7 @@ struct Outcome {
   /// At most this many retries in one operation may be caused by outcomes carrying this limit
   /// (HTTP 500 carries 1 by default: retried at most once). kNoRetryLimit: no extra limit.
   std::uint8_t retry_limit = kNoRetryLimit;
-  /// HTTP status, errno-like NetError value, or 0.
+  /// HTTP status, errno-like NetError value, gRPC status code, or 0.
   int code = 0;
   /// The delay the server asked for (Retry-After), uncapped; kNoServerDelay when none. For
   /// kNotAttempted: when the refusing brake expects to admit an attempt again (an open

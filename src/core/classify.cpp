@@ -7,6 +7,7 @@
 
 #include "detail/invalid.hpp"
 #include "keel/duration.hpp"
+#include "keel/grpc_status.hpp"
 
 namespace keel {
 
@@ -97,6 +98,9 @@ std::string describe(const Outcome& o) {
     case OutcomeSource::kSqlstate:
       out = "SQLSTATE " + std::string(o.sqlstate);
       break;
+    case OutcomeSource::kGrpc:
+      out = "gRPC " + std::string(grpc_code_name(o.code));
+      break;
     case OutcomeSource::kUser:
     case OutcomeSource::kNone:
       out = std::string(to_string(o.kind));
@@ -111,7 +115,10 @@ std::string describe(const Outcome& o) {
   out += to_string(o.kind);
   if (o.timed_out && o.source != OutcomeSource::kNetwork) out += ", timed out";
   if (o.duplicate) out += ", duplicate of an earlier attempt";
-  if (o.has_server_delay()) out += ", Retry-After " + format_duration(o.server_delay);
+  if (o.has_server_delay()) {
+    out += (o.source == OutcomeSource::kGrpc ? ", pushback " : ", Retry-After ") +
+           format_duration(o.server_delay);
+  }
   out += ")";
   return out;
 }
