@@ -1,42 +1,33 @@
-// SharedBreakers (keel/store/fleet/shared_breakers.hpp): the table keel_breakers, one row per
-// dependency that has ever opened in the fleet, and the channel keel_breakers, whose payload is
-// "schema\nstate\nmilliseconds\nprocess\nkey".
-//
-// The rules, each in one statement:
-//   - open: a process's breaker opened. The row becomes open until now + its break, unless the
-//     fleet's break is still running or another process holds a live probe lease (then nothing
-//     changes: the fleet keeps one probe time and one probe).
-//   - probe: the call that would be a half-open trial asks for the lease. It gets it when the
-//     row is open, the break is over and no other process holds a live lease.
-//   - closed: the probe succeeded. The row becomes closed and the lease is dropped.
-// Every change that took effect is announced with NOTIFY in the same statement.
-//
-// The domain of what is read back, in SQL (the fragments below), so that no row can make a
-// statement fail or a breaker obey it: an open row's end is read as at most max_break_duration
-// from now (none, or -infinity: a break that is over), a probe lease as at most probe_lease from
-// now and only when its holder is a member of the fleet, a state other than open and closed as
-// no row, counts outside [0, 2^53] as 0, a member seen in the future as none. Each statement
-// returns which of these it met (the `flags` column), said once per row and kind; the rows that
-// can be rewritten into their domain are, by the repair statement.
+// SharedBreakers (keel/store/fleet/shared_breakers.hpp): what its concepts share. The
+// constructor and its options, the schema of the tables, the stats and the notices, and the
+// background thread: its connection, its reconnect loop and the loop that serves the calls'
+// requests, publishes, and applies the notifications of channel keel_breakers, whose payload is
+// "schema\nstate\nmilliseconds\nprocess\nkey". Each concept's statements are named beside their row
+// readers, in a section of its own below.
 //
 // Every statement runs on the background thread, in a transaction of its own whose
 // statement_timeout and lock_timeout are set with set_config(..., true): nothing outlives it.
-// A trial's probe-lease request is handed to that thread and waited for at most
-// round_trip_limit.
 #include "keel/store/fleet/shared_breakers.hpp"
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <optional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <string>
+#include <system_error>
 #include <utility>
+#include <vector>
 
 #include "db/detail/listener.hpp"
 #include "db/detail/process.hpp"
+#include "fleet/detail/fleet_sql.hpp"
 #include "keel/duration.hpp"
 #include "keel/expected.hpp"
 #include "keel/random.hpp"
@@ -44,6 +35,20 @@
 #include "keel/store/db/row_cursor.hpp"
 
 namespace keel::store {
+
+using detail::clamped_ms;
+using detail::integer_cell;
+using detail::kLimits;
+using detail::kMaxCount;
+using detail::kMaxKey;
+using detail::kMaxMs;
+using detail::kSlack;
+using detail::ms;
+using detail::ms_until;
+using detail::sane_count;
+using detail::shareable;
+using detail::text_cell;
+using detail::value_error;
 
 namespace {
 
@@ -80,426 +85,10 @@ constexpr Migration kRateMigrations[] = {
     {.sql = "ALTER TABLE keel_rate_limits ADD COLUMN rate_per_s DOUBLE PRECISION,"
             " ADD COLUMN rate_at TIMESTAMPTZ"}};
 
-// The kinds of a row of keel_rate_limits outside its domain.
-enum RateFlag : int {
-  kSlotOutOfDomain = 1,  // next_slot not finite or beyond the horizon: read as now; rewritten
-  kPauseTooLong = 2,     // paused_until not finite or beyond max_pause: obeyed as at most that
-  kBadRateCount = 4,     // leases or pauses outside [0, 2^53]: read as 0; rewritten
-};
+constexpr std::size_t kMaxSaid = 1000;  // rows said out of their domain
 
-// Bounds of the domain.
-constexpr std::int64_t kMaxCount = std::int64_t{1} << 53;  // breaks, probes
-constexpr std::int64_t kMaxFleet = 10000;                  // processes sharing one database
-constexpr std::size_t kMaxSaid = 1000;                     // rows said out of their domain
-// The longest duration sent to the database, in ms (ten years): an interval that cannot
-// overflow a timestamp.
-constexpr std::int64_t kMaxMs = std::int64_t{10} * 366 * 24 * 3600 * 1000;
-
-// The kinds of a row of keel_breakers outside its domain: the bits of the `flags` column.
-enum RowFlag : int {
-  kUnknownState = 1,    // neither open nor closed: ignored
-  kOpenWithoutEnd = 2,  // open, open_until NULL: read as a break that is over; rewritten
-  kOpenTooLong = 4,     // open_until not finite, or beyond the longest break: bounded; rewritten
-  kBadLease = 8,        // a holder without a finite lease, or one beyond probe_lease: rewritten
-  kUnknownHolder = 16,  // a live lease of a process that is not in the fleet: ignored
-  kBadCount = 32,       // breaks or probes outside [0, 2^53]: reset to 0
-};
-constexpr int kRowFlags[] = {kUnknownState, kOpenWithoutEnd, kOpenTooLong,
-                             kBadLease,     kUnknownHolder,  kBadCount};
-
-// The statement that bounds the transaction it opens: $1 the limit ("250ms").
-constexpr std::string_view kLimits =
-    "SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true)";
-
+// The statement a process leaves the fleet with, when it stops: $1 process.
 constexpr std::string_view kLeave = "DELETE FROM keel_breaker_members WHERE process = $1";
-
-// ---------------------------------------------------------------------------------------------
-// The domain in SQL, over a row `b` of keel_breakers. The placeholders of the parameters a
-// fragment needs: this process's name, the probe lease, the longest break and the members'
-// window, the three durations in ms.
-struct Places {
-  std::string process;
-  std::string lease;
-  std::string max_break;
-  std::string members;
-};
-
-const std::string kSlack = "interval '1 second'";  // now() of another transaction, a little later
-
-std::string ms(const std::string& place) { return "(" + place + " * interval '1 millisecond')"; }
-
-// Whether `who` is a process of the fleet: a member seen within the window, not in the future.
-std::string live_member(const std::string& who, const Places& p) {
-  return "EXISTS (SELECT 1 FROM keel_breaker_members m WHERE m.process = " + who +
-         " AND m.seen_at >= now() - " + ms(p.members) +
-         " AND m.seen_at <= statement_timestamp() + " + kSlack + ")";
-}
-
-// Each kind out of the domain, as a condition that may be NULL.
-std::string unknown_state() { return "(b.state NOT IN ('open', 'closed'))"; }
-std::string open_without_end() { return "(b.state = 'open' AND b.open_until IS NULL)"; }
-std::string open_too_long(const Places& p) {
-  return "(b.state = 'open' AND (NOT isfinite(b.open_until) OR b.open_until >"
-         " statement_timestamp() + " +
-         ms(p.max_break) + " + " + kSlack + "))";
-}
-std::string bad_lease(const Places& p) {
-  return "(b.probe_holder IS NOT NULL AND (b.probe_until IS NULL OR NOT isfinite(b.probe_until)"
-         " OR b.probe_until > statement_timestamp() + " +
-         ms(p.lease) + " + " + kSlack + "))";
-}
-std::string unknown_holder(const Places& p) {
-  return "(b.probe_holder IS NOT NULL AND b.probe_holder <> " + p.process +
-         " AND (b.probe_until > now()) IS TRUE AND NOT " + live_member("b.probe_holder", p) + ")";
-}
-std::string bad_count() {
-  const std::string bound = std::to_string(kMaxCount);
-  return "(b.breaks NOT BETWEEN 0 AND " + bound + " OR b.probes NOT BETWEEN 0 AND " + bound + ")";
-}
-
-std::string flags(const Places& p) {
-  const auto bit = [](const std::string& condition, int flag) {
-    return "CASE WHEN " + condition + " IS TRUE THEN " + std::to_string(flag) + " ELSE 0 END";
-  };
-  return "(" + bit(unknown_state(), kUnknownState) + " + " +
-         bit(open_without_end(), kOpenWithoutEnd) + " + " + bit(open_too_long(p), kOpenTooLong) +
-         " + " + bit(bad_lease(p), kBadLease) + " + " + bit(unknown_holder(p), kUnknownHolder) +
-         " + " + bit(bad_count(), kBadCount) + ")";
-}
-
-// The end of an open row's break as obeyed: none or -infinity is over, and never later than the
-// longest break from now.
-std::string break_end(const Places& p) {
-  return "LEAST(COALESCE(b.open_until, now()), now() + " + ms(p.max_break) + ")";
-}
-
-// Whether another process of the fleet holds a live probe lease.
-std::string held_by_other(const Places& p) {
-  return "(b.probe_holder IS NOT NULL AND b.probe_holder <> " + p.process +
-         " AND (b.probe_until > now()) IS TRUE AND " + live_member("b.probe_holder", p) + ")";
-}
-
-// The ms from now until `at` (a finite time when later than now), 0 when past.
-std::string ms_until(const std::string& at) {
-  return "CASE WHEN " + at + " > now() THEN ceil(extract(epoch FROM " + at +
-         " - now()) * 1000)::bigint ELSE 0 END";
-}
-
-std::string sane_count(const std::string& column) {
-  return "CASE WHEN " + column + " BETWEEN 0 AND " + std::to_string(kMaxCount) + " THEN " + column +
-         " ELSE 0 END";
-}
-
-// A cell the statement made an integer; 0 for anything else.
-std::int64_t integer_cell(const Rows::Cell& cell) {
-  std::int64_t value = 0;
-  if (cell) (void)std::from_chars(cell->data(), cell->data() + cell->size(), value);
-  return value;
-}
-
-// A cell as text for the notices, "NULL" for NULL.
-std::string text_cell(const Rows::Cell& cell) { return cell ? *cell : "NULL"; }
-
-// What is read of a row (RowRead): the state, the ms left of its break and of another
-// process's lease (both bounded), the flags, and the columns as text for the notices.
-std::string row_columns(const Places& p) {
-  return "b.state, " + ms_until(break_end(p)) + ", CASE WHEN " + held_by_other(p) + " THEN " +
-         ms_until("LEAST(b.probe_until, now() + " + ms(p.lease) + ")") + " ELSE 0 END, " +
-         flags(p) +
-         ", b.open_until::text, b.probe_holder, b.probe_until::text, b.breaks::text,"
-         " b.probes::text";
-}
-constexpr std::size_t kRowColumns = 9;
-
-std::string us(const std::string& place) { return "(" + place + " * interval '1 microsecond')"; }
-
-struct Statements {
-  std::string lease_insert;
-  std::string lease_row;
-  std::string lease_write;
-  std::string pause;
-  std::string pauses;
-  std::string take_probe;
-  std::string fleet_state;
-  std::string publish_open;
-  std::string publish_closed;
-  std::string repair;
-  std::string heartbeat;
-};
-
-const Statements& sql() {
-  static const Statements statements = [] {
-    Statements s;
-    // The lease runs keel::decide_rate_lease in the row's transaction: lease_row locks the row
-    // (made first when new) and reads it, lease_write stores the decision.
-    // lease_insert: $1 key, $2 process. lease_row: $1 key, $2 the longest pause in ms. Columns:
-    // now, next_slot and rate_at in us since the epoch (NULL when not a time), whether next_slot is
-    // set but not a time, rate_per_s, the flags of the pause and the counts, next_slot and
-    // paused_until as text (for the notices).
-    {
-      const std::string bound = std::to_string(kMaxCount);
-      const auto epoch_us = [](const std::string& column) {
-        return "CASE WHEN isfinite(" + column + ") AND " + column +
-               " BETWEEN now() - interval '100 years' AND now() + interval '100 years' THEN"
-               " floor(extract(epoch FROM " +
-               column + ") * 1000000)::bigint END";
-      };
-      s.lease_insert =
-          "INSERT INTO keel_rate_limits (key, updated_by, updated_at) VALUES ($1, $2, now())"
-          " ON CONFLICT (key) DO NOTHING";
-      s.lease_row =
-          "SELECT floor(extract(epoch FROM now()) * 1000000)::bigint, " + epoch_us("r.next_slot") +
-          ", " + epoch_us("r.rate_at") +
-          ", (r.next_slot IS NOT NULL AND NOT (isfinite(r.next_slot) AND r.next_slot BETWEEN"
-          " now() - interval '100 years' AND now() + interval '100 years')),"
-          " r.rate_per_s, (CASE WHEN (NOT isfinite(r.paused_until) OR r.paused_until >"
-          " statement_timestamp() + " +
-          ms("$2") + " + " + kSlack +
-          ") IS TRUE THEN 2 ELSE 0 END + CASE WHEN r.leases NOT BETWEEN 0 AND " + bound +
-          " OR r.pauses NOT BETWEEN 0 AND " + bound +
-          " THEN 4 ELSE 0 END), r.next_slot::text, r.paused_until::text"
-          " FROM keel_rate_limits r WHERE r.key = $1 FOR UPDATE";
-      // lease_write: $1 key, $2 next_slot in us since the epoch, $3 rate_per_s, $4 rate_at in
-      // us, $5 1 when a chunk was leased, $6 process.
-      s.lease_write = "UPDATE keel_rate_limits SET next_slot = timestamptz 'epoch' + " + us("$2") +
-                      ", rate_per_s = $3::double precision, rate_at = timestamptz 'epoch' + " +
-                      us("$4") + ", leases = " + sane_count("leases") +
-                      " + $5, pauses = " + sane_count("pauses") +
-                      ", updated_by = $6, updated_at = now() WHERE key = $1";
-    }
-    // $1 key, $2 the pause in ms, $3 process, $4 notification payload, $5 the longest pause in
-    // ms. Extends the row's pause only (one out of its domain is replaced).
-    s.pause =
-        "WITH up AS ("
-        " INSERT INTO keel_rate_limits AS r (key, paused_until, pauses, updated_by, updated_at)"
-        " VALUES ($1, now() + " +
-        ms("$2") +
-        ", 1, $3, now())"
-        " ON CONFLICT (key) DO UPDATE SET paused_until = EXCLUDED.paused_until, pauses = " +
-        sane_count("r.pauses") + " + 1, leases = " + sane_count("r.leases") +
-        ", updated_by = $3, updated_at = now()"
-        " WHERE r.paused_until IS NULL OR NOT isfinite(r.paused_until)"
-        "  OR r.paused_until < EXCLUDED.paused_until OR r.paused_until > statement_timestamp() + " +
-        ms("$5") + " + " + kSlack +
-        " RETURNING 1)"
-        " SELECT pg_notify('keel_breakers', $4) FROM up";
-    // $1 the longest pause in ms: every pause running, each at most that from now.
-    s.pauses = "SELECT r.key, " + ms_until("LEAST(r.paused_until, now() + " + ms("$1") + ")") +
-               ", CASE WHEN (NOT isfinite(r.paused_until) OR r.paused_until > "
-               "statement_timestamp() + " +
-               ms("$1") + " + " + kSlack +
-               ") IS TRUE THEN 1 ELSE 0 END, r.paused_until::text"
-               " FROM keel_rate_limits r WHERE (r.paused_until > now()) IS TRUE";
-    // $1 key, $2 process, $3 lease in ms, $4 longest break in ms, $5 members' window in ms. The
-    // first column is 1 when this process took the probe lease (then the rest is the row as it
-    // was); no row: the key has none.
-    {
-      const Places p{.process = "$2", .lease = "$3", .max_break = "$4", .members = "$5"};
-      s.take_probe =
-          "WITH took AS (UPDATE keel_breakers b SET probe_holder = $2,"
-          " probe_until = now() + " +
-          ms("$3") + ", probes = " + sane_count("b.probes") +
-          " + CASE WHEN b.probe_holder IS NOT DISTINCT FROM $2 THEN 0 ELSE 1 END"
-          " WHERE b.key = $1 AND b.state = 'open' AND " +
-          break_end(p) + " <= now() AND NOT " + held_by_other(p) +
-          " RETURNING 1)"
-          " SELECT (SELECT count(*) FROM took), " +
-          row_columns(p) + " FROM keel_breakers b WHERE b.key = $1";
-    }
-    // $1 process, $2 lease, $3 longest break, $4 members' window: every row not closed, and
-    // every row out of its domain.
-    {
-      const Places p{.process = "$1", .lease = "$2", .max_break = "$3", .members = "$4"};
-      s.fleet_state = "SELECT b.key, " + row_columns(p) + " FROM keel_breakers b WHERE b.state <>" +
-                      " 'closed' OR " + flags(p) + " <> 0";
-    }
-    // $1 key, $2 break in ms, $3 process, $4 notification payload, $5 longest break, $6
-    // members' window.
-    {
-      const Places p{.process = "$3", .lease = "", .max_break = "$5", .members = "$6"};
-      s.publish_open =
-          "WITH up AS ("
-          " INSERT INTO keel_breakers AS b (key, state, open_until, breaks, updated_by, updated_at)"
-          " VALUES ($1, 'open', now() + " +
-          ms("$2") +
-          ", 1, $3, now())"
-          " ON CONFLICT (key) DO UPDATE SET state = 'open', open_until = EXCLUDED.open_until,"
-          "  breaks = " +
-          sane_count("b.breaks") + " + 1, probes = " + sane_count("b.probes") +
-          ", probe_holder = NULL, probe_until = NULL, updated_by = $3, updated_at = now()"
-          " WHERE b.state <> 'open' OR (" +
-          break_end(p) + " <= now() AND NOT " + held_by_other(p) +
-          ") RETURNING 1)"
-          " SELECT pg_notify('keel_breakers', $4) FROM up";
-    }
-    // $1 key, $2 process, $3 notification payload. Whatever the row held.
-    s.publish_closed =
-        "WITH up AS (UPDATE keel_breakers b SET state = 'closed', open_until = NULL,"
-        " probe_holder = NULL, probe_until = NULL, breaks = " +
-        sane_count("b.breaks") + ", probes = " + sane_count("b.probes") +
-        ", updated_by = $2, updated_at = now()"
-        " WHERE b.key = $1 AND b.state <> 'closed' RETURNING 1)"
-        " SELECT pg_notify('keel_breakers', $3) FROM up";
-    // $1 key, $2 process, $3 lease, $4 longest break: the row rewritten into its domain, where
-    // it can be (an unknown state or holder is left to the next publication or lease).
-    {
-      const Places p{.process = "$2", .lease = "$3", .max_break = "$4", .members = ""};
-      const std::string lease_over = "(b.probe_until IS NULL OR b.probe_until < now())";
-      s.repair =
-          "UPDATE keel_breakers b SET"
-          " open_until = CASE WHEN (" +
-          open_without_end() + " OR " + open_too_long(p) +
-          ") IS TRUE THEN GREATEST(LEAST(COALESCE(b.open_until, now()), now() + " + ms("$4") +
-          "), now()) ELSE b.open_until END,"
-          " probe_holder = CASE WHEN " +
-          bad_lease(p) + " IS TRUE AND " + lease_over +
-          " THEN NULL ELSE b.probe_holder END,"
-          " probe_until = CASE WHEN " +
-          bad_lease(p) + " IS NOT TRUE THEN b.probe_until WHEN " + lease_over +
-          " THEN NULL ELSE LEAST(b.probe_until, now() + " + ms("$3") +
-          ") END,"
-          " breaks = " +
-          sane_count("b.breaks") + ", probes = " + sane_count("b.probes") +
-          ", updated_by = $2, updated_at = now()"
-          " WHERE b.key = $1 AND (" +
-          open_without_end() + " OR " + open_too_long(p) + " OR " + bad_lease(p) + " OR " +
-          bad_count() + ") IS TRUE RETURNING 1";
-    }
-    // $1 process, $2 the members' window in ms, $3 the notification a process sends when it
-    // joins (so that the others count it at once, not at their next heartbeat). The first row:
-    // the fleet's size (this process included), whether it joined, the rows seen in the future
-    // it removed; then up to 3 of those rows (process, seen_at).
-    s.heartbeat =
-        "WITH beat AS (INSERT INTO keel_breaker_members (process, seen_at) VALUES ($1, now())"
-        "  ON CONFLICT (process) DO UPDATE SET seen_at = now() RETURNING (xmax = 0) AS joined),"
-        " gone AS (DELETE FROM keel_breaker_members WHERE process <> $1 AND (seen_at < now() - " +
-        ms("$2") + " OR seen_at > statement_timestamp() + " + kSlack +
-        ") RETURNING process, seen_at::text AS seen, seen_at > now() AS ahead),"
-        " hello AS (SELECT pg_notify('keel_breakers', $3) FROM beat WHERE joined)"
-        " SELECT 0 AS part, (count(*) FILTER (WHERE process <> $1) + 1)::text,"
-        "  (SELECT count(*) FROM hello)::text, (SELECT count(*) FROM gone WHERE ahead)::text"
-        " FROM keel_breaker_members WHERE seen_at >= now() - " +
-        ms("$2") + " AND seen_at <= statement_timestamp() + " + kSlack +
-        " UNION ALL (SELECT 1, process, seen, NULL FROM gone WHERE ahead LIMIT 3)"
-        " ORDER BY 1";
-    return s;
-  }();
-  return statements;
-}
-
-}  // namespace
-
-// sql().lease_row's row.
-struct SharedBreakers::LeaseRow {
-  RateScheduleRow schedule;
-  std::int64_t now_us = 0;
-  bool slot_unreadable = false;         // next_slot set, but not a time
-  int flags = 0;                        // of the pause and the counts
-  std::string next_slot, paused_until;  // as text, for the notices
-};
-SharedBreakers::LeaseRow SharedBreakers::read_lease(const Rows& rows) {
-  RowCursor c(rows, 0);
-  SharedBreakers::LeaseRow r;
-  r.now_us = integer_cell(c.cell());
-  if (const auto& slot = c.cell()) r.schedule.next_slot_us = integer_cell(slot);
-  r.schedule.rate_at_us = integer_cell(c.cell());
-  const auto& unreadable = c.cell();
-  r.slot_unreadable = unreadable && *unreadable == "t";
-  if (const auto& rate = c.cell()) {
-    const char* end = rate->data() + rate->size();
-    double value = 0;
-    if (std::from_chars(rate->data(), end, value).ec == std::errc{}) {
-      r.schedule.rate_per_s = value;
-    } else {
-      r.schedule.rate_per_s = -1;  // NaN, Infinity: out of the domain
-    }
-  }
-  r.flags = static_cast<int>(integer_cell(c.cell()));
-  r.next_slot = text_cell(c.cell());
-  r.paused_until = text_cell(c.cell());
-  return r;
-}
-
-namespace {
-
-// A row of sql().pauses.
-struct PauseRow {
-  std::string key;
-  std::int64_t ms = 0;       // the pause left, at most the longest pause
-  bool too_long = false;     // paused_until is further than the longest pause
-  std::string paused_until;  // as text, for the notices
-};
-PauseRow read_pause(const Rows& rows, std::size_t i) {
-  RowCursor c(rows, i);
-  PauseRow r;
-  r.key = text_cell(c.cell());
-  r.ms = integer_cell(c.cell());
-  r.too_long = integer_cell(c.cell()) != 0;
-  r.paused_until = text_cell(c.cell());
-  return r;
-}
-
-// sql().heartbeat's first row (part 0).
-struct HeartbeatCounts {
-  std::int64_t size = 0;     // the fleet's size, this process included
-  std::int64_t removed = 0;  // rows seen in the future, removed
-};
-HeartbeatCounts read_heartbeat_counts(const Rows& rows) {
-  RowCursor c(rows, 0);
-  c.skip();  // part
-  HeartbeatCounts r;
-  r.size = integer_cell(c.cell());
-  c.skip();  // whether this process joined
-  r.removed = integer_cell(c.cell());
-  return r;
-}
-
-// One of sql().heartbeat's later rows (part 1): a member row seen in the future, removed.
-struct RemovedMember {
-  std::string process, seen_at;  // as text, for the notice
-};
-RemovedMember read_removed_member(const Rows& rows, std::size_t i) {
-  RowCursor c(rows, i);
-  c.skip();  // part
-  RemovedMember r;
-  r.process = text_cell(c.cell());
-  r.seen_at = text_cell(c.cell());
-  return r;
-}
-
-// The longest key shared (NOTIFY payloads are limited to 8,000 bytes).
-constexpr std::size_t kMaxKey = 1000;
-
-// Set on a thread while it applies the fleet's state to a breaker, so that the change it causes
-// is not published back.
-thread_local const SharedBreakers* t_applying = nullptr;
-// Set by the trial gate when it holds a breaker open for another process's probe: the
-// half-open -> open change that follows is this process's own echo of the fleet's state.
-thread_local const SharedBreakers* t_held_by = nullptr;
-thread_local std::string t_held_key;
-
-bool shareable(std::string_view key) {
-  return !key.empty() && key.size() <= kMaxKey && key.find('\n') == std::string_view::npos;
-}
-
-// Whole milliseconds (keel::to_ms) within [0, kMaxMs]. The options are validated in whole
-// milliseconds (>= 1 ms where 0 would mean none).
-std::int64_t clamped_ms(Duration d) { return std::clamp<std::int64_t>(keel::to_ms(d), 0, kMaxMs); }
-
-// A database error caused by a value (class 22, data exception): no retry reads it otherwise.
-// A rate as a person writes it: "50/s", "30/m", "120/h".
-std::string format_rate(double per_s) {
-  const auto number = [](double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.4g", v);
-    return std::string(buf);
-  };
-  if (per_s >= 1) return number(per_s) + "/s";
-  if (per_s * 60 >= 1) return number(per_s * 60) + "/m";
-  return number(per_s * 3600) + "/h";
-}
-
-bool value_error(const DatabaseError& e) { return e.details().sqlstate.starts_with("22"); }
 
 void validate(const SharedBreakersOptions& o) {
   const auto reject = [](std::string_view field, std::string_view rule, const std::string& value) {
@@ -530,30 +119,6 @@ void validate(const SharedBreakersOptions& o) {
 }
 
 }  // namespace
-
-// A row of keel_breakers as read (row_columns).
-struct SharedBreakers::RowRead {
-  std::string state;
-  std::int64_t open_ms = 0;   // the rest of its break, bounded
-  std::int64_t lease_ms = 0;  // the rest of another live member's lease, bounded
-  int flags = 0;
-  std::string open_until, holder, probe_until, breaks, probes;  // as text, for the notices
-
-  // The row_columns(p) under `c`, in their order.
-  static RowRead from(RowCursor& c) {
-    RowRead r;
-    r.state = text_cell(c.cell());
-    r.open_ms = integer_cell(c.cell());
-    r.lease_ms = integer_cell(c.cell());
-    r.flags = static_cast<int>(integer_cell(c.cell()));
-    r.open_until = text_cell(c.cell());
-    r.holder = text_cell(c.cell());
-    r.probe_until = text_cell(c.cell());
-    r.breaks = text_cell(c.cell());
-    r.probes = text_cell(c.cell());
-    return r;
-  }
-};
 
 void SharedBreakers::migrate(Connection& connection) {
   (void)store::migrate(connection, "breakers", kMigrations);
@@ -683,360 +248,6 @@ bool SharedBreakers::first_time(std::string what) {
   return true;
 }
 
-// A local breaker changed state: queue the change for the background thread (latest per key).
-void SharedBreakers::on_change(std::string_view key, BreakerState from, BreakerState to) {
-  if (t_applying == this) return;  // the fleet's own state being applied here
-  if (t_held_by == this && from == BreakerState::kHalfOpen && to == BreakerState::kOpen &&
-      t_held_key == key) {
-    t_held_by = nullptr;  // held open for another process's probe: nothing new to tell
-    return;
-  }
-  if (to == BreakerState::kHalfOpen || !shareable(key)) return;
-  Publication publication;
-  if (to == BreakerState::kOpen) {
-    const auto breaker = registry_.find(key);
-    publication.open = true;
-    publication.until =
-        std::chrono::steady_clock::now() + (breaker ? breaker->retry_in() : Duration::zero());
-  }
-  {
-    std::lock_guard lock(mu_);
-    pending_.insert_or_assign(std::string(key), publication);
-    releases_.erase(std::string(key));
-    if (listener_ != nullptr) listener_->interrupt();
-  }
-}
-
-// The trial gate: may this process's half-open trial be the fleet's probe? Asked of the
-// background thread, and waited for at most round_trip_limit.
-Duration SharedBreakers::gate(std::string_view key) {
-  t_held_by = nullptr;
-  if (!shareable(key)) return Duration::zero();
-  const auto request = std::make_shared<GateRequest>();
-  request->key = std::string(key);
-  Duration hold{};
-  {
-    std::unique_lock lock(mu_);
-    if (!sharing_.load() || !answering_ || listener_ == nullptr) {
-      lock.unlock();
-      fallbacks_.fetch_add(1);
-      return Duration::zero();
-    }
-    gates_.push_back(request);
-    listener_->interrupt();
-    // wait: bound: an answer from the background thread, at most round_trip_limit
-    if (!answered_cv_.wait_for(lock, options_.round_trip_limit,
-                               [&] { return request->answered; })) {
-      // No answer in time (a slow or frozen database): this trial is decided locally, and so
-      // are the next ones, at once, until the background thread answers again.
-      request->abandoned = true;
-      answering_ = false;
-      lock.unlock();
-      fallbacks_.fetch_add(1);
-      return Duration::zero();
-    }
-    hold = request->hold;
-  }
-  if (hold > Duration::zero()) {
-    t_held_by = this;
-    t_held_key = std::string(key);
-  }
-  return hold;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Rate limits: the calls' side (any thread).
-
-// A limit has few slots left: its next chunk is leased in the background.
-void SharedBreakers::want_chunk(std::string_view key) {
-  std::lock_guard lock(mu_);
-  if (!sharing_.load() || listener_ == nullptr) return;
-  wanted_.emplace(key);
-  listener_->interrupt();
-}
-
-// A call has no slot left: a chunk is asked of the background thread, and waited for at most
-// round_trip_limit. Returns whether the fleet answered (a chunk, or the schedule's room).
-bool SharedBreakers::lease_chunk(std::string_view key) {
-  const auto request = std::make_shared<LeaseRequest>();
-  request->key = std::string(key);
-  std::unique_lock lock(mu_);
-  if (!sharing_.load() || !answering_ || listener_ == nullptr) return false;
-  leases_.push_back(request);
-  listener_->interrupt();
-  leases_waited_.fetch_add(1);
-  // wait: bound: an answer from the background thread, at most round_trip_limit
-  if (!answered_cv_.wait_for(lock, options_.round_trip_limit, [&] { return request->answered; })) {
-    // No answer in time: this call goes on the process's share, and so do the next ones, at
-    // once, until the background thread answers again.
-    request->abandoned = true;
-    answering_ = false;
-    return false;
-  }
-  return true;
-}
-
-// This process learnt a pause (a Retry-After): written to the fleet's row in the background.
-void SharedBreakers::paused(std::string_view key, TimePoint until) {
-  if (!shareable(key)) return;
-  const Instant at{std::chrono::duration_cast<Instant::duration>(until.time_since_epoch())};
-  std::lock_guard lock(mu_);
-  auto [it, added] = pauses_.try_emplace(std::string(key), at);
-  if (!added && it->second < at) it->second = at;
-  if (listener_ != nullptr) listener_->interrupt();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Rate limits: the background thread's side.
-
-// Every limit's mode: the fleet's chunks while sharing, else this process's share of each rate
-// (an equal share of the fleet it last knew, all of it when it never knew one).
-void SharedBreakers::set_rate_sharing(bool sharing) {
-  if (options_.rate_limits == nullptr) return;
-  // The share is this process's when the fleet does not answer a lease, sharing or not.
-  options_.rate_limits->set_fleet_state(sharing, 1.0 / std::max(1, last_fleet_size_));
-}
-
-// Leases the chunks asked for (by calls waiting, and ahead of need), one statement each.
-// Throws when the connection is lost (each waiting call answered: it goes on its share).
-void SharedBreakers::serve_leases() {
-  if (options_.rate_limits == nullptr) return;
-  for (;;) {
-    std::string key;
-    {
-      std::lock_guard lock(mu_);
-      answering_ = true;
-      while (!leases_.empty() && leases_.front()->abandoned) leases_.pop_front();
-      if (!leases_.empty()) {
-        key = leases_.front()->key;
-      } else if (!wanted_.empty()) {
-        key = *wanted_.begin();
-      } else {
-        return;
-      }
-      wanted_.erase(key);
-    }
-    bool lost = false;
-    try {
-      lease_one(key);
-      lease_backoff_.reset();
-    } catch (const std::exception& e) {
-      lost = work_->broken();  // gone: every call goes on its share until the fleet is back
-      if (!lost) lease_failed(key, e);
-    }
-    {
-      std::lock_guard lock(mu_);
-      for (auto& request : leases_) {
-        if (request->key == key) request->answered = true;
-      }
-      std::erase_if(leases_, [](const auto& r) { return r->answered; });
-    }
-    answered_cv_.notify_all();
-    if (lost) throw std::runtime_error("the connection was lost");
-  }
-}
-
-// One chunk of `key`'s schedule for this process, or the schedule's room: core's
-// decide_rate_lease, run in the row's transaction (two round trips: the row locked and read,
-// then the decision written with COMMIT).
-void SharedBreakers::lease_one(const std::string& key) {
-  const auto limit = options_.rate_limits->find(key);
-  if (!limit || limit->options().rate_per_s <= 0 || !shareable(key)) return;
-  const std::int64_t max_pause_ms = clamped_ms(limit->options().max_pause);
-  const TimePoint asked = steady_clock().now();
-  const Value limit_param[] = {limit_setting_};
-  const Value insert_params[] = {key, options_.process};
-  const Value row_params[] = {key, max_pause_ms};
-  const Statement statements[] = {{.sql = kLimits, .params = limit_param},
-                                  {.sql = sql().lease_insert, .params = insert_params},
-                                  {.sql = sql().lease_row, .params = row_params}};
-  const std::vector<Rows> read = work_->begin_then_query(Isolation::kReadCommitted, statements);
-  LeaseRow row;
-  try {
-    if (read.back().empty()) throw std::runtime_error("the row was not found after its insert");
-    row = read_lease(read.back());
-  } catch (...) {
-    work_->rollback();
-    throw;
-  }
-  const RateLeaseAsk ask{.now_us = row.now_us,
-                         .rate_per_s = limit->spaced_rate(),
-                         .count = limit->lease_size(asked),
-                         .burst = limit->options().burst,
-                         .horizon_us = horizon_ms_ * 1000};
-  RateScheduleRow stored = row.schedule;
-  if (row.slot_unreadable) stored.next_slot_us.reset();
-  const RateLeaseAnswer answer = decide_rate_lease(stored, ask);
-  char rate[32];
-  std::snprintf(rate, sizeof rate, "%.17g", answer.row.rate_per_s);
-  const Value write[] = {key,
-                         answer.row.next_slot_us.value_or(row.now_us),
-                         std::string(rate),
-                         answer.row.rate_at_us,
-                         std::int64_t{answer.granted ? 1 : 0},
-                         options_.process};
-  (void)work_->query_then_commit(sql().lease_write, write);
-  const TimePoint now = steady_clock().now();
-  say_lease_row(key, *limit, row, answer);
-  if (answer.granted) {
-    // The store's clock and this one differ: the chunk's store time less the clocks' offset,
-    // the same for every chunk this process leases (so that slots of chunks leased by different
-    // processes keep their spacing, whatever each lease's round trip was).
-    const auto asked_us =
-        std::chrono::duration_cast<std::chrono::microseconds>(asked.time_since_epoch()).count();
-    const std::int64_t offset = store_clock_offset(row.now_us - asked_us);
-    limit->add_chunk(TimePoint{}, std::chrono::microseconds(answer.start_us - offset), answer.count,
-                     std::chrono::nanoseconds(answer.interval_ns));
-    chunks_leased_.fetch_add(1);
-    return;
-  }
-  // The schedule is full as far as the horizon: ask again when it has room for a chunk.
-  limit->full_until(now, std::chrono::microseconds(answer.retry_in_us));
-  leases_full_.fetch_add(1);
-}
-
-// A few samples of the store's clock before the first lease (a lease's own sample may carry a
-// cold connection's delay): each the store's time less the moment it was asked.
-void SharedBreakers::sample_store_clock() {
-  if (options_.rate_limits == nullptr) return;
-  for (int i = 0; i < 4; ++i) {
-    const auto asked = std::chrono::duration_cast<std::chrono::microseconds>(
-                           steady_clock().now().time_since_epoch())
-                           .count();
-    const Rows rows =
-        work_->query("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
-    if (rows.empty()) return;
-    (void)store_clock_offset(RowCursor(rows, 0).integer() - asked);
-  }
-}
-
-std::int64_t SharedBreakers::store_clock_offset(std::int64_t sample) {
-  clock_samples_[clock_samples_taken_ % clock_samples_.size()] = sample;
-  ++clock_samples_taken_;
-  const std::size_t n = std::min(clock_samples_taken_, clock_samples_.size());
-  return *std::min_element(clock_samples_.begin(), clock_samples_.begin() + static_cast<long>(n));
-}
-
-// What a lease found outside the row's domain, or a rate other than this process's: said once.
-void SharedBreakers::say_lease_row(const std::string& key, const RateLimit& limit,
-                                   const LeaseRow& row, const RateLeaseAnswer& answer) {
-  const std::string name = "keel_rate_limits row " + quote_value(key) + ": ";
-  if ((answer.slot_out_of_domain || row.slot_unreadable) && first_time("slot\n" + key)) {
-    rows_out_of_domain_.fetch_add(1);
-    rows_repaired_.fetch_add(1);
-    notice(name + "next_slot " + quote_value(row.next_slot) +
-           " is not a time within rate_horizon (" + format_duration(options_.rate_horizon) +
-           ") and a chunk from now; read as now, and rewritten");
-  }
-  if (answer.rate_out_of_domain && first_time("rate\n" + key)) {
-    rows_out_of_domain_.fetch_add(1);
-    rows_repaired_.fetch_add(1);
-    notice(name + "rate_per_s is not a rate; rewritten with this process's");
-  }
-  if ((row.flags & kPauseTooLong) != 0 && first_time("pause\n" + key)) {
-    rows_out_of_domain_.fetch_add(1);
-    notice(name + "paused_until " + quote_value(row.paused_until) +
-           " is not a time within max_pause (" + format_duration(limit.options().max_pause) +
-           ") from now; obeyed as at most that");
-  }
-  if ((row.flags & kBadRateCount) != 0 && first_time("count\n" + key)) {
-    rows_out_of_domain_.fetch_add(1);
-    rows_repaired_.fetch_add(1);
-    notice(name + "leases or pauses out of range (0 to 2^53); reset to 0");
-  }
-  if (answer.lower_rate_kept && first_time("lower-rate\n" + key)) {
-    rates_disagreeing_.fetch_add(1);
-    const double headroom = 1 - limit.options().headroom;
-    notice("rate limit of " + quote_value(key) + ": another process of the fleet keeps " +
-           format_rate(answer.rate_per_s / headroom) + ", lower than this process's " +
-           format_rate(limit.options().rate_per_s) + "; the fleet keeps the lower rate");
-  }
-}
-
-// A lease that failed with the connection still up (a permission, the table's schema, a row
-// lock held past round_trip_limit): the key's calls go on this process's equal share for core's
-// next backoff delay, then ask the fleet again. Said once per key and cause.
-void SharedBreakers::lease_failed(const std::string& key, const std::exception& e) {
-  lease_failures_.fetch_add(1);
-  const auto* db = dynamic_cast<const DatabaseError*>(&e);
-  const std::string cause = db != nullptr ? db->details().sqlstate : std::string("other");
-  const Duration delay = lease_backoff_.next();
-  if (const auto limit = options_.rate_limits->find(key)) {
-    limit->fleet_failed(steady_clock().now(), delay);
-  }
-  if (first_time("lease-failed\n" + key + "\n" + cause)) {
-    notice("rate limit of " + quote_value(key) + ": the fleet's schedule cannot be leased (" +
-           e.what() + "); this process keeps 1/" + std::to_string(std::max(1, last_fleet_size_)) +
-           " of the rate, and asks again after a backoff");
-  }
-}
-
-// Writes the pauses this process learnt, and announces them.
-void SharedBreakers::publish_pauses() {
-  if (options_.rate_limits == nullptr) return;
-  std::map<std::string, Instant, std::less<>> batch;
-  {
-    std::lock_guard lock(mu_);
-    batch.swap(pauses_);
-  }
-  auto it = batch.begin();
-  try {
-    for (; it != batch.end(); ++it) {
-      const auto limit = options_.rate_limits->find(it->first);
-      const Duration cap = limit ? limit->options().max_pause : RateLimitOptions{}.max_pause;
-      const auto left = it->second - std::chrono::steady_clock::now();
-      if (left <= Duration::zero()) continue;
-      const std::int64_t ms = std::min(clamped_ms(left), clamped_ms(cap));
-      const std::string payload =
-          schema_ + "\npause\n" + std::to_string(ms) + "\n" + options_.process + "\n" + it->first;
-      const Value params[] = {it->first, ms, options_.process, payload, clamped_ms(cap)};
-      try {
-        (void)bounded(sql().pause, params);
-        pauses_published_.fetch_add(1);
-      } catch (const DatabaseError& e) {
-        if (!value_error(e)) throw;
-        if (first_time("pause-write\n" + it->first)) {
-          notice("keel_rate_limits row " + quote_value(it->first) + ": cannot be written (" +
-                 e.what() + "); this process's pauses of it are not shared");
-        }
-      }
-    }
-  } catch (...) {
-    std::lock_guard lock(mu_);
-    for (; it != batch.end(); ++it) pauses_.try_emplace(it->first, it->second);
-    throw;
-  }
-}
-
-// The pauses running in the fleet, applied here (a process that starts, or comes back).
-void SharedBreakers::read_pauses() {
-  if (options_.rate_limits == nullptr) return;
-  const Value params[] = {clamped_ms(options_.rate_limits->defaults().max_pause)};
-  const Rows rows = bounded(sql().pauses, params);
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const PauseRow row = read_pause(rows, i);
-    const std::string& key = row.key;
-    if (!shareable(key)) continue;
-    if (row.too_long && first_time("pause\n" + key)) {
-      rows_out_of_domain_.fetch_add(1);
-      notice("keel_rate_limits row " + quote_value(key) + ": paused_until " +
-             quote_value(row.paused_until) +
-             " is not a time within max_pause; obeyed as at "
-             "most that");
-    }
-    apply_pause(key, row.ms);
-  }
-}
-
-void SharedBreakers::apply_pause(const std::string& key, std::int64_t ms) {
-  if (options_.rate_limits == nullptr || ms <= 0) return;
-  const auto limit = options_.rate_limits->get(key);
-  if (!limit) return;
-  if (limit->pause(steady_clock().now(), std::chrono::milliseconds(ms), /*announce=*/false)) {
-    pauses_applied_.fetch_add(1);
-  }
-}
-
 // Runs `sql` in a transaction of its own, bounded on the server by round_trip_limit (set for
 // that transaction only), and commits. Two round trips: BEGIN with the bounds, then the statement
 // with COMMIT. Requires: the background thread.
@@ -1045,39 +256,6 @@ Rows SharedBreakers::bounded(std::string_view sql, std::span<const Value> params
   const Statement limits[] = {{.sql = kLimits, .params = limit}};
   (void)work_->begin_then_query(Isolation::kReadCommitted, limits);
   return work_->query_then_commit(sql, params);
-}
-
-// Answers the trials waiting for the fleet, one statement each. Throws when the connection is
-// lost (each waiting trial answered: decided locally).
-void SharedBreakers::serve_gates() {
-  for (;;) {
-    std::shared_ptr<GateRequest> request;
-    {
-      std::lock_guard lock(mu_);
-      answering_ = true;
-      while (!gates_.empty() && gates_.front()->abandoned) gates_.pop_front();
-      if (gates_.empty()) return;
-      request = gates_.front();
-      gates_.pop_front();
-    }
-    Duration hold{};
-    bool lost = false;
-    try {
-      hold = ask_fleet(request->key);
-    } catch (const std::exception&) {
-      // Slow (statement_timeout, lock_timeout) or gone: this trial is decided locally.
-      lost = work_->broken();
-      std::lock_guard lock(mu_);
-      if (!request->abandoned) fallbacks_.fetch_add(1);
-    }
-    {
-      std::lock_guard lock(mu_);
-      request->hold = hold;
-      request->answered = true;
-    }
-    answered_cv_.notify_all();
-    if (lost) throw std::runtime_error("the connection was lost");
-  }
 }
 
 // Sharing stopped: every trial waiting is decided locally.
@@ -1096,120 +274,6 @@ void SharedBreakers::answer_every_gate() {
     answering_ = true;
   }
   answered_cv_.notify_all();
-}
-
-// One trial's question: takes the probe lease when the fleet's break is over and no other
-// member holds it (zero: the trial runs), else how long to hold the breaker open.
-Duration SharedBreakers::ask_fleet(const std::string& key) {
-  const Value params[] = {key, options_.process, lease_ms_, max_break_ms_, members_ms_};
-  const Rows rows = bounded(sql().take_probe, params);
-  // No row: the fleet has not heard of this break yet; the trial runs.
-  if (rows.empty() || rows.columns() < 1 + kRowColumns) return Duration::zero();
-  RowCursor c(rows, 0);
-  const std::int64_t took = integer_cell(c.cell());
-  const RowRead row = RowRead::from(c);
-  note_row(key, row);
-  if (took > 0) {
-    probes_taken_.fetch_add(1);
-    return Duration::zero();
-  }
-  // A state keel does not write: ignored, the breaker decides alone.
-  if ((row.flags & kUnknownState) != 0) return Duration::zero();
-  if (row.state != "open") {
-    // Closed: the fleet's probe succeeded. Stay open until this process's release time, so
-    // that the fleet comes back spread over release_spread rather than at once.
-    // A release that is due is being applied by the background thread: a few ms more.
-    return std::max<Duration>(release_in(key), std::chrono::milliseconds(5));
-  }
-  // Re-opened by the fleet (a notification missed): hold for the rest of its break. Another
-  // member holds the probe: ask again within probe_wait, when its result has likely come (a
-  // hold of the whole lease would outlast the fleet's close by up to the lease). Neither and no
-  // lease taken: the row changed while this statement waited for it; ask again soon.
-  const std::int64_t wait_ms = clamped_ms(options_.probe_wait);
-  std::int64_t hold = 0;
-  if (row.open_ms > 0) {
-    hold = std::min(row.open_ms, max_break_ms_);
-  } else if (row.lease_ms > 0) {
-    hold = std::min({row.lease_ms, lease_ms_, wait_ms});
-  } else {
-    hold = std::min<std::int64_t>(wait_ms, 100);
-  }
-  probes_held_.fetch_add(1);
-  Duration held = std::chrono::milliseconds(std::max<std::int64_t>(hold, 1));
-  if (row.open_ms <= 0) {
-    // Asking again within the hold, at a uniform moment in its second half, so that the
-    // processes held by one probe do not all ask at once (and none past probe_wait or the
-    // prober's lease).
-    std::lock_guard lock(mu_);
-    held = std::max<Duration>(uniform_duration(held / 2, held, rng_), std::chrono::milliseconds(1));
-  }
-  return held;
-}
-
-// Says what of `row` is outside its domain, once per row and kind, and queues the rows that can
-// be rewritten into it.
-void SharedBreakers::note_row(const std::string& key, const RowRead& row) {
-  if (row.flags == 0) return;
-  const std::string name = "keel_breakers row " + quote_value(key) + ": ";
-  for (const int flag : kRowFlags) {
-    if ((row.flags & flag) == 0 || !first_time(std::to_string(flag) + "\n" + key)) continue;
-    rows_out_of_domain_.fetch_add(1);
-    std::string what;
-    switch (flag) {
-      case kUnknownState:
-        what = "state " + quote_value(row.state) +
-               " is neither 'open' nor 'closed'; ignored (this process's breaker decides alone) "
-               "until a process publishes the key's state";
-        break;
-      case kOpenWithoutEnd:
-        what =
-            "open without an end (open_until NULL); read as a break that is over (the next "
-            "trial is the fleet's probe), and rewritten";
-        break;
-      case kOpenTooLong:
-        what = "open_until " + quote_value(row.open_until) +
-               " is not a time within max_break_duration (" +
-               format_duration(std::chrono::milliseconds(max_break_ms_)) +
-               ") from now; obeyed as at most that, and rewritten";
-        break;
-      case kBadLease:
-        what = "probe lease of " + quote_value(row.holder) + " until " +
-               quote_value(row.probe_until) + " is not a time within probe_lease (" +
-               format_duration(options_.probe_lease) +
-               ") from now; obeyed as at most that, and rewritten";
-        break;
-      case kUnknownHolder:
-        what = "the probe is held by " + quote_value(row.holder) +
-               ", which is not a process of the fleet (no heartbeat within " +
-               format_duration(std::chrono::milliseconds(members_ms_)) + "); its lease is ignored";
-        break;
-      case kBadCount:
-        what = "breaks " + row.breaks + " or probes " + row.probes +
-               " out of range (0 to 2^53); reset to 0";
-        break;
-      default:
-        break;
-    }
-    notice(name + what);
-  }
-  if ((row.flags & (kOpenWithoutEnd | kOpenTooLong | kBadLease | kBadCount)) != 0) {
-    repairs_.insert(key);
-  }
-}
-
-// Rewrites the rows queued by note_row into their domain (each key once: a row edited out of
-// it again is bounded when read, and said no more).
-void SharedBreakers::repair_rows() {
-  while (!repairs_.empty()) {
-    const std::string key = *repairs_.begin();
-    const Value params[] = {key, options_.process, lease_ms_, max_break_ms_};
-    try {
-      if (!bounded(sql().repair, params).empty()) rows_repaired_.fetch_add(1);
-    } catch (const DatabaseError& e) {
-      if (!value_error(e)) throw;  // slow or gone: repaired after the reconnection
-    }
-    repairs_.erase(key);
-  }
 }
 
 void SharedBreakers::run() {
@@ -1346,63 +410,106 @@ void SharedBreakers::share(detail::Listener& listener) {
   }
 }
 
-// Requires: the background thread.
-void SharedBreakers::publish_pending() {
-  std::map<std::string, Publication, std::less<>> batch;
-  {
-    std::lock_guard lock(mu_);
-    batch.swap(pending_);
-    writing_ = !batch.empty();
+void SharedBreakers::apply(std::string_view payload) {
+  // schema \n state \n ms \n process \n key
+  std::string_view parts[5];
+  for (int i = 0; i < 4; ++i) {
+    const auto nl = payload.find('\n');
+    if (nl == std::string_view::npos) return;  // not ours
+    parts[i] = payload.substr(0, nl);
+    payload.remove_prefix(nl + 1);
   }
-  auto it = batch.begin();
-  try {
-    for (; it != batch.end(); ++it) {
-      const std::string& key = it->first;
-      try {
-        if (it->second.open) {
-          const auto left = it->second.until - std::chrono::steady_clock::now();
-          const std::int64_t ms =
-              std::min(clamped_ms(std::max<Duration>(left, Duration::zero())), max_break_ms_);
-          const std::string payload =
-              schema_ + "\nopen\n" + std::to_string(ms) + "\n" + options_.process + "\n" + key;
-          const Value params[] = {key, ms, options_.process, payload, max_break_ms_, members_ms_};
-          (void)bounded(sql().publish_open, params);
-        } else {
-          const std::string payload = schema_ + "\nclosed\n0\n" + options_.process + "\n" + key;
-          const Value params[] = {key, options_.process, payload};
-          (void)bounded(sql().publish_closed, params);
-        }
-        published_.fetch_add(1);
-      } catch (const DatabaseError& e) {
-        // A value of this key's row that no statement can take: this change is not shared, the
-        // others are.
-        if (!value_error(e)) throw;
-        if (first_time("publish\n" + key)) {
-          notice("keel_breakers row " + quote_value(key) + ": cannot be written (" + e.what() +
-                 "); this process's changes of it are not shared");
-        }
-      }
-      serve_gates();  // a trial waiting meanwhile is answered between two publications
-      serve_leases();
+  parts[4] = payload;
+  if (parts[0] != schema_ || parts[3] == options_.process || !shareable(parts[4])) return;
+  const std::string key(parts[4]);
+  if (parts[1] == "open") {
+    std::int64_t ms = 0;
+    for (const char c : parts[2]) {
+      if (c < '0' || c > '9' || ms > kMaxMs) return;
+      ms = ms * 10 + (c - '0');
     }
-  } catch (...) {
-    // Keep what was not written, unless a newer change of the same key came meanwhile.
-    std::lock_guard lock(mu_);
-    for (; it != batch.end(); ++it) pending_.try_emplace(it->first, it->second);
-    writing_ = false;
-    cv_.notify_all();
-    throw;
+    apply_open(key, std::chrono::milliseconds(ms));
+  } else if (parts[1] == "closed") {
+    (void)release_in(key);
+  } else if (parts[1] == "pause") {
+    std::int64_t ms = 0;
+    for (const char c : parts[2]) {
+      if (c < '0' || c > '9' || ms > kMaxMs) return;
+      ms = ms * 10 + (c - '0');
+    }
+    apply_pause(key, ms);
+  } else if (parts[1] == "members") {
+    next_beat_ = std::chrono::steady_clock::now();  // a process joined: count again now
   }
-  std::lock_guard lock(mu_);
-  writing_ = false;
-  cv_.notify_all();
 }
+
+// ---------------------------------------------------------------------------------------------
+// SharedBreakers' fleet membership: the table keel_breaker_members, one row per process with
+// the time of its last heartbeat. The fleet is the processes seen within three heartbeats; its
+// size sets each breaker's share of the minimum calls (BreakerRegistry::set_fleet_size) and
+// each rate's share while the database is out. A row seen in the future is no heartbeat: it is
+// removed and said.
+
+namespace {
+
+constexpr std::int64_t kMaxFleet = 10000;  // processes sharing one database
+
+// $1 process, $2 the members' window in ms, $3 the notification a process sends when it joins
+// (so that the others count it at once, not at their next heartbeat). The first row: the
+// fleet's size (this process included), whether it joined, the rows seen in the future it
+// removed; then up to 3 of those rows (process, seen_at).
+const std::string& heartbeat_sql() {
+  static const std::string statement =
+      "WITH beat AS (INSERT INTO keel_breaker_members (process, seen_at) VALUES ($1, now())"
+      "  ON CONFLICT (process) DO UPDATE SET seen_at = now() RETURNING (xmax = 0) AS joined),"
+      " gone AS (DELETE FROM keel_breaker_members WHERE process <> $1 AND (seen_at < now() - " +
+      ms("$2") + " OR seen_at > statement_timestamp() + " + kSlack +
+      ") RETURNING process, seen_at::text AS seen, seen_at > now() AS ahead),"
+      " hello AS (SELECT pg_notify('keel_breakers', $3) FROM beat WHERE joined)"
+      " SELECT 0 AS part, (count(*) FILTER (WHERE process <> $1) + 1)::text,"
+      "  (SELECT count(*) FROM hello)::text, (SELECT count(*) FROM gone WHERE ahead)::text"
+      " FROM keel_breaker_members WHERE seen_at >= now() - " +
+      ms("$2") + " AND seen_at <= statement_timestamp() + " + kSlack +
+      " UNION ALL (SELECT 1, process, seen, NULL FROM gone WHERE ahead LIMIT 3)"
+      " ORDER BY 1";
+  return statement;
+}
+
+// heartbeat_sql()'s first row (part 0).
+struct HeartbeatCounts {
+  std::int64_t size = 0;     // the fleet's size, this process included
+  std::int64_t removed = 0;  // rows seen in the future, removed
+};
+HeartbeatCounts read_heartbeat_counts(const Rows& rows) {
+  RowCursor c(rows, 0);
+  c.skip();  // part
+  HeartbeatCounts r;
+  r.size = integer_cell(c.cell());
+  c.skip();  // whether this process joined
+  r.removed = integer_cell(c.cell());
+  return r;
+}
+
+// One of heartbeat_sql()'s later rows (part 1): a member row seen in the future, removed.
+struct RemovedMember {
+  std::string process, seen_at;  // as text, for the notice
+};
+RemovedMember read_removed_member(const Rows& rows, std::size_t i) {
+  RowCursor c(rows, i);
+  c.skip();  // part
+  RemovedMember r;
+  r.process = text_cell(c.cell());
+  r.seen_at = text_cell(c.cell());
+  return r;
+}
+
+}  // namespace
 
 // Requires: the background thread.
 void SharedBreakers::heartbeat() {
   const std::string hello = schema_ + "\nmembers\n0\n" + options_.process + "\n*";
   const Value params[] = {options_.process, members_ms_, hello};
-  const Rows rows = bounded(sql().heartbeat, params);
+  const Rows rows = bounded(heartbeat_sql(), params);
   if (rows.empty()) return;
   const HeartbeatCounts counts = read_heartbeat_counts(rows);
   const std::int64_t size = counts.size;
@@ -1438,12 +545,927 @@ void SharedBreakers::heartbeat() {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// SharedBreakers' pauses: a 429 or 503 with Retry-After that any process got is written to the
+// dependency's row of keel_rate_limits (paused_until) and announced on the channel like a
+// breaker's opening; every process holds its calls to that dependency until then. A process
+// that starts, or comes back, reads the pauses running. A pause read back is obeyed for at most
+// the limit's max_pause.
+
+namespace {
+
+struct PauseStatements {
+  std::string pause;
+  std::string pauses;
+};
+
+// $1 key, $2 the pause in ms, $3 process, $4 notification payload, $5 the longest pause in ms.
+// Extends the row's pause only (one out of its domain is replaced).
+std::string pause_sql() {
+  return "WITH up AS ("
+         " INSERT INTO keel_rate_limits AS r (key, paused_until, pauses, updated_by, updated_at)"
+         " VALUES ($1, now() + " +
+         ms("$2") +
+         ", 1, $3, now())"
+         " ON CONFLICT (key) DO UPDATE SET paused_until = EXCLUDED.paused_until, pauses = " +
+         sane_count("r.pauses") + " + 1, leases = " + sane_count("r.leases") +
+         ", updated_by = $3, updated_at = now()"
+         " WHERE r.paused_until IS NULL OR NOT isfinite(r.paused_until)"
+         "  OR r.paused_until < EXCLUDED.paused_until"
+         " OR r.paused_until > statement_timestamp() + " +
+         ms("$5") + " + " + kSlack +
+         " RETURNING 1)"
+         " SELECT pg_notify('keel_breakers', $4) FROM up";
+}
+
+// $1 the longest pause in ms: every pause running, each at most that from now (PauseRow).
+std::string pauses_sql() {
+  return "SELECT r.key, " + ms_until("LEAST(r.paused_until, now() + " + ms("$1") + ")") +
+         ", CASE WHEN (NOT isfinite(r.paused_until) OR r.paused_until > "
+         "statement_timestamp() + " +
+         ms("$1") + " + " + kSlack +
+         ") IS TRUE THEN 1 ELSE 0 END, r.paused_until::text"
+         " FROM keel_rate_limits r WHERE (r.paused_until > now()) IS TRUE";
+}
+
+const PauseStatements& pause_statements() {
+  static const PauseStatements statements{.pause = pause_sql(), .pauses = pauses_sql()};
+  return statements;
+}
+
+// A row of pause_statements().pauses.
+struct PauseRow {
+  std::string key;
+  std::int64_t ms = 0;       // the pause left, at most the longest pause
+  bool too_long = false;     // paused_until is further than the longest pause
+  std::string paused_until;  // as text, for the notices
+};
+PauseRow read_pause(const Rows& rows, std::size_t i) {
+  RowCursor c(rows, i);
+  PauseRow r;
+  r.key = detail::text_cell(c.cell());
+  r.ms = detail::integer_cell(c.cell());
+  r.too_long = detail::integer_cell(c.cell()) != 0;
+  r.paused_until = detail::text_cell(c.cell());
+  return r;
+}
+
+}  // namespace
+
+// This process learnt a pause (a Retry-After): written to the fleet's row in the background.
+void SharedBreakers::paused(std::string_view key, TimePoint until) {
+  if (!detail::shareable(key)) return;
+  const Instant at{std::chrono::duration_cast<Instant::duration>(until.time_since_epoch())};
+  std::lock_guard lock(mu_);
+  auto [it, added] = pauses_.try_emplace(std::string(key), at);
+  if (!added && it->second < at) it->second = at;
+  if (listener_ != nullptr) listener_->interrupt();
+}
+
+// Writes the pauses this process learnt, and announces them.
+void SharedBreakers::publish_pauses() {
+  if (options_.rate_limits == nullptr) return;
+  std::map<std::string, Instant, std::less<>> batch;
+  {
+    std::lock_guard lock(mu_);
+    batch.swap(pauses_);
+  }
+  auto it = batch.begin();
+  try {
+    for (; it != batch.end(); ++it) {
+      const auto limit = options_.rate_limits->find(it->first);
+      const Duration cap = limit ? limit->options().max_pause : RateLimitOptions{}.max_pause;
+      const auto left = it->second - std::chrono::steady_clock::now();
+      if (left <= Duration::zero()) continue;
+      const std::int64_t ms = std::min(detail::clamped_ms(left), detail::clamped_ms(cap));
+      const std::string payload =
+          schema_ + "\npause\n" + std::to_string(ms) + "\n" + options_.process + "\n" + it->first;
+      const Value params[] = {it->first, ms, options_.process, payload, detail::clamped_ms(cap)};
+      try {
+        (void)bounded(pause_statements().pause, params);
+        pauses_published_.fetch_add(1);
+      } catch (const DatabaseError& e) {
+        if (!detail::value_error(e)) throw;
+        if (first_time("pause-write\n" + it->first)) {
+          notice("keel_rate_limits row " + quote_value(it->first) + ": cannot be written (" +
+                 e.what() + "); this process's pauses of it are not shared");
+        }
+      }
+    }
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    for (; it != batch.end(); ++it) pauses_.try_emplace(it->first, it->second);
+    throw;
+  }
+}
+
+// The pauses running in the fleet, applied here (a process that starts, or comes back).
+void SharedBreakers::read_pauses() {
+  if (options_.rate_limits == nullptr) return;
+  const Value params[] = {detail::clamped_ms(options_.rate_limits->defaults().max_pause)};
+  const Rows rows = bounded(pause_statements().pauses, params);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const PauseRow row = read_pause(rows, i);
+    const std::string& key = row.key;
+    if (!detail::shareable(key)) continue;
+    if (row.too_long && first_time("pause\n" + key)) {
+      rows_out_of_domain_.fetch_add(1);
+      notice("keel_rate_limits row " + quote_value(key) + ": paused_until " +
+             quote_value(row.paused_until) +
+             " is not a time within max_pause; obeyed as at "
+             "most that");
+    }
+    apply_pause(key, row.ms);
+  }
+}
+
+void SharedBreakers::apply_pause(const std::string& key, std::int64_t ms) {
+  if (options_.rate_limits == nullptr || ms <= 0) return;
+  const auto limit = options_.rate_limits->get(key);
+  if (!limit) return;
+  if (limit->pause(steady_clock().now(), std::chrono::milliseconds(ms), /*announce=*/false)) {
+    pauses_applied_.fetch_add(1);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SharedBreakers' rate leases: each dependency's rate is one schedule in its row of
+// keel_rate_limits (next_slot, the first slot not leased yet), decided by
+// keel::decide_rate_lease in the row's transaction. A process leases chunks of the schedule and
+// spends them locally, each slot at its store time less the store clock's offset from this
+// process's steady clock. When the fleet does not answer, the limits go on this process's equal
+// share of each rate.
+
+namespace {
+
+// The kinds of a row of keel_rate_limits outside its domain.
+enum RateFlag : int {
+  kSlotOutOfDomain = 1,  // next_slot not finite or beyond the horizon: read as now; rewritten
+  kPauseTooLong = 2,     // paused_until not finite or beyond max_pause: obeyed as at most that
+  kBadRateCount = 4,     // leases or pauses outside [0, 2^53]: read as 0; rewritten
+};
+
+std::string us(const std::string& place) { return "(" + place + " * interval '1 microsecond')"; }
+
+// `column` in us since the epoch, NULL when it is not a time within a century of now.
+std::string epoch_us(const std::string& column) {
+  return "CASE WHEN isfinite(" + column + ") AND " + column +
+         " BETWEEN now() - interval '100 years' AND now() + interval '100 years' THEN"
+         " floor(extract(epoch FROM " +
+         column + ") * 1000000)::bigint END";
+}
+
+// The lease runs keel::decide_rate_lease in the row's transaction: lease_row locks the row
+// (made first when new) and reads it, lease_write stores the decision.
+struct LeaseStatements {
+  std::string lease_insert;
+  std::string lease_row;
+  std::string lease_write;
+};
+
+// $1 key, $2 process.
+constexpr std::string_view kLeaseInsert =
+    "INSERT INTO keel_rate_limits (key, updated_by, updated_at) VALUES ($1, $2, now())"
+    " ON CONFLICT (key) DO NOTHING";
+
+// $1 key, $2 the longest pause in ms. Columns (LeaseRow): now, next_slot and rate_at in us since
+// the epoch (NULL when not a time), whether next_slot is set but not a time, rate_per_s, the
+// flags of the pause and the counts, next_slot and paused_until as text (for the notices).
+std::string lease_row_sql() {
+  const std::string bound = std::to_string(kMaxCount);
+  return "SELECT floor(extract(epoch FROM now()) * 1000000)::bigint, " + epoch_us("r.next_slot") +
+         ", " + epoch_us("r.rate_at") +
+         ", (r.next_slot IS NOT NULL AND NOT (isfinite(r.next_slot) AND r.next_slot BETWEEN"
+         " now() - interval '100 years' AND now() + interval '100 years')),"
+         " r.rate_per_s, (CASE WHEN (NOT isfinite(r.paused_until) OR r.paused_until >"
+         " statement_timestamp() + " +
+         ms("$2") + " + " + kSlack +
+         ") IS TRUE THEN 2 ELSE 0 END + CASE WHEN r.leases NOT BETWEEN 0 AND " + bound +
+         " OR r.pauses NOT BETWEEN 0 AND " + bound +
+         " THEN 4 ELSE 0 END), r.next_slot::text, r.paused_until::text"
+         " FROM keel_rate_limits r WHERE r.key = $1 FOR UPDATE";
+}
+
+// $1 key, $2 next_slot in us since the epoch, $3 rate_per_s, $4 rate_at in us, $5 1 when a
+// chunk was leased, $6 process.
+std::string lease_write_sql() {
+  return "UPDATE keel_rate_limits SET next_slot = timestamptz 'epoch' + " + us("$2") +
+         ", rate_per_s = $3::double precision, rate_at = timestamptz 'epoch' + " + us("$4") +
+         ", leases = " + sane_count("leases") + " + $5, pauses = " + sane_count("pauses") +
+         ", updated_by = $6, updated_at = now() WHERE key = $1";
+}
+
+const LeaseStatements& lease_statements() {
+  static const LeaseStatements statements{.lease_insert = std::string(kLeaseInsert),
+                                          .lease_row = lease_row_sql(),
+                                          .lease_write = lease_write_sql()};
+  return statements;
+}
+
+// A rate as a person writes it: "50/s", "30/m", "120/h".
+std::string format_rate(double per_s) {
+  const auto number = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", v);
+    return std::string(buf);
+  };
+  if (per_s >= 1) return number(per_s) + "/s";
+  if (per_s * 60 >= 1) return number(per_s * 60) + "/m";
+  return number(per_s * 3600) + "/h";
+}
+
+}  // namespace
+
+// lease_statements().lease_row's row.
+struct SharedBreakers::LeaseRow {
+  RateScheduleRow schedule;
+  std::int64_t now_us = 0;
+  bool slot_unreadable = false;         // next_slot set, but not a time
+  int flags = 0;                        // of the pause and the counts
+  std::string next_slot, paused_until;  // as text, for the notices
+};
+SharedBreakers::LeaseRow SharedBreakers::read_lease(const Rows& rows) {
+  RowCursor c(rows, 0);
+  SharedBreakers::LeaseRow r;
+  r.now_us = integer_cell(c.cell());
+  if (const auto& slot = c.cell()) r.schedule.next_slot_us = integer_cell(slot);
+  r.schedule.rate_at_us = integer_cell(c.cell());
+  const auto& unreadable = c.cell();
+  r.slot_unreadable = unreadable && *unreadable == "t";
+  if (const auto& rate = c.cell()) {
+    const char* end = rate->data() + rate->size();
+    double value = 0;
+    if (std::from_chars(rate->data(), end, value).ec == std::errc{}) {
+      r.schedule.rate_per_s = value;
+    } else {
+      r.schedule.rate_per_s = -1;  // NaN, Infinity: out of the domain
+    }
+  }
+  r.flags = static_cast<int>(integer_cell(c.cell()));
+  r.next_slot = text_cell(c.cell());
+  r.paused_until = text_cell(c.cell());
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The calls' side (any thread).
+
+// A limit has few slots left: its next chunk is leased in the background.
+void SharedBreakers::want_chunk(std::string_view key) {
+  std::lock_guard lock(mu_);
+  if (!sharing_.load() || listener_ == nullptr) return;
+  wanted_.emplace(key);
+  listener_->interrupt();
+}
+
+// A call has no slot left: a chunk is asked of the background thread, and waited for at most
+// round_trip_limit. Returns whether the fleet answered (a chunk, or the schedule's room).
+bool SharedBreakers::lease_chunk(std::string_view key) {
+  const auto request = std::make_shared<LeaseRequest>();
+  request->key = std::string(key);
+  std::unique_lock lock(mu_);
+  if (!sharing_.load() || !answering_ || listener_ == nullptr) return false;
+  leases_.push_back(request);
+  listener_->interrupt();
+  leases_waited_.fetch_add(1);
+  // wait: bound: an answer from the background thread, at most round_trip_limit
+  if (!answered_cv_.wait_for(lock, options_.round_trip_limit, [&] { return request->answered; })) {
+    // No answer in time: this call goes on the process's share, and so do the next ones, at
+    // once, until the background thread answers again.
+    request->abandoned = true;
+    answering_ = false;
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The background thread's side.
+
+// Every limit's mode: the fleet's chunks while sharing, else this process's share of each rate
+// (an equal share of the fleet it last knew, all of it when it never knew one).
+void SharedBreakers::set_rate_sharing(bool sharing) {
+  if (options_.rate_limits == nullptr) return;
+  // The share is this process's when the fleet does not answer a lease, sharing or not.
+  options_.rate_limits->set_fleet_state(sharing, 1.0 / std::max(1, last_fleet_size_));
+}
+
+// Leases the chunks asked for (by calls waiting, and ahead of need), one statement each.
+// Throws when the connection is lost (each waiting call answered: it goes on its share).
+void SharedBreakers::serve_leases() {
+  if (options_.rate_limits == nullptr) return;
+  for (;;) {
+    std::string key;
+    {
+      std::lock_guard lock(mu_);
+      answering_ = true;
+      while (!leases_.empty() && leases_.front()->abandoned) leases_.pop_front();
+      if (!leases_.empty()) {
+        key = leases_.front()->key;
+      } else if (!wanted_.empty()) {
+        key = *wanted_.begin();
+      } else {
+        return;
+      }
+      wanted_.erase(key);
+    }
+    bool lost = false;
+    try {
+      lease_one(key);
+      lease_backoff_.reset();
+    } catch (const std::exception& e) {
+      lost = work_->broken();  // gone: every call goes on its share until the fleet is back
+      if (!lost) lease_failed(key, e);
+    }
+    {
+      std::lock_guard lock(mu_);
+      for (auto& request : leases_) {
+        if (request->key == key) request->answered = true;
+      }
+      std::erase_if(leases_, [](const auto& r) { return r->answered; });
+    }
+    answered_cv_.notify_all();
+    if (lost) throw std::runtime_error("the connection was lost");
+  }
+}
+
+// One chunk of `key`'s schedule for this process, or the schedule's room: core's
+// decide_rate_lease, run in the row's transaction (two round trips: the row locked and read,
+// then the decision written with COMMIT).
+void SharedBreakers::lease_one(const std::string& key) {
+  const auto limit = options_.rate_limits->find(key);
+  if (!limit || limit->options().rate_per_s <= 0 || !shareable(key)) return;
+  const std::int64_t max_pause_ms = clamped_ms(limit->options().max_pause);
+  const TimePoint asked = steady_clock().now();
+  const Value limit_param[] = {limit_setting_};
+  const Value insert_params[] = {key, options_.process};
+  const Value row_params[] = {key, max_pause_ms};
+  const Statement statements[] = {{.sql = kLimits, .params = limit_param},
+                                  {.sql = lease_statements().lease_insert, .params = insert_params},
+                                  {.sql = lease_statements().lease_row, .params = row_params}};
+  const std::vector<Rows> read = work_->begin_then_query(Isolation::kReadCommitted, statements);
+  LeaseRow row;
+  try {
+    if (read.back().empty()) throw std::runtime_error("the row was not found after its insert");
+    row = read_lease(read.back());
+  } catch (...) {
+    work_->rollback();
+    throw;
+  }
+  const RateLeaseAsk ask{.now_us = row.now_us,
+                         .rate_per_s = limit->spaced_rate(),
+                         .count = limit->lease_size(asked),
+                         .burst = limit->options().burst,
+                         .horizon_us = horizon_ms_ * 1000};
+  RateScheduleRow stored = row.schedule;
+  if (row.slot_unreadable) stored.next_slot_us.reset();
+  const RateLeaseAnswer answer = decide_rate_lease(stored, ask);
+  char rate[32];
+  std::snprintf(rate, sizeof rate, "%.17g", answer.row.rate_per_s);
+  const Value write[] = {key,
+                         answer.row.next_slot_us.value_or(row.now_us),
+                         std::string(rate),
+                         answer.row.rate_at_us,
+                         std::int64_t{answer.granted ? 1 : 0},
+                         options_.process};
+  (void)work_->query_then_commit(lease_statements().lease_write, write);
+  const TimePoint now = steady_clock().now();
+  say_lease_row(key, *limit, row, answer);
+  if (answer.granted) {
+    // The store's clock and this one differ: the chunk's store time less the clocks' offset,
+    // the same for every chunk this process leases (so that slots of chunks leased by different
+    // processes keep their spacing, whatever each lease's round trip was).
+    const auto asked_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(asked.time_since_epoch()).count();
+    const std::int64_t offset = store_clock_offset(row.now_us - asked_us);
+    limit->add_chunk(TimePoint{}, std::chrono::microseconds(answer.start_us - offset), answer.count,
+                     std::chrono::nanoseconds(answer.interval_ns));
+    chunks_leased_.fetch_add(1);
+    return;
+  }
+  // The schedule is full as far as the horizon: ask again when it has room for a chunk.
+  limit->full_until(now, std::chrono::microseconds(answer.retry_in_us));
+  leases_full_.fetch_add(1);
+}
+
+// A few samples of the store's clock before the first lease (a lease's own sample may carry a
+// cold connection's delay): each the store's time less the moment it was asked.
+void SharedBreakers::sample_store_clock() {
+  if (options_.rate_limits == nullptr) return;
+  for (int i = 0; i < 4; ++i) {
+    const auto asked = std::chrono::duration_cast<std::chrono::microseconds>(
+                           steady_clock().now().time_since_epoch())
+                           .count();
+    const Rows rows =
+        work_->query("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
+    if (rows.empty()) return;
+    (void)store_clock_offset(RowCursor(rows, 0).integer() - asked);
+  }
+}
+
+std::int64_t SharedBreakers::store_clock_offset(std::int64_t sample) {
+  clock_samples_[clock_samples_taken_ % clock_samples_.size()] = sample;
+  ++clock_samples_taken_;
+  const std::size_t n = std::min(clock_samples_taken_, clock_samples_.size());
+  return *std::min_element(clock_samples_.begin(), clock_samples_.begin() + static_cast<long>(n));
+}
+
+// What a lease found outside the row's domain, or a rate other than this process's: said once.
+void SharedBreakers::say_lease_row(const std::string& key, const RateLimit& limit,
+                                   const LeaseRow& row, const RateLeaseAnswer& answer) {
+  const std::string name = "keel_rate_limits row " + quote_value(key) + ": ";
+  if ((answer.slot_out_of_domain || row.slot_unreadable) && first_time("slot\n" + key)) {
+    rows_out_of_domain_.fetch_add(1);
+    rows_repaired_.fetch_add(1);
+    notice(name + "next_slot " + quote_value(row.next_slot) +
+           " is not a time within rate_horizon (" + format_duration(options_.rate_horizon) +
+           ") and a chunk from now; read as now, and rewritten");
+  }
+  if (answer.rate_out_of_domain && first_time("rate\n" + key)) {
+    rows_out_of_domain_.fetch_add(1);
+    rows_repaired_.fetch_add(1);
+    notice(name + "rate_per_s is not a rate; rewritten with this process's");
+  }
+  if ((row.flags & kPauseTooLong) != 0 && first_time("pause\n" + key)) {
+    rows_out_of_domain_.fetch_add(1);
+    notice(name + "paused_until " + quote_value(row.paused_until) +
+           " is not a time within max_pause (" + format_duration(limit.options().max_pause) +
+           ") from now; obeyed as at most that");
+  }
+  if ((row.flags & kBadRateCount) != 0 && first_time("count\n" + key)) {
+    rows_out_of_domain_.fetch_add(1);
+    rows_repaired_.fetch_add(1);
+    notice(name + "leases or pauses out of range (0 to 2^53); reset to 0");
+  }
+  if (answer.lower_rate_kept && first_time("lower-rate\n" + key)) {
+    rates_disagreeing_.fetch_add(1);
+    const double headroom = 1 - limit.options().headroom;
+    notice("rate limit of " + quote_value(key) + ": another process of the fleet keeps " +
+           format_rate(answer.rate_per_s / headroom) + ", lower than this process's " +
+           format_rate(limit.options().rate_per_s) + "; the fleet keeps the lower rate");
+  }
+}
+
+// A lease that failed with the connection still up (a permission, the table's schema, a row
+// lock held past round_trip_limit): the key's calls go on this process's equal share for core's
+// next backoff delay, then ask the fleet again. Said once per key and cause.
+void SharedBreakers::lease_failed(const std::string& key, const std::exception& e) {
+  lease_failures_.fetch_add(1);
+  const auto* db = dynamic_cast<const DatabaseError*>(&e);
+  const std::string cause = db != nullptr ? db->details().sqlstate : std::string("other");
+  const Duration delay = lease_backoff_.next();
+  if (const auto limit = options_.rate_limits->find(key)) {
+    limit->fleet_failed(steady_clock().now(), delay);
+  }
+  if (first_time("lease-failed\n" + key + "\n" + cause)) {
+    notice("rate limit of " + quote_value(key) + ": the fleet's schedule cannot be leased (" +
+           e.what() + "); this process keeps 1/" + std::to_string(std::max(1, last_fleet_size_)) +
+           " of the rate, and asks again after a backoff");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SharedBreakers' circuit breakers: the table keel_breakers, one row per dependency that has
+// ever opened in the fleet.
+//
+// The rules, each in one statement:
+//   - open: a process's breaker opened. The row becomes open until now + its break, unless the
+//     fleet's break is still running or another process holds a live probe lease (then nothing
+//     changes: the fleet keeps one probe time and one probe).
+//   - probe: the call that would be a half-open trial asks for the lease. It gets it when the
+//     row is open, the break is over and no other process holds a live lease.
+//   - closed: the probe succeeded. The row becomes closed and the lease is dropped.
+// Every change that took effect is announced with NOTIFY in the same statement.
+//
+// The domain of what is read back, in SQL (the fragments below), so that no row can make a
+// statement fail or a breaker obey it: an open row's end is read as at most max_break_duration
+// from now (none, or -infinity: a break that is over), a probe lease as at most probe_lease from
+// now and only when its holder is a member of the fleet, a state other than open and closed as
+// no row, counts outside [0, 2^53] as 0, a member seen in the future as none. Each statement
+// returns which of these it met (the `flags` column), said once per row and kind; the rows that
+// can be rewritten into their domain are, by the repair statement.
+//
+// Every statement runs on the background thread.
+
+namespace {
+
+// The kinds of a row of keel_breakers outside its domain: the bits of the `flags` column.
+enum RowFlag : int {
+  kUnknownState = 1,    // neither open nor closed: ignored
+  kOpenWithoutEnd = 2,  // open, open_until NULL: read as a break that is over; rewritten
+  kOpenTooLong = 4,     // open_until not finite, or beyond the longest break: bounded; rewritten
+  kBadLease = 8,        // a holder without a finite lease, or one beyond probe_lease: rewritten
+  kUnknownHolder = 16,  // a live lease of a process that is not in the fleet: ignored
+  kBadCount = 32,       // breaks or probes outside [0, 2^53]: reset to 0
+};
+constexpr int kRowFlags[] = {kUnknownState, kOpenWithoutEnd, kOpenTooLong,
+                             kBadLease,     kUnknownHolder,  kBadCount};
+
+// ---------------------------------------------------------------------------------------------
+// The domain in SQL, over a row `b` of keel_breakers. The placeholders of the parameters a
+// fragment needs: this process's name, the probe lease, the longest break and the members'
+// window, the three durations in ms.
+struct Places {
+  std::string process;
+  std::string lease;
+  std::string max_break;
+  std::string members;
+};
+
+// Whether `who` is a process of the fleet: a member seen within the window, not in the future.
+std::string live_member(const std::string& who, const Places& p) {
+  return "EXISTS (SELECT 1 FROM keel_breaker_members m WHERE m.process = " + who +
+         " AND m.seen_at >= now() - " + ms(p.members) +
+         " AND m.seen_at <= statement_timestamp() + " + kSlack + ")";
+}
+
+// Each kind out of the domain, as a condition that may be NULL.
+std::string unknown_state() { return "(b.state NOT IN ('open', 'closed'))"; }
+std::string open_without_end() { return "(b.state = 'open' AND b.open_until IS NULL)"; }
+std::string open_too_long(const Places& p) {
+  return "(b.state = 'open' AND (NOT isfinite(b.open_until) OR b.open_until >"
+         " statement_timestamp() + " +
+         ms(p.max_break) + " + " + kSlack + "))";
+}
+std::string bad_lease(const Places& p) {
+  return "(b.probe_holder IS NOT NULL AND (b.probe_until IS NULL OR NOT isfinite(b.probe_until)"
+         " OR b.probe_until > statement_timestamp() + " +
+         ms(p.lease) + " + " + kSlack + "))";
+}
+std::string unknown_holder(const Places& p) {
+  return "(b.probe_holder IS NOT NULL AND b.probe_holder <> " + p.process +
+         " AND (b.probe_until > now()) IS TRUE AND NOT " + live_member("b.probe_holder", p) + ")";
+}
+std::string bad_count() {
+  const std::string bound = std::to_string(kMaxCount);
+  return "(b.breaks NOT BETWEEN 0 AND " + bound + " OR b.probes NOT BETWEEN 0 AND " + bound + ")";
+}
+
+std::string flags(const Places& p) {
+  const auto bit = [](const std::string& condition, int flag) {
+    return "CASE WHEN " + condition + " IS TRUE THEN " + std::to_string(flag) + " ELSE 0 END";
+  };
+  return "(" + bit(unknown_state(), kUnknownState) + " + " +
+         bit(open_without_end(), kOpenWithoutEnd) + " + " + bit(open_too_long(p), kOpenTooLong) +
+         " + " + bit(bad_lease(p), kBadLease) + " + " + bit(unknown_holder(p), kUnknownHolder) +
+         " + " + bit(bad_count(), kBadCount) + ")";
+}
+
+// The end of an open row's break as obeyed: none or -infinity is over, and never later than the
+// longest break from now.
+std::string break_end(const Places& p) {
+  return "LEAST(COALESCE(b.open_until, now()), now() + " + ms(p.max_break) + ")";
+}
+
+// Whether another process of the fleet holds a live probe lease.
+std::string held_by_other(const Places& p) {
+  return "(b.probe_holder IS NOT NULL AND b.probe_holder <> " + p.process +
+         " AND (b.probe_until > now()) IS TRUE AND " + live_member("b.probe_holder", p) + ")";
+}
+
+// What is read of a row (RowRead): the state, the ms left of its break and of another
+// process's lease (both bounded), the flags, and the columns as text for the notices.
+std::string row_columns(const Places& p) {
+  return "b.state, " + ms_until(break_end(p)) + ", CASE WHEN " + held_by_other(p) + " THEN " +
+         ms_until("LEAST(b.probe_until, now() + " + ms(p.lease) + ")") + " ELSE 0 END, " +
+         flags(p) +
+         ", b.open_until::text, b.probe_holder, b.probe_until::text, b.breaks::text,"
+         " b.probes::text";
+}
+constexpr std::size_t kRowColumns = 9;
+
+// ---------------------------------------------------------------------------------------------
+// The statements.
+
+struct BreakerStatements {
+  std::string take_probe;
+  std::string fleet_state;
+  std::string publish_open;
+  std::string publish_closed;
+  std::string repair;
+};
+
+// $1 key, $2 process, $3 lease in ms, $4 longest break in ms, $5 members' window in ms. The
+// first column is 1 when this process took the probe lease (then the rest is the row as it
+// was); no row: the key has none.
+std::string take_probe_sql() {
+  const Places p{.process = "$2", .lease = "$3", .max_break = "$4", .members = "$5"};
+  return "WITH took AS (UPDATE keel_breakers b SET probe_holder = $2,"
+         " probe_until = now() + " +
+         ms("$3") + ", probes = " + sane_count("b.probes") +
+         " + CASE WHEN b.probe_holder IS NOT DISTINCT FROM $2 THEN 0 ELSE 1 END"
+         " WHERE b.key = $1 AND b.state = 'open' AND " +
+         break_end(p) + " <= now() AND NOT " + held_by_other(p) +
+         " RETURNING 1)"
+         " SELECT (SELECT count(*) FROM took), " +
+         row_columns(p) + " FROM keel_breakers b WHERE b.key = $1";
+}
+
+// $1 process, $2 lease, $3 longest break, $4 members' window: every row not closed, and every
+// row out of its domain.
+std::string fleet_state_sql() {
+  const Places p{.process = "$1", .lease = "$2", .max_break = "$3", .members = "$4"};
+  return "SELECT b.key, " + row_columns(p) + " FROM keel_breakers b WHERE b.state <>" +
+         " 'closed' OR " + flags(p) + " <> 0";
+}
+
+// $1 key, $2 break in ms, $3 process, $4 notification payload, $5 longest break, $6 members'
+// window.
+std::string publish_open_sql() {
+  const Places p{.process = "$3", .lease = "", .max_break = "$5", .members = "$6"};
+  return "WITH up AS ("
+         " INSERT INTO keel_breakers AS b (key, state, open_until, breaks, updated_by, updated_at)"
+         " VALUES ($1, 'open', now() + " +
+         ms("$2") +
+         ", 1, $3, now())"
+         " ON CONFLICT (key) DO UPDATE SET state = 'open', open_until = EXCLUDED.open_until,"
+         "  breaks = " +
+         sane_count("b.breaks") + " + 1, probes = " + sane_count("b.probes") +
+         ", probe_holder = NULL, probe_until = NULL, updated_by = $3, updated_at = now()"
+         " WHERE b.state <> 'open' OR (" +
+         break_end(p) + " <= now() AND NOT " + held_by_other(p) +
+         ") RETURNING 1)"
+         " SELECT pg_notify('keel_breakers', $4) FROM up";
+}
+
+// $1 key, $2 process, $3 notification payload. Whatever the row held.
+std::string publish_closed_sql() {
+  return "WITH up AS (UPDATE keel_breakers b SET state = 'closed', open_until = NULL,"
+         " probe_holder = NULL, probe_until = NULL, breaks = " +
+         sane_count("b.breaks") + ", probes = " + sane_count("b.probes") +
+         ", updated_by = $2, updated_at = now()"
+         " WHERE b.key = $1 AND b.state <> 'closed' RETURNING 1)"
+         " SELECT pg_notify('keel_breakers', $3) FROM up";
+}
+
+// $1 key, $2 process, $3 lease, $4 longest break: the row rewritten into its domain, where it
+// can be (an unknown state or holder is left to the next publication or lease).
+std::string repair_sql() {
+  const Places p{.process = "$2", .lease = "$3", .max_break = "$4", .members = ""};
+  const std::string lease_over = "(b.probe_until IS NULL OR b.probe_until < now())";
+  return "UPDATE keel_breakers b SET"
+         " open_until = CASE WHEN (" +
+         open_without_end() + " OR " + open_too_long(p) +
+         ") IS TRUE THEN GREATEST(LEAST(COALESCE(b.open_until, now()), now() + " + ms("$4") +
+         "), now()) ELSE b.open_until END,"
+         " probe_holder = CASE WHEN " +
+         bad_lease(p) + " IS TRUE AND " + lease_over +
+         " THEN NULL ELSE b.probe_holder END,"
+         " probe_until = CASE WHEN " +
+         bad_lease(p) + " IS NOT TRUE THEN b.probe_until WHEN " + lease_over +
+         " THEN NULL ELSE LEAST(b.probe_until, now() + " + ms("$3") +
+         ") END,"
+         " breaks = " +
+         sane_count("b.breaks") + ", probes = " + sane_count("b.probes") +
+         ", updated_by = $2, updated_at = now()"
+         " WHERE b.key = $1 AND (" +
+         open_without_end() + " OR " + open_too_long(p) + " OR " + bad_lease(p) + " OR " +
+         bad_count() + ") IS TRUE RETURNING 1";
+}
+
+const BreakerStatements& breaker_statements() {
+  static const BreakerStatements statements{.take_probe = take_probe_sql(),
+                                            .fleet_state = fleet_state_sql(),
+                                            .publish_open = publish_open_sql(),
+                                            .publish_closed = publish_closed_sql(),
+                                            .repair = repair_sql()};
+  return statements;
+}
+
+}  // namespace
+
+// A row of keel_breakers as read (row_columns).
+struct SharedBreakers::RowRead {
+  std::string state;
+  std::int64_t open_ms = 0;   // the rest of its break, bounded
+  std::int64_t lease_ms = 0;  // the rest of another live member's lease, bounded
+  int flags = 0;
+  std::string open_until, holder, probe_until, breaks, probes;  // as text, for the notices
+
+  // The row_columns(p) under `c`, in their order.
+  static RowRead from(RowCursor& c) {
+    RowRead r;
+    r.state = text_cell(c.cell());
+    r.open_ms = integer_cell(c.cell());
+    r.lease_ms = integer_cell(c.cell());
+    r.flags = static_cast<int>(integer_cell(c.cell()));
+    r.open_until = text_cell(c.cell());
+    r.holder = text_cell(c.cell());
+    r.probe_until = text_cell(c.cell());
+    r.breaks = text_cell(c.cell());
+    r.probes = text_cell(c.cell());
+    return r;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The background thread's statements on keel_breakers.
+
+// Answers the trials waiting for the fleet, one statement each. Throws when the connection is
+// lost (each waiting trial answered: decided locally).
+void SharedBreakers::serve_gates() {
+  for (;;) {
+    std::shared_ptr<GateRequest> request;
+    {
+      std::lock_guard lock(mu_);
+      answering_ = true;
+      while (!gates_.empty() && gates_.front()->abandoned) gates_.pop_front();
+      if (gates_.empty()) return;
+      request = gates_.front();
+      gates_.pop_front();
+    }
+    Duration hold{};
+    bool lost = false;
+    try {
+      hold = ask_fleet(request->key);
+    } catch (const std::exception&) {
+      // Slow (statement_timeout, lock_timeout) or gone: this trial is decided locally.
+      lost = work_->broken();
+      std::lock_guard lock(mu_);
+      if (!request->abandoned) fallbacks_.fetch_add(1);
+    }
+    {
+      std::lock_guard lock(mu_);
+      request->hold = hold;
+      request->answered = true;
+    }
+    answered_cv_.notify_all();
+    if (lost) throw std::runtime_error("the connection was lost");
+  }
+}
+
+// One trial's question: takes the probe lease when the fleet's break is over and no other
+// member holds it (zero: the trial runs), else how long to hold the breaker open.
+Duration SharedBreakers::ask_fleet(const std::string& key) {
+  const Value params[] = {key, options_.process, lease_ms_, max_break_ms_, members_ms_};
+  const Rows rows = bounded(breaker_statements().take_probe, params);
+  // No row: the fleet has not heard of this break yet; the trial runs.
+  if (rows.empty() || rows.columns() < 1 + kRowColumns) return Duration::zero();
+  RowCursor c(rows, 0);
+  const std::int64_t took = integer_cell(c.cell());
+  const RowRead row = RowRead::from(c);
+  note_row(key, row);
+  if (took > 0) {
+    probes_taken_.fetch_add(1);
+    return Duration::zero();
+  }
+  // A state keel does not write: ignored, the breaker decides alone.
+  if ((row.flags & kUnknownState) != 0) return Duration::zero();
+  if (row.state != "open") {
+    // Closed: the fleet's probe succeeded. Stay open until this process's release time, so
+    // that the fleet comes back spread over release_spread rather than at once.
+    // A release that is due is being applied by the background thread: a few ms more.
+    return std::max<Duration>(release_in(key), std::chrono::milliseconds(5));
+  }
+  // Re-opened by the fleet (a notification missed): hold for the rest of its break. Another
+  // member holds the probe: ask again within probe_wait, when its result has likely come (a
+  // hold of the whole lease would outlast the fleet's close by up to the lease). Neither and no
+  // lease taken: the row changed while this statement waited for it; ask again soon.
+  const std::int64_t wait_ms = clamped_ms(options_.probe_wait);
+  std::int64_t hold = 0;
+  if (row.open_ms > 0) {
+    hold = std::min(row.open_ms, max_break_ms_);
+  } else if (row.lease_ms > 0) {
+    hold = std::min({row.lease_ms, lease_ms_, wait_ms});
+  } else {
+    hold = std::min<std::int64_t>(wait_ms, 100);
+  }
+  probes_held_.fetch_add(1);
+  Duration held = std::chrono::milliseconds(std::max<std::int64_t>(hold, 1));
+  if (row.open_ms <= 0) {
+    // Asking again within the hold, at a uniform moment in its second half, so that the
+    // processes held by one probe do not all ask at once (and none past probe_wait or the
+    // prober's lease).
+    std::lock_guard lock(mu_);
+    held = std::max<Duration>(uniform_duration(held / 2, held, rng_), std::chrono::milliseconds(1));
+  }
+  return held;
+}
+
+// Says what of `row` is outside its domain, once per row and kind, and queues the rows that can
+// be rewritten into it.
+void SharedBreakers::note_row(const std::string& key, const RowRead& row) {
+  if (row.flags == 0) return;
+  const std::string name = "keel_breakers row " + quote_value(key) + ": ";
+  for (const int flag : kRowFlags) {
+    if ((row.flags & flag) == 0 || !first_time(std::to_string(flag) + "\n" + key)) continue;
+    rows_out_of_domain_.fetch_add(1);
+    std::string what;
+    switch (flag) {
+      case kUnknownState:
+        what = "state " + quote_value(row.state) +
+               " is neither 'open' nor 'closed'; ignored (this process's breaker decides alone) "
+               "until a process publishes the key's state";
+        break;
+      case kOpenWithoutEnd:
+        what =
+            "open without an end (open_until NULL); read as a break that is over (the next "
+            "trial is the fleet's probe), and rewritten";
+        break;
+      case kOpenTooLong:
+        what = "open_until " + quote_value(row.open_until) +
+               " is not a time within max_break_duration (" +
+               format_duration(std::chrono::milliseconds(max_break_ms_)) +
+               ") from now; obeyed as at most that, and rewritten";
+        break;
+      case kBadLease:
+        what = "probe lease of " + quote_value(row.holder) + " until " +
+               quote_value(row.probe_until) + " is not a time within probe_lease (" +
+               format_duration(options_.probe_lease) +
+               ") from now; obeyed as at most that, and rewritten";
+        break;
+      case kUnknownHolder:
+        what = "the probe is held by " + quote_value(row.holder) +
+               ", which is not a process of the fleet (no heartbeat within " +
+               format_duration(std::chrono::milliseconds(members_ms_)) + "); its lease is ignored";
+        break;
+      case kBadCount:
+        what = "breaks " + row.breaks + " or probes " + row.probes +
+               " out of range (0 to 2^53); reset to 0";
+        break;
+      default:
+        break;
+    }
+    notice(name + what);
+  }
+  if ((row.flags & (kOpenWithoutEnd | kOpenTooLong | kBadLease | kBadCount)) != 0) {
+    repairs_.insert(key);
+  }
+}
+
+// Rewrites the rows queued by note_row into their domain (each key once: a row edited out of
+// it again is bounded when read, and said no more).
+void SharedBreakers::repair_rows() {
+  while (!repairs_.empty()) {
+    const std::string key = *repairs_.begin();
+    const Value params[] = {key, options_.process, lease_ms_, max_break_ms_};
+    try {
+      if (!bounded(breaker_statements().repair, params).empty()) rows_repaired_.fetch_add(1);
+    } catch (const DatabaseError& e) {
+      if (!value_error(e)) throw;  // slow or gone: repaired after the reconnection
+    }
+    repairs_.erase(key);
+  }
+}
+
+// Requires: the background thread.
+void SharedBreakers::publish_pending() {
+  std::map<std::string, Publication, std::less<>> batch;
+  {
+    std::lock_guard lock(mu_);
+    batch.swap(pending_);
+    writing_ = !batch.empty();
+  }
+  auto it = batch.begin();
+  try {
+    for (; it != batch.end(); ++it) {
+      const std::string& key = it->first;
+      try {
+        if (it->second.open) {
+          const auto left = it->second.until - std::chrono::steady_clock::now();
+          const std::int64_t ms =
+              std::min(clamped_ms(std::max<Duration>(left, Duration::zero())), max_break_ms_);
+          const std::string payload =
+              schema_ + "\nopen\n" + std::to_string(ms) + "\n" + options_.process + "\n" + key;
+          const Value params[] = {key, ms, options_.process, payload, max_break_ms_, members_ms_};
+          (void)bounded(breaker_statements().publish_open, params);
+        } else {
+          const std::string payload = schema_ + "\nclosed\n0\n" + options_.process + "\n" + key;
+          const Value params[] = {key, options_.process, payload};
+          (void)bounded(breaker_statements().publish_closed, params);
+        }
+        published_.fetch_add(1);
+      } catch (const DatabaseError& e) {
+        // A value of this key's row that no statement can take: this change is not shared, the
+        // others are.
+        if (!value_error(e)) throw;
+        if (first_time("publish\n" + key)) {
+          notice("keel_breakers row " + quote_value(key) + ": cannot be written (" + e.what() +
+                 "); this process's changes of it are not shared");
+        }
+      }
+      serve_gates();  // a trial waiting meanwhile is answered between two publications
+      serve_leases();
+    }
+  } catch (...) {
+    // Keep what was not written, unless a newer change of the same key came meanwhile.
+    std::lock_guard lock(mu_);
+    for (; it != batch.end(); ++it) pending_.try_emplace(it->first, it->second);
+    writing_ = false;
+    cv_.notify_all();
+    throw;
+  }
+  std::lock_guard lock(mu_);
+  writing_ = false;
+  cv_.notify_all();
+}
+
 // Requires: the background thread.
 void SharedBreakers::read_fleet_state() {
   const Value params[] = {options_.process, lease_ms_, max_break_ms_, members_ms_};
   Rows rows;
   try {
-    rows = bounded(sql().fleet_state, params);
+    rows = bounded(breaker_statements().fleet_state, params);
   } catch (const DatabaseError& e) {
     if (!value_error(e)) throw;
     if (first_time("read\n")) {
@@ -1472,37 +1494,85 @@ void SharedBreakers::read_fleet_state() {
   }
 }
 
-void SharedBreakers::apply(std::string_view payload) {
-  // schema \n state \n ms \n process \n key
-  std::string_view parts[5];
-  for (int i = 0; i < 4; ++i) {
-    const auto nl = payload.find('\n');
-    if (nl == std::string_view::npos) return;  // not ours
-    parts[i] = payload.substr(0, nl);
-    payload.remove_prefix(nl + 1);
+// ---------------------------------------------------------------------------------------------
+// SharedBreakers and this process's own breakers: the registry's listener, which queues each
+// state change for the background thread to publish; the registry's trial gate, which asks the
+// fleet whether a half-open trial may be the fleet's probe and waits for the answer at most
+// round_trip_limit; and the fleet's state applied to the breakers (opened for the rest of the
+// fleet's break, closed at a random moment within release_spread after the fleet's probe
+// succeeded).
+
+namespace {
+
+// Set on a thread while it applies the fleet's state to a breaker, so that the change it causes
+// is not published back.
+thread_local const SharedBreakers* t_applying = nullptr;
+// Set by the trial gate when it holds a breaker open for another process's probe: the
+// half-open -> open change that follows is this process's own echo of the fleet's state.
+thread_local const SharedBreakers* t_held_by = nullptr;
+thread_local std::string t_held_key;
+
+}  // namespace
+
+// A local breaker changed state: queue the change for the background thread (latest per key).
+void SharedBreakers::on_change(std::string_view key, BreakerState from, BreakerState to) {
+  if (t_applying == this) return;  // the fleet's own state being applied here
+  if (t_held_by == this && from == BreakerState::kHalfOpen && to == BreakerState::kOpen &&
+      t_held_key == key) {
+    t_held_by = nullptr;  // held open for another process's probe: nothing new to tell
+    return;
   }
-  parts[4] = payload;
-  if (parts[0] != schema_ || parts[3] == options_.process || !shareable(parts[4])) return;
-  const std::string key(parts[4]);
-  if (parts[1] == "open") {
-    std::int64_t ms = 0;
-    for (const char c : parts[2]) {
-      if (c < '0' || c > '9' || ms > kMaxMs) return;
-      ms = ms * 10 + (c - '0');
-    }
-    apply_open(key, std::chrono::milliseconds(ms));
-  } else if (parts[1] == "closed") {
-    (void)release_in(key);
-  } else if (parts[1] == "pause") {
-    std::int64_t ms = 0;
-    for (const char c : parts[2]) {
-      if (c < '0' || c > '9' || ms > kMaxMs) return;
-      ms = ms * 10 + (c - '0');
-    }
-    apply_pause(key, ms);
-  } else if (parts[1] == "members") {
-    next_beat_ = std::chrono::steady_clock::now();  // a process joined: count again now
+  if (to == BreakerState::kHalfOpen || !shareable(key)) return;
+  Publication publication;
+  if (to == BreakerState::kOpen) {
+    const auto breaker = registry_.find(key);
+    publication.open = true;
+    publication.until =
+        std::chrono::steady_clock::now() + (breaker ? breaker->retry_in() : Duration::zero());
   }
+  {
+    std::lock_guard lock(mu_);
+    pending_.insert_or_assign(std::string(key), publication);
+    releases_.erase(std::string(key));
+    if (listener_ != nullptr) listener_->interrupt();
+  }
+}
+
+// The trial gate: may this process's half-open trial be the fleet's probe? Asked of the
+// background thread, and waited for at most round_trip_limit.
+Duration SharedBreakers::gate(std::string_view key) {
+  t_held_by = nullptr;
+  if (!shareable(key)) return Duration::zero();
+  const auto request = std::make_shared<GateRequest>();
+  request->key = std::string(key);
+  Duration hold{};
+  {
+    std::unique_lock lock(mu_);
+    if (!sharing_.load() || !answering_ || listener_ == nullptr) {
+      lock.unlock();
+      fallbacks_.fetch_add(1);
+      return Duration::zero();
+    }
+    gates_.push_back(request);
+    listener_->interrupt();
+    // wait: bound: an answer from the background thread, at most round_trip_limit
+    if (!answered_cv_.wait_for(lock, options_.round_trip_limit,
+                               [&] { return request->answered; })) {
+      // No answer in time (a slow or frozen database): this trial is decided locally, and so
+      // are the next ones, at once, until the background thread answers again.
+      request->abandoned = true;
+      answering_ = false;
+      lock.unlock();
+      fallbacks_.fetch_add(1);
+      return Duration::zero();
+    }
+    hold = request->hold;
+  }
+  if (hold > Duration::zero()) {
+    t_held_by = this;
+    t_held_key = std::string(key);
+  }
+  return hold;
 }
 
 // When this process closes `key`'s breaker after the fleet's probe succeeded: a random moment
