@@ -3,6 +3,8 @@
 // (SQLSTATE 08001) naming `what` when the server cannot be reached. Private to keel::store_db.
 #pragma once
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -22,5 +24,21 @@ namespace keel::store::detail {
 
 /// libpq's error text without its trailing newlines and spaces.
 [[nodiscard]] std::string trim_pg_message(std::string s);
+
+/// Whether a transaction pooler was noticed on `uri` (prepared statements that did not survive
+/// between transactions): later connections to it start with unnamed statements.
+[[nodiscard]] bool pooler_noticed(const std::string& uri);
+/// Records the pooler; true the first time for this URI (the caller says so, once).
+[[nodiscard]] bool notice_pooler(const std::string& uri);
+
+/// Hosts that gave no answer within a statement's bound (a frozen server, a partition that drops
+/// packets): for a while, new connections try the URL's other hosts first, and pooled
+/// connections to them are not lent. Keyed by "host:port". Since when `host_port` is suspect;
+/// nullopt when it is not (any more).
+[[nodiscard]] std::optional<std::chrono::steady_clock::time_point> suspect_since(
+    const std::string& host_port);
+void suspect(const std::string& host_port);
+/// "address:port" (or "host:port") of a connected libpq connection.
+[[nodiscard]] std::string host_port_of(const pg_conn* conn);
 
 }  // namespace keel::store::detail
