@@ -261,6 +261,9 @@ class RateLimit {
   std::int64_t lease_size_locked(std::int64_t now_ns) const;
   // Requires: mu_ held. The wait of a call told to come back when the fleet gave no slot.
   Duration queued_wait(std::int64_t now_ns, std::int64_t wait_ns, BitGenRef gen);
+  // Requires: mu_ held. A slot of this process's share of the rate (the whole rate alone, an
+  // equal share when the fleet cannot answer), by its own GCRA.
+  RateDecision take_share_locked(std::int64_t now_ns, std::int64_t max_wait_ns);
 
   RateLimitOptions options_;
   std::string key_;

@@ -194,6 +194,25 @@ std::int64_t RateLimit::lease_size(TimePoint now) const {
   return lease_size_locked(ns_of(now));
 }
 
+RateDecision RateLimit::take_share_locked(std::int64_t t, std::int64_t max_wait_ns) {
+  // This process's share of the rate: all of it alone, the fleet's equal share when the fleet
+  // cannot answer.
+  const double share = std::clamp(share_, 1e-6, 1.0);
+  const auto interval = static_cast<std::int64_t>(static_cast<double>(interval_ns_) / share);
+  const auto burst = static_cast<std::int64_t>(static_cast<double>(burst_ns_) / share);
+  const std::int64_t at = std::max(tat_ns_, t - burst);
+  const std::int64_t wait = std::max<std::int64_t>(0, at - t);
+  if (wait > max_wait_ns) {
+    ++stats_.refused;
+    return {.go = false, .wait = Duration(wait)};
+  }
+  tat_ns_ = at + interval;
+  ++stats_.went;
+  if (wait > 0) ++stats_.waited;
+  if (sharing_) ++stats_.on_share;
+  return {.go = true, .wait = Duration(wait)};
+}
+
 RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen) {
   const std::int64_t t = ns_of(now);
   const std::int64_t max_wait_ns = std::max<Duration>(max_wait, Duration::zero()).count();
@@ -273,22 +292,7 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
       }
       if (on_share) {
         stop_waiting();
-        // This process's share of the rate: all of it alone, the fleet's equal share when the
-        // fleet cannot answer.
-        const double share = std::clamp(share_, 1e-6, 1.0);
-        const auto interval = static_cast<std::int64_t>(static_cast<double>(interval_ns_) / share);
-        const auto burst = static_cast<std::int64_t>(static_cast<double>(burst_ns_) / share);
-        const std::int64_t at = std::max(tat_ns_, t - burst);
-        const std::int64_t wait = std::max<std::int64_t>(0, at - t);
-        if (wait > max_wait_ns) {
-          ++stats_.refused;
-          return {.go = false, .wait = Duration(wait)};
-        }
-        tat_ns_ = at + interval;
-        ++stats_.went;
-        if (wait > 0) ++stats_.waited;
-        if (sharing_) ++stats_.on_share;
-        return {.go = true, .wait = Duration(wait)};
+        return take_share_locked(t, max_wait_ns);
       }
     }
     // The fleet is called without the lock held.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "keel/text.hpp"
@@ -88,26 +89,36 @@ Expected<std::string> ascii_host(std::string_view host) {
 
 }  // namespace
 
+namespace {
+
+// What is wrong with a URL's bytes, before its parts are read: a space or a control character
+// (which must be percent-encoded), or bytes that are not UTF-8. nullopt when nothing is.
+std::optional<std::string> byte_problem(std::string_view text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto u = static_cast<unsigned char>(text[i]);
+    if (u <= 0x20 || u == 0x7f) {
+      return std::string(u == ' ' ? "has a space" : "has a control character") + " at byte " +
+             std::to_string(i) + " (encode it, e.g. %20)";
+    }
+  }
+  if (const std::size_t valid = storable_prefix_size(text); valid < text.size()) {
+    const auto u = static_cast<unsigned char>(text[valid]);
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    return "has a " + byte_text(u) + " at byte " + std::to_string(valid) +
+           " that is not UTF-8 (percent-encode it: %" + kHex[u >> 4] + kHex[u & 0x0f] + ")";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Expected<Url> parse_url(std::string_view text) {
   if (text.empty()) return fail(text, "is empty");
   if (text.size() > kMaxUrlBytes) {
     return fail(text, "is " + std::to_string(text.size()) + " bytes, more than " +
                           std::to_string(kMaxUrlBytes));
   }
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const auto u = static_cast<unsigned char>(text[i]);
-    if (u <= 0x20 || u == 0x7f) {
-      return fail(text, std::string(u == ' ' ? "has a space" : "has a control character") +
-                            " at byte " + std::to_string(i) + " (encode it, e.g. %20)");
-    }
-  }
-  if (const std::size_t valid = storable_prefix_size(text); valid < text.size()) {
-    const auto u = static_cast<unsigned char>(text[valid]);
-    static constexpr char kHex[] = "0123456789ABCDEF";
-    return fail(text, "has a " + byte_text(u) + " at byte " + std::to_string(valid) +
-                          " that is not UTF-8 (percent-encode it: %" + kHex[u >> 4] +
-                          kHex[u & 0x0f] + ")");
-  }
+  if (std::optional<std::string> problem = byte_problem(text)) return fail(text, *problem);
   const std::size_t scheme_end = text.find("://");
   Url url;
   if (scheme_end != std::string_view::npos) {
