@@ -373,7 +373,7 @@ TEST(KeelFlags, BadValuesExitTwoNamingTheFlagAndTheValue) {
        {"0", "-1", "1.5", "1e3", "99999999999", "3x", "nan", "inf", " 3", "0x3", "+3", ""}) {
     cases.push_back({{"call", "--max-attempts", value, url}, "--max-attempts", value});
   }
-  cases.push_back({{"call", "-d", "@" + dir.path(), url}, "--data", dir.path()});
+  cases.push_back({{"call", "-d", "@" + dir.path().string(), url}, "--data", dir.path().string()});
   cases.push_back({{"call", "-d", "@" + dir.file("missing"), url}, "--data", dir.file("missing")});
   for (const char* value :
        {"-1", "1.5", "nan", "18446744073709551616", "12abc", "0x10", "+1", ""}) {

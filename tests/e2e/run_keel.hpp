@@ -16,33 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.hpp"
+
 #ifndef KEEL_BINARY
 #error "KEEL_BINARY must name the keel executable"
 #endif
 
 namespace keel::test {
-
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/keel-e2e.XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  [[nodiscard]] const std::string& path() const { return path_; }
-  [[nodiscard]] std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

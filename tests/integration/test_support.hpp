@@ -21,30 +21,9 @@
 #include <vector>
 
 #include "keel/store/db/database.hpp"
+#include "temp_dir.hpp"
 
 namespace keel::test {
-
-/// A directory made with mkdtemp, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/keel-test.XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 /// Runs body on `threads` threads released together; returns what each exception said, one
 /// line per failed thread ("" when none threw).
