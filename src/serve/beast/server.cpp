@@ -42,6 +42,7 @@
 #include "keel/expected.hpp"
 #include "keel/random.hpp"
 #include "keel/store/idempotency/idempotency_flow.hpp"
+#include "serve/beast/detail/request_checks.hpp"
 
 namespace keel::store::beast {
 namespace {
@@ -54,36 +55,6 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 /// Empty lines ignored before a request line (RFC 9112 section 2.2 asks for at least one); the
 /// next one is answered 400.
 constexpr std::size_t kMaxEmptyLines = 16;
-
-void validate(const ServerOptions& o) {
-  const auto fail = [](std::string_view field, std::string_view requirement, std::string got) {
-    throw_invalid({.context = "keel::store::beast::ServerOptions",
-                   .field = std::string(field),
-                   .problem = "must be " + std::string(requirement),
-                   .got = std::move(got)});
-  };
-  if (o.event_loop_threads < 1) {
-    fail("event_loop_threads", ">= 1", std::to_string(o.event_loop_threads));
-  }
-  if (o.worker_threads < 1) fail("worker_threads", ">= 1", std::to_string(o.worker_threads));
-  const auto positive = [&](std::string_view field, std::chrono::milliseconds d) {
-    if (d.count() <= 0) fail(field, "> 0", format_duration(d));
-  };
-  positive("first_byte_timeout", o.first_byte_timeout);
-  positive("header_timeout", o.header_timeout);
-  positive("body_timeout", o.body_timeout);
-  positive("idle_timeout", o.idle_timeout);
-  positive("write_timeout", o.write_timeout);
-  if (o.drain_timeout.count() < 0) fail("drain_timeout", ">= 0", format_duration(o.drain_timeout));
-  if (o.max_connections < 1) fail("max_connections", ">= 1", "0");
-  if (o.reserved_descriptors < 16) {
-    fail("reserved_descriptors", ">= 16", std::to_string(o.reserved_descriptors));
-  }
-  if (o.max_header_bytes < 64 || o.max_header_bytes > 0xffffffffu) {
-    fail("max_header_bytes", "in [64, 2^32)", std::to_string(o.max_header_bytes));
-  }
-  if (o.max_body_bytes < 1) fail("max_body_bytes", ">= 1", "0");
-}
 
 /// Where a connection is: waiting for a request's first byte, reading it, having it handled,
 /// writing the answer, or closed. stop() closes the idle ones at once and lets the others answer.
@@ -105,68 +76,13 @@ struct Route {
   }
 };
 
-// RFC 3986's unreserved and sub-delims, the bytes of a reg-name besides pct-encoded ones.
-bool host_byte(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         std::string_view("-._~!$&'()*+,;=").find(c) != std::string_view::npos;
-}
-
-bool hex_byte(char c) {
-  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
-
-/// Whether `value` is a Host field value: uri-host [ ":" port ] (RFC 9110 section 7.2, RFC 3986
-/// section 3.2), or empty (a target without an authority, RFC 9112 section 3.2).
-bool valid_host(std::string_view value) {
-  std::string_view port;
-  if (!value.empty() && value.front() == '[') {  // IP-literal: IPv6address or IPvFuture
-    const std::size_t close = value.find(']');
-    if (close == std::string_view::npos || close == 1) return false;
-    for (const char c : value.substr(1, close - 1)) {
-      if (!host_byte(c) && c != ':') return false;
-    }
-    const std::string_view rest = value.substr(close + 1);
-    if (!rest.empty() && rest.front() != ':') return false;
-    if (!rest.empty()) port = rest.substr(1);
-  } else {  // IPv4address or reg-name: no ':' but the port's
-    const std::size_t colon = value.rfind(':');
-    const std::string_view host = value.substr(0, colon);
-    if (colon != std::string_view::npos) port = value.substr(colon + 1);
-    for (std::size_t i = 0; i < host.size(); ++i) {
-      if (host[i] == '%') {
-        if (i + 2 >= host.size() || !hex_byte(host[i + 1]) || !hex_byte(host[i + 2])) return false;
-        i += 2;
-      } else if (!host_byte(host[i])) {
-        return false;
-      }
-    }
-  }
-  return port.find_first_not_of("0123456789") == std::string_view::npos;
-}
-
-/// Why `request`'s Host is refused (RFC 9112 section 3.2: 400 to an HTTP/1.1 request without
-/// one, and to any request with more than one or an invalid one); nullopt when it is not.
-std::optional<std::string> host_problem(const Request& request) {
-  const std::size_t hosts = request.count(http::field::host);
-  if (hosts > 1) return "the request has more than one Host header";
-  if (hosts == 0) {
-    if (request.version() >= 11) return "an HTTP/1.1 request must have a Host header";
-    return std::nullopt;
-  }
-  const auto value = request[http::field::host];
-  if (!valid_host(std::string_view(value.data(), value.size()))) {
-    return "the Host header is not a host with an optional port";
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 using detail::Session;
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   explicit Impl(ServerOptions o) : options(std::move(o)) {
-    validate(options);
+    detail::validate(options);
     if (!options.log) {
       options.log = [](std::string_view m) { std::cerr << "keel beast server: " << m << "\n"; };
     }
