@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 
+#include "build_kind.hpp"
 #include "keel/sim/scenarios.hpp"
 
 namespace {
@@ -28,7 +29,7 @@ double extra_load(const keel::sim::Report& r, keel::Duration from, keel::Duratio
 }
 
 TEST(SimHedging, AHedgeCutsTheP99OfAHeavyTailForTheTailsShareOfLoad) {
-  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(8, 2); ++seed) {
     const auto none = keel::sim::run_scenario("hedge-tail", "no-hedge", seed);
     const auto hedged = keel::sim::run_scenario("hedge-tail", "hedge", seed);
     const auto budgeted = keel::sim::run_scenario("hedge-tail", "hedge+budget", seed);
@@ -46,7 +47,7 @@ TEST(SimHedging, AHedgeCutsTheP99OfAHeavyTailForTheTailsShareOfLoad) {
 }
 
 TEST(SimHedging, DuringABrownoutTheBudgetKeepsHedgesWithinItsRatio) {
-  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(8, 2); ++seed) {
     const auto hedged = keel::sim::run_scenario("hedge-brownout", "hedge", seed);
     const auto budgeted = keel::sim::run_scenario("hedge-brownout", "hedge+budget", seed);
     const double unbudgeted = extra_load(hedged, seconds(10), seconds(20));

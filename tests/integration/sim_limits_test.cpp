@@ -1,4 +1,5 @@
-// The limits in the simulator, over 20 seeds each (docs/concurrency.md and docs/rate-limits.md
+// The limits in the simulator, over 20 seeds each in the release build, 3 under a sanitizer
+// (tests/build_kind.hpp) (docs/concurrency.md and docs/rate-limits.md
 // quote these figures):
 //   - demo-story with the adaptive client limit and no budget: back under capacity within 5 s of
 //     the blip's end (full jitter alone never is);
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "build_kind.hpp"
 #include "keel/sim/scenarios.hpp"
 
 namespace {
@@ -21,7 +23,7 @@ using namespace std::chrono_literals;
 using keel::Duration;
 namespace sim = keel::sim;
 
-constexpr int kSeeds = 20;
+const int kSeeds = static_cast<int>(keel::test::seeds(20, 3));
 
 const sim::PhaseLoad& phase(const std::vector<sim::PhaseLoad>& phases, const std::string& label) {
   for (const auto& p : phases) {

@@ -331,7 +331,7 @@ TEST(SimScenarios, DemoStoryHasItsPhasesAndTheCapacityOfEachSlice) {
 }
 
 TEST(SimScenarios, DemoStoryNaiveStaysOverCapacityAfterTheBlipABudgetIsBackUnderAtOnce) {
-  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 4); ++seed) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 2); ++seed) {
     SCOPED_TRACE(seed);
     const auto naive = keel::sim::phase_loads(run_scenario("demo-story", "naive", seed));
     const auto full = keel::sim::phase_loads(run_scenario("demo-story", "full-jitter", seed));
@@ -361,7 +361,7 @@ TEST(SimScenarios, DemoStoryNaiveStaysOverCapacityAfterTheBlipABudgetIsBackUnder
 }
 
 TEST(SimScenarios, DemoStoryNaiveSendsFourCallsPerOperationIntoTheOutageABudgetAbout1Point1) {
-  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 4); ++seed) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 2); ++seed) {
     SCOPED_TRACE(seed);
     const auto naive_run = run_scenario("demo-story", "naive", seed);
     const auto full_run = run_scenario("demo-story", "full-jitter", seed);
@@ -485,7 +485,7 @@ constexpr const char* kShared = "full-jitter+shared-breaker";
 // burst before the first pod trips and the 500 ms the word takes), and at most a twentieth over
 // seed 003's eleven minutes (measured 1/46 on seed 1), where the per-pod probes dominate.
 TEST(SimFleet, SharedBreakersSendFarFewerCallsToTheDeadDependency) {
-  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 4); ++seed) {
+  for (std::uint64_t seed = 1; seed <= keel::test::seeds(20, 2); ++seed) {
     const auto pod = run_scenario("fleet-outage", kPerPod, seed).summary;
     const auto shared = run_scenario("fleet-outage", kShared, seed).summary;
     EXPECT_GT(pod.outage_calls, 9000) << "seed " << seed;
