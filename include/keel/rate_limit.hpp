@@ -100,6 +100,11 @@ struct RateDecision {
   Duration wait{};
   /// false and paused: held by a pause (Retry-After), not by the rate.
   bool paused = false;
+  /// go: the latest moment the call may leave on this slot (the slot's time plus the limit's
+  /// lateness; TimePoint::max() without a rate). A call that would leave later gives the slot
+  /// up and asks again (RateLimit::on_time): sent that late, it would land in the next
+  /// window beside that window's own calls.
+  TimePoint spend_by = TimePoint::max();
 };
 
 /// What a fleet does for a RateLimit (keel::store::SharedBreakers implements it). Called
@@ -128,6 +133,7 @@ struct RateLimitStats {
   std::uint64_t chunks = 0;             // chunks of the fleet's schedule added
   std::uint64_t on_share = 0;        // slots taken on the local share (fleet out or not answering)
   std::uint64_t slots_lost = 0;      // leased slots that passed unused
+  std::uint64_t slots_late = 0;      // slots given up: their call could not leave in time
   std::uint64_t pauses_cut = 0;      // pauses asked for longer than max_pause, cut to it
   std::uint64_t fleet_failures = 0;  // leases the fleet answered with a failure (on the share)
 };
@@ -205,6 +211,13 @@ class RateLimit {
   /// `gen`. With a fleet attached and sharing, the slot comes from the fleet's chunks, and an
   /// empty bucket asks the fleet (RateLimitFleet::lease) before it falls back on its share.
   [[nodiscard]] RateDecision reserve(TimePoint now, Duration max_wait, BitGenRef gen);
+
+  /// The call that reserved `d` leaves at `now`: whether it still may (now <= d.spend_by). A
+  /// slot whose call cannot leave in time (a thread woken late, a wait for a concurrency
+  /// permit) is given up, counted in stats().slots_late, and the call asks reserve() again.
+  /// So every call leaves within the lateness after its slot, however late its thread runs,
+  /// and no window holds more than the rate. The one rule for every driver of a RateLimit.
+  [[nodiscard]] bool on_time(const RateDecision& d, TimePoint now);
 
   /// Holds every call until now + `duration` (cut to max_pause), unless already held longer.
   /// `announce`: this process learnt it (a Retry-After) and tells the fleet; false when the

@@ -210,7 +210,10 @@ RateDecision RateLimit::take_share_locked(std::int64_t t, std::int64_t max_wait_
   ++stats_.went;
   if (wait > 0) ++stats_.waited;
   if (sharing_) ++stats_.on_share;
-  return {.go = true, .wait = Duration(wait)};
+  // A slot taken early (the burst) is due now: the allowance counts from the later of the two.
+  return {.go = true,
+          .wait = Duration(wait),
+          .spend_by = TimePoint(Duration(std::max(at, t) + late_ns_))};
 }
 
 RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen) {
@@ -265,7 +268,7 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
           count_pace(t);
           std::int64_t left = 0;
           for (const Chunk& c : chunks_) left += c.count - c.next;
-          d = {.go = true, .wait = Duration(wait)};
+          d = {.go = true, .wait = Duration(wait), .spend_by = TimePoint(Duration(at + late_ns_))};
           // The next chunk is leased ahead when half of one is left, by a process whose pace
           // fills a few slots of a chunk; a slower one leases when it has none (a chunk leased
           // ahead would pass while its calls are busy, and be lost to the fleet).
@@ -305,6 +308,13 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
     ++leases;
     if (fleet_->fleet == nullptr || !fleet_->fleet->lease(key_)) unanswered = true;
   }
+}
+
+bool RateLimit::on_time(const RateDecision& d, TimePoint now) {
+  if (now <= d.spend_by) return true;
+  std::lock_guard lock(mu_);
+  ++stats_.slots_late;
+  return false;
 }
 
 bool RateLimit::pause(TimePoint now, Duration duration, bool announce) {

@@ -228,7 +228,7 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
         // A pause that began while this call waited for its slot holds it too.
         if (rate_->paused_until() > clock.now()) continue;
       }
-      slot_ = true;
+      slot_ = d;
     }
     if (concurrency_) {
       permit_ = concurrency_->try_acquire();
@@ -240,7 +240,14 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
         continue;
       }
     }
-    slot_ = false;
+    // Core's rule for a slot whose call would leave late (its thread woke late, or it waited
+    // for the permit): the slot is given up, the permit handed back, and both asked for again.
+    if (slot_ && !rate_->on_time(*slot_, clock.now())) {
+      slot_.reset();
+      permit_.ignore();
+      continue;
+    }
+    slot_.reset();
     return std::nullopt;
   }
 }

@@ -418,6 +418,9 @@ TEST_F(FleetRatePoints, FiveHundredPerSecondWith4JobsAProcess) {
   run_point({"500/s", 500, 1s, 4, 2500});
 }
 TEST_F(FleetRatePoints, FivePerSecondWith32JobsAProcess) { run_point({"5/s", 5, 1s, 32, 60}); }
+TEST_F(FleetRatePoints, FiveHundredPerSecondWith32JobsAProcess) {
+  run_point({"500/s", 500, 1s, 32, 2500});
+}
 TEST_F(FleetRatePoints, SixtyPerMinuteWithAJobAProcess) { run_point({"60/m", 60, 60s, 1, 24}); }
 
 // An hourly quota shared: 8 processes at 120/h (one call every 30 s) send one request in their

@@ -205,6 +205,52 @@ TEST(RateLimit, SlotsThatPassedUnusedAreNotSavedUp) {
   EXPECT_GE(limit.stats().slots_lost, 48u);
 }
 
+// A slot may be spent at most the limit's lateness after its time (half the headroom's share of a
+// second: 15 ms at the default 3%): a call that would leave later gives it up and asks again.
+TEST(RateLimit, ACallThatWouldLeaveLaterThanItsSlotAllowsGivesTheSlotUp) {
+  keel::Rng rng(1);
+  RateLimit limit({.rate_per_s = 50});  // a slot every 20.6 ms; 15 ms of lateness
+  const TimePoint t0{};
+  const RateDecision first = limit.reserve(t0, 1s, rng);
+  ASSERT_TRUE(first.go);
+  EXPECT_EQ(first.wait, 0ms);
+  EXPECT_EQ(first.spend_by, t0 + 15ms);
+  const RateDecision second = limit.reserve(t0, 1s, rng);
+  ASSERT_TRUE(second.go);
+  EXPECT_EQ(second.spend_by, t0 + second.wait + 15ms);
+  EXPECT_TRUE(limit.on_time(first, t0 + 15ms));
+  EXPECT_FALSE(limit.on_time(first, t0 + 15ms + 1ns));
+  EXPECT_FALSE(limit.on_time(second, t0 + second.wait + 40ms));
+  EXPECT_EQ(limit.stats().slots_late, 2u);
+  // Asked again, the late call gets a slot after the ones already taken, not the lost one.
+  const RateDecision again = limit.reserve(t0 + second.wait + 40ms, 1s, rng);
+  ASSERT_TRUE(again.go);
+  EXPECT_GE(again.spend_by, t0 + second.wait + 40ms);
+  // Without a rate there is no slot to be late for.
+  RateLimit pauses_only(keel::RateLimitOptions{});
+  const RateDecision any = pauses_only.reserve(t0, 1s, rng);
+  EXPECT_EQ(any.spend_by, TimePoint::max());
+  EXPECT_TRUE(pauses_only.on_time(any, t0 + 24h));
+  // A slot taken early (the burst, after a quiet spell) is due at once: the allowance counts
+  // from now, not from the slot's virtual time.
+  RateLimit bursty({.rate_per_s = 20, .burst = 2, .headroom = 0});  // 100 ms of burst: allowed late
+  const TimePoint quiet = t0 + 10s;
+  const RateDecision early = bursty.reserve(quiet, 1s, rng);
+  ASSERT_TRUE(early.go);
+  EXPECT_EQ(early.wait, 0ms);
+  EXPECT_TRUE(bursty.on_time(early, quiet + 100ms));
+  EXPECT_FALSE(bursty.on_time(early, quiet + 101ms));
+  // A fleet's chunk: the same allowance after each leased slot.
+  RateLimit shared({.rate_per_s = 50});
+  shared.set_sharing(true);
+  shared.add_chunk(t0, 100ms, 5);
+  const RateDecision leased = shared.reserve(t0, 1s, rng);
+  ASSERT_TRUE(leased.go);
+  EXPECT_EQ(leased.wait, 100ms);
+  EXPECT_EQ(leased.spend_by, t0 + 115ms);
+  EXPECT_FALSE(shared.on_time(leased, t0 + 116ms));
+}
+
 TEST(RateLimit, LeavesItsHeadroomUnusedByDefault) {
   keel::Rng rng(1);
   RateLimit limit({.rate_per_s = 50});  // spaced at 48.5/s: 20.6 ms

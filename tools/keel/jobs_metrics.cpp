@@ -135,7 +135,7 @@ void Metrics::render_rates(metrics::Scrape& scrape) const {
   if (rates_ == nullptr) return;
   struct Sums {
     double went = 0, waited = 0, refused = 0, own_pauses = 0, fleet_pauses = 0, cut = 0,
-           on_share = 0, failures = 0, lost = 0;
+           on_share = 0, failures = 0, lost = 0, late = 0;
   };
   std::map<std::string, Sums> by;
   for (const auto& [key, limit] : rates_->all()) {
@@ -150,6 +150,7 @@ void Metrics::render_rates(metrics::Scrape& scrape) const {
     s.on_share += static_cast<double>(st.on_share);
     s.failures += static_cast<double>(st.fleet_failures);
     s.lost += static_cast<double>(st.slots_lost);
+    s.late += static_cast<double>(st.slots_late);
   }
   for (const auto& [key, s] : by) {
     const prometheus::Labels d = {{"dependency", key}};
@@ -179,6 +180,10 @@ void Metrics::render_rates(metrics::Scrape& scrape) const {
                    s.failures);
     scrape.counter("keel_rate_limit_slots_lost_total",
                    "Leased slots of the fleet's schedule that passed unused here.", d, s.lost);
+    scrape.counter("keel_rate_limit_slots_late_total",
+                   "Slots given up because their call could not leave within the allowance after "
+                   "them (a thread woken late); the call asked for another.",
+                   d, s.late);
   }
   if (fleet_ != nullptr) {
     const store::SharedBreakersStats f = fleet_->stats();

@@ -148,7 +148,7 @@ class LimitGate {
   std::shared_ptr<AdaptiveConcurrencyLimit> concurrency_;
   Duration max_wait_;
   Duration waited_{};
-  bool slot_ = false;  // the rate's slot for the next attempt is taken
+  std::optional<RateDecision> slot_;  // the rate's slot for the next attempt, when taken
   ConcurrencyPermit permit_;
   bool paused_ = false;
 };
