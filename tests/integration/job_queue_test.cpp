@@ -1429,12 +1429,14 @@ TEST_P(JobQueueTest, ADeadlockIsRetriedCountedAndLoggedOnceByTheWorker) {
              lines.emplace_back(line);
            }},
       [](const LeasedJob&, const std::atomic<bool>&) { return AttemptReport::success(); });
-  // The queue's session checks for a deadlock 1 s into its wait, when the other one waits too.
+  // The queue's session checks for a deadlock 3 s into its wait, once: the other session must
+  // wait too by then (it asks at once; 1 s was missed once on a loaded machine, and PostgreSQL
+  // then broke the deadlock on the other side, 10 s into its wait).
   auto keel_conn = open_database(url());
-  keel_conn->execute("SET deadlock_timeout = '1s'");
+  keel_conn->execute("SET deadlock_timeout = '3s'");
   const std::int64_t keel_pid = keel_conn->query("SELECT pg_backend_pid()").integer(0, 0);
   auto other = open_database(url());
-  other->execute("SET deadlock_timeout = '10s'");
+  other->execute("SET deadlock_timeout = '30s'");
   other->execute("BEGIN");
   other->query("SELECT id FROM keel_jobs WHERE id = $1 FOR UPDATE", {b.id});
   std::atomic<int> done{-1};
