@@ -36,6 +36,12 @@
 // (its own connection and JobQueue), --producer process from a child process forked before any
 // thread starts. Prints the median, p90, p99 and max.
 //
+// --soak R runs a steady load for --seconds S: one producer thread enqueues R jobs a second (in
+// bulk, every 10 ms its share) while one keel::store::Worker with W slots and batch B runs a
+// no-op handler, as `keel jobs work` would with its defaults. Prints a line a second
+// (soak t=... enqueued=... handled=... backlog=...) and, at the end, the summary line.
+// scripts/bench-soak.sh runs it next to graphile-worker and pg-boss with a snapshot held.
+//
 // Prints one line: backend=... batch=... workers=... jobs=... seconds=... jobs_per_s=...
 // scripts/bench-queue.sh runs it next to pgbench on the same server.
 #include <sys/resource.h>
@@ -69,6 +75,7 @@ int usage() {
                "       keel_bench_queue --db URL [--jobs N] [--workers W] --enqueue C\n"
                "       keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B] --cycle 1\n"
                "       keel_bench_queue --db URL --storm N [--processes P] [--wakeups 1|0]\n"
+               "       keel_bench_queue --db URL --soak R [--seconds S] [--workers W] [--batch B]\n"
                "       keel_bench_queue --db URL --latency N [--producer thread|process]"
                " [--gap-ms G] [--poll-ms P]\n");
   return 2;
@@ -292,6 +299,78 @@ int run_cycle(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& 
   std::printf("backend=%s mode=cycle batch=%d workers=%d jobs=%d seconds=%.3f jobs_per_s=%.1f\n",
               std::string(keel::store::to_string(url.backend)).c_str(), batch, workers,
               recorded.load(), seconds, recorded.load() / seconds);
+  return 0;
+}
+
+// --soak R: a producer at R jobs a second and one Worker, for `seconds`; a line a second.
+int run_soak(const keel::store::DatabaseUrl& url, const keel::store::JobQueue& q,
+             const std::string& queue, double rate, double seconds, int workers, int batch) {
+  keel::store::ConnectionPool pool(url, {.max_connections = workers + 2});
+  std::atomic<std::int64_t> handled{0};
+  std::atomic<std::int64_t> enqueued{0};
+  std::atomic<bool> stop{false};
+  std::atomic<bool> failed{false};
+  keel::store::Worker worker(pool, q,
+                             {.queue = queue,
+                              .concurrency = workers,
+                              .batch = batch,
+                              .log =
+                                  [](std::string_view line) {
+                                    std::fprintf(stderr, "worker: %.*s\n", int(line.size()),
+                                                 line.data());
+                                  }},
+                             [&](const keel::store::LeasedJob&, const std::atomic<bool>&) {
+                               handled.fetch_add(1);
+                               return keel::store::AttemptReport::success();
+                             });
+  std::thread runner([&] { (void)worker.run(); });
+  const auto start = std::chrono::steady_clock::now();
+  std::thread producer([&] {
+    try {
+      auto conn = keel::store::open_database(url);
+      double owed = 0;
+      auto tick = start;
+      while (!stop.load()) {
+        tick += std::chrono::milliseconds(10);
+        std::this_thread::sleep_until(tick);
+        owed += rate / 100;
+        const auto take = static_cast<std::size_t>(owed);
+        if (take == 0) continue;
+        owed -= static_cast<double>(take);
+        if (take == 1) {
+          (void)q.enqueue(*conn, {.queue = queue, .payload = "{}"});
+        } else {
+          (void)q.enqueue_many(*conn, std::vector<keel::store::EnqueueRequest>(
+                                          take, {.queue = queue, .payload = "{}"}));
+        }
+        enqueued.fetch_add(static_cast<std::int64_t>(take));
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "keel_bench_queue: %s\n", e.what());
+      failed = true;
+    }
+  });
+  std::int64_t last = 0;
+  const int whole = static_cast<int>(seconds);
+  for (int t = 1; t <= whole && !failed.load(); ++t) {
+    std::this_thread::sleep_until(start + std::chrono::seconds(t));
+    const std::int64_t h = handled.load();
+    const std::int64_t e = enqueued.load();
+    std::printf("soak t=%d enqueued=%lld handled=%lld backlog=%lld\n", t, static_cast<long long>(e),
+                static_cast<long long>(h - last), static_cast<long long>(e - h));
+    std::fflush(stdout);
+    last = h;
+  }
+  stop = true;
+  producer.join();
+  worker.stop();
+  runner.join();
+  if (failed.load()) return 1;
+  std::printf(
+      "backend=%s mode=soak rate=%.0f batch=%d workers=%d enqueued=%lld handled=%lld"
+      " seconds=%d\n",
+      std::string(keel::store::to_string(url.backend)).c_str(), rate, batch, workers,
+      static_cast<long long>(enqueued.load()), static_cast<long long>(handled.load()), whole);
   return 0;
 }
 
@@ -520,6 +599,7 @@ int main(int argc, char** argv) {
   int storm = 0;
   bool wakeups = true;
   bool processes_given = false;
+  double soak = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const char* v = argv[i + 1];
@@ -555,6 +635,8 @@ int main(int argc, char** argv) {
       limit_s = std::atof(v);
     } else if (flag == "--poll-ms") {
       poll_ms = std::atoi(v);
+    } else if (flag == "--soak") {
+      soak = std::atof(v);
     } else {
       return usage();
     }
@@ -572,10 +654,14 @@ int main(int argc, char** argv) {
   const std::string queue =
       "bench-" + std::to_string(getpid()) + "-" + std::to_string(batch) + "-" +
       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
-  keel::store::JobQueue q({.lease = std::chrono::minutes(5), .seed = 1});
+  // The soak runs the queue as `keel jobs work` does, with its default options.
+  keel::store::JobQueue q(
+      soak > 0 ? keel::store::QueueOptions{}
+               : keel::store::QueueOptions{.lease = std::chrono::minutes(5), .seed = 1});
   if (latency > 0) {
     return run_latency(*url, q, queue, latency, process_producer, std::max(0, gap_ms), poll_ms);
   }
+  if (soak > 0) return run_soak(*url, q, queue, soak, limit_s > 0 ? limit_s : 60, workers, batch);
   if (enqueue_chunk > 0) return run_enqueue(*url, q, queue, jobs, workers, enqueue_chunk);
   if (cycle) return run_cycle(*url, q, queue, jobs, workers, batch);
   if (storm > 0) {

@@ -58,8 +58,9 @@ stop_server() {
 start_on_port() {
   local fast="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
   [[ "${KEEL_PG_DURABLE:-0}" == 1 ]] && fast=""
+  # KEEL_PG_OPTIONS: more server options (scripts/bench-soak.sh loads pg_stat_statements).
   as_pg "$PG_BIN/pg_ctl" -D "$1/data" -w -t 30 -l "$1/server.log" \
-    -o "-p $2 -k $1 -c listen_addresses=127.0.0.1 -c max_connections=300 $fast" \
+    -o "-p $2 -k $1 -c listen_addresses=127.0.0.1 -c max_connections=300 $fast ${KEEL_PG_OPTIONS:-}" \
     start >/dev/null 2>&1
 }
 

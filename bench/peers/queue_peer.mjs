@@ -8,11 +8,15 @@
 //   node queue_peer.mjs --peer ... --db URL --latency N [--gap-ms G]
 //   node queue_peer.mjs --peer ... --db URL --mode enqueue [--jobs N] [--workers W] [--chunk C]
 //   node queue_peer.mjs --peer ... --db URL --mode cycle [--jobs N] [--workers W] [--batch B]
+//   node queue_peer.mjs --peer ... --db URL --mode soak --rate R [--seconds S] [--workers W]
+//                       [--batch B]
 //
 // --mode enqueue: W loops (one pool) enqueue N jobs, C per call (graphile-worker's addJobs,
 // pg-boss's insert; C = 1: addJob and send). --mode cycle: W producer loops enqueue N jobs, B per
 // call, while the worker (W slots, batch B as below) drains them; the rate is N over the time
-// until the last handler ran.
+// until the last handler ran. --mode soak: a producer enqueues R jobs a second (every 10 ms its
+// share, in bulk) for S seconds while the worker runs; a line a second (soak t=... enqueued=...
+// handled=... backlog=...), as keel_bench_queue --soak prints (scripts/bench-soak.sh).
 //
 // Throughput: N jobs are enqueued first (in bulk), then one worker with W concurrent slots drains
 // them until all have run or S seconds have passed; the rate is the handlers that ran over the
@@ -34,11 +38,12 @@ const versionOf = (name) =>
 function parseArgs(argv) {
   const out = {
     jobs: 20000, workers: 2, batch: 1, seconds: 3, latency: 0, gapMs: 20, mode: 'drain', chunk: 1,
+    rate: 0,
   };
   const names = {
     '--peer': 'peer', '--db': 'db', '--jobs': 'jobs', '--workers': 'workers', '--batch': 'batch',
     '--seconds': 'seconds', '--latency': 'latency', '--gap-ms': 'gapMs', '--mode': 'mode',
-    '--chunk': 'chunk',
+    '--chunk': 'chunk', '--rate': 'rate',
   };
   for (let i = 2; i < argv.length; i += 2) {
     const key = names[argv[i]];
@@ -219,6 +224,41 @@ async function cycle(args, peer) {
     ` jobs_per_s=${(ran / seconds).toFixed(1)}`);
 }
 
+async function soak(args, peer) {
+  let handled = 0;
+  let enqueued = 0;
+  let stopping = false;
+  await peer.work(() => { handled += 1; });
+  const start = performance.now();
+  const producer = (async () => {
+    let owed = 0;
+    for (let tick = 1; !stopping; tick += 1) {
+      const due = start + tick * 10 - performance.now();
+      if (due > 0) await sleep(due);
+      owed += args.rate / 100;
+      const take = Math.floor(owed);
+      if (take === 0) continue;
+      owed -= take;
+      await peer.enqueue(Array.from({ length: take }, () => ({})));
+      enqueued += take;
+    }
+  })();
+  let last = 0;
+  for (let t = 1; t <= args.seconds; t += 1) {
+    const due = start + t * 1000 - performance.now();
+    if (due > 0) await sleep(due);
+    console.log(`soak t=${t} enqueued=${enqueued} handled=${handled - last}` +
+      ` backlog=${enqueued - handled}`);
+    last = handled;
+  }
+  stopping = true;
+  await producer;
+  await peer.stop();
+  console.log(`backend=postgres peer=${args.peer} version=${peer.version} mode=soak` +
+    ` rate=${args.rate} batch=${args.batch} workers=${args.workers} enqueued=${enqueued}` +
+    ` handled=${handled} seconds=${args.seconds}`);
+}
+
 async function latency(args, peer) {
   await peer.enqueue([{ t: 0 }]);  // the queue exists and the worker has something to start on
   const samples = [];
@@ -253,6 +293,8 @@ if (args.latency > 0) {
   await enqueueOnly(args, peer);
 } else if (args.mode === 'cycle') {
   await cycle(args, peer);
+} else if (args.mode === 'soak') {
+  await soak(args, peer);
 } else {
   await throughput(args, peer);
 }
