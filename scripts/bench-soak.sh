@@ -5,10 +5,10 @@
 # version younger than it, so every finished job's dead versions stay in the tables and indexes).
 # keel (keel_bench_queue --soak, a keel::store::Worker with `keel jobs work`'s defaults) runs
 # first, then graphile-worker and pg-boss (bench/peers, npm) on servers of their own. Prints per
-# system: jobs handled a second before the hold, through it and in its last 60 s, the largest
-# backlog, how long after the release the backlog was gone, the three statements that took the
-# most server time in the hold's last 60 s (pg_stat_statements: mean ms and buffers a call), and
-# the queue's tables with their indexes at the start and at the end.
+# system: jobs handled a second before the hold, through it (and its slowest second) and in its
+# last 60 s, the largest backlog, how long after the release the backlog was gone, the three
+# statements that took the most server time in the hold's last 60 s (pg_stat_statements: mean ms
+# and buffers a call), and the queue's tables with their indexes at the start and at the end.
 #
 #   scripts/bench-soak.sh [--build-dir DIR] [--rate R] [--seconds S] [--hold-from A]
 #                         [--hold-to B] [--batch N] [--only keel|graphile-worker|pg-boss]
@@ -134,14 +134,18 @@ SQL
     END {
       for (t = 1; t <= last; t++) {
         if (t <= from) { before += handled[t]; nb++ }
-        else if (t <= to) { during += handled[t]; nd++; if (t > to - 60) { tail += handled[t]; nt++ } }
+        else if (t <= to) {
+          during += handled[t]; nd++
+          if (t > to - 60) { tail += handled[t]; nt++ }
+          if (low == "" || handled[t] < low) low = handled[t]
+        }
         if (backlog[t] > most) most = backlog[t]
       }
       caught = "not within the run"
       for (t = to + 1; t <= last; t++) if (backlog[t] <= backlog[from] + 100) { caught = (t - to) " s"; break }
       printf "%s: %s\n", name, summary
-      printf "  handled/s: before the hold %.0f, through it %.0f, in its last 60 s %.0f; largest backlog %d; backlog gone %s after the release\n",
-        before / (nb ? nb : 1), during / (nd ? nd : 1), tail / (nt ? nt : 1), most, caught
+      printf "  handled/s: before the hold %.0f, through it %.0f (its slowest second %d), in its last 60 s %.0f; largest backlog %d; backlog gone %s after the release\n",
+        before / (nb ? nb : 1), during / (nd ? nd : 1), low, tail / (nt ? nt : 1), most, caught
       printf "  tables with indexes: %s MB at 5 s, %s MB at the end\n", start_mb, end_mb
     }' "$out"
   echo "  the statements that took the most server time in the hold's last 60 s (mean ms, buffers a call, calls):"

@@ -32,6 +32,10 @@ const std::string kStart =
 
 // How long a lease floor stands before a lease scans the whole queue again (see lease_floor).
 constexpr std::int64_t kLeaseFloorForMs = 1000;
+// How far below its own now a lease that took every due job it saw sets the floor (see
+// note_lease): a job committed this long after its run_at_ms (its enqueue's transaction still
+// open) is still seen by the next lease; a later one by the next full scan.
+constexpr std::int64_t kShortLeaseLagMs = 100;
 
 // How often a JobQueue's leases look for an expired lease of a queue, and how long the check's
 // floor stands before one looks from the start again (see expiry_plan).
@@ -48,18 +52,36 @@ constexpr std::int64_t kExpiryFloorForMs = 60'000;
 // took, and the next lease of that queue scans from there. A job made due below the floor by
 // this JobQueue (a release, a sweep of expired leases) clears the floors; one made due below it
 // by another process (its release or sweep, or a producer whose clock is behind) is found by the
-// full scan that a lease short of jobs makes, and at least every kLeaseFloorForMs. Every other
-// way a job becomes due (enqueue, retry, replay) gives it a time at or after the lease's own now.
+// next full scan, at least every kLeaseFloorForMs. Every other way a job becomes due (enqueue,
+// retry, replay) gives it a time at or after the lease's own now.
+// A lease short of jobs took every due job it saw, so it leaves a floor too, at its own now less
+// kShortLeaseLagMs. Without it a worker that keeps up (its leases short) scanned from the queue's
+// first entry at each lease and at each look for the next due time; while a snapshot is held,
+// VACUUM removes no entry, and each scan stepped over every job done since (1,340 buffers and
+// 4.4 ms a lease after 60 s at 500 jobs/s; scripts/bench-soak.sh). A job that becomes due below
+// the floor some other way (its enqueue's transaction open longer than kShortLeaseLagMs, another
+// process's release or sweep, a producer whose clock is behind) waits for the next full scan: at
+// most kLeaseFloorForMs.
 // SQLite removes an updated row's old index entry at once: its leases take no floor.
-std::optional<std::int64_t> JobQueue::lease_floor(std::string_view queue, std::int64_t now) const {
+std::optional<JobQueue::LeaseFloor> JobQueue::lease_floor(std::string_view queue,
+                                                          std::int64_t now) const {
   std::lock_guard lock(floor_mu_);
   for (const LeaseFloor& f : floors_) {
     if (f.queue == queue) {
       if (now - f.full_scan_ms >= kLeaseFloorForMs || now < f.full_scan_ms) return std::nullopt;
-      return f.run_at_ms;
+      return f;
     }
   }
   return std::nullopt;
+}
+
+// A look for the next due time from a floor: what it found, or the floor's end when sooner, so
+// that a job below the floor waits no longer than kLeaseFloorForMs for an idle worker either.
+std::optional<std::int64_t> JobQueue::due_within_floor(std::optional<std::int64_t> found,
+                                                       const std::optional<LeaseFloor>& floor) {
+  if (!floor) return found;
+  const std::int64_t end = floor->full_scan_ms + kLeaseFloorForMs;
+  return found ? std::min(*found, end) : end;
 }
 
 void JobQueue::note_lease(std::string_view queue, std::int64_t now, bool full_scan, bool filled,
@@ -67,16 +89,22 @@ void JobQueue::note_lease(std::string_view queue, std::int64_t now, bool full_sc
   std::lock_guard lock(floor_mu_);
   const auto it = std::find_if(floors_.begin(), floors_.end(),
                                [&](const LeaseFloor& f) { return f.queue == queue; });
-  if (!filled || !earliest) {
-    if (it != floors_.end()) floors_.erase(it);
+  if (!filled && !earliest) {
+    // Nothing taken. A full scan saw the whole queue: no floor, so that an idle worker's looks
+    // read it all (and it sleeps until a wakeup). Under a floor: the floor stays as it is, to
+    // its end.
+    if (full_scan && it != floors_.end()) floors_.erase(it);
     return;
   }
+  // A full lease: the earliest job it took. A short one took every due job it saw: its now, less
+  // the lag a commit may take.
+  const std::int64_t floor = filled ? earliest.value_or(now) : now - kShortLeaseLagMs;
   if (it == floors_.end()) {
     // Only a full scan starts a floor.
-    if (full_scan) floors_.push_back({std::string(queue), *earliest, now});
+    if (full_scan) floors_.push_back({std::string(queue), floor, now});
     return;
   }
-  it->run_at_ms = *earliest;
+  it->run_at_ms = floor;
   if (full_scan) it->full_scan_ms = now;
 }
 
@@ -268,8 +296,12 @@ DoneAndLeased JobQueue::lease_in_one_statement(
     sql += detail::done_ctes(done, params) + ", ";
     due += " AND (SELECT count(*) FROM done) >= 0";
   }
-  const std::optional<std::int64_t> floor = lease_floor(ask.queue, ask.now);
-  if (floor) due += " AND run_at_ms >= " + param(*floor);
+  const std::optional<LeaseFloor> floor = lease_floor(ask.queue, ask.now);
+  std::size_t floor_param = 0;
+  if (floor) {
+    due += " AND run_at_ms >= " + param(floor->run_at_ms);
+    floor_param = params.size();
+  }
   due += kDueOrder;
   sql += "picked AS (SELECT id, run_at_ms" + due + " LIMIT $4" +
          std::string(connection.dialect().lock_rows_skip_locked()) +
@@ -296,7 +328,9 @@ DoneAndLeased JobQueue::lease_in_one_statement(
   // (next_due's two index reads; no running job is below the expiry floor).
   sql +=
       " UNION ALL SELECT 3, LEAST((SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
-      " AND state IN ('ready', 'retry_scheduled')), (SELECT min(run_at_ms) FROM keel_jobs"
+      " AND state IN ('ready', 'retry_scheduled')" +
+      (floor ? " AND run_at_ms >= $" + std::to_string(floor_param) : std::string()) +
+      "), (SELECT min(run_at_ms) FROM keel_jobs"
       " WHERE queue = $1 AND state = 'running'" +
       (above.empty() ? std::string() : " AND run_at_ms > " + above) +
       ")), NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT count(*) FROM leased) < $4";
@@ -316,7 +350,7 @@ DoneAndLeased JobQueue::lease_in_one_statement(
     if (kind == 4) earliest = c.optional_integer();
     if (kind == 3) {
       out.next_due_known = true;
-      if (const auto due_ms = c.optional_integer()) out.next_due_ms = due_ms;
+      out.next_due_ms = due_within_floor(c.optional_integer(), floor);
     }
     if (kind != 1) continue;
     LeasedJob job = leased_job(c, ask.queue, ask.expires);
@@ -469,20 +503,33 @@ std::optional<std::int64_t> JobQueue::next_due(Connection& connection,
   // spelled as in its index, so the planner takes it).
   // No running job is below the expiry floor (expiry_plan): the read of keel_jobs_running starts
   // there, past the entries of the jobs finished before it.
-  const ExpiryPlan plan = expiry_plan(queue, now_ms());
+  // The read of keel_jobs_ready starts at the lease floor, as the next lease will.
+  const std::int64_t now = now_ms();
+  const ExpiryPlan plan = expiry_plan(queue, now);
+  const std::optional<LeaseFloor> floor = lease_floor(queue, now);
   std::vector<Value> params = {queue};
-  if (plan.above) params.emplace_back(*plan.above);
+  std::string above_floor;
+  if (floor) {
+    params.emplace_back(floor->run_at_ms);
+    above_floor = " AND run_at_ms >= $" + std::to_string(params.size());
+  }
+  std::string above_expiry;
+  if (plan.above) {
+    params.emplace_back(*plan.above);
+    above_expiry = " AND run_at_ms > $" + std::to_string(params.size());
+  }
   const Rows r = connection.query(
-      std::string("SELECT (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
-                  " AND state IN ('ready', 'retry_scheduled')),"
-                  " (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1 AND state = 'running'") +
-          (plan.above ? " AND run_at_ms > $2" : "") + ")",
+      "SELECT (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1"
+      " AND state IN ('ready', 'retry_scheduled')" +
+          above_floor +
+          "), (SELECT min(run_at_ms) FROM keel_jobs WHERE queue = $1 AND state = 'running'" +
+          above_expiry + ")",
       params);
   RowCursor c(r, 0);
   const std::optional<std::int64_t> ready = c.optional_integer();
   const std::optional<std::int64_t> running = c.optional_integer();
-  if (ready && running) return std::min(*ready, *running);
-  return ready ? ready : running;
+  if (ready && running) return due_within_floor(std::min(*ready, *running), floor);
+  return due_within_floor(ready ? ready : running, floor);
 }
 
 bool JobQueue::start(Connection& connection, std::int64_t job_id, std::int64_t fence) const {

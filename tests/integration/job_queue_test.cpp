@@ -10,9 +10,9 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
-#include <thread>
 
 #include "build_kind.hpp"
 #include "keel/duration.hpp"
@@ -226,6 +226,41 @@ TEST_P(JobQueueTest, ALeaseStepsOverNoneOfTheJobsLeasedBeforeItOnPostgres) {
   EXPECT_LE(index_pages() - before, 20 * 5) << "index pages read by 20 leases";
 }
 
+TEST_P(JobQueueTest, AShortLeaseLeavesAFloorAtItsNowAndAnIdleLookEndsWithIt) {
+  // A lease short of jobs took every due job it saw: it leaves a floor at its now less 100 ms, so
+  // that a worker keeping up does not scan the queue from its first entry at each lease (while a
+  // snapshot is held, over every job done since). A job that comes due below it (its enqueue's
+  // transaction committed late) is found by the full scan at most a second later, and an idle
+  // worker's look for the next due time says to look again then. A lease that took nothing after
+  // a full scan leaves no floor. SQLite takes no floor.
+  const bool pg = GetParam() == Backend::kPostgres;
+  JobQueue q = make_queue();
+  for (int i = 0; i < 2; ++i) (void)q.enqueue(*conn_, {.queue = "s", .payload = "{}"});
+  ASSERT_EQ(q.lease(*conn_, "s", "w", 5).size(), 2u);  // short: a floor at now - 100 ms
+  const std::int64_t now = q.now_ms();
+  const auto late = q.enqueue(*conn_, {.queue = "s", .payload = R"({"late":1})"});
+  conn_->query("UPDATE keel_jobs SET run_at_ms = $1 WHERE id = $2", {now - 500, late.id});
+  if (pg) {
+    EXPECT_TRUE(q.lease(*conn_, "s", "w", 5).empty()) << "a lease from the floor";
+    const std::optional<std::int64_t> due = q.next_due(*conn_, "s");
+    ASSERT_TRUE(due.has_value()) << "an idle look ends at the floor's end";
+    EXPECT_GT(*due, now);
+    EXPECT_LE(*due, now + 1000);
+    clock_.advance(1s);
+  }
+  const auto found = q.lease(*conn_, "s", "w", 5);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].id, late.id);
+  // The full scan that found it was short too: a floor again. One that takes nothing clears it.
+  clock_.advance(1s);
+  EXPECT_TRUE(q.lease(*conn_, "s", "w", 5).empty());  // a full scan, nothing: no floor
+  const auto below = q.enqueue(*conn_, {.queue = "s", .payload = R"({"below":1})"});
+  conn_->query("UPDATE keel_jobs SET run_at_ms = $1 WHERE id = $2", {q.now_ms() - 500, below.id});
+  const auto at_once = q.lease(*conn_, "s", "w", 5);
+  ASSERT_EQ(at_once.size(), 1u);
+  EXPECT_EQ(at_once[0].id, below.id);
+}
+
 TEST_P(JobQueueTest, AJobMadeDueBeforeTheLeaseFloorByAnotherProcessWaitsAtMostASecond) {
   // Another process's release gives a job back due at its lease's time, before this process's
   // floor: a busy queue's leases from the floor miss it, and the full scan a second later finds
@@ -327,9 +362,9 @@ TEST_P(JobQueueTest, AStatementOnOneLeasedJobIsNeverPlannedOnTheRunningIndexOnPo
   ASSERT_EQ(batch.size(), 4u);
   EXPECT_TRUE(q.start(rec, batch[1].id, batch[1].fence));
   EXPECT_TRUE(q.heartbeat(rec, batch[1].id, batch[1].fence));
-  EXPECT_TRUE(q.complete_and_start(rec, {{batch[0].id, batch[0].fence}}, batch[2].id,
-                                   batch[2].fence)
-                  .started);
+  EXPECT_TRUE(
+      q.complete_and_start(rec, {{batch[0].id, batch[0].fence}}, batch[2].id, batch[2].fence)
+          .started);
   EXPECT_EQ(q.complete(rec, batch[1].id, batch[1].fence, {.outcome = Outcome::success()}).status,
             CompleteStatus::kDone);
   EXPECT_TRUE(q.release(rec, batch[3].id, batch[3].fence, "stopping"));
@@ -339,9 +374,8 @@ TEST_P(JobQueueTest, AStatementOnOneLeasedJobIsNeverPlannedOnTheRunningIndexOnPo
                                  more[1].id, more[1].fence)
                 .current,
             2);
-  EXPECT_EQ(
-      q.complete(rec, more[1].id, more[1].fence, {.outcome = Outcome::permanent()}).status,
-      CompleteStatus::kDead);
+  EXPECT_EQ(q.complete(rec, more[1].id, more[1].fence, {.outcome = Outcome::permanent()}).status,
+            CompleteStatus::kDead);
   // The statements on one job by its lease: those that compare a fence and lease nothing.
   std::vector<std::pair<std::string, std::vector<Value>>> per_job;
   for (const auto& st : rec.statements) {
@@ -374,7 +408,7 @@ TEST_P(JobQueueTest, ExpiredLeasesAreLookedForOnceASecondFromWhereTheLastLookFou
   ASSERT_EQ(held.size(), 1u);
   clock_.advance(1s);
   EXPECT_TRUE(q.lease(*conn_, "q", "w", 1).empty());  // looks: none expired
-  clock_.advance(9500ms);                              // a's lease expired 500 ms ago
+  clock_.advance(9500ms);                             // a's lease expired 500 ms ago
   const auto taken = q.lease(*conn_, "q", "w", 1);
   ASSERT_EQ(taken.size(), 1u) << "the look from the floor finds the lease that expired after it";
   EXPECT_EQ(taken[0].id, a.id);
@@ -1587,7 +1621,7 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
   ASSERT_EQ(temp_btrees(*old, kWriteJob), 1) << "the test did not restore the older form";
   auto upgrading = open_database(url);
   JobQueue::migrate(*upgrading);
-  EXPECT_EQ(schema_version(*upgrading, "queue"), 9);
+  EXPECT_EQ(schema_version(*upgrading, "queue"), 10);
   // Version 9: the running and dead jobs' partial indexes in place of keel_jobs_due.
   EXPECT_EQ(upgrading
                 ->query("SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master"

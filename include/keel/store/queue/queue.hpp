@@ -379,17 +379,23 @@ class JobQueue {
                                                  int start) const;
 
   // Where a lease on PostgreSQL starts its scan of a queue's due jobs (queue_lease.cpp): the
-  // earliest run_at_ms the last full lease took, while it is younger than kLeaseFloorFor.
+  // earliest run_at_ms the last full lease took (a short one's now, less a commit's lag), while
+  // the full scan that started it is younger than kLeaseFloorFor.
   struct LeaseFloor {
     std::string queue;
     std::int64_t run_at_ms = 0;
     std::int64_t full_scan_ms = 0;
   };
   // The floor for `queue` at `now`, or nullopt: scan from the queue's first due job.
-  [[nodiscard]] std::optional<std::int64_t> lease_floor(std::string_view queue,
-                                                        std::int64_t now) const;
+  [[nodiscard]] std::optional<LeaseFloor> lease_floor(std::string_view queue,
+                                                      std::int64_t now) const;
+  // A next due time read from `floor` (none: from the queue's start): `found`, or the floor's
+  // end when sooner.
+  [[nodiscard]] static std::optional<std::int64_t> due_within_floor(
+      std::optional<std::int64_t> found, const std::optional<LeaseFloor>& floor);
   // After a lease of `queue` at `now` that was a full scan or not: a lease that took `limit`
-  // jobs, the earliest of them due at `earliest`, leaves a floor; a shorter one clears it.
+  // jobs, the earliest of them due at `earliest`, leaves a floor there; a shorter one took every
+  // due job it saw and leaves one at `now` less a commit's lag.
   void note_lease(std::string_view queue, std::int64_t now, bool full_scan, bool filled,
                   std::optional<std::int64_t> earliest) const;
   // Clears every floor: a job was made due again at a time a floor may be past.
