@@ -24,6 +24,7 @@
 # installed. scripts/patroni-drill.sh (keel across a Patroni switchover and a killed leader) writes
 # raw/patroni.txt when patroni and etcd are installed. scripts/bench-pooler.sh (a hundred
 # workers through PgBouncer) writes raw/pooler.txt when pgbouncer is installed.
+# scripts/bench-soak.sh (the job queues with a snapshot held) writes raw/soak.txt.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -248,6 +249,18 @@ else
   if ! timeout 600 "$root/scripts/bench-pooler.sh" "$build_dir" >"$raw/pooler.txt" \
     2>"$raw/pooler.stderr.txt"; then
     skip pooler "scripts/bench-pooler.sh failed (see raw/pooler.stderr.txt)"
+  fi
+fi
+
+# The held-snapshot soak: keel, graphile-worker and pg-boss at 2,000 jobs/s for 6 minutes each
+# with a snapshot held for 4 (scripts/bench-soak.sh; raw/soak.txt holds its figures).
+if ((smoke)); then
+  skip soak "not run in smoke mode (6 minutes a queue)"
+else
+  log "soak: running scripts/bench-soak.sh"
+  if ! timeout 1500 "$root/scripts/bench-soak.sh" --build-dir "$build_dir" >"$raw/soak.txt" \
+    2>"$raw/soak.stderr.txt"; then
+    skip soak "scripts/bench-soak.sh failed (see raw/soak.stderr.txt)"
   fi
 fi
 
