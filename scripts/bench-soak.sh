@@ -47,8 +47,8 @@ done
 for n in "$rate" "$seconds" "$hold_from" "$hold_to" "$batch"; do
   [[ "$n" =~ ^[0-9]+$ && "$n" -gt 0 ]] || { echo "bench-soak: '$n' is not a positive whole number" >&2; exit 2; }
 done
-if ((hold_from + 60 > hold_to || hold_to > seconds)); then
-  echo "bench-soak: need --hold-from + 60 <= --hold-to <= --seconds (got $hold_from, $hold_to, $seconds)" >&2
+if ((hold_from < 5 || hold_from + 60 > hold_to || hold_to > seconds)); then
+  echo "bench-soak: need 5 <= --hold-from, --hold-from + 60 <= --hold-to <= --seconds (got $hold_from, $hold_to, $seconds)" >&2
   exit 2
 fi
 case "$only" in ""|keel|graphile-worker|pg-boss) ;; *) usage ;; esac
@@ -60,8 +60,10 @@ fi
 peers="$root/bench/peers"
 work=$(mktemp -d "${TMPDIR:-/tmp}/keel-bench-soak.XXXXXX")
 holder=""
+runner=""
 cleanup() {
   [[ -n "$holder" ]] && kill "$holder" 2>/dev/null || true
+  [[ -n "$runner" ]] && kill "$runner" 2>/dev/null || true
   "$root/scripts/pg-test-server.sh" stop "$work/pg" >/dev/null 2>&1 || true
   rm -rf -- "$work"
 }
@@ -91,7 +93,8 @@ soak_one() {  # soak_one SYSTEM
     *) node "$peers/queue_peer.mjs" --peer "$system" --db "$url" --mode soak --rate "$rate" \
       --seconds "$seconds" --workers 2 --batch "$batch" >"$out" 2>"$work/$system.err" & ;;
   esac
-  local runner=$! start_mb="" t
+  runner=$!
+  local start_mb=""
   # The tables once the system has made them (a few seconds in), then the hold.
   sleep 5
   start_mb=$(tables_mb "$url" "$schema")
@@ -103,7 +106,13 @@ SELECT pg_sleep($((hold_to - hold_from)));
 COMMIT;
 SQL
   holder=$!
-  sleep $((hold_to - hold_from - 60))
+  sleep 2
+  if [[ $(psql "$url" -Atc "SELECT count(*) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL
+      AND query LIKE '%pg_sleep%' AND pid <> pg_backend_pid()") -lt 1 ]]; then
+    echo "  $system: the snapshot is not held (its session failed); the figures are not a hold's" >&2
+  fi
+  local rest=$((hold_to - hold_from - 62))
+  ((rest > 0)) && sleep "$rest"
   psql "$url" -Atqc "SELECT pg_stat_statements_reset()" >/dev/null
   sleep 60
   local top
@@ -114,7 +123,10 @@ SQL
       AND query NOT LIKE '%pg_sleep%' ORDER BY total_exec_time DESC LIMIT 3")
   wait "$holder" 2>/dev/null || true
   holder=""
-  if ! wait "$runner"; then
+  local finished=0
+  wait "$runner" && finished=1
+  runner=""
+  if ((!finished)); then
     echo "  $system: failed; its stderr:" >&2
     tail -n 20 "$work/$system.err" >&2
     "$root/scripts/pg-test-server.sh" stop "$work/pg" >/dev/null

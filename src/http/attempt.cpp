@@ -219,18 +219,20 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
     if (rate_ && !slot_) {
       const RateDecision d = rate_->reserve(now, left, rng);
       if (!d.go) {
+        permit_.ignore();  // a permit kept from a late slot is not held through a refusal
         if (d.wait > left) return d.wait;
         wait(d.wait);  // paused (its end plus jitter), or a slot came within the wait
         continue;
       }
-      if (d.wait > Duration::zero()) {
-        wait(d.wait);
+      // The slot comes d.wait after `now`: reserve may have spent some of it on the fleet.
+      if (const Duration until = now + d.wait - clock.now(); until > Duration::zero()) {
+        wait(until);
         // A pause that began while this call waited for its slot holds it too.
         if (rate_->paused_until() > clock.now()) continue;
       }
       slot_ = d;
     }
-    if (concurrency_) {
+    if (concurrency_ && !permit_) {
       permit_ = concurrency_->try_acquire();
       if (!permit_) {
         // About one call's time, jittered, so that the waiters do not come back together.
@@ -241,10 +243,10 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
       }
     }
     // Core's rule for a slot whose call would leave late (its thread woke late, or it waited
-    // for the permit): the slot is given up, the permit handed back, and both asked for again.
+    // for the permit): the slot is given up and another asked for. A permit it waited for is
+    // kept, so that a wait for a permit costs at most one slot.
     if (slot_ && !rate_->on_time(*slot_, clock.now())) {
       slot_.reset();
-      permit_.ignore();
       continue;
     }
     slot_.reset();
