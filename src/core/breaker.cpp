@@ -70,6 +70,11 @@ constexpr std::uint32_t gen_of(std::uint64_t w) noexcept {
   return static_cast<std::uint32_t>((w >> kTicksBits) & kGenMask);
 }
 constexpr std::uint64_t ticks_of(std::uint64_t w) noexcept { return w & kTicksMask; }
+// Whether round `a` comes after round `b` (generations wrap at kGenBits).
+constexpr bool newer_gen(std::uint32_t a, std::uint32_t b) noexcept {
+  const std::uint64_t d = (static_cast<std::uint64_t>(a) - b) & kGenMask;
+  return d != 0 && d < (kGenMask >> 1) + 1;
+}
 constexpr std::uint64_t make_word(BreakerState s, std::uint32_t gen, std::uint64_t ticks) {
   return (static_cast<std::uint64_t>(s) << (kTicksBits + kGenBits)) |
          ((static_cast<std::uint64_t>(gen) & kGenMask) << kTicksBits) | (ticks & kTicksMask);
@@ -362,9 +367,18 @@ BreakerPermit CircuitBreaker::try_acquire() noexcept {
       case BreakerState::kHalfOpen: {
         const std::uint32_t gen = gen_of(w);
         std::uint64_t tw = trials_word_.load(std::memory_order_acquire);
+        bool stale = false;
         for (;;) {
           Trials t = unpack(tw);
-          if (t.gen != gen) t = Trials{gen, 0, 0, 0};  // a new half-open round
+          if (t.gen != gen) {
+            // A later round already counts here: `w` is stale, and resetting the word to its
+            // round would free the later round's slots.
+            if (newer_gen(t.gen, gen)) {
+              stale = true;
+              break;
+            }
+            t = Trials{gen, 0, 0, 0};  // a new half-open round
+          }
           if (t.admitted >= static_cast<std::uint64_t>(options_.half_open_trials)) break;
           ++t.admitted;
           if (trials_word_.compare_exchange_weak(tw, pack(t), std::memory_order_acq_rel)) {
@@ -376,6 +390,7 @@ BreakerPermit CircuitBreaker::try_acquire() noexcept {
             return permit;
           }
         }
+        if (stale) break;
         // Every trial is out. If they have not reported in time, re-open.
         if (now >= from_ticks(ticks_of(w))) {
           transition(w, BreakerState::kOpen, now);
@@ -396,19 +411,24 @@ bool CircuitBreaker::gate_allows_trial(std::uint64_t half_open_word) noexcept {
     hold = Duration::zero();  // a gate that fails lets the breaker decide alone
   }
   if (hold <= Duration::zero()) return true;
-  // Somebody else runs the trial: give the slot back and stay open for `hold`, not a trip.
-  BreakerPermit slot;
+  // Somebody else runs the trial: stay open for `hold`, not a trip. The round ends before its
+  // slot is given back: a slot freed first could be taken by another thread of the same round,
+  // whose trial this move to open would then orphan (its answer read as stale, a second trial
+  // in the next round).
+  const std::uint64_t next = make_word(BreakerState::kOpen, gen_of(half_open_word) + 1,
+                                       to_ticks(saturating_add(clock_->now(), hold)));
+  std::uint64_t expected = half_open_word;
+  if (state_word_.compare_exchange_strong(expected, next, std::memory_order_acq_rel)) {
+    if (options_.on_state_change) {
+      options_.on_state_change(BreakerState::kHalfOpen, BreakerState::kOpen);
+    }
+    return false;  // a new round starts with every slot free
+  }
+  BreakerPermit slot;  // the round ended some other way: its slot is still ours to give back
   slot.allowed = true;
   slot.trial = true;
   slot.generation = gen_of(half_open_word);
   release(slot);
-  const std::uint64_t next = make_word(BreakerState::kOpen, gen_of(half_open_word) + 1,
-                                       to_ticks(saturating_add(clock_->now(), hold)));
-  std::uint64_t expected = half_open_word;
-  if (state_word_.compare_exchange_strong(expected, next, std::memory_order_acq_rel) &&
-      options_.on_state_change) {
-    options_.on_state_change(BreakerState::kHalfOpen, BreakerState::kOpen);
-  }
   return false;
 }
 
