@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -52,16 +53,17 @@ std::string nested_objects(std::size_t depth) {
 /// Arrays and objects alternating, `depth` deep: [{"a":[{"a":...}]}].
 std::string nested_mixed(std::size_t depth) {
   std::string open;
-  std::string close;
+  std::string close;  // built backwards, then reversed: linear in the depth
   for (std::size_t i = 0; i < depth; ++i) {
     if (i % 2 == 0) {
       open += '[';
-      close.insert(close.begin(), ']');
+      close += ']';
     } else {
       open += "{\"a\":";
-      close.insert(close.begin(), '}');
+      close += '}';
     }
   }
+  std::reverse(close.begin(), close.end());
   return open + "1" + close;
 }
 
