@@ -50,7 +50,9 @@ constexpr std::int64_t kExpiryFloorForMs = 60'000;
 // pages per lease after 15,000 jobs, a third of the lease's time, growing until autovacuum runs.
 // So a lease that took as many jobs as it asked for leaves a floor, the earliest run_at_ms it
 // took, and the next lease of that queue scans from there. A job made due below the floor by
-// this JobQueue (a release, a sweep of expired leases) clears the floors; one made due below it
+// this JobQueue (a release, a sweep of expired leases) clears the floors once its transaction has
+// committed, and a lease whose scan began before then leaves no floor (it may not have seen the
+// job: the floors' generation, forget_lease_floors); one made due below it
 // by another process (its release or sweep, or a producer whose clock is behind) is found by the
 // next full scan, at least every kLeaseFloorForMs. Every other way a job becomes due (enqueue,
 // retry, replay) gives it a time at or after the lease's own now.
@@ -84,9 +86,17 @@ std::optional<std::int64_t> JobQueue::due_within_floor(std::optional<std::int64_
   return found ? std::min(*found, end) : end;
 }
 
-void JobQueue::note_lease(std::string_view queue, std::int64_t now, bool full_scan, bool filled,
-                          std::optional<std::int64_t> earliest) const {
+std::uint64_t JobQueue::floor_generation() const {
   std::lock_guard lock(floor_mu_);
+  return floor_generation_;
+}
+
+void JobQueue::note_lease(std::string_view queue, std::int64_t now, bool full_scan, bool filled,
+                          std::optional<std::int64_t> earliest, std::uint64_t generation) const {
+  std::lock_guard lock(floor_mu_);
+  // A release or a sweep committed since this lease read the floors: its scan may not have seen
+  // the job given back, which a floor from it could put out of the next leases' reach.
+  if (generation != floor_generation_) return;
   const auto it = std::find_if(floors_.begin(), floors_.end(),
                                [&](const LeaseFloor& f) { return f.queue == queue; });
   if (!filled && !earliest) {
@@ -111,6 +121,7 @@ void JobQueue::note_lease(std::string_view queue, std::int64_t now, bool full_sc
 void JobQueue::forget_lease_floors() const {
   std::lock_guard lock(floor_mu_);
   floors_.clear();
+  ++floor_generation_;
 }
 
 // The check for an expired lease reads keel_jobs_running from the queue's earliest run_at_ms.
@@ -151,9 +162,11 @@ void JobQueue::note_expiry_check(std::string_view queue, std::int64_t now, const
 
 std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view queue) const {
   std::int64_t reaped = 0;
+  bool given_back = false;
   std::vector<std::pair<std::int64_t, CompleteResult>> dead;
   in_transaction(deadlocks_, connection, [&](Connection& tx) {
     reaped = 0;
+    given_back = false;
     dead.clear();
     const std::int64_t now = now_ms();
     // Leases that expired: the worker died or stalled. Rows are taken in id order, as every
@@ -170,8 +183,6 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
             " FROM keel_jobs WHERE queue = $1 AND state = 'running' AND run_at_ms <= $2" + above +
             " ORDER BY id LIMIT $3" + std::string(connection.dialect().lock_rows_skip_locked()),
         params);
-    // Unstarted jobs go back due at their lease's time, before a lease floor (lease_floor).
-    if (!expired.empty()) forget_lease_floors();
     for (std::size_t i = 0; i < expired.size(); ++i) {
       const detail::SettleRow job = detail::read_settle_row(expired, i);
       const std::int64_t id = job.id;
@@ -180,6 +191,7 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
         // Leased in a batch, never started: nothing ran, nothing is charged. Back to ready at
         // the time it was leased, so it keeps its place in the queue; the new fence locks the
         // old worker out.
+        given_back = true;
         tx.query(
             "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
             " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
@@ -201,6 +213,8 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
     }
     return true;
   });
+  // The jobs given back are due at their lease's time, before a lease floor (lease_floor).
+  if (given_back) forget_lease_floors();
   if (options_.on_dead_letter) {
     for (const auto& [id, r] : dead) {
       options_.on_dead_letter(id, DeadLetterReason{r.dead_kind, r.dead_reason});
@@ -296,6 +310,7 @@ DoneAndLeased JobQueue::lease_in_one_statement(
     sql += detail::done_ctes(done, params) + ", ";
     due += " AND (SELECT count(*) FROM done) >= 0";
   }
+  const std::uint64_t generation = floor_generation();
   const std::optional<LeaseFloor> floor = lease_floor(ask.queue, ask.now);
   std::size_t floor_param = 0;
   if (floor) {
@@ -357,8 +372,8 @@ DoneAndLeased JobQueue::lease_in_one_statement(
     job.started = c.integer() == 1;
     out.leased.push_back(std::move(job));
   }
-  note_lease(ask.queue, ask.now, !floor, static_cast<int>(out.leased.size()) >= ask.limit,
-             earliest);
+  note_lease(ask.queue, ask.now, !floor, static_cast<int>(out.leased.size()) >= ask.limit, earliest,
+             generation);
   return out;
 }
 
@@ -595,9 +610,11 @@ bool JobQueue::heartbeat(Connection& connection, std::int64_t job_id, std::int64
 bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t fence,
                        std::string_view why) const {
   bool released = false;
+  bool given_back = false;
   CompleteResult result;
   in_transaction(deadlocks_, connection, [&](Connection& tx) {
     released = false;
+    given_back = false;
     result = CompleteResult{};
     const std::int64_t now = now_ms();
     const Rows row = tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
@@ -608,7 +625,7 @@ bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t
     released = true;
     if (!detail::read_settle_row(row, 0).started_ms) {
       // Never started: ready again at once, in its place, not charged (before any lease floor).
-      forget_lease_floors();
+      given_back = true;
       tx.query(
           "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
           " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
@@ -621,6 +638,7 @@ bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t
                     "released", now);
     return true;
   });
+  if (given_back) forget_lease_floors();  // once the job is visible to the next lease
   if (result.status == CompleteStatus::kDead && options_.on_dead_letter) {
     options_.on_dead_letter(job_id, DeadLetterReason{result.dead_kind, result.dead_reason});
   }

@@ -303,6 +303,55 @@ TEST_P(JobQueueTest, AJobMadeDueBeforeTheLeaseFloorByAnotherProcessWaitsAtMostAS
   EXPECT_EQ(back[0].id, mine_first.id);
 }
 
+TEST_P(JobQueueTest, ALeaseThatRanWhileThisProcessGaveAJobBackLeavesNoFloorAboveIt) {
+  // This JobQueue gives back a job it leased and never started: due again at its lease's time,
+  // below the floor a lease running meanwhile leaves (that lease's scan began before the release
+  // committed and did not see the job). The release clears the floors once committed, and a lease
+  // that began before then leaves none: the next lease takes the job at once, not a second later.
+  if (GetParam() != Backend::kPostgres) GTEST_SKIP() << "SQLite takes no floor";
+  JobQueue q = make_queue();
+  const auto given = q.enqueue(*conn_, {.queue = "r", .payload = R"({"n":0})"});
+  const auto held = q.lease(*conn_, "r", "w", 1, 0);  // leased, not started
+  ASSERT_EQ(held.size(), 1u);
+  ASSERT_EQ(held[0].id, given.id);
+  clock_.advance(500ms);
+  for (int i = 1; i <= 2; ++i) {
+    (void)q.enqueue(*conn_, {.queue = "r", .payload = "{\"n\":" + std::to_string(i) + "}"});
+  }
+  // The release waits, after its update and before its commit, for a lock this test holds.
+  conn_->query(
+      "CREATE FUNCTION keel_test_hold_release() RETURNS trigger LANGUAGE plpgsql AS"
+      " $$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$");
+  conn_->query(
+      "CREATE TRIGGER keel_test_hold_release BEFORE UPDATE ON keel_jobs FOR EACH ROW"
+      " WHEN (OLD.state = 'running' AND NEW.state = 'ready')"
+      " EXECUTE FUNCTION keel_test_hold_release()");
+  const std::unique_ptr<Connection> gate = open_database(url());
+  gate->query("SELECT pg_advisory_lock(4242)");
+  const std::unique_ptr<Connection> releasing = open_database(url());
+  std::atomic<bool> released{false};
+  std::thread release(
+      [&] { released = q.release(*releasing, held[0].id, held[0].fence, "given back"); });
+  // wait: bound: 10 s for the release to reach the lock (a condition polled, not a time passing)
+  for (int i = 0; i < 1000 && count("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                    " AND NOT granted") == 0;
+       ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(count("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"), 1)
+      << "the release is waiting before its commit";
+  // A lease while the release is not committed: it takes the other two, a floor at its now less
+  // 100 ms, above the time the job given back will be due at.
+  const std::unique_ptr<Connection> leasing = open_database(url());
+  EXPECT_EQ(q.lease(*leasing, "r", "w", 5).size(), 2u);
+  gate->query("SELECT pg_advisory_unlock(4242)");
+  release.join();
+  EXPECT_TRUE(released.load());
+  const auto next = q.lease(*leasing, "r", "w", 5);
+  ASSERT_EQ(next.size(), 1u) << "the job given back is leased next";
+  EXPECT_EQ(next[0].id, given.id);
+}
+
 TEST_P(JobQueueTest, TheWorkersReadsOfABusyQueueScanNoTableOnPostgres) {
   // With thousands of done jobs beside a few running and dead ones, the worker's statements (the
   // lease with its expired-lease check and next due time, the sweep, heartbeat, leases_of) and

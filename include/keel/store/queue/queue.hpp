@@ -396,9 +396,13 @@ class JobQueue {
   // After a lease of `queue` at `now` that was a full scan or not: a lease that took `limit`
   // jobs, the earliest of them due at `earliest`, leaves a floor there; a shorter one took every
   // due job it saw and leaves one at `now` less a commit's lag.
+  // `generation` is floor_generation() read before the lease's floor: a lease that began before
+  // the last forget_lease_floors leaves no floor.
   void note_lease(std::string_view queue, std::int64_t now, bool full_scan, bool filled,
-                  std::optional<std::int64_t> earliest) const;
-  // Clears every floor: a job was made due again at a time a floor may be past.
+                  std::optional<std::int64_t> earliest, std::uint64_t generation) const;
+  [[nodiscard]] std::uint64_t floor_generation() const;
+  // Clears every floor and starts a new generation of them: a job was made due again, its
+  // transaction committed, at a time a floor may be past.
   void forget_lease_floors() const;
 
   // Whether a lease looks for expired leases of a queue, and from where (queue_lease.cpp): at
@@ -445,8 +449,9 @@ class JobQueue {
   mutable std::atomic<std::int64_t> last_reap_ms_{0};
   mutable std::atomic<std::int64_t> deadlocks_{0};
   mutable std::mutex floor_mu_;
-  mutable std::vector<LeaseFloor> floors_;   // guarded by floor_mu_
-  mutable std::vector<ExpiryCheck> expiry_;  // guarded by floor_mu_
+  mutable std::vector<LeaseFloor> floors_;      // guarded by floor_mu_
+  mutable std::uint64_t floor_generation_ = 0;  // guarded by floor_mu_
+  mutable std::vector<ExpiryCheck> expiry_;     // guarded by floor_mu_
 };
 
 }  // namespace keel::store
