@@ -283,7 +283,8 @@ class RateLimit {
   std::int64_t interval_ns_ = 0;  // 1 / rate, 0 without a rate
   std::int64_t burst_ns_ = 0;     // burst x interval
   // How late a leased slot may still be spent: the burst, or half the headroom's share of a
-  // second when longer (a slot spent that late is paid for by the headroom left unused).
+  // second (of one slot's time, under one call a second) when longer (a slot spent that late is
+  // paid for by the headroom left unused).
   std::int64_t late_ns_ = 0;
   std::int64_t chunk_ = 1;
   // The registry's fleet, shared by its limits: read under a shared lock for each call to it,

@@ -104,11 +104,15 @@ RateLimit::RateLimit(RateLimitOptions options, std::string key)
   if (options_.rate_per_s > 0) {
     interval_ns_ = std::max<std::int64_t>(1, std::llround(1e9 / spaced_rate()));
     burst_ns_ = static_cast<std::int64_t>(options_.burst * static_cast<double>(interval_ns_));
-    // Half the headroom's share of a second: the other half is for the time between a slot and
-    // the dependency's count of it (a timer that wakes late, the network). A millisecond at
-    // least.
-    late_ns_ =
-        std::max<std::int64_t>({burst_ns_, std::llround(options_.headroom * 0.5e9), 1'000'000});
+    // Half the headroom's share of the shortest window the dependency may count the rate over:
+    // a second, or one slot's time at a rate under one a second (an API allowing 120 calls an
+    // hour counts them over a minute or an hour, not a second). The other half is for the time
+    // between a slot and the dependency's count of it (a timer that wakes late, the network). A
+    // millisecond at least. At 120/h it is 0.45 s: a slot leased from the fleet in a round trip
+    // that took longer than 15 ms (a loaded database) is still spent, not lost for 30 s.
+    const double window_ns = std::max(1e9, static_cast<double>(interval_ns_));
+    late_ns_ = std::max<std::int64_t>(
+        {burst_ns_, std::llround(options_.headroom * 0.5 * window_ns), 1'000'000});
     chunk_ = rate_chunk(options_.rate_per_s);
   }
 }

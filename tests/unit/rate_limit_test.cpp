@@ -205,6 +205,57 @@ TEST(RateLimit, SlotsThatPassedUnusedAreNotSavedUp) {
   EXPECT_GE(limit.stats().slots_lost, 48u);
 }
 
+// Under one call a second the allowance is half the headroom's share of a slot's time, not of a
+// second: a dependency counts such a rate over a minute or an hour. At 120/h (a slot every
+// 30.9 s) a slot leased in a slow round trip (300 ms: a loaded database) is still spent, where
+// 15 ms lost it and its 30 s. And calls each up to the allowance late keep any minute's count
+// at the quota's two, as any hour's at 120; late by 2 s, they would not.
+TEST(RateLimit, UnderOneCallASecondASlotMayBeSpentLateByItsShareOfTheSlotsTime) {
+  keel::Rng rng(1);
+  RateLimit hourly({.rate_per_s = 120.0 / 3600});
+  const TimePoint t0{};
+  const RateDecision first = hourly.reserve(t0, 1s, rng);
+  ASSERT_TRUE(first.go);
+  const Duration allowance = first.spend_by - t0;
+  EXPECT_GT(allowance, 450ms);
+  EXPECT_LT(allowance, 470ms);
+  EXPECT_TRUE(hourly.on_time(first, t0 + 300ms));
+  EXPECT_FALSE(hourly.on_time(RateDecision{first}, t0 + 500ms));
+  const auto most_in = [](const std::vector<TimePoint>& sent, Duration window) {
+    std::size_t most = 0;
+    for (std::size_t i = 0; i < sent.size(); ++i) {
+      std::size_t n = 0;
+      for (std::size_t j = i; j < sent.size() && sent[j] < sent[i] + window; ++j) ++n;
+      most = std::max(most, n);
+    }
+    return most;
+  };
+  for (const Duration late : {Duration::zero(), allowance, Duration(2s)}) {
+    RateLimit limit({.rate_per_s = 120.0 / 3600});
+    std::vector<TimePoint> sent;
+    TimePoint now = t0;
+    for (int i = 0; i < 240; ++i) {
+      const RateDecision d = limit.reserve(now, 1h, rng);
+      ASSERT_TRUE(d.go);
+      now += d.wait;
+      // Every third call leaves as late as `late`: two slots later comes a call on time.
+      sent.push_back(i % 3 == 0 ? now + late : now);
+    }
+    const bool allowed = late <= allowance;
+    if (allowed) {
+      EXPECT_LE(most_in(sent, 60s), 2U) << late.count();
+      EXPECT_LE(most_in(sent, 3600s), 120U) << late.count();
+    } else {
+      EXPECT_GT(most_in(sent, 60s), 2U) << "late by 2 s goes over a minute's quota";
+    }
+  }
+  // At a second's rate and over, the allowance is the second's share: 15 ms.
+  RateLimit one_a_second({.rate_per_s = 1});
+  const Duration second_allowance = one_a_second.reserve(t0, 1s, rng).spend_by - t0;
+  EXPECT_GE(second_allowance, 15ms);
+  EXPECT_LT(second_allowance, 16ms);
+}
+
 // A slot may be spent at most the limit's lateness after its time (half the headroom's share of a
 // second: 15 ms at the default 3%): a call that would leave later gives it up and asks again.
 TEST(RateLimit, ACallThatWouldLeaveLaterThanItsSlotAllowsGivesTheSlotUp) {
