@@ -6,6 +6,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <span>
@@ -49,6 +50,33 @@ class RecordingConnection final : public Connection {
 
  private:
   Connection& inner_;
+};
+
+// Runs `after` once, when its first statement has returned: what happens between a statement and
+// the code that acts on its rows.
+class AfterFirstStatement final : public Connection {
+ public:
+  AfterFirstStatement(Connection& inner, std::function<void()> after)
+      : inner_(inner), after_(std::move(after)) {}
+  [[nodiscard]] Backend backend() const noexcept override { return inner_.backend(); }
+  void execute(std::string_view sql) override { inner_.execute(sql); }
+  Rows query(std::string_view sql, std::span<const Value> params) override {
+    Rows rows = inner_.query(sql, params);
+    if (after_) std::exchange(after_, nullptr)();
+    return rows;
+  }
+  void begin(Isolation isolation) override { inner_.begin(isolation); }
+  void commit() override { inner_.commit(); }
+  void rollback() noexcept override { inner_.rollback(); }
+  [[nodiscard]] bool in_transaction() const noexcept override { return inner_.in_transaction(); }
+  [[nodiscard]] bool broken() const noexcept override { return inner_.broken(); }
+  [[nodiscard]] std::string database_identity() const override {
+    return inner_.database_identity();
+  }
+
+ private:
+  Connection& inner_;
+  std::function<void()> after_;
 };
 
 class JobQueueTest : public test::BackendTest {
@@ -305,10 +333,12 @@ TEST_P(JobQueueTest, AJobMadeDueBeforeTheLeaseFloorByAnotherProcessWaitsAtMostAS
 
 TEST_P(JobQueueTest, ALeaseThatRanWhileThisProcessGaveAJobBackLeavesNoFloorAboveIt) {
   // This JobQueue gives back a job it leased and never started: due again at its lease's time,
-  // below the floor a lease running meanwhile leaves (that lease's scan began before the release
-  // committed and did not see the job). The release clears the floors once committed, and a lease
-  // that began before then leaves none: the next lease takes the job at once, not a second later.
+  // below the floor a lease running meanwhile would leave (that lease's scan began before the
+  // release committed and did not see the job). Here the release commits, and clears the floors,
+  // after the lease's statement and before the lease notes its floor: a lease that began before
+  // the release leaves no floor, and the next lease takes the job at once, not a second later.
   if (GetParam() != Backend::kPostgres) GTEST_SKIP() << "SQLite takes no floor";
+  constexpr std::int64_t kLock = 73'190'431;  // this test's own advisory lock
   JobQueue q = make_queue();
   const auto given = q.enqueue(*conn_, {.queue = "r", .payload = R"({"n":0})"});
   const auto held = q.lease(*conn_, "r", "w", 1, 0);  // leased, not started
@@ -321,31 +351,42 @@ TEST_P(JobQueueTest, ALeaseThatRanWhileThisProcessGaveAJobBackLeavesNoFloorAbove
   // The release waits, after its update and before its commit, for a lock this test holds.
   conn_->query(
       "CREATE FUNCTION keel_test_hold_release() RETURNS trigger LANGUAGE plpgsql AS"
-      " $$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$");
+      " $$ BEGIN PERFORM pg_advisory_xact_lock(" +
+      std::to_string(kLock) + "); RETURN NEW; END $$");
   conn_->query(
       "CREATE TRIGGER keel_test_hold_release BEFORE UPDATE ON keel_jobs FOR EACH ROW"
       " WHEN (OLD.state = 'running' AND NEW.state = 'ready')"
       " EXECUTE FUNCTION keel_test_hold_release()");
   const std::unique_ptr<Connection> gate = open_database(url());
-  gate->query("SELECT pg_advisory_lock(4242)");
+  gate->query("SELECT pg_advisory_lock($1)", {kLock});
   const std::unique_ptr<Connection> releasing = open_database(url());
+  const std::int64_t releasing_pid = releasing->query("SELECT pg_backend_pid()").integer(0, 0);
   std::atomic<bool> released{false};
   std::thread release(
       [&] { released = q.release(*releasing, held[0].id, held[0].fence, "given back"); });
+  const auto let_it_commit = [&] {
+    if (!release.joinable()) return;
+    gate->query("SELECT pg_advisory_unlock($1)", {kLock});
+    release.join();
+  };
+  struct Joined {
+    std::function<void()> join;
+    ~Joined() { join(); }
+  } joined{let_it_commit};  // on every way out, an assertion's included
+  const std::string waiting =
+      "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = " +
+      std::to_string(kLock) + " AND pid = " + std::to_string(releasing_pid) + " AND NOT granted";
   // wait: bound: 10 s for the release to reach the lock (a condition polled, not a time passing)
-  for (int i = 0; i < 1000 && count("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory'"
-                                    " AND NOT granted") == 0;
-       ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_EQ(count("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"), 1)
-      << "the release is waiting before its commit";
-  // A lease while the release is not committed: it takes the other two, a floor at its now less
-  // 100 ms, above the time the job given back will be due at.
+  for (int i = 0; i < 1000 && count(waiting) == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(count(waiting), 1) << "the release is waiting before its commit";
+  // A lease while the release is not committed: its statement takes the other two; the release
+  // commits before the lease notes its floor (at its now less 100 ms, above the time the job
+  // given back is due at).
   const std::unique_ptr<Connection> leasing = open_database(url());
-  EXPECT_EQ(q.lease(*leasing, "r", "w", 5).size(), 2u);
-  gate->query("SELECT pg_advisory_unlock(4242)");
-  release.join();
+  AfterFirstStatement lease_then_commit(*leasing, let_it_commit);
+  EXPECT_EQ(q.lease(lease_then_commit, "r", "w", 5).size(), 2u);
+  EXPECT_FALSE(release.joinable()) << "the release committed between the lease's statement and "
+                                      "its floor";
   EXPECT_TRUE(released.load());
   const auto next = q.lease(*leasing, "r", "w", 5);
   ASSERT_EQ(next.size(), 1u) << "the job given back is leased next";

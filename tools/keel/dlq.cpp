@@ -53,7 +53,7 @@ Exit status:
 // Exit status when a job id given is not there (see the footer).
 int not_found(const std::string& message) { return dlq_not_found(message); }
 
-int usage(const std::string& message) { return queue_cli::usage_error("dlq", message); }
+int dlq_usage(const std::string& message) { return queue_cli::usage_error("dlq", message); }
 
 struct DlqArgs {
   std::string db = std::string(store::kDefaultDatabaseUrl);
@@ -92,7 +92,7 @@ std::optional<double> parse_rate(const std::string& text) {
     problem = "must be at least 0.001 jobs per " + unit;
   }
   if (!problem.empty()) {
-    usage(Error{.field = "--rate", .problem = problem, .got = quote_value(text)}.message());
+    dlq_usage(Error{.field = "--rate", .problem = problem, .got = quote_value(text)}.message());
     return std::nullopt;
   }
   return *n / per;
@@ -111,8 +111,9 @@ std::optional<Selection> parse_selection(const DlqArgs& a, const std::vector<std
   if (!is_storable_text(a.reason)) {
     // Dead reasons are stored as UTF-8 text (keel::storable_text): such a TEXT matches none, and
     // PostgreSQL refuses it.
-    usage(Error{.field = "--reason", .problem = "must be UTF-8 text", .got = quote_value(a.reason)}
-              .message());
+    dlq_usage(
+        Error{.field = "--reason", .problem = "must be UTF-8 text", .got = quote_value(a.reason)}
+            .message());
     return std::nullopt;
   }
   sel.filter.reason_contains = a.reason;
@@ -122,7 +123,7 @@ std::optional<Selection> parse_selection(const DlqArgs& a, const std::vector<std
   if (!a.died_after.empty()) {
     const auto t = store::dead_letters::parse_time_bound(a.died_after, now);
     if (!t) {
-      usage(t.error().in("--died-after").message());
+      dlq_usage(t.error().in("--died-after").message());
       return std::nullopt;
     }
     sel.filter.died_at_or_after_ms = *t;
@@ -130,7 +131,7 @@ std::optional<Selection> parse_selection(const DlqArgs& a, const std::vector<std
   if (!a.died_before.empty()) {
     const auto t = store::dead_letters::parse_time_bound(a.died_before, now);
     if (!t) {
-      usage(t.error().in("--died-before").message());
+      dlq_usage(t.error().in("--died-before").message());
       return std::nullopt;
     }
     sel.filter.died_before_ms = *t;
@@ -166,8 +167,9 @@ std::optional<std::vector<std::int64_t>> parse_ids(const std::vector<std::string
     // Digits only: no sign, space or exponent.
     const auto v = parse_count("job id", t, 1, INT64_MAX);
     if (!v) {
-      usage(Error{.field = "job id", .problem = "must be a positive integer", .got = quote_value(t)}
-                .message());
+      dlq_usage(
+          Error{.field = "job id", .problem = "must be a positive integer", .got = quote_value(t)}
+              .message());
       return std::nullopt;
     }
     ids.push_back(static_cast<std::int64_t>(*v));
@@ -242,14 +244,14 @@ std::optional<std::pair<std::vector<std::int64_t>, Selection>> parse_move(const 
   const bool filtered = !a.queue.empty() || !a.reason.empty() || a.kind || !a.died_after.empty() ||
                         !a.died_before.empty();
   if (!a.ids.empty() && (a.all || filtered)) {
-    usage(cmd + ": give job ids, or --all and filters (not both)");
+    dlq_usage(cmd + ": give job ids, or --all and filters (not both)");
     return std::nullopt;
   }
   if (a.ids.empty() && !a.all && !filtered) {
-    usage(cmd +
-          ": give job ids, --all, or a filter (--queue, --reason, --kind, --died-after, "
-          "--died-before) (nothing to " +
-          cmd + ")");
+    dlq_usage(cmd +
+              ": give job ids, --all, or a filter (--queue, --reason, --kind, --died-after, "
+              "--died-before) (nothing to " +
+              cmd + ")");
     return std::nullopt;
   }
   auto ids = parse_ids(a.ids);
@@ -264,7 +266,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
   if (!url) return kExitUsage;
   if (!a.queue.empty()) {
     if (auto queue = store::check_queue_name(a.queue); !queue) {
-      return usage(queue.error().in("--queue").message());
+      return dlq_usage(queue.error().in("--queue").message());
     }
   }
   std::optional<std::pair<std::vector<std::int64_t>, Selection>> move;
@@ -279,7 +281,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
     show_id = parsed->front();
   }
   if (!store::database_exists(*url)) {
-    return usage("--db: database '" + url->redacted + "' does not exist");
+    return dlq_usage("--db: database '" + url->redacted + "' does not exist");
   }
   bool has_schema = false;
   const bool read_only = cmd == "list" || cmd == "show" || cmd == "depth" || a.dry_run;
@@ -287,7 +289,7 @@ int run(const std::string& cmd, const DlqArgs& a) {
                         : queue_cli::open_queue_db(*url, false, &has_schema);
   store::JobQueue queue;
   if (!a.queue.empty() && (!has_schema || !queue.queue_exists(*conn, a.queue))) {
-    return usage("--queue: unknown queue '" + a.queue + "' in " + url->redacted);
+    return dlq_usage("--queue: unknown queue '" + a.queue + "' in " + url->redacted);
   }
   if (cmd == "depth") {
     const std::int64_t depth = has_schema ? queue.dead_depth(*conn, a.queue) : 0;

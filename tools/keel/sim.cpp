@@ -38,7 +38,7 @@ struct RunOptions {
 constexpr Duration kThresholdStep = std::chrono::milliseconds(250);
 constexpr Duration kThresholdLimit = std::chrono::seconds(20);
 
-int usage(const std::string& message) {
+int sim_usage(const std::string& message) {
   std::fprintf(stderr, "keel sim run: %s\n", message.c_str());
   return kExitUsage;
 }
@@ -200,7 +200,7 @@ int check_run(const RunOptions& o, const sim::ScenarioInfo*& info,
   if (info == nullptr) {
     std::string known;
     for (const auto& s : sim::scenarios()) known += (known.empty() ? "" : ", ") + s.name;
-    return usage("--scenario: unknown scenario '" + o.scenario + "' (known: " + known + ")");
+    return sim_usage("--scenario: unknown scenario '" + o.scenario + "' (known: " + known + ")");
   }
   policies = o.policies.empty() ? info->policies : o.policies;
   for (const auto& p : policies) {
@@ -208,30 +208,31 @@ int check_run(const RunOptions& o, const sim::ScenarioInfo*& info,
     if (std::find(known.begin(), known.end(), p) == known.end()) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-      return usage("--policy: unknown policy '" + p + "' for scenario " + info->name +
-                   " (known: " + list + ")");
+      return sim_usage("--policy: unknown policy '" + p + "' for scenario " + info->name +
+                       " (known: " + list + ")");
     }
   }
   const bool fleet_outage = info->name == "fleet-outage";
   if (o.trigger) {
     if (info->name != "blip" && !fleet_outage) {
-      return usage("--trigger applies to the blip and fleet-outage scenarios only");
+      return sim_usage("--trigger applies to the blip and fleet-outage scenarios only");
     }
     // blip up to 40 s; fleet-outage up to 15 min (seed 003's outage lasted eleven minutes).
     const Duration limit =
         fleet_outage ? Duration(std::chrono::minutes(15)) : Duration(std::chrono::seconds(40));
     if (*o.trigger <= Duration::zero() || *o.trigger > limit) {
-      return usage(Error{.field = "--trigger",
-                         .problem = fleet_outage ? "must be in (0s, 15m]" : "must be in (0s, 40s]",
-                         .got = quote_value(given_text(o.trigger_option))}
-                       .message());
+      return sim_usage(
+          Error{.field = "--trigger",
+                .problem = fleet_outage ? "must be in (0s, 15m]" : "must be in (0s, 40s]",
+                .got = quote_value(given_text(o.trigger_option))}
+              .message());
     }
   }
   if (o.threshold && info->name != "blip") {
-    return usage("--threshold applies to the blip scenario only");
+    return sim_usage("--threshold applies to the blip scenario only");
   }
   if (!o.plot.empty() && !plot_format_supported(o.plot)) {
-    return usage("--plot: '" + o.plot + "' must end in .svg or .png");
+    return sim_usage("--plot: '" + o.plot + "' must end in .svg or .png");
   }
   return 0;
 }
@@ -253,7 +254,7 @@ int simulate(const RunOptions& o, const sim::ScenarioInfo& info,
             sim::blip_threshold(p, kThresholdStep, kThresholdLimit, o.seed);
       }
     } catch (const std::invalid_argument& e) {
-      return usage(std::string("--policy: ") + e.what());
+      return sim_usage(std::string("--policy: ") + e.what());
     }
   }
   return 0;
