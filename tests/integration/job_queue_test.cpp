@@ -28,14 +28,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Records every statement a connection runs, with its parameters.
-class RecordingConnection final : public Connection {
+// A connection that hands every call to `inner`: the wrappers below change one.
+class ForwardingConnection : public Connection {
  public:
-  explicit RecordingConnection(Connection& inner) : inner_(inner) {}
+  explicit ForwardingConnection(Connection& inner) : inner_(inner) {}
   [[nodiscard]] Backend backend() const noexcept override { return inner_.backend(); }
   void execute(std::string_view sql) override { inner_.execute(sql); }
   Rows query(std::string_view sql, std::span<const Value> params) override {
-    statements.emplace_back(std::string(sql), std::vector<Value>(params.begin(), params.end()));
     return inner_.query(sql, params);
   }
   void begin(Isolation isolation) override { inner_.begin(isolation); }
@@ -46,36 +45,35 @@ class RecordingConnection final : public Connection {
   [[nodiscard]] std::string database_identity() const override {
     return inner_.database_identity();
   }
-  std::vector<std::pair<std::string, std::vector<Value>>> statements;
 
  private:
   Connection& inner_;
 };
 
+// Records every statement a connection runs, with its parameters.
+class RecordingConnection final : public ForwardingConnection {
+ public:
+  using ForwardingConnection::ForwardingConnection;
+  Rows query(std::string_view sql, std::span<const Value> params) override {
+    statements.emplace_back(std::string(sql), std::vector<Value>(params.begin(), params.end()));
+    return ForwardingConnection::query(sql, params);
+  }
+  std::vector<std::pair<std::string, std::vector<Value>>> statements;
+};
+
 // Runs `after` once, when its first statement has returned: what happens between a statement and
 // the code that acts on its rows.
-class AfterFirstStatement final : public Connection {
+class AfterFirstStatement final : public ForwardingConnection {
  public:
   AfterFirstStatement(Connection& inner, std::function<void()> after)
-      : inner_(inner), after_(std::move(after)) {}
-  [[nodiscard]] Backend backend() const noexcept override { return inner_.backend(); }
-  void execute(std::string_view sql) override { inner_.execute(sql); }
+      : ForwardingConnection(inner), after_(std::move(after)) {}
   Rows query(std::string_view sql, std::span<const Value> params) override {
-    Rows rows = inner_.query(sql, params);
+    Rows rows = ForwardingConnection::query(sql, params);
     if (after_) std::exchange(after_, nullptr)();
     return rows;
   }
-  void begin(Isolation isolation) override { inner_.begin(isolation); }
-  void commit() override { inner_.commit(); }
-  void rollback() noexcept override { inner_.rollback(); }
-  [[nodiscard]] bool in_transaction() const noexcept override { return inner_.in_transaction(); }
-  [[nodiscard]] bool broken() const noexcept override { return inner_.broken(); }
-  [[nodiscard]] std::string database_identity() const override {
-    return inner_.database_identity();
-  }
 
  private:
-  Connection& inner_;
   std::function<void()> after_;
 };
 
