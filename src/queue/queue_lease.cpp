@@ -30,6 +30,14 @@ const std::string kStart =
     " started_ms = COALESCE(started_ms, $2), updated_ms = $2 WHERE " +
     detail::held_by("$1", "$3");
 
+// A job leased and never started, given back (a release, a sweep of its expired lease): ready
+// again at the time it was leased ($2: now, when it has none), so it keeps its place in the
+// queue; nothing is charged, and the new fence locks the old worker out. $1: the job's id.
+constexpr std::string_view kGiveBack =
+    "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
+    " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
+    " WHERE id = $1";
+
 // How long a lease floor stands before a lease scans the whole queue again (see lease_floor).
 constexpr std::int64_t kLeaseFloorForMs = 1000;
 // How far below its own now a lease that took every due job it saw sets the floor (see
@@ -188,15 +196,9 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
       const std::int64_t id = job.id;
       ++reaped;
       if (!job.started_ms) {
-        // Leased in a batch, never started: nothing ran, nothing is charged. Back to ready at
-        // the time it was leased, so it keeps its place in the queue; the new fence locks the
-        // old worker out.
+        // Leased in a batch, never started: nothing ran, so it is given back (kGiveBack).
         given_back = true;
-        tx.query(
-            "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
-            " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
-            " WHERE id = $1",
-            {id, now});
+        tx.query(kGiveBack, {id, now});
         continue;
       }
       // Its handler had started: the attempt is charged, its outcome unknown, and core decides
@@ -626,11 +628,7 @@ bool JobQueue::release(Connection& connection, std::int64_t job_id, std::int64_t
     if (!detail::read_settle_row(row, 0).started_ms) {
       // Never started: ready again at once, in its place, not charged (before any lease floor).
       given_back = true;
-      tx.query(
-          "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
-          " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
-          " WHERE id = $1",
-          {job_id, now});
+      tx.query(kGiveBack, {job_id, now});
       return true;
     }
     // Its handler ran and may have had an effect: charged as a crash is.

@@ -221,15 +221,6 @@ TEST(RateLimit, UnderOneCallASecondASlotMayBeSpentLateByItsShareOfTheSlotsTime) 
   EXPECT_LT(allowance, 470ms);
   EXPECT_TRUE(hourly.on_time(first, t0 + 300ms));
   EXPECT_FALSE(hourly.on_time(RateDecision{first}, t0 + 500ms));
-  const auto most_in = [](const std::vector<TimePoint>& sent, Duration window) {
-    std::size_t most = 0;
-    for (std::size_t i = 0; i < sent.size(); ++i) {
-      std::size_t n = 0;
-      for (std::size_t j = i; j < sent.size() && sent[j] < sent[i] + window; ++j) ++n;
-      most = std::max(most, n);
-    }
-    return most;
-  };
   for (const Duration late : {Duration::zero(), allowance, Duration(2s)}) {
     RateLimit limit({.rate_per_s = 120.0 / 3600});
     std::vector<TimePoint> sent;
@@ -243,9 +234,9 @@ TEST(RateLimit, UnderOneCallASecondASlotMayBeSpentLateByItsShareOfTheSlotsTime) 
     }
     const bool allowed = late <= allowance;
     if (allowed) {
-      EXPECT_LE(most_in(sent, 60s), 2U) << late.count();
+      EXPECT_LE(busiest(sent, 60s), 2) << late.count();
     } else {
-      EXPECT_GT(most_in(sent, 60s), 2U) << "late by 2 s goes over a minute's quota";
+      EXPECT_GT(busiest(sent, 60s), 2) << "late by 2 s goes over a minute's quota";
     }
   }
   // At a second's rate and over, the allowance is the second's share: 15 ms.
