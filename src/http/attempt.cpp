@@ -207,14 +207,18 @@ std::shared_ptr<AdaptiveConcurrencyLimit> OperationGuards::concurrency_limit(
 
 std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) {
   Rng& rng = thread_rng();
+  // The wait counted is the time spent here, not the sleeps asked for: a timer that wakes late
+  // and a fleet lease's round trip (inside reserve) spend max_limit_wait too.
+  const TimePoint entered = clock.now();
+  const Duration before = waited_;
   for (;;) {
     const TimePoint now = clock.now();
+    waited_ = before + (now - entered);
     Duration left = std::max(max_wait_ - waited_, Duration::zero());
     if (!deadline.is_infinite()) left = std::min(left, deadline.remaining(now));
     const auto wait = [&](Duration d) {
       // wait: core: a rate limit's slot or a concurrency limit's hold, from core's limiters
       clock.sleep_for(d);
-      waited_ += d;
     };
     if (rate_ && !slot_) {
       const RateDecision d = rate_->reserve(now, left, rng);
@@ -250,6 +254,7 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
       continue;
     }
     slot_.reset();
+    waited_ = before + (clock.now() - entered);
     return std::nullopt;
   }
 }

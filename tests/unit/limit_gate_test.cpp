@@ -9,6 +9,7 @@
 
 #include "keel/clock.hpp"
 #include "keel/concurrency_limit.hpp"
+#include "keel/duration.hpp"
 #include "keel/http/detail/attempt.hpp"
 #include "keel/rate_limit.hpp"
 
@@ -91,6 +92,26 @@ TEST(LimitGate, ACallThatWokeLateForEverySlotStopsAtItsLimitWaitNotSendingLate) 
   ASSERT_TRUE(refused.has_value()) << "stops, nothing sent";
   EXPECT_GE(rate->stats().slots_late, 5U);
   EXPECT_GE(rate->stats().refused, 1U);
+}
+
+TEST(LimitGate, TheLimitWaitCountsTheTimeWaitedNotTheSleepsAskedFor) {
+  // Every wake 60 ms late, over a grid of limit waits: the call stops within its limit wait and
+  // one late wake of it, however many sleeps it took. Counting the sleeps asked for, it waited
+  // about 1.6 times its limit (each 103 ms sleep took 163 ms).
+  for (const Duration max_wait : {Duration(300ms), Duration(1s), Duration(2500ms), Duration(7s)}) {
+    LateWakingClock clock;
+    auto rate = std::make_shared<keel::RateLimit>(keel::RateLimitOptions{.rate_per_s = 10});
+    LimitGate busy(rate, nullptr, 10s);
+    ASSERT_FALSE(busy.pass(clock, keel::Deadline::infinite()).has_value());
+    clock.late(60ms, 1'000'000);
+    LimitGate late(rate, nullptr, max_wait);
+    const TimePoint start = clock.now();
+    ASSERT_TRUE(late.pass(clock, keel::Deadline::infinite()).has_value())
+        << "every slot woken for late: nothing sent";
+    EXPECT_LE(clock.now() - start, max_wait + 60ms) << keel::format_duration(max_wait);
+    EXPECT_GE(clock.sleeps, 2) << keel::format_duration(max_wait);
+    EXPECT_EQ(late.wait_left(), std::max(max_wait - (clock.now() - start), Duration::zero()));
+  }
 }
 
 TEST(LimitGate, APermitWaitedForIsKeptWhileTheCallAsksForANewSlot) {
