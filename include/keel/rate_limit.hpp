@@ -44,6 +44,7 @@
 #include <string>
 #include <string_view>
 
+#include "keel/classify.hpp"
 #include "keel/clock.hpp"
 #include "keel/random.hpp"
 
@@ -116,8 +117,9 @@ class RateLimitFleet {
   virtual void want(std::string_view key) = 0;
   /// The limit has no slot: lease a chunk now, waiting at most one bounded round trip; returns
   /// whether a chunk was added (RateLimit::add_chunk) or the fleet's schedule is full for a
-  /// while (RateLimit::full_until). false: the fleet did not answer in time; the call goes on
-  /// this process's share of the rate.
+  /// while (RateLimit::full_until). false: the fleet did not answer in time; the call is told to
+  /// come back, and goes on this process's share of the rate once the fleet has answered nothing
+  /// for RateLimit::kUnansweredBeforeShare (RateLimit::reserve).
   virtual bool lease(std::string_view key) = 0;
   /// The limit was paused by this process (a Retry-After): tell the fleet (never blocks).
   virtual void paused(std::string_view key, TimePoint until) = 0;
@@ -136,6 +138,8 @@ struct RateLimitStats {
   std::uint64_t slots_late = 0;      // slots given up: their call could not leave in time
   std::uint64_t pauses_cut = 0;      // pauses asked for longer than max_pause, cut to it
   std::uint64_t fleet_failures = 0;  // leases the fleet answered with a failure (on the share)
+  std::uint64_t fleet_busy = 0;      // leases the fleet refused as busy or did not answer in time:
+                                     // the calls were told to come back, not on the share
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -230,9 +234,25 @@ class RateLimit {
   /// `now` (negative: already due), one every `interval` (0: this limit's spaced rate; the
   /// fleet's when it keeps a lower rate than this process's).
   void add_chunk(TimePoint now, Duration start_in, std::int64_t count, Duration interval = {});
-  /// The fleet could not lease (an error other than no answer: a permission, the schema): the
-  /// calls go on this process's share until `now + in`, then the fleet is asked again.
-  void fleet_failed(TimePoint now, Duration in);
+  /// The fleet could not lease (an error other than no answer), for `failure` (the error's
+  /// class: classify_database_sqlstate). The one rule for every driver:
+  /// - kBusy or kConflict (a row lock or statement timeout, a lost race): other processes are
+  ///   leasing the schedule, so it is live, and slots taken on a share would come on top of the
+  ///   ones they spend. The calls are told to come back, and the fleet is asked again, at
+  ///   `now + in`, as when the schedule is full; for kBusyLeasesInARow failures in a row at most.
+  /// - Any other failure (a permission, the schema, an unreachable database), and busy past that
+  ///   (a lock held, not contended): the calls go on this process's share until `now + in`.
+  /// Returns whether the calls went on the share.
+  bool fleet_failed(TimePoint now, Duration in,
+                    DatabaseFailure failure = DatabaseFailure::kUnavailable);
+  /// Busy leases in a row (no chunk nor room answered between them) after which the next goes on
+  /// the share: about a second and a half of the fleet's lease backoff from a 250 ms base.
+  static constexpr int kBusyLeasesInARow = 3;
+  /// A lease the fleet did not answer in time (RateLimitFleet::lease false): the calls are told
+  /// to come back kUnansweredRetry later (jittered when several), as when the schedule is full;
+  /// once the fleet has answered nothing for kUnansweredBeforeShare, they go on the share.
+  static constexpr Duration kUnansweredRetry = std::chrono::milliseconds(100);
+  static constexpr Duration kUnansweredBeforeShare = std::chrono::seconds(1);
   /// The fleet's schedule has no room until `now + in`: the next lease is asked for then, and
   /// calls until then are told to ask again.
   void full_until(TimePoint now, Duration in);
@@ -274,6 +294,8 @@ class RateLimit {
   std::int64_t lease_size_locked(std::int64_t now_ns) const;
   // Requires: mu_ held. The wait of a call told to come back when the fleet gave no slot.
   Duration queued_wait(std::int64_t now_ns, std::int64_t wait_ns, BitGenRef gen);
+  // Requires: mu_ held. The schedule has no room for this process until now + in.
+  void full_until_locked(std::int64_t now_ns, Duration in);
   // Requires: mu_ held. A slot of this process's share of the rate (the whole rate alone, an
   // equal share when the fleet cannot answer), by its own GCRA.
   RateDecision take_share_locked(std::int64_t now_ns, std::int64_t max_wait_ns);
@@ -306,7 +328,11 @@ class RateLimit {
   bool wanted_ = false;  // a chunk is asked for and not yet added
   double share_ = 1.0;
   std::int64_t local_until_ns_ = 0;  // the fleet failed: on the share until then
-  int waiting_ = 0;                  // calls in reserve() with no slot yet
+  int busy_in_a_row_ = 0;            // busy leases since the fleet last answered
+  static constexpr std::int64_t kNever = INT64_MIN;
+  std::int64_t unanswered_since_ns_ = kNever;  // the first lease not answered in time, since
+                                               // the fleet last answered
+  int waiting_ = 0;                            // calls in reserve() with no slot yet
   // The pace: slots taken in the current and the last window of half a second.
   std::int64_t pace_window_ns_ = 0;
   std::int64_t pace_now_ = 0;

@@ -310,7 +310,27 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
     }
     // No leased slot left: ask for a chunk (at most one bounded round trip), then look again.
     ++leases;
-    if (fleet_->fleet == nullptr || !fleet_->fleet->lease(key_)) unanswered = true;
+    if (fleet_->fleet == nullptr) {
+      unanswered = true;  // no fleet to ask: the share
+      continue;
+    }
+    if (fleet_->fleet->lease(key_)) continue;
+    fleet_lock.unlock();
+    // No answer in time. The other processes may still be leasing the schedule (this one's
+    // round trip was slow: a busy row, a loaded machine), so slots on the share would come on
+    // top of theirs: the calls are told to come back, as when the schedule is full, until the
+    // fleet has answered nothing for kUnansweredBeforeShare; then on the share.
+    std::lock_guard lock(mu_);
+    if (unanswered_since_ns_ == kNever) unanswered_since_ns_ = t;
+    if (t - unanswered_since_ns_ >= kUnansweredBeforeShare.count()) {
+      unanswered = true;
+      continue;
+    }
+    stop_waiting();
+    ++stats_.refused;
+    ++stats_.fleet_busy;
+    full_until_locked(t, kUnansweredRetry);
+    return {.go = false, .wait = queued_wait(t, full_until_ns_ - t, gen)};
   }
 }
 
@@ -355,6 +375,8 @@ void RateLimit::add_chunk(TimePoint now, Duration start_in, std::int64_t count, 
   std::lock_guard lock(mu_);
   wanted_ = false;
   full_until_ns_ = 0;
+  busy_in_a_row_ = 0;
+  unanswered_since_ns_ = kNever;
   if (count <= 0 || interval_ns_ == 0) return;
   // A chunk spaced at the fleet's rate, never faster than this process's own.
   const std::int64_t spacing = std::max(interval_ns_, interval.count());
@@ -365,22 +387,37 @@ void RateLimit::add_chunk(TimePoint now, Duration start_in, std::int64_t count, 
   ++stats_.chunks;
 }
 
-void RateLimit::fleet_failed(TimePoint now, Duration in) {
+bool RateLimit::fleet_failed(TimePoint now, Duration in, DatabaseFailure failure) {
+  const bool busy = failure == DatabaseFailure::kBusy || failure == DatabaseFailure::kConflict;
   std::lock_guard lock(mu_);
+  unanswered_since_ns_ = kNever;
+  if (busy && busy_in_a_row_ < kBusyLeasesInARow) {
+    ++busy_in_a_row_;
+    ++stats_.fleet_busy;
+    full_until_locked(ns_of(now), in);
+    return false;
+  }
   wanted_ = false;
   ++stats_.fleet_failures;
   local_until_ns_ = ns_of(now) + std::max<Duration>(in, Duration::zero()).count();
+  return true;
 }
 
 void RateLimit::full_until(TimePoint now, Duration in) {
   std::lock_guard lock(mu_);
+  busy_in_a_row_ = 0;
+  unanswered_since_ns_ = kNever;
+  full_until_locked(ns_of(now), in);
+}
+
+void RateLimit::full_until_locked(std::int64_t now_ns, Duration in) {
   wanted_ = false;
   // Not before this process's share of a slot's time (at most a second): a process does not
   // ask a full schedule faster than its share of it frees.
   const double share = std::clamp(share_, 1e-6, 1.0);
   const std::int64_t floor = std::min<std::int64_t>(
       1'000'000'000, static_cast<std::int64_t>(static_cast<double>(interval_ns_) / share));
-  full_until_ns_ = ns_of(now) + std::max<std::int64_t>(in.count(), floor);
+  full_until_ns_ = now_ns + std::max<std::int64_t>(in.count(), floor);
 }
 
 std::int64_t RateLimit::slots_left(TimePoint now) const {
@@ -399,6 +436,7 @@ void RateLimit::set_sharing(bool sharing) {
   std::lock_guard lock(mu_);
   sharing_ = sharing;
   wanted_ = false;
+  unanswered_since_ns_ = kNever;
   if (!sharing) chunks_.clear();  // leased slots are given up: the share decides now
 }
 

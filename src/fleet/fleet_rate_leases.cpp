@@ -171,8 +171,9 @@ bool SharedBreakers::lease_chunk(std::string_view key) {
   leases_waited_.fetch_add(1);
   // wait: bound: an answer from the background thread, at most round_trip_limit
   if (!answered_cv_.wait_for(lock, options_.round_trip_limit, [&] { return request->answered; })) {
-    // No answer in time: this call goes on the process's share, and so do the next ones, at
-    // once, until the background thread answers again.
+    // No answer in time: core decides (RateLimit::reserve: told to come back, on the share once
+    // the fleet has not answered for a while); the next calls do not wait here until the
+    // background thread answers again.
     request->abandoned = true;
     answering_ = false;
     return false;
@@ -347,21 +348,30 @@ void SharedBreakers::say_lease_row(const std::string& key, const RateLimit& limi
   }
 }
 
-// A lease that failed with the connection still up (a permission, the table's schema, a row
-// lock held past round_trip_limit): the key's calls go on this process's equal share for core's
-// next backoff delay, then ask the fleet again. Said once per key and cause.
+// A lease that failed with the connection still up: core's rule (RateLimit::fleet_failed) says
+// what the key's calls do until core's next backoff delay. A busy schedule (a row lock or the
+// statement's time ran out, a lost race: other processes are leasing) has them told to come
+// back; any other failure (a permission, the table's schema), or a lock held through several
+// leases, puts them on this process's equal share. Said once per key, cause and answer.
 void SharedBreakers::lease_failed(const std::string& key, const std::exception& e) {
   lease_failures_.fetch_add(1);
   const auto* db = dynamic_cast<const DatabaseError*>(&e);
   const std::string cause = db != nullptr ? db->details().sqlstate : std::string("other");
+  const DatabaseFailure failure = db != nullptr ? db->failure() : DatabaseFailure::kPermanent;
   const Duration delay = lease_backoff_.next();
-  if (const auto limit = options_.rate_limits->find(key)) {
-    limit->fleet_failed(steady_clock().now(), delay);
+  const auto limit = options_.rate_limits->find(key);
+  if (!limit) return;
+  const bool on_share = limit->fleet_failed(steady_clock().now(), delay, failure);
+  if (!first_time("lease-failed\n" + key + "\n" + cause + (on_share ? "\nshare" : "\nbusy"))) {
+    return;
   }
-  if (first_time("lease-failed\n" + key + "\n" + cause)) {
+  if (on_share) {
     notice("rate limit of " + quote_value(key) + ": the fleet's schedule cannot be leased (" +
            e.what() + "); this process keeps 1/" + std::to_string(std::max(1, last_fleet_size_)) +
            " of the rate, and asks again after a backoff");
+  } else {
+    notice("rate limit of " + quote_value(key) + ": the fleet's schedule is busy (" + e.what() +
+           "); this process's calls wait for it and it asks again after a backoff");
   }
 }
 

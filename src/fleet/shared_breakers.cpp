@@ -129,9 +129,10 @@ SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,
       members_ms_(clamped_ms(options_.heartbeat * 3)),
       limit_setting_(std::to_string(clamped_ms(options_.round_trip_limit)) + "ms"),
       rng_(random_seed()),
-      lease_backoff_(
-          BackoffOptions{.base = std::chrono::seconds(1), .cap = std::chrono::seconds(60)},
-          random_seed()) {
+      lease_backoff_(BackoffOptions{.base = std::min<Duration>(options_.round_trip_limit,
+                                                               std::chrono::seconds(60)),
+                                    .cap = std::chrono::seconds(60)},
+                     random_seed()) {
   if (!dialect_of(url_.backend).listen_notify()) {
     throw std::invalid_argument(
         "SharedBreakers: " + url_.redacted +

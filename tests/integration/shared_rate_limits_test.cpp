@@ -220,6 +220,60 @@ TEST_F(SharedRateLimitsTest, WithoutTheDatabaseEachProcessKeepsAnEqualShareAndSa
   EXPECT_EQ(limit->stats().chunks, 0u);
 }
 
+// Another session holds the schedule's row (what a process sees when the others lease on and its
+// own round trip is slow): the calls are told to come back, never on the share at once, whose
+// slots would come on top of the ones the others spend; held through several leases (a lock
+// held, not contended), they go on the share and it is said; released, the chunks come back.
+TEST_F(SharedRateLimitsTest, ABusyScheduleKeepsTheCallsWaitingAndOnlyARowHeldLongGoesOnTheShare) {
+  auto p0 = member("p0");
+  Rng rng(1);
+  auto limit = p0->rates.get("api:443");
+  ASSERT_TRUE(limit->reserve(steady_clock().now(), 5s, rng).go);  // the row exists
+  auto holder = open_database(url_);
+  holder->execute("BEGIN");
+  (void)holder->query("SELECT key FROM keel_rate_limits FOR UPDATE");
+  // The slots leased before the row was taken: spent.
+  RateDecision d = limit->reserve(steady_clock().now(), 5s, rng);
+  while (d.go) {
+    std::this_thread::sleep_for(d.wait);
+    d = limit->reserve(steady_clock().now(), 5s, rng);
+  }
+  ASSERT_EQ(limit->stats().on_share, 0u);
+  const TimePoint taken = steady_clock().now();
+  // Then a caller as the HTTP clients' gate is: it waits when told to, and asks again.
+  while (!d.go && steady_clock().now() < taken + 20s) {
+    EXPECT_GE(d.wait, 1ms);
+    std::this_thread::sleep_for(d.wait);
+    d = limit->reserve(steady_clock().now(), 5s, rng);
+  }
+  ASSERT_TRUE(d.go) << "a row held for 20 s: still nothing on the share";
+  const Duration waited = steady_clock().now() - taken;
+  EXPECT_EQ(limit->stats().on_share, 1u) << "the first call that went, went on the share";
+  EXPECT_GE(limit->stats().fleet_busy, 1u);
+  // Four leases at least, each waiting round_trip_limit (250 ms) for the row: not the share after
+  // the first.
+  std::printf("a held row: the first call went on the share after %.2f s, %llu leases busy\n",
+              std::chrono::duration<double>(waited).count(),
+              static_cast<unsigned long long>(limit->stats().fleet_busy));
+  EXPECT_GE(waited, 900ms) << "the share came after one busy lease";
+  const auto said = [&](std::string_view what) {
+    const auto heard = p0->heard();
+    return std::count_if(heard.begin(), heard.end(),
+                         [&](const std::string& n) { return n.find(what) != std::string::npos; });
+  };
+  EXPECT_TRUE(test::wait_until([&] { return said("cannot be leased") == 1; }, 10s));
+  EXPECT_EQ(said("the fleet's schedule is busy"), 1);
+  // The row released: the calls spend the fleet's chunks again.
+  holder->execute("ROLLBACK");
+  const std::uint64_t chunks = limit->stats().chunks;
+  EXPECT_TRUE(test::wait_until(
+      [&] {
+        (void)limit->reserve(steady_clock().now(), 5s, rng);
+        return limit->stats().chunks > chunks;
+      },
+      20s));
+}
+
 TEST_F(SharedRateLimitsTest, RowsOutsideTheirDomainAreReadWithinTheirBounds) {
   { auto first = member("first"); }  // the table exists
   exec(

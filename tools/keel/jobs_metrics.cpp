@@ -135,7 +135,7 @@ void Metrics::render_rates(metrics::Scrape& scrape) const {
   if (rates_ == nullptr) return;
   struct Sums {
     double went = 0, waited = 0, refused = 0, own_pauses = 0, fleet_pauses = 0, cut = 0,
-           on_share = 0, failures = 0, lost = 0, late = 0;
+           on_share = 0, failures = 0, busy = 0, lost = 0, late = 0;
   };
   std::map<std::string, Sums> by;
   for (const auto& [key, limit] : rates_->all()) {
@@ -149,6 +149,7 @@ void Metrics::render_rates(metrics::Scrape& scrape) const {
     s.cut += static_cast<double>(st.pauses_cut);
     s.on_share += static_cast<double>(st.on_share);
     s.failures += static_cast<double>(st.fleet_failures);
+    s.busy += static_cast<double>(st.fleet_busy);
     s.lost += static_cast<double>(st.slots_lost);
     s.late += static_cast<double>(st.slots_late);
   }
@@ -178,6 +179,10 @@ void Metrics::render_rates(metrics::Scrape& scrape) const {
     scrape.counter("keel_rate_limit_fleet_failures_total",
                    "Leases of the fleet's schedule that failed with the database reachable.", d,
                    s.failures);
+    scrape.counter("keel_rate_limit_fleet_busy_total",
+                   "Leases of the fleet's schedule that found its row busy (a lock or statement "
+                   "timeout) or had no answer in time; the calls waited, not on the share.",
+                   d, s.busy);
     scrape.counter("keel_rate_limit_slots_lost_total",
                    "Leased slots of the fleet's schedule that passed unused here.", d, s.lost);
     scrape.counter("keel_rate_limit_slots_late_total",
