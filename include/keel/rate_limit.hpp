@@ -138,8 +138,8 @@ struct RateLimitStats {
   std::uint64_t slots_late = 0;      // slots given up: their call could not leave in time
   std::uint64_t pauses_cut = 0;      // pauses asked for longer than max_pause, cut to it
   std::uint64_t fleet_failures = 0;  // leases the fleet answered with a failure (on the share)
-  std::uint64_t fleet_busy = 0;      // leases the fleet refused as busy or did not answer in time:
-                                     // the calls were told to come back, not on the share
+  std::uint64_t fleet_busy = 0;      // busy answers, and calls whose lease had no answer in
+                                     // time: told to come back, not on the share
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -245,12 +245,14 @@ class RateLimit {
   /// Returns whether the calls went on the share.
   bool fleet_failed(TimePoint now, Duration in,
                     DatabaseFailure failure = DatabaseFailure::kUnavailable);
-  /// Busy leases in a row (no chunk nor room answered between them) after which the next goes on
-  /// the share: about a second and a half of the fleet's lease backoff from a 250 ms base.
+  /// Busy leases in a row (no chunk nor room answered between them) after which the next one
+  /// goes on the share: at the default round_trip_limit, each waited 250 ms for the row, and the
+  /// lease backoff between them is drawn under 250 ms, 500 ms and 1 s.
   static constexpr int kBusyLeasesInARow = 3;
   /// A lease the fleet did not answer in time (RateLimitFleet::lease false): the calls are told
-  /// to come back kUnansweredRetry later (jittered when several), as when the schedule is full;
-  /// once the fleet has answered nothing for kUnansweredBeforeShare, they go on the share.
+  /// to come back kUnansweredRetry later at least (this process's share of a slot's time when
+  /// longer, jittered when several), as when the schedule is full; once the fleet has answered
+  /// nothing for kUnansweredBeforeShare, they go on the share. Slots already held are spent.
   static constexpr Duration kUnansweredRetry = std::chrono::milliseconds(100);
   static constexpr Duration kUnansweredBeforeShare = std::chrono::seconds(1);
   /// The fleet's schedule has no room until `now + in`: the next lease is asked for then, and
@@ -330,6 +332,7 @@ class RateLimit {
   std::int64_t local_until_ns_ = 0;  // the fleet failed: on the share until then
   int busy_in_a_row_ = 0;            // busy leases since the fleet last answered
   static constexpr std::int64_t kNever = INT64_MIN;
+  std::uint64_t answers_ = 0;  // the fleet's answers (chunks, room, failures) and new starts
   std::int64_t unanswered_since_ns_ = kNever;  // the first lease not answered in time, since
                                                // the fleet last answered
   int waiting_ = 0;                            // calls in reserve() with no slot yet

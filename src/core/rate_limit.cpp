@@ -235,11 +235,13 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
     if (counted_waiting) --waiting_;
     counted_waiting = false;
   };
+  std::uint64_t answers_seen = 0;  // the fleet's answers counted when the lease was asked
   for (;;) {
     enum class Next { kDone, kWant, kLease } next = Next::kDone;
     RateDecision d;
     {
       std::lock_guard lock(mu_);
+      answers_seen = answers_;
       if (paused_until_ns_ > t) {
         stop_waiting();
         ++stats_.refused;
@@ -253,12 +255,13 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
       }
       bool on_share = !sharing_ || unanswered || local_until_ns_ > t;
       if (!on_share) {
-        if (full_until_ns_ > t) {
+        // Slots held are spent first: a full or busy answer holds back new leases, not them.
+        const std::int64_t at = next_slot(t);
+        if (at < 0 && full_until_ns_ > t) {
           stop_waiting();
           ++stats_.refused;
           return {.go = false, .wait = queued_wait(t, full_until_ns_ - t, gen)};
         }
-        const std::int64_t at = next_slot(t);
         if (at >= 0) {
           stop_waiting();
           const std::int64_t wait = std::max<std::int64_t>(0, at - t);
@@ -277,7 +280,7 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
           // fills a few slots of a chunk; a slower one leases when it has none (a chunk leased
           // ahead would pass while its calls are busy, and be lost to the fleet).
           const std::int64_t size = lease_size_locked(t);
-          if (2 * left >= size || wanted_ || size < kAheadSize) return d;
+          if (2 * left >= size || wanted_ || size < kAheadSize || full_until_ns_ > t) return d;
           wanted_ = true;
           next = Next::kWant;
         } else if (leases < kMaxLeases) {
@@ -321,6 +324,9 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
     // top of theirs: the calls are told to come back, as when the schedule is full, until the
     // fleet has answered nothing for kUnansweredBeforeShare; then on the share.
     std::lock_guard lock(mu_);
+    // The background thread may have answered since the wait ended (a chunk, the schedule's
+    // room, a failure): look again rather than hold its answer back.
+    if (answers_ != answers_seen) continue;
     if (unanswered_since_ns_ == kNever) unanswered_since_ns_ = t;
     if (t - unanswered_since_ns_ >= kUnansweredBeforeShare.count()) {
       unanswered = true;
@@ -377,6 +383,7 @@ void RateLimit::add_chunk(TimePoint now, Duration start_in, std::int64_t count, 
   full_until_ns_ = 0;
   busy_in_a_row_ = 0;
   unanswered_since_ns_ = kNever;
+  ++answers_;
   if (count <= 0 || interval_ns_ == 0) return;
   // A chunk spaced at the fleet's rate, never faster than this process's own.
   const std::int64_t spacing = std::max(interval_ns_, interval.count());
@@ -391,6 +398,7 @@ bool RateLimit::fleet_failed(TimePoint now, Duration in, DatabaseFailure failure
   const bool busy = failure == DatabaseFailure::kBusy || failure == DatabaseFailure::kConflict;
   std::lock_guard lock(mu_);
   unanswered_since_ns_ = kNever;
+  ++answers_;
   if (busy && busy_in_a_row_ < kBusyLeasesInARow) {
     ++busy_in_a_row_;
     ++stats_.fleet_busy;
@@ -407,6 +415,7 @@ void RateLimit::full_until(TimePoint now, Duration in) {
   std::lock_guard lock(mu_);
   busy_in_a_row_ = 0;
   unanswered_since_ns_ = kNever;
+  ++answers_;
   full_until_locked(ns_of(now), in);
 }
 
@@ -436,7 +445,11 @@ void RateLimit::set_sharing(bool sharing) {
   std::lock_guard lock(mu_);
   sharing_ = sharing;
   wanted_ = false;
+  // A new start: nothing is owed to an answer or a failure from before.
   unanswered_since_ns_ = kNever;
+  busy_in_a_row_ = 0;
+  full_until_ns_ = 0;
+  ++answers_;
   if (!sharing) chunks_.clear();  // leased slots are given up: the share decides now
 }
 

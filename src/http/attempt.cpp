@@ -211,20 +211,25 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
   // and a fleet lease's round trip (inside reserve) spend max_limit_wait too.
   const TimePoint entered = clock.now();
   const Duration before = waited_;
-  for (;;) {
+  // What is left of the wait at this moment: counted, and cut to the deadline.
+  const auto left_now = [&] {
     const TimePoint now = clock.now();
     waited_ = before + (now - entered);
-    Duration left = std::max(max_wait_ - waited_, Duration::zero());
-    if (!deadline.is_infinite()) left = std::min(left, deadline.remaining(now));
-    const auto wait = [&](Duration d) {
-      // wait: core: a rate limit's slot or a concurrency limit's hold, from core's limiters
-      clock.sleep_for(d);
-    };
+    const Duration left = std::max(max_wait_ - waited_, Duration::zero());
+    return deadline.is_infinite() ? left : std::min(left, deadline.remaining(now));
+  };
+  const auto wait = [&](Duration d) {
+    // wait: core: a rate limit's slot or a concurrency limit's hold, from core's limiters
+    clock.sleep_for(d);
+  };
+  for (;;) {
+    const TimePoint now = clock.now();
+    const Duration left = left_now();
     if (rate_ && !slot_) {
       const RateDecision d = rate_->reserve(now, left, rng);
       if (!d.go) {
         permit_.ignore();  // a permit kept from a late slot is not held through a refusal
-        if (d.wait > left) return d.wait;
+        if (d.wait > left_now()) return d.wait;
         wait(d.wait);  // paused (its end plus jitter), or a slot came within the wait
         continue;
       }
@@ -241,7 +246,7 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
       if (!permit_) {
         // About one call's time, jittered, so that the waiters do not come back together.
         const Duration d = jittered(concurrency_->retry_in(), rng);
-        if (d > left) return d;
+        if (d > left_now()) return d;
         wait(d);
         continue;
       }
@@ -254,7 +259,7 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
       continue;
     }
     slot_.reset();
-    waited_ = before + (clock.now() - entered);
+    (void)left_now();  // counts the wait up to now
     return std::nullopt;
   }
 }

@@ -262,7 +262,9 @@ TEST_F(SharedRateLimitsTest, ABusyScheduleKeepsTheCallsWaitingAndOnlyARowHeldLon
                          [&](const std::string& n) { return n.find(what) != std::string::npos; });
   };
   EXPECT_TRUE(test::wait_until([&] { return said("cannot be leased") == 1; }, 10s));
-  EXPECT_EQ(said("the fleet's schedule is busy"), 1);
+  // Once per cause: a lock timeout (55P03) or the statement's (57014), whichever ran out first.
+  EXPECT_GE(said("the fleet's schedule is busy"), 1);
+  EXPECT_LE(said("the fleet's schedule is busy"), 2);
   // The row released: the calls spend the fleet's chunks again.
   holder->execute("ROLLBACK");
   const std::uint64_t chunks = limit->stats().chunks;

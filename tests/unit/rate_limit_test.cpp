@@ -322,6 +322,47 @@ TEST(RateLimit, ABusyScheduleKeepsTheCallsWaitingAndOnlyAHeldOneGoesOnTheShare) 
   }
 }
 
+// An answer that comes just after the call stopped waiting for it (the background thread
+// finished the lease it was abandoned by) is used, not held back by a "come back later"; and a
+// busy answer to a lease asked ahead holds back new leases, not the slots already held.
+TEST(RateLimit, ALateAnswerIsUsedAndABusyAnswerLeavesTheHeldSlotsToSpend) {
+  keel::Rng rng(1);
+  class LateFleet final : public keel::RateLimitFleet {
+   public:
+    RateLimit* limit = nullptr;
+    TimePoint now{};
+    void want(std::string_view) override {}
+    bool lease(std::string_view) override {
+      limit->add_chunk(now, 0ms, 5);  // answered as the wait ended
+      return false;
+    }
+    void paused(std::string_view, TimePoint) override {}
+  };
+  RateLimitRegistry limits({.rate_per_s = 50, .burst = 1, .headroom = 0});
+  LateFleet fleet;
+  limits.attach_fleet(&fleet);
+  auto limit = limits.get("api:443");
+  fleet.limit = limit.get();
+  limit->set_sharing(true);
+  const RateDecision d = limit->reserve(fleet.now, 1s, rng);
+  EXPECT_TRUE(d.go) << "the chunk that came late is spent";
+  EXPECT_EQ(limit->stats().fleet_busy, 0u);
+  EXPECT_EQ(limit->stats().on_share, 0u);
+  EXPECT_EQ(limit->stats().chunks, 1u);
+  // Four slots held; a busy answer comes (a lease asked ahead): they are still spent, on time.
+  EXPECT_FALSE(limit->fleet_failed(fleet.now, 500ms, keel::DatabaseFailure::kBusy));
+  for (int i = 1; i < 5; ++i) {
+    const RateDecision held = limit->reserve(fleet.now, 1s, rng);
+    ASSERT_TRUE(held.go) << i;
+    EXPECT_EQ(held.wait, i * 20ms);
+  }
+  // None left: told to come back until the busy answer's time.
+  const RateDecision after = limit->reserve(fleet.now, 1s, rng);
+  EXPECT_FALSE(after.go);
+  EXPECT_EQ(after.wait, 500ms);
+  limits.attach_fleet(nullptr);
+}
+
 // A slot leased from the fleet is held to the same allowance as a local one: over a grid of rates,
 // a chunk's slot found just within the allowance after its time is spent (with that allowance's
 // spend_by), one just past it is lost, not spent late.

@@ -180,8 +180,8 @@ void Metrics::render_rates(metrics::Scrape& scrape) const {
                    "Leases of the fleet's schedule that failed with the database reachable.", d,
                    s.failures);
     scrape.counter("keel_rate_limit_fleet_busy_total",
-                   "Leases of the fleet's schedule that found its row busy (a lock or statement "
-                   "timeout) or had no answer in time; the calls waited, not on the share.",
+                   "Busy answers of the fleet's schedule (a lock or statement timeout) and calls "
+                   "whose lease had no answer in time: told to come back, not on the share.",
                    d, s.busy);
     scrape.counter("keel_rate_limit_slots_lost_total",
                    "Leased slots of the fleet's schedule that passed unused here.", d, s.lost);
