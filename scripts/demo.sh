@@ -42,7 +42,15 @@ out_dir=${KEEL_DEMO_OUT:-$root/build/demo}
 mkdir -p "$out_dir"
 pids=()
 cleanup() {
-  local pid
+  local rc=$? pid f
+  # A run that failed shows what its servers said before their logs go with $work.
+  if ((rc != 0)); then
+    for f in "$work"/*-serve.log; do
+      [[ -f "$f" ]] || continue
+      echo "--- ${f##*/}, its last 20 lines:" >&2
+      tail -n 20 "$f" >&2
+    done
+  fi
   # Servers an outage subshell started (it records them) and ours.
   [[ -f "$work/outage.pids" ]] && pids+=($(cat "$work/outage.pids"))
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -71,7 +79,18 @@ start_server() {
   for i in $(seq 1 100); do
     # The server's shell opens $log: it may not exist yet on the first look.
     url=$(sed -n 's/^keel-demo serve: listening on \(http:\/\/[0-9.]*:[0-9]*\).*/\1/p' "$log" 2>/dev/null || true)
-    [[ -n "$url" ]] && return 0
+    if [[ -n "$url" ]]; then
+      # It said where it listens: it answers there, or the run stops here saying why.
+      curl -sS -m 5 -o /dev/null "$url/metrics" && return 0
+      if kill -0 "${pids[-1]}" 2>/dev/null; then
+        echo "demo: keel-demo serve is running but does not answer on $url" >&2
+      else
+        local status=0
+        wait "${pids[-1]}" 2>/dev/null || status=$?
+        echo "demo: keel-demo serve exited (status $status) after it printed $url" >&2
+      fi
+      exit 1
+    fi
     kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; echo "demo: keel-demo serve exited" >&2; exit 1; }
     sleep 0.1
   done
