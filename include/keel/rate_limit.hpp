@@ -170,6 +170,11 @@ struct RateLeaseAsk {
   double burst = 0;
   /// How far ahead of now a chunk may start. Requires: > 0.
   std::int64_t horizon_us = 1'000'000;
+  /// How far ahead of now the calls waiting for this lease can take a slot
+  /// (RateLimit::lease_reach): a chunk starting later is not granted, and left in the schedule
+  /// for a process whose calls can wait for it. The schedule's room is then asked for again
+  /// when its end comes within the reach. At most horizon_us counts.
+  std::int64_t reach_us = INT64_MAX;
 };
 
 /// The decision: the row to store, and the chunk granted or when to ask again.
@@ -278,6 +283,11 @@ class RateLimit {
   /// [1, chunk_size()]. A process that spends slots slower than the fleet's rate leases small
   /// chunks, so that the fleet's schedule is not given to a process that cannot use it.
   [[nodiscard]] std::int64_t lease_size(TimePoint now) const;
+  /// How far ahead of `now` a slot leased now can still be taken (RateLeaseAsk::reach_us): the
+  /// longest wait left to a call waiting for the lease (its max_wait), Duration::max() when no
+  /// call waits (a lease ahead of need). A call that cannot wait for the slot a lease would
+  /// grant is told to come back rather than hold a slot no call of this process may take.
+  [[nodiscard]] Duration lease_reach(TimePoint now) const;
   [[nodiscard]] RateLimitStats stats() const;
 
  private:
@@ -336,6 +346,7 @@ class RateLimit {
   std::int64_t unanswered_since_ns_ = kNever;  // the first lease not answered in time, since
                                                // the fleet last answered
   int waiting_ = 0;                            // calls in reserve() with no slot yet
+  std::int64_t reach_until_ns_ = 0;  // the latest a call waiting since waiting_ was 0 may leave
   // The pace: slots taken in the current and the last window of half a second.
   std::int64_t pace_window_ns_ = 0;
   std::int64_t pace_now_ = 0;

@@ -84,9 +84,12 @@ RateLeaseAnswer decide_rate_lease(const RateScheduleRow& row, const RateLeaseAsk
     out.slot_out_of_domain = true;  // not a time the schedule holds: read as now
   }
   const std::int64_t start = std::max(slot, now - burst);
-  if (start > now + ask.horizon_us) {
-    // Full as far as the horizon: room for a chunk when the schedule's end comes within it.
-    out.retry_in_us = std::max<std::int64_t>(1000, start - now - ask.horizon_us);
+  // The furthest a chunk may start: the horizon, or the calls' reach when shorter (a slot they
+  // could not wait for stays in the schedule for a process whose calls can).
+  const std::int64_t reach = std::clamp<std::int64_t>(ask.reach_us, 0, ask.horizon_us);
+  if (start > now + reach) {
+    // Full as far as the reach: room for a chunk when the schedule's end comes within it.
+    out.retry_in_us = std::max<std::int64_t>(1000, start - now - reach);
     out.row.next_slot_us = slot;
     return out;
   }
@@ -198,6 +201,12 @@ std::int64_t RateLimit::lease_size(TimePoint now) const {
   return lease_size_locked(ns_of(now));
 }
 
+Duration RateLimit::lease_reach(TimePoint now) const {
+  std::lock_guard lock(mu_);
+  if (waiting_ == 0) return Duration::max();
+  return Duration(std::max<std::int64_t>(0, reach_until_ns_ - ns_of(now)));
+}
+
 RateDecision RateLimit::take_share_locked(std::int64_t t, std::int64_t max_wait_ns) {
   // This process's share of the rate: all of it alone, the fleet's equal share when the fleet
   // cannot answer.
@@ -284,7 +293,12 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
           wanted_ = true;
           next = Next::kWant;
         } else if (leases < kMaxLeases) {
-          if (!counted_waiting) ++waiting_;
+          if (!counted_waiting) {
+            // The reach of the calls waiting: the longest any of them may still wait.
+            const std::int64_t until = max_wait_ns > INT64_MAX - t ? INT64_MAX : t + max_wait_ns;
+            reach_until_ns_ = waiting_ == 0 ? until : std::max(reach_until_ns_, until);
+            ++waiting_;
+          }
           counted_waiting = true;
           next = Next::kLease;
         } else {

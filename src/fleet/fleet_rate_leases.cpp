@@ -254,11 +254,14 @@ void SharedBreakers::lease_one(const std::string& key) {
     work_->rollback();
     throw;
   }
-  const RateLeaseAsk ask{.now_us = row.now_us,
-                         .rate_per_s = limit->spaced_rate(),
-                         .count = limit->lease_size(asked),
-                         .burst = limit->options().burst,
-                         .horizon_us = horizon_ms_ * 1000};
+  const RateLeaseAsk ask{
+      .now_us = row.now_us,
+      .rate_per_s = limit->spaced_rate(),
+      .count = limit->lease_size(asked),
+      .burst = limit->options().burst,
+      .horizon_us = horizon_ms_ * 1000,
+      .reach_us =
+          std::chrono::duration_cast<std::chrono::microseconds>(limit->lease_reach(asked)).count()};
   RateScheduleRow stored = row.schedule;
   if (row.slot_unreadable) stored.next_slot_us.reset();
   const RateLeaseAnswer answer = decide_rate_lease(stored, ask);
