@@ -306,6 +306,9 @@ class RateLimit {
   std::int64_t lease_size_locked(std::int64_t now_ns) const;
   // Requires: mu_ held. The wait of a call told to come back when the fleet gave no slot.
   Duration queued_wait(std::int64_t now_ns, std::int64_t wait_ns, BitGenRef gen);
+  // Requires: mu_ held. The fleet answered a lease (a chunk, the schedule's room, a failure) or
+  // sharing started again: a call waiting for an answer uses it, and the wait without one ends.
+  void answered_locked();
   // Requires: mu_ held. The schedule has no room for this process until now + in.
   void full_until_locked(std::int64_t now_ns, Duration in);
   // Requires: mu_ held. A slot of this process's share of the rate (the whole rate alone, an

@@ -396,8 +396,7 @@ void RateLimit::add_chunk(TimePoint now, Duration start_in, std::int64_t count, 
   wanted_ = false;
   full_until_ns_ = 0;
   busy_in_a_row_ = 0;
-  unanswered_since_ns_ = kNever;
-  ++answers_;
+  answered_locked();
   if (count <= 0 || interval_ns_ == 0) return;
   // A chunk spaced at the fleet's rate, never faster than this process's own.
   const std::int64_t spacing = std::max(interval_ns_, interval.count());
@@ -411,8 +410,7 @@ void RateLimit::add_chunk(TimePoint now, Duration start_in, std::int64_t count, 
 bool RateLimit::fleet_failed(TimePoint now, Duration in, DatabaseFailure failure) {
   const bool busy = failure == DatabaseFailure::kBusy || failure == DatabaseFailure::kConflict;
   std::lock_guard lock(mu_);
-  unanswered_since_ns_ = kNever;
-  ++answers_;
+  answered_locked();
   if (busy && busy_in_a_row_ < kBusyLeasesInARow) {
     ++busy_in_a_row_;
     ++stats_.fleet_busy;
@@ -428,9 +426,13 @@ bool RateLimit::fleet_failed(TimePoint now, Duration in, DatabaseFailure failure
 void RateLimit::full_until(TimePoint now, Duration in) {
   std::lock_guard lock(mu_);
   busy_in_a_row_ = 0;
+  answered_locked();
+  full_until_locked(ns_of(now), in);
+}
+
+void RateLimit::answered_locked() {
   unanswered_since_ns_ = kNever;
   ++answers_;
-  full_until_locked(ns_of(now), in);
 }
 
 void RateLimit::full_until_locked(std::int64_t now_ns, Duration in) {
@@ -460,10 +462,9 @@ void RateLimit::set_sharing(bool sharing) {
   sharing_ = sharing;
   wanted_ = false;
   // A new start: nothing is owed to an answer or a failure from before.
-  unanswered_since_ns_ = kNever;
+  answered_locked();
   busy_in_a_row_ = 0;
   full_until_ns_ = 0;
-  ++answers_;
   if (!sharing) chunks_.clear();  // leased slots are given up: the share decides now
 }
 
