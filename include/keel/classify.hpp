@@ -81,6 +81,10 @@ struct Outcome {
   /// failure: the earlier attempt took effect (DuplicateSuccessRule). False for every other
   /// outcome.
   bool duplicate = false;
+  /// kNotAttempted by a rate limit's line: the call's wait ended before its turn, server_delay
+  /// away, and the limit admits a new call to its line now (keel::waits_in_line). A queue's worker
+  /// defers just this job, to its turn, and goes on leasing. False for every other outcome.
+  bool in_line = false;
   /// At most this many retries in one operation may be caused by outcomes carrying this limit
   /// (HTTP 500 carries 1 by default: retried at most once). kNoRetryLimit: no extra limit.
   std::uint8_t retry_limit = kNoRetryLimit;

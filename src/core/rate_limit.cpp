@@ -42,6 +42,10 @@ std::optional<Duration> pause_asked(const Outcome& outcome) noexcept {
   return outcome.server_delay;
 }
 
+bool waits_in_line(const RateDecision& refused, Duration max_wait) noexcept {
+  return !refused.go && !refused.paused && refused.wait <= max_wait;
+}
+
 std::int64_t rate_chunk(double rate_per_s) noexcept {
   return std::clamp<std::int64_t>(std::llround(rate_per_s / 10), 1, 1000);
 }

@@ -60,7 +60,8 @@ AttemptReport report_of(const http::Result& r, std::string_view dependency) {
       // Its rate limit, or the pause a 429 or 503 with Retry-After asked for: not a failure.
       report.error = "held by the rate limit of " + std::string(dependency);
       if (r.outcome.has_server_delay()) {
-        report.error += ", next slot in " + format_duration(r.outcome.server_delay);
+        report.error += (r.outcome.in_line ? ", its turn in line in " : ", next slot in ") +
+                        format_duration(r.outcome.server_delay);
       }
     } else {
       report.error = std::string(to_string(r.reason)) + " for " + std::string(dependency);

@@ -229,7 +229,10 @@ std::optional<Duration> LimitGate::pass(Clock& clock, const Deadline& deadline) 
       const RateDecision d = rate_->reserve(now, left, rng);
       if (!d.go) {
         permit_.ignore();  // a permit kept from a late slot is not held through a refusal
-        if (d.wait > left_now()) return d.wait;
+        if (d.wait > left_now()) {
+          in_line_ = waits_in_line(d, max_wait_);
+          return d.wait;
+        }
         wait(d.wait);  // paused (its end plus jitter), or a slot came within the wait
         continue;
       }

@@ -176,6 +176,7 @@ Result Client::send(const Request& request) {
     result.reason = StopReason::kLimited;
     if (result.attempts == 0 || !result.outcome.attempted()) {
       result.outcome = Outcome::not_attempted(*limited);
+      result.outcome.in_line = limits.in_line();
     }
   } else if (limits.paused() && !result.outcome.attempted() &&
              result.reason == StopReason::kAttemptsExhausted) {

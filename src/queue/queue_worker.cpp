@@ -241,9 +241,12 @@ void Worker::recorded(const WorkerEvent& event) {
     held_.erase(event.job.id);
   }
   if (event.result.status != CompleteStatus::kStale) recorded_.fetch_add(1);
-  // A brake that says when it will admit a call again (an open breaker's retry_in) pauses
-  // leasing until then; one that cannot say (an empty retry budget) defers just this job.
-  if (event.result.status == CompleteStatus::kDeferred && event.report.outcome.has_server_delay()) {
+  // A brake that says when it will admit a call again (an open breaker's retry_in, a pause)
+  // holds leasing until then; one that cannot say (an empty retry budget) defers just this job,
+  // and so does a rate limit's line (Outcome::in_line: a new call waits for its own turn, and
+  // this job comes back at its own).
+  if (event.result.status == CompleteStatus::kDeferred && event.report.outcome.has_server_delay() &&
+      !event.report.outcome.in_line) {
     pause(event.result.delay, event.report);
   }
   if (options_.on_event) options_.on_event(event);

@@ -337,7 +337,7 @@ TEST_F(FleetRateDrill, A429WithRetryAfterPausesTheFleetWithoutCostingAnAttempt) 
 // Other operating points than 50/s x 4 jobs: low rates with few and many jobs per process, high
 // rates with few and many, a per-minute quota with one job a process and with four (most of
 // which wait longer than a job waits for a slot and are deferred). Each: no window over the
-// rate + 10%, 429s at most 1% (one at the smallest counts), the queue drained at 80% of the rate
+// rate + 10%, 429s at most 1% (one at the smallest counts), the queue drained at 85% of the rate
 // or more without its tail (the first 90% of the requests), nothing dead, every job's effect
 // once. Release build only: rates.
 struct DrillPoint {
@@ -407,14 +407,14 @@ class FleetRatePoints : public FleetRateDrill {
     // figures); ctest runs these drills with nothing beside them (RUN_SERIAL: beside another test,
     // the 5/s points saw 2 429s and a busiest second of 6, slots sent tens of milliseconds late),
     // and the assertion still leaves room for the machine's timers: one 429 at the smallest
-    // counts, and 80% of the rate. The bugs these
+    // counts, and 85% of the rate. The bugs these
     // points caught were 4-17% 429s and 28-60% of the rate. At hundreds a second the drain is
     // bound by the machine as much as by the schedule (32 workers' requests on two cores: 307/s
     // of 500 beside a compile), so there it must show only that the bug (28%) is gone: half the
     // rate. The schedule's own drain is asserted in virtual time (rate_schedule_grid_test.cpp).
     EXPECT_LE(most, std::max(p.per_window + 1, static_cast<int>(p.per_window * 1.1))) << p.rate;
     EXPECT_LE(api.throttled(), std::max(1, static_cast<int>(arrivals.size() / 100))) << p.rate;
-    EXPECT_GE(drained_body, (per_s >= 200 ? 0.5 : 0.8) * per_s) << p.rate;
+    EXPECT_GE(drained_body, (per_s >= 200 ? 0.5 : 0.85) * per_s) << p.rate;
     EXPECT_EQ(api.applied().size(), static_cast<std::size_t>(p.jobs)) << p.rate;
   }
 };

@@ -142,3 +142,52 @@ TEST(LimitGate, APermitWaitedForIsKeptWhileTheCallAsksForANewSlot) {
 }
 
 }  // namespace
+
+// keel::waits_in_line through the gate: a call whose wait ended in the rate limit's line gives
+// up with its turn and says so (Outcome::in_line: its queue's worker goes on leasing); a turn
+// longer than a call may wait at all, or a pause, is not the line (the worker holds its leasing).
+TEST(LimitGate, ACallWhoseWaitEndedInTheLineSaysSoAndALongerTurnOrAPauseDoesNot) {
+  // In line: every wake 50 ms late, so the call gives its slots up until what is left of its
+  // 1 s is shorter than the next slot, which a new call would wait for.
+  {
+    LateWakingClock clock;
+    auto rate = std::make_shared<keel::RateLimit>(keel::RateLimitOptions{.rate_per_s = 10});
+    LimitGate busy(rate, nullptr, 10s);
+    ASSERT_FALSE(busy.pass(clock, keel::Deadline::infinite()).has_value());  // the slot now
+    clock.late(50ms, 1'000'000);
+    LimitGate gate(rate, nullptr, 1s);
+    const std::optional<Duration> refused = gate.pass(clock, keel::Deadline::infinite());
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_GT(*refused, Duration::zero());
+    EXPECT_LE(*refused, 1s);
+    EXPECT_TRUE(gate.in_line());
+  }
+  // A turn longer than a call's whole wait (one call every 10 s, a wait of 1 s).
+  {
+    LateWakingClock clock;
+    auto rate = std::make_shared<keel::RateLimit>(keel::RateLimitOptions{.rate_per_s = 0.1});
+    LimitGate first(rate, nullptr, 1s);
+    ASSERT_FALSE(first.pass(clock, keel::Deadline::infinite()).has_value());
+    LimitGate second(rate, nullptr, 1s);
+    const std::optional<Duration> refused = second.pass(clock, keel::Deadline::infinite());
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_GT(*refused, 9s);
+    EXPECT_FALSE(second.in_line());
+  }
+  // A pause, however short.
+  {
+    LateWakingClock clock;
+    auto rate = std::make_shared<keel::RateLimit>(keel::RateLimitOptions{});
+    (void)rate->pause(clock.now(), 1500ms);
+    LimitGate held(rate, nullptr, 1s);
+    const std::optional<Duration> refused = held.pass(clock, keel::Deadline::infinite());
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_GE(*refused, 1500ms);
+    EXPECT_FALSE(held.in_line());
+  }
+  EXPECT_TRUE(keel::waits_in_line({.go = false, .wait = 1500ms}, 2s));
+  EXPECT_TRUE(keel::waits_in_line({.go = false, .wait = 2s}, 2s));
+  EXPECT_FALSE(keel::waits_in_line({.go = false, .wait = 30s}, 2s));
+  EXPECT_FALSE(keel::waits_in_line({.go = false, .wait = 500ms, .paused = true}, 2s));
+  EXPECT_FALSE(keel::waits_in_line({.go = true}, 2s));
+}

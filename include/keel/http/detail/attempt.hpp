@@ -136,6 +136,8 @@ class LimitGate {
   /// that Retry-After when the host was paused by it (not a failure of the dependency's health:
   /// it asked for the pause), else `outcome`.
   [[nodiscard]] Outcome finish(const Outcome& outcome, Duration took, TimePoint now);
+  /// The last pass gave up in the rate limit's line (keel::waits_in_line): Outcome::in_line.
+  [[nodiscard]] bool in_line() const noexcept { return in_line_; }
   /// The last attempt's answer paused the host.
   [[nodiscard]] bool paused() const noexcept { return paused_; }
   /// What is left of max_limit_wait.
@@ -148,6 +150,7 @@ class LimitGate {
   std::shared_ptr<AdaptiveConcurrencyLimit> concurrency_;
   Duration max_wait_;
   Duration waited_{};
+  bool in_line_ = false;
   std::optional<RateDecision> slot_;  // the rate's slot for the next attempt, when taken
   ConcurrencyPermit permit_;
   bool paused_ = false;
