@@ -316,6 +316,15 @@ class RateLimit {
   void count_pace(std::int64_t now_ns);
   // Requires: mu_ held.
   std::int64_t lease_size_locked(std::int64_t now_ns) const;
+  // Requires: mu_ held, `at` a leased slot (next_slot). Takes it when it comes within max_wait;
+  // `ahead` set when the next chunk is to be leased now, ahead of need.
+  RateDecision take_leased_locked(std::int64_t now_ns, std::int64_t at, std::int64_t max_wait_ns,
+                                  bool& ahead);
+  // Requires: mu_ held. A call waits for a lease: counted, with its reach (lease_reach).
+  void wait_for_lease_locked(std::int64_t now_ns, std::int64_t max_wait_ns);
+  // Requires: mu_ held. When the slots this process leased are spent, a slot's time per call
+  // waiting from now at least.
+  [[nodiscard]] std::int64_t leased_end_locked(std::int64_t now_ns) const;
   // Requires: mu_ held. The wait of a call told to come back when the fleet gave no slot.
   Duration queued_wait(std::int64_t now_ns, std::int64_t wait_ns, BitGenRef gen);
   // Requires: mu_ held. The fleet answered a lease (a chunk, the schedule's room, a failure) or

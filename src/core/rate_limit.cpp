@@ -233,6 +233,48 @@ RateDecision RateLimit::take_share_locked(std::int64_t t, std::int64_t max_wait_
           .spend_by = TimePoint(Duration(std::max(at, t) + late_ns_))};
 }
 
+RateDecision RateLimit::take_leased_locked(std::int64_t now_ns, std::int64_t at,
+                                           std::int64_t max_wait_ns, bool& ahead) {
+  const std::int64_t wait = std::max<std::int64_t>(0, at - now_ns);
+  if (wait > max_wait_ns) {
+    ++stats_.refused;
+    return {.go = false, .wait = Duration(wait)};
+  }
+  ++chunks_.front().next;
+  ++stats_.went;
+  if (wait > 0) ++stats_.waited;
+  count_pace(now_ns);
+  std::int64_t left = 0;
+  for (const Chunk& c : chunks_) left += c.count - c.next;
+  // The next chunk is leased ahead when half of one is left, by a process whose pace fills a few
+  // slots of a chunk; a slower one leases when it has none (a chunk leased ahead would pass
+  // while its calls are busy, and be lost to the fleet).
+  const std::int64_t size = lease_size_locked(now_ns);
+  if (2 * left < size && !wanted_ && size >= kAheadSize && full_until_ns_ <= now_ns) {
+    wanted_ = true;
+    ahead = true;
+  }
+  return {.go = true, .wait = Duration(wait), .spend_by = TimePoint(Duration(at + late_ns_))};
+}
+
+void RateLimit::wait_for_lease_locked(std::int64_t now_ns, std::int64_t max_wait_ns) {
+  // The reach of the calls waiting: the longest any of them may still wait.
+  const std::int64_t until = max_wait_ns > INT64_MAX - now_ns ? INT64_MAX : now_ns + max_wait_ns;
+  reach_until_ns_ = waiting_ == 0 ? until : std::max(reach_until_ns_, until);
+  ++waiting_;
+}
+
+std::int64_t RateLimit::leased_end_locked(std::int64_t now_ns) const {
+  // Each lease answered and other calls took the slots: ask again when this process's leased
+  // slots are spent (its calls queue there), at least a slot's time from now.
+  std::int64_t end = now_ns + interval_ns_ * std::max(1, waiting_);
+  if (!chunks_.empty()) {
+    const Chunk& c = chunks_.back();
+    end = std::max(end, c.start_ns + c.count * c.interval_ns);
+  }
+  return end;
+}
+
 RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen) {
   const std::int64_t t = ns_of(now);
   const std::int64_t max_wait_ns = std::max<Duration>(max_wait, Duration::zero()).count();
@@ -277,45 +319,18 @@ RateDecision RateLimit::reserve(TimePoint now, Duration max_wait, BitGenRef gen)
         }
         if (at >= 0) {
           stop_waiting();
-          const std::int64_t wait = std::max<std::int64_t>(0, at - t);
-          if (wait > max_wait_ns) {
-            ++stats_.refused;
-            return {.go = false, .wait = Duration(wait)};
-          }
-          ++chunks_.front().next;
-          ++stats_.went;
-          if (wait > 0) ++stats_.waited;
-          count_pace(t);
-          std::int64_t left = 0;
-          for (const Chunk& c : chunks_) left += c.count - c.next;
-          d = {.go = true, .wait = Duration(wait), .spend_by = TimePoint(Duration(at + late_ns_))};
-          // The next chunk is leased ahead when half of one is left, by a process whose pace
-          // fills a few slots of a chunk; a slower one leases when it has none (a chunk leased
-          // ahead would pass while its calls are busy, and be lost to the fleet).
-          const std::int64_t size = lease_size_locked(t);
-          if (2 * left >= size || wanted_ || size < kAheadSize || full_until_ns_ > t) return d;
-          wanted_ = true;
+          bool ahead = false;
+          d = take_leased_locked(t, at, max_wait_ns, ahead);
+          if (!ahead) return d;
           next = Next::kWant;
         } else if (leases < kMaxLeases) {
-          if (!counted_waiting) {
-            // The reach of the calls waiting: the longest any of them may still wait.
-            const std::int64_t until = max_wait_ns > INT64_MAX - t ? INT64_MAX : t + max_wait_ns;
-            reach_until_ns_ = waiting_ == 0 ? until : std::max(reach_until_ns_, until);
-            ++waiting_;
-          }
+          if (!counted_waiting) wait_for_lease_locked(t, max_wait_ns);
           counted_waiting = true;
           next = Next::kLease;
         } else {
-          // Each lease answered and other calls took the slots: ask again when this process's
-          // leased slots are spent (its calls queue there), at least a slot's time from now.
-          std::int64_t end = t + interval_ns_ * std::max(1, waiting_);
-          if (!chunks_.empty()) {
-            const Chunk& c = chunks_.back();
-            end = std::max(end, c.start_ns + c.count * c.interval_ns);
-          }
           stop_waiting();
           ++stats_.refused;
-          return {.go = false, .wait = queued_wait(t, end - t, gen)};
+          return {.go = false, .wait = queued_wait(t, leased_end_locked(t) - t, gen)};
         }
       }
       if (on_share) {
