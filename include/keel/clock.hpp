@@ -41,6 +41,29 @@ using WallTime = std::chrono::time_point<std::chrono::system_clock, Duration>;
 }
 static_assert(days_from_civil(1970, 1, 1) == 0 && days_from_civil(2000, 3, 1) == 11017);
 
+/// A proleptic Gregorian date.
+struct CivilDate {
+  std::int64_t year = 1970;
+  unsigned month = 1;  // 1-12
+  unsigned day = 1;    // 1-31
+};
+/// The date `days` after 1970-01-01 (negative: before it): days_from_civil's inverse, Hinnant's
+/// civil_from_days.
+[[nodiscard]] constexpr CivilDate civil_from_days(std::int64_t days) noexcept {
+  const std::int64_t z = days + 719468;
+  const std::int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  const auto doe = static_cast<unsigned>(z - era * 146097);
+  const unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  const unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  const unsigned mp = (5 * doy + 2) / 153;
+  const unsigned d = doy - (153 * mp + 2) / 5 + 1;
+  const unsigned m = mp < 10 ? mp + 3 : mp - 9;
+  return {
+      .year = static_cast<std::int64_t>(yoe) + era * 400 + (m <= 2 ? 1 : 0), .month = m, .day = d};
+}
+static_assert(civil_from_days(0).year == 1970 && civil_from_days(11017).month == 3 &&
+              civil_from_days(-1).year == 1969 && civil_from_days(-1).day == 31);
+
 /// Whether `y` is a leap year of the proleptic Gregorian calendar.
 [[nodiscard]] constexpr bool is_leap_year(std::int64_t y) noexcept {
   return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;

@@ -96,15 +96,7 @@ std::optional<std::int64_t> parse_rfc850(std::string_view s, WallTime now) {
   const std::int64_t now_s =
       std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
   const std::int64_t now_days = now_s >= 0 ? now_s / 86400 : (now_s - 86399) / 86400;
-  // Civil year of now (Hinnant's civil_from_days, year only).
-  const std::int64_t z = now_days + 719468;
-  const std::int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-  const auto doe = static_cast<unsigned>(z - era * 146097);
-  const unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-  const unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-  const unsigned mp = (5 * doy + 2) / 153;
-  const unsigned m = mp < 10 ? mp + 3 : mp - 9;
-  const std::int64_t now_year = static_cast<std::int64_t>(yoe) + era * 400 + (m <= 2 ? 1 : 0);
+  const std::int64_t now_year = civil_from_days(now_days).year;
   std::int64_t year = now_year - (now_year % 100 + 100) % 100 + yy;  // same century as now
   auto when = to_unix(year, month, day, hh, mm, ss);
   if (!when) return {};
@@ -198,15 +190,10 @@ std::string format_http_date(std::int64_t unix_seconds) {
   const std::int64_t days =
       unix_seconds >= 0 ? unix_seconds / 86400 : (unix_seconds - 86399) / 86400;
   const std::int64_t secs = unix_seconds - days * 86400;
-  const std::int64_t z = days + 719468;
-  const std::int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-  const auto doe = static_cast<unsigned>(z - era * 146097);
-  const unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-  const unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-  const unsigned mp = (5 * doy + 2) / 153;
-  const unsigned d = doy - (153 * mp + 2) / 5 + 1;
-  const unsigned m = mp < 10 ? mp + 3 : mp - 9;
-  const std::int64_t y = static_cast<std::int64_t>(yoe) + era * 400 + (m <= 2 ? 1 : 0);
+  const CivilDate date = civil_from_days(days);
+  const std::int64_t y = date.year;
+  const unsigned m = date.month;
+  const unsigned d = date.day;
   // 1970-01-01 was a Thursday (index 3 in kDayShort).
   const auto weekday = static_cast<std::size_t>(((days % 7) + 7 + 3) % 7);
   char buf[64];
