@@ -209,9 +209,7 @@ std::vector<std::int64_t> discard(Connection& connection, const DeadLetterFilter
   in_transaction(connection, [&](Connection& tx) {
     out.clear();
     for (const DeadLetter& job : select_in(tx, filter, INT64_MAX)) {
-      tx.query("DELETE FROM keel_job_attempts WHERE job_id = $1", {job.id});
-      const Rows r = tx.query("DELETE FROM keel_jobs WHERE id = $1 AND state = 'dead'", {job.id});
-      if (r.affected() == 1) out.push_back(job.id);
+      if (detail::discard_dead(tx, job.id)) out.push_back(job.id);
     }
     return true;
   });

@@ -59,11 +59,7 @@ std::vector<std::int64_t> JobQueue::discard(Connection& connection,
   in_transaction(connection, [&](Connection& tx) {
     out.clear();
     for (std::int64_t id : ids) {
-      const Rows dead = tx.query("SELECT 1 FROM keel_jobs WHERE id = $1 AND state = 'dead'", {id});
-      if (dead.empty()) continue;
-      tx.query("DELETE FROM keel_job_attempts WHERE job_id = $1", {id});
-      tx.query("DELETE FROM keel_jobs WHERE id = $1 AND state = 'dead'", {id});
-      out.push_back(id);
+      if (detail::discard_dead(tx, id)) out.push_back(id);
     }
     return true;
   });

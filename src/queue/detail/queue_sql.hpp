@@ -120,6 +120,16 @@ inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t rou
          (where.empty() ? std::string() : " AND " + std::string(where));
 }
 
+// Removes dead job `id` and its attempts' history, in the caller's transaction: whether it was
+// dead (and is gone). The one removal of JobQueue::discard and dead_letters::discard.
+inline bool discard_dead(Connection& tx, std::int64_t id) {
+  tx.query(
+      "DELETE FROM keel_job_attempts WHERE job_id = $1 AND EXISTS (SELECT 1 FROM keel_jobs"
+      " WHERE id = $1 AND state = 'dead')",
+      {id});
+  return tx.query("DELETE FROM keel_jobs WHERE id = $1 AND state = 'dead'", {id}).affected() == 1;
+}
+
 inline constexpr std::string_view kMarkDone =
     " SET state = 'done', attempts = attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END,"
     " started_ms = COALESCE(started_ms, $2), lease_expires_ms = NULL, run_at_ms = $2,"
