@@ -7,10 +7,8 @@
 // answers the run's summary and time series, or 400 {"error": "..."} naming the bad parameter.
 #include <httplib.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -23,17 +21,11 @@
 #include "commands.hpp"
 #include "flag_options.hpp"
 #include "keel/sim/scenarios.hpp"
+#include "stop_signals.hpp"
 
 namespace keel::cli {
 
 namespace {
-
-int g_stop_pipe[2] = {-1, -1};
-
-extern "C" void on_stop_signal(int /*signal*/) {
-  const char stop = 's';
-  (void)!write(g_stop_pipe[1], &stop, 1);
-}
 
 // Where the page is: $KEEL_WEB_DIR, else PREFIX/share/keel/web beside this binary (PREFIX/bin),
 // which is where it is installed and where the build tree links it.
@@ -125,37 +117,26 @@ void add_routes(httplib::Server& server, const std::string& web) {
   });
 }
 
-// Runs the server until SIGINT or SIGTERM (or until it fails); returns the exit status.
+// Runs the server until a stop signal (stop_signals.hpp: SIGINT, SIGTERM, SIGHUP) or until it
+// fails; returns the exit status. The signals are blocked before the server's threads start, so
+// that they inherit the mask, and one thread of ours takes them with sigwait and stops the server.
 int listen_until_stopped(httplib::Server& server) {
-  // SIGINT/SIGTERM stop the server. The handler only writes a byte to a pipe (whichever thread
-  // the signal lands on); a thread of ours reads it and stops the server outside the handler.
-  if (pipe(g_stop_pipe) != 0) {
-    std::fprintf(stderr, "keel sim serve: cannot create a pipe\n");
-    return 1;
-  }
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  const sigset_t signals = block_stop_signals();
   std::atomic<bool> signalled{false};
-  std::thread stopper([&server, &signalled] {
-    char byte = 0;
-    while (read(g_stop_pipe[0], &byte, 1) < 0 && errno == EINTR) {
-    }
-    if (byte == 's') {
-      signalled = true;
-      server.stop();
+  std::atomic<bool> done{false};
+  std::thread stopper([&] {
+    const timespec tick{0, 100'000'000};
+    while (!done.load()) {
+      if (sigtimedwait(&signals, nullptr, &tick) > 0) {
+        signalled = true;
+        server.stop();
+        return;
+      }
     }
   });
   const bool clean = server.listen_after_bind();
-  if (!signalled) {
-    const char quit = 'q';  // listen ended by itself: release the stopper
-    (void)!write(g_stop_pipe[1], &quit, 1);
-  }
+  done = true;
   stopper.join();
-  close(g_stop_pipe[0]);
-  close(g_stop_pipe[1]);
   return clean || signalled ? 0 : 1;
 }
 
