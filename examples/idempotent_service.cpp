@@ -61,14 +61,15 @@ int main() {
     // Body, header and framing limits, timeouts, TCP_NODELAY and an exclusive port.
     store::apply_server_limits(server,
                                {.max_body_bytes = 64 * 1024, .routes = {{"/v1/charges", "POST"}}});
-    server.Post("/v1/charges", idempotency.wrap([](const httplib::Request& request,
-                                                   store::Connection& tx) {
-      // Everything the handler writes goes through `tx`; a real handler validates the body.
-      const auto rows =
-          tx.query("INSERT INTO charges (body) VALUES ($1) RETURNING id", {request.body});
-      return store::StoredResponse{
-          201, {{"Content-Type", "application/json"}}, R"({"charge": )" + rows.text(0, 0) + "}\n"};
-    }));
+    server.Post(
+        "/v1/charges", idempotency.wrap([](const httplib::Request& request, store::Connection& tx) {
+          // Everything the handler writes goes through `tx`; a real handler validates the body.
+          const auto rows =
+              tx.query("INSERT INTO charges (body) VALUES ($1) RETURNING id", {request.body});
+          return store::StoredResponse{201,
+                                       {{"Content-Type", "application/json"}},
+                                       R"({"charge": )" + store::RowCursor(rows, 0).text() + "}\n"};
+        }));
     const int port = server.bind_to_any_port("127.0.0.1");
     if (port <= 0) {
       std::fprintf(stderr, "cannot bind 127.0.0.1\n");

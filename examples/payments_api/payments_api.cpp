@@ -103,8 +103,9 @@ void hash_stored_principals(Connection& conn, const std::string& secret) {
         conn.query("SELECT DISTINCT " + column + " FROM " + table + " WHERE " + column +
                    " NOT LIKE 'p:%' AND " + column + " <> 'anonymous'");
     for (std::size_t i = 0; i < old.size(); ++i) {
+      const std::string stored = store::RowCursor(old, i).text();
       (void)conn.query("UPDATE " + table + " SET " + column + " = $1 WHERE " + column + " = $2",
-                       {store::principal_scope(old.text(i, 0), secret), old.text(i, 0)});
+                       {store::principal_scope(stored, secret), stored});
     }
   }
   conn.commit();
@@ -172,7 +173,8 @@ std::string prepare_database(Connection& conn, std::string scope_secret) {
     (void)conn.query(
         "INSERT INTO serve_scope_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
         {random_hex(32)});
-    scope_secret = conn.query("SELECT secret FROM serve_scope_secret WHERE id = 1").text(0, 0);
+    const store::Rows stored = conn.query("SELECT secret FROM serve_scope_secret WHERE id = 1");
+    scope_secret = store::RowCursor(stored, 0).text();
   }
   if (payments_before == 1) hash_stored_principals(conn, scope_secret);
   return scope_secret;
