@@ -191,16 +191,14 @@ std::string format_http_date(std::int64_t unix_seconds) {
       unix_seconds >= 0 ? unix_seconds / 86400 : (unix_seconds - 86399) / 86400;
   const std::int64_t secs = unix_seconds - days * 86400;
   const CivilDate date = civil_from_days(days);
-  const std::int64_t y = date.year;
-  const unsigned m = date.month;
-  const unsigned d = date.day;
   // 1970-01-01 was a Thursday (index 3 in kDayShort).
   const auto weekday = static_cast<std::size_t>(((days % 7) + 7 + 3) % 7);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%s, %02u %s %04lld %02lld:%02lld:%02lld GMT",
-                std::string(kDayShort[weekday]).c_str(), d, std::string(kMonth[m - 1]).c_str(),
-                static_cast<long long>(y), static_cast<long long>(secs / 3600),
-                static_cast<long long>(secs / 60 % 60), static_cast<long long>(secs % 60));
+                std::string(kDayShort[weekday]).c_str(), date.day,
+                std::string(kMonth[date.month - 1]).c_str(), static_cast<long long>(date.year),
+                static_cast<long long>(secs / 3600), static_cast<long long>(secs / 60 % 60),
+                static_cast<long long>(secs % 60));
   return buf;
 }
 
