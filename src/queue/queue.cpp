@@ -200,6 +200,12 @@ constexpr Migration kMigrations[] = {
      " PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue);"
      " END IF;"
      " RETURN NULL; END$$;"},
+    // 11: the crashed batches a job was in without an outcome. A worker leasing a batch starts
+    // none of its jobs (no statement per job before its handler): a dead worker's batch comes
+    // back uncharged, each job counted here, and a job counted runs alone, its start committed
+    // before its handler, so that a crash then is charged to it and to no other (docs/queue.md,
+    // "What a crash costs").
+    {"ALTER TABLE keel_jobs ADD COLUMN crashed_batches INTEGER NOT NULL DEFAULT 0;"},
 };
 
 #undef KEEL_QUEUE_SCHEMA_V1

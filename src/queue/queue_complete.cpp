@@ -1,6 +1,6 @@
 // JobQueue's worker protocol, the outcome side: complete (an attempt's outcome, with the retry
 // decision left to keel::core's decide_retry: done, retry scheduled, deferred or dead) and
-// complete_done (successes in a batch).
+// complete_done and complete_done_ids (successes in a batch).
 #include <algorithm>
 #include <mutex>
 
@@ -161,8 +161,14 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
 int JobQueue::complete_done(
     Connection& connection,
     const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const {
-  int current = 0;
-  if (id_and_fence.empty()) return 0;
+  return static_cast<int>(complete_done_ids(connection, id_and_fence).size());
+}
+
+std::vector<std::int64_t> JobQueue::complete_done_ids(
+    Connection& connection,
+    const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const {
+  std::vector<std::int64_t> current;
+  if (id_and_fence.empty()) return current;
   // In ascending id order, as every statement of the queue that writes several jobs.
   std::vector<std::pair<std::int64_t, std::int64_t>> done = id_and_fence;
   std::sort(done.begin(), done.end());
@@ -171,19 +177,20 @@ int JobQueue::complete_done(
     // kMarkDone's now is $2; $1 is a 0 the statement only compares.
     std::vector<Value> params = {std::int64_t{0}, now_ms()};
     const std::string sql = "WITH " + detail::done_ctes(done, params) +
-                            " SELECT count(*) FROM done WHERE $1::bigint = 0";
+                            " SELECT id FROM done WHERE $1::bigint = 0 ORDER BY id";
     detail::in_statement(deadlocks_, connection, [&](Connection& c) {
-      const Rows count = c.query(sql, params);
-      current = static_cast<int>(RowCursor(count, 0).integer());
+      const Rows r = c.query(sql, params);
+      current.clear();
+      for (std::size_t i = 0; i < r.size(); ++i) current.push_back(RowCursor(r, i).integer());
       return true;
     });
     return current;
   }
   in_transaction(deadlocks_, connection, [&](Connection& tx) {
-    current = 0;
+    current.clear();
     const std::int64_t now = now_ms();
     for (const auto& [id, fence] : done) {
-      if (detail::mark_done(tx, id, fence, now)) ++current;
+      if (detail::mark_done(tx, id, fence, now)) current.push_back(id);
     }
     return true;
   });

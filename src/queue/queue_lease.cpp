@@ -33,10 +33,16 @@ const std::string kStart =
 // A job leased and never started, given back (a release, a sweep of its expired lease): ready
 // again at the time it was leased ($2: now, when it has none), so it keeps its place in the
 // queue; nothing is charged, and the new fence locks the old worker out. $1: the job's id.
-constexpr std::string_view kGiveBack =
-    "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL,"
-    " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"
-    " WHERE id = $1";
+#define KEEL_GIVE_BACK(KEEL_MORE)                                                          \
+  "UPDATE keel_jobs SET state = 'ready', fence = fence + 1, lease_owner = NULL," KEEL_MORE \
+  " lease_expires_ms = NULL, run_at_ms = COALESCE(leased_ms, $2), updated_ms = $2"         \
+  " WHERE id = $1"
+constexpr std::string_view kGiveBack = KEEL_GIVE_BACK("");
+// The same from a sweep: its batch's worker died (or lost its database) before the job's outcome
+// was recorded, and the job may have run, or crashed it: counted (LeasedJob::crashed_batches).
+constexpr std::string_view kGiveBackAfterCrash =
+    KEEL_GIVE_BACK(" crashed_batches = crashed_batches + 1,");
+#undef KEEL_GIVE_BACK
 
 // How long a lease floor stands before a lease scans the whole queue again (see lease_floor).
 constexpr std::int64_t kLeaseFloorForMs = 1000;
@@ -172,8 +178,10 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
   std::int64_t reaped = 0;
   bool given_back = false;
   std::vector<std::pair<std::int64_t, CompleteResult>> dead;
+  std::int64_t returned = 0;
   in_transaction(deadlocks_, connection, [&](Connection& tx) {
     reaped = 0;
+    returned = 0;
     given_back = false;
     dead.clear();
     const std::int64_t now = now_ms();
@@ -196,9 +204,11 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
       const std::int64_t id = job.id;
       ++reaped;
       if (!job.started_ms) {
-        // Leased in a batch, never started: nothing ran, so it is given back (kGiveBack).
+        // Leased in a batch, never started: nothing is charged; the job comes back counted as
+        // in a crashed batch, and its next run is alone (kGiveBackAfterCrash).
         given_back = true;
-        tx.query(kGiveBack, {id, now});
+        ++returned;
+        tx.query(kGiveBackAfterCrash, {id, now});
         continue;
       }
       // Its handler had started: the attempt is charged, its outcome unknown, and core decides
@@ -215,6 +225,7 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
     }
     return true;
   });
+  returned_after_crash_.fetch_add(returned);
   // The jobs given back are due at their lease's time, before a lease floor (lease_floor).
   if (given_back) forget_lease_floors();
   if (options_.on_dead_letter) {
@@ -244,7 +255,8 @@ std::string expired_check(const std::string& above) {
          (above.empty() ? std::string() : " AND run_at_ms > " + above) + " LIMIT 1";
 }
 
-// A leased job from the columns id, payload, idem_key, attempt, max_attempts, fence at `c`.
+// A leased job from the columns id, payload, idem_key, attempt, max_attempts, fence,
+// crashed_batches at `c`.
 LeasedJob leased_job(RowCursor& c, std::string_view queue, std::int64_t expires) {
   LeasedJob job;
   job.id = c.integer();
@@ -254,6 +266,7 @@ LeasedJob leased_job(RowCursor& c, std::string_view queue, std::int64_t expires)
   job.attempt = static_cast<int>(c.integer());
   job.max_attempts = static_cast<int>(c.integer());
   job.fence = c.integer();
+  job.crashed_batches = static_cast<int>(c.integer());
   job.lease_expires_ms = expires;
   return job;
 }
@@ -327,18 +340,19 @@ DoneAndLeased JobQueue::lease_in_one_statement(
          " THEN 1 ELSE 0 END, started_ms = CASE WHEN " + started +
          " THEN $2::bigint END FROM picked WHERE j.id = picked.id"
          " RETURNING j.id, j.payload, j.idem_key, j.attempts, j.max_attempts, j.fence,"
-         " j.started_ms)";
+         " j.crashed_batches, j.started_ms)";
   sql +=
       " SELECT 1, id, payload, idem_key,"
       " attempts + CASE WHEN started_ms IS NULL THEN 1 ELSE 0 END, max_attempts, fence,"
-      " CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM leased";
+      " crashed_batches, CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM leased";
   if (!done.empty()) {
-    sql += " UNION ALL SELECT 0, count(*), NULL, NULL, NULL, NULL, NULL, NULL FROM done";
+    sql += " UNION ALL SELECT 0, id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done";
   }
-  sql += " UNION ALL SELECT 4, min(run_at_ms), NULL, NULL, NULL, NULL, NULL, NULL FROM picked";
+  sql +=
+      " UNION ALL SELECT 4, min(run_at_ms), NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM picked";
   const std::string above = ask.expiry.above ? param(*ask.expiry.above) : std::string();
   if (ask.expiry.check) {
-    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
+    sql += " UNION ALL SELECT 2, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (" +
            expired_check(above) + ")";
   }
   // Short of work: when the queue's earliest job comes due, for the worker that goes idle
@@ -350,7 +364,7 @@ DoneAndLeased JobQueue::lease_in_one_statement(
       "), (SELECT min(run_at_ms) FROM keel_jobs"
       " WHERE queue = $1 AND state = 'running'" +
       (above.empty() ? std::string() : " AND run_at_ms > " + above) +
-      ")), NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT count(*) FROM leased) < $4";
+      ")), NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE (SELECT count(*) FROM leased) < $4";
   Rows rows;
   in_statement(deadlocks_, connection, [&](Connection& c) {
     rows = c.query(sql, params);
@@ -362,7 +376,10 @@ DoneAndLeased JobQueue::lease_in_one_statement(
   for (std::size_t i = 0; i < rows.size(); ++i) {
     RowCursor c(rows, i);
     const std::int64_t kind = c.integer();
-    if (kind == 0) out.current = static_cast<int>(c.integer());
+    if (kind == 0) {
+      out.current_ids.push_back(c.integer());
+      ++out.current;
+    }
     if (kind == 2) *expired_waiting = true;
     if (kind == 4) earliest = c.optional_integer();
     if (kind == 3) {
@@ -388,7 +405,7 @@ DoneAndLeased JobQueue::lease_in_transaction(
     const LeaseAsk& ask, bool* expired_waiting) const {
   static const std::string pick =
       "SELECT id, payload, idem_key, attempts + 1, max_attempts,"
-      " fence + 1" +
+      " fence + 1, crashed_batches" +
       std::string(kDueWhere) + std::string(kDueOrder) + " LIMIT $3";
   // $6: started_ms (NULL: not started), $7: 1 when the lease starts the attempt.
   static const std::string set_running = "UPDATE keel_jobs" + std::string(kSetRunning) +
@@ -399,8 +416,11 @@ DoneAndLeased JobQueue::lease_in_transaction(
   std::int64_t last_started = 0;  // the highest id the lease started
   in_transaction(deadlocks_, connection, [&](Connection& tx) {
     out.current = 0;
+    out.current_ids.clear();
     for (const auto& [id, fence] : done) {
-      if (detail::mark_done(tx, id, fence, ask.now)) ++out.current;
+      if (!detail::mark_done(tx, id, fence, ask.now)) continue;
+      ++out.current;
+      out.current_ids.push_back(id);
     }
     rows = tx.query(pick, {ask.queue, ask.now, ask.limit});
     // The started ones are the `start` lowest ids, as on PostgreSQL.
@@ -569,16 +589,24 @@ DoneAndStarted JobQueue::complete_and_start(
     // One statement: the successes and the start, each UPDATE counted by the row it returns.
     std::vector<Value> params = {job_id, now, fence};
     // The successes (earlier jobs of the batch, lower ids) first, then the start.
+    // Its rows: each success recorded (0, id), and the start (1, id) when it was current.
     const std::string sql = "WITH " + detail::done_ctes(done, params) + ", started AS (" +
                             std::string(kStart) +
                             " AND (SELECT count(*) FROM done) >= 0"
-                            " RETURNING id) SELECT (SELECT count(*) FROM done),"
-                            " (SELECT count(*) FROM started)";
+                            " RETURNING id) SELECT 0, id FROM done UNION ALL"
+                            " SELECT 1, id FROM started";
     in_statement(deadlocks_, connection, [&](Connection& c) {
       const Rows r = c.query(sql, params);
-      RowCursor counts(r, 0);
-      out.current = static_cast<int>(counts.integer());
-      out.started = counts.integer() == 1;
+      out = {};
+      for (std::size_t i = 0; i < r.size(); ++i) {
+        RowCursor row(r, i);
+        if (row.integer() == 1) {
+          out.started = true;
+          continue;
+        }
+        out.current_ids.push_back(row.integer());
+        ++out.current;
+      }
       return true;
     });
     return out;
@@ -586,7 +614,9 @@ DoneAndStarted JobQueue::complete_and_start(
   in_transaction(deadlocks_, connection, [&](Connection& tx) {
     out = {};
     for (const auto& [id, f] : done) {
-      if (detail::mark_done(tx, id, f, now)) ++out.current;
+      if (!detail::mark_done(tx, id, f, now)) continue;
+      ++out.current;
+      out.current_ids.push_back(id);
     }
     out.started = tx.query(std::string(kStart), {job_id, now, fence}).affected() == 1;
     return true;

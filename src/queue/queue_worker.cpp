@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <shared_mutex>
 #include <stdexcept>
 #include <thread>
@@ -16,6 +18,7 @@
 #include "keel/expected.hpp"
 #include "keel/random.hpp"
 #include "keel/text.hpp"
+#include "queue/detail/alone_gate.hpp"
 #include "queue/detail/queue_wakeup.hpp"
 #include "queue/detail/worker_decision.hpp"
 #include "queue/detail/worker_tx.hpp"
@@ -62,6 +65,9 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
     reject("concurrency", "must be >= 1", std::to_string(options_.concurrency));
   }
   if (options_.batch < 1) reject("batch", "must be >= 1", std::to_string(options_.batch));
+  if (options_.flush_window < Duration::zero()) {
+    reject("flush_window", "must be >= 0", format_duration(options_.flush_window));
+  }
   if (options_.poll_interval <= Duration::zero()) {
     reject("poll_interval", "must be > 0", format_duration(options_.poll_interval));
   }
@@ -109,6 +115,7 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
         std::max(Duration(std::chrono::milliseconds(1)), queue_.options().lease / 3);
   }
   if (options_.worker_id.empty()) options_.worker_id = detail::process_name();
+  if (options_.batch > 1) alone_ = std::make_unique<detail::AloneGate>();
   deadlocks_logged_.store(queue_.deadlocks());
 }
 
@@ -239,6 +246,11 @@ void Worker::recorded(const WorkerEvent& event) {
   {
     std::lock_guard lock(mu_);
     held_.erase(event.job.id);
+    // A buffered success stayed active (heartbeated) until now.
+    if (const auto it = active_.find(event.job.id);
+        it != active_.end() && it->second == event.job.fence) {
+      active_.erase(it);
+    }
   }
   if (event.result.status != CompleteStatus::kStale) recorded_.fetch_add(1);
   // A brake that says when it will admit a call again (an open breaker's retry_in, a pause)
@@ -257,7 +269,8 @@ void Worker::recorded(const WorkerEvent& event) {
 struct Worker::Slot {
   std::optional<ConnectionPool::Lease> conn;
   std::vector<LeasedJob> next;         // leased by the last success of a batch (complete_and_lease)
-  std::optional<WorkerEvent> pending;  // a success of the batch, recorded with the next start
+  std::vector<WorkerEvent> buffer;     // successes of the batch not recorded yet, oldest first
+  TimePoint buffer_since{};            // when the oldest of them finished
   std::vector<Unrecorded> unrecorded;  // outcomes known whose recording has not finished
   LeaseHint hint;           // what the last lease said about the queue when it came back short
   bool woken = false;       // the last idle wait ended with a wakeup
@@ -273,31 +286,47 @@ struct Worker::HandlerRun {
   bool in_doubt = false;                  // the handler's transaction's COMMIT is in doubt
 };
 
-void Worker::record_pending(Slot& slot, std::optional<WorkerEvent>& event) {
-  if (!event) return;
-  slot.unrecorded.push_back({.event = std::move(*event)});
-  event.reset();
-  WorkerEvent& e = slot.unrecorded.back().event;
-  e.result = queue_.complete(**slot.conn, e.job.id, e.job.fence, e.report);
-  recorded(e);
-  slot.unrecorded.pop_back();
+std::vector<std::pair<std::int64_t, std::int64_t>> Worker::buffer_to_unrecorded(Slot& slot) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> done;
+  done.reserve(slot.buffer.size());
+  for (WorkerEvent& e : slot.buffer) {
+    done.emplace_back(e.job.id, e.job.fence);
+    slot.unrecorded.push_back({.event = std::move(e)});
+  }
+  slot.buffer.clear();
+  return done;
 }
 
-bool Worker::start_job(Slot& slot, const LeasedJob& job, std::optional<WorkerEvent>& previous) {
-  Connection& conn = **slot.conn;
-  // The previous job's success and this job's start in one statement (one transaction on
-  // SQLite): a crash in between re-runs neither, and one after charges only this job.
-  if (previous) slot.unrecorded.push_back({.event = *previous});
-  const DoneAndStarted step =
-      previous ? queue_.complete_and_start(conn, {{previous->job.id, previous->job.fence}}, job.id,
-                                           job.fence)
-               : DoneAndStarted{.started = queue_.start(conn, job.id, job.fence)};
-  if (previous) {
-    slot.unrecorded.pop_back();
-    previous->result.status = step.current == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
-    recorded(*previous);
-    previous.reset();
+void Worker::buffer_recorded(Slot& slot, std::size_t from,
+                             const std::vector<std::int64_t>& current) {
+  // unrecorded[from, end) is what buffer_to_unrecorded moved: each recorded, or found stale.
+  std::vector<Unrecorded> moved(
+      std::make_move_iterator(slot.unrecorded.begin() + static_cast<std::ptrdiff_t>(from)),
+      std::make_move_iterator(slot.unrecorded.end()));
+  slot.unrecorded.resize(from);
+  for (Unrecorded& u : moved) {
+    WorkerEvent& e = u.event;
+    e.result.status = std::find(current.begin(), current.end(), e.job.id) != current.end()
+                          ? CompleteStatus::kDone
+                          : CompleteStatus::kStale;
+    recorded(e);
   }
+}
+
+void Worker::flush_buffer(Slot& slot) {
+  if (slot.buffer.empty()) return;
+  const std::size_t from = slot.unrecorded.size();
+  const auto done = buffer_to_unrecorded(slot);
+  buffer_recorded(slot, from, queue_.complete_done_ids(**slot.conn, done));
+}
+
+bool Worker::start_job(Slot& slot, const LeasedJob& job) {
+  // The buffered successes and this job's start in one statement (one transaction on SQLite): a
+  // crash in between re-runs none of them, and one after charges only this job.
+  const std::size_t from = slot.unrecorded.size();
+  const auto done = buffer_to_unrecorded(slot);
+  const DoneAndStarted step = queue_.complete_and_start(**slot.conn, done, job.id, job.fence);
+  buffer_recorded(slot, from, step.current_ids);
   return step.started;
 }
 
@@ -344,55 +373,65 @@ Worker::HandlerRun Worker::run_handler(Connection& conn, const LeasedJob& job) {
 
 void Worker::process(Slot& slot, const LeasedJob& job, bool last) {
   const TimePoint start = queue_.clock().now();
-  std::optional<WorkerEvent> previous = std::move(slot.pending);  // recorded by this job's start
-  slot.pending.reset();
   slot.ran = false;
-  const detail::StartDecision how =
-      detail::decide_start({.paused = paused_for() > Duration::zero(),
-                            .started = job.started,
-                            .previous_success = previous.has_value()});
+  const detail::StartDecision how = detail::decide_start(
+      {.paused = paused_for() > Duration::zero(),
+       .started = job.started,
+       .suspect = job.crashed_batches > 0,
+       .buffered = !slot.buffer.empty(),
+       .buffer_due = !slot.buffer.empty() && start - slot.buffer_since >= options_.flush_window});
+  if (how.flush) flush_buffer(slot);
   HandlerRun run;
+  // A batched worker's handlers pass the gate shared; a suspect's start, handler and record
+  // alone: its start is committed, and a crash before its outcome is recorded would charge it.
+  std::optional<detail::AloneGate::Pass> pass;
   if (how.defer) {
-    record_pending(slot, previous);
     // Leased before a refusal paused the worker: defer it the same way, sending nothing.
     slot.ran = true;  // "ran" as far as recording goes: its report is the deferral
     std::lock_guard lock(mu_);
     run.report = pause_report_;
   } else {
-    const bool current = !how.start || start_job(slot, job, previous);
-    record_pending(slot, previous);  // a started job: nothing to record it with
-    slot.ran = true;                 // nothing to give back: run, or another worker's now
+    pass.emplace(alone_.get(), how.alone);
+    const bool current = !how.start || start_job(slot, job);
+    slot.ran = true;  // nothing to give back: run, or another worker's now
     if (!current) return lost_before_start(job);
     run = run_handler(**slot.conn, job);
-  }
-  {
-    std::lock_guard lock(mu_);
-    active_.erase(job.id);
   }
   WorkerEvent event;
   event.job = job;
   event.report = run.report;
   event.took = queue_.clock().now() - start;
-  const detail::Recording recording =
-      detail::decide_recording({.recorded_by_handler = run.settled.has_value(),
-                                .in_doubt = run.in_doubt,
-                                .success = run.report.outcome.kind == OutcomeKind::kSuccess,
-                                .stopping = stopping_.load(),
-                                .paused = paused_for() > Duration::zero(),
-                                .last_of_batch = last});
+  const detail::RecordingFacts facts{.recorded_by_handler = run.settled.has_value(),
+                                     .in_doubt = run.in_doubt,
+                                     .success = run.report.outcome.kind == OutcomeKind::kSuccess,
+                                     .stopping = stopping_.load(),
+                                     .paused = paused_for() > Duration::zero(),
+                                     .last_of_batch = last,
+                                     .ran_alone = how.alone};
+  const detail::Recording recording = detail::decide_recording(facts);
+  // Only a handler that ran shared may leave the gate before its outcome is recorded.
+  if (!how.alone) pass.reset();
+  if (recording != detail::Recording::kBuffered) {
+    std::lock_guard lock(mu_);
+    active_.erase(job.id);
+  }
   switch (recording) {
     case detail::Recording::kRecorded:
       event.result.status = *run.settled;
       recorded(event);
       return;
-    case detail::Recording::kWithNextStart:
-      slot.pending = std::move(event);
+    case detail::Recording::kBuffered:
+      // Heartbeated (still active) until a later statement records it.
+      if (slot.buffer.empty()) slot.buffer_since = queue_.clock().now();
+      slot.buffer.push_back(std::move(event));
       return;
     case detail::Recording::kSettle:
     case detail::Recording::kWithNextLease:
     case detail::Recording::kAlone:
       break;
   }
+  // Outcomes are recorded in the order their handlers ran: the buffer before this one.
+  if (recording == detail::Recording::kAlone) flush_buffer(slot);
   slot.unrecorded.push_back({.event = event,
                              .tx_in_doubt = run.in_doubt,
                              .leased = recording == detail::Recording::kWithNextLease});
@@ -415,8 +454,14 @@ void Worker::process(Slot& slot, const LeasedJob& job, bool last) {
 std::int64_t Worker::complete_and_lease(Slot& slot, const LeasedJob& job) {
   leasing();
   std::shared_lock gate(lease_gate_);
-  DoneAndLeased step = queue_.complete_and_lease(**slot.conn, {{job.id, job.fence}}, options_.queue,
-                                                 options_.worker_id, options_.batch, 1);
+  // The buffer's successes and this one (the last of `unrecorded`, already there).
+  const std::size_t from = slot.unrecorded.size();
+  auto done = buffer_to_unrecorded(slot);
+  done.emplace_back(job.id, job.fence);
+  DoneAndLeased step = queue_.complete_and_lease(
+      **slot.conn, done, options_.queue, options_.worker_id, options_.batch, lease_starts());
+  order_batch(step.leased);
+  buffer_recorded(slot, from, step.current_ids);
   {
     std::lock_guard lock(mu_);
     for (const LeasedJob& j : step.leased) {
@@ -429,7 +474,19 @@ std::int64_t Worker::complete_and_lease(Slot& slot, const LeasedJob& job) {
                .empty_after_success = step.leased.empty() && step.next_due_known};
   recruit(step.leased.size());
   slot.next = std::move(step.leased);
-  return step.current;
+  return std::find(step.current_ids.begin(), step.current_ids.end(), job.id) !=
+                 step.current_ids.end()
+             ? 1
+             : 0;
+}
+
+int Worker::lease_starts() const noexcept { return options_.batch > 1 ? 0 : JobQueue::kStartAll; }
+
+void Worker::order_batch(std::vector<LeasedJob>& jobs) {
+  // The suspects last, each run alone after the rest of the batch has run and been recorded
+  // (with its start), so that a crash then re-runs nothing that finished.
+  std::stable_partition(jobs.begin(), jobs.end(),
+                        [](const LeasedJob& j) { return j.started || j.crashed_batches == 0; });
 }
 
 void Worker::slot_loop() {
@@ -488,14 +545,14 @@ bool Worker::lease(Slot& slot, std::vector<LeasedJob>& jobs) {
       slot.conn.reset();
       slot.conn.emplace(pool_.acquire());
     }
-    // Only the first job starts with the lease; each of the others starts (and is charged)
-    // right before its handler runs, so a crash charges only the job that was running.
+    // A job leased alone starts with its lease; a batch starts none (decide_start).
     leasing();
     {
       std::shared_lock gate(lease_gate_);
-      DoneAndLeased step = queue_.complete_and_lease(**slot.conn, {}, options_.queue,
-                                                     options_.worker_id, options_.batch, 1);
+      DoneAndLeased step = queue_.complete_and_lease(
+          **slot.conn, {}, options_.queue, options_.worker_id, options_.batch, lease_starts());
       jobs = std::move(step.leased);
+      order_batch(jobs);
       slot.hint = {.due_ms = step.next_due_ms, .due_known = step.next_due_known};
       std::lock_guard lock(mu_);
       for (const LeasedJob& job : jobs) {
@@ -532,7 +589,7 @@ void Worker::run_batch(Slot& slot, const std::vector<LeasedJob>& jobs) {
     slot.ran = false;
     try {
       if (stopping_.load()) {
-        record_pending(slot, slot.pending);
+        flush_buffer(slot);
         // Leased in this batch but not started: give it back at once.
         {
           std::lock_guard lock(mu_);
@@ -550,9 +607,12 @@ void Worker::run_batch(Slot& slot, const std::vector<LeasedJob>& jobs) {
       // doubt, a node turned read-only): it is settled on a new connection, with the job's
       // fencing token, never left to its lease and run again. A job of this batch that did not
       // run is given back uncharged.
-      if (slot.pending) {
-        slot.unrecorded.insert(slot.unrecorded.begin(), {.event = std::move(*slot.pending)});
-        slot.pending.reset();
+      if (!slot.buffer.empty()) {
+        std::vector<Unrecorded> buffered;
+        for (WorkerEvent& b : slot.buffer) buffered.push_back({.event = std::move(b)});
+        slot.buffer.clear();
+        slot.unrecorded.insert(slot.unrecorded.begin(), std::make_move_iterator(buffered.begin()),
+                               std::make_move_iterator(buffered.end()));
       }
       if (slot.conn && (*slot.conn)->broken()) slot.conn.reset();
       if (!slot.unrecorded.empty()) {
@@ -565,8 +625,17 @@ void Worker::run_batch(Slot& slot, const std::vector<LeasedJob>& jobs) {
           slot.conn,
           std::vector<LeasedJob>(jobs.begin() + static_cast<std::ptrdiff_t>(i) + 1, jobs.end()),
           /*maybe_started=*/false);
-      break;
+      return;
     }
+  }
+  // Every way a batch ends records its buffer (decide_recording; a failure flushes it first); what
+  // is left would otherwise wait for its lease's expiry and run again.
+  if (slot.buffer.empty()) return;
+  try {
+    flush_buffer(slot);
+  } catch (const std::exception& e) {
+    if (slot.conn && (*slot.conn)->broken()) slot.conn.reset();
+    settle(slot.conn, slot.unrecorded, e.what());
   }
 }
 

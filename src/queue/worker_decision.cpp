@@ -4,9 +4,12 @@
 namespace keel::store::detail {
 
 StartDecision decide_start(const StartFacts& facts) noexcept {
-  if (facts.paused) return {.defer = true};
-  if (facts.started) return {};
-  return {.start = true, .previous_with_start = facts.previous_success};
+  // Paused: nothing is sent; the buffer is recorded now, as no start or lease will follow soon.
+  if (facts.paused) return {.defer = true, .flush = facts.buffered};
+  if (facts.suspect && !facts.started) {
+    return {.start = true, .alone = true, .buffer_with_start = facts.buffered};
+  }
+  return {.flush = facts.buffered && facts.buffer_due};
 }
 
 Recording decide_recording(const RecordingFacts& facts) noexcept {
@@ -16,7 +19,9 @@ Recording decide_recording(const RecordingFacts& facts) noexcept {
   // once (its retry is scheduled, its brakes told), and a stopping or paused worker starts and
   // leases nothing for it to ride on.
   if (!facts.success || facts.stopping || facts.paused) return Recording::kAlone;
-  return facts.last_of_batch ? Recording::kWithNextLease : Recording::kWithNextStart;
+  if (facts.last_of_batch) return Recording::kWithNextLease;
+  // A success that ran alone is recorded while the worker still runs nothing else.
+  return facts.ran_alone ? Recording::kAlone : Recording::kBuffered;
 }
 
 }  // namespace keel::store::detail

@@ -97,6 +97,17 @@ TEST(JobsMetricsTest, DeadlocksTheQueueSawAreACounter) {
   EXPECT_NE(text.find("keel_queue_deadlocks_total{queue=\"x\"} 2"), std::string::npos) << text;
 }
 
+TEST(JobsMetricsTest, JobsReturnedAfterACrashAreACounter) {
+  const Metrics metrics("x");
+  EXPECT_NE(metrics.render({}).find("keel_queue_returned_after_crash_total{queue=\"x\"} 0"),
+            std::string::npos);
+  const std::string text = metrics.render({}, 0, 7);
+  EXPECT_NE(text.find("# TYPE keel_queue_returned_after_crash_total counter"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("keel_queue_returned_after_crash_total{queue=\"x\"} 7"), std::string::npos)
+      << text;
+}
+
 namespace {
 
 // The rate limits' series: slots, refusals, pauses by cause, cuts and the share's fallbacks per

@@ -1,6 +1,7 @@
 // The Worker's decisions about one job of a batch (src/queue/detail/worker_decision.hpp), by
-// table with no database: how a job starts (the crash rule: a committed start before its handler,
-// so that a crash charges only the job that was running) and how its outcome is recorded.
+// table with no database: how a job starts (the crash rule: a batch starts no job, and a job of a
+// crashed batch runs alone, its start committed before its handler, so that a crash is charged to
+// it and no other) and how its outcome is recorded.
 #include "queue/detail/worker_decision.hpp"
 
 #include <gtest/gtest.h>
@@ -22,8 +23,8 @@ std::string name(Recording r) {
       return "recorded";
     case Recording::kSettle:
       return "settle";
-    case Recording::kWithNextStart:
-      return "with the next start";
+    case Recording::kBuffered:
+      return "buffered";
     case Recording::kWithNextLease:
       return "with the next lease";
     case Recording::kAlone:
@@ -32,24 +33,39 @@ std::string name(Recording r) {
   return "?";
 }
 
-// Every combination of the facts, against the rule written out once more as a table of cases.
-TEST(WorkerDecision, EveryJobNotStartedByItsLeaseStartsCommittedBeforeItsHandler) {
-  for (const bool paused : {false, true}) {
-    for (const bool started : {false, true}) {
-      for (const bool previous : {false, true}) {
-        SCOPED_TRACE(std::string(paused ? "paused" : "running") +
-                     (started ? ", started by its lease" : ", not started") +
-                     (previous ? ", a success before it" : ""));
-        const StartDecision d =
-            decide_start({.paused = paused, .started = started, .previous_success = previous});
-        // Paused: nothing is sent, so nothing starts and nothing is charged.
-        EXPECT_EQ(d.defer, paused);
-        EXPECT_EQ(d.start, !paused && !started);
-        // The previous success rides on a start only when there is a start to ride on.
-        EXPECT_EQ(d.previous_with_start, d.start && previous);
-      }
-    }
+// Every combination of the facts, against the rule written out once more.
+TEST(WorkerDecision, OnlyASuspectStartsCommittedAndAloneBeforeItsHandler) {
+  for (int bits = 0; bits < 32; ++bits) {
+    const StartFacts f{.paused = (bits & 1) != 0,
+                       .started = (bits & 2) != 0,
+                       .suspect = (bits & 4) != 0,
+                       .buffered = (bits & 8) != 0,
+                       .buffer_due = (bits & 16) != 0};
+    SCOPED_TRACE(bits);
+    const StartDecision d = decide_start(f);
+    // Paused: nothing is sent, so nothing starts and nothing is charged.
+    EXPECT_EQ(d.defer, f.paused);
+    // A batch's job starts uncharged; a suspect (in a crashed batch) starts committed, alone.
+    EXPECT_EQ(d.start, !f.paused && f.suspect && !f.started);
+    EXPECT_EQ(d.alone, d.start);
+    // The buffer rides on a start when there is one; otherwise it is flushed when due, and by a
+    // deferral (no statement follows soon); never both, never when empty.
+    EXPECT_EQ(d.buffer_with_start, d.start && f.buffered);
+    EXPECT_EQ(d.flush, f.buffered && !d.start && (f.paused || f.buffer_due));
+    EXPECT_FALSE(d.flush && d.buffer_with_start);
   }
+}
+
+TEST(WorkerDecision, ABatchStartsNoJobThatWasNotInACrashedBatch) {
+  const StartDecision batch = decide_start({});
+  EXPECT_FALSE(batch.start);
+  EXPECT_FALSE(batch.alone);
+  const StartDecision suspect = decide_start({.suspect = true, .buffered = true});
+  EXPECT_TRUE(suspect.start);
+  EXPECT_TRUE(suspect.alone);
+  EXPECT_TRUE(suspect.buffer_with_start);
+  // Started by its lease (batch 1): charged already, nothing more to start.
+  EXPECT_FALSE(decide_start({.started = true, .suspect = true}).start);
 }
 
 struct RecordingRow {
@@ -60,9 +76,16 @@ struct RecordingRow {
 
 TEST(WorkerDecision, OnlyASuccessOfAWorkerGoingOnRidesOnTheNextStatement) {
   const RecordingRow rows[] = {
-      {"a success inside the batch", {.success = true}, Recording::kWithNextStart},
+      {"a success inside the batch", {.success = true}, Recording::kBuffered},
       {"the batch's last success",
        {.success = true, .last_of_batch = true},
+       Recording::kWithNextLease},
+      // A suspect ran alone, its start committed: recorded before another handler may run.
+      {"a success run alone inside the batch",
+       {.success = true, .ran_alone = true},
+       Recording::kAlone},
+      {"the batch's last success, run alone",
+       {.success = true, .last_of_batch = true, .ran_alone = true},
        Recording::kWithNextLease},
       {"a failure inside the batch", {}, Recording::kAlone},
       {"the batch's last failure", {.last_of_batch = true}, Recording::kAlone},
@@ -103,7 +126,7 @@ TEST(WorkerDecision, NoFailureWaitsAndNoStoppingWorkerLeases) {
                            .paused = (bits & 16) != 0,
                            .last_of_batch = (bits & 32) != 0};
     const Recording r = decide_recording(f);
-    const bool rides = r == Recording::kWithNextStart || r == Recording::kWithNextLease;
+    const bool rides = r == Recording::kBuffered || r == Recording::kWithNextLease;
     if (!f.success || f.in_doubt || f.recorded_by_handler) {
       EXPECT_FALSE(rides) << bits;
     }
@@ -111,7 +134,7 @@ TEST(WorkerDecision, NoFailureWaitsAndNoStoppingWorkerLeases) {
       EXPECT_FALSE(rides) << bits;
     }
     EXPECT_EQ(r == Recording::kWithNextLease, rides && f.last_of_batch) << bits;
-    EXPECT_EQ(r == Recording::kWithNextStart, rides && !f.last_of_batch) << bits;
+    EXPECT_EQ(r == Recording::kBuffered, rides && !f.last_of_batch) << bits;
   }
 }
 

@@ -61,6 +61,7 @@ nlohmann::json job_json(const store::Job& j) {
       {"attempts", j.attempts},
       {"max_attempts", j.max_attempts},
       {"replays", j.replays},
+      {"crashed_batches", j.crashed_batches},
       {"dead_reason", j.dead_reason},
       {"dead_kind", j.dead_kind ? nlohmann::json(std::string(to_string(*j.dead_kind)))
                                 : nlohmann::json(nullptr)},
@@ -133,6 +134,10 @@ int run_show(store::Connection& conn, bool has_schema, std::int64_t id, bool jso
   std::printf("idempotency key: %s\n", job->idempotency_key.c_str());
   std::printf("attempts: %d of %d (replayed %d times)\n", job->attempts, job->max_attempts,
               job->replays);
+  if (job->crashed_batches > 0) {
+    std::printf("in crashed batches: %d (returned uncharged each time; it runs alone)\n",
+                job->crashed_batches);
+  }
   if (!job->dead_reason.empty()) std::printf("dead: %s\n", job->dead_reason.c_str());
   if (job->dead_kind) {
     std::printf("dead kind: %s\n", std::string(to_string(*job->dead_kind)).c_str());

@@ -31,6 +31,7 @@ struct JobsArgs {
   bool deferred = false;  // each job is a request deferred by keel call --queue-on-failure
   int concurrency = 1;
   int batch = 1;
+  std::string flush_window = "10ms";  // --batch: how long a success waits to be recorded
   std::string lease = "30s";
   std::string backoff_base = "1s";
   std::string backoff_cap = "1h";

@@ -94,6 +94,10 @@ CLI::App* add_work_handler(CLI::App* jobs, const Args& args) {
   work->add_option("--concurrency", args->concurrency, "Jobs run at once")->capture_default_str();
   work->add_option("--batch", args->batch, "Jobs leased per database round trip")
       ->capture_default_str();
+  work->add_option("--flush-window", args->flush_window,
+                   "With --batch: a success waits this long at most to be recorded with others "
+                   "(a crash re-runs at most this window's worth)")
+      ->capture_default_str();
   work->add_option("--lease", args->lease, "Lease duration (extended by heartbeats)")
       ->capture_default_str();
   work->add_option("--backoff-base", args->backoff_base, "Full-jitter backoff base")

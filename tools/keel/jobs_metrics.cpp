@@ -42,8 +42,8 @@ void Metrics::dead_letters_pruned(std::int64_t n) {
   pruned_ += n;
 }
 
-std::string Metrics::render(const std::vector<store::QueueStats>& stats,
-                            std::int64_t deadlocks) const {
+std::string Metrics::render(const std::vector<store::QueueStats>& stats, std::int64_t deadlocks,
+                            std::int64_t returned_after_crash) const {
   bool have_own = false;
   for (const auto& s : stats) have_own = have_own || s.queue == queue_;
   std::vector<store::QueueStats> all = stats;
@@ -112,6 +112,11 @@ std::string Metrics::render(const std::vector<store::QueueStats>& stats,
                  "Deadlocks PostgreSQL broke in this worker's queue statements (each retried after "
                  "deadlock_timeout; nothing lost).",
                  {{"queue", queue_}}, static_cast<double>(deadlocks));
+  scrape.counter("keel_queue_returned_after_crash_total",
+                 "Jobs this worker's sweeps gave back uncharged from a batch whose worker died "
+                 "before recording them: each runs again, alone; those that had finished (at most "
+                 "a flush window's worth per crash) run twice.",
+                 {{"queue", queue_}}, static_cast<double>(returned_after_crash));
   scrape.counter("keel_queue_dead_letters_pruned_total",
                  "Dead jobs this worker deleted because they outlived the dead-letter retention.",
                  {{"queue", queue_}}, static_cast<double>(pruned_));

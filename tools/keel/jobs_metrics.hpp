@@ -41,9 +41,11 @@ class Metrics {
   void dead_letters_pruned(std::int64_t n);
 
   /// The Prometheus text exposition of `stats` (the worker's queue included even when empty)
-  /// and of this worker's counters; `deadlocks` is the worker's JobQueue::deadlocks().
+  /// and of this worker's counters; `deadlocks` is the worker's JobQueue::deadlocks(),
+  /// `returned_after_crash` its JobQueue::returned_after_crash().
   [[nodiscard]] std::string render(const std::vector<store::QueueStats>& stats,
-                                   std::int64_t deadlocks = 0) const;
+                                   std::int64_t deadlocks = 0,
+                                   std::int64_t returned_after_crash = 0) const;
 
   /// Adds the webhook client's retries, give-ups and breakers to the metrics
   /// (keel::metrics::RetryMetrics), with the breakers' and the budget's state read at each

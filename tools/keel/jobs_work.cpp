@@ -110,6 +110,7 @@ store::WorkerOptions worker_options(const JobsArgs& a, const WorkSettings& s, Me
   options.listen_url = s.listen_url;
   options.node_check = s.node_check;
   options.grace = s.grace;
+  options.flush_window = s.flush_window;
   options.exit_when_idle = a.exit_when_idle;
   options.done_retention = s.retain;
   options.max_database_outage = s.max_db_outage;
@@ -126,8 +127,9 @@ int start_metrics(const WorkSettings& s, store::ConnectionPool& pool, const stor
   server->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     try {
       auto conn = pool.acquire();
-      res.set_content(metrics.render(queue.stats(*conn), queue.deadlocks()),
-                      "text/plain; version=0.0.4");
+      res.set_content(
+          metrics.render(queue.stats(*conn), queue.deadlocks(), queue.returned_after_crash()),
+          "text/plain; version=0.0.4");
     } catch (const std::exception& e) {
       res.status = 500;
       res.set_content(std::string("database error: ") + e.what() + "\n", "text/plain");

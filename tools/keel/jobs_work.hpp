@@ -23,6 +23,7 @@ struct WorkSettings {
   Duration backoff_base{};
   Duration backoff_cap{};
   Duration grace{};
+  Duration flush_window{};
   Duration poll{};
   Duration idle_poll{};
   Duration timeout{};

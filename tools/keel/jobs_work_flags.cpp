@@ -121,6 +121,8 @@ bool parse_work_timing(const JobsArgs& a, WorkSettings& s) {
   }
   const auto grace = duration_flag("--grace", a.grace, kQueueDurationOrZero);
   if (!grace) return false;
+  const auto flush_window = duration_flag("--flush-window", a.flush_window, kQueueDurationOrZero);
+  if (!flush_window) return false;
   // --poll, when given, holds whatever wakes the worker: it is also the idle poll on PostgreSQL.
   const auto poll = duration_flag("--poll", a.poll.empty() ? "100ms" : a.poll, kQueueDuration);
   if (!poll) return false;
@@ -141,6 +143,7 @@ bool parse_work_timing(const JobsArgs& a, WorkSettings& s) {
   s.backoff_base = *base;
   s.backoff_cap = *cap;
   s.grace = *grace;
+  s.flush_window = *flush_window;
   s.poll = *poll;
   s.idle_poll = *idle_poll;
   s.timeout = *timeout;

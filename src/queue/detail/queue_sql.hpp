@@ -222,7 +222,7 @@ struct SettleRow {
 inline constexpr std::string_view kJobColumns =
     "id, queue, payload, idem_key, state, attempts, max_attempts, run_at_ms, lease_owner,"
     " lease_expires_ms, fence, dead_reason, last_error, replays, created_ms, updated_ms,"
-    " deferred_reason, deferrals, dead_kind";
+    " deferred_reason, deferrals, dead_kind, crashed_batches";
 
 // The row of a SELECT of kJobColumns under `c`, without its history; `c` is left at the first
 // column after them (for a SELECT that names more).
@@ -249,6 +249,7 @@ inline constexpr std::string_view kJobColumns =
   j.deferred_reason = c.text_or_empty();
   j.deferrals = static_cast<int>(c.integer());
   if (const auto& kind = c.cell()) j.dead_kind = parse_dead_reason(*kind);
+  j.crashed_batches = static_cast<int>(c.integer());
   return j;
 }
 

@@ -1,6 +1,15 @@
 // The Worker's decisions about one job of a batch, as pure functions (queue_worker.cpp acts on
 // them; tests/unit/worker_decision_test.cpp holds their tables): how the job starts, and how its
 // outcome is recorded.
+//
+// The crash rule. A job leased alone (batch 1) starts with its lease: a crash charges it. A batch
+// starts none of its jobs: its successes wait in the slot's buffer and ride on the batch's next
+// statement (the next lease, a committed start, or a flush once the oldest has waited the flush
+// window), so a batch costs a share of one statement per job. A crash then charges none of them:
+// the sweep gives the batch back uncharged, each job counted in crashed_batches, and the jobs it
+// finished and had not recorded run again (at most a flush window's worth). A job so counted runs
+// alone: after the rest of its batch, its start committed before its handler, with no other
+// handler of the worker running; a crash then is charged to it and to no other.
 #pragma once
 
 namespace keel::store::detail {
@@ -9,20 +18,28 @@ namespace keel::store::detail {
 struct StartFacts {
   /// A brake refused a call meanwhile: the worker is paused.
   bool paused = false;
-  /// Its lease recorded its start already (the first job of a batch).
+  /// Its lease recorded its start already (a job leased alone).
   bool started = false;
-  /// The batch's previous job succeeded and its success is not recorded yet.
-  bool previous_success = false;
+  /// It was in a batch that crashed before its outcome was recorded (LeasedJob::crashed_batches).
+  bool suspect = false;
+  /// Successes of the batch wait in the slot's buffer.
+  bool buffered = false;
+  /// ... and the oldest of them finished a flush window ago or more.
+  bool buffer_due = false;
 };
 
 struct StartDecision {
   /// Deferred with the pause's report: nothing sent, no start recorded.
   bool defer = false;
-  /// A committed start before the handler runs, so that a crash charges this job and no other.
+  /// A committed start before the handler, so that a crash charges this job and no other.
   bool start = false;
-  /// The previous success is recorded by the start's own statement (a crash in between re-runs
-  /// neither); otherwise it is recorded on its own, first.
-  bool previous_with_start = false;
+  /// Run with no other handler of the worker running (a suspect's start and handler).
+  bool alone = false;
+  /// The buffered successes are recorded by the start's own statement (a crash in between re-runs
+  /// none of them).
+  bool buffer_with_start = false;
+  /// The buffered successes are recorded on their own, before the handler runs.
+  bool flush = false;
 };
 
 [[nodiscard]] StartDecision decide_start(const StartFacts& facts) noexcept;
@@ -39,14 +56,18 @@ struct RecordingFacts {
   bool paused = false;
   /// The job is the last of its batch.
   bool last_of_batch = false;
+  /// It ran alone, its start committed (a suspect): its outcome is recorded before any other
+  /// handler of the worker runs, or a crash of theirs would charge it.
+  bool ran_alone = false;
 };
 
 enum class Recording : unsigned char {
   kRecorded,       // nothing to do: the handler's transaction recorded it
   kSettle,         // only the job's row can say whether the COMMIT applied: settle it
-  kWithNextStart,  // a success with more of the batch to run: recorded by the next job's start
-  kWithNextLease,  // the batch's last success: recorded by the statement that leases more
-  kAlone,          // a failure, or a success with nothing to follow: its own statement
+  kBuffered,       // a success with more of the batch to run, not run alone: in the buffer
+  kWithNextLease,  // the batch's last success: recorded, with the buffer, by the next lease
+  kAlone,          // a failure, or a success with nothing to follow: its own statement, after
+                   // the buffer's (outcomes are recorded in the order their handlers ran)
 };
 
 [[nodiscard]] Recording decide_recording(const RecordingFacts& facts) noexcept;

@@ -70,6 +70,8 @@ struct CompleteResult {
 struct DoneAndLeased {
   /// How many of the finished jobs were current (the stale ones are skipped).
   int current = 0;
+  /// Their ids, in no particular order.
+  std::vector<std::int64_t> current_ids;
   /// The jobs leased next, in the order to run them (as JobQueue::lease returns them).
   std::vector<LeasedJob> leased;
   /// When fewer jobs than asked for were leased, on PostgreSQL: the same statement's reading of
@@ -84,6 +86,8 @@ struct DoneAndLeased {
 struct DoneAndStarted {
   /// How many of the finished jobs were current (the stale ones are skipped).
   int current = 0;
+  /// Their ids, in no particular order.
+  std::vector<std::int64_t> current_ids;
   /// Whether the job to start was current (start()'s answer).
   bool started = false;
 };

@@ -100,6 +100,8 @@ struct Job {
   int deferrals = 0;
   /// How many times it was replayed from the dead-letter queue.
   int replays = 0;
+  /// Leases of a batch it was in that expired unstarted (LeasedJob::crashed_batches).
+  int crashed_batches = 0;
   std::int64_t created_ms = 0;
   std::int64_t updated_ms = 0;
   /// Oldest first; filled by get() only.
@@ -119,8 +121,14 @@ struct LeasedJob {
   std::int64_t fence = 0;
   std::int64_t lease_expires_ms = 0;
   /// Whether the lease started this attempt (it counts, and a crash from now on charges it).
-  /// false: call JobQueue::start() right before running the handler.
+  /// false: nothing is charged until an outcome is recorded (or JobQueue::start() is called), and
+  /// a lease that expires first gives the job back uncharged, counted in crashed_batches.
   bool started = true;
+  /// The leases this job was in that expired unstarted, with no outcome recorded: batches whose
+  /// worker died (or lost its database) before this job's outcome was recorded. The job may have
+  /// run in any of them, or caused the crash. A Worker runs such a job alone, its start committed
+  /// before its handler (docs/queue.md, "What a crash costs").
+  int crashed_batches = 0;
 };
 
 /// Counts for one queue.

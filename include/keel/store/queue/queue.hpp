@@ -268,6 +268,10 @@ class JobQueue {
   [[nodiscard]] int complete_done(
       Connection& connection,
       const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const;
+  /// complete_done(), returning the ids that were current, in ascending order.
+  [[nodiscard]] std::vector<std::int64_t> complete_done_ids(
+      Connection& connection,
+      const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const;
 
   // Inspection: one job with its history (src/queue/queue.cpp).
 
@@ -337,6 +341,14 @@ class JobQueue {
   /// They take rows in one order (ascending id, docs/queue.md), so this stays 0; a Worker logs
   /// each rise; export it as a counter (keel_queue_deadlocks_total). Thread-safe.
   [[nodiscard]] std::int64_t deadlocks() const noexcept { return deadlocks_.load(); }
+  /// Jobs this queue's sweeps gave back uncharged from an expired lease that had not started
+  /// them (a batch whose worker died or lost its database): each runs again, and each may have
+  /// run before its outcome was recorded, at most a Worker's flush window's worth of the batch
+  /// (docs/queue.md, "What a crash costs"). Export it as a counter
+  /// (keel_queue_returned_after_crash_total). Thread-safe.
+  [[nodiscard]] std::int64_t returned_after_crash() const noexcept {
+    return returned_after_crash_.load();
+  }
   [[nodiscard]] Clock& clock() const noexcept { return *clock_; }
   /// Calendar milliseconds now, from the clock.
   [[nodiscard]] std::int64_t now_ms() const noexcept;
@@ -448,6 +460,7 @@ class JobQueue {
   mutable Rng rng_;  // guarded by rng_mu_
   mutable std::atomic<std::int64_t> last_reap_ms_{0};
   mutable std::atomic<std::int64_t> deadlocks_{0};
+  mutable std::atomic<std::int64_t> returned_after_crash_{0};
   mutable std::mutex floor_mu_;
   mutable std::vector<LeaseFloor> floors_;      // guarded by floor_mu_
   mutable std::uint64_t floor_generation_ = 0;  // guarded by floor_mu_

@@ -13,22 +13,27 @@
 // when the queue has a dead-letter retention (QueueOptions::dead_letter_retention), its dead jobs
 // past it, reporting each deletion (on_dead_letters_pruned and a log line): never silently.
 //
-// Batches: a slot leases `batch` jobs and runs them one after another. Only the first starts
-// with the lease; each of the others is started (JobQueue::start: its attempt counts from then)
-// right before its handler runs, so a worker that dies mid-batch is charged only for the jobs
-// whose handlers were running (at most `concurrency`); the rest go back to ready uncharged when
-// their leases expire. A success is recorded by the statement that starts the next job of the
-// batch (JobQueue::complete_and_start), the batch's last by the one that leases the next batch
-// (complete_and_lease): one statement per job, and a crash between a handler and its record
-// re-runs only that job. Failures are recorded on their own, as without batches.
+// Batches: a slot leases `batch` jobs in one statement and runs them one after another. With
+// batch 1 the lease starts the job (a crash charges it). A batch starts none of its jobs: their
+// successes wait in the slot's buffer and are recorded together by the statement that leases the
+// next batch (JobQueue::complete_and_lease), or on their own (complete_done) once the oldest has
+// waited `flush_window` when the next handler is about to run: a share of one statement per job.
+// Failures are recorded on their own, at once. A worker that dies mid-batch is charged nothing
+// for it: when the batch's leases expire, its jobs come back uncharged, each counted in
+// LeasedJob::crashed_batches, and the successes still in the buffer run again (at most a flush
+// window's worth: JobQueue::returned_after_crash counts the jobs so returned). A job counted so
+// runs alone: after the rest of its batch, its start committed before its handler (with the
+// buffer, JobQueue::complete_and_start), while no other handler of this worker runs; a crash then
+// is charged to it and to no other, and a poison job ends dead as crashed after its attempts.
+// docs/queue.md, "What a crash costs".
 //
-// Shutdown (stop(), e.g. on SIGTERM): no new job is leased; jobs leased but not started are
-// released at once, uncharged; running handlers get `grace` to finish and record their outcome.
-// After that the handlers' cancel flag is raised, and those that return within a second record
-// their (cancelled) attempt; the leases of the others are released, each charged as a failed
-// attempt whose outcome is unknown ("released": the handler ran), with the retry or dead letter
-// keel::core decides, and run() returns once the handlers have returned. A handler that
-// outlives that cannot record its outcome: its lease's token is stale.
+// Shutdown (stop(), e.g. on SIGTERM): no new job is leased; the buffered successes are recorded;
+// jobs leased but not started are released at once, uncharged; running handlers get `grace` to
+// finish and record their outcome. After that the handlers' cancel flag is raised, and those that
+// return within a second record their (cancelled) attempt; the leases of the others are released,
+// each charged as a failed attempt whose outcome is unknown ("released": the handler ran), with the
+// retry or dead letter keel::core decides, and run() returns once the handlers have returned. A
+// handler that outlives that cannot record its outcome: its lease's token is stale.
 //
 // Waiting for work: an idle worker is woken rather than polling. On PostgreSQL it holds one
 // listening connection of its own (outside the pool) on channel keel_jobs, which the queue's
@@ -65,6 +70,7 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -115,6 +121,13 @@ struct WorkerOptions {
   /// Jobs leased per lease() call by each thread (batching; 1 = one at a time). Requires: >= 1.
   /// Default 1.
   int batch = 1;
+  /// With batch > 1: how long a success may wait in its slot's buffer, as the next handler is
+  /// about to run, before it is recorded on its own; otherwise it rides on the batch's next
+  /// statement. A crash re-runs the successes still in the buffer: those that finished within
+  /// this window before the handler then running began (or, for the batch's last job, within
+  /// its lease statement). 0 records each success before the next handler runs. Requires: >= 0.
+  /// Default 10 ms.
+  Duration flush_window = std::chrono::milliseconds(10);
   /// Wait between looks at an empty queue while nothing from other processes can wake the
   /// worker: on SQLite, and on PostgreSQL while its listener is down or with `wakeups` off.
   /// Requires: > 0. Default 100 ms.
@@ -201,6 +214,7 @@ struct WorkerWakeups {
 
 namespace detail {
 class Listener;
+class AloneGate;
 }  // namespace detail
 
 class Worker {
@@ -276,24 +290,34 @@ class Worker {
   void run_batch(Slot& slot, const std::vector<LeasedJob>& jobs);
   // Runs one job (or, while paused, defers it with `pause_report_`) and records its outcome as
   // detail::decide_start and detail::decide_recording say (queue/detail/worker_decision.hpp):
-  // the batch's previous success (`slot.pending`) rides on this job's start; a success of the
-  // batch's `last` job is recorded by complete_and_lease, which puts the jobs it leased in
-  // `slot.next`; any other success is left in `slot.pending` for the next job's start.
+  // the buffered successes of the batch (`slot.buffer`) ride on this job's committed start when
+  // it has one, or are flushed first when due; a success of the batch's `last` job is recorded
+  // with the buffer by complete_and_lease, which puts the jobs it leased in `slot.next`; any
+  // other success joins the buffer.
   void process(Slot& slot, const LeasedJob& job, bool last);
-  // Records this job's start (with `previous`, the batch's last success, if any); false when
-  // its lease was lost meanwhile.
-  bool start_job(Slot& slot, const LeasedJob& job, std::optional<WorkerEvent>& previous);
+  // Records this job's start, with the buffer; false when its lease was lost meanwhile.
+  bool start_job(Slot& slot, const LeasedJob& job);
   void lost_before_start(const LeasedJob& job);
   [[nodiscard]] HandlerRun run_handler(Connection& conn, const LeasedJob& job);
   // Records the batch's last success and leases the next batch into `slot.next`; returns how
   // many rows the success updated (1: still this worker's).
   std::int64_t complete_and_lease(Slot& slot, const LeasedJob& job);
+  // The `start` of this worker's leases: a job leased alone starts with it; a batch's do not.
+  [[nodiscard]] int lease_starts() const noexcept;
+  // The order to run a leased batch in: the suspects (LeasedJob::crashed_batches) last.
+  static void order_batch(std::vector<LeasedJob>& jobs);
   // After a lease of `leased` jobs: when it was full, wakes one idle slot.
   void recruit(std::size_t leased);
   // The bookkeeping after an outcome was recorded: the count, a brake's pause, on_event.
   void recorded(const WorkerEvent& event);
-  // Records `event` (a success) on its own, if there is one, and clears it.
-  void record_pending(Slot& slot, std::optional<WorkerEvent>& event);
+  // Records the buffered successes on their own, if there are any, and clears the buffer.
+  void flush_buffer(Slot& slot);
+  // Moves the buffer into `slot.unrecorded` (its recording is under way) and returns the pairs
+  // (id, fence) to record.
+  std::vector<std::pair<std::int64_t, std::int64_t>> buffer_to_unrecorded(Slot& slot);
+  // The recording of what buffer_to_unrecorded moved (unrecorded[from, end)) ended: `current`
+  // were recorded, the rest found stale.
+  void buffer_recorded(Slot& slot, std::size_t from, const std::vector<std::int64_t>& current);
   // Records outcomes whose recording failed (`error`) on a new connection, with each job's
   // fencing token: recorded now, found recorded already (a commit in doubt that applied), or
   // found taken over. Waits for the database with core's backoff, counted towards
@@ -402,6 +426,8 @@ class Worker {
   std::atomic<std::int64_t> lost_wakeups_total_{0};
   std::atomic<std::int64_t> deferred_notifications_{0};
   std::thread listener_thread_;
+  /// Suspect jobs run with no other handler of the worker running (batch > 1).
+  std::unique_ptr<detail::AloneGate> alone_;
 };
 
 }  // namespace keel::store
