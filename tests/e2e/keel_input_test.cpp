@@ -236,6 +236,9 @@ TEST(KeelFlags, ValuesAComponentCannotHonourAreRefusedNamingTheFlag) {
     work(flag, "99999999999h", "too large");
   }
   for (const char* flag : {"--grace", "--retain-done"}) work(flag, "1ns", "0 or at least 1ms");
+  for (const char* value : {"forevermore", "Forever", "", "-1h"}) {
+    work("--retain-done", value, "or 'forever'");
+  }
   work("--dead-letter-warning", "1ns", "0 or at least 1ms",
        {"--exec", "true", "--dead-letter-retention", "1h"});
   work("--dead-letter-retention", "1ns", "at least 1ms");

@@ -1497,6 +1497,39 @@ TEST_P(JobQueueTest, AStoppingBatchedWorkerRecordsItsBufferAndHandsBackTheRestUn
   EXPECT_EQ(worker.released(), 5);
 }
 
+TEST_P(JobQueueTest, TheDoneRetentionDeletesABacklogLargerThanABatchInOnePass) {
+  ConnectionPool pool(url(), {.max_connections = 3});
+  JobQueue q = make_queue({.lease = 10s});
+  constexpr int kDone = 2500;  // two and a half of prune_done's batches
+  std::vector<EnqueueRequest> reqs(kDone, EnqueueRequest{.queue = "q", .payload = "{}"});
+  (void)q.enqueue_many(*conn_, reqs);
+  std::vector<std::pair<std::int64_t, std::int64_t>> done;
+  for (const LeasedJob& j : q.lease(*conn_, "q", "w", kDone)) done.emplace_back(j.id, j.fence);
+  ASSERT_EQ(q.complete_done(*conn_, done), kDone);
+  clock_.advance(2h);
+  (void)q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  std::int64_t left = -1;
+  Worker worker(pool, q,
+                {.queue = "q",
+                 .poll_interval = 1ms,
+                 .heartbeat_interval = 5ms,
+                 .exit_when_idle = true,
+                 .done_retention = 1h},
+                [&](const LeasedJob&, const std::atomic<bool>&) {
+                  // The heartbeat thread's first pass prunes while this job runs.
+                  const auto deadline = std::chrono::steady_clock::now() + 10s;
+                  do {
+                    left = count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'");
+                    // wait: bound: the worker's first pruning pass, at most 10 s
+                    std::this_thread::sleep_for(5ms);
+                  } while (left > 0 && std::chrono::steady_clock::now() < deadline);
+                  return AttemptReport::success();
+                });
+  EXPECT_EQ(worker.run(), 1);
+  EXPECT_EQ(left, 0) << "one pass left done jobs older than the retention";
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_job_attempts"), 0);
+}
+
 TEST_P(JobQueueTest, AReleaseChargesAStartedJobSoNothingLoopsUnseen) {
   std::vector<std::string> reasons;
   JobQueue q = make_queue(

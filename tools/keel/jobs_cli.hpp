@@ -51,7 +51,7 @@ struct JobsArgs {
   // One attempt's limit. Empty (not given): kDeliverTimeout for --deliver and --deferred, none
   // for --exec, whose commands may legitimately run long.
   std::string timeout;
-  std::string retain_done;
+  std::string retain_done = "1h";  // or "forever"
   std::string max_age;
   std::string retry_budget = "0.1";
   std::string max_db_outage = "1m";

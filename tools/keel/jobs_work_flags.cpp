@@ -1,5 +1,6 @@
 // `keel jobs work`'s flags read into WorkSettings: the targets (database, queue, handler,
 // sharing), the brakes, the timing and the limits, each refused with a message naming it.
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -174,7 +175,14 @@ bool parse_work_limits(const JobsArgs& a, WorkSettings& s) {
     if (!d) return false;
     s.max_age = *d;
   }
-  if (!a.retain_done.empty()) {
+  if (a.retain_done != "forever") {
+    if (a.retain_done.empty() || !std::isdigit(static_cast<unsigned char>(a.retain_done[0]))) {
+      return usage(
+                 "--retain-done: a duration (ns, us, ms, s, m or h, like 1h or 168h) or "
+                 "'forever', got '" +
+                 a.retain_done + "'"),
+             false;
+    }
     s.retain = duration_flag("--retain-done", a.retain_done, kQueueDurationOrZero);
     if (!s.retain) return false;
   }

@@ -141,8 +141,10 @@ struct WorkerOptions {
   /// Return from run() once nothing is ready, running or scheduled for retry on the queue.
   /// Default false.
   bool exit_when_idle = false;
-  /// Delete done jobs of the queue older than this (prune_done), checked every heartbeat;
-  /// nullopt keeps them forever. Default nullopt.
+  /// Delete done jobs of the queue older than this (prune_done): about every 10 s (jittered), in
+  /// batches of 1000 until none is left or a quarter of the heartbeat interval has passed (then
+  /// again at the next heartbeat); nullopt keeps them forever (`keel jobs work` keeps them for
+  /// 1h unless told otherwise). Default nullopt.
   std::optional<Duration> done_retention;
   /// Called from the heartbeat thread with how many dead jobs of the queue it just deleted
   /// because they had outlived the queue's QueueOptions::dead_letter_retention (checked every
@@ -258,8 +260,13 @@ class Worker {
   void slot_loop();
   void heartbeat_loop();
   void log(const std::string& line) const;
-  // Housekeeping on the heartbeat thread: prune_done and prune_dead, as configured.
-  void prune(Connection& conn);
+  // Housekeeping on the heartbeat thread: prune_done and prune_dead, as configured. True when
+  // it stopped with a backlog left (the next heartbeat prunes again).
+  bool prune(Connection& conn);
+  // Runs `batch` (deleting at most its argument's count) until one comes back short, or the
+  // queue's clock reaches `until` (then sets `more`); returns how many it deleted.
+  std::int64_t prune_batches(const std::function<std::int64_t(int)>& batch, TimePoint until,
+                             bool& more);
   // An outcome whose recording was under way is in a slot's `unrecorded` until it is recorded
   // (so that a failure leaves it there to be settled).
   struct Unrecorded {
