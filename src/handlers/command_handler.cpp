@@ -207,6 +207,52 @@ CommandHandler::CommandHandler(std::string command, CommandOptions options)
   }
 }
 
+namespace {
+
+// The command's environment: this process's, without the job variables it may have inherited
+// (a worker started from a job's command), and the job's own.
+std::vector<std::string> job_environment(const LeasedJob& job) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view v(*e);
+    if (v.starts_with("KEEL_IDEMPOTENCY_KEY=") || v.starts_with("KEEL_ATTEMPT=") ||
+        v.starts_with("KEEL_JOB_ID=") || v.starts_with("KEEL_QUEUE=")) {
+      continue;
+    }
+    env.emplace_back(v);
+  }
+  env.push_back("KEEL_IDEMPOTENCY_KEY=" + job.idempotency_key);
+  env.push_back("KEEL_ATTEMPT=" + std::to_string(job.attempt));
+  env.push_back("KEEL_JOB_ID=" + std::to_string(job.id));
+  env.push_back("KEEL_QUEUE=" + job.queue);
+  return env;
+}
+
+// The report of a run that did not succeed: `stopped` says why it was stopped (empty: it ended
+// on its own with wait status `status`), `tail` is the end of its stderr.
+AttemptReport failure_report(const std::string& stopped, int status, const std::string& tail) {
+  AttemptReport report;
+  std::string what = stopped;
+  if (!stopped.empty()) {
+    report.outcome = Outcome::transient();
+  } else if (WIFEXITED(status)) {
+    const int code = WEXITSTATUS(status);
+    report.outcome =
+        code == CommandHandler::kTransientExitStatus ? Outcome::transient() : Outcome::permanent();
+    report.outcome.code = code;
+    what = "exit status " + std::to_string(code) +
+           (code == CommandHandler::kTransientExitStatus ? " (EX_TEMPFAIL)" : "");
+  } else {
+    // Killed by a signal (the OOM killer, a crash, someone's kill): a timing accident.
+    report.outcome = Outcome::transient();
+    what = "killed by signal " + std::to_string(WTERMSIG(status));
+  }
+  report.error = what + (tail.empty() ? "" : ": " + tail);
+  return report;
+}
+
+}  // namespace
+
 AttemptReport CommandHandler::operator()(const LeasedJob& job,
                                          const std::atomic<bool>& cancel) const {
   const auto start = SteadyClock::now();
@@ -225,19 +271,7 @@ AttemptReport CommandHandler::operator()(const LeasedJob& job,
     report.error = std::string("pipe: ") + std::strerror(errno);
     return report;
   }
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string_view v(*e);
-    if (v.starts_with("KEEL_IDEMPOTENCY_KEY=") || v.starts_with("KEEL_ATTEMPT=") ||
-        v.starts_with("KEEL_JOB_ID=") || v.starts_with("KEEL_QUEUE=")) {
-      continue;
-    }
-    env_strings.emplace_back(v);
-  }
-  env_strings.push_back("KEEL_IDEMPOTENCY_KEY=" + job.idempotency_key);
-  env_strings.push_back("KEEL_ATTEMPT=" + std::to_string(job.attempt));
-  env_strings.push_back("KEEL_JOB_ID=" + std::to_string(job.id));
-  env_strings.push_back("KEEL_QUEUE=" + job.queue);
+  std::vector<std::string> env_strings = job_environment(job);
   std::vector<char*> envp;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -305,28 +339,14 @@ AttemptReport CommandHandler::operator()(const LeasedJob& job,
   const std::string tail = child.stderr_tail();
   const int status = child.status();
 
-  std::string what;
-  if (stopped == Stopped::kTimeout) {
-    report.outcome = Outcome::transient();
-    what = "timed out after " + format_duration(options_.timeout);
-  } else if (stopped == Stopped::kCancel) {
-    report.outcome = Outcome::transient();
-    what = "cancelled";
-  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+  if (stopped == Stopped::kNo && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     return AttemptReport::success();
-  } else if (WIFEXITED(status)) {
-    const int code = WEXITSTATUS(status);
-    report.outcome = code == kTransientExitStatus ? Outcome::transient() : Outcome::permanent();
-    report.outcome.code = code;
-    what = "exit status " + std::to_string(code) +
-           (code == kTransientExitStatus ? " (EX_TEMPFAIL)" : "");
-  } else {
-    // Killed by a signal (the OOM killer, a crash, someone's kill): a timing accident.
-    report.outcome = Outcome::transient();
-    what = "killed by signal " + std::to_string(WTERMSIG(status));
   }
-  report.error = what + (tail.empty() ? "" : ": " + tail);
-  return report;
+  return failure_report(stopped == Stopped::kTimeout
+                            ? "timed out after " + format_duration(options_.timeout)
+                        : stopped == Stopped::kCancel ? std::string("cancelled")
+                                                      : std::string(),
+                        status, tail);
 }
 
 }  // namespace keel::store

@@ -20,6 +20,33 @@ namespace {
 
 std::string_view outcome_name(OutcomeKind kind) { return to_string(kind); }
 
+// Why a job is dead, from core's verdict: its kind and the reason stored beside it.
+struct DeadVerdict {
+  DeadReason kind = DeadReason::kAttemptsExhausted;
+  std::string reason;
+};
+
+DeadVerdict dead_verdict(StopReason stop, std::int64_t attempts, std::int64_t max_attempts,
+                         const Outcome& outcome, const std::string& error, std::string_view history,
+                         Duration max_age) {
+  switch (stop) {
+    case StopReason::kPermanent:
+      return {DeadReason::kPermanent, "permanent: " + error};
+    case StopReason::kDeadline:
+      return {DeadReason::kMaxAge, "max age " + format_duration(max_age) + " reached: " + error};
+    default:
+      // The expired-lease sweep reports the run whose worker died (history "lease_expired").
+      return {history == "lease_expired" ? DeadReason::kCrashed : DeadReason::kAttemptsExhausted,
+              "attempts exhausted (" + std::to_string(attempts) + " of " +
+                  std::to_string(max_attempts) +
+                  (outcome.retry_limit != Outcome::kNoRetryLimit
+                       ? ", at most " + std::to_string(outcome.retry_limit) +
+                             " retries after this outcome"
+                       : std::string()) +
+                  "): " + error};
+  }
+}
+
 }  // namespace
 
 CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, std::int64_t fence,
@@ -126,29 +153,10 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
     return out;
   }
   out.status = CompleteStatus::kDead;
-  switch (verdict.reason) {
-    case StopReason::kPermanent:
-      out.dead_kind = DeadReason::kPermanent;
-      out.dead_reason = "permanent: " + error;
-      break;
-    case StopReason::kDeadline:
-      out.dead_kind = DeadReason::kMaxAge;
-      out.dead_reason = "max age " + format_duration(options_.max_age) + " reached: " + error;
-      break;
-    default:
-      // The expired-lease sweep reports the run whose worker died (history "lease_expired").
-      out.dead_kind =
-          history == "lease_expired" ? DeadReason::kCrashed : DeadReason::kAttemptsExhausted;
-      out.dead_reason = "attempts exhausted (" + std::to_string(attempts) + " of " +
-                        std::to_string(max_attempts) +
-                        (report.outcome.retry_limit != Outcome::kNoRetryLimit
-                             ? ", at most " + std::to_string(report.outcome.retry_limit) +
-                                   " retries after this outcome"
-                             : std::string()) +
-                        "): " + error;
-      break;
-  }
-  out.dead_reason = clip(out.dead_reason);
+  const DeadVerdict dead = dead_verdict(verdict.reason, attempts, max_attempts, report.outcome,
+                                        error, history, options_.max_age);
+  out.dead_kind = dead.kind;
+  out.dead_reason = clip(dead.reason);
   tx.query(
       "UPDATE keel_jobs SET state = 'dead', attempts = attempts + $5, lease_owner = NULL,"
       " lease_expires_ms = NULL, run_at_ms = $2, last_error = $3, dead_reason = $4,"
