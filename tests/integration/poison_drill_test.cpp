@@ -173,11 +173,16 @@ TEST_P(PoisonDrillTest, FivePoisonJobsAreChargedTheirCrashesAndNoInnocentJobIs) 
                            << run.crashes << "\n"
                            << run.errors;
   EXPECT_EQ(run.other_exits, 0) << run.errors;
-  // Each poison job's attempts, each run alone; in batches, one more run each: the batch it
-  // first crashed, charged to no one.
-  const int expected_crashes =
-      static_cast<int>(kPoison.size()) * (kMaxAttempts + (batch() == 1 ? 0 : 1));
-  EXPECT_EQ(run.crashes, expected_crashes);
+  // Each poison job's attempts, each run alone. In batches, at most one more run each: the batch
+  // it first crashed, charged to no one; two poison jobs first run together in one process (its
+  // two slots) end in one crash.
+  const int charged_crashes = static_cast<int>(kPoison.size()) * kMaxAttempts;
+  if (batch() == 1) {
+    EXPECT_EQ(run.crashes, charged_crashes);
+  } else {
+    EXPECT_GT(run.crashes, charged_crashes);
+    EXPECT_LE(run.crashes, charged_crashes + static_cast<int>(kPoison.size()));
+  }
 
   // Every poison job dead as crashed after exactly its attempts.
   auto conn = open_database(url());
