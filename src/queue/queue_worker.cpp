@@ -607,13 +607,10 @@ void Worker::run_batch(Slot& slot, const std::vector<LeasedJob>& jobs) {
       // doubt, a node turned read-only): it is settled on a new connection, with the job's
       // fencing token, never left to its lease and run again. A job of this batch that did not
       // run is given back uncharged.
-      if (!slot.buffer.empty()) {
-        std::vector<Unrecorded> buffered;
-        for (WorkerEvent& b : slot.buffer) buffered.push_back({.event = std::move(b)});
-        slot.buffer.clear();
-        slot.unrecorded.insert(slot.unrecorded.begin(), std::make_move_iterator(buffered.begin()),
-                               std::make_move_iterator(buffered.end()));
-      }
+      // The buffer's successes ran first: they go first.
+      const auto known = static_cast<std::ptrdiff_t>(slot.unrecorded.size());
+      (void)buffer_to_unrecorded(slot);
+      std::rotate(slot.unrecorded.begin(), slot.unrecorded.begin() + known, slot.unrecorded.end());
       if (slot.conn && (*slot.conn)->broken()) slot.conn.reset();
       if (!slot.unrecorded.empty()) {
         settle(slot.conn, slot.unrecorded, e.what());

@@ -70,12 +70,7 @@ class CrashDrillTest : public test_jobs::JobsHarness<test::BackendParamTest<Dril
   }
   [[nodiscard]] std::filesystem::path effects() const { return dir().path() / "effects.log"; }
 
-  std::map<std::string, int> effect_counts() const {
-    std::map<std::string, int> out;
-    std::ifstream in(effects());
-    for (std::string line; std::getline(in, line);) ++out[line];
-    return out;
-  }
+  std::map<std::string, int> effect_counts() const { return test_jobs::line_counts(effects()); }
 
   // Runs workers one after another until one exits because the queue is idle; returns the exit
   // statuses. Bounded: at most `max_runs` workers.

@@ -228,6 +228,14 @@ class Receiver {
 };
 
 // `keel jobs` run as a user runs it, for a fixture that gives url(), url_text() and dir().
+// How often each line appears in the file at `path` (a drill's effects log: one key a line).
+inline std::map<std::string, int> line_counts(const std::filesystem::path& path) {
+  std::map<std::string, int> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) ++out[line];
+  return out;
+}
+
 template <class Base>
 class JobsHarness : public Base {
  protected:

@@ -158,12 +158,7 @@ class PoisonDrillTest : public test_jobs::JobsHarness<test::BackendParamTest<Dri
     return out;
   }
 
-  std::map<std::string, int> effect_counts() const {
-    std::map<std::string, int> out;
-    std::ifstream in(effects());
-    for (std::string line; std::getline(in, line);) ++out[line];
-    return out;
-  }
+  std::map<std::string, int> effect_counts() const { return test_jobs::line_counts(effects()); }
 };
 
 TEST_P(PoisonDrillTest, FivePoisonJobsAreChargedTheirCrashesAndNoInnocentJobIs) {
