@@ -23,7 +23,8 @@ test_packages=(postgresql-15 postgresql-client-15 wrk sqlite3 clang-format clang
                python3 iproute2  # the doc test (tests/docs) and its private network namespace
                dpkg-dev xz-utils  # apt-get source for make tsan (scripts/httplib-source.sh)
                lintian  # checks the Debian packages (tests/package/run_deb.cmake)
-               pgbouncer)  # the failover drill's pooler (scripts/pg-cluster.sh --pgbouncer)
+               pgbouncer  # the failover drill's pooler (scripts/pg-cluster.sh --pgbouncer)
+               libgrpc++-dev protobuf-compiler protobuf-compiler-grpc)  # keel::grpc and its tests
 bench_packages=(golang-go golang-github-cenkalti-backoff-dev python3 python3-tenacity nodejs
                 patroni etcd-server)  # scripts/patroni-drill.sh
 # Debian's npm conflicts with NodeSource's nodejs, which ships its own npm: only ask for it when
