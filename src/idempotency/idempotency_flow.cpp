@@ -67,7 +67,8 @@ FlowResponse problem(FlowOutcome outcome, int status, std::string_view title,
 }
 
 /// Whether the body must be held to the JSON limits: it says it is JSON, or looks like it (a
-/// parser downstream would try it).
+/// parser downstream would try it). A gRPC message in protobuf (application/grpc,
+/// application/grpc+proto) never is, whatever its bytes: its parser is protobuf's.
 bool looks_like_json(std::string_view content_type, std::string_view body) {
   std::string_view type = content_type.substr(0, content_type.find(';'));
   while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
@@ -75,6 +76,7 @@ bool looks_like_json(std::string_view content_type, std::string_view body) {
       (type.size() > 5 && iequals(type.substr(type.size() - 5), "+json"))) {
     return true;
   }
+  if (iequals(type, "application/grpc") || iequals(type, "application/grpc+proto")) return false;
   for (const char c : body) {
     if (c == ' ' || c == '\t' || c == '\r' || c == '\n') continue;
     return c == '{' || c == '[';

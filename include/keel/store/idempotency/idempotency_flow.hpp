@@ -127,7 +127,7 @@ struct FlowRequest {
   /// that reads the first about which key applies. Default 1.
   std::size_t idempotency_key_fields = 1;
   /// The Content-Type header's value, "" when absent (decides, with the body's first byte,
-  /// whether the JSON limits apply).
+  /// whether the JSON limits apply; application/grpc and application/grpc+proto: never).
   std::string_view content_type;
   /// The request body.
   std::string_view body;
