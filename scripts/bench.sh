@@ -276,6 +276,18 @@ else
   skip http "not available: keel_bench_http was not built (bench/http_bench.cpp, needs keel::http)"
 fi
 
+# --- gRPC client against the plain stub and gRPC's own retry policy -----------------------------
+if [[ -x "$bin/keel_bench_grpc" ]]; then
+  log "gRPC client vs the plain stub and gRPC's retry policy: keel_bench_grpc ($runs repetitions)"
+  if ! "$bin/keel_bench_grpc" --benchmark_min_time="$http_min_time" \
+    --benchmark_repetitions="$runs" --benchmark_enable_random_interleaving=true \
+    --benchmark_out="$raw/grpc.json" --benchmark_out_format=json >"$raw/grpc.log.txt" 2>&1; then
+    skip grpc "keel_bench_grpc failed (see raw/grpc.log.txt)"
+  fi
+else
+  skip grpc "not available: keel_bench_grpc was not built (bench/grpc_bench.cpp, needs keel::grpc)"
+fi
+
 # --- simulator -----------------------------------------------------------------------------------
 sim_bench=""
 for candidate in "$bin"/keel_bench_sim*; do

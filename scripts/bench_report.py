@@ -296,6 +296,78 @@ def http_rows(path, emit, mach, date, goals):
     emit("")
 
 
+# keel_bench_grpc (bench/grpc_bench.cpp): keel::grpc::Client next to the plain generated stub
+# (label, keel benchmark, stub benchmark, what the stub one is, goal row or a split).
+GRPC_PAIRS = (
+    ("unary call, keel::grpc::Client vs the plain stub", "KeelClientCharge", "PlainStubCharge",
+     "the generated stub, a ClientContext per call", True),
+    ("unary call, keel::grpc::Client vs the stub sending the same head", "KeelClientCharge",
+     "PlainStubChargeSameHead", "the stub with a deadline and an idempotency-key per call", False),
+    ("unary call marked idempotent (no key), keel::grpc::Client vs the plain stub",
+     "KeelClientChargeIdempotent", "PlainStubCharge", "the generated stub", False),
+    ("unary call, keel::grpc::Client without breaker and budget vs the plain stub",
+     "KeelClientChargeNoGuards", "PlainStubCharge", "the generated stub", False),
+)
+GRPC_TROUBLE = (
+    ("outage (every call UNAVAILABLE)", "Outage"),
+    ("flaky (every fourth arrival UNAVAILABLE)", "Flaky"),
+)
+GRPC_CLIENTS = (
+    ("gRPC's retryPolicy (5 attempts)", "GrpcPolicy"),
+    ("gRPC's retryPolicy with retryThrottling (10 tokens, ratio 0.1)", "GrpcPolicyThrottled"),
+    ("keel::grpc::Client (5 attempts, budget and breaker)", "KeelClient"),
+    ("keel::grpc::Client, budget only", "KeelClientBudgetOnly"),
+)
+
+
+def grpc_rows(path, emit, mach, date, goals):
+    samples, items, errors = keel_samples([path])
+    emit("One unary call at a time to an in-process gRPC server on 127.0.0.1"
+         " (bench/grpc_bench.cpp), keel and the plain stub in randomly interleaved repetitions."
+         " Ratio = keel / stub in calls/s (goal >= 0.95).")
+    emit("")
+    emit("| workload | keel | peer | ratio | machine | date |")
+    emit("| --- | --- | --- | --- | --- | --- |")
+    for label, keel_name, stub_name, stub_what, goal in GRPC_PAIRS:
+        k, r = items.get(keel_name + "/real_time"), items.get(stub_name + "/real_time")
+        if not k or not r:
+            emit(f"| {label} | not measured | {stub_name} | n/a | {mach} | {date} |")
+            continue
+        ratio = statistics.median(k) / statistics.median(r)
+        emit(f"| {label} | {spread(k)} calls/s | {stub_what}: {spread(r)} calls/s |"
+             f" {ratio:.2f} | {mach} | {date} |")
+        if goal:
+            goals.append((f"{label} (goal >= 0.95)", f"{ratio:.2f}"))
+    emit("")
+    emit("Against a server in trouble, 300 calls per client (a fresh channel or client each"
+         " repetition): the requests the server received per call and per success (medians).")
+    emit("")
+    emit("| server | client | requests per call | requests per success | calls that succeeded |")
+    emit("| --- | --- | --- | --- | --- |")
+    counters = {}
+    for b in load(path).get("benchmarks", []):
+        if b.get("run_type", "iteration") != "iteration" or b.get("error_occurred"):
+            continue
+        name = b.get("run_name", b["name"]).split("/")[0]
+        counters.setdefault(name, []).append(b)
+    for server_label, suffix in GRPC_TROUBLE:
+        for client_label, prefix in GRPC_CLIENTS:
+            runs = counters.get(prefix + suffix)
+            if not runs:
+                emit(f"| {server_label} | {client_label} | n/a | n/a | n/a |")
+                continue
+            med = lambda key: statistics.median(r.get(key, float("nan")) for r in runs)
+            emit(f"| {server_label} | {client_label} | {med('requests_per_call'):.2f} |"
+                 f" {med('requests_per_success'):.3g} | {100 * med('success_rate'):.0f}% |")
+    outage = {p: counters.get(p + "Outage") for _, p in GRPC_CLIENTS}
+    if outage.get("KeelClientBudgetOnly") and outage.get("GrpcPolicy"):
+        k = statistics.median(r["requests_per_call"] for r in outage["KeelClientBudgetOnly"])
+        g = statistics.median(r["requests_per_call"] for r in outage["GrpcPolicy"])
+        goals.append(("gRPC outage: requests per call, keel with a budget / gRPC's retryPolicy"
+                      " (goal < 1)", f"{k / g:.2f}"))
+    emit("")
+
+
 def beast_rows(raw, emit, goals):
     """The table scripts/bench-beast.sh wrote (raw/beast.txt): the idempotency layer on
     keel::store::beast::Server against the same server without it, and that server against a bare
@@ -792,6 +864,15 @@ def main():
         http_rows(http_path, emit, mach, date, goals)
     else:
         emit(skipped(raw, "http") or "not available")
+        emit("")
+
+    emit("### gRPC: keel::grpc::Client vs the plain stub and gRPC's own retry policy")
+    emit("")
+    grpc_path = os.path.join(raw, "grpc.json")
+    if skipped(raw, "grpc") is None and os.path.exists(grpc_path):
+        grpc_rows(grpc_path, emit, mach, date, goals)
+    else:
+        emit(skipped(raw, "grpc") or "not available")
         emit("")
 
     events_rows(raw, emit, goals)
