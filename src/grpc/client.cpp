@@ -5,7 +5,12 @@
 #include <grpcpp/security/credentials.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
+#include <array>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -13,6 +18,7 @@
 #include "keel/deadline_header.hpp"
 #include "keel/expected.hpp"
 #include "keel/grpc_status.hpp"
+#include "keel/hedge.hpp"
 #include "keel/idempotency_key.hpp"
 
 namespace keel::grpc {
@@ -117,6 +123,7 @@ struct Client::Impl {
       }
       budget = options.brakes.budget != nullptr ? options.brakes.budget : own_budget.get();
     }
+    if (options.hedge) hedge.emplace(*options.hedge);
     channel = ::grpc::CreateCustomChannel(options.target, options.credentials, options.arguments);
   }
 
@@ -185,6 +192,11 @@ struct Client::Impl {
     if (left > left.zero()) clock.sleep_for(std::chrono::duration_cast<Duration>(left));
   }
 
+  bool begin(const CallSpec& spec, CallResult& result);
+  CallOptions call_options(const CallSpec& spec, const CallResult& result, Clock& clock,
+                           std::shared_ptr<CircuitBreaker>& breaker) const;
+  void end(const RetryState& state, int sent, bool attempted, CallResult& result) const;
+
   void log_give_up(const CallResult& result) const {
     if (result.reason == StopReason::kSuccess) return;
     const std::string line = format_give_up({.attempts = result.attempts,
@@ -207,6 +219,7 @@ struct Client::Impl {
   std::unique_ptr<TokenBucketBudget> own_budget;
   RetryBudget* budget = nullptr;
   std::shared_ptr<::grpc::Channel> channel;
+  std::optional<HedgePolicy> hedge;  // from options.hedge
 };
 
 Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
@@ -215,44 +228,67 @@ Client::~Client() = default;
 const std::shared_ptr<::grpc::Channel>& Client::channel() const noexcept { return impl_->channel; }
 const ClientOptions& Client::options() const noexcept { return impl_->options; }
 
-CallResult Client::run(const CallSpec& spec, const Attempt& attempt) {
-  const Impl& impl = *impl_;
-  Clock& clock = impl.options.clock != nullptr ? *impl.options.clock : steady_clock();
-  CallResult result;
+// The call's key, made once before the first attempt (or the caller's, checked): false when the
+// caller's key is refused, `result` then saying so (nothing is sent).
+bool Client::Impl::begin(const CallSpec& spec, CallResult& result) {
   if (spec.prior_attempts < 0) {
     throw_invalid({.context = "keel::grpc::CallSpec",
                    .field = "prior_attempts",
                    .problem = "must be >= 0",
                    .got = std::to_string(spec.prior_attempts)});
   }
-  if (!spec.idempotent && spec.send_idempotency_key) {
-    if (spec.idempotency_key.empty()) {
-      result.idempotency_key = make_idempotency_key();  // once, before the first attempt
-    } else {
-      IdempotencyKeyCheck check = check_idempotency_key(spec.idempotency_key);
-      if (!check.ok()) {
-        // Refused before any attempt: nothing was sent, and sending it again would not help.
-        result.outcome = Outcome::permanent();
-        result.reason = StopReason::kPermanent;
-        result.status = {::grpc::StatusCode::INVALID_ARGUMENT,
-                         "keel::grpc::CallSpec: " + check.error.in("idempotency_key").message()};
-        return result;
-      }
-      result.idempotency_key = std::move(check.key);
-    }
+  if (spec.idempotent || !spec.send_idempotency_key) return true;
+  if (spec.idempotency_key.empty()) {
+    result.idempotency_key = make_idempotency_key();  // once, before the first attempt
+    return true;
   }
+  IdempotencyKeyCheck check = check_idempotency_key(spec.idempotency_key);
+  if (!check.ok()) {
+    // Refused before any attempt: nothing was sent, and sending it again would not help.
+    result.outcome = Outcome::permanent();
+    result.reason = StopReason::kPermanent;
+    result.status = {::grpc::StatusCode::INVALID_ARGUMENT,
+                     "keel::grpc::CallSpec: " + check.error.in("idempotency_key").message()};
+    return false;
+  }
+  result.idempotency_key = std::move(check.key);
+  return true;
+}
 
-  std::shared_ptr<CircuitBreaker> breaker;  // held for the whole call
-  if (impl.breakers != nullptr) breaker = impl.breakers->get(impl.breaker_key);
+CallOptions Client::Impl::call_options(const CallSpec& spec, const CallResult& result, Clock& clock,
+                                       std::shared_ptr<CircuitBreaker>& breaker) const {
+  if (breakers != nullptr) breaker = breakers->get(breaker_key);
   CallOptions call;
   call.clock = &clock;
-  call.rng = impl.options.rng;
+  call.rng = options.rng;
   call.deadline = spec.deadline;
   call.ceiling = spec.ceiling;
   call.safe_to_repeat = spec.idempotent || !result.idempotency_key.empty();
-  call.budget = impl.budget;
+  call.budget = budget;
   call.breaker = breaker.get();
   call.prior_attempts = spec.prior_attempts;
+  return call;
+}
+
+void Client::Impl::end(const RetryState& state, int sent, bool attempted,
+                       CallResult& result) const {
+  result.attempts = sent;
+  result.elapsed = state.elapsed();
+  result.reason = state.stop_reason();
+  if (!attempted) {
+    result.outcome = state.last_outcome();  // kNotAttempted, with the breaker's retry_in
+    result.status = not_attempted_status(result.reason);
+  }
+  log_give_up(result);
+}
+
+CallResult Client::run(const CallSpec& spec, const Attempt& attempt) {
+  Impl& impl = *impl_;
+  Clock& clock = impl.options.clock != nullptr ? *impl.options.clock : steady_clock();
+  CallResult result;
+  if (!impl.begin(spec, result)) return result;
+  std::shared_ptr<CircuitBreaker> breaker;  // held for the whole call
+  const CallOptions call = impl.call_options(spec, result, clock, breaker);
   RetryState state(impl.policy, call);
   bool attempted = false;
   {
@@ -270,14 +306,146 @@ CallResult Client::run(const CallSpec& spec, const Attempt& attempt) {
       impl.wait_between_attempts(clock, decision.delay);
     }
   }
-  result.attempts = state.attempts();
-  result.elapsed = state.elapsed();
-  result.reason = state.stop_reason();
-  if (!attempted) {
-    result.outcome = state.last_outcome();  // kNotAttempted, with the breaker's retry_in
-    result.status = not_attempted_status(result.reason);
+  impl.end(state, state.attempts(), attempted, result);
+  return result;
+}
+
+namespace {
+
+// The attempts of one call in flight at once (a round and its hedges), answered on gRPC's
+// threads: their contexts, and the answers the calling thread has not taken yet.
+class Round {
+ public:
+  static constexpr int kSlots = HedgePolicy::kMaxHedges + 1;
+
+  ::grpc::ClientContext& fresh(int slot) {
+    contexts_[static_cast<std::size_t>(slot)] = std::make_unique<::grpc::ClientContext>();
+    return *contexts_[static_cast<std::size_t>(slot)];
   }
-  impl.log_give_up(result);
+  ::grpc::ClientContext& context(int slot) { return *contexts_[static_cast<std::size_t>(slot)]; }
+  std::chrono::system_clock::time_point& deadline(int slot) {
+    return deadlines_[static_cast<std::size_t>(slot)];
+  }
+
+  /// The completion gRPC calls for `slot` (on one of its threads).
+  std::function<void(::grpc::Status)> done(int slot) {
+    {
+      const std::lock_guard lock(state_->mu);
+      ++state_->outstanding;
+      flying_[static_cast<std::size_t>(slot)] = true;
+    }
+    return [state = state_, slot](::grpc::Status status) {
+      const std::lock_guard lock(state->mu);
+      state->answers.emplace_back(slot, std::move(status));
+      state->cv.notify_all();
+    };
+  }
+
+  /// The next answer, or nullopt when `until` (on `clock`) came first; with no `until`, waits
+  /// for one (every attempt has its deadline).
+  std::optional<std::pair<int, ::grpc::Status>> next(Clock& clock, std::optional<TimePoint> until) {
+    std::unique_lock lock(state_->mu);
+    const auto ready = [&] { return !state_->answers.empty(); };
+    if (until) {
+      const Duration left = std::max(*until - clock.now(), Duration::zero());
+      // wait: core: until the hedge HedgeState scheduled, or an attempt's answer
+      state_->cv.wait_for(lock, left, ready);
+    } else {
+      // wait: bound: an attempt's answer (each attempt ends by its own deadline)
+      state_->cv.wait(lock, ready);
+    }
+    if (!ready()) return std::nullopt;
+    auto answer = std::move(state_->answers.front());
+    state_->answers.pop_front();
+    --state_->outstanding;
+    flying_[static_cast<std::size_t>(answer.first)] = false;
+    return answer;
+  }
+
+  /// Cancels the attempts still in flight (each told to `hedge`) and waits for gRPC to finish
+  /// them: their contexts and replies must outlive the calls.
+  void cancel_rest(HedgeState& hedge) {
+    for (int slot = 0; slot < kSlots; ++slot) {
+      if (!flying_[static_cast<std::size_t>(slot)]) continue;
+      contexts_[static_cast<std::size_t>(slot)]->TryCancel();
+      hedge.cancel(slot);
+      flying_[static_cast<std::size_t>(slot)] = false;
+    }
+    std::unique_lock lock(state_->mu);
+    // wait: bound: the cancelled attempts' completions (gRPC ends a cancelled call at once)
+    state_->cv.wait(lock, [&] { return state_->answers.size() >= state_->outstanding; });
+    state_->answers.clear();
+    state_->outstanding = 0;
+  }
+
+ private:
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::pair<int, ::grpc::Status>> answers;
+    std::size_t outstanding = 0;
+  };
+  std::shared_ptr<Shared> state_ = std::make_shared<Shared>();
+  std::array<std::unique_ptr<::grpc::ClientContext>, kSlots> contexts_;
+  std::array<std::chrono::system_clock::time_point, kSlots> deadlines_{};
+  std::array<bool, kSlots> flying_{};
+};
+
+}  // namespace
+
+CallResult Client::run_concurrent(const CallSpec& spec, const StartAttempt& start_attempt,
+                                  int& winner) {
+  Impl& impl = *impl_;
+  Clock& clock = impl.options.clock != nullptr ? *impl.options.clock : steady_clock();
+  CallResult result;
+  winner = -1;
+  if (!impl.begin(spec, result)) return result;
+  std::shared_ptr<CircuitBreaker> breaker;  // held for the whole call
+  const CallOptions call = impl.call_options(spec, result, clock, breaker);
+  RetryState state(impl.policy, call);
+  HedgeState hedge(impl.hedge ? &*impl.hedge : nullptr, impl.policy, call, state);
+  Round round;
+  bool attempted = false;
+  {
+    RetryScope scope;
+    const auto launch = [&](int slot, const AttemptInfo& info) {
+      ::grpc::ClientContext& context = round.fresh(slot);
+      impl.prepare(context, spec, result.idempotency_key, info, state, clock, round.deadline(slot));
+      start_attempt(slot, context, round.done(slot));
+      attempted = true;
+    };
+    for (AttemptStart start = state.start_attempt(); start.proceed; start = state.start_attempt()) {
+      const Duration delay =
+          impl.hedge ? impl.hedge->delay(nullptr, clock.now()) : Duration::zero();
+      launch(0, hedge.begin_round(start.attempt, delay));
+      std::optional<HedgeVerdict> verdict;
+      while (!verdict) {
+        const std::optional<TimePoint> due = hedge.next_hedge_at();
+        if (due && clock.now() >= *due) {
+          const HedgeStart h = hedge.start_hedge();
+          if (h.proceed) launch(h.index, h.attempt);
+          continue;
+        }
+        auto answer = round.next(clock, due);
+        if (!answer) continue;  // a hedge is due
+        std::string pushback;
+        const Outcome outcome = impl.classify(answer->second, round.context(answer->first),
+                                              round.deadline(answer->first), pushback);
+        const HedgeVerdict v = hedge.finish(answer->first, outcome);
+        if (!v.done) continue;  // another attempt of the round is still in flight
+        verdict = v;
+        winner = answer->first;
+        result.status = std::move(answer->second);
+        result.outcome = outcome;
+        result.pushback = std::move(pushback);
+      }
+      round.cancel_rest(hedge);  // the attempts still in flight lost
+      if (!verdict->decision.retry) break;
+      winner = -1;
+      impl.wait_between_attempts(clock, verdict->decision.delay);
+    }
+  }
+  impl.end(state, hedge.sent(), attempted, result);
   return result;
 }
 

@@ -42,9 +42,11 @@
 #include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/status.h>
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,6 +56,7 @@
 #include "keel/budget.hpp"
 #include "keel/classify.hpp"
 #include "keel/clock.hpp"
+#include "keel/hedge.hpp"
 #include "keel/random.hpp"
 #include "keel/retry.hpp"
 
@@ -111,6 +114,14 @@ struct ClientOptions {
   /// Whether every attempt of a call with a finite deadline carries keel-deadline-ms.
   /// Default true.
   bool propagate_deadline = true;
+  /// Hedged calls (keel/hedge.hpp, docs/hedging.md), for calls made through a stub's callback
+  /// method (the call() overload taking &Service::Stub::async::Method): when an attempt of a call
+  /// that is safe to repeat (idempotent, or carrying its key) is still in flight after
+  /// hedge->delay, another is sent with the same key, up to max_hedges at once; the first answer
+  /// that ends the round wins and the others are cancelled (TryCancel). Every hedge draws on the
+  /// retry budget and passes the breaker. Throws std::invalid_argument when invalid. Default
+  /// none.
+  std::optional<HedgeOptions> hedge;
   /// Receives the one line logged when a call gives up (keel::format_give_up). Must be safe to
   /// call from any thread. Default: the line is written to stderr.
   std::function<void(std::string_view)> log;
@@ -193,8 +204,39 @@ class Client {
     });
   }
 
+  /// The same over a stub's callback method (&Service::Stub::async::Method, on
+  /// *stub->async()): still blocking the calling thread, but its attempts run on gRPC's
+  /// threads, so a call hedges when options().hedge is set. `response` holds the winning
+  /// attempt's answer.
+  template <class Async, class Request, class Response>
+  CallResult call(Async& async,
+                  void (Async::*method)(::grpc::ClientContext*, const Request*, Response*,
+                                        std::function<void(::grpc::Status)>),
+                  const Request& request, Response* response, const CallSpec& spec = {}) {
+    std::array<Response, HedgePolicy::kMaxHedges + 1> replies;
+    int winner = -1;
+    CallResult result = run_concurrent(
+        spec,
+        [&](int slot, ::grpc::ClientContext& context, std::function<void(::grpc::Status)> done) {
+          Response& reply = replies[static_cast<std::size_t>(slot)];
+          reply.Clear();
+          (async.*method)(&context, &request, &reply, std::move(done));
+        },
+        winner);
+    if (winner >= 0) *response = std::move(replies[static_cast<std::size_t>(winner)]);
+    return result;
+  }
+
   /// The same loop over any unary attempt (a generic stub, a hand-written call).
   CallResult run(const CallSpec& spec, const Attempt& attempt);
+
+  /// Starts attempt `slot` (0 to HedgePolicy::kMaxHedges) on `context` without waiting; gRPC
+  /// calls `done` with its status once, from any thread.
+  using StartAttempt = std::function<void(int slot, ::grpc::ClientContext& context,
+                                          std::function<void(::grpc::Status)> done)>;
+  /// The loop over attempts that run on gRPC's threads, hedged when options().hedge is set;
+  /// `winner` is the slot whose answer is the result (-1 when none).
+  CallResult run_concurrent(const CallSpec& spec, const StartAttempt& start, int& winner);
 
  private:
   struct Impl;

@@ -445,6 +445,98 @@ TEST_F(GrpcClient, ACallInsideAKeelRetryLoopMakesOneAttempt) {
   EXPECT_EQ(server.service().count(), 3U);
 }
 
+// Hedging, through the stub's callback method: attempts run on gRPC's threads.
+CallResult charge_async(Client& client, keel::test::ChargeReply* reply, const CallSpec& spec = {}) {
+  auto stub = keel::test::Payments::NewStub(client.channel());
+  keel::test::ChargeRequest request;
+  request.set_account("acct_1");
+  request.set_amount_cents(500);
+  return client.call(*stub->async(), &keel::test::Payments::Stub::async::Charge, request, reply,
+                     spec);
+}
+
+ClientOptions hedged(const PaymentsServer& server, keel::Duration delay) {
+  ClientOptions o = options_for(server, nullptr);
+  o.hedge = keel::HedgeOptions{.delay = delay, .max_hedges = 1};
+  return o;
+}
+
+TEST_F(GrpcClient, AHedgeIsSentAfterTheDelayAndTheFirstAnswerWins) {
+  ASSERT_TRUE(server.started());
+  server.service().script({{.code = StatusCode::OK, .trailers = {}, .delay = 3000ms}});
+  Client client(hedged(server, 50ms));
+  keel::test::ChargeReply reply;
+  const auto began = std::chrono::steady_clock::now();
+  const CallResult r = charge_async(client, &reply);
+  EXPECT_LT(std::chrono::steady_clock::now() - began, 2000ms);  // not the slow attempt's 3 s
+  EXPECT_TRUE(r.ok()) << r.status.error_message();
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_EQ(reply.arrival(), 2);  // the hedge's answer
+  // The slow attempt lost and was cancelled: the server sees it end.
+  EXPECT_TRUE(server.service().wait_for_cancelled(1, 3000ms));
+  const std::vector<keel::test::Arrival> all = server.service().arrivals();
+  ASSERT_EQ(all.size(), 2U);
+  EXPECT_EQ(metadata(all[0], "idempotency-key"), r.idempotency_key);
+  EXPECT_EQ(metadata(all[1], "idempotency-key"), r.idempotency_key);
+  EXPECT_EQ(metadata(all[1], "grpc-previous-rpc-attempts"), "1");
+}
+
+TEST_F(GrpcClient, AHedgeTheBudgetRefusesIsNotSentAndTheCallWaits) {
+  ASSERT_TRUE(server.started());
+  server.service().script({{.code = StatusCode::OK, .trailers = {}, .delay = 300ms}});
+  keel::TokenBucketBudget budget({.capacity = 5, .retry_cost = 10});
+  ClientOptions o = hedged(server, 20ms);
+  o.brakes.budget = &budget;
+  Client client(o);
+  keel::test::ChargeReply reply;
+  const auto began = std::chrono::steady_clock::now();
+  const CallResult r = charge_async(client, &reply);
+  EXPECT_GE(std::chrono::steady_clock::now() - began, 300ms);
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_EQ(server.service().count(), 1U);
+}
+
+TEST_F(GrpcClient, ACallThatIsNotSafeToRepeatIsNotHedged) {
+  ASSERT_TRUE(server.started());
+  server.service().script({{.code = StatusCode::OK, .trailers = {}, .delay = 300ms}});
+  Client client(hedged(server, 20ms));
+  keel::test::ChargeReply reply;
+  const CallResult r = charge_async(client, &reply, {.send_idempotency_key = false});
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_EQ(server.service().count(), 1U);
+}
+
+// Both attempts of a round fail: the round ends when the last one answers, and the engine
+// retries it as one failed attempt.
+TEST_F(GrpcClient, ARoundWhoseAttemptsAllFailIsRetriedAsOne) {
+  ASSERT_TRUE(server.started());
+  server.service().script({{.code = StatusCode::UNAVAILABLE, .trailers = {}, .delay = 200ms},
+                           {.code = StatusCode::UNAVAILABLE, .trailers = {}, .delay = 0ms}});
+  ClientOptions o = hedged(server, 20ms);
+  o.retry.backoff = {.base = 1ms, .cap = 5ms};
+  Client client(o);
+  keel::test::ChargeReply reply;
+  const CallResult r = charge_async(client, &reply);
+  EXPECT_TRUE(r.ok()) << r.status.error_message();
+  EXPECT_GE(r.attempts, 3);  // the first round's two, then the second round's first
+  EXPECT_EQ(reply.arrival(), static_cast<int>(server.service().count()));
+}
+
+TEST_F(GrpcClient, WithoutAHedgePolicyTheCallbackPathRetriesAsTheBlockingOne) {
+  ASSERT_TRUE(server.started());
+  const ScriptedAnswer down{.code = StatusCode::UNAVAILABLE, .trailers = {}, .delay = 0ms};
+  server.service().script({down, down});
+  Client client(options_for(server, &clock));
+  keel::test::ChargeReply reply;
+  const CallResult r = charge_async(client, &reply);
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.attempts, 3);
+  EXPECT_EQ(reply.arrival(), 3);
+  EXPECT_GT(clock.slept(), keel::Duration::zero());  // core's backoff, on the call's clock
+}
+
 // The server process is killed while it holds the call and a successor listens on the same port
 // after an outage of some length: the retries reach the successor (the waits between attempts
 // let the channel reconnect), with the same key and the count of the attempts before.

@@ -79,6 +79,11 @@ class ScriptedPayments final : public keel::test::Payments::Service {
     while (std::chrono::steady_clock::now() < until && !context->IsCancelled()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
+    if (context->IsCancelled()) {
+      std::lock_guard lock(mu_);
+      ++cancelled_;
+      arrived_.notify_all();
+    }
     for (const auto& [k, v] : answer.trailers) context->AddTrailingMetadata(k, v);
     if (answer.code != ::grpc::StatusCode::OK) return {answer.code, "scripted"};
     reply->set_charge_id("ch_" + std::to_string(arrival));
@@ -100,6 +105,15 @@ class ScriptedPayments final : public keel::test::Payments::Service {
     std::lock_guard lock(mu_);
     return arrivals_.size();
   }
+  /// Calls the client cancelled (or whose deadline passed) while they were answered.
+  [[nodiscard]] int cancelled() const {
+    std::lock_guard lock(mu_);
+    return cancelled_;
+  }
+  bool wait_for_cancelled(int n, std::chrono::milliseconds limit) {
+    std::unique_lock lock(mu_);
+    return arrived_.wait_for(lock, limit, [&] { return cancelled_ >= n; });
+  }
   /// Waits (real time, bounded) until n calls have arrived.
   bool wait_for_arrivals(std::size_t n, std::chrono::milliseconds limit) {
     std::unique_lock lock(mu_);
@@ -113,6 +127,7 @@ class ScriptedPayments final : public keel::test::Payments::Service {
   ScriptedAnswer otherwise_;
   std::vector<Arrival> arrivals_;
   std::function<void(const Arrival&)> on_arrival_;
+  int cancelled_ = 0;
 };
 
 /// The service on 127.0.0.1 (port 0: any free port), stopped on destruction.
