@@ -46,6 +46,8 @@ keel_third_party(PkgConfig::KEEL_IDN2 PKG_CONFIG libidn2 PC libidn2 DEB libidn2-
 # cpp-httplib: Debian's library, through pkg-config (cmake/KeelHttplib.cmake).
 keel_third_party(PkgConfig::KEEL_HTTPLIB PKG_CONFIG cpp-httplib PC cpp-httplib
                  DEB libcpp-httplib-dev)
+# gRPC C++ (keel::grpc, the install component grpc); its package finds protobuf and Abseil.
+keel_third_party(gRPC::grpc++ FIND gRPC CONFIG PC grpc++ DEB libgrpc++-dev)
 
 # _keel_links(<target> <keel var> <third-party var>): what the installed <target> links, as its
 # export writes it: the keel targets (installed ones) and the third-party targets, each entry

@@ -2,7 +2,8 @@
 # install component in COMPONENTS), then configure, build and run tests/package/CONSUMER
 # (default: consumer) against it with find_package(keel). The installed headers must be public
 # ones only (check_headers.cmake). With NO_FAULTS, it first checks that
-# the install holds nothing of keel::faults (no header, library or export file) and no keel-demo.
+# the install holds nothing of keel::faults or keel::grpc (no header, library or export file) and
+# no keel-demo.
 if(NOT CONSUMER)
   set(CONSUMER consumer)
 endif()
@@ -27,6 +28,12 @@ if(NO_FAULTS)
   if(EXISTS ${WORK}/prefix/include/keel/faults OR faults_files)
     message(FATAL_ERROR "the default install has keel::faults: include/keel/faults or "
                         "${faults_files}")
+  endif()
+  file(GLOB_RECURSE grpc_files RELATIVE ${WORK}/prefix ${WORK}/prefix/*keel_grpc*
+       ${WORK}/prefix/*keel-grpc*)
+  if(EXISTS ${WORK}/prefix/include/keel/grpc OR grpc_files)
+    message(FATAL_ERROR "the default install has keel::grpc (the install component grpc): "
+                        "include/keel/grpc or ${grpc_files}")
   endif()
   if(EXISTS ${WORK}/prefix/bin/keel-demo)
     message(FATAL_ERROR "the default install has keel-demo (the install component demo)")
