@@ -20,6 +20,7 @@
 #include "keel/grpc_status.hpp"
 #include "keel/hedge.hpp"
 #include "keel/idempotency_key.hpp"
+#include "keel/text.hpp"
 
 namespace keel::grpc {
 namespace {
@@ -73,6 +74,31 @@ std::optional<std::string> single_trailer(const ::grpc::ClientContext& context,
     value = v;
   }
   return value;
+}
+
+// What is wrong with the caller's metadata, if anything: a name gRPC refuses (empty, upper case,
+// not [0-9a-z_.-]), a value it refuses (outside printable ASCII, unless the name ends in -bin),
+// or a name keel sets itself.
+std::optional<std::string> metadata_problem(
+    const std::vector<std::pair<std::string, std::string>>& metadata) {
+  for (const auto& [name, value] : metadata) {
+    const std::string quoted = "'" + storable_text(name, 64) + "'";
+    if (name.empty() ||
+        !grpc_header_key_is_legal(grpc_slice_from_static_buffer(name.data(), name.size()))) {
+      return "metadata name " + quoted + " is not a legal gRPC name (lower case [0-9a-z_.-])";
+    }
+    if (name == kIdempotencyKeyMetadata || name == kPreviousAttemptsMetadata ||
+        name == kDeadlineMetadata) {
+      return "metadata name " + quoted + " is set by keel (use CallSpec's fields)";
+    }
+    const grpc_slice v = grpc_slice_from_static_buffer(value.data(), value.size());
+    if (!grpc_is_binary_header(grpc_slice_from_static_buffer(name.data(), name.size())) &&
+        !grpc_header_nonbin_value_is_legal(v)) {
+      return "metadata value of " + quoted +
+             " is not printable ASCII (name it with -bin to send bytes)";
+    }
+  }
+  return std::nullopt;
 }
 
 ::grpc::Status not_attempted_status(StopReason reason) {
@@ -236,6 +262,13 @@ bool Client::Impl::begin(const CallSpec& spec, CallResult& result) {
                    .field = "prior_attempts",
                    .problem = "must be >= 0",
                    .got = std::to_string(spec.prior_attempts)});
+  }
+  if (const std::optional<std::string> problem = metadata_problem(spec.metadata)) {
+    // Refused before any attempt: gRPC would abort the process over it (an API misuse).
+    result.outcome = Outcome::permanent();
+    result.reason = StopReason::kPermanent;
+    result.status = {::grpc::StatusCode::INVALID_ARGUMENT, "keel::grpc::CallSpec: " + *problem};
+    return false;
   }
   if (spec.idempotent || !spec.send_idempotency_key) return true;
   if (spec.idempotency_key.empty()) {

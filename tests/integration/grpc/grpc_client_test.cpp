@@ -199,6 +199,43 @@ TEST_F(GrpcClient, AnInvalidKeyIsRefusedBeforeAnythingIsSent) {
   EXPECT_EQ(server.service().count(), 0U);
 }
 
+// Metadata gRPC's own client would abort the process over (an API misuse), and names keel sets
+// itself: refused before anything is sent. A -bin name carries any bytes.
+TEST_F(GrpcClient, MetadataGrpcWouldRefuseIsRefusedBeforeAnythingIsSent) {
+  ASSERT_TRUE(server.started());
+  Client client(options_for(server, &clock));
+  using Metadata = std::vector<std::pair<std::string, std::string>>;
+  for (const Metadata& md : std::vector<Metadata>{
+           {{"X-Tenant", "t1"}},
+           {{"", "empty name"}},
+           {{"\xd0\xba\xd0\xbb", "non-ascii name"}},
+           {{"x tenant", "space in the name"}},
+           {{"x-tenant", "\xd0\xba\xd0\xbb\xd1\x8e\xd1\x87"}},
+           {{"x-tenant", "line\nbreak"}},
+           {{"x-tenant", std::string("nul\0byte", 8)}},
+           {{"idempotency-key", "mine"}},
+           {{"grpc-previous-rpc-attempts", "7"}},
+           {{"keel-deadline-ms", "5"}},
+       }) {
+    SCOPED_TRACE(md.front().first);
+    keel::test::ChargeReply reply;
+    const CallResult r = charge(client, &reply, {.metadata = md});
+    EXPECT_EQ(r.attempts, 0);
+    EXPECT_EQ(r.reason, StopReason::kPermanent);
+    EXPECT_EQ(r.status.error_code(), StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(r.status.error_message().find("metadata"), std::string::npos)
+        << r.status.error_message();
+  }
+  EXPECT_EQ(server.service().count(), 0U);
+  keel::test::ChargeReply reply;
+  const CallResult bin =
+      charge(client, &reply, {.metadata = {{"x-trace-bin", std::string("\x00\xff\x10", 3)}}});
+  EXPECT_TRUE(bin.ok()) << bin.status.error_message();
+  ASSERT_EQ(server.service().count(), 1U);
+  EXPECT_EQ(metadata(server.service().arrivals()[0], "x-trace-bin"),
+            std::string("\x00\xff\x10", 3));
+}
+
 // A pushback is the wait before the next attempt, capped by retry_after_cap, whatever keel's own
 // backoff would have been. gRPC reads the trailer itself and hands on its own reading: a sign or
 // spaces around the digits are dropped, the last of two values is kept, and a value too large
