@@ -157,7 +157,8 @@ struct Client::Impl {
   void prepare(::grpc::ClientContext& context, const CallSpec& spec, const std::string& key,
                const AttemptInfo& attempt, const RetryState& state, Clock& clock,
                std::chrono::system_clock::time_point& attempt_deadline) const {
-    if (attempt.timeout != kInfinite) {
+    // A timeout beyond a century is none: now + it would not fit gRPC's clock.
+    if (attempt.timeout < std::chrono::hours(24 * 365 * 100)) {
       attempt_deadline =
           std::chrono::system_clock::now() +
           std::chrono::duration_cast<std::chrono::system_clock::duration>(attempt.timeout);
