@@ -39,11 +39,11 @@
 #include <thread>
 #include <utility>
 
-#include "keel/store/beast/idempotent_handler.hpp"
-#include "keel/store/beast/server.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/db/transaction.hpp"
-#include "keel/store/idempotency/idempotency.hpp"
+#include "keel/db/database.hpp"
+#include "keel/db/transaction.hpp"
+#include "keel/idempotency/idempotency.hpp"
+#include "keel/serve/beast/idempotent_handler.hpp"
+#include "keel/serve/beast/server.hpp"
 
 namespace {
 

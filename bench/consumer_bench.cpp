@@ -15,9 +15,9 @@
 #include <memory>
 #include <string>
 
-#include "keel/store/db/database.hpp"
-#include "keel/store/db/transaction.hpp"
-#include "keel/store/queue/processed_messages.hpp"
+#include "keel/consumers/processed_messages.hpp"
+#include "keel/db/database.hpp"
+#include "keel/db/transaction.hpp"
 
 namespace {
 

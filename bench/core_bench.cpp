@@ -10,7 +10,7 @@
 #include <chrono>
 
 #include "alloc_counter.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/retry.hpp"
 
 namespace {
 

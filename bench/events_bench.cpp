@@ -11,8 +11,8 @@
 #include <memory>
 
 #include "alloc_counter.hpp"
-#include "keel/events.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/events.hpp"
+#include "keel/core/retry.hpp"
 
 namespace {
 

@@ -30,8 +30,8 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/backoff.hpp"
-#include "keel/random.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/random.hpp"
 
 namespace {
 

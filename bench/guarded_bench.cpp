@@ -15,9 +15,9 @@
 #include <cstdint>
 
 #include "alloc_counter.hpp"
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/retry.hpp"
 
 namespace {
 

@@ -17,8 +17,8 @@
 #include <string>
 
 #include "keel/asio/http_client.hpp"
+#include "keel/core/hedge.hpp"
 #include "keel/faults/fault_server.hpp"
-#include "keel/hedge.hpp"
 #include "keel/http/client.hpp"
 #include "loopback_upstream.hpp"
 

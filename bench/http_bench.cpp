@@ -41,7 +41,7 @@
 #include <string>
 
 #include "alloc_counter.hpp"
-#include "keel/deadline_header.hpp"
+#include "keel/core/deadline_header.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
 #include "loopback_upstream.hpp"

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "keel/latency.hpp"
+#include "keel/core/latency.hpp"
 
 namespace {
 

@@ -14,9 +14,9 @@
 #include <chrono>
 #include <cstdint>
 
-#include "keel/concurrency_limit.hpp"
-#include "keel/random.hpp"
-#include "keel/rate_limit.hpp"
+#include "keel/core/concurrency_limit.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/rate_limit.hpp"
 
 namespace {
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/store/db/database.hpp"
+#include "keel/db/database.hpp"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #   src/db/              keel::store_db           connections, URLs, pool, transactions,
 #                                                 migrations and each backend's SQL dialect
 #
-# The public headers stay under include/keel/store/<room>/ and the namespace is keel::store.
+# The public headers are include/keel/<room>/ (as src/<room>/); the namespace is keel::store.
 # keel::store is the umbrella of db, json, queue, consumers, idempotency and fleet. Private
 # headers live in each room's detail/ and are included from src/ ("db/detail/commit.hpp"): a
 # target includes its own and those of the targets it links, never a sibling's or a higher one's.

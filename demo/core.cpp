@@ -7,8 +7,8 @@
 
 #include "commands.hpp"
 #include "flag_options.hpp"
-#include "keel/duration.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/retry.hpp"
 
 namespace keel::cli {
 

@@ -2,7 +2,7 @@
 // idempotency flow on SQLite or PostgreSQL, GET /v1/charges[/{id}], /healthz, /metrics) on
 // keel::store::beast::Server, behind this command's flags.
 // --rate-limit answers 429 + Retry-After per principal; --max-concurrency sheds retries first
-// (503 + Retry-After, keel/admission.hpp); the --chaos-* flags inject the failures that make
+// (503 + Retry-After, keel/core/admission.hpp); the --chaos-* flags inject the failures that make
 // clients retry (503s, delays, hangs, and "commit then drop the response"). --max-connections and
 // the --*-timeout flags are the server's limits (keel::store::beast::ServerOptions).
 // Stops cleanly on SIGTERM, SIGINT and SIGHUP: the listener closes, in-flight requests finish
@@ -28,15 +28,15 @@
 #include <utility>
 
 #include "commands.hpp"
-#include "keel/admission.hpp"
-#include "keel/backoff.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/admission.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/principal_rate_limiter.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry_after.hpp"
 #include "keel/faults/chaos.hpp"
 #include "keel/metrics/metrics.hpp"
-#include "keel/principal_rate_limiter.hpp"
-#include "keel/random.hpp"
-#include "keel/retry_after.hpp"
-#include "keel/store/beast/server.hpp"
+#include "keel/serve/beast/server.hpp"
 #include "payments_api.hpp"
 #include "stop_signals.hpp"
 
@@ -122,7 +122,7 @@ struct Guards {
   std::optional<AdmissionLimiter> admission;
 };
 
-// Limits, framing checks and deadlines per request are the server's (keel/store/beast/
+// Limits, framing checks and deadlines per request are the server's (keel/serve/beast/
 // server.hpp). The order of the checks every /v1 request meets next, decided here, on the event
 // loop: a deadline that passed before the request arrived (400, before it can spend a
 // rate-limit token or an admission slot: it is not retryable, a 429 would be); then the rate

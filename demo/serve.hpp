@@ -9,8 +9,8 @@
 #include <optional>
 #include <string>
 
-#include "keel/duration.hpp"
-#include "keel/store/db/database.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/db/database.hpp"
 
 namespace keel::cli::serve_cli {
 

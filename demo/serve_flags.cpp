@@ -7,7 +7,7 @@
 
 #include "commands.hpp"
 #include "flag_options.hpp"
-#include "keel/store/db/database.hpp"
+#include "keel/db/database.hpp"
 #include "rate_flag.hpp"
 #include "serve.hpp"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "commands.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "stop_signals.hpp"
 

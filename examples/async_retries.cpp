@@ -17,7 +17,7 @@
 #include <exception>
 #include <keel/asio/http_client.hpp>
 #include <keel/asio/retry.hpp>
-#include <keel/duration.hpp>
+#include <keel/core/duration.hpp>
 #include <keel/faults/fault_server.hpp>
 
 using namespace std::chrono_literals;

@@ -12,9 +12,9 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <keel/store/db/database.hpp>
-#include <keel/store/queue/queue.hpp>
-#include <keel/store/queue/queue_worker.hpp>
+#include <keel/db/database.hpp>
+#include <keel/queue/queue.hpp>
+#include <keel/queue/queue_worker.hpp>
 #include <string>
 
 namespace store = keel::store;

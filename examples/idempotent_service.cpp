@@ -13,11 +13,11 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <keel/db/database.hpp>
+#include <keel/db/row_cursor.hpp>
 #include <keel/http/client.hpp>
-#include <keel/store/db/database.hpp>
-#include <keel/store/db/row_cursor.hpp>
-#include <keel/store/idempotency/idempotency.hpp>
-#include <keel/store/server/idempotency_middleware.hpp>
+#include <keel/idempotency/idempotency.hpp>
+#include <keel/serve/httplib/idempotency_middleware.hpp>
 #include <memory>
 #include <string>
 #include <thread>

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "keel/events.hpp"
-#include "keel/health.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/events.hpp"
+#include "keel/core/health.hpp"
+#include "keel/core/retry.hpp"
 
 using namespace std::chrono_literals;
 

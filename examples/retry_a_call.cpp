@@ -1,8 +1,8 @@
 // Retrying a call with keel::core: full jitter, a deadline, Retry-After honoured, and one log
 // line when it gives up. The "dependency" here is a function that fails twice, then succeeds.
 #include <cstdio>
-#include <keel/duration.hpp>
-#include <keel/retry.hpp>
+#include <keel/core/duration.hpp>
+#include <keel/core/retry.hpp>
 
 int main() {
   using namespace std::chrono_literals;

@@ -15,10 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <keel/duration.hpp>
-#include <keel/store/db/database.hpp>
-#include <keel/store/db/row_cursor.hpp>
-#include <keel/store/db/transaction.hpp>
+#include <keel/core/duration.hpp>
+#include <keel/db/database.hpp>
+#include <keel/db/row_cursor.hpp>
+#include <keel/db/transaction.hpp>
 #include <string>
 
 namespace store = keel::store;

@@ -25,9 +25,9 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <keel/store/db/database.hpp>
-#include <keel/store/db/row_cursor.hpp>
-#include <keel/store/queue/processed_messages.hpp>
+#include <keel/consumers/processed_messages.hpp>
+#include <keel/db/database.hpp>
+#include <keel/db/row_cursor.hpp>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>

@@ -2,7 +2,7 @@
 // redacted form that never shows a password given in the text; a refused one says why.
 #include <cstdint>
 #include <cstdlib>
-#include <keel/store/db/database.hpp>
+#include <keel/db/database.hpp>
 #include <string>
 #include <string_view>
 

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <keel/deadline_header.hpp>
+#include <keel/core/deadline_header.hpp>
 #include <string_view>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

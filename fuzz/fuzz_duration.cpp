@@ -2,7 +2,7 @@
 // formatted form parses back to the same value when it is exact.
 #include <cstdint>
 #include <cstdlib>
-#include <keel/duration.hpp>
+#include <keel/core/duration.hpp>
 #include <string_view>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -5,8 +5,8 @@
 // canonical form, and reads the same quoted; a refused one says why.
 #include <cstdint>
 #include <cstdlib>
-#include <keel/idempotency_key.hpp>
-#include <keel/store/idempotency/idempotency.hpp>
+#include <keel/core/idempotency_key.hpp>
+#include <keel/idempotency/idempotency.hpp>
 #include <string>
 #include <string_view>
 

@@ -3,7 +3,7 @@
 // form is itself valid and canonical (a fixed point), so fingerprints are stable.
 #include <cstdint>
 #include <cstdlib>
-#include <keel/store/json/json_check.hpp>
+#include <keel/json/json_check.hpp>
 #include <string_view>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

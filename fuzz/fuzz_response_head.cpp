@@ -5,8 +5,8 @@
 // Retry-After delay is never negative.
 #include <cstdint>
 #include <cstdlib>
+#include <keel/core/retry_after.hpp>
 #include <keel/http/message.hpp>
-#include <keel/retry_after.hpp>
 #include <string_view>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

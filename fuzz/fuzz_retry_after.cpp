@@ -2,7 +2,7 @@
 // the contract (non-negative delay; dates round-trip through format_http_date).
 #include <cstdint>
 #include <cstdlib>
-#include <keel/retry_after.hpp>
+#include <keel/core/retry_after.hpp>
 #include <string_view>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -4,7 +4,7 @@
 // changes nothing). The first two bytes choose the limit, the third which end is kept.
 #include <cstdint>
 #include <cstdlib>
-#include <keel/text.hpp>
+#include <keel/core/text.hpp>
 #include <string>
 #include <string_view>
 

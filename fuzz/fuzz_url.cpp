@@ -5,8 +5,8 @@
 // always says why.
 #include <cstdint>
 #include <cstdlib>
+#include <keel/core/text.hpp>
 #include <keel/http/url.hpp>
-#include <keel/text.hpp>
 #include <string>
 #include <string_view>
 

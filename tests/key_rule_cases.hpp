@@ -1,4 +1,4 @@
-// The idempotency key rule's cases (keel/idempotency_key.hpp), one table for every test that
+// The idempotency key rule's cases (keel/core/idempotency_key.hpp), one table for every test that
 // checks a place applying the rule: the core function (tests/unit/idempotency_key_test.cpp) and
 // the queue, the clients and the receiver side by side (tests/integration/key_rule_test.cpp).
 #pragma once
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/idempotency_key.hpp"
+#include "keel/core/idempotency_key.hpp"
 
 namespace keel::test {
 

@@ -17,7 +17,7 @@
 
 #include "keel/grpc/client.hpp"
 #include "keel/grpc/server.hpp"
-#include "keel/store/idempotency/idempotency.hpp"
+#include "keel/idempotency/idempotency.hpp"
 #include "payments.grpc.pb.h"
 
 using namespace std::chrono_literals;

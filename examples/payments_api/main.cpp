@@ -11,10 +11,10 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <keel/db/database.hpp>
 #include <keel/http/client.hpp>
-#include <keel/store/beast/server.hpp>
-#include <keel/store/db/database.hpp>
-#include <keel/store/idempotency/idempotency.hpp>
+#include <keel/idempotency/idempotency.hpp>
+#include <keel/serve/beast/server.hpp>
 #include <memory>
 #include <stdexcept>
 #include <string>

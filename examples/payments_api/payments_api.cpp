@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "keel/random.hpp"
-#include "keel/retry_after.hpp"
-#include "keel/store/db/row_cursor.hpp"
-#include "keel/store/db/transaction.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry_after.hpp"
+#include "keel/db/row_cursor.hpp"
+#include "keel/db/transaction.hpp"
 
 namespace payments {
 

@@ -1,6 +1,6 @@
 // The payments API of `keel-demo serve` and of examples/payments_api/main.cpp: a small service that
 // shows the receiver's half of safe retries, on keel::store::beast::Server
-// (keel/store/beast/server.hpp). POST /v1/charges goes through the idempotency flow
+// (keel/serve/beast/server.hpp). POST /v1/charges goes through the idempotency flow
 // (keel::store::beast::IdempotentHandler) on SQLite or PostgreSQL; GET /v1/charges/{id},
 // GET /v1/charges?customer=ID, /healthz and /metrics. The routes that touch the database run on
 // the server's worker threads; the refusals (the caller's own check, admission) on its event
@@ -42,14 +42,14 @@
 #include <string_view>
 #include <utility>
 
-#include "keel/admission.hpp"
-#include "keel/expected.hpp"
-#include "keel/store/beast/health_check.hpp"
-#include "keel/store/beast/idempotent_handler.hpp"
-#include "keel/store/beast/server.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/idempotency/idempotency.hpp"
-#include "keel/store/json/json_check.hpp"
+#include "keel/core/admission.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/db/database.hpp"
+#include "keel/idempotency/idempotency.hpp"
+#include "keel/json/json_check.hpp"
+#include "keel/serve/beast/health_check.hpp"
+#include "keel/serve/beast/idempotent_handler.hpp"
+#include "keel/serve/beast/server.hpp"
 
 namespace payments {
 

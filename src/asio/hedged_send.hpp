@@ -30,7 +30,7 @@
 #include <utility>
 
 #include "keel/asio/retry.hpp"
-#include "keel/hedge.hpp"
+#include "keel/core/hedge.hpp"
 #include "keel/http/detail/attempt.hpp"
 
 namespace keel::asio::detail {

@@ -11,7 +11,7 @@
 #include "curl_multi.hpp"
 #include "hedged_send.hpp"
 #include "keel/asio/retry.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 #include "keel/http/detail/attempt.hpp"
 #include "keel/http/detail/fallback.hpp"
 

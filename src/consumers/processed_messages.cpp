@@ -1,7 +1,7 @@
-// Processed-message records (keel/store/queue/processed_messages.hpp): the table, the claim that
+// Processed-message records (keel/consumers/processed_messages.hpp): the table, the claim that
 // runs first in the effect's transaction, and retention. Ids travel as hex text on both backends:
 // PostgreSQL decodes them into bytea, SQLite stores the hex itself.
-#include "keel/store/queue/processed_messages.hpp"
+#include "keel/consumers/processed_messages.hpp"
 
 #include <chrono>
 #include <iterator>
@@ -10,9 +10,9 @@
 #include <utility>
 
 #include "db/detail/commit.hpp"
-#include "keel/duration.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/text.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/text.hpp"
+#include "keel/db/dialect.hpp"
 
 namespace keel::store {
 

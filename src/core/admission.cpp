@@ -1,4 +1,4 @@
-#include "keel/admission.hpp"
+#include "keel/core/admission.hpp"
 
 #include <algorithm>
 #include <charconv>

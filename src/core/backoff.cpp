@@ -1,4 +1,4 @@
-#include "keel/backoff.hpp"
+#include "keel/core/backoff.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "detail/invalid.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel {
 

@@ -1,4 +1,4 @@
-#include "keel/breaker.hpp"
+#include "keel/core/breaker.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "detail/invalid.hpp"
 #include "detail/stripe.hpp"
 #include "detail/time_window.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel {
 

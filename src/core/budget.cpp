@@ -1,4 +1,4 @@
-#include "keel/budget.hpp"
+#include "keel/core/budget.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "detail/invalid.hpp"
 #include "detail/time_window.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel {
 

@@ -1,4 +1,4 @@
-#include "keel/classify.hpp"
+#include "keel/core/classify.hpp"
 
 #include <cerrno>
 #include <stdexcept>
@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "detail/invalid.hpp"
-#include "keel/duration.hpp"
-#include "keel/grpc_status.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/grpc_status.hpp"
 
 namespace keel {
 

@@ -1,4 +1,4 @@
-#include "keel/clock.hpp"
+#include "keel/core/clock.hpp"
 
 #include <ctime>
 #include <thread>

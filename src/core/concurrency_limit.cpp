@@ -1,4 +1,4 @@
-#include "keel/concurrency_limit.hpp"
+#include "keel/core/concurrency_limit.hpp"
 
 #include <cmath>
 #include <map>
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "detail/invalid.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel {
 namespace {

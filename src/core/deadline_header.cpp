@@ -1,5 +1,6 @@
-// Keel-Deadline-Ms: the strict parser and the sender's formatting (see keel/deadline_header.hpp).
-#include "keel/deadline_header.hpp"
+// Keel-Deadline-Ms: the strict parser and the sender's formatting (see
+// keel/core/deadline_header.hpp).
+#include "keel/core/deadline_header.hpp"
 
 #include <cstdint>
 

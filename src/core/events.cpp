@@ -1,8 +1,8 @@
-#include "keel/events.hpp"
+#include "keel/core/events.hpp"
 
 #include <utility>
 
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel {
 

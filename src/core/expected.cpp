@@ -1,4 +1,4 @@
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 
 #include <cstdio>
 #include <stdexcept>

@@ -1,5 +1,5 @@
-// The fallback rule (see keel/fallback.hpp).
-#include "keel/fallback.hpp"
+// The fallback rule (see keel/core/fallback.hpp).
+#include "keel/core/fallback.hpp"
 
 namespace keel {
 

@@ -1,5 +1,5 @@
-// gRPC's status codes in keel's taxonomy and the pushback header (keel/grpc_status.hpp).
-#include "keel/grpc_status.hpp"
+// gRPC's status codes in keel's taxonomy and the pushback header (keel/core/grpc_status.hpp).
+#include "keel/core/grpc_status.hpp"
 
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-#include "keel/health.hpp"
+#include "keel/core/health.hpp"
 
 #include <algorithm>
 

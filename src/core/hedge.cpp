@@ -1,9 +1,9 @@
-#include "keel/hedge.hpp"
+#include "keel/core/hedge.hpp"
 
 #include <string>
 
 #include "detail/invalid.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel {
 

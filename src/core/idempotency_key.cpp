@@ -1,5 +1,5 @@
-// The idempotency key rule and its canonical form (see include/keel/idempotency_key.hpp).
-#include "keel/idempotency_key.hpp"
+// The idempotency key rule and its canonical form (see include/keel/core/idempotency_key.hpp).
+#include "keel/core/idempotency_key.hpp"
 
 #include <string>
 

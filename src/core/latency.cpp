@@ -1,4 +1,4 @@
-#include "keel/latency.hpp"
+#include "keel/core/latency.hpp"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 
 #include "detail/invalid.hpp"
 #include "detail/time_window.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel {
 

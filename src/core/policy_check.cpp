@@ -1,11 +1,11 @@
-#include "keel/policy_check.hpp"
+#include "keel/core/policy_check.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 
-#include "keel/backoff.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel {
 namespace {

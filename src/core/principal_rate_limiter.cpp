@@ -1,4 +1,4 @@
-#include "keel/principal_rate_limiter.hpp"
+#include "keel/core/principal_rate_limiter.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "detail/invalid.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel {
 

@@ -1,4 +1,4 @@
-#include "keel/random.hpp"
+#include "keel/core/random.hpp"
 
 #include <random>
 

@@ -1,12 +1,12 @@
-#include "keel/rate_limit.hpp"
+#include "keel/core/rate_limit.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include "detail/invalid.hpp"
-#include "keel/backoff.hpp"
-#include "keel/classify.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel {
 namespace {

@@ -1,12 +1,12 @@
-#include "keel/retry.hpp"
+#include "keel/core/retry.hpp"
 
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "detail/invalid.hpp"
-#include "keel/duration.hpp"
-#include "keel/events.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/events.hpp"
 
 namespace keel {
 

@@ -1,4 +1,4 @@
-#include "keel/retry_after.hpp"
+#include "keel/core/retry_after.hpp"
 
 #include <algorithm>
 #include <array>

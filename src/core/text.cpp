@@ -1,4 +1,4 @@
-#include "keel/text.hpp"
+#include "keel/core/text.hpp"
 
 #include <algorithm>
 #include <cstdint>

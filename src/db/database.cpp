@@ -1,14 +1,14 @@
 // Backend-independent parts of keel::store's database layer: errors, values, rows, migrations,
 // the connection pool, and open_database's dispatch.
-#include "keel/store/db/database.hpp"
+#include "keel/db/database.hpp"
 
 #include <charconv>
 #include <stdexcept>
 
 #include "db/detail/connections.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/store/db/dialect.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/db/dialect.hpp"
 
 namespace keel::store {
 

@@ -1,5 +1,5 @@
 // dialect_of: which dialect answers for a backend.
-#include "keel/store/db/dialect.hpp"
+#include "keel/db/dialect.hpp"
 
 #include "db/detail/dialects.hpp"
 

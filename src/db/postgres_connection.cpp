@@ -25,7 +25,7 @@
 
 #include "db/detail/connections.hpp"
 #include "db/detail/postgres_connect.hpp"
-#include "keel/random.hpp"
+#include "keel/core/random.hpp"
 
 namespace keel::store::detail {
 namespace {

@@ -1,4 +1,4 @@
-// PostgreSQL's answers to the dialect's questions (keel/store/db/dialect.hpp): row locks, SKIP
+// PostgreSQL's answers to the dialect's questions (keel/db/dialect.hpp): row locks, SKIP
 // LOCKED, data-modifying CTEs, bytea columns and SQLSTATEs.
 #include <string>
 

@@ -1,5 +1,5 @@
-// RowCursor (keel/store/db/row_cursor.hpp): one row of a result read column after column.
-#include "keel/store/db/row_cursor.hpp"
+// RowCursor (keel/db/row_cursor.hpp): one row of a result read column after column.
+#include "keel/db/row_cursor.hpp"
 
 #include <charconv>
 #include <stdexcept>

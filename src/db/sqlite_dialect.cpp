@@ -1,4 +1,4 @@
-// SQLite's answers to the dialect's questions (keel/store/db/dialect.hpp). A writer holds the
+// SQLite's answers to the dialect's questions (keel/db/dialect.hpp). A writer holds the
 // database's one write lock from BEGIN IMMEDIATE to COMMIT, so nothing locks rows.
 #include <sqlite3.h>
 

@@ -1,7 +1,7 @@
 // with_transaction_retry: BEGIN ... COMMIT driven by keel::RetryState (full jitter, capped
 // attempts), re-running the whole transaction on a serialization failure, deadlock or busy
 // database, and refusing to re-run a commit in doubt.
-#include "keel/store/db/transaction.hpp"
+#include "keel/db/transaction.hpp"
 
 #include "db/detail/commit.hpp"
 #include "db/detail/connections.hpp"

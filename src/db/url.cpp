@@ -5,7 +5,7 @@
 #include <memory>
 #include <system_error>
 
-#include "keel/store/db/database.hpp"
+#include "keel/db/database.hpp"
 
 namespace keel::store {
 namespace {

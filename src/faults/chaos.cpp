@@ -5,9 +5,9 @@
 #include <thread>
 #include <utility>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/retry_after.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/retry_after.hpp"
 
 namespace keel::faults {
 namespace {

@@ -19,9 +19,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/retry_after.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/retry_after.hpp"
 
 namespace keel::faults {
 namespace {

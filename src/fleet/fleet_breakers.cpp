@@ -31,11 +31,11 @@
 #include <string>
 
 #include "fleet/detail/fleet_sql.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/random.hpp"
-#include "keel/store/db/row_cursor.hpp"
-#include "keel/store/fleet/shared_breakers.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/random.hpp"
+#include "keel/db/row_cursor.hpp"
+#include "keel/fleet/shared_breakers.hpp"
 
 namespace keel::store {
 

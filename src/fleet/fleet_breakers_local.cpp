@@ -14,8 +14,8 @@
 
 #include "db/detail/listener.hpp"
 #include "fleet/detail/fleet_sql.hpp"
-#include "keel/random.hpp"
-#include "keel/store/fleet/shared_breakers.hpp"
+#include "keel/core/random.hpp"
+#include "keel/fleet/shared_breakers.hpp"
 
 namespace keel::store {
 

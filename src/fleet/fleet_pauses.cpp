@@ -13,9 +13,9 @@
 
 #include "db/detail/listener.hpp"
 #include "fleet/detail/fleet_sql.hpp"
-#include "keel/expected.hpp"
-#include "keel/store/db/row_cursor.hpp"
-#include "keel/store/fleet/shared_breakers.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/db/row_cursor.hpp"
+#include "keel/fleet/shared_breakers.hpp"
 
 namespace keel::store {
 

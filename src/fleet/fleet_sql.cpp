@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <charconv>
 
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel::store::detail {
 

@@ -1,4 +1,4 @@
-// SharedBreakers (keel/store/fleet/shared_breakers.hpp): what its concepts share. The
+// SharedBreakers (keel/fleet/shared_breakers.hpp): what its concepts share. The
 // constructor and its options, the schema of the tables, the stats and the notices, and the
 // background thread: its connection, its reconnect loop and the loop that serves the calls'
 // requests, publishes, and applies the notifications of channel keel_breakers, whose payload is
@@ -8,7 +8,7 @@
 //
 // Every statement runs on the background thread, in a transaction of its own whose
 // statement_timeout and lock_timeout are set with set_config(..., true): nothing outlives it.
-#include "keel/store/fleet/shared_breakers.hpp"
+#include "keel/fleet/shared_breakers.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -19,9 +19,9 @@
 #include "db/detail/listener.hpp"
 #include "db/detail/process.hpp"
 #include "fleet/detail/fleet_sql.hpp"
-#include "keel/duration.hpp"
-#include "keel/random.hpp"
-#include "keel/store/db/dialect.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/random.hpp"
+#include "keel/db/dialect.hpp"
 
 namespace keel::store {
 

@@ -15,12 +15,12 @@
 #include <stdexcept>
 #include <string>
 
-#include "keel/deadline_header.hpp"
-#include "keel/expected.hpp"
-#include "keel/grpc_status.hpp"
-#include "keel/hedge.hpp"
-#include "keel/idempotency_key.hpp"
-#include "keel/text.hpp"
+#include "keel/core/deadline_header.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/grpc_status.hpp"
+#include "keel/core/hedge.hpp"
+#include "keel/core/idempotency_key.hpp"
+#include "keel/core/text.hpp"
 
 namespace keel::grpc {
 namespace {

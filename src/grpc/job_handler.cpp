@@ -4,11 +4,11 @@
 #include <string>
 #include <utility>
 
-#include "keel/classify.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/retry.hpp"
-#include "keel/text.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/retry.hpp"
+#include "keel/core/text.hpp"
 
 namespace keel::grpc {
 

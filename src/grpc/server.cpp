@@ -7,11 +7,11 @@
 #include <string>
 #include <utility>
 
+#include "keel/core/grpc_status.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry_after.hpp"
 #include "keel/grpc/client.hpp"
-#include "keel/grpc_status.hpp"
-#include "keel/random.hpp"
-#include "keel/retry_after.hpp"
-#include "keel/store/idempotency/request_translation.hpp"
+#include "keel/idempotency/request_translation.hpp"
 
 namespace keel::grpc {
 namespace {

@@ -1,8 +1,8 @@
 // CommandHandler: one /bin/sh child per job attempt in a process group of its own, fed its
 // payload and drained of its stderr through non-blocking pipes, watched for its timeout and
 // cancellation, and its group ended before the call returns (see
-// keel/store/handlers/command_handler.hpp).
-#include "keel/store/handlers/command_handler.hpp"
+// keel/handlers/command_handler.hpp).
+#include "keel/handlers/command_handler.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -20,9 +20,9 @@
 #include <utility>
 #include <vector>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/text.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/text.hpp"
 
 extern char** environ;
 

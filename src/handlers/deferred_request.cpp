@@ -1,6 +1,6 @@
 // QueuedWrites and DeferredRequestHandler: a write deferred by an HTTP client as a job, and its
-// delivery (see keel/store/handlers/deferred_request.hpp).
-#include "keel/store/handlers/deferred_request.hpp"
+// delivery (see keel/handlers/deferred_request.hpp).
+#include "keel/handlers/deferred_request.hpp"
 
 #include <algorithm>
 #include <array>
@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "keel/core/text.hpp"
+#include "keel/handlers/webhook_handler.hpp"
 #include "keel/http/message.hpp"
-#include "keel/store/handlers/webhook_handler.hpp"
-#include "keel/store/json/json_check.hpp"
-#include "keel/text.hpp"
+#include "keel/json/json_check.hpp"
 
 namespace keel::store {
 namespace {

@@ -1,17 +1,17 @@
 // WebhookHandler: a job attempt as one POST through keel::http::Client (see
-// keel/store/handlers/webhook_handler.hpp).
-#include "keel/store/handlers/webhook_handler.hpp"
+// keel/handlers/webhook_handler.hpp).
+#include "keel/handlers/webhook_handler.hpp"
 
 #include <stdexcept>
 #include <string_view>
 #include <utility>
 
-#include "keel/classify.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/retry.hpp"
+#include "keel/core/text.hpp"
 #include "keel/http/request.hpp"
 #include "keel/http/url.hpp"
-#include "keel/retry.hpp"
-#include "keel/text.hpp"
 
 namespace keel::store {
 

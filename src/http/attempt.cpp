@@ -12,12 +12,12 @@
 #include <string_view>
 #include <utility>
 
-#include "keel/backoff.hpp"
-#include "keel/deadline_header.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/deadline_header.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/retry_after.hpp"
 #include "keel/http/url.hpp"
-#include "keel/retry_after.hpp"
 
 namespace keel::http::detail {
 namespace {

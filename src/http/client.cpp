@@ -10,8 +10,8 @@
 
 #include "hedged_send.hpp"
 #include "idle_pool.hpp"
-#include "keel/expected.hpp"
-#include "keel/hedge.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/hedge.hpp"
 #include "keel/http/detail/attempt.hpp"
 #include "keel/http/detail/fallback.hpp"
 

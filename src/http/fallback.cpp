@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "keel/fallback.hpp"
+#include "keel/core/fallback.hpp"
 #include "keel/http/deferred_writes.hpp"
 #include "keel/http/response_cache.hpp"
 

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "idle_pool.hpp"
-#include "keel/hedge.hpp"
+#include "keel/core/hedge.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/http/detail/attempt.hpp"
 #include "keel/http/options.hpp"
 #include "keel/http/request.hpp"
-#include "keel/retry.hpp"
 
 namespace keel::http::detail {
 

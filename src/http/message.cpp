@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::http {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "keel/idempotency_key.hpp"
+#include "keel/core/idempotency_key.hpp"
 
 namespace keel::http {
 

@@ -6,9 +6,9 @@
 #include <string_view>
 #include <utility>
 
-#include "keel/classify.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::http {
 namespace {

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "keel/text.hpp"
+#include "keel/core/text.hpp"
 
 namespace keel::http {
 namespace {

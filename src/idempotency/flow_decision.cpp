@@ -1,7 +1,7 @@
-// The idempotency flow's answer once its transaction has ended (keel/store/idempotency/
+// The idempotency flow's answer once its transaction has ended (keel/idempotency/
 // flow_decision.hpp): the order of the checks below is the rule, and the table in
 // tests/unit/flow_decision_test.cpp holds it.
-#include "keel/store/idempotency/flow_decision.hpp"
+#include "keel/idempotency/flow_decision.hpp"
 
 namespace keel::store {
 

@@ -1,7 +1,7 @@
 // The idempotency-key store: fingerprints, key parsing, and claim / complete / release / purge
-// written once for SQLite and PostgreSQL (see include/keel/store/idempotency/idempotency.hpp for
+// written once for SQLite and PostgreSQL (see include/keel/idempotency/idempotency.hpp for
 // the flow).
-#include "keel/store/idempotency/idempotency.hpp"
+#include "keel/idempotency/idempotency.hpp"
 
 #include <openssl/evp.h>
 
@@ -14,12 +14,12 @@
 #include <string>
 
 #include "db/detail/process.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/idempotency_key.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/store/db/row_cursor.hpp"
-#include "keel/store/json/json_check.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/idempotency_key.hpp"
+#include "keel/db/dialect.hpp"
+#include "keel/db/row_cursor.hpp"
+#include "keel/json/json_check.hpp"
 
 namespace keel::store {
 namespace {
@@ -239,7 +239,8 @@ ParsedKey parse_idempotency_key(std::optional<std::string_view> header, std::siz
     out.detail = "this request requires an Idempotency-Key header";
     return out;
   }
-  // The rule is keel's one rule (keel/idempotency_key.hpp); max_bytes can only lower its limit.
+  // The rule is keel's one rule (keel/core/idempotency_key.hpp); max_bytes can only lower its
+  // limit.
   IdempotencyKeyCheck checked = check_idempotency_key(*header);
   const std::size_t limit = std::min(max_bytes, kMaxIdempotencyKeyBytes);
   if (checked.ok() && checked.key.size() > limit) {

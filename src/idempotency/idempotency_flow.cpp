@@ -1,6 +1,6 @@
 // The framework-neutral idempotency flow: key validation, claim, transactional handler run,
-// completion, replay and the error answers (see keel/store/idempotency/idempotency_flow.hpp).
-#include "keel/store/idempotency/idempotency_flow.hpp"
+// completion, replay and the error answers (see keel/idempotency/idempotency_flow.hpp).
+#include "keel/idempotency/idempotency_flow.hpp"
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -18,12 +18,12 @@
 #include "db/detail/commit.hpp"
 #include "db/detail/process.hpp"
 #include "idempotency/detail/ascii.hpp"
-#include "keel/deadline_header.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/random.hpp"
-#include "keel/retry_after.hpp"
-#include "keel/store/idempotency/flow_decision.hpp"
+#include "keel/core/deadline_header.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry_after.hpp"
+#include "keel/idempotency/flow_decision.hpp"
 
 namespace keel::store {
 namespace {

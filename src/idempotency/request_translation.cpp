@@ -1,7 +1,7 @@
-#include "keel/store/idempotency/request_translation.hpp"
+#include "keel/idempotency/request_translation.hpp"
 
-#include "keel/deadline_header.hpp"
-#include "keel/retry_after.hpp"
+#include "keel/core/deadline_header.hpp"
+#include "keel/core/retry_after.hpp"
 
 namespace keel::store {
 

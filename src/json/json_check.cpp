@@ -1,13 +1,13 @@
 // Untrusted JSON bodies: the depth pre-scan and the duplicate-member check
-// (see include/keel/store/json/json_check.hpp).
-#include "keel/store/json/json_check.hpp"
+// (see include/keel/json/json_check.hpp).
+#include "keel/json/json_check.hpp"
 
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 #include <vector>
 
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::store {
 

@@ -1,4 +1,4 @@
-#include "keel/store/queue/dead_letters.hpp"
+#include "keel/queue/dead_letters.hpp"
 
 #include <cmath>
 #include <ctime>
@@ -8,12 +8,12 @@
 #include <string>
 
 #include "db/detail/commit.hpp"
-#include "keel/clock.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/store/db/row_cursor.hpp"
-#include "keel/store/db/transaction.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/db/dialect.hpp"
+#include "keel/db/row_cursor.hpp"
+#include "keel/db/transaction.hpp"
 #include "queue/detail/queue_sql.hpp"
 #include "queue/detail/queue_wakeup.hpp"
 

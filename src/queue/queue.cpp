@@ -1,20 +1,20 @@
 // The durable job queue's shared part: the names of states and statuses, queue-name and key
 // checks, construction, the schema and its migrations (written once for SQLite and PostgreSQL),
 // and reading one job with its history. Each role of JobQueue has a file of its own (see the map
-// at the top of include/keel/store/queue/queue.hpp): queue_producer.cpp, queue_lease.cpp,
+// at the top of include/keel/queue/queue.hpp): queue_producer.cpp, queue_lease.cpp,
 // queue_complete.cpp, queue_dead_letters.cpp, queue_stats.cpp; what they share is
 // detail/queue_sql.hpp.
-#include "keel/store/queue/queue.hpp"
+#include "keel/queue/queue.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
 #include "db/detail/process.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/idempotency_key.hpp"
-#include "keel/random.hpp"
-#include "keel/text.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/idempotency_key.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/text.hpp"
 #include "queue/detail/queue_sql.hpp"
 
 namespace keel::store {

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <mutex>
 
-#include "keel/duration.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/db/dialect.hpp"
+#include "keel/queue/queue.hpp"
 #include "queue/detail/queue_sql.hpp"
 
 namespace keel::store {

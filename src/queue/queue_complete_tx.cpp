@@ -1,9 +1,9 @@
 // JobQueue::complete_in: a job's success recorded inside the caller's transaction, so that a
 // handler's writes and the job's completion commit together (the Worker's transactional
-// handlers, keel/store/queue/queue_worker.hpp). Apart from queue_complete.cpp because it opens no
+// handlers, keel/queue/queue_worker.hpp). Apart from queue_complete.cpp because it opens no
 // transaction and applies no retry decision: a success has none to make.
-#include "keel/expected.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/queue/queue.hpp"
 #include "queue/detail/queue_sql.hpp"
 
 namespace keel::store {

@@ -1,6 +1,6 @@
 // JobQueue's dead-letter administration by id or by queue: list_dead, replay, replay_all,
 // discard, discard_all. Selecting by filter and paced replays are dead_letters.cpp.
-#include "keel/store/queue/queue.hpp"
+#include "keel/queue/queue.hpp"
 #include "queue/detail/queue_sql.hpp"
 #include "queue/detail/queue_wakeup.hpp"
 

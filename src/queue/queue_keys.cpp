@@ -1,9 +1,9 @@
-// Stored job keys under the one idempotency key rule (see include/keel/store/queue/queue_keys.hpp).
-#include "keel/store/queue/queue_keys.hpp"
+// Stored job keys under the one idempotency key rule (see include/keel/queue/queue_keys.hpp).
+#include "keel/queue/queue_keys.hpp"
 
 #include <string>
 
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 #include "queue/detail/queue_sql.hpp"
 
 namespace keel::store {

@@ -5,9 +5,9 @@
 #include <limits>
 #include <stdexcept>
 
-#include "keel/expected.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/db/dialect.hpp"
+#include "keel/queue/queue.hpp"
 #include "queue/detail/queue_sql.hpp"
 
 namespace keel::store {

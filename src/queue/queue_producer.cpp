@@ -10,13 +10,13 @@
 #include <span>
 #include <unordered_map>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/idempotency_key.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/store/json/json_check.hpp"
-#include "keel/store/queue/queue.hpp"
-#include "keel/text.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/idempotency_key.hpp"
+#include "keel/core/text.hpp"
+#include "keel/db/dialect.hpp"
+#include "keel/json/json_check.hpp"
+#include "keel/queue/queue.hpp"
 #include "queue/detail/queue_sql.hpp"
 #include "queue/detail/queue_wakeup.hpp"
 
@@ -62,7 +62,7 @@ Expected<void> check_payload(const std::string& payload) {
       .field = "payload", .problem = "is refused: " + checked.detail, .got = quote_value(payload)};
 }
 
-// The request's key in its canonical form (keel/idempotency_key.hpp; empty: none given, a UUID
+// The request's key in its canonical form (keel/core/idempotency_key.hpp; empty: none given, a UUID
 // is made) when the request may be written, else what is wrong with it.
 Expected<std::string> check_request(const EnqueueRequest& request) {
   if (auto queue = check_queue_name(request.queue); !queue) return std::move(queue).error();

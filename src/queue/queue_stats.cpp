@@ -7,9 +7,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/queue/queue.hpp"
 #include "queue/detail/queue_sql.hpp"
 
 namespace keel::store {

@@ -1,6 +1,6 @@
 // The job-queue worker: slot threads that lease and run jobs, one heartbeat thread, and the
-// graceful shutdown described in include/keel/store/queue/queue_worker.hpp.
-#include "keel/store/queue/queue_worker.hpp"
+// graceful shutdown described in include/keel/queue/queue_worker.hpp.
+#include "keel/queue/queue_worker.hpp"
 
 #include <unistd.h>
 
@@ -14,10 +14,10 @@
 
 #include "db/detail/listener.hpp"
 #include "db/detail/process.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/random.hpp"
-#include "keel/text.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/text.hpp"
 #include "queue/detail/alone_gate.hpp"
 #include "queue/detail/queue_wakeup.hpp"
 #include "queue/detail/worker_decision.hpp"

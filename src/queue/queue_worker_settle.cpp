@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "keel/store/queue/queue_worker.hpp"
-#include "keel/text.hpp"
+#include "keel/core/text.hpp"
+#include "keel/queue/queue_worker.hpp"
 
 namespace keel::store {
 

@@ -1,6 +1,6 @@
-// The Worker's transactional handlers (keel/store/queue/queue_worker.hpp): the handler's writes and
+// The Worker's transactional handlers (keel/queue/queue_worker.hpp): the handler's writes and
 // the job's success commit together, with the lease's fencing token checked in that transaction.
-#include "keel/store/db/transaction.hpp"
+#include "keel/db/transaction.hpp"
 #include "queue/detail/worker_tx.hpp"
 
 namespace keel::store::detail {

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "db/detail/listener.hpp"
-#include "keel/backoff.hpp"
-#include "keel/duration.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/store/queue/queue_worker.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/db/dialect.hpp"
+#include "keel/queue/queue_worker.hpp"
 #include "queue/detail/queue_wakeup.hpp"
 
 namespace keel::store {

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "keel/expected.hpp"
-#include "keel/random.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/sim/scenarios.hpp"
 
 namespace keel::sim {

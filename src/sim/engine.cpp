@@ -12,12 +12,12 @@
 #include <string>
 
 #include "detail/engine.hpp"
-#include "keel/admission.hpp"
-#include "keel/concurrency_limit.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/random.hpp"
-#include "keel/rate_limit.hpp"
+#include "keel/core/admission.hpp"
+#include "keel/core/concurrency_limit.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/rate_limit.hpp"
 
 namespace keel::sim {
 

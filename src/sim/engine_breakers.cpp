@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "detail/engine.hpp"
-#include "keel/breaker.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel::sim::detail {
 

@@ -7,11 +7,11 @@
 #include <optional>
 
 #include "detail/engine.hpp"
-#include "keel/concurrency_limit.hpp"
-#include "keel/duration.hpp"
-#include "keel/random.hpp"
-#include "keel/rate_limit.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/concurrency_limit.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/rate_limit.hpp"
+#include "keel/core/retry.hpp"
 
 namespace keel::sim::detail {
 

@@ -6,10 +6,10 @@
 #include <utility>
 
 #include "detail/engine.hpp"
-#include "keel/admission.hpp"
-#include "keel/duration.hpp"
-#include "keel/random.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/admission.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry.hpp"
 
 namespace keel::sim::detail {
 

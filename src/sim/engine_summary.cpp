@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "detail/engine.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 
 namespace keel::sim::detail {
 

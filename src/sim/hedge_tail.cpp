@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "keel/budget.hpp"
-#include "keel/expected.hpp"
-#include "keel/hedge.hpp"
-#include "keel/random.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/hedge.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/sim/scenarios.hpp"
 
 namespace keel::sim {

@@ -5,9 +5,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/expected.hpp"
 #include "keel/sim/scenarios.hpp"
 
 namespace keel::sim {

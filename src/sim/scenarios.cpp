@@ -6,8 +6,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
 #include "policies.hpp"
 
 namespace keel::sim {

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "keel/store/db/database.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/db/database.hpp"
+#include "keel/queue/queue.hpp"
 #include "run_keel.hpp"
 
 namespace {

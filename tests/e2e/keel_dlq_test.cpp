@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "keel/store/db/database.hpp"
-#include "keel/store/queue/dead_letters.hpp"
+#include "keel/db/database.hpp"
+#include "keel/queue/dead_letters.hpp"
 #include "run_keel.hpp"
 
 namespace {

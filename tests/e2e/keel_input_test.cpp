@@ -50,7 +50,7 @@ TEST(KeelCallInput, TheUsersKeyIsTheOneSentOnceOnEveryAttempt) {
       {"-d", "x", "-H", "Idempotency-Key:   charge-1  ", "--idempotency-key", "auto"},
       {"-d", "x", "--idempotency-key", "charge-1"},
       {"-X", "DELETE", "-H", "Idempotency-Key: charge-1", "-H", "idempotency-key: charge-1"},
-      // One key in its canonical form: "charge-1" is charge-1 (keel/idempotency_key.hpp).
+      // One key in its canonical form: "charge-1" is charge-1 (keel/core/idempotency_key.hpp).
       {"-d", "x", "--idempotency-key", "\"charge-1\""},
       {"-X", "POST", "-H", "Idempotency-Key: \"charge-1\"", "--idempotency-key", "charge-1"},
   };

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "keel/asio/retry.hpp"
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/random.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/random.hpp"
 
 namespace {
 

@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "build_kind.hpp"
-#include "keel/store/beast/health_check.hpp"
-#include "keel/store/beast/server.hpp"
-#include "keel/store/idempotency/idempotency.hpp"
+#include "keel/idempotency/idempotency.hpp"
+#include "keel/serve/beast/health_check.hpp"
+#include "keel/serve/beast/server.hpp"
 #include "test_support.hpp"
 
 namespace keel::store::beast {

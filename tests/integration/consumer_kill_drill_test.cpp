@@ -18,7 +18,7 @@
 #include <string>
 #include <thread>
 
-#include "keel/store/queue/processed_messages.hpp"
+#include "keel/consumers/processed_messages.hpp"
 #include "test_support.hpp"
 
 extern char** environ;

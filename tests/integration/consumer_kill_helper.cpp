@@ -14,8 +14,8 @@
 #include <string>
 #include <thread>
 
-#include "keel/store/db/database.hpp"
-#include "keel/store/queue/processed_messages.hpp"
+#include "keel/consumers/processed_messages.hpp"
+#include "keel/db/database.hpp"
 
 namespace store = keel::store;
 

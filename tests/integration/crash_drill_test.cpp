@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "jobs_process_support.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/queue/queue.hpp"
 
 namespace keel::store {
 namespace {

@@ -12,9 +12,9 @@
 #include <thread>
 #include <utility>
 
-#include "keel/duration.hpp"
-#include "keel/store/queue/queue.hpp"
-#include "keel/store/queue/queue_worker.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/queue/queue.hpp"
+#include "keel/queue/queue_worker.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

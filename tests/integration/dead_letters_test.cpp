@@ -2,14 +2,14 @@
 // (ManualClock): filters by queue, dead reason and time of death; paced replays whose run_at
 // times are spread at the rate and leased at that rate; dry runs that change nothing; discards
 // by filter; and dead jobs that pruning done jobs leaves alone.
-#include "keel/store/queue/dead_letters.hpp"
+#include "keel/queue/dead_letters.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "keel/store/queue/queue.hpp"
+#include "keel/queue/queue.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

@@ -3,7 +3,7 @@
 // DeferredRequestHandler delivering a job to a keel::faults::FaultServer over loopback with the
 // job's key, the stored header fields and body, and Keel-Attempt going on from the attempts made
 // before the request was deferred.
-#include "keel/store/handlers/deferred_request.hpp"
+#include "keel/handlers/deferred_request.hpp"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "keel/faults/fault_server.hpp"
+#include "keel/handlers/webhook_handler.hpp"
 #include "keel/http/client.hpp"
-#include "keel/store/handlers/webhook_handler.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

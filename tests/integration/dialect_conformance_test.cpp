@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "keel/classify.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/db/dialect.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/db/database.hpp"
+#include "keel/db/dialect.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

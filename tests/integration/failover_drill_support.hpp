@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "jobs_process_support.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/queue/processed_messages.hpp"
+#include "keel/consumers/processed_messages.hpp"
+#include "keel/db/database.hpp"
 #include "test_support.hpp"
 #include "waiting.hpp"
 

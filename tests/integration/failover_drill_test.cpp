@@ -37,7 +37,7 @@
 #include "build_kind.hpp"
 #include "failover_drill_support.hpp"
 #include "keel/faults/fault_server.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/queue/queue.hpp"
 #include "waiting.hpp"
 
 namespace keel::store {

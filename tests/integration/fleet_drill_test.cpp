@@ -36,8 +36,8 @@
 
 #include "build_kind.hpp"
 #include "jobs_process_support.hpp"
-#include "keel/breaker.hpp"
-#include "keel/store/fleet/shared_breakers.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/fleet/shared_breakers.hpp"
 #include "waiting.hpp"
 
 namespace keel::store {

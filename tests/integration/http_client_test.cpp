@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
 #include "loopback_socket.hpp"

@@ -34,12 +34,12 @@
 #include "asio_waiting.hpp"
 #include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
-#include "keel/breaker.hpp"
-#include "keel/deadline_header.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/deadline_header.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/latency.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
-#include "keel/latency.hpp"
 #include "loopback_socket.hpp"
 
 namespace {

@@ -18,7 +18,7 @@
 
 #include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
-#include "keel/breaker.hpp"
+#include "keel/core/breaker.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
 #include "keel/http/deferred_writes.hpp"

@@ -29,9 +29,9 @@
 #include "asio_waiting.hpp"
 #include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/hedge.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/hedge.hpp"
 #include "keel/http/client.hpp"
 
 namespace {

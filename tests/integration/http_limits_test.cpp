@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "keel/core/rate_limit.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
-#include "keel/rate_limit.hpp"
 
 namespace keel::http {
 namespace {

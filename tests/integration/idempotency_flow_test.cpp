@@ -1,6 +1,6 @@
 // IdempotentRequestFlow in process, without sockets or cpp-httplib: every outcome on a real
 // SQLite file and a real PostgreSQL server, in virtual time (a ManualClock drives lock expiry).
-#include "keel/store/idempotency/idempotency_flow.hpp"
+#include "keel/idempotency/idempotency_flow.hpp"
 
 #include <gtest/gtest.h>
 
@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "build_kind.hpp"
-#include "keel/random.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/store/idempotency/request_translation.hpp"
+#include "keel/core/random.hpp"
+#include "keel/db/dialect.hpp"
+#include "keel/idempotency/request_translation.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

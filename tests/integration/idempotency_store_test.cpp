@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/store/idempotency/idempotency.hpp"
+#include "keel/idempotency/idempotency.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {
@@ -54,7 +54,7 @@ TEST(IdempotencyKey, BadKeysAreRefusedWithAReason) {
   EXPECT_EQ(parse_idempotency_key("\"unterminated").error, KeyError::kMalformed);
   EXPECT_EQ(parse_idempotency_key(R"("bad \n escape")").error, KeyError::kMalformed);
   EXPECT_EQ(parse_idempotency_key(R"("x" trailing)").error, KeyError::kMalformed);
-  // keel's one rule (keel/idempotency_key.hpp): nothing is trimmed, no space, quote, comma or
+  // keel's one rule (keel/core/idempotency_key.hpp): nothing is trimmed, no space, quote, comma or
   // percent sign in the key.
   EXPECT_EQ(parse_idempotency_key("  abc  ").error, KeyError::kMalformed);
   EXPECT_EQ(parse_idempotency_key(R"("a \"quoted\" key")").error, KeyError::kMalformed);

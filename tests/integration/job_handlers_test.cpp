@@ -16,14 +16,14 @@
 #include <vector>
 
 #include "build_kind.hpp"
-#include "keel/breaker.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/text.hpp"
+#include "keel/db/database.hpp"
+#include "keel/handlers/command_handler.hpp"
+#include "keel/handlers/webhook_handler.hpp"
 #include "keel/http/client.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/handlers/command_handler.hpp"
-#include "keel/store/handlers/webhook_handler.hpp"
-#include "keel/store/queue/queue.hpp"
-#include "keel/store/queue/queue_worker.hpp"
-#include "keel/text.hpp"
+#include "keel/queue/queue.hpp"
+#include "keel/queue/queue_worker.hpp"
 #include "test_support.hpp"
 #include "waiting.hpp"
 

@@ -19,9 +19,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "keel/store/db/database.hpp"
-#include "keel/store/queue/queue.hpp"
-#include "keel/store/queue/queue_worker.hpp"
+#include "keel/db/database.hpp"
+#include "keel/queue/queue.hpp"
+#include "keel/queue/queue_worker.hpp"
 
 namespace store = keel::store;
 

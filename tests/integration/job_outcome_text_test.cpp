@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "jobs_process_support.hpp"
-#include "keel/store/queue/queue.hpp"
-#include "keel/text.hpp"
+#include "keel/core/text.hpp"
+#include "keel/queue/queue.hpp"
 
 namespace keel::store {
 namespace {

@@ -26,7 +26,7 @@
 
 #include "build_kind.hpp"
 #include "jobs_process_support.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/queue/queue.hpp"
 #include "waiting.hpp"
 
 namespace keel::store {

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "build_kind.hpp"
-#include "keel/duration.hpp"
-#include "keel/store/queue/dead_letters.hpp"
-#include "keel/store/queue/queue.hpp"
-#include "keel/store/queue/queue_worker.hpp"
-#include "keel/text.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/text.hpp"
+#include "keel/queue/dead_letters.hpp"
+#include "keel/queue/queue.hpp"
+#include "keel/queue/queue_worker.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/store/queue/queue.hpp"
+#include "keel/queue/queue.hpp"
 #include "test_support.hpp"
 
 extern char** environ;

@@ -8,8 +8,8 @@
 
 #include "keel/http/message.hpp"
 #include "keel/http/request.hpp"
-#include "keel/store/idempotency/idempotency.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/idempotency/idempotency.hpp"
+#include "keel/queue/queue.hpp"
 #include "key_rule_cases.hpp"
 #include "test_support.hpp"
 

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "jobs_process_support.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/idempotency/idempotency_flow.hpp"
-#include "keel/store/queue/processed_messages.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/consumers/processed_messages.hpp"
+#include "keel/db/database.hpp"
+#include "keel/idempotency/idempotency_flow.hpp"
+#include "keel/queue/queue.hpp"
 #include "test_support.hpp"
 
 namespace keel::store::test_jobs {

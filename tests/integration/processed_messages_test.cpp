@@ -2,7 +2,7 @@
 // skips the effect, a rolled-back effect frees its id, ids are opaque bytes of 1..255, concurrent
 // deliveries of one id with real threads run one effect, retention in virtual time, and a drill
 // of 1,000 messages delivered at least once from several threads.
-#include "keel/store/queue/processed_messages.hpp"
+#include "keel/consumers/processed_messages.hpp"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/store/queue/queue.hpp"
+#include "keel/queue/queue.hpp"
 #include "test_support.hpp"
 #ifdef KEEL_TEST_METRICS
 #include "keel/metrics/processed_messages.hpp"

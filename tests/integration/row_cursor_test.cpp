@@ -1,14 +1,14 @@
 // RowCursor, the store's one way of reading a result's row: each read takes the next
 // column, and a read the result has no cell for, a NULL where a value is required or text where
 // an integer is required is an error naming the column, never a read out of bounds.
-#include "keel/store/db/row_cursor.hpp"
+#include "keel/db/row_cursor.hpp"
 
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 #include <string>
 
-#include "keel/store/db/database.hpp"
+#include "keel/db/database.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

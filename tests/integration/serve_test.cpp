@@ -24,7 +24,7 @@
 #include <tuple>
 
 #include "build_kind.hpp"
-#include "keel/store/db/database.hpp"
+#include "keel/db/database.hpp"
 #include "loopback_socket.hpp"
 #include "test_support.hpp"
 

@@ -7,7 +7,7 @@
 // each), retry a schema newer than its own, or leave a setting on a server session after its
 // transaction (through a PgBouncer of one connection when one is installed). The drill with
 // real processes (and the frozen database) is in fleet_drill_test.cpp.
-#include "keel/store/fleet/shared_breakers.hpp"
+#include "keel/fleet/shared_breakers.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "build_kind.hpp"
-#include "keel/breaker.hpp"
-#include "keel/store/db/database.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/db/database.hpp"
 #include "test_support.hpp"
 #include "waiting.hpp"
 

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "build_kind.hpp"
-#include "keel/breaker.hpp"
-#include "keel/rate_limit.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/fleet/shared_breakers.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/rate_limit.hpp"
+#include "keel/db/database.hpp"
+#include "keel/fleet/shared_breakers.hpp"
 #include "test_support.hpp"
 #include "waiting.hpp"
 

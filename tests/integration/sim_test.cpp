@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "build_kind.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/sim/engine.hpp"
 #include "keel/sim/scenarios.hpp"
 

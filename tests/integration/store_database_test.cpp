@@ -5,8 +5,8 @@
 #include <thread>
 #include <vector>
 
-#include "keel/store/db/database.hpp"
-#include "keel/store/db/dialect.hpp"
+#include "keel/db/database.hpp"
+#include "keel/db/dialect.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

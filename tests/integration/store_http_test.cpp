@@ -20,9 +20,9 @@
 #include <tuple>
 #include <vector>
 
-#include "keel/store/json/json_check.hpp"
-#include "keel/store/server/idempotency_middleware.hpp"
-#include "keel/store/server/rate_limiter.hpp"
+#include "keel/json/json_check.hpp"
+#include "keel/serve/httplib/idempotency_middleware.hpp"
+#include "keel/serve/httplib/rate_limiter.hpp"
 #include "test_support.hpp"
 
 #if defined(__SANITIZE_THREAD__)
@@ -144,7 +144,7 @@ TEST(IdempotencyKey, LengthLimitIsInBytesAndSaysSo) {
   EXPECT_TRUE(parse_idempotency_key(std::string(255, 'k')).key);
   // Quoted, the limit is on the key: 255 bytes between the quotes.
   EXPECT_TRUE(parse_idempotency_key('"' + std::string(255, 'k') + '"').key);
-  // Letters outside ASCII are refused whatever their length (keel/idempotency_key.hpp).
+  // Letters outside ASCII are refused whatever their length (keel/core/idempotency_key.hpp).
   std::string cyrillic;
   for (int i = 0; i < 4; ++i) cyrillic += "\xd0\x96";
   EXPECT_EQ(parse_idempotency_key(cyrillic).error, KeyError::kMalformed);

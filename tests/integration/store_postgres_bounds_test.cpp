@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "build_kind.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/db/transaction.hpp"
+#include "keel/db/database.hpp"
+#include "keel/db/transaction.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

@@ -20,7 +20,7 @@
 #include <tuple>
 #include <vector>
 
-#include "keel/store/db/database.hpp"
+#include "keel/db/database.hpp"
 #include "temp_dir.hpp"
 
 namespace keel::test {

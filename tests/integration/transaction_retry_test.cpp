@@ -5,7 +5,7 @@
 #include <barrier>
 #include <thread>
 
-#include "keel/store/db/transaction.hpp"
+#include "keel/db/transaction.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

@@ -6,8 +6,8 @@
 #include <chrono>
 #include <future>
 
-#include "keel/store/db/transaction.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/db/transaction.hpp"
+#include "keel/queue/queue.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

@@ -9,8 +9,8 @@
 #include <mutex>
 #include <set>
 
-#include "keel/store/queue/queue.hpp"
-#include "keel/store/queue/queue_worker.hpp"
+#include "keel/queue/queue.hpp"
+#include "keel/queue/queue_worker.hpp"
 #include "test_support.hpp"
 
 namespace keel::store {

@@ -46,7 +46,8 @@ expect(keel usr/bin/keel usr/lib/systemd/system/keel-worker@\\.service
        usr/share/doc/keel/examples/keel-worker\\.env\\.example)
 expect(libkeel-dev usr/${LIBDIR}/libkeel_core\\.a usr/${LIBDIR}/libkeel_store_queue\\.a
        usr/${LIBDIR}/cmake/keel/keel-config\\.cmake usr/${LIBDIR}/pkgconfig/keel\\.pc
-       usr/include/keel/retry\\.hpp usr/share/doc/libkeel-dev/copyright)
+       usr/include/keel/retry\\.hpp usr/include/keel/core/retry\\.hpp
+       usr/share/doc/libkeel-dev/copyright)
 if(NOT LIBDIR MATCHES "^lib/[a-z0-9_]+-linux-gnu[a-z]*$")
   message(FATAL_ERROR "CMAKE_INSTALL_LIBDIR is ${LIBDIR}, not the multiarch folder lib/<triplet>")
 endif()

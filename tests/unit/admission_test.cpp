@@ -1,7 +1,7 @@
 // Admission control: retries are shed at max_concurrency, first attempts at max + queue_bound;
 // Retry-After is full jitter from the injected generator; the attempt headers; the in-flight
 // count under real threads (run under ThreadSanitizer by the tsan preset).
-#include "keel/admission.hpp"
+#include "keel/core/admission.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/random.hpp"
+#include "keel/core/random.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "keel/backoff.hpp"
+#include "keel/core/backoff.hpp"
 
 #include <gtest/gtest.h>
 

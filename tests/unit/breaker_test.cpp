@@ -1,7 +1,7 @@
 // Circuit breakers: the published scenario replayed in virtual time for both window kinds, the
 // seeds' "more than half in 30 s" rule, slow calls, growing breaks, the half-open timeout, the
 // registry, and concurrent recording with real threads.
-#include "keel/breaker.hpp"
+#include "keel/core/breaker.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "keel/clock.hpp"
+#include "keel/core/clock.hpp"
 
 namespace {
 

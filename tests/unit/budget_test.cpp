@@ -1,6 +1,6 @@
 // Retry budgets: the published sequences replayed exactly in virtual time, expiry of the ratio
 // window, and atomic reservation under real threads.
-#include "keel/budget.hpp"
+#include "keel/core/budget.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/clock.hpp"
+#include "keel/core/clock.hpp"
 
 namespace {
 

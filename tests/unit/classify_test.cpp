@@ -1,4 +1,4 @@
-#include "keel/classify.hpp"
+#include "keel/core/classify.hpp"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "keel/clock.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/retry.hpp"
 
 using namespace std::chrono_literals;
 using keel::Method;

@@ -3,7 +3,7 @@
 // cuts once per window on drops, does not grow while the caller is the bottleneck, learns a
 // dependency that became slower for good within two baseline windows, and keeps its in-flight
 // count under real threads (run under ThreadSanitizer by the tsan preset).
-#include "keel/concurrency_limit.hpp"
+#include "keel/core/concurrency_limit.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,14 +1,14 @@
 // Keel-Deadline-Ms: the strict parser over hostile input (size, sign, overflow, whitespace,
 // duplicates folded into a list), the sender's formatting, and the retry engine's ceiling
 // (min of its own deadline and the incoming one) in virtual time.
-#include "keel/deadline_header.hpp"
+#include "keel/core/deadline_header.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "keel/retry.hpp"
+#include "keel/core/retry.hpp"
 
 using namespace std::chrono_literals;
 using keel::Duration;

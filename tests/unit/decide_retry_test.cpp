@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "keel/retry.hpp"
+#include "keel/core/retry.hpp"
 
 using namespace std::chrono_literals;
 using keel::decide_retry;

@@ -1,4 +1,4 @@
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The event stream: what the retry engine and the breakers publish, in virtual time, and
 // subscribers that come and go while other threads publish (run under the tsan preset).
-#include "keel/events.hpp"
+#include "keel/core/events.hpp"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/health.hpp"
+#include "keel/core/health.hpp"
 
 using namespace std::chrono_literals;
 using keel::Event;

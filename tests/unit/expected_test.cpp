@@ -1,13 +1,13 @@
 // keel::Expected and keel::Error: the one error style for parsing and validation.
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 #include <string>
 
-#include "keel/duration.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/retry.hpp"
 
 using keel::Error;
 using keel::Expected;

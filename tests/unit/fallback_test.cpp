@@ -1,6 +1,6 @@
 // keel::choose_fallback, the rule of which failed operations may serve a stale answer or be
-// queued for later (keel/fallback.hpp): every stop reason against every outcome kind.
-#include "keel/fallback.hpp"
+// queued for later (keel/core/fallback.hpp): every stop reason against every outcome kind.
+#include "keel/core/fallback.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // by table: every transaction status against every claim, flag and hold, with no database. The
 // flow's own tests (tests/integration/idempotency_flow_test.cpp) drive the same answers through
 // SQLite and PostgreSQL.
-#include "keel/store/idempotency/flow_decision.hpp"
+#include "keel/idempotency/flow_decision.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// keel::classify_grpc_status and the grpc-retry-pushback-ms rules (keel/grpc_status.hpp), by
+// keel::classify_grpc_status and the grpc-retry-pushback-ms rules (keel/core/grpc_status.hpp), by
 // table, and what core's retry decision does with them: a pushback is waited as Retry-After is
 // (capped), a negative or malformed one stops the operation, INTERNAL is retried at most once.
-#include "keel/grpc_status.hpp"
+#include "keel/core/grpc_status.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/retry.hpp"
+#include "keel/core/retry.hpp"
 
 using namespace std::chrono_literals;
 using keel::classify_grpc_status;

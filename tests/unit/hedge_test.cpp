@@ -1,18 +1,18 @@
 // keel::HedgeState in virtual time: when a hedge is due and whether it may go (safe to repeat,
 // one retrying layer, max_hedges, deadline, breaker, budget), which result ends a round, and how
 // a round whose attempts all failed is retried.
-#include "keel/hedge.hpp"
+#include "keel/core/hedge.hpp"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <stdexcept>
 
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/clock.hpp"
-#include "keel/latency.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/latency.hpp"
+#include "keel/core/retry.hpp"
 
 namespace {
 

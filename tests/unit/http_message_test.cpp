@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/classify.hpp"
+#include "keel/core/classify.hpp"
 #include "keel/http/client.hpp"
 #include "keel/http/detail/attempt.hpp"
 #include "keel/http/message.hpp"

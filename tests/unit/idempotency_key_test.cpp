@@ -1,5 +1,5 @@
 // keel::check_idempotency_key: the one key rule and its canonical form, case by case.
-#include "keel/idempotency_key.hpp"
+#include "keel/core/idempotency_key.hpp"
 
 #include <gtest/gtest.h>
 

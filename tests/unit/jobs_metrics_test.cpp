@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "keel/breaker.hpp"
-#include "keel/clock.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/queue/queue.hpp"
 
 namespace keel::cli::jobs_cli {
 namespace {

@@ -3,7 +3,7 @@
 // to the static timeout below min_samples, clamps; the quantile error against the exact quantile
 // of a million fixed-seed lognormal latencies; real threads recording while one reads (run
 // under ThreadSanitizer by the tsan preset).
-#include "keel/latency.hpp"
+#include "keel/core/latency.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/clock.hpp"
+#include "keel/core/clock.hpp"
 
 namespace {
 

@@ -7,11 +7,11 @@
 #include <memory>
 #include <optional>
 
-#include "keel/clock.hpp"
-#include "keel/concurrency_limit.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/concurrency_limit.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/rate_limit.hpp"
 #include "keel/http/detail/attempt.hpp"
-#include "keel/rate_limit.hpp"
 
 namespace {
 

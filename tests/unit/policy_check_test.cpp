@@ -1,14 +1,14 @@
 // check_policy against schedules computed by hand, one per jitter kind, plus the edges: no
 // per-try timeout, a worst case exactly at the deadline, attempts that can never start, and a
 // billion attempts multiplied out in closed form.
-#include "keel/policy_check.hpp"
+#include "keel/core/policy_check.hpp"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <vector>
 
-#include "keel/random.hpp"
+#include "keel/core/random.hpp"
 
 using namespace std::chrono_literals;
 using keel::check_policy;

@@ -1,4 +1,4 @@
-#include "keel/principal_rate_limiter.hpp"
+#include "keel/core/principal_rate_limiter.hpp"
 
 #include <gtest/gtest.h>
 

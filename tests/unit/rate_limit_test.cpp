@@ -3,7 +3,7 @@
 // call until its end plus jitter, is capped and only grows; a fleet's chunks are spent in order,
 // the next one asked for before the last is spent, an empty bucket asks once and falls back on
 // its share; slots that passed unused are not saved up; invalid options are refused by name.
-#include "keel/rate_limit.hpp"
+#include "keel/core/rate_limit.hpp"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/random.hpp"
+#include "keel/core/random.hpp"
 
 namespace {
 

@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "build_kind.hpp"
-#include "keel/classify.hpp"
-#include "keel/rate_limit.hpp"
-#include "keel/retry.hpp"
-#include "keel/retry_after.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/rate_limit.hpp"
+#include "keel/core/retry.hpp"
+#include "keel/core/retry_after.hpp"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "call_fallback.hpp"
-#include "keel/clock.hpp"
+#include "keel/core/clock.hpp"
 
 using namespace std::chrono_literals;
 using keel::ManualClock;

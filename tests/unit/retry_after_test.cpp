@@ -1,4 +1,4 @@
-#include "keel/retry_after.hpp"
+#include "keel/core/retry_after.hpp"
 
 #include <gtest/gtest.h>
 
@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "keel/classify.hpp"
-#include "keel/clock.hpp"
-#include "keel/random.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry.hpp"
 
 using namespace std::chrono_literals;
 using keel::parse_http_date;

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "keel/retry.hpp"
+#include "keel/core/retry.hpp"
 
 namespace {
 

@@ -8,11 +8,11 @@
 #include <thread>
 #include <vector>
 
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/clock.hpp"
-#include "keel/random.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry.hpp"
 
 namespace {
 

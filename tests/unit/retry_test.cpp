@@ -1,4 +1,4 @@
-#include "keel/retry.hpp"
+#include "keel/core/retry.hpp"
 
 #include <gtest/gtest.h>
 

@@ -7,9 +7,9 @@
 #include <cstdint>
 
 #include "../../bench/alloc_counter.hpp"
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/retry.hpp"
 
 namespace keel {
 namespace {

@@ -2,7 +2,7 @@
 // byte limit. Hostile input as a class: each kind of ill-formed UTF-8, NUL, cuts inside each
 // sequence length, limits at and around the text's size, and seeded random bytes checked
 // against an independent decoder.
-#include "keel/text.hpp"
+#include "keel/core/text.hpp"
 
 #include <gtest/gtest.h>
 

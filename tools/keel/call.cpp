@@ -20,12 +20,12 @@
 #include "call_cli.hpp"
 #include "call_fallback.hpp"
 #include "call_spool.hpp"
-#include "keel/backoff.hpp"
-#include "keel/duration.hpp"
-#include "keel/events.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/events.hpp"
+#include "keel/core/policy_check.hpp"
+#include "keel/core/rate_limit.hpp"
 #include "keel/http/client.hpp"
-#include "keel/policy_check.hpp"
-#include "keel/rate_limit.hpp"
 #include "rate_flag.hpp"
 
 namespace keel::cli::call_cli {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "call_hedge.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 #include "keel/http/client.hpp"
 #include "policy_flags.hpp"
 

@@ -13,17 +13,17 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/request.hpp"
 
 #if KEEL_CLI_JOBS
-#include "keel/breaker.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/fleet/shared_breakers.hpp"
-#include "keel/store/handlers/deferred_request.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/db/database.hpp"
+#include "keel/fleet/shared_breakers.hpp"
+#include "keel/handlers/deferred_request.hpp"
+#include "keel/queue/queue.hpp"
 #endif
 
 namespace keel::cli {

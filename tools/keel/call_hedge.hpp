@@ -1,5 +1,5 @@
 // keel call's --hedge DELAY [--max-hedges N]: the flags, read into the client's
-// ClientOptions::hedge (keel/hedge.hpp). Part of the keel command, not a library.
+// ClientOptions::hedge (keel/core/hedge.hpp). Part of the keel command, not a library.
 //
 // Thread-safety: a pure function.
 #pragma once
@@ -9,8 +9,8 @@
 #include <string>
 
 #include "commands.hpp"
-#include "keel/expected.hpp"
-#include "keel/hedge.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/hedge.hpp"
 #include "policy_flags.hpp"
 
 namespace keel::cli {

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::cli {
 

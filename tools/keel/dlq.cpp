@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "dlq_show.hpp"
-#include "keel/store/queue/dead_letters.hpp"
-#include "keel/text.hpp"
+#include "keel/core/text.hpp"
+#include "keel/queue/dead_letters.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "keel/store/handlers/deferred_request.hpp"
-#include "keel/store/json/json_check.hpp"
+#include "keel/handlers/deferred_request.hpp"
+#include "keel/json/json_check.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {

@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "keel/store/db/database.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/db/database.hpp"
+#include "keel/queue/queue.hpp"
 
 namespace keel::cli {
 

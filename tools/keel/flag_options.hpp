@@ -16,8 +16,8 @@
 #include <utility>
 
 #include "flags.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::cli {
 

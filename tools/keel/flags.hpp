@@ -10,8 +10,8 @@
 #include <string>
 #include <string_view>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::cli {
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "jobs_cli.hpp"
-#include "keel/duration.hpp"
-#include "keel/idempotency_key.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/idempotency_key.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {

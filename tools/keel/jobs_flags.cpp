@@ -4,7 +4,7 @@
 #include <string>
 
 #include "jobs_cli.hpp"
-#include "keel/idempotency_key.hpp"
+#include "keel/core/idempotency_key.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {

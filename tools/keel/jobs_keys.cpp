@@ -6,8 +6,8 @@
 #include <string>
 
 #include "jobs_cli.hpp"
-#include "keel/expected.hpp"
-#include "keel/store/queue/queue_keys.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/queue/queue_keys.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli::jobs_cli {

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <utility>
 
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 #include "keel/metrics/metrics.hpp"
 
 namespace keel::cli::jobs_cli {

@@ -13,14 +13,14 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/events.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/events.hpp"
+#include "keel/core/rate_limit.hpp"
+#include "keel/fleet/shared_breakers.hpp"
 #include "keel/metrics/metrics.hpp"
-#include "keel/rate_limit.hpp"
-#include "keel/store/fleet/shared_breakers.hpp"
-#include "keel/store/queue/queue.hpp"
-#include "keel/store/queue/queue_worker.hpp"
+#include "keel/queue/queue.hpp"
+#include "keel/queue/queue_worker.hpp"
 
 namespace keel::cli::jobs_cli {
 

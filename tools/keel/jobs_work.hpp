@@ -5,9 +5,9 @@
 #include <string>
 
 #include "jobs_cli.hpp"
-#include "keel/duration.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/db/database.hpp"
+#include "keel/queue/queue.hpp"
 
 namespace keel::cli::jobs_cli {
 

@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/store/fleet/shared_breakers.hpp"
-#include "keel/store/idempotency/idempotency.hpp"
-#include "keel/store/queue/processed_messages.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/consumers/processed_messages.hpp"
+#include "keel/db/database.hpp"
+#include "keel/db/dialect.hpp"
+#include "keel/fleet/shared_breakers.hpp"
+#include "keel/idempotency/idempotency.hpp"
+#include "keel/queue/queue.hpp"
 #include "queue_cli.hpp"
 
 namespace keel::cli {

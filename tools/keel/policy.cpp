@@ -6,7 +6,7 @@
 #include <string>
 
 #include "commands.hpp"
-#include "keel/policy_check.hpp"
+#include "keel/core/policy_check.hpp"
 #include "policy_flags.hpp"
 
 namespace keel::cli {

@@ -10,9 +10,9 @@
 
 #include "commands.hpp"
 #include "flag_options.hpp"
-#include "keel/backoff.hpp"
-#include "keel/duration.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/retry.hpp"
 
 namespace keel::cli {
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "commands.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/db/database.hpp"
+#include "keel/queue/queue.hpp"
 
 namespace keel::cli::queue_cli {
 

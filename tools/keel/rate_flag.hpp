@@ -7,9 +7,9 @@
 #include <string_view>
 
 #include "flags.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/rate_limit.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/rate_limit.hpp"
 
 namespace keel::cli {
 

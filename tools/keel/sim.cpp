@@ -14,7 +14,7 @@
 
 #include "commands.hpp"
 #include "flag_options.hpp"
-#include "keel/duration.hpp"
+#include "keel/core/duration.hpp"
 #include "keel/sim/scenarios.hpp"
 #include "sim_plot.hpp"
 

@@ -41,13 +41,13 @@
 #include <utility>
 #include <vector>
 
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/classify.hpp"
-#include "keel/clock.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/http/options.hpp"
 #include "keel/http/request.hpp"
-#include "keel/retry.hpp"
 
 namespace keel::asio {
 

@@ -5,7 +5,7 @@
 //
 // `op` is called once per attempt with a keel::AttemptInfo and returns an ::asio::awaitable:
 // either of keel::Outcome, or of any T together with a classifier `Outcome(const T&)` (the same
-// two shapes as the blocking keel::retry in keel/retry.hpp). The rules are the engine's, not
+// two shapes as the blocking keel::retry in keel/core/retry.hpp). The rules are the engine's, not
 // re-implemented here: RetryState decides whether to start an attempt, its timeout, whether to
 // try again and after how long, and why it stopped. This file only does the waiting:
 //
@@ -78,9 +78,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "keel/classify.hpp"
-#include "keel/clock.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/retry.hpp"
 
 namespace keel::asio {
 

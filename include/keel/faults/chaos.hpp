@@ -39,7 +39,7 @@
 #include <string>
 #include <string_view>
 
-#include "keel/clock.hpp"
+#include "keel/core/clock.hpp"
 
 namespace keel::faults {
 

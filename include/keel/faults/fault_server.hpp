@@ -41,8 +41,8 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/clock.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/expected.hpp"
 #include "keel/http/client.hpp"
 
 namespace keel::faults {

@@ -1,7 +1,7 @@
 // keel::grpc::Client: unary calls of generated gRPC stubs, retried by core's engine with the
 // rules keel's HTTP clients follow. Each attempt's gRPC status is classified by core
-// (keel/grpc_status.hpp: UNAVAILABLE transient, RESOURCE_EXHAUSTED throttled, ABORTED a conflict,
-// DEADLINE_EXCEEDED ambiguous or timed out, INTERNAL/UNKNOWN retried at most
+// (keel/core/grpc_status.hpp: UNAVAILABLE transient, RESOURCE_EXHAUSTED throttled, ABORTED a
+// conflict, DEADLINE_EXCEEDED ambiguous or timed out, INTERNAL/UNKNOWN retried at most
 // max_retries_on_internal times, the rest permanent), a grpc-retry-pushback-ms trailer is the
 // server's delay (capped by retry.retry_after_cap; negative or malformed: no retry), and every
 // attempt goes through the target's circuit breaker and the client's retry budget.
@@ -10,7 +10,7 @@
 //   - its own deadline (grpc-timeout): min(retry.per_try_timeout, what the operation's deadline
 //     leaves), so the server stops when the caller stops waiting for that attempt;
 //   - keel-deadline-ms: the whole milliseconds left before the operation's deadline (only when
-//     it is finite), as Keel-Deadline-Ms on HTTP (keel/deadline_header.hpp);
+//     it is finite), as Keel-Deadline-Ms on HTTP (keel/core/deadline_header.hpp);
 //   - grpc-previous-rpc-attempts: the attempts of this operation before it (gRFC A6), on every
 //     attempt after the first;
 //   - idempotency-key: for a call whose CallSpec says it is not idempotent, one key made before
@@ -21,7 +21,7 @@
 // (grpc.enable_retries = 0, so a service config from the name resolver cannot turn them on
 // either), and refuses channel arguments that ask for them (a service config with a retryPolicy
 // or hedgingPolicy, or grpc.enable_retries = 1): keel's retries and gRPC's would multiply. A
-// call made inside another keel retry loop makes one attempt (keel/retry_layers.hpp).
+// call made inside another keel retry loop makes one attempt (keel/core/retry_layers.hpp).
 //
 // Thread-safety: a Client is safe to use from many threads at once (gRPC channels and stubs are);
 // its options are fixed when it is built.
@@ -52,13 +52,13 @@
 #include <utility>
 #include <vector>
 
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/classify.hpp"
-#include "keel/clock.hpp"
-#include "keel/hedge.hpp"
-#include "keel/random.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/hedge.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/retry.hpp"
 
 namespace keel::grpc {
 
@@ -114,7 +114,7 @@ struct ClientOptions {
   /// Whether every attempt of a call with a finite deadline carries keel-deadline-ms.
   /// Default true.
   bool propagate_deadline = true;
-  /// Hedged calls (keel/hedge.hpp, docs/hedging.md), for calls made through a stub's callback
+  /// Hedged calls (keel/core/hedge.hpp, docs/hedging.md), for calls made through a stub's callback
   /// method (the call() overload taking &Service::Stub::async::Method): when an attempt of a call
   /// that is safe to repeat (idempotent, or carrying its key) is still in flight after
   /// hedge->delay, another is sent with the same key, up to max_hedges at once; the first answer

@@ -29,7 +29,7 @@
 #include <string_view>
 
 #include "keel/grpc/client.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/queue/queue.hpp"
 
 namespace keel::grpc {
 

@@ -1,7 +1,7 @@
 // keel::grpc::IdempotentUnary: keel's receiving side for a gRPC service's unary methods. Inside a
 // synchronous service method it refuses a call whose deadline has passed, sheds retries first
 // when an AdmissionLimiter is full (grpc-previous-rpc-attempts), and runs keel's idempotency flow
-// (keel/store/idempotency/idempotency_flow.hpp) keyed by the call's idempotency-key metadata: the
+// (keel/idempotency/idempotency_flow.hpp) keyed by the call's idempotency-key metadata: the
 // handler's writes and its reply are committed together, a repeat of the same call is answered
 // with the stored reply, and a key reused with another request, or still held by a call in
 // progress, is refused. The request message's bytes (deterministic serialization) and the method
@@ -47,8 +47,8 @@
 #include <string_view>
 #include <type_traits>
 
-#include "keel/admission.hpp"
-#include "keel/store/idempotency/idempotency_flow.hpp"
+#include "keel/core/admission.hpp"
+#include "keel/idempotency/idempotency_flow.hpp"
 
 namespace keel::grpc {
 
@@ -56,7 +56,7 @@ struct ServerOptions {
   /// The idempotency flow's options: store and pool are required (see FlowOptions). Its clock
   /// is what deadlines are read against.
   store::FlowOptions flow;
-  /// Sheds retries first when full (keel/admission.hpp): a call's attempt number is its
+  /// Sheds retries first when full (keel/core/admission.hpp): a call's attempt number is its
   /// grpc-previous-rpc-attempts plus one (or Keel-Attempt). Non-owning. Default none.
   AdmissionLimiter* limiter = nullptr;
   /// Who the call authenticates as, verified by the server (keys are scoped by it). Default: the

@@ -1,13 +1,13 @@
 // keel::http::DeferredWrites: where a client hands a write it could not deliver now ("queue for
-// later", keel/fallback.hpp). When ClientOptions::fallbacks.deferred_writes points at one, both
-// HTTP clients give it every write that carries an idempotency key and failed because its
+// later", keel/core/fallback.hpp). When ClientOptions::fallbacks.deferred_writes points at one,
+// both HTTP clients give it every write that carries an idempotency key and failed because its
 // dependency is down (an open breaker, or retries exhausted on a transient failure); the call
 // then returns StopReason::kQueued with Result::job_id, and the implementation delivers the
 // request later with the same Idempotency-Key, so the receiver sees one logical operation. A
 // write without a key is never handed over.
 //
 // keel::http defines only the interface, so that it depends on no store; the durable
-// implementation is keel::store::QueuedWrites (keel/store/handlers/deferred_request.hpp, in
+// implementation is keel::store::QueuedWrites (keel/handlers/deferred_request.hpp, in
 // keel::store_handlers), a job on a keel::store::JobQueue delivered by
 // keel::store::DeferredRequestHandler.
 //
@@ -27,7 +27,7 @@
 #include <string>
 #include <string_view>
 
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 #include "keel/http/request.hpp"
 
 namespace keel::http {

@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
-#include "keel/expected.hpp"
-#include "keel/idempotency_key.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/idempotency_key.hpp"
 
 namespace keel::http {
 
@@ -35,7 +35,7 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 /// Whether two header names are the same (ASCII case-insensitive).
 [[nodiscard]] bool same_header_name(std::string_view a, std::string_view b) noexcept;
 
-/// Longest Idempotency-Key accepted, in bytes (keel/idempotency_key.hpp).
+/// Longest Idempotency-Key accepted, in bytes (keel/core/idempotency_key.hpp).
 using keel::kMaxIdempotencyKeyBytes;
 
 /// The key a client sends for `key`: its canonical form under keel's one key rule

@@ -26,18 +26,18 @@
 #include <string>
 #include <string_view>
 
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/classify.hpp"
-#include "keel/clock.hpp"
-#include "keel/concurrency_limit.hpp"
-#include "keel/hedge.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/concurrency_limit.hpp"
+#include "keel/core/hedge.hpp"
+#include "keel/core/latency.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/rate_limit.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/request.hpp"
-#include "keel/latency.hpp"
-#include "keel/random.hpp"
-#include "keel/rate_limit.hpp"
-#include "keel/retry.hpp"
 
 namespace keel::http {
 
@@ -105,7 +105,7 @@ struct ClientOptions {
     /// leaves), which stays the upper bound. Recorded: the latency of every attempt that got a
     /// response (any status), and a timed-out attempt at the time it waited (a lower bound of
     /// its latency: dropping it would keep the timeout low after a shift above it, see
-    /// keel/latency.hpp); not connection failures. Latencies are read on `clock` (a
+    /// keel/core/latency.hpp); not connection failures. Latencies are read on `clock` (a
     /// keel::ManualClock reads them as zero: the timeout then sits at its floor). See
     /// docs/timeouts.md. Default false.
     bool adaptive_timeouts = false;
@@ -148,12 +148,12 @@ struct ClientOptions {
   };
 
   /// What a failed operation may do instead of failing, when keel::choose_fallback allows it
-  /// (keel/fallback.hpp, docs/breakers.md): answer a GET from a stale copy, queue a keyed write
-  /// for later. Both off by default.
+  /// (keel/core/fallback.hpp, docs/breakers.md): answer a GET from a stale copy, queue a keyed
+  /// write for later. Both off by default.
   struct Fallbacks {
     /// Stale while down: the cache every successful GET is stored in, and answered from while
     /// the host's breaker is open (Result::stale, with its age; never older than the cache's
-    /// max_age), instead of failing with kCircuitOpen (keel/fallback.hpp). Share one between
+    /// max_age), instead of failing with kCircuitOpen (keel/core/fallback.hpp). Share one between
     /// clients. Non-owning; Requires: outlives the client. See docs/breakers.md. Default none.
     ResponseCache* stale_responses = nullptr;
     /// Queue for later: where a write that carries an idempotency key goes when its dependency
@@ -182,7 +182,7 @@ struct ClientOptions {
     Duration connect_timeout = std::chrono::seconds(2);
     /// Whether every attempt of an operation with a finite deadline carries Keel-Deadline-Ms:
     /// the whole milliseconds left before the operation's deadline when the attempt is set up
-    /// (keel/deadline_header.hpp), so the receiver can refuse work nobody will wait for and
+    /// (keel/core/deadline_header.hpp), so the receiver can refuse work nobody will wait for and
     /// bound its own retries by it. Never sent for an operation without a deadline. See
     /// docs/deadlines.md. Default true.
     bool propagate_deadline = true;
@@ -230,7 +230,7 @@ struct ClientOptions {
   Brakes brakes;
   /// Stale answers and queued writes (see Fallbacks).
   Fallbacks fallbacks;
-  /// Hedged requests (keel/hedge.hpp, docs/hedging.md): when an attempt of a safe-to-repeat
+  /// Hedged requests (keel/core/hedge.hpp, docs/hedging.md): when an attempt of a safe-to-repeat
   /// request (an idempotent method, or a write with its Idempotency-Key; never a POST without
   /// one) is still in flight after hedge->delay, another is sent with the same key, up to
   /// max_hedges at once; the first good answer wins and the others are cancelled. Every hedge

@@ -16,12 +16,12 @@
 #include <string>
 #include <string_view>
 
-#include "keel/classify.hpp"
-#include "keel/clock.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/url.hpp"
-#include "keel/retry.hpp"
 
 namespace keel::http {
 
@@ -88,7 +88,7 @@ struct Request {
 /// Checks a request before any attempt: its URL (parse_url), its header fields
 /// (check_header_field) and its Idempotency-Key (check_idempotency_key), and finds the caller's
 /// key: Request::idempotency_key or an Idempotency-Key header (any case). Returns the caller's
-/// key in its canonical form (keel/idempotency_key.hpp; empty when none), the form sent, when
+/// key in its canonical form (keel/core/idempotency_key.hpp; empty when none), the form sent, when
 /// the request can be sent; otherwise an Error saying why it cannot (an invalid key, two
 /// different keys). Both clients run it first in send().
 [[nodiscard]] Expected<std::string> check_request(const Request& request);
@@ -139,7 +139,7 @@ struct Result {
 };
 
 /// Passed to ClientOptions::observability.on_attempt after every attempt. The fields and words are
-/// those of keel::Event's kAttemptFinished (keel/events.hpp): the outcome, and the decision as
+/// those of keel::Event's kAttemptFinished (keel/core/events.hpp): the outcome, and the decision as
 /// keel::format_decision writes it.
 struct AttemptEvent {
   std::string_view method;

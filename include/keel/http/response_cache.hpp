@@ -1,6 +1,6 @@
 // keel::http::ResponseCache: a bounded in-memory cache of successful GET responses, for serving
 // a stale answer while a dependency's circuit breaker is open ("stale while down",
-// keel/fallback.hpp). Both HTTP clients fill it with every successful GET when
+// keel/core/fallback.hpp). Both HTTP clients fill it with every successful GET when
 // ClientOptions::fallbacks.stale_responses points at one, and answer from it, with Result::stale
 // set, instead of failing with kCircuitOpen; a cached answer older than max_age is never served.
 //
@@ -30,7 +30,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "keel/clock.hpp"
+#include "keel/core/clock.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/request.hpp"
 

@@ -31,7 +31,7 @@
 #include <string>
 #include <string_view>
 
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::http {
 

@@ -1,9 +1,9 @@
 // keel::metrics: what keel's brakes do, as Prometheus metrics on prometheus-cpp. RetryMetrics is
-// an EventSink (keel/events.hpp) that counts attempts, retries, budget refusals and give-ups by
-// reason, the attempts each operation took (a histogram) and the breakers' transitions, and sets
-// gauges from a health snapshot (keel/health.hpp): each breaker's state, failure rate and calls
-// in its window, each budget's level. Everything is registered with a prometheus::Registry the
-// caller owns and serves; serialize() writes the text exposition of any registries
+// an EventSink (keel/core/events.hpp) that counts attempts, retries, budget refusals and give-ups
+// by reason, the attempts each operation took (a histogram) and the breakers' transitions, and sets
+// gauges from a health snapshot (keel/core/health.hpp): each breaker's state, failure rate and
+// calls in its window, each budget's level. Everything is registered with a prometheus::Registry
+// the caller owns and serves; serialize() writes the text exposition of any registries
 // (prometheus::TextSerializer).
 //
 // Metrics (label values are keel's words with '_' for ' ': "attempts_exhausted", "half_open"):
@@ -41,8 +41,8 @@
 #include <string>
 #include <string_view>
 
-#include "keel/events.hpp"
-#include "keel/health.hpp"
+#include "keel/core/events.hpp"
+#include "keel/core/health.hpp"
 
 namespace keel::metrics {
 

@@ -1,5 +1,5 @@
 // A consumer's processed-message counts (keel::store::ProcessedMessages,
-// keel/store/queue/processed_messages.hpp) as Prometheus metrics through keel::metrics' Scrape.
+// keel/consumers/processed_messages.hpp) as Prometheus metrics through keel::metrics' Scrape.
 // Header-only and written against what the records offer (counts() and options().consumer), so
 // that keel::metrics includes nothing of keel::store: a program that has the records has
 // included their header already.

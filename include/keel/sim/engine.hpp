@@ -37,11 +37,11 @@
 #include <string>
 #include <vector>
 
-#include "keel/breaker.hpp"
-#include "keel/clock.hpp"
-#include "keel/concurrency_limit.hpp"
-#include "keel/rate_limit.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/concurrency_limit.hpp"
+#include "keel/core/rate_limit.hpp"
+#include "keel/core/retry.hpp"
 
 namespace keel::sim {
 
@@ -81,7 +81,7 @@ struct DependencyConfig {
   Window outage{};
   /// When >= 0, requests shed because the queue is full carry this Retry-After. Default none.
   Duration shed_retry_after = Outcome::kNoServerDelay;
-  /// Receiver-side admission control, keel::AdmissionLimiter (keel/admission.hpp) at the
+  /// Receiver-side admission control, keel::AdmissionLimiter (keel/core/admission.hpp) at the
   /// dependency's front door: when > 0, a retry that arrives while this many requests are in the
   /// dependency (served or queued) is shed at once, without using capacity, with a full-jitter
   /// Retry-After on [0, admission_retry_after_max); a first attempt only once

@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 #include "keel/sim/engine.hpp"
 
 namespace keel::sim {

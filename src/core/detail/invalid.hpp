@@ -1,15 +1,15 @@
 // The one message format for invalid configuration, for every keel::core type that validates its
 // options when it is built: "keel::TYPE: FIELD must be REQUIREMENT (got VALUE)", keel::Error's
-// format (keel/expected.hpp). Private to keel::core.
+// format (keel/core/expected.hpp). Private to keel::core.
 #pragma once
 
 #include <string>
 #include <string_view>
 #include <type_traits>
 
-#include "keel/clock.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::detail {
 

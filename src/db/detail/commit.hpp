@@ -7,9 +7,9 @@
 #include <string>
 #include <string_view>
 
-#include "keel/store/db/database.hpp"
-#include "keel/store/db/dialect.hpp"
-#include "keel/store/db/transaction.hpp"
+#include "keel/db/database.hpp"
+#include "keel/db/dialect.hpp"
+#include "keel/db/transaction.hpp"
 
 namespace keel::store::detail {
 

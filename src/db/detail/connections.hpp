@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "keel/store/db/database.hpp"
+#include "keel/db/database.hpp"
 
 namespace keel::store::detail {
 

@@ -2,7 +2,7 @@
 // dialect_of (dialect.cpp) hands out. Private to keel::store_db.
 #pragma once
 
-#include "keel/store/db/dialect.hpp"
+#include "keel/db/dialect.hpp"
 
 namespace keel::store::detail {
 

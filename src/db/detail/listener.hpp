@@ -13,8 +13,8 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/clock.hpp"
-#include "keel/store/db/database.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/db/database.hpp"
 
 namespace keel::store::detail {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "keel/store/db/database.hpp"
+#include "keel/db/database.hpp"
 
 struct pg_conn;  // libpq's PGconn
 

@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "keel/random.hpp"
+#include "keel/core/random.hpp"
 
 namespace keel::store::detail {
 

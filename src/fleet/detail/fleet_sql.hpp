@@ -10,8 +10,8 @@
 #include <string>
 #include <string_view>
 
-#include "keel/clock.hpp"
-#include "keel/store/db/database.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/db/database.hpp"
 
 namespace keel::store::detail {
 

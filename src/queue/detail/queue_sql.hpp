@@ -19,18 +19,18 @@
 #include <vector>
 
 #include "db/detail/commit.hpp"
-#include "keel/duration.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/db/row_cursor.hpp"
-#include "keel/store/queue/queue.hpp"
-#include "keel/text.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/text.hpp"
+#include "keel/db/database.hpp"
+#include "keel/db/row_cursor.hpp"
+#include "keel/queue/queue.hpp"
 
 namespace keel::store::detail {
 
 // The longest error text stored with a job or an attempt, in bytes.
 inline constexpr std::size_t kMaxErrorText = 2000;
 
-using keel::to_ms;  // keel/duration.hpp: whole milliseconds, truncated
+using keel::to_ms;  // keel/core/duration.hpp: whole milliseconds, truncated
 
 // An error, reason or history text as the queue stores it: valid UTF-8 without NUL within
 // kMaxErrorText bytes (keel::storable_text), whatever bytes a handler reported, so that an

@@ -18,10 +18,10 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/backoff.hpp"
-#include "keel/clock.hpp"
-#include "keel/store/db/database.hpp"
-#include "keel/store/queue/queue.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/db/database.hpp"
+#include "keel/queue/queue.hpp"
 
 namespace keel::store::detail {
 

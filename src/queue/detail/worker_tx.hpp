@@ -1,4 +1,4 @@
-// One attempt of a transactional job handler (keel/store/queue/queue_worker.hpp): the handler's
+// One attempt of a transactional job handler (keel/queue/queue_worker.hpp): the handler's
 // writes and the job's success in one transaction. Private to keel::store_queue; stateless, safe
 // from any thread, each call on the Connection it is given.
 #pragma once
@@ -6,8 +6,8 @@
 #include <atomic>
 #include <functional>
 
-#include "keel/store/queue/queue.hpp"
-#include "keel/store/queue/queue_worker.hpp"
+#include "keel/queue/queue.hpp"
+#include "keel/queue/queue_worker.hpp"
 
 namespace keel::store::detail {
 

@@ -1,7 +1,7 @@
 // keel::store::beast::HealthCheck: a probe thread with its own connection and a watchdog thread
 // that answers the checks the probe keeps waiting past their timeout (see
-// keel/store/beast/health_check.hpp).
-#include "keel/store/beast/health_check.hpp"
+// keel/serve/beast/health_check.hpp).
+#include "keel/serve/beast/health_check.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::store::beast {
 

@@ -1,5 +1,5 @@
-// The idempotency flow as a Boost.Beast handler (see keel/store/beast/idempotent_handler.hpp).
-#include "keel/store/beast/idempotent_handler.hpp"
+// The idempotency flow as a Boost.Beast handler (see keel/serve/beast/idempotent_handler.hpp).
+#include "keel/serve/beast/idempotent_handler.hpp"
 
 #include <boost/asio/post.hpp>
 #include <boost/beast/core/string.hpp>
@@ -7,9 +7,9 @@
 #include <memory>
 #include <utility>
 
-#include "keel/expected.hpp"
-#include "keel/random.hpp"
-#include "keel/store/idempotency/request_translation.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/core/random.hpp"
+#include "keel/idempotency/request_translation.hpp"
 
 namespace keel::store::beast {
 namespace {

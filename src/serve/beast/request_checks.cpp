@@ -7,8 +7,8 @@
 #include <string_view>
 #include <utility>
 
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
 
 namespace keel::store::beast::detail {
 namespace {

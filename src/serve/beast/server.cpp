@@ -1,18 +1,18 @@
 // keel::store::beast::Server: one Session per connection, on a strand of the event loop; each
 // request read with deadlines per request (the first byte from the accept, the head from its first
 // byte, the body from the end of the head), checked, routed, answered, then the next one (see
-// keel/store/beast/server.hpp). Sessions not having a request handled wait in one list, oldest
+// keel/serve/beast/server.hpp). Sessions not having a request handled wait in one list, oldest
 // first, from which a new connection at the limit takes its slot.
 //
 // Server's own methods are here; its state and the sessions are in detail/server_impl.hpp.
-#include "keel/store/beast/server.hpp"
+#include "keel/serve/beast/server.hpp"
 
 #include <exception>
 #include <mutex>
 #include <string>
 #include <utility>
 
-#include "keel/store/idempotency/idempotency_flow.hpp"
+#include "keel/idempotency/idempotency_flow.hpp"
 #include "serve/beast/detail/server_impl.hpp"
 
 namespace keel::store::beast {

@@ -1,4 +1,4 @@
-#include "keel/store/server/admission_middleware.hpp"
+#include "keel/serve/httplib/admission_middleware.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -7,8 +7,8 @@
 #include <string>
 #include <utility>
 
-#include "keel/expected.hpp"
-#include "keel/store/server/idempotency_middleware.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/serve/httplib/idempotency_middleware.hpp"
 #include "serve/httplib/detail/header_lookup.hpp"
 
 namespace keel::store {

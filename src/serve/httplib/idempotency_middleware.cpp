@@ -1,12 +1,12 @@
 // The idempotency middleware for cpp-httplib: an adapter that copies an httplib::Request into
-// the framework-neutral IdempotentRequestFlow (keel/store/idempotency/idempotency_flow.hpp) and its
-// answer into the httplib::Response (see keel/store/server/idempotency_middleware.hpp).
-#include "keel/store/server/idempotency_middleware.hpp"
+// the framework-neutral IdempotentRequestFlow (keel/idempotency/idempotency_flow.hpp) and its
+// answer into the httplib::Response (see keel/serve/httplib/idempotency_middleware.hpp).
+#include "keel/serve/httplib/idempotency_middleware.hpp"
 
 #include <stdexcept>
 
 #include "idempotency/detail/ascii.hpp"
-#include "keel/expected.hpp"
+#include "keel/core/expected.hpp"
 #include "serve/httplib/detail/close_after_answer.hpp"
 #include "serve/httplib/detail/header_lookup.hpp"
 

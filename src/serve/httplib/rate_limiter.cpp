@@ -1,7 +1,7 @@
-#include "keel/store/server/rate_limiter.hpp"
+#include "keel/serve/httplib/rate_limiter.hpp"
 
-#include "keel/retry_after.hpp"
-#include "keel/store/server/idempotency_middleware.hpp"
+#include "keel/core/retry_after.hpp"
+#include "keel/serve/httplib/idempotency_middleware.hpp"
 
 namespace keel::store {
 

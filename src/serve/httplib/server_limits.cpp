@@ -1,5 +1,6 @@
 // keel's recommended cpp-httplib server settings: limits, framing checks before the body is read,
-// problem+json error answers, an exclusive port (see keel/store/server/idempotency_middleware.hpp).
+// problem+json error answers, an exclusive port (see
+// keel/serve/httplib/idempotency_middleware.hpp).
 #include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,10 +12,10 @@
 #include <stdexcept>
 
 #include "idempotency/detail/ascii.hpp"
-#include "keel/duration.hpp"
-#include "keel/expected.hpp"
-#include "keel/store/idempotency/idempotency_flow.hpp"
-#include "keel/store/server/idempotency_middleware.hpp"
+#include "keel/core/duration.hpp"
+#include "keel/core/expected.hpp"
+#include "keel/idempotency/idempotency_flow.hpp"
+#include "keel/serve/httplib/idempotency_middleware.hpp"
 #include "serve/httplib/detail/close_after_answer.hpp"
 
 namespace keel::store {

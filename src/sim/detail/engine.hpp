@@ -12,13 +12,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "keel/admission.hpp"
-#include "keel/breaker.hpp"
-#include "keel/clock.hpp"
-#include "keel/concurrency_limit.hpp"
-#include "keel/random.hpp"
-#include "keel/rate_limit.hpp"
-#include "keel/retry.hpp"
+#include "keel/core/admission.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/concurrency_limit.hpp"
+#include "keel/core/random.hpp"
+#include "keel/core/rate_limit.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/sim/engine.hpp"
 
 namespace keel::sim::detail {

@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "keel/core/grpc_status.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/grpc/client.hpp"
-#include "keel/grpc_status.hpp"
-#include "keel/retry.hpp"
 #include "scripted_payments.hpp"
 #include "temp_dir.hpp"
 

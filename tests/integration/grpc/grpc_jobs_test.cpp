@@ -14,8 +14,8 @@
 
 #include "keel/grpc/job_handler.hpp"
 #include "keel/grpc/server.hpp"
-#include "keel/store/idempotency/idempotency.hpp"
-#include "keel/store/queue/queue_worker.hpp"
+#include "keel/idempotency/idempotency.hpp"
+#include "keel/queue/queue_worker.hpp"
 #include "test_service.grpc.pb.h"
 #include "test_support.hpp"
 

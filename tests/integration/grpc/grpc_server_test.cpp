@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "keel/core/grpc_status.hpp"
 #include "keel/grpc/client.hpp"
 #include "keel/grpc/server.hpp"
-#include "keel/grpc_status.hpp"
-#include "keel/store/idempotency/idempotency.hpp"
+#include "keel/idempotency/idempotency.hpp"
 #include "test_service.grpc.pb.h"
 #include "test_support.hpp"
 

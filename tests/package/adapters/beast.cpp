@@ -1,6 +1,6 @@
 // keel::store_beast from the install: a server built, started on a free loopback port and
 // stopped, through find_package(keel) and through pkg-config alike.
-#include <keel/store/beast/server.hpp>
+#include <keel/serve/beast/server.hpp>
 
 int consumer_beast() {
   keel::store::beast::Server server;

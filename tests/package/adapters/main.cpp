@@ -4,13 +4,13 @@
 #include <asio/io_context.hpp>
 #include <cstdio>
 #include <keel/asio/retry.hpp>
+#include <keel/db/database.hpp>
+#include <keel/fleet/shared_breakers.hpp>
+#include <keel/handlers/webhook_handler.hpp>
 #include <keel/http/client.hpp>
 #include <keel/http/request.hpp>
+#include <keel/serve/httplib/idempotency_middleware.hpp>
 #include <keel/sim/scenarios.hpp>
-#include <keel/store/db/database.hpp>
-#include <keel/store/fleet/shared_breakers.hpp>
-#include <keel/store/handlers/webhook_handler.hpp>
-#include <keel/store/server/idempotency_middleware.hpp>
 
 int consumer_metrics();
 int consumer_beast();

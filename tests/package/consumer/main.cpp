@@ -1,6 +1,6 @@
 // A program that uses an installed keel through find_package(keel).
 #include <cstdio>
-#include <keel/retry.hpp>
+#include <keel/core/retry.hpp>
 #include <keel/version.hpp>
 
 int main() {

@@ -23,18 +23,18 @@
 #include <string>
 #include <string_view>
 
-#include "keel/breaker.hpp"
-#include "keel/budget.hpp"
-#include "keel/classify.hpp"
-#include "keel/clock.hpp"
-#include "keel/concurrency_limit.hpp"
-#include "keel/hedge.hpp"
+#include "keel/core/breaker.hpp"
+#include "keel/core/budget.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/clock.hpp"
+#include "keel/core/concurrency_limit.hpp"
+#include "keel/core/hedge.hpp"
+#include "keel/core/latency.hpp"
+#include "keel/core/rate_limit.hpp"
+#include "keel/core/retry.hpp"
 #include "keel/http/message.hpp"
 #include "keel/http/options.hpp"
 #include "keel/http/request.hpp"
-#include "keel/latency.hpp"
-#include "keel/rate_limit.hpp"
-#include "keel/retry.hpp"
 
 namespace keel::http::detail {
 

@@ -1,5 +1,5 @@
 // keel::http::detail: the fallbacks both HTTP clients apply once an operation's retries are
-// done (keel/fallback.hpp decides which; ClientOptions::fallbacks.stale_responses and
+// done (keel/core/fallback.hpp decides which; ClientOptions::fallbacks.stale_responses and
 // fallbacks.deferred_writes carry them out). Written once, here, and called by keel::http::Client
 // and keel::asio::HttpClient right after the give-up line.
 //
@@ -9,8 +9,8 @@
 // concurrent use.
 #pragma once
 
-#include "keel/classify.hpp"
-#include "keel/clock.hpp"
+#include "keel/core/classify.hpp"
+#include "keel/core/clock.hpp"
 #include "keel/http/options.hpp"
 #include "keel/http/request.hpp"
 

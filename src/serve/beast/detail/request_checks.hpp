@@ -1,12 +1,12 @@
 // The checks of a server's options and of a request's Host that need no server
-// (keel/store/beast/server.hpp): pure functions, safe from any thread. Private to
+// (keel/serve/beast/server.hpp): pure functions, safe from any thread. Private to
 // keel::store_beast.
 #pragma once
 
 #include <optional>
 #include <string>
 
-#include "keel/store/beast/server.hpp"
+#include "keel/serve/beast/server.hpp"
 
 namespace keel::store::beast::detail {
 

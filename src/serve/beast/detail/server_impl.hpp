@@ -30,9 +30,9 @@
 #include <utility>
 #include <vector>
 
-#include "keel/backoff.hpp"
-#include "keel/random.hpp"
-#include "keel/store/beast/server.hpp"
+#include "keel/core/backoff.hpp"
+#include "keel/core/random.hpp"
+#include "keel/serve/beast/server.hpp"
 
 namespace keel::store::beast {
 

@@ -1,5 +1,5 @@
 // The header fields of an httplib::Request as keel's one request translation reads them
-// (keel/store/idempotency/request_translation.hpp). cpp-httplib's header map compares names
+// (keel/idempotency/request_translation.hpp). cpp-httplib's header map compares names
 // without regard to case; the views point into the request.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "keel/store/idempotency/request_translation.hpp"
+#include "keel/idempotency/request_translation.hpp"
 
 namespace keel::store::detail {
 

@@ -1,7 +1,7 @@
 // A program on keel's job queue alone: an SQLite queue, one job enqueued twice under one key.
 #include <cstdio>
-#include <keel/store/db/database.hpp>
-#include <keel/store/queue/queue.hpp>
+#include <keel/db/database.hpp>
+#include <keel/queue/queue.hpp>
 
 int main() {
   auto conn =
