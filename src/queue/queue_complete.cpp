@@ -12,8 +12,8 @@
 namespace keel::store {
 
 using detail::clip;
+using detail::held_by;
 using detail::in_transaction;
-using detail::insert_attempt;
 using detail::to_ms;
 
 namespace {
@@ -85,8 +85,17 @@ CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, s
 CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
                                 const AttemptReport& report, std::string_view history,
                                 std::int64_t now) const {
+  std::vector<detail::SettleWrite> writes;
+  const CompleteResult out =
+      decide_settle(detail::read_settle_row(row, i), report, history, now, writes);
+  detail::apply_settles(tx, writes, now);
+  return out;
+}
+
+CompleteResult JobQueue::decide_settle(const detail::SettleRow& job, const AttemptReport& report,
+                                       std::string_view history, std::int64_t now,
+                                       std::vector<detail::SettleWrite>& writes) const {
   CompleteResult out;
-  const detail::SettleRow job = detail::read_settle_row(row, i);
   const std::int64_t job_id = job.id;
   const bool started = job.started_ms.has_value();
   const OutcomeKind kind = report.outcome.kind;
@@ -98,8 +107,6 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
   const int charge = attempted ? (started ? 0 : 1) : (started ? -1 : 0);
   const std::int64_t max_attempts = job.max_attempts;
   const std::int64_t began = started ? *job.started_ms : job.leased_ms.value_or(now);
-  const std::string& owner = job.lease_owner;
-  const std::int64_t round = job.replays;
   std::string error = report.error;
   if (error.empty() && kind != OutcomeKind::kSuccess) error = describe(report.outcome);
   const std::string_view name =
@@ -123,33 +130,33 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
     verdict = decide_retry(policy_, limits, progress, report.outcome, rng_);
   }
 
-  if (verdict.retry && !verdict.counts_attempt) {
-    // Nothing was sent: no attempt is charged and the job waits for its brake.
-    out.status = CompleteStatus::kDeferred;
-    out.delay = verdict.delay;
-    out.retry_at_ms = now + to_ms(verdict.delay);
-    tx.query(
-        "UPDATE keel_jobs SET state = 'retry_scheduled', attempts = attempts + $5,"
-        " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = $3, deferred_reason = $4,"
-        " deferrals = deferrals + 1, updated_ms = $2 WHERE id = $1",
-        {job_id, now, out.retry_at_ms, clip(error), charge});
-    insert_attempt(tx, job_id, round, attempts, began, now, name, error, to_ms(verdict.delay),
-                   owner);
-    return out;
-  }
+  detail::SettleWrite w{.id = job_id, .charge = charge};
+  w.history = {.job_id = job_id,
+               .round = job.replays,
+               .attempt = attempts,
+               .started_ms = began,
+               .finished_ms = now,
+               .outcome = std::string(name),
+               .error = error,
+               .worker = job.lease_owner};
   if (verdict.retry) {
-    out.status = CompleteStatus::kRetryScheduled;
+    out.status =
+        verdict.counts_attempt ? CompleteStatus::kRetryScheduled : CompleteStatus::kDeferred;
     out.delay = verdict.delay;
     out.retry_at_ms = now + to_ms(verdict.delay);
-    tx.query(
-        "UPDATE keel_jobs SET state = 'retry_scheduled', attempts = attempts + $7,"
-        " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = $3, last_error = $4,"
-        " deferred_reason = NULL, limited_retries = $5, prev_delay_ms = $6, updated_ms = $2"
-        " WHERE id = $1",
-        {job_id, now, out.retry_at_ms, clip(error), verdict.progress.limited_retries,
-         to_ms(verdict.progress.previous_delay), charge});
-    insert_attempt(tx, job_id, round, attempts, began, now, name, error, to_ms(verdict.delay),
-                   owner);
+    w.state = "retry_scheduled";
+    w.run_at_ms = out.retry_at_ms;
+    w.history.delay_ms = to_ms(verdict.delay);
+    if (!verdict.counts_attempt) {
+      // Nothing was sent: no attempt is charged and the job waits for its brake.
+      w.deferred_reason = clip(error);
+      w.deferral = 1;
+    } else {
+      w.last_error = clip(error);
+      w.limited_retries = verdict.progress.limited_retries;
+      w.prev_delay_ms = to_ms(verdict.progress.previous_delay);
+    }
+    writes.push_back(std::move(w));
     return out;
   }
   out.status = CompleteStatus::kDead;
@@ -157,12 +164,79 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
                                         error, history, options_.max_age);
   out.dead_kind = dead.kind;
   out.dead_reason = clip(dead.reason);
-  tx.query(
-      "UPDATE keel_jobs SET state = 'dead', attempts = attempts + $5, lease_owner = NULL,"
-      " lease_expires_ms = NULL, run_at_ms = $2, last_error = $3, dead_reason = $4,"
-      " dead_kind = $6, updated_ms = $2, finished_ms = $2 WHERE id = $1",
-      {job_id, now, clip(error), out.dead_reason, charge, std::string(to_string(out.dead_kind))});
-  insert_attempt(tx, job_id, round, attempts, began, now, name, error, std::nullopt, owner);
+  w.state = "dead";
+  w.run_at_ms = now;
+  w.last_error = clip(error);
+  w.dead_reason = out.dead_reason;
+  w.dead_kind = std::string(to_string(out.dead_kind));
+  w.finished_ms = now;
+  writes.push_back(std::move(w));
+  return out;
+}
+
+std::vector<CompleteResult> JobQueue::complete_batch(
+    Connection& connection, const std::vector<BatchOutcome>& outcomes) const {
+  std::vector<CompleteResult> out(outcomes.size());
+  if (outcomes.empty()) return out;
+  std::vector<std::pair<std::int64_t, std::int64_t>> done;
+  std::vector<std::size_t> failed;  // indexes into outcomes
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    if (outcomes[i].report.outcome.kind == OutcomeKind::kSuccess) {
+      done.emplace_back(outcomes[i].job_id, outcomes[i].fence);
+    } else {
+      failed.push_back(i);
+    }
+  }
+  // In ascending id order, as every statement of the queue that writes several jobs.
+  std::sort(done.begin(), done.end());
+  std::sort(failed.begin(), failed.end(),
+            [&](std::size_t a, std::size_t b) { return outcomes[a].job_id < outcomes[b].job_id; });
+  in_transaction(deadlocks_, connection, [&](Connection& tx) {
+    for (CompleteResult& r : out) r = CompleteResult{.status = CompleteStatus::kStale};
+    const std::int64_t now = now_ms();
+    const std::vector<std::int64_t> current = record_done(tx, done, now);
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+      if (std::binary_search(current.begin(), current.end(), outcomes[i].job_id) &&
+          outcomes[i].report.outcome.kind == OutcomeKind::kSuccess) {
+        out[i].status = CompleteStatus::kDone;
+      }
+    }
+    if (failed.empty()) return true;
+    // The failed jobs still held under their leases, read and locked in one statement.
+    std::vector<Value> params;
+    const auto param = [&](std::int64_t v) {
+      params.emplace_back(v);
+      return "$" + std::to_string(params.size());
+    };
+    std::string held;
+    for (std::size_t k = 0; k < failed.size(); ++k) {
+      const BatchOutcome& o = outcomes[failed[k]];
+      held += (k ? " OR (" : "(") + held_by(param(o.job_id), param(o.fence)) + ")";
+    }
+    const Rows rows = tx.query(std::string("SELECT ") + std::string(detail::kSettleColumns) +
+                                   " FROM keel_jobs WHERE " + held + " ORDER BY id" +
+                                   std::string(tx.dialect().lock_rows()),
+                               params);
+    std::vector<detail::SettleWrite> writes;
+    writes.reserve(rows.size());
+    std::size_t k = 0;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      const detail::SettleRow job = detail::read_settle_row(rows, r);
+      while (k < failed.size() && outcomes[failed[k]].job_id < job.id) ++k;
+      if (k == failed.size()) break;
+      out[failed[k]] = decide_settle(job, outcomes[failed[k]].report, {}, now, writes);
+    }
+    detail::apply_settles(tx, writes, now);
+    return true;
+  });
+  if (options_.on_dead_letter) {
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+      if (out[i].status == CompleteStatus::kDead) {
+        options_.on_dead_letter(outcomes[i].job_id,
+                                DeadLetterReason{out[i].dead_kind, out[i].dead_reason});
+      }
+    }
+  }
   return out;
 }
 
@@ -180,28 +254,36 @@ std::vector<std::int64_t> JobQueue::complete_done_ids(
   // In ascending id order, as every statement of the queue that writes several jobs.
   std::vector<std::pair<std::int64_t, std::int64_t>> done = id_and_fence;
   std::sort(done.begin(), done.end());
+  const auto record = [&](Connection& c) {
+    current = record_done(c, done, now_ms());
+    return true;
+  };
+  // One statement for the whole set where WITH may hold an UPDATE, atomic on its own.
   if (connection.dialect().data_modifying_ctes()) {
-    // One statement for the whole set, atomic on its own.
+    detail::in_statement(deadlocks_, connection, record);
+  } else {
+    in_transaction(deadlocks_, connection, record);
+  }
+  return current;
+}
+
+std::vector<std::int64_t> JobQueue::record_done(
+    Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+    std::int64_t now) const {
+  std::vector<std::int64_t> current;
+  if (done.empty()) return current;
+  if (connection.dialect().data_modifying_ctes()) {
     // kMarkDone's now is $2; $1 is a 0 the statement only compares.
-    std::vector<Value> params = {std::int64_t{0}, now_ms()};
+    std::vector<Value> params = {std::int64_t{0}, now};
     const std::string sql = "WITH " + detail::done_ctes(done, params) +
                             " SELECT id FROM done WHERE $1::bigint = 0 ORDER BY id";
-    detail::in_statement(deadlocks_, connection, [&](Connection& c) {
-      const Rows r = c.query(sql, params);
-      current.clear();
-      for (std::size_t i = 0; i < r.size(); ++i) current.push_back(RowCursor(r, i).integer());
-      return true;
-    });
+    const Rows r = connection.query(sql, params);
+    for (std::size_t i = 0; i < r.size(); ++i) current.push_back(RowCursor(r, i).integer());
     return current;
   }
-  in_transaction(deadlocks_, connection, [&](Connection& tx) {
-    current.clear();
-    const std::int64_t now = now_ms();
-    for (const auto& [id, fence] : done) {
-      if (detail::mark_done(tx, id, fence, now)) current.push_back(id);
-    }
-    return true;
-  });
+  for (const auto& [id, fence] : done) {
+    if (detail::mark_done(connection, id, fence, now)) current.push_back(id);
+  }
   return current;
 }
 

@@ -269,7 +269,7 @@ void Worker::recorded(const WorkerEvent& event) {
 struct Worker::Slot {
   std::optional<ConnectionPool::Lease> conn;
   std::vector<LeasedJob> next;         // leased by the last success of a batch (complete_and_lease)
-  std::vector<WorkerEvent> buffer;     // successes of the batch not recorded yet, oldest first
+  std::vector<WorkerEvent> buffer;     // outcomes of the batch not recorded yet, oldest first
   TimePoint buffer_since{};            // when the oldest of them finished
   std::vector<Unrecorded> unrecorded;  // outcomes known whose recording has not finished
   LeaseHint hint;           // what the last lease said about the queue when it came back short
@@ -299,30 +299,52 @@ std::vector<std::pair<std::int64_t, std::int64_t>> Worker::buffer_to_unrecorded(
 
 void Worker::buffer_recorded(Slot& slot, std::size_t from,
                              const std::vector<std::int64_t>& current) {
-  // unrecorded[from, end) is what buffer_to_unrecorded moved: each recorded, or found stale.
+  // unrecorded[from, end) is what buffer_to_unrecorded moved, successes only: each recorded, or
+  // found stale.
+  std::vector<CompleteResult> results(slot.unrecorded.size() - from);
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const std::int64_t id = slot.unrecorded[from + i].event.job.id;
+    results[i].status = std::find(current.begin(), current.end(), id) != current.end()
+                            ? CompleteStatus::kDone
+                            : CompleteStatus::kStale;
+  }
+  buffer_recorded(slot, from, std::move(results));
+}
+
+void Worker::buffer_recorded(Slot& slot, std::size_t from, std::vector<CompleteResult> results) {
   std::vector<Unrecorded> moved(
       std::make_move_iterator(slot.unrecorded.begin() + static_cast<std::ptrdiff_t>(from)),
       std::make_move_iterator(slot.unrecorded.end()));
   slot.unrecorded.resize(from);
-  for (Unrecorded& u : moved) {
-    WorkerEvent& e = u.event;
-    e.result.status = std::find(current.begin(), current.end(), e.job.id) != current.end()
-                          ? CompleteStatus::kDone
-                          : CompleteStatus::kStale;
+  for (std::size_t i = 0; i < moved.size(); ++i) {
+    WorkerEvent& e = moved[i].event;
+    e.result = std::move(results[i]);
     recorded(e);
   }
 }
 
+bool Worker::buffer_all_successes(const Slot& slot) {
+  return std::all_of(slot.buffer.begin(), slot.buffer.end(), [](const WorkerEvent& e) {
+    return e.report.outcome.kind == OutcomeKind::kSuccess;
+  });
+}
+
 void Worker::flush_buffer(Slot& slot) {
   if (slot.buffer.empty()) return;
+  // Successes and failures in one transaction, in a few statements (JobQueue::complete_batch).
+  std::vector<BatchOutcome> outcomes;
+  outcomes.reserve(slot.buffer.size());
+  for (const WorkerEvent& e : slot.buffer) outcomes.push_back({e.job.id, e.job.fence, e.report});
   const std::size_t from = slot.unrecorded.size();
-  const auto done = buffer_to_unrecorded(slot);
-  buffer_recorded(slot, from, queue_.complete_done_ids(**slot.conn, done));
+  (void)buffer_to_unrecorded(slot);
+  buffer_recorded(slot, from, queue_.complete_batch(**slot.conn, outcomes));
 }
 
 bool Worker::start_job(Slot& slot, const LeasedJob& job) {
   // The buffered successes and this job's start in one statement (one transaction on SQLite): a
-  // crash in between re-runs none of them, and one after charges only this job.
+  // crash in between re-runs none of them, and one after charges only this job. Failures in the
+  // buffer are recorded first, with the successes (the start's statement records successes only).
+  if (!buffer_all_successes(slot)) flush_buffer(slot);
   const std::size_t from = slot.unrecorded.size();
   const auto done = buffer_to_unrecorded(slot);
   const DoneAndStarted step = queue_.complete_and_start(**slot.conn, done, job.id, job.fence);
@@ -404,6 +426,7 @@ void Worker::process(Slot& slot, const LeasedJob& job, bool last) {
   const detail::RecordingFacts facts{.recorded_by_handler = run.settled.has_value(),
                                      .in_doubt = run.in_doubt,
                                      .success = run.report.outcome.kind == OutcomeKind::kSuccess,
+                                     .refused = !run.report.outcome.attempted(),
                                      .stopping = stopping_.load(),
                                      .paused = paused_for() > Duration::zero(),
                                      .last_of_batch = last,
@@ -425,13 +448,16 @@ void Worker::process(Slot& slot, const LeasedJob& job, bool last) {
       if (slot.buffer.empty()) slot.buffer_since = queue_.clock().now();
       slot.buffer.push_back(std::move(event));
       return;
+    case detail::Recording::kAlone:
+      // Recorded now, after the buffer (outcomes in the order their handlers ran), in one
+      // transaction with it (flush_buffer).
+      slot.buffer.push_back(std::move(event));
+      flush_buffer(slot);
+      return;
     case detail::Recording::kSettle:
     case detail::Recording::kWithNextLease:
-    case detail::Recording::kAlone:
       break;
   }
-  // Outcomes are recorded in the order their handlers ran: the buffer before this one.
-  if (recording == detail::Recording::kAlone) flush_buffer(slot);
   slot.unrecorded.push_back({.event = event,
                              .tx_in_doubt = run.in_doubt,
                              .leased = recording == detail::Recording::kWithNextLease});
@@ -444,14 +470,14 @@ void Worker::process(Slot& slot, const LeasedJob& job, bool last) {
     // The busy path: the success and the next lease in one step (one statement on PostgreSQL).
     event.result.status =
         complete_and_lease(slot, job) == 1 ? CompleteStatus::kDone : CompleteStatus::kStale;
-  } else {
-    event.result = queue_.complete(**slot.conn, job.id, job.fence, run.report);
   }
   slot.unrecorded.pop_back();
   recorded(event);
 }
 
 std::int64_t Worker::complete_and_lease(Slot& slot, const LeasedJob& job) {
+  // The lease's statement records successes only: buffered failures go first, with the rest.
+  if (!buffer_all_successes(slot)) flush_buffer(slot);
   leasing();
   std::shared_lock gate(lease_gate_);
   // The buffer's successes and this one (the last of `unrecorded`, already there).
@@ -607,7 +633,7 @@ void Worker::run_batch(Slot& slot, const std::vector<LeasedJob>& jobs) {
       // doubt, a node turned read-only): it is settled on a new connection, with the job's
       // fencing token, never left to its lease and run again. A job of this batch that did not
       // run is given back uncharged.
-      // The buffer's successes ran first: they go first.
+      // The buffer's outcomes ran first: they go first.
       const auto known = static_cast<std::ptrdiff_t>(slot.unrecorded.size());
       (void)buffer_to_unrecorded(slot);
       std::rotate(slot.unrecorded.begin(), slot.unrecorded.begin() + known, slot.unrecorded.end());
@@ -625,7 +651,7 @@ void Worker::run_batch(Slot& slot, const std::vector<LeasedJob>& jobs) {
       return;
     }
   }
-  // Every way a batch ends records its buffer (decide_recording; a failure flushes it first); what
+  // Every way a batch ends records its buffer (decide_recording: its last outcome, a refusal); what
   // is left would otherwise wait for its lease's expiry and run again.
   if (slot.buffer.empty()) return;
   try {

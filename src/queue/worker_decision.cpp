@@ -15,13 +15,17 @@ StartDecision decide_start(const StartFacts& facts) noexcept {
 Recording decide_recording(const RecordingFacts& facts) noexcept {
   if (facts.recorded_by_handler) return Recording::kRecorded;
   if (facts.in_doubt) return Recording::kSettle;
-  // Only a success while the worker goes on rides on a later statement: a failure is recorded at
-  // once (its retry is scheduled, its brakes told), and a stopping or paused worker starts and
-  // leases nothing for it to ride on.
-  if (!facts.success || facts.stopping || facts.paused) return Recording::kAlone;
-  if (facts.last_of_batch) return Recording::kWithNextLease;
-  // A success that ran alone is recorded while the worker still runs nothing else.
-  return facts.ran_alone ? Recording::kAlone : Recording::kBuffered;
+  // A stopping or paused worker starts and leases nothing for an outcome to ride on, and a
+  // brake's refusal pauses the worker when it is recorded: recorded now.
+  if (facts.stopping || facts.paused || facts.refused) return Recording::kAlone;
+  // The batch's last: a success rides on the next lease; a failure is recorded now, with the
+  // buffer (the lease's statement records successes only).
+  if (facts.last_of_batch) return facts.success ? Recording::kWithNextLease : Recording::kAlone;
+  // An outcome of a job that ran alone is recorded while the worker still runs nothing else.
+  if (facts.ran_alone) return Recording::kAlone;
+  // Any other outcome of the batch, a failure too, waits in the buffer: a flush records
+  // successes and failures together, in a few statements whatever their number.
+  return Recording::kBuffered;
 }
 
 }  // namespace keel::store::detail

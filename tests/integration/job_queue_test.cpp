@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "build_kind.hpp"
+#include "counting_connection.hpp"
 #include "keel/core/duration.hpp"
 #include "keel/core/text.hpp"
 #include "keel/queue/dead_letters.hpp"
@@ -576,6 +577,120 @@ TEST_P(JobQueueTest, CompleteAndLeaseRecordsTheSuccessAndLeasesTheNextJobs) {
   EXPECT_TRUE(stale.leased.empty());
   EXPECT_EQ(q.get(*conn_, b.id)->state, JobState::kRunning);
   EXPECT_EQ(q.get(*conn_, b.id)->history.size(), 0u);
+}
+
+// complete_batch records what complete() would, outcome by outcome, whatever the mix: two
+// sets of jobs get the same reports, one through complete() and one through complete_batch(),
+// and end with the same rows and history (no jitter, so the delays are the same too).
+TEST_P(JobQueueTest, ABatchOfOutcomesIsRecordedAsCompleteRecordsEachOne) {
+  std::vector<std::int64_t> dead_letters;
+  JobQueue q = make_queue(
+      {.max_attempts = 2,
+       .backoff = {.base = 1s, .cap = 4s, .jitter = Jitter::kNone},
+       .on_dead_letter = [&](std::int64_t id, std::string_view) { dead_letters.push_back(id); }});
+  const std::vector<AttemptReport> reports = {
+      AttemptReport::success(),
+      {.outcome = Outcome::transient(), .error = "HTTP 503"},
+      {.outcome = Outcome::permanent(), .error = "HTTP 400"},
+      {.outcome = Outcome::not_attempted(3s), .error = "breaker open"},
+      {.outcome = Outcome::throttled(2s), .error = "HTTP 429"},
+      {.outcome = Outcome::transient(), .error = ""},
+      AttemptReport::success(),
+  };
+  const auto run = [&](bool batched) {
+    std::vector<std::int64_t> ids;
+    for (std::size_t i = 0; i < reports.size(); ++i) {
+      ids.push_back(q.enqueue(*conn_, {.queue = batched ? "b" : "a", .payload = "{}"}).id);
+    }
+    // A second attempt for the last transient failure's job, so that it is exhausted.
+    const auto leased = q.lease(*conn_, batched ? "b" : "a", "w", static_cast<int>(ids.size()));
+    EXPECT_EQ(leased.size(), ids.size());
+    std::vector<CompleteResult> results;
+    if (batched) {
+      std::vector<BatchOutcome> outcomes;
+      for (std::size_t i = 0; i < leased.size(); ++i) {
+        outcomes.push_back({leased[i].id, leased[i].fence, reports[i]});
+      }
+      // A stale lease among them is skipped, as complete() skips it.
+      outcomes.push_back({leased[0].id, leased[0].fence + 1, {.outcome = Outcome::transient()}});
+      results = q.complete_batch(*conn_, outcomes);
+      EXPECT_EQ(results.back().status, CompleteStatus::kStale);
+      results.pop_back();
+    } else {
+      for (std::size_t i = 0; i < leased.size(); ++i) {
+        results.push_back(q.complete(*conn_, leased[i].id, leased[i].fence, reports[i]));
+      }
+    }
+    return std::make_pair(ids, results);
+  };
+  const auto [single_ids, single] = run(false);
+  const auto [batch_ids, batch] = run(true);
+  ASSERT_EQ(single.size(), batch.size());
+  const std::vector<CompleteStatus> expected = {
+      CompleteStatus::kDone,     CompleteStatus::kRetryScheduled, CompleteStatus::kDead,
+      CompleteStatus::kDeferred, CompleteStatus::kRetryScheduled, CompleteStatus::kRetryScheduled,
+      CompleteStatus::kDone};
+  for (std::size_t i = 0; i < single.size(); ++i) {
+    SCOPED_TRACE("outcome " + std::to_string(i));
+    EXPECT_EQ(to_string(batch[i].status), to_string(expected[i]));
+    EXPECT_EQ(to_string(batch[i].status), to_string(single[i].status));
+    EXPECT_EQ(batch[i].delay, single[i].delay);
+    EXPECT_EQ(batch[i].retry_at_ms, single[i].retry_at_ms);
+    EXPECT_EQ(batch[i].dead_reason, single[i].dead_reason);
+    const auto a = q.get(*conn_, single_ids[i]);
+    const auto b = q.get(*conn_, batch_ids[i]);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(to_string(b->state), to_string(a->state));
+    EXPECT_EQ(b->attempts, a->attempts);
+    EXPECT_EQ(b->run_at_ms, a->run_at_ms);
+    EXPECT_EQ(b->last_error, a->last_error);
+    EXPECT_EQ(b->deferred_reason, a->deferred_reason);
+    EXPECT_EQ(b->deferrals, a->deferrals);
+    EXPECT_EQ(b->dead_reason, a->dead_reason);
+    EXPECT_EQ(b->dead_kind.has_value(), a->dead_kind.has_value());
+    EXPECT_EQ(b->lease_owner, a->lease_owner);
+    ASSERT_EQ(b->history.size(), a->history.size());
+    for (std::size_t h = 0; h < a->history.size(); ++h) {
+      EXPECT_EQ(b->history[h].outcome, a->history[h].outcome);
+      EXPECT_EQ(b->history[h].attempt, a->history[h].attempt);
+      EXPECT_EQ(b->history[h].error, a->history[h].error);
+      EXPECT_EQ(b->history[h].delay_ms, a->history[h].delay_ms);
+      EXPECT_EQ(b->history[h].worker, a->history[h].worker);
+    }
+  }
+  // And what each is, on its own terms.
+  const auto row = [&](std::size_t i) { return *q.get(*conn_, batch_ids[i]); };
+  EXPECT_EQ(row(1).last_error, "HTTP 503");
+  EXPECT_EQ(row(1).attempts, 1);
+  EXPECT_EQ(row(1).run_at_ms, q.now_ms() + 1000);
+  EXPECT_EQ(row(2).dead_kind, DeadReason::kPermanent);
+  EXPECT_EQ(row(2).dead_reason, "permanent: HTTP 400");
+  EXPECT_EQ(row(3).attempts, 0) << "a deferral is not charged";
+  EXPECT_EQ(row(3).deferrals, 1);
+  EXPECT_EQ(row(3).deferred_reason, "breaker open");
+  EXPECT_EQ(row(3).last_error, "");
+  EXPECT_EQ(row(4).run_at_ms, q.now_ms() + 2000) << "the server's delay";
+  EXPECT_EQ(row(5).history.back().error, describe(Outcome::transient()));
+  EXPECT_EQ(row(6).state, JobState::kDone);
+  EXPECT_EQ(dead_letters, (std::vector<std::int64_t>{single_ids[2], batch_ids[2]}));
+
+  // The retried jobs' second attempts, exhausted (max_attempts 2), both ways again.
+  clock_.advance(10s);
+  const auto again_a = q.lease(*conn_, "a", "w", 10);
+  const auto again_b = q.lease(*conn_, "b", "w", 10);
+  ASSERT_EQ(again_a.size(), again_b.size());
+  std::vector<BatchOutcome> outcomes;
+  for (const LeasedJob& j : again_b) {
+    outcomes.push_back({j.id, j.fence, {.outcome = Outcome::transient(), .error = "again"}});
+  }
+  const auto results = q.complete_batch(*conn_, outcomes);
+  for (std::size_t i = 0; i < again_a.size(); ++i) {
+    const CompleteResult one = q.complete(*conn_, again_a[i].id, again_a[i].fence,
+                                          {.outcome = Outcome::transient(), .error = "again"});
+    EXPECT_EQ(to_string(results[i].status), to_string(one.status));
+    EXPECT_EQ(results[i].dead_reason, one.dead_reason);
+    EXPECT_EQ(q.get(*conn_, again_b[i].id)->attempts, q.get(*conn_, again_a[i].id)->attempts);
+  }
 }
 
 TEST_P(JobQueueTest, ASuccessIsReadFromTheDoneRowAndWritesNoHistoryRow) {
@@ -1401,6 +1516,55 @@ TEST_P(JobQueueTest, AWorkerRecordsEachSuccessOfABatchInOrderAndOnce) {
   }
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done' AND attempts = 1"),
             count("SELECT COUNT(*) FROM keel_jobs WHERE id % 4 <> 0"));
+}
+
+// A batch's failures wait in the buffer with its successes and are recorded together, in one
+// transaction a flush: a batch of failures costs about what a batch of successes does, not a
+// transaction a job.
+TEST_P(JobQueueTest, ABatchedWorkerRecordsItsFailuresTogetherNotOneTransactionEach) {
+  std::atomic<std::int64_t> transactions{0};
+  ConnectionPool pool(
+      url(), {.max_connections = 4, .open = [&](const DatabaseUrl& u, const ConnectOptions& o) {
+                return std::make_unique<test::CountingConnection>(open_database(u, o),
+                                                                  transactions);
+              }});
+  std::vector<std::int64_t> dead;
+  // One attempt a job, so that every job ends (a retry would wait for the manual clock).
+  JobQueue q =
+      make_queue({.max_attempts = 1, .on_dead_letter = [&](std::int64_t id, std::string_view) {
+                    dead.push_back(id);
+                  }});
+  constexpr int kJobs = 60;
+  constexpr int kBatch = 10;
+  std::vector<EnqueueRequest> reqs(kJobs, EnqueueRequest{.queue = "q", .payload = "{}"});
+  (void)q.enqueue_many(*conn_, reqs);
+  std::vector<CompleteStatus> statuses;
+  Worker worker(pool, q,
+                // A flush window no run reaches: the flushes counted are the batches' own.
+                {.queue = "q",
+                 .batch = kBatch,
+                 .flush_window = 1h,
+                 .poll_interval = 1ms,
+                 .exit_when_idle = true,
+                 .on_event = [&](const WorkerEvent& e) { statuses.push_back(e.result.status); }},
+                [&](const LeasedJob& job, const std::atomic<bool>&) {
+                  // Every job fails, every third one permanently.
+                  return job.id % 3 == 0
+                             ? AttemptReport{.outcome = Outcome::permanent(), .error = "400"}
+                             : AttemptReport{.outcome = Outcome::transient(), .error = "503"};
+                });
+  EXPECT_EQ(worker.run(), kJobs);
+  ASSERT_EQ(statuses.size(), static_cast<std::size_t>(kJobs));
+  for (const CompleteStatus s : statuses) EXPECT_EQ(s, CompleteStatus::kDead) << to_string(s);
+  EXPECT_EQ(dead.size(), static_cast<std::size_t>(kJobs));
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'dead' AND attempts = 1 AND"
+                  " ((id % 3 = 0 AND dead_kind = 'permanent' AND last_error = '400') OR"
+                  " (id % 3 <> 0 AND dead_kind = 'attempts_exhausted' AND last_error = '503'))"),
+            kJobs);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_job_attempts"), kJobs);
+  // A lease and a flush a batch, and the worker's last looks; one failure recorded at a time
+  // took a transaction each (60).
+  EXPECT_LE(transactions.load(), 2 * kJobs / kBatch + 6) << transactions.load();
 }
 
 TEST_P(JobQueueTest, ABatchWhoseLeaseExpiresComesBackUnchargedAndCounted) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "build_kind.hpp"
+#include "counting_connection.hpp"
 #include "keel/db/database.hpp"
 #include "keel/queue/queue.hpp"
 #include "keel/queue/queue_worker.hpp"
@@ -256,38 +257,6 @@ TEST_P(PostgresWakeupTest, ARetryIsLeasedWhenItComesDueNotAtTheNextPoll) {
   EXPECT_GE(worker.wakeup_counts().due_checks, 1);
 }
 
-// Counts the transactions a connection runs: each statement outside a transaction is one, and a
-// BEGIN ... COMMIT is one.
-class CountingConnection final : public Connection {
- public:
-  CountingConnection(std::unique_ptr<Connection> inner, std::atomic<std::int64_t>& count)
-      : inner_(std::move(inner)), count_(count) {}
-  [[nodiscard]] Backend backend() const noexcept override { return inner_->backend(); }
-  void execute(std::string_view sql) override {
-    if (!inner_->in_transaction()) count_.fetch_add(1);
-    inner_->execute(sql);
-  }
-  Rows query(std::string_view sql, std::span<const Value> params) override {
-    if (!inner_->in_transaction()) count_.fetch_add(1);
-    return inner_->query(sql, params);
-  }
-  void begin(Isolation isolation) override {
-    count_.fetch_add(1);
-    inner_->begin(isolation);
-  }
-  void commit() override { inner_->commit(); }
-  void rollback() noexcept override { inner_->rollback(); }
-  [[nodiscard]] bool in_transaction() const noexcept override { return inner_->in_transaction(); }
-  [[nodiscard]] bool broken() const noexcept override { return inner_->broken(); }
-  [[nodiscard]] std::string database_identity() const override {
-    return inner_->database_identity();
-  }
-
- private:
-  std::unique_ptr<Connection> inner_;
-  std::atomic<std::int64_t>& count_;
-};
-
 TEST_P(PostgresWakeupTest, AnIdleWorkerCostsAtMostHalfATransactionPerSecond) {
   // Counted at the client: every transaction the worker's pooled connections run, and the
   // statements of its listener.
@@ -299,7 +268,8 @@ TEST_P(PostgresWakeupTest, AnIdleWorkerCostsAtMostHalfATransactionPerSecond) {
   std::atomic<std::int64_t> transactions{0};
   ConnectionPool pool(
       url(), {.max_connections = 4, .open = [&](const DatabaseUrl& u, const ConnectOptions& o) {
-                return std::make_unique<CountingConnection>(open_database(u, o), transactions);
+                return std::make_unique<test::CountingConnection>(open_database(u, o),
+                                                                  transactions);
               }});
   Worker worker(
       pool, queue_, {.queue = "q"},  // the defaults, as `keel jobs work` runs

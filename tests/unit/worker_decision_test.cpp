@@ -74,7 +74,7 @@ struct RecordingRow {
   Recording expected;
 };
 
-TEST(WorkerDecision, OnlyASuccessOfAWorkerGoingOnRidesOnTheNextStatement) {
+TEST(WorkerDecision, OnlyTheOutcomesOfAWorkerGoingOnRideOnALaterStatement) {
   const RecordingRow rows[] = {
       {"a success inside the batch", {.success = true}, Recording::kBuffered},
       {"the batch's last success",
@@ -87,8 +87,13 @@ TEST(WorkerDecision, OnlyASuccessOfAWorkerGoingOnRidesOnTheNextStatement) {
       {"the batch's last success, run alone",
        {.success = true, .last_of_batch = true, .ran_alone = true},
        Recording::kWithNextLease},
-      {"a failure inside the batch", {}, Recording::kAlone},
+      // A failure waits in the buffer too: a flush records successes and failures together.
+      {"a failure inside the batch", {}, Recording::kBuffered},
       {"the batch's last failure", {.last_of_batch = true}, Recording::kAlone},
+      {"a failure run alone inside the batch", {.ran_alone = true}, Recording::kAlone},
+      // A brake's refusal pauses the worker when it is recorded: now.
+      {"a refusal inside the batch", {.refused = true}, Recording::kAlone},
+      {"the batch's last refusal", {.refused = true, .last_of_batch = true}, Recording::kAlone},
       {"a success while stopping", {.success = true, .stopping = true}, Recording::kAlone},
       {"the last success while stopping",
        {.success = true, .stopping = true, .last_of_batch = true},
@@ -115,23 +120,29 @@ TEST(WorkerDecision, OnlyASuccessOfAWorkerGoingOnRidesOnTheNextStatement) {
   }
 }
 
-// Over every combination: a failure is never deferred to a later statement (its retry and its
-// brakes are due now), and a stopping or paused worker never leases for one.
-TEST(WorkerDecision, NoFailureWaitsAndNoStoppingWorkerLeases) {
-  for (int bits = 0; bits < 64; ++bits) {
+// Over every combination: only the outcomes of a worker going on wait for a later statement;
+// a failure waits only in the buffer (a lease's statement records successes only), and a
+// refusal, an outcome in doubt or one recorded already never waits.
+TEST(WorkerDecision, NoRefusalWaitsAndNoStoppingWorkerLeases) {
+  for (int bits = 0; bits < 256; ++bits) {
     const RecordingFacts f{.recorded_by_handler = (bits & 1) != 0,
                            .in_doubt = (bits & 2) != 0,
                            .success = (bits & 4) != 0,
+                           .refused = (bits & 64) != 0,
                            .stopping = (bits & 8) != 0,
                            .paused = (bits & 16) != 0,
-                           .last_of_batch = (bits & 32) != 0};
+                           .last_of_batch = (bits & 32) != 0,
+                           .ran_alone = (bits & 128) != 0};
     const Recording r = decide_recording(f);
     const bool rides = r == Recording::kBuffered || r == Recording::kWithNextLease;
-    if (!f.success || f.in_doubt || f.recorded_by_handler) {
+    if (f.refused || f.in_doubt || f.recorded_by_handler || f.stopping || f.paused) {
       EXPECT_FALSE(rides) << bits;
     }
-    if (f.stopping || f.paused) {
-      EXPECT_FALSE(rides) << bits;
+    if (!f.success) {
+      EXPECT_NE(r, Recording::kWithNextLease) << bits;
+    }
+    if (f.ran_alone) {
+      EXPECT_NE(r, Recording::kBuffered) << bits;
     }
     EXPECT_EQ(r == Recording::kWithNextLease, rides && f.last_of_batch) << bits;
     EXPECT_EQ(r == Recording::kBuffered, rides && !f.last_of_batch) << bits;

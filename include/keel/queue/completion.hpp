@@ -66,6 +66,14 @@ struct CompleteResult {
   DeadReason dead_kind = DeadReason::kAttemptsExhausted;
 };
 
+/// One finished attempt of a leased job, for JobQueue::complete_batch: the lease (id, fencing
+/// token) and its report.
+struct BatchOutcome {
+  std::int64_t job_id = 0;
+  std::int64_t fence = 0;
+  AttemptReport report;
+};
+
 /// What JobQueue::complete_and_lease did.
 struct DoneAndLeased {
   /// How many of the finished jobs were current (the stale ones are skipped).

@@ -115,6 +115,11 @@
 
 namespace keel::store {
 
+namespace detail {
+struct SettleRow;    // a running job as settle() reads it (src/queue/detail/queue_sql.hpp)
+struct SettleWrite;  // what settle() writes of it
+}  // namespace detail
+
 class JobQueue {
  public:
   // Construction and schema (src/queue/queue.cpp).
@@ -273,6 +278,14 @@ class JobQueue {
       Connection& connection,
       const std::vector<std::pair<std::int64_t, std::int64_t>>& id_and_fence) const;
 
+  /// Records each outcome as complete() would, all in one transaction and in a few statements
+  /// whatever their number and mix: the successes in one (as complete_done), the failures' rows
+  /// read in one, written in one, and their history in one. results[i] is outcomes[i]'s
+  /// (kStale for a lease no longer current); dead letters go to on_dead_letter after the commit.
+  /// A Worker records a batch's outcomes this way. Throws DatabaseError (nothing recorded).
+  [[nodiscard]] std::vector<CompleteResult> complete_batch(
+      Connection& connection, const std::vector<BatchOutcome>& outcomes) const;
+
   // Inspection: one job with its history (src/queue/queue.cpp).
 
   /// The job with its full attempt history, or nullopt. Throws DatabaseError.
@@ -378,6 +391,18 @@ class JobQueue {
   [[nodiscard]] CompleteResult settle(Connection& tx, const Rows& row, std::size_t i,
                                       const AttemptReport& report, std::string_view history,
                                       std::int64_t now) const;
+  // Records the successes in `done` (ascending ids) at `now` in the caller's transaction or
+  // statement: the ids that were current, ascending.
+  [[nodiscard]] std::vector<std::int64_t> record_done(
+      Connection& connection, const std::vector<std::pair<std::int64_t, std::int64_t>>& done,
+      std::int64_t now) const;
+  // settle()'s decision for one job (core's decide_retry on its row and report): the result,
+  // and the row's writes appended to `writes` for detail::apply_settles, which writes any number
+  // of them in two statements.
+  [[nodiscard]] CompleteResult decide_settle(const detail::SettleRow& job,
+                                             const AttemptReport& report, std::string_view history,
+                                             std::int64_t now,
+                                             std::vector<detail::SettleWrite>& writes) const;
   // Records the successes in `done` and leases up to `limit` due jobs: one statement on
   // PostgreSQL, which also says whether an expired lease is waiting to be reaped
   // (*expired_waiting); SQLite asks that with a second query.

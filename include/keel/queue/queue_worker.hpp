@@ -297,10 +297,10 @@ class Worker {
   void run_batch(Slot& slot, const std::vector<LeasedJob>& jobs);
   // Runs one job (or, while paused, defers it with `pause_report_`) and records its outcome as
   // detail::decide_start and detail::decide_recording say (queue/detail/worker_decision.hpp):
-  // the buffered successes of the batch (`slot.buffer`) ride on this job's committed start when
-  // it has one, or are flushed first when due; a success of the batch's `last` job is recorded
-  // with the buffer by complete_and_lease, which puts the jobs it leased in `slot.next`; any
-  // other success joins the buffer.
+  // the buffered outcomes of the batch (`slot.buffer`) ride on this job's committed start when
+  // it has one and they are successes, or are flushed first when due; a success of the batch's
+  // `last` job is recorded with the buffer by complete_and_lease, which puts the jobs it leased
+  // in `slot.next`; any other outcome of a batch going on joins the buffer.
   void process(Slot& slot, const LeasedJob& job, bool last);
   // Records this job's start, with the buffer; false when its lease was lost meanwhile.
   bool start_job(Slot& slot, const LeasedJob& job);
@@ -317,14 +317,20 @@ class Worker {
   void recruit(std::size_t leased);
   // The bookkeeping after an outcome was recorded: the count, a brake's pause, on_event.
   void recorded(const WorkerEvent& event);
-  // Records the buffered successes on their own, if there are any, and clears the buffer.
-  void flush_buffer(Slot& slot);
   // Moves the buffer into `slot.unrecorded` (its recording is under way) and returns the pairs
-  // (id, fence) to record.
+  // (id, fence) to record (a buffer of successes only, for a start's or a lease's statement).
   std::vector<std::pair<std::int64_t, std::int64_t>> buffer_to_unrecorded(Slot& slot);
   // The recording of what buffer_to_unrecorded moved (unrecorded[from, end)) ended: `current`
   // were recorded, the rest found stale.
   void buffer_recorded(Slot& slot, std::size_t from, const std::vector<std::int64_t>& current);
+  // ... each with its result (results[i] is unrecorded[from + i]'s).
+  void buffer_recorded(Slot& slot, std::size_t from, std::vector<CompleteResult> results);
+  // Whether every outcome in the slot's buffer is a success (which a start's or a lease's
+  // statement can record).
+  static bool buffer_all_successes(const Slot& slot);
+  // Records the buffer, successes and failures, if there is any, in one transaction
+  // (JobQueue::complete_batch), and clears it.
+  void flush_buffer(Slot& slot);
   // Records outcomes whose recording failed (`error`) on a new connection, with each job's
   // fencing token: recorded now, found recorded already (a commit in doubt that applied), or
   // found taken over. Waits for the database with core's backoff, counted towards

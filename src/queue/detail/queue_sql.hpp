@@ -74,16 +74,122 @@ inline void in_statement(std::atomic<std::int64_t>& deadlocks, Connection& conn,
 }
 
 // One row of a job's history (keel_job_attempts).
+struct AttemptRow {
+  std::int64_t job_id = 0;
+  std::int64_t round = 0;
+  std::int64_t attempt = 0;
+  std::int64_t started_ms = 0;
+  std::int64_t finished_ms = 0;
+  std::string outcome;
+  std::string error;  // empty: none
+  std::optional<std::int64_t> delay_ms;
+  std::string worker;  // empty: none
+};
+
+// Rows of history in one statement.
+inline void insert_attempts(Connection& tx, const std::vector<AttemptRow>& rows) {
+  if (rows.empty()) return;
+  std::string sql =
+      "INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms, finished_ms, outcome, "
+      "error, delay_ms, worker) VALUES ";
+  std::vector<Value> params;
+  params.reserve(rows.size() * 9);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const AttemptRow& r = rows[i];
+    sql += i ? ", (" : "(";
+    for (int k = 0; k < 9; ++k) {
+      sql += (k ? ", $" : "$") + std::to_string(params.size() + 1 + static_cast<std::size_t>(k));
+    }
+    sql += ")";
+    params.insert(params.end(), {r.job_id, r.round, r.attempt, r.started_ms, r.finished_ms,
+                                 r.outcome, r.error.empty() ? Value() : Value(clip(r.error)),
+                                 r.delay_ms ? Value(*r.delay_ms) : Value(),
+                                 r.worker.empty() ? Value() : Value(r.worker)});
+  }
+  tx.query(sql, params);
+}
+
 inline void insert_attempt(Connection& tx, std::int64_t job_id, std::int64_t round,
                            std::int64_t attempt, std::int64_t started_ms, std::int64_t finished_ms,
                            std::string_view outcome, std::string_view error,
                            std::optional<std::int64_t> delay_ms, std::string_view worker) {
+  insert_attempts(tx, {{.job_id = job_id,
+                        .round = round,
+                        .attempt = attempt,
+                        .started_ms = started_ms,
+                        .finished_ms = finished_ms,
+                        .outcome = std::string(outcome),
+                        .error = std::string(error),
+                        .delay_ms = delay_ms,
+                        .worker = std::string(worker)}});
+}
+
+// What settling a running job writes (JobQueue::decide_settle): its row's new state, and its
+// history row. A value left empty keeps the row's.
+struct SettleWrite {
+  std::int64_t id = 0;
+  std::string state;  // "retry_scheduled" (a retry or a deferral) or "dead"
+  int charge = 0;     // added to attempts
+  std::int64_t run_at_ms = 0;
+  std::optional<std::string> last_error;
+  // A deferral's reason; a retry clears it, a death keeps it.
+  std::optional<std::string> deferred_reason;
+  int deferral = 0;  // added to deferrals
+  std::optional<std::int64_t> limited_retries;
+  std::optional<std::int64_t> prev_delay_ms;
+  std::optional<std::string> dead_reason;
+  std::optional<std::string> dead_kind;
+  std::optional<std::int64_t> finished_ms;
+  AttemptRow history;
+};
+
+// Writes `writes` (ascending ids, rows the caller's transaction holds) at `now`: one UPDATE for
+// all of them, from a derived table of their values, and one INSERT of their history.
+inline void apply_settles(Connection& tx, const std::vector<SettleWrite>& writes,
+                          std::int64_t now) {
+  if (writes.empty()) return;
+  std::vector<Value> params = {now};
+  const auto param = [&](Value v, std::string_view type) {
+    params.push_back(std::move(v));
+    return "CAST($" + std::to_string(params.size()) + " AS " + std::string(type) + ")";
+  };
+  const auto opt_int = [](const std::optional<std::int64_t>& v) { return v ? Value(*v) : Value(); };
+  const auto opt_text = [](const std::optional<std::string>& v) { return v ? Value(*v) : Value(); };
+  std::string rows;
+  std::vector<AttemptRow> history;
+  history.reserve(writes.size());
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const SettleWrite& w = writes[i];
+    rows += i ? " UNION ALL SELECT " : "SELECT ";
+    rows += param(w.id, "BIGINT") + " AS id, " + param(w.state, "TEXT") + " AS state, " +
+            param(std::int64_t{w.charge}, "BIGINT") + " AS charge, " +
+            param(w.run_at_ms, "BIGINT") + " AS run_at_ms, " +
+            param(opt_text(w.last_error), "TEXT") + " AS last_error, " +
+            param(opt_text(w.deferred_reason), "TEXT") + " AS deferred_reason, " +
+            param(std::int64_t{w.deferral}, "BIGINT") + " AS deferral, " +
+            param(opt_int(w.limited_retries), "BIGINT") + " AS limited_retries, " +
+            param(opt_int(w.prev_delay_ms), "BIGINT") + " AS prev_delay_ms, " +
+            param(opt_text(w.dead_reason), "TEXT") + " AS dead_reason, " +
+            param(opt_text(w.dead_kind), "TEXT") + " AS dead_kind, " +
+            param(opt_int(w.finished_ms), "BIGINT") + " AS finished_ms";
+    history.push_back(w.history);
+  }
   tx.query(
-      "INSERT INTO keel_job_attempts (job_id, round, attempt, started_ms, finished_ms, outcome, "
-      "error, delay_ms, worker) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-      {job_id, round, attempt, started_ms, finished_ms, outcome,
-       error.empty() ? Value() : Value(clip(error)), delay_ms ? Value(*delay_ms) : Value(),
-       worker.empty() ? Value() : Value(worker)});
+      "UPDATE keel_jobs SET state = v.state, attempts = keel_jobs.attempts + v.charge,"
+      " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = v.run_at_ms,"
+      " last_error = COALESCE(v.last_error, keel_jobs.last_error),"
+      " deferred_reason = CASE WHEN v.state = 'dead' THEN keel_jobs.deferred_reason"
+      " ELSE v.deferred_reason END,"
+      " deferrals = keel_jobs.deferrals + v.deferral,"
+      " limited_retries = COALESCE(v.limited_retries, keel_jobs.limited_retries),"
+      " prev_delay_ms = COALESCE(v.prev_delay_ms, keel_jobs.prev_delay_ms),"
+      " dead_reason = COALESCE(v.dead_reason, keel_jobs.dead_reason),"
+      " dead_kind = COALESCE(v.dead_kind, keel_jobs.dead_kind), updated_ms = $1,"
+      " finished_ms = COALESCE(v.finished_ms, keel_jobs.finished_ms)"
+      " FROM (" +
+          rows + ") AS v WHERE keel_jobs.id = v.id",
+      params);
+  insert_attempts(tx, history);
 }
 
 // A success: the job is done. No history row is written for it: the done row keeps what that

@@ -3,7 +3,7 @@
 // outcome is recorded.
 //
 // The crash rule. A job leased alone (batch 1) starts with its lease: a crash charges it. A batch
-// starts none of its jobs: its successes wait in the slot's buffer and ride on the batch's next
+// starts none of its jobs: their outcomes wait in the slot's buffer and ride on the batch's next
 // statement (the next lease, a committed start, or a flush once the oldest has waited the flush
 // window), so a batch costs a share of one statement per job. A crash then charges none of them:
 // the sweep gives the batch back uncharged, each job counted in crashed_batches, and the jobs it
@@ -51,6 +51,9 @@ struct RecordingFacts {
   /// The handler's transaction's COMMIT is in doubt.
   bool in_doubt = false;
   bool success = false;
+  /// Nothing was sent: a brake refused the call (a deferral), and the pause it may bring is due
+  /// when it is recorded.
+  bool refused = false;
   /// The worker is stopping, or paused by a brake: no more of the batch runs, nothing is leased.
   bool stopping = false;
   bool paused = false;
@@ -64,10 +67,11 @@ struct RecordingFacts {
 enum class Recording : unsigned char {
   kRecorded,       // nothing to do: the handler's transaction recorded it
   kSettle,         // only the job's row can say whether the COMMIT applied: settle it
-  kBuffered,       // a success with more of the batch to run, not run alone: in the buffer
+  kBuffered,       // an outcome with more of the batch to run, not run alone: in the buffer
   kWithNextLease,  // the batch's last success: recorded, with the buffer, by the next lease
-  kAlone,          // a failure, or a success with nothing to follow: its own statement, after
-                   // the buffer's (outcomes are recorded in the order their handlers ran)
+  kAlone,          // recorded now, after the buffer and in one transaction with it (outcomes
+                   // are recorded in the order their handlers ran): the batch's last failure,
+                   // an outcome of a job run alone, or of a stopping or paused worker
 };
 
 [[nodiscard]] Recording decide_recording(const RecordingFacts& facts) noexcept;
