@@ -184,6 +184,7 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
     returned = 0;
     given_back = false;
     dead.clear();
+    std::vector<detail::SettleWrite> writes;
     const std::int64_t now = now_ms();
     // Leases that expired: the worker died or stalled. Rows are taken in id order, as every
     // statement of the queue that locks several rows takes them, so sweeps never deadlock.
@@ -220,9 +221,11 @@ std::int64_t JobQueue::reap_expired(Connection& connection, std::string_view que
                                     "database for longer than its lease (the lease held "
                                     "by " +
                                     owner + " expired without a heartbeat)"};
-      const CompleteResult r = settle(tx, expired, i, crash, "lease_expired", now);
+      const CompleteResult r = decide_settle(job, crash, "lease_expired", now, writes);
       if (r.status == CompleteStatus::kDead) dead.emplace_back(id, r);
     }
+    // The charged ones written together (two statements, whatever their number).
+    detail::apply_settles(tx, writes, now);
     return true;
   });
   returned_after_crash_.fetch_add(returned);
