@@ -9,12 +9,12 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "db/detail/process.hpp"
 #include "keel/core/duration.hpp"
 #include "keel/core/expected.hpp"
 #include "keel/core/idempotency_key.hpp"
 #include "keel/core/random.hpp"
 #include "keel/core/text.hpp"
+#include "keel/detail/secure_random.hpp"
 #include "queue/detail/queue_sql.hpp"
 
 namespace keel::store {
@@ -280,11 +280,7 @@ std::string_view to_string(CompleteStatus status) noexcept {
 
 Expected<void> check_queue_name(std::string_view name) { return check_name("queue name", name); }
 
-std::string new_job_key() {
-  UuidBytes b{};
-  detail::secure_random_bytes(b.data(), b.size());
-  return uuid_v4(b);
-}
+std::string new_job_key() { return keel::detail::random_idempotency_key("keel::store"); }
 
 namespace {
 
