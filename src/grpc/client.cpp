@@ -190,12 +190,13 @@ struct Client::Impl {
     return classify_grpc_status(static_cast<int>(status.error_code()), facts);
   }
 
-  // The wait between attempts, as core decided it. On the real clock it is spent watching the
-  // channel: a synchronous gRPC client polls its connections only inside a call (or every 5 s
-  // from gRPC's backup poller), so a reconnection to a server that came back would otherwise not
-  // finish between attempts that fail fast, and every retry would fail as the first did.
+  // The wait between attempts, as core decided it. On a steady clock (real time and real sleeps:
+  // Clock::is_steady_clock) it is spent watching the channel: a synchronous gRPC client polls its
+  // connections only inside a call (or every 5 s from gRPC's backup poller), so a reconnection to
+  // a server that came back would otherwise not finish between attempts that fail fast, and
+  // every retry would fail as the first did.
   void wait_between_attempts(Clock& clock, Duration delay) const {
-    if (&clock != &steady_clock() || delay <= Duration::zero()) {
+    if (!clock.is_steady_clock() || delay <= Duration::zero()) {
       // wait: core: the retry engine's decision
       clock.sleep_for(delay);
       return;
