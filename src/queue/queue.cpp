@@ -7,7 +7,9 @@
 #include "keel/queue/queue.hpp"
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
+#include <utility>
 
 #include "keel/core/duration.hpp"
 #include "keel/core/expected.hpp"
@@ -212,51 +214,61 @@ constexpr Migration kMigrations[] = {
 #undef KEEL_QUEUE_SCHEMA_V9
 #undef KEEL_NOTIFY_LOOKBACK_MS
 
-}  // namespace
+// Each value of an enum with its name, as stored and as the command line gives it: the one list
+// that both to_string and the parse function read.
+template <class Enum, std::size_t N>
+using Names = std::array<std::pair<Enum, std::string_view>, N>;
 
-std::string_view to_string(JobState state) noexcept {
-  switch (state) {
-    case JobState::kReady:
-      return "ready";
-    case JobState::kRunning:
-      return "running";
-    case JobState::kRetryScheduled:
-      return "retry_scheduled";
-    case JobState::kDone:
-      return "done";
-    case JobState::kDead:
-      return "dead";
+constexpr Names<JobState, 5> kJobStateNames{{
+    {JobState::kReady, "ready"},
+    {JobState::kRunning, "running"},
+    {JobState::kRetryScheduled, "retry_scheduled"},
+    {JobState::kDone, "done"},
+    {JobState::kDead, "dead"},
+}};
+
+constexpr Names<DeadReason, 4> kDeadReasonNames{{
+    {DeadReason::kPermanent, "permanent"},
+    {DeadReason::kAttemptsExhausted, "attempts_exhausted"},
+    {DeadReason::kMaxAge, "max_age"},
+    {DeadReason::kCrashed, "crashed"},
+}};
+
+// The name of `value`; `fallback` for a value outside the enum.
+template <class Enum, std::size_t N>
+std::string_view name_of(const Names<Enum, N>& names, Enum value,
+                         std::string_view fallback) noexcept {
+  for (const auto& [v, name] : names) {
+    if (v == value) return name;
   }
-  return "ready";
+  return fallback;
 }
 
-std::optional<JobState> parse_job_state(std::string_view text) noexcept {
-  for (JobState s : {JobState::kReady, JobState::kRunning, JobState::kRetryScheduled,
-                     JobState::kDone, JobState::kDead}) {
-    if (to_string(s) == text) return s;
+// The value named `text`, or nullopt.
+template <class Enum, std::size_t N>
+std::optional<Enum> value_named(const Names<Enum, N>& names, std::string_view text) noexcept {
+  for (const auto& [v, name] : names) {
+    if (name == text) return v;
   }
   return std::nullopt;
 }
 
+}  // namespace
+
+std::string_view to_string(JobState state) noexcept {
+  return name_of(kJobStateNames, state, "ready");
+}
+
+std::optional<JobState> parse_job_state(std::string_view text) noexcept {
+  return value_named(kJobStateNames, text);
+}
+
 std::string_view to_string(DeadReason reason) noexcept {
-  switch (reason) {
-    case DeadReason::kPermanent:
-      return "permanent";
-    case DeadReason::kAttemptsExhausted:
-      return "attempts_exhausted";
-    case DeadReason::kMaxAge:
-      return "max_age";
-    case DeadReason::kCrashed:
-      return "crashed";
-  }
-  return "attempts_exhausted";
+  return name_of(kDeadReasonNames, reason, "attempts_exhausted");
 }
 
 std::optional<DeadReason> parse_dead_reason(std::string_view text) noexcept {
-  for (const DeadReason r : {DeadReason::kPermanent, DeadReason::kAttemptsExhausted,
-                             DeadReason::kMaxAge, DeadReason::kCrashed}) {
-    if (text == to_string(r)) return r;
-  }
+  if (const std::optional<DeadReason> r = value_named(kDeadReasonNames, text)) return r;
   if (text == "exhausted") return DeadReason::kAttemptsExhausted;
   if (text == "max-age") return DeadReason::kMaxAge;
   return std::nullopt;
