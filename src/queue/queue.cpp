@@ -68,6 +68,22 @@ namespace {
   " worker TEXT);" \
   "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);"
 
+// keel_jobs_notify_new, as migrations 7 and 10 write it: a new job notifies unless a job of its
+// queue due no later than it waits already; KEEL_DUE_SINCE bounds how far back that looks.
+#define KEEL_NOTIFY_NEW_FUNCTION(KEEL_DUE_SINCE) \
+  "CREATE OR REPLACE FUNCTION keel_jobs_notify_new() RETURNS trigger LANGUAGE plpgsql AS $$" \
+  "DECLARE seen text := coalesce(current_setting('keel.notified', true), '');" \
+  " BEGIN" \
+  " IF position('|' || NEW.queue || '|' IN seen) > 0 THEN RETURN NULL; END IF;" \
+  " PERFORM set_config('keel.notified', seen || '|' || NEW.queue || '|', true);" \
+  " IF NOT EXISTS (SELECT 1 FROM keel_jobs j WHERE j.queue = NEW.queue" \
+  " AND j.state IN ('ready', 'retry_scheduled') AND j.run_at_ms <= NEW.created_ms" \
+  KEEL_DUE_SINCE \
+  " AND j.xmin <> pg_current_xact_id()::xid) THEN" \
+  " PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue);" \
+  " END IF;" \
+  " RETURN NULL; END$$;"
+
 // Version 9, written once; PostgreSQL adds its storage parameter.
 // How far back a new job's check for a due job waiting looks (migration 10), in ms.
 #define KEEL_NOTIFY_LOOKBACK_MS "250"
@@ -141,22 +157,14 @@ constexpr Migration kMigrations[] = {
     // local to the transaction). Jobs of the same transaction do not count as waiting; a job due
     // later notifies when no job is due (idle workers sleep until the earliest due time).
     // Replays and releases still notify (keel_jobs_notify_ready).
+    // clang-format off
     {"SELECT 1",
-     "CREATE OR REPLACE FUNCTION keel_jobs_notify_new() RETURNS trigger LANGUAGE plpgsql AS $$"
-     "DECLARE seen text := coalesce(current_setting('keel.notified', true), '');"
-     " BEGIN"
-     " IF position('|' || NEW.queue || '|' IN seen) > 0 THEN RETURN NULL; END IF;"
-     " PERFORM set_config('keel.notified', seen || '|' || NEW.queue || '|', true);"
-     " IF NOT EXISTS (SELECT 1 FROM keel_jobs j WHERE j.queue = NEW.queue"
-     " AND j.state IN ('ready', 'retry_scheduled') AND j.run_at_ms <= NEW.created_ms"
-     " AND j.xmin <> pg_current_xact_id()::xid) THEN"
-     " PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue);"
-     " END IF;"
-     " RETURN NULL; END$$;"
+     KEEL_NOTIFY_NEW_FUNCTION("")
      "DROP TRIGGER keel_jobs_notify_insert ON keel_jobs;"
      "CREATE CONSTRAINT TRIGGER keel_jobs_notify_insert AFTER INSERT ON keel_jobs"
      " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.state = 'ready')"
      " EXECUTE FUNCTION keel_jobs_notify_new();"},
+    // clang-format on
     // 8: the dead-letter kind as a column (DeadReason's name), so that operators filter dead jobs
     // by kind rather than by a substring of their reason. Jobs that died before it get the kind
     // their stored reason says (its text has always started with it); a reason that says none
@@ -190,18 +198,7 @@ constexpr Migration kMigrations[] = {
     // a job that waits alone, older than that, lets a new one notify (an idle worker leases once
     // more for nothing).
     {"SELECT 1",
-     "CREATE OR REPLACE FUNCTION keel_jobs_notify_new() RETURNS trigger LANGUAGE plpgsql AS $$"
-     "DECLARE seen text := coalesce(current_setting('keel.notified', true), '');"
-     " BEGIN"
-     " IF position('|' || NEW.queue || '|' IN seen) > 0 THEN RETURN NULL; END IF;"
-     " PERFORM set_config('keel.notified', seen || '|' || NEW.queue || '|', true);"
-     " IF NOT EXISTS (SELECT 1 FROM keel_jobs j WHERE j.queue = NEW.queue"
-     " AND j.state IN ('ready', 'retry_scheduled') AND j.run_at_ms <= NEW.created_ms"
-     " AND j.run_at_ms >= NEW.created_ms - " KEEL_NOTIFY_LOOKBACK_MS
-     " AND j.xmin <> pg_current_xact_id()::xid) THEN"
-     " PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue);"
-     " END IF;"
-     " RETURN NULL; END$$;"},
+     KEEL_NOTIFY_NEW_FUNCTION(" AND j.run_at_ms >= NEW.created_ms - " KEEL_NOTIFY_LOOKBACK_MS)},
     // 11: the crashed batches a job was in without an outcome. A worker leasing a batch starts
     // none of its jobs (no statement per job before its handler): a dead worker's batch comes
     // back uncharged, each job counted here, and a job counted runs alone, its start committed
@@ -213,6 +210,7 @@ constexpr Migration kMigrations[] = {
 #undef KEEL_QUEUE_SCHEMA_V1
 #undef KEEL_QUEUE_SCHEMA_V9
 #undef KEEL_NOTIFY_LOOKBACK_MS
+#undef KEEL_NOTIFY_NEW_FUNCTION
 
 // Each value of an enum with its name, as stored and as the command line gives it: the one list
 // that both to_string and the parse function read.
