@@ -399,8 +399,7 @@ std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) co
       "SELECT round, attempt, started_ms, finished_ms, outcome, error, delay_ms, worker"
       " FROM keel_job_attempts WHERE job_id = $1 ORDER BY id",
       {job_id});
-  for (std::size_t i = 0; i < h.size(); ++i) {
-    RowCursor c(h, i);
+  job.history = read_rows(h, [](RowCursor& c) {
     JobAttempt a;
     a.round = static_cast<int>(c.integer());
     a.attempt = static_cast<int>(c.integer());
@@ -410,8 +409,8 @@ std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) co
     a.error = c.text_or_empty();
     a.delay_ms = c.optional_integer();
     a.worker = c.text_or_empty();
-    job.history.push_back(std::move(a));
-  }
+    return a;
+  });
   // The success that made the job done is its row, not a history row (detail::kMarkDone). A job
   // done before that change has its success row already.
   if (job.state == JobState::kDone &&
