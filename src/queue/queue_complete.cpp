@@ -123,31 +123,27 @@ CompleteResult JobQueue::settle(Connection& tx, const Rows& row, std::size_t i,
     verdict = decide_retry(policy_, limits, progress, report.outcome, rng_);
   }
 
-  if (verdict.retry && !verdict.counts_attempt) {
-    // Nothing was sent: no attempt is charged and the job waits for its brake.
-    out.status = CompleteStatus::kDeferred;
-    out.delay = verdict.delay;
-    out.retry_at_ms = now + to_ms(verdict.delay);
-    tx.query(
-        "UPDATE keel_jobs SET state = 'retry_scheduled', attempts = attempts + $5,"
-        " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = $3, deferred_reason = $4,"
-        " deferrals = deferrals + 1, updated_ms = $2 WHERE id = $1",
-        {job_id, now, out.retry_at_ms, clip(error), charge});
-    insert_attempt(tx, job_id, round, attempts, began, now, name, error, to_ms(verdict.delay),
-                   owner);
-    return out;
-  }
   if (verdict.retry) {
-    out.status = CompleteStatus::kRetryScheduled;
+    // Deferred when nothing was sent: no attempt is charged and the job waits for its brake.
+    const bool deferred = !verdict.counts_attempt;
+    out.status = deferred ? CompleteStatus::kDeferred : CompleteStatus::kRetryScheduled;
     out.delay = verdict.delay;
     out.retry_at_ms = now + to_ms(verdict.delay);
-    tx.query(
-        "UPDATE keel_jobs SET state = 'retry_scheduled', attempts = attempts + $7,"
-        " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = $3, last_error = $4,"
-        " deferred_reason = NULL, limited_retries = $5, prev_delay_ms = $6, updated_ms = $2"
-        " WHERE id = $1",
-        {job_id, now, out.retry_at_ms, clip(error), verdict.progress.limited_retries,
-         to_ms(verdict.progress.previous_delay), charge});
+    if (deferred) {
+      tx.query(
+          "UPDATE keel_jobs SET state = 'retry_scheduled', attempts = attempts + $5,"
+          " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = $3, deferred_reason = $4,"
+          " deferrals = deferrals + 1, updated_ms = $2 WHERE id = $1",
+          {job_id, now, out.retry_at_ms, clip(error), charge});
+    } else {
+      tx.query(
+          "UPDATE keel_jobs SET state = 'retry_scheduled', attempts = attempts + $7,"
+          " lease_owner = NULL, lease_expires_ms = NULL, run_at_ms = $3, last_error = $4,"
+          " deferred_reason = NULL, limited_retries = $5, prev_delay_ms = $6, updated_ms = $2"
+          " WHERE id = $1",
+          {job_id, now, out.retry_at_ms, clip(error), verdict.progress.limited_retries,
+           to_ms(verdict.progress.previous_delay), charge});
+    }
     insert_attempt(tx, job_id, round, attempts, began, now, name, error, to_ms(verdict.delay),
                    owner);
     return out;
