@@ -310,9 +310,7 @@ void IdempotencyStore::migrate(Connection& connection) {
 }
 
 SchemaComponent IdempotencyStore::schema() noexcept {
-  return {.name = "idempotency",
-          .version = static_cast<int>(std::size(kMigrations)),
-          .migrate = &IdempotencyStore::migrate};
+  return schema_component("idempotency", kMigrations, &IdempotencyStore::migrate);
 }
 
 std::int64_t IdempotencyStore::now_ms() const noexcept { return wall_ms(*clock_); }

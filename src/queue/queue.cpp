@@ -377,9 +377,7 @@ void JobQueue::migrate(Connection& connection) {
 }
 
 SchemaComponent JobQueue::schema() noexcept {
-  return {.name = "queue",
-          .version = static_cast<int>(std::size(kMigrations)),
-          .migrate = &JobQueue::migrate};
+  return schema_component("queue", kMigrations, &JobQueue::migrate);
 }
 
 std::int64_t JobQueue::now_ms() const noexcept { return wall_ms(*clock_); }
