@@ -403,12 +403,9 @@ const Definition& definition(std::string_view name) {
   for (const auto& d : definitions()) {
     if (d.info.name == name) return d;
   }
-  std::string known;
-  for (const auto& d : definitions()) known += (known.empty() ? "" : ", ") + d.info.name;
-  throw_invalid({.context = "keel::sim::run_scenario",
-                 .field = "scenario",
-                 .problem = "must be a known scenario (" + known + ")",
-                 .got = quote_value(name)});
+  std::vector<std::string> known;
+  for (const auto& d : definitions()) known.push_back(d.info.name);
+  refuse_unknown_name("keel::sim::run_scenario", "scenario", "a known scenario", known, name);
 }
 
 HedgeTailConfig hedge_brownout_config() {
@@ -456,12 +453,8 @@ Report run_scenario(std::string_view scenario, std::string_view policy, std::uin
   if (d.info.name == "overload-3x") {
     if (std::find(admission_policies().begin(), admission_policies().end(), policy) ==
         admission_policies().end()) {
-      std::string known;
-      for (const auto& n : admission_policies()) known += (known.empty() ? "" : ", ") + n;
-      throw_invalid({.context = "keel::sim::run_scenario",
-                     .field = "policy",
-                     .problem = "must be one of the overload-3x admissions (" + known + ")",
-                     .got = quote_value(policy)});
+      refuse_unknown_name("keel::sim::run_scenario", "policy", "one of the overload-3x admissions",
+                          admission_policies(), policy);
     }
     const Scenario s = overload_scenario(policy);
     return report_of(s, policy, seed, run(s, make_policy("full-jitter", d.settings), seed));
