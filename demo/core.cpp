@@ -85,26 +85,28 @@ int run_core(const CoreOptions& o) {
   return 0;
 }
 
+void add_core_flags(CLI::App* sub, CoreOptions& o) {
+  const std::string command = "keel-demo core";
+  add_count(sub, command, "--operations", o.operations, 1, 1000,
+            "Logical operations to run (1 to 1000)")
+      ->default_val("5");
+  add_fraction(sub, command, "--failure-rate", o.failure_rate, 0.0, 1.0,
+               "Fraction of attempts the simulated dependency fails (0 to 1)")
+      ->default_val("0.6");
+  add_count(sub, command, "--max-attempts", o.max_attempts, 1, 100,
+            "Attempts per operation, first included (1 to 100)")
+      ->default_val("4");
+  add_count(sub, command, "--seed", o.seed, 0, UINT64_MAX,
+            "Seed for the dependency and the jitter (0 to 2^64-1)")
+      ->default_val("1");
+}
+
 }  // namespace
 
 Runner add_core(CLI::App& app) {
-  auto o = std::make_shared<CoreOptions>();
-  CLI::App* sub = app.add_subcommand(
-      "core", "Show the retry engine deciding on a simulated flaky call (virtual time)");
-  const std::string command = "keel-demo core";
-  add_count(sub, command, "--operations", o->operations, 1, 1000,
-            "Logical operations to run (1 to 1000)")
-      ->default_val("5");
-  add_fraction(sub, command, "--failure-rate", o->failure_rate, 0.0, 1.0,
-               "Fraction of attempts the simulated dependency fails (0 to 1)")
-      ->default_val("0.6");
-  add_count(sub, command, "--max-attempts", o->max_attempts, 1, 100,
-            "Attempts per operation, first included (1 to 100)")
-      ->default_val("4");
-  add_count(sub, command, "--seed", o->seed, 0, UINT64_MAX,
-            "Seed for the dependency and the jitter (0 to 2^64-1)")
-      ->default_val("1");
-  return [o] { return run_core(*o); };
+  return add_command<CoreOptions>(
+      app, "core", "Show the retry engine deciding on a simulated flaky call (virtual time)", "",
+      add_core_flags, run_core);
 }
 
 }  // namespace keel::cli

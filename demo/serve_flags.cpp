@@ -185,28 +185,37 @@ void add_timeout_flags(CLI::App* sub, ServeOptions& o) {
                 "Serve POST /v1/charges without the idempotency layer (for comparison)");
 }
 
+// A --chaos-* fraction: of the requests (or charges) a fault hits, from 0 to 1.
+CLI::Option* add_fault_fraction(CLI::App* sub, const std::string& flag, double& fraction,
+                                const std::string& help) {
+  return sub->add_option(flag, fraction, help)->check(CLI::Range(0.0, 1.0));
+}
+
+// A fault that hits a fraction of the /v1 requests for a time: --chaos-NAME-fraction, then
+// --chaos-NAME (default `lasts`), which is returned.
+CLI::Option* add_timed_fault(CLI::App* sub, const std::string& name, double& fraction,
+                             const std::string& fraction_help, Duration& time,
+                             const std::string& time_help, const std::string& lasts) {
+  add_fault_fraction(sub, "--chaos-" + name + "-fraction", fraction, fraction_help);
+  return add_duration(sub, kCommand, "--chaos-" + name, time, false, time_help)->default_val(lasts);
+}
+
 // The --chaos-* faults.
 void add_chaos_flags(CLI::App* sub, ServeOptions& o, Given& given) {
-  sub->add_option("--chaos-503", o.chaos_503, "Fraction of /v1 requests answered 503")
-      ->check(CLI::Range(0.0, 1.0));
+  add_fault_fraction(sub, "--chaos-503", o.chaos_503, "Fraction of /v1 requests answered 503");
   given.chaos_503_retry_after =
       add_duration(sub, kCommand, "--chaos-503-retry-after", o.chaos_503_retry_after, false,
                    "Retry-After sent with injected 503s (default none)");
-  sub->add_option("--chaos-delay-fraction", o.chaos_delay_fraction,
-                  "Fraction of /v1 requests delayed by --chaos-delay")
-      ->check(CLI::Range(0.0, 1.0));
-  given.chaos_delay =
-      add_duration(sub, kCommand, "--chaos-delay", o.chaos_delay, false, "Injected delay")
-          ->default_val("1s");
-  sub->add_option("--chaos-hang-fraction", o.chaos_hang_fraction,
-                  "Fraction of /v1 requests that hang for --chaos-hang (or until shutdown)")
-      ->check(CLI::Range(0.0, 1.0));
+  given.chaos_delay = add_timed_fault(sub, "delay", o.chaos_delay_fraction,
+                                      "Fraction of /v1 requests delayed by --chaos-delay",
+                                      o.chaos_delay, "Injected delay", "1s");
   given.chaos_hang =
-      add_duration(sub, kCommand, "--chaos-hang", o.chaos_hang, false, "How long a hang lasts")
-          ->default_val("1m");
-  sub->add_option("--chaos-drop-after-commit", o.chaos_drop,
-                  "Fraction of committed charges whose response is dropped (connection closed)")
-      ->check(CLI::Range(0.0, 1.0));
+      add_timed_fault(sub, "hang", o.chaos_hang_fraction,
+                      "Fraction of /v1 requests that hang for --chaos-hang (or until shutdown)",
+                      o.chaos_hang, "How long a hang lasts", "1m");
+  add_fault_fraction(sub, "--chaos-drop-after-commit", o.chaos_drop,
+                     "Fraction of committed charges whose response is dropped (connection "
+                     "closed)");
   sub->add_option("--chaos-seed", o.chaos_seed, "Seed for the fault injection");
 }
 

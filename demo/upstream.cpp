@@ -89,21 +89,22 @@ int run_upstream(const UpstreamArgs& a) {
   return 0;
 }
 
+void add_upstream_flags(CLI::App* sub, UpstreamArgs& a) {
+  sub->add_option("--port", a.port, "Port on 127.0.0.1 (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  sub->add_option("--script", a.script, "The fault script (see below)")->capture_default_str();
+  sub->add_option("--for", a.run_for,
+                  "Stop after this long (default: until SIGINT/SIGTERM/SIGHUP)");
+  sub->add_flag("--log-on-exit", a.log_on_exit, "Print the JSON log of requests when stopping");
+}
+
 }  // namespace
 
 Runner add_upstream(CLI::App& app) {
-  auto a = std::make_shared<UpstreamArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "upstream", "Run a fault-injecting HTTP server on 127.0.0.1 that answers from a script");
-  sub->footer(kUpstreamFooter);
-  sub->add_option("--port", a->port, "Port on 127.0.0.1 (0: any free port)")
-      ->check(CLI::Range(0, 65535))
-      ->capture_default_str();
-  sub->add_option("--script", a->script, "The fault script (see below)")->capture_default_str();
-  sub->add_option("--for", a->run_for,
-                  "Stop after this long (default: until SIGINT/SIGTERM/SIGHUP)");
-  sub->add_flag("--log-on-exit", a->log_on_exit, "Print the JSON log of requests when stopping");
-  return [a] { return run_upstream(*a); };
+  return add_command<UpstreamArgs>(
+      app, "upstream", "Run a fault-injecting HTTP server on 127.0.0.1 that answers from a script",
+      kUpstreamFooter, add_upstream_flags, run_upstream);
 }
 
 }  // namespace keel::cli

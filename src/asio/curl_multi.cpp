@@ -185,35 +185,8 @@ void CurlMulti::watch(curl_socket_t s, int what) {
 void CurlMulti::arm(const std::shared_ptr<Watch>& w, bool fresh) {
   if (w->released) return;
   short missed = 0;
-  if ((w->what & CURL_POLL_IN) != 0 && !w->reading) {
-    w->reading = true;
-    w->descriptor.async_wait(::asio::posix::stream_descriptor::wait_read,
-                             [weak = weak_from_this(), w](const std::error_code& ec) {
-                               w->reading = false;
-                               if (ec || w->released) return;
-                               auto self = weak.lock();
-                               if (!self) return;
-                               if ((w->what & CURL_POLL_IN) != 0) {
-                                 self->act(w->fd, CURL_CSELECT_IN);
-                               }
-                               self->arm(w, false);
-                             });
-    missed |= POLLIN;
-  }
-  if ((w->what & CURL_POLL_OUT) != 0 && !w->writing) {
-    w->writing = true;
-    w->descriptor.async_wait(::asio::posix::stream_descriptor::wait_write,
-                             [weak = weak_from_this(), w](const std::error_code& ec) {
-                               w->writing = false;
-                               if (ec || w->released) return;
-                               auto self = weak.lock();
-                               if (!self) return;
-                               if ((w->what & CURL_POLL_OUT) != 0) {
-                                 self->act(w->fd, CURL_CSELECT_OUT);
-                               }
-                               self->arm(w, false);
-                             });
-  }
+  if (arm_direction(w, /*in=*/true)) missed |= POLLIN;
+  (void)arm_direction(w, /*in=*/false);
   // The reactor watches edges: readiness that arrived while nobody waited for it (a response
   // that came in while libcurl was still writing) would never be reported. When libcurl starts
   // reading a socket, look once whether it is already readable.
@@ -227,6 +200,27 @@ void CurlMulti::arm(const std::shared_ptr<Watch>& w, bool fresh) {
       });
     }
   }
+}
+
+// Waits for the socket to be readable (`in`) or writable when libcurl asks for that and no such
+// wait is pending; when it is, tells libcurl and arms again. Returns whether it began a wait.
+bool CurlMulti::arm_direction(const std::shared_ptr<Watch>& w, bool in) {
+  const int wanted = in ? CURL_POLL_IN : CURL_POLL_OUT;
+  bool Watch::*const waiting = in ? &Watch::reading : &Watch::writing;
+  if ((w->what & wanted) == 0 || (*w).*waiting) return false;
+  (*w).*waiting = true;
+  w->descriptor.async_wait(
+      in ? ::asio::posix::stream_descriptor::wait_read
+         : ::asio::posix::stream_descriptor::wait_write,
+      [weak = weak_from_this(), w, in, wanted, waiting](const std::error_code& ec) {
+        (*w).*waiting = false;
+        if (ec || w->released) return;
+        auto self = weak.lock();
+        if (!self) return;
+        if ((w->what & wanted) != 0) self->act(w->fd, in ? CURL_CSELECT_IN : CURL_CSELECT_OUT);
+        self->arm(w, false);
+      });
+  return true;
 }
 
 void CurlMulti::act(curl_socket_t s, int events) {

@@ -77,6 +77,7 @@ class CurlMulti : public std::enable_shared_from_this<CurlMulti> {
   static int on_timer(CURLM* multi, long timeout_ms, void* self);
   void watch(curl_socket_t s, int what);
   void arm(const std::shared_ptr<Watch>& w, bool fresh);
+  bool arm_direction(const std::shared_ptr<Watch>& w, bool in);
   void act(curl_socket_t s, int events);
   void drain();
   void add(CURL* easy);

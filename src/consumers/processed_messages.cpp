@@ -112,9 +112,7 @@ void ProcessedMessages::migrate(Connection& connection) {
 }
 
 SchemaComponent ProcessedMessages::schema() noexcept {
-  return {.name = "processed",
-          .version = static_cast<int>(std::size(kMigrations)),
-          .migrate = &ProcessedMessages::migrate};
+  return schema_component("processed", kMigrations, &ProcessedMessages::migrate);
 }
 
 std::int64_t ProcessedMessages::now_ms() const noexcept { return wall_ms(*clock_); }

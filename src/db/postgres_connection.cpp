@@ -98,9 +98,7 @@ class PostgresConnection final : public Connection {
     }
     if (failed) check(failed, false);
     // A transaction the text opened (BEGIN of its own) has what the text set, or the session's.
-    if (in_transaction() && (bounds.send || !was_in_transaction)) {
-      tx_bounds_ = bounds.send ? bounds.server : session_;
-    }
+    if (in_transaction() && (bounds.send || !was_in_transaction)) began_with(bounds);
   }
 
   Rows query(std::string_view sql, std::span<const Value> params) override {
@@ -147,14 +145,9 @@ class PostgresConnection final : public Connection {
       pipeline.end_of_sync();
       pipeline.close();
     }
-    try {
-      check(statement, false);
-    } catch (const DatabaseError&) {
-      rollback();  // the BEGIN after the statement's Sync ran regardless
-      throw;
-    }
+    check_in_transaction(statement);  // the BEGIN after the statement's Sync ran regardless
     check(begun, false);
-    tx_bounds_ = bounds.send ? bounds.server : session_;
+    began_with(bounds);
     return to_rows(statement.get());
   }
 
@@ -179,12 +172,7 @@ class PostgresConnection final : public Connection {
       pipeline.end_of_sync(/*during_commit=*/true);
       pipeline.close();
     }
-    try {
-      check(statement, false);
-    } catch (const DatabaseError&) {
-      rollback();
-      throw;
-    }
+    check_in_transaction(statement);
     check_commit(committed);
     return to_rows(statement.get());
   }
@@ -221,7 +209,7 @@ class PostgresConnection final : public Connection {
     out.reserve(statements.size());
     try {
       check(begun, false);
-      tx_bounds_ = bounds.send ? bounds.server : session_;
+      began_with(bounds);
       for (const Result& r : results) {
         check(r, false);
         out.push_back(to_rows(r.get()));
@@ -248,7 +236,7 @@ class PostgresConnection final : public Connection {
       pipeline.close();
     }
     check(begun, false);
-    tx_bounds_ = bounds.send ? bounds.server : session_;
+    began_with(bounds);
   }
 
   void commit() override {
@@ -637,6 +625,20 @@ class PostgresConnection final : public Connection {
     const char* tuples = PQcmdTuples(const_cast<PGresult*>(r));
     rows.set_affected(tuples != nullptr && *tuples != '\0' ? std::stoll(tuples) : 0);
     return rows;
+  }
+
+  // A transaction begun in an exchange with `bounds` has what they set, or else the session's.
+  void began_with(const Bounds& bounds) { tx_bounds_ = bounds.send ? bounds.server : session_; }
+
+  // Checks a statement that ran in a transaction the pipeline left open (failed, or begun after
+  // it regardless): when it failed, that transaction is rolled back before the error goes on.
+  void check_in_transaction(const Result& statement) {
+    try {
+      check(statement, false);
+    } catch (const DatabaseError&) {
+      rollback();
+      throw;
+    }
   }
 
   void check_commit(const Result& r) {

@@ -15,6 +15,7 @@
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -102,6 +103,70 @@ bool send_all(int fd, std::string_view data) {
     data.remove_prefix(static_cast<std::size_t>(n));
   }
   return true;
+}
+
+// What a request's head says: the arrival as logged (all but its body) and how to read the rest.
+struct RequestHead {
+  Arrival arrival;
+  std::size_t content_length = 0;
+  bool wants_close = false;      // Connection: close
+  bool expect_continue = false;  // Expect: 100-continue
+  std::string_view malformed;    // non-empty: the head is refused, with this as the 400's body
+};
+
+// Parses a request's head (the request line and the header lines, without the blank line).
+RequestHead parse_head(std::string_view head) {
+  RequestHead r;
+  std::size_t line_end = head.find("\r\n");
+  const std::string_view request_line = head.substr(0, line_end);
+  const std::size_t sp1 = request_line.find(' ');
+  const std::size_t sp2 = request_line.rfind(' ');
+  if (sp1 == std::string_view::npos || sp2 == sp1) {
+    r.malformed = "bad request line\n";
+    return r;
+  }
+  r.arrival.method = std::string(request_line.substr(0, sp1));
+  r.arrival.target = std::string(request_line.substr(sp1 + 1, sp2 - sp1 - 1));
+  while (line_end != std::string_view::npos && line_end < head.size()) {
+    const std::size_t start = line_end + 2;
+    line_end = head.find("\r\n", start);
+    const std::string_view line = head.substr(
+        start, line_end == std::string_view::npos ? std::string_view::npos : line_end - start);
+    const std::size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    std::string name(line.substr(0, colon));
+    std::string value(trim(line.substr(colon + 1)));
+    std::string lower = name;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == "content-length" && !parse_int(std::string_view(value), r.content_length)) {
+      r.malformed = "bad content-length\n";
+      return r;
+    }
+    if (lower == "connection" && value == "close") r.wants_close = true;
+    if (lower == "expect" && value == "100-continue") r.expect_continue = true;
+    r.arrival.headers.emplace_back(std::move(name), std::move(value));
+  }
+  return r;
+}
+
+// The Retry-After header line a step answers with, or "" when it has none.
+std::string step_retry_after(const FaultStep& step) {
+  if (!step.retry_after_seconds) return "";
+  std::string header = "Retry-After: ";
+  if (step.retry_after_as_date) {
+    header +=
+        format_http_date(static_cast<std::int64_t>(std::time(nullptr)) + *step.retry_after_seconds);
+  } else {
+    header += std::to_string(*step.retry_after_seconds);
+  }
+  return header + "\r\n";
+}
+
+// The body a step answers with: its own, or "ok" / the reason phrase, and a newline.
+std::string step_body(const FaultStep& step) {
+  std::string body = step.body;
+  if (body.empty()) body = step.status < 300 ? "ok" : std::string(reason_phrase(step.status));
+  return body + "\n";
 }
 
 }  // namespace
@@ -252,108 +317,88 @@ struct FaultServer::Impl {
     (void)send_all(fd, out);
   }
 
+  // Reads the next request off the connection: `buf` holds what was read past the previous one
+  // and keeps what follows this one. nullopt when the connection is to close: the peer closed it,
+  // the server stops, or the request was refused with an answer already sent.
+  std::optional<RequestHead> read_request(int fd, std::string& buf) {
+    std::size_t head_end;
+    while ((head_end = buf.find("\r\n\r\n")) == std::string::npos) {
+      if (buf.size() > kMaxHead || !read_some(fd, buf)) return std::nullopt;
+    }
+    RequestHead request = parse_head(std::string_view(buf.data(), head_end));
+    if (!request.malformed.empty()) {
+      respond(fd, 400, "text/plain", request.malformed, "", true);
+      return std::nullopt;
+    }
+    if (request.content_length > kMaxBody) {
+      respond(fd, 413, "text/plain", "body too large\n", "", true);
+      return std::nullopt;
+    }
+    buf.erase(0, head_end + 4);
+    if (request.expect_continue && buf.size() < request.content_length) {
+      (void)send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    while (buf.size() < request.content_length) {
+      if (!read_some(fd, buf)) return std::nullopt;
+    }
+    request.arrival.body = buf.substr(0, request.content_length);
+    buf.erase(0, request.content_length);
+    return request;
+  }
+
+  // Logs the arrival `a` with the script's next step, and returns that step.
+  FaultStep take_step_for(Arrival a) {
+    std::lock_guard<std::mutex> guard(mutex);
+    FaultStep step = take_step();
+    a.seq = static_cast<int>(log.size()) + 1;
+    a.at = steady_clock().now() - started;
+    a.step = step.text;
+    log.push_back(std::move(a));
+    return step;
+  }
+
+  // What becomes of a connection after a step.
+  enum class Then { kNextRequest, kClose, kReset };
+
+  // Plays `step` on the connection: its delay, then its answer, or none.
+  Then play(int fd, std::string& buf, const FaultStep& step, bool wants_close) {
+    // wait: scripted: a fault script's step delay
+    if (step.delay > Duration::zero() && !wait_for(step.delay)) return Then::kClose;
+    switch (step.action) {
+      case FaultStep::Action::kRespond:
+        respond(fd, step.status, "text/plain", step_body(step), step_retry_after(step),
+                wants_close);
+        return wants_close ? Then::kClose : Then::kNextRequest;
+      case FaultStep::Action::kHang:
+        while (read_some(fd, buf)) {
+        }
+        return Then::kClose;
+      case FaultStep::Action::kReset:
+        return Then::kReset;
+      case FaultStep::Action::kDrop:
+        return Then::kClose;
+    }
+    return Then::kClose;
+  }
+
   void serve(int fd, int connection) {
     std::string buf;
     while (!stopping.load()) {
-      std::size_t head_end;
-      while ((head_end = buf.find("\r\n\r\n")) == std::string::npos) {
-        if (buf.size() > kMaxHead || !read_some(fd, buf)) return close_fd(fd);
-      }
-      Arrival a;
-      a.connection = connection;
-      const std::string_view head(buf.data(), head_end);
-      std::size_t line_end = head.find("\r\n");
-      const std::string_view request_line = head.substr(0, line_end);
-      const std::size_t sp1 = request_line.find(' ');
-      const std::size_t sp2 = request_line.rfind(' ');
-      if (sp1 == std::string_view::npos || sp2 == sp1) {
-        respond(fd, 400, "text/plain", "bad request line\n", "", true);
-        return close_fd(fd);
-      }
-      a.method = std::string(request_line.substr(0, sp1));
-      a.target = std::string(request_line.substr(sp1 + 1, sp2 - sp1 - 1));
-      std::size_t content_length = 0;
-      bool wants_close = false;
-      bool expect_continue = false;
-      while (line_end != std::string_view::npos && line_end < head.size()) {
-        const std::size_t start = line_end + 2;
-        line_end = head.find("\r\n", start);
-        const std::string_view line = head.substr(
-            start, line_end == std::string_view::npos ? std::string_view::npos : line_end - start);
-        const std::size_t colon = line.find(':');
-        if (colon == std::string_view::npos) continue;
-        std::string name(line.substr(0, colon));
-        std::string value(trim(line.substr(colon + 1)));
-        std::string lower = name;
-        for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        if (lower == "content-length" && !parse_int(std::string_view(value), content_length)) {
-          respond(fd, 400, "text/plain", "bad content-length\n", "", true);
-          return close_fd(fd);
-        }
-        if (lower == "connection" && value == "close") wants_close = true;
-        if (lower == "expect" && value == "100-continue") expect_continue = true;
-        a.headers.emplace_back(std::move(name), std::move(value));
-      }
-      if (content_length > kMaxBody) {
-        respond(fd, 413, "text/plain", "body too large\n", "", true);
-        return close_fd(fd);
-      }
-      buf.erase(0, head_end + 4);
-      if (expect_continue && buf.size() < content_length) {
-        (void)send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n");
-      }
-      while (buf.size() < content_length) {
-        if (!read_some(fd, buf)) return close_fd(fd);
-      }
-      a.body = buf.substr(0, content_length);
-      buf.erase(0, content_length);
-
-      if (a.target.starts_with("/_keel/")) {
-        if (!control(fd, a, wants_close)) return close_fd(fd);
+      std::optional<RequestHead> request = read_request(fd, buf);
+      if (!request) return close_fd(fd);
+      request->arrival.connection = connection;
+      if (request->arrival.target.starts_with("/_keel/")) {
+        if (!control(fd, request->arrival, request->wants_close)) return close_fd(fd);
         continue;
       }
-
-      FaultStep step;
-      {
-        std::lock_guard<std::mutex> guard(mutex);
-        step = take_step();
-        a.seq = static_cast<int>(log.size()) + 1;
-        a.at = steady_clock().now() - started;
-        a.step = step.text;
-        log.push_back(a);
-      }
-      // wait: scripted: a fault script's step delay
-      if (step.delay > Duration::zero() && !wait_for(step.delay)) return close_fd(fd);
-      switch (step.action) {
-        case FaultStep::Action::kRespond: {
-          std::string extra;
-          if (step.retry_after_seconds) {
-            extra = "Retry-After: ";
-            if (step.retry_after_as_date) {
-              extra += format_http_date(static_cast<std::int64_t>(std::time(nullptr)) +
-                                        *step.retry_after_seconds);
-            } else {
-              extra += std::to_string(*step.retry_after_seconds);
-            }
-            extra += "\r\n";
-          }
-          std::string body = step.body;
-          if (body.empty()) {
-            body = step.status < 300 ? "ok" : std::string(reason_phrase(step.status));
-          }
-          body += "\n";
-          respond(fd, step.status, "text/plain", body, extra, wants_close);
-          if (wants_close) return close_fd(fd);
+      const FaultStep step = take_step_for(std::move(request->arrival));
+      switch (play(fd, buf, step, request->wants_close)) {
+        case Then::kNextRequest:
           break;
-        }
-        case FaultStep::Action::kHang:
-          while (read_some(fd, buf)) {
-          }
+        case Then::kClose:
           return close_fd(fd);
-        case FaultStep::Action::kReset:
+        case Then::kReset:
           return reset_fd(fd);
-        case FaultStep::Action::kDrop:
-          return close_fd(fd);
       }
     }
     close_fd(fd);

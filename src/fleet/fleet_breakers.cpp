@@ -127,6 +127,12 @@ std::string held_by_other(const Places& p) {
          " AND (b.probe_until > now()) IS TRUE AND " + live_member("b.probe_holder", p) + ")";
 }
 
+// Whether the row's break has run out and no other process of the fleet holds its probe: the
+// condition on which a process may take the probe, or open the breaker again.
+std::string break_over_unheld(const Places& p) {
+  return break_end(p) + " <= now() AND NOT " + held_by_other(p);
+}
+
 // What is read of a row (RowRead): the state, the ms left of its break and of another
 // process's lease (both bounded), the flags, and the columns as text for the notices.
 std::string row_columns(const Places& p) {
@@ -159,7 +165,7 @@ std::string take_probe_sql() {
          ms("$3") + ", probes = " + sane_count("b.probes") +
          " + CASE WHEN b.probe_holder IS NOT DISTINCT FROM $2 THEN 0 ELSE 1 END"
          " WHERE b.key = $1 AND b.state = 'open' AND " +
-         break_end(p) + " <= now() AND NOT " + held_by_other(p) +
+         break_over_unheld(p) +
          " RETURNING 1)"
          " SELECT (SELECT count(*) FROM took), " +
          row_columns(p) + " FROM keel_breakers b WHERE b.key = $1";
@@ -187,7 +193,7 @@ std::string publish_open_sql() {
          sane_count("b.breaks") + " + 1, probes = " + sane_count("b.probes") +
          ", probe_holder = NULL, probe_until = NULL, updated_by = $3, updated_at = now()"
          " WHERE b.state <> 'open' OR (" +
-         break_end(p) + " <= now() AND NOT " + held_by_other(p) +
+         break_over_unheld(p) +
          ") RETURNING 1)"
          " SELECT pg_notify('keel_breakers', $4) FROM up";
 }

@@ -105,17 +105,13 @@ void SharedBreakers::migrate(Connection& connection) {
 }
 
 SchemaComponent SharedBreakers::rate_limit_schema() noexcept {
-  return {.name = "rate_limits",
-          .version = static_cast<int>(std::size(kRateMigrations)),
-          .migrate = [](Connection& connection) {
-            (void)store::migrate(connection, "rate_limits", kRateMigrations);
-          }};
+  return schema_component("rate_limits", kRateMigrations, [](Connection& connection) {
+    (void)store::migrate(connection, "rate_limits", kRateMigrations);
+  });
 }
 
 SchemaComponent SharedBreakers::schema() noexcept {
-  return {.name = "breakers",
-          .version = static_cast<int>(std::size(kMigrations)),
-          .migrate = &SharedBreakers::migrate};
+  return schema_component("breakers", kMigrations, &SharedBreakers::migrate);
 }
 
 SharedBreakers::SharedBreakers(BreakerRegistry& registry, DatabaseUrl url,

@@ -3,7 +3,6 @@
 #include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
-#include <openssl/rand.h>
 
 #include <algorithm>
 #include <array>
@@ -21,6 +20,7 @@
 #include "keel/core/hedge.hpp"
 #include "keel/core/idempotency_key.hpp"
 #include "keel/core/text.hpp"
+#include "keel/detail/secure_random.hpp"
 
 namespace keel::grpc {
 namespace {
@@ -118,13 +118,7 @@ std::optional<std::string> metadata_problem(
 
 }  // namespace
 
-std::string make_idempotency_key() {
-  UuidBytes b{};
-  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
-    throw std::runtime_error("keel::grpc: the CSPRNG (RAND_bytes) could not supply bytes");
-  }
-  return uuid_v4(b);
-}
+std::string make_idempotency_key() { return keel::detail::random_idempotency_key("keel::grpc"); }
 
 struct Client::Impl {
   explicit Impl(ClientOptions o) : options(std::move(o)), policy(options.retry) {
@@ -196,12 +190,13 @@ struct Client::Impl {
     return classify_grpc_status(static_cast<int>(status.error_code()), facts);
   }
 
-  // The wait between attempts, as core decided it. On the real clock it is spent watching the
-  // channel: a synchronous gRPC client polls its connections only inside a call (or every 5 s
-  // from gRPC's backup poller), so a reconnection to a server that came back would otherwise not
-  // finish between attempts that fail fast, and every retry would fail as the first did.
+  // The wait between attempts, as core decided it. On a steady clock (real time and real sleeps:
+  // Clock::is_steady_clock) it is spent watching the channel: a synchronous gRPC client polls its
+  // connections only inside a call (or every 5 s from gRPC's backup poller), so a reconnection to
+  // a server that came back would otherwise not finish between attempts that fail fast, and
+  // every retry would fail as the first did.
   void wait_between_attempts(Clock& clock, Duration delay) const {
-    if (&clock != &steady_clock() || delay <= Duration::zero()) {
+    if (!clock.is_steady_clock() || delay <= Duration::zero()) {
       // wait: core: the retry engine's decision
       clock.sleep_for(delay);
       return;

@@ -34,18 +34,7 @@ store::AttemptReport report_of(const CallResult& r, std::string_view target) {
   store::AttemptReport report;
   report.outcome = r.outcome;
   if (r.ok()) return report;
-  if (!r.outcome.attempted()) {
-    // Nothing was sent: the queue defers the job without charging an attempt.
-    if (r.reason == StopReason::kCircuitOpen) {
-      report.error = "circuit open for " + std::string(target);
-      if (r.outcome.has_server_delay()) {
-        report.error += ", next probe in " + format_duration(r.outcome.server_delay);
-      }
-    } else {
-      report.error = std::string(to_string(r.reason)) + " for " + std::string(target);
-    }
-    return report;
-  }
+  if (!r.outcome.attempted()) return store::AttemptReport::not_sent(r.outcome, r.reason, target);
   report.error = describe(r.outcome);
   if (!r.status.error_message().empty()) {
     report.error += ": " + storable_text(r.status.error_message(), kMessageExcerptBytes);

@@ -49,25 +49,7 @@ AttemptReport report_of(const http::Result& r, std::string_view dependency) {
   AttemptReport report;
   report.outcome = r.outcome;
   if (r.ok()) return report;
-  if (!r.outcome.attempted()) {
-    // Nothing was sent: the queue defers the job without charging an attempt.
-    if (r.reason == StopReason::kCircuitOpen) {
-      report.error = "circuit open for " + std::string(dependency);
-      if (r.outcome.has_server_delay()) {
-        report.error += ", next probe in " + format_duration(r.outcome.server_delay);
-      }
-    } else if (r.reason == StopReason::kLimited) {
-      // Its rate limit, or the pause a 429 or 503 with Retry-After asked for: not a failure.
-      report.error = "held by the rate limit of " + std::string(dependency);
-      if (r.outcome.has_server_delay()) {
-        report.error += (r.outcome.in_line ? ", its turn in line in " : ", next slot in ") +
-                        format_duration(r.outcome.server_delay);
-      }
-    } else {
-      report.error = std::string(to_string(r.reason)) + " for " + std::string(dependency);
-    }
-    return report;
-  }
+  if (!r.outcome.attempted()) return AttemptReport::not_sent(r.outcome, r.reason, dependency);
   std::string error = describe(r.outcome);
   if (!r.error.empty()) error += ": " + r.error;
   if (r.response && !r.response->body.empty()) {

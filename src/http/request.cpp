@@ -1,13 +1,10 @@
 #include "keel/http/request.hpp"
 
-#include <openssl/rand.h>
-
-#include <array>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "keel/core/idempotency_key.hpp"
+#include "keel/detail/secure_random.hpp"
 
 namespace keel::http {
 
@@ -48,12 +45,6 @@ Expected<std::string> check_request(const Request& request) {
   return found;
 }
 
-std::string make_idempotency_key() {
-  UuidBytes b{};
-  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
-    throw std::runtime_error("keel::http: the CSPRNG (RAND_bytes) could not supply bytes");
-  }
-  return uuid_v4(b);
-}
+std::string make_idempotency_key() { return keel::detail::random_idempotency_key("keel::http"); }
 
 }  // namespace keel::http

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "db/detail/options_refusal.hpp"
 #include "db/detail/process.hpp"
 #include "keel/core/duration.hpp"
 #include "keel/core/expected.hpp"
@@ -290,12 +291,7 @@ IdempotencyStore::IdempotencyStore(IdempotencyOptions options)
     : options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : &steady_clock()) {
   constexpr std::string_view kOptions = "keel::store::IdempotencyOptions";
-  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
-    throw_invalid({.context = std::string(kOptions),
-                   .field = std::string(field),
-                   .problem = std::string(problem),
-                   .got = std::move(got)});
-  };
+  const detail::OptionsRefusal reject(kOptions);
   if (options_.ttl <= Duration::zero()) reject("ttl", "must be > 0", format_duration(options_.ttl));
   if (options_.lock_timeout <= Duration::zero()) {
     reject("lock_timeout", "must be > 0", format_duration(options_.lock_timeout));
@@ -310,9 +306,7 @@ void IdempotencyStore::migrate(Connection& connection) {
 }
 
 SchemaComponent IdempotencyStore::schema() noexcept {
-  return {.name = "idempotency",
-          .version = static_cast<int>(std::size(kMigrations)),
-          .migrate = &IdempotencyStore::migrate};
+  return schema_component("idempotency", kMigrations, &IdempotencyStore::migrate);
 }
 
 std::int64_t IdempotencyStore::now_ms() const noexcept { return wall_ms(*clock_); }

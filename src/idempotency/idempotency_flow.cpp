@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "db/detail/commit.hpp"
+#include "db/detail/options_refusal.hpp"
 #include "db/detail/process.hpp"
 #include "idempotency/detail/ascii.hpp"
 #include "keel/core/deadline_header.hpp"
@@ -318,12 +319,7 @@ std::string principal_scope(std::string_view principal, std::string_view secret)
 
 IdempotentRequestFlow::IdempotentRequestFlow(FlowOptions options) : options_(std::move(options)) {
   constexpr std::string_view kOptions = "keel::store::FlowOptions";
-  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
-    throw_invalid({.context = std::string(kOptions),
-                   .field = std::string(field),
-                   .problem = std::string(problem),
-                   .got = std::move(got)});
-  };
+  const detail::OptionsRefusal reject(kOptions);
   if (options_.store == nullptr) reject("store", "must be set", "null");
   if (options_.pool == nullptr) reject("pool", "must be set", "null");
   if (!options_.log) options_.log = log_to_stderr;

@@ -66,10 +66,7 @@ std::vector<DeadLetter> select_in(Connection& conn, const DeadLetterFilter& filt
   params.emplace_back(limit);
   sql += " ORDER BY " + std::string(kDiedMs) + ", id LIMIT $" + std::to_string(params.size());
   const Rows r = conn.query(sql, params);
-  std::vector<DeadLetter> out;
-  out.reserve(r.size());
-  for (std::size_t i = 0; i < r.size(); ++i) {
-    RowCursor c(r, i);
+  return read_rows(r, [](RowCursor& c) {
     DeadLetter d;
     d.id = c.integer();
     d.queue = c.text();
@@ -79,9 +76,8 @@ std::vector<DeadLetter> select_in(Connection& conn, const DeadLetterFilter& filt
     d.max_attempts = static_cast<int>(c.integer());
     d.replays = static_cast<int>(c.integer());
     if (const auto& kind = c.cell()) d.kind = parse_dead_reason(*kind);
-    out.push_back(std::move(d));
-  }
-  return out;
+    return d;
+  });
 }
 
 void check_pacing(const ReplayPacing& pacing) {

@@ -7,14 +7,16 @@
 #include "keel/queue/queue.hpp"
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
+#include <utility>
 
-#include "db/detail/process.hpp"
 #include "keel/core/duration.hpp"
 #include "keel/core/expected.hpp"
 #include "keel/core/idempotency_key.hpp"
 #include "keel/core/random.hpp"
 #include "keel/core/text.hpp"
+#include "keel/detail/secure_random.hpp"
 #include "queue/detail/queue_sql.hpp"
 
 namespace keel::store {
@@ -65,6 +67,22 @@ namespace {
   " delay_ms BIGINT," \
   " worker TEXT);" \
   "CREATE INDEX keel_job_attempts_job ON keel_job_attempts (job_id);"
+
+// keel_jobs_notify_new, as migrations 7 and 10 write it: a new job notifies unless a job of its
+// queue due no later than it waits already; KEEL_DUE_SINCE bounds how far back that looks.
+#define KEEL_NOTIFY_NEW_FUNCTION(KEEL_DUE_SINCE) \
+  "CREATE OR REPLACE FUNCTION keel_jobs_notify_new() RETURNS trigger LANGUAGE plpgsql AS $$" \
+  "DECLARE seen text := coalesce(current_setting('keel.notified', true), '');" \
+  " BEGIN" \
+  " IF position('|' || NEW.queue || '|' IN seen) > 0 THEN RETURN NULL; END IF;" \
+  " PERFORM set_config('keel.notified', seen || '|' || NEW.queue || '|', true);" \
+  " IF NOT EXISTS (SELECT 1 FROM keel_jobs j WHERE j.queue = NEW.queue" \
+  " AND j.state IN ('ready', 'retry_scheduled') AND j.run_at_ms <= NEW.created_ms" \
+  KEEL_DUE_SINCE \
+  " AND j.xmin <> pg_current_xact_id()::xid) THEN" \
+  " PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue);" \
+  " END IF;" \
+  " RETURN NULL; END$$;"
 
 // Version 9, written once; PostgreSQL adds its storage parameter.
 // How far back a new job's check for a due job waiting looks (migration 10), in ms.
@@ -139,22 +157,14 @@ constexpr Migration kMigrations[] = {
     // local to the transaction). Jobs of the same transaction do not count as waiting; a job due
     // later notifies when no job is due (idle workers sleep until the earliest due time).
     // Replays and releases still notify (keel_jobs_notify_ready).
+    // clang-format off
     {"SELECT 1",
-     "CREATE OR REPLACE FUNCTION keel_jobs_notify_new() RETURNS trigger LANGUAGE plpgsql AS $$"
-     "DECLARE seen text := coalesce(current_setting('keel.notified', true), '');"
-     " BEGIN"
-     " IF position('|' || NEW.queue || '|' IN seen) > 0 THEN RETURN NULL; END IF;"
-     " PERFORM set_config('keel.notified', seen || '|' || NEW.queue || '|', true);"
-     " IF NOT EXISTS (SELECT 1 FROM keel_jobs j WHERE j.queue = NEW.queue"
-     " AND j.state IN ('ready', 'retry_scheduled') AND j.run_at_ms <= NEW.created_ms"
-     " AND j.xmin <> pg_current_xact_id()::xid) THEN"
-     " PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue);"
-     " END IF;"
-     " RETURN NULL; END$$;"
+     KEEL_NOTIFY_NEW_FUNCTION("")
      "DROP TRIGGER keel_jobs_notify_insert ON keel_jobs;"
      "CREATE CONSTRAINT TRIGGER keel_jobs_notify_insert AFTER INSERT ON keel_jobs"
      " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.state = 'ready')"
      " EXECUTE FUNCTION keel_jobs_notify_new();"},
+    // clang-format on
     // 8: the dead-letter kind as a column (DeadReason's name), so that operators filter dead jobs
     // by kind rather than by a substring of their reason. Jobs that died before it get the kind
     // their stored reason says (its text has always started with it); a reason that says none
@@ -188,18 +198,7 @@ constexpr Migration kMigrations[] = {
     // a job that waits alone, older than that, lets a new one notify (an idle worker leases once
     // more for nothing).
     {"SELECT 1",
-     "CREATE OR REPLACE FUNCTION keel_jobs_notify_new() RETURNS trigger LANGUAGE plpgsql AS $$"
-     "DECLARE seen text := coalesce(current_setting('keel.notified', true), '');"
-     " BEGIN"
-     " IF position('|' || NEW.queue || '|' IN seen) > 0 THEN RETURN NULL; END IF;"
-     " PERFORM set_config('keel.notified', seen || '|' || NEW.queue || '|', true);"
-     " IF NOT EXISTS (SELECT 1 FROM keel_jobs j WHERE j.queue = NEW.queue"
-     " AND j.state IN ('ready', 'retry_scheduled') AND j.run_at_ms <= NEW.created_ms"
-     " AND j.run_at_ms >= NEW.created_ms - " KEEL_NOTIFY_LOOKBACK_MS
-     " AND j.xmin <> pg_current_xact_id()::xid) THEN"
-     " PERFORM pg_notify('keel_jobs', TG_TABLE_SCHEMA || '.' || NEW.queue);"
-     " END IF;"
-     " RETURN NULL; END$$;"},
+     KEEL_NOTIFY_NEW_FUNCTION(" AND j.run_at_ms >= NEW.created_ms - " KEEL_NOTIFY_LOOKBACK_MS)},
     // 11: the crashed batches a job was in without an outcome. A worker leasing a batch starts
     // none of its jobs (no statement per job before its handler): a dead worker's batch comes
     // back uncharged, each job counted here, and a job counted runs alone, its start committed
@@ -211,52 +210,63 @@ constexpr Migration kMigrations[] = {
 #undef KEEL_QUEUE_SCHEMA_V1
 #undef KEEL_QUEUE_SCHEMA_V9
 #undef KEEL_NOTIFY_LOOKBACK_MS
+#undef KEEL_NOTIFY_NEW_FUNCTION
 
-}  // namespace
+// Each value of an enum with its name, as stored and as the command line gives it: the one list
+// that both to_string and the parse function read.
+template <class Enum, std::size_t N>
+using Names = std::array<std::pair<Enum, std::string_view>, N>;
 
-std::string_view to_string(JobState state) noexcept {
-  switch (state) {
-    case JobState::kReady:
-      return "ready";
-    case JobState::kRunning:
-      return "running";
-    case JobState::kRetryScheduled:
-      return "retry_scheduled";
-    case JobState::kDone:
-      return "done";
-    case JobState::kDead:
-      return "dead";
+constexpr Names<JobState, 5> kJobStateNames{{
+    {JobState::kReady, "ready"},
+    {JobState::kRunning, "running"},
+    {JobState::kRetryScheduled, "retry_scheduled"},
+    {JobState::kDone, "done"},
+    {JobState::kDead, "dead"},
+}};
+
+constexpr Names<DeadReason, 4> kDeadReasonNames{{
+    {DeadReason::kPermanent, "permanent"},
+    {DeadReason::kAttemptsExhausted, "attempts_exhausted"},
+    {DeadReason::kMaxAge, "max_age"},
+    {DeadReason::kCrashed, "crashed"},
+}};
+
+// The name of `value`; `fallback` for a value outside the enum.
+template <class Enum, std::size_t N>
+std::string_view name_of(const Names<Enum, N>& names, Enum value,
+                         std::string_view fallback) noexcept {
+  for (const auto& [v, name] : names) {
+    if (v == value) return name;
   }
-  return "ready";
+  return fallback;
 }
 
-std::optional<JobState> parse_job_state(std::string_view text) noexcept {
-  for (JobState s : {JobState::kReady, JobState::kRunning, JobState::kRetryScheduled,
-                     JobState::kDone, JobState::kDead}) {
-    if (to_string(s) == text) return s;
+// The value named `text`, or nullopt.
+template <class Enum, std::size_t N>
+std::optional<Enum> value_named(const Names<Enum, N>& names, std::string_view text) noexcept {
+  for (const auto& [v, name] : names) {
+    if (name == text) return v;
   }
   return std::nullopt;
 }
 
+}  // namespace
+
+std::string_view to_string(JobState state) noexcept {
+  return name_of(kJobStateNames, state, "ready");
+}
+
+std::optional<JobState> parse_job_state(std::string_view text) noexcept {
+  return value_named(kJobStateNames, text);
+}
+
 std::string_view to_string(DeadReason reason) noexcept {
-  switch (reason) {
-    case DeadReason::kPermanent:
-      return "permanent";
-    case DeadReason::kAttemptsExhausted:
-      return "attempts_exhausted";
-    case DeadReason::kMaxAge:
-      return "max_age";
-    case DeadReason::kCrashed:
-      return "crashed";
-  }
-  return "attempts_exhausted";
+  return name_of(kDeadReasonNames, reason, "attempts_exhausted");
 }
 
 std::optional<DeadReason> parse_dead_reason(std::string_view text) noexcept {
-  for (const DeadReason r : {DeadReason::kPermanent, DeadReason::kAttemptsExhausted,
-                             DeadReason::kMaxAge, DeadReason::kCrashed}) {
-    if (text == to_string(r)) return r;
-  }
+  if (const std::optional<DeadReason> r = value_named(kDeadReasonNames, text)) return r;
   if (text == "exhausted") return DeadReason::kAttemptsExhausted;
   if (text == "max-age") return DeadReason::kMaxAge;
   return std::nullopt;
@@ -280,11 +290,7 @@ std::string_view to_string(CompleteStatus status) noexcept {
 
 Expected<void> check_queue_name(std::string_view name) { return check_name("queue name", name); }
 
-std::string new_job_key() {
-  UuidBytes b{};
-  detail::secure_random_bytes(b.data(), b.size());
-  return uuid_v4(b);
-}
+std::string new_job_key() { return keel::detail::random_idempotency_key("keel::store"); }
 
 namespace {
 
@@ -371,9 +377,7 @@ void JobQueue::migrate(Connection& connection) {
 }
 
 SchemaComponent JobQueue::schema() noexcept {
-  return {.name = "queue",
-          .version = static_cast<int>(std::size(kMigrations)),
-          .migrate = &JobQueue::migrate};
+  return schema_component("queue", kMigrations, &JobQueue::migrate);
 }
 
 std::int64_t JobQueue::now_ms() const noexcept { return wall_ms(*clock_); }
@@ -393,8 +397,7 @@ std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) co
       "SELECT round, attempt, started_ms, finished_ms, outcome, error, delay_ms, worker"
       " FROM keel_job_attempts WHERE job_id = $1 ORDER BY id",
       {job_id});
-  for (std::size_t i = 0; i < h.size(); ++i) {
-    RowCursor c(h, i);
+  job.history = read_rows(h, [](RowCursor& c) {
     JobAttempt a;
     a.round = static_cast<int>(c.integer());
     a.attempt = static_cast<int>(c.integer());
@@ -404,8 +407,8 @@ std::optional<Job> JobQueue::get(Connection& connection, std::int64_t job_id) co
     a.error = c.text_or_empty();
     a.delay_ms = c.optional_integer();
     a.worker = c.text_or_empty();
-    job.history.push_back(std::move(a));
-  }
+    return a;
+  });
   // The success that made the job done is its row, not a history row (detail::kMarkDone). A job
   // done before that change has its success row already.
   if (job.state == JobState::kDone &&

@@ -49,6 +49,27 @@ DeadVerdict dead_verdict(StopReason stop, std::int64_t attempts, std::int64_t ma
 
 }  // namespace
 
+AttemptReport AttemptReport::not_sent(const Outcome& outcome, StopReason reason,
+                                      std::string_view dependency) {
+  AttemptReport report{.outcome = outcome, .error = {}};
+  if (reason == StopReason::kCircuitOpen) {
+    report.error = "circuit open for " + std::string(dependency);
+    if (outcome.has_server_delay()) {
+      report.error += ", next probe in " + format_duration(outcome.server_delay);
+    }
+  } else if (reason == StopReason::kLimited) {
+    // Its rate limit, or the pause a 429 or 503 with Retry-After asked for: not a failure.
+    report.error = "held by the rate limit of " + std::string(dependency);
+    if (outcome.has_server_delay()) {
+      report.error += (outcome.in_line ? ", its turn in line in " : ", next slot in ") +
+                      format_duration(outcome.server_delay);
+    }
+  } else {
+    report.error = std::string(to_string(reason)) + " for " + std::string(dependency);
+  }
+  return report;
+}
+
 CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, std::int64_t fence,
                                   const AttemptReport& report) const {
   CompleteResult out;

@@ -447,13 +447,11 @@ DoneAndLeased JobQueue::lease_in_transaction(
     }
     return true;
   });
-  out.leased.reserve(rows.size());
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    RowCursor c(rows, i);
+  out.leased = read_rows(rows, [&](RowCursor& c) {
     LeasedJob job = leased_job(c, ask.queue, ask.expires);
     job.started = job.id <= last_started;
-    out.leased.push_back(std::move(job));
-  }
+    return job;
+  });
   return out;
 }
 
@@ -523,18 +521,14 @@ std::vector<LeasedJob> JobQueue::leases_of(Connection& connection, std::string_v
       "SELECT id, fence, CASE WHEN started_ms IS NULL THEN 0 ELSE 1 END FROM keel_jobs"
       " WHERE queue = $1 AND state = 'running' AND lease_owner = $2 ORDER BY id",
       {queue, worker});
-  std::vector<LeasedJob> out;
-  out.reserve(r.size());
-  for (std::size_t i = 0; i < r.size(); ++i) {
-    RowCursor c(r, i);
+  return read_rows(r, [&](RowCursor& c) {
     LeasedJob job;
     job.id = c.integer();
     job.queue = std::string(queue);
     job.fence = c.integer();
     job.started = c.integer() == 1;
-    out.push_back(std::move(job));
-  }
-  return out;
+    return job;
+  });
 }
 
 std::optional<std::int64_t> JobQueue::next_due(Connection& connection,

@@ -56,6 +56,15 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
     }
     return nullptr;
   };
+  // Each row (queue, COUNT(*)) of `rows` into that queue's `field`.
+  const auto set_counts = [&](const Rows& rows, std::int64_t QueueStats::*field) {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      RowCursor c(rows, i);
+      QueueStats* s = find(c.text());
+      const std::int64_t n = c.integer();
+      if (s != nullptr) s->*field = n;
+    }
+  };
   const Rows counts =
       connection.query("SELECT queue, state, COUNT(*) FROM keel_jobs GROUP BY queue, state");
   for (std::size_t i = 0; i < counts.size(); ++i) {
@@ -82,15 +91,10 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
         break;
     }
   }
-  const Rows deferred = connection.query(
-      "SELECT queue, COUNT(*) FROM keel_jobs WHERE state = 'retry_scheduled'"
-      " AND deferred_reason IS NOT NULL GROUP BY queue");
-  for (std::size_t i = 0; i < deferred.size(); ++i) {
-    RowCursor c(deferred, i);
-    QueueStats* s = find(c.text());
-    const std::int64_t n = c.integer();
-    if (s != nullptr) s->deferred = n;
-  }
+  set_counts(
+      connection.query("SELECT queue, COUNT(*) FROM keel_jobs WHERE state = 'retry_scheduled'"
+                       " AND deferred_reason IS NOT NULL GROUP BY queue"),
+      &QueueStats::deferred);
   const Rows oldest = connection.query(
       "SELECT queue, MIN(run_at_ms) FROM keel_jobs WHERE state IN ('ready', 'retry_scheduled')"
       " AND run_at_ms <= $1 GROUP BY queue",
@@ -106,16 +110,10 @@ std::vector<QueueStats> JobQueue::stats(Connection& connection) const {
     const std::int64_t before =
         saturating_add_ms(saturating_add_ms(now, -to_ms(options_.dead_letter_retention)),
                           to_ms(options_.dead_letter_warning.value_or(Duration::zero())));
-    const Rows expiring =
-        connection.query("SELECT queue, COUNT(*) FROM keel_jobs WHERE state = 'dead' AND " +
-                             std::string(kDiedMs) + " <= $1 GROUP BY queue",
-                         {before});
-    for (std::size_t i = 0; i < expiring.size(); ++i) {
-      RowCursor c(expiring, i);
-      QueueStats* s = find(c.text());
-      const std::int64_t n = c.integer();
-      if (s != nullptr) s->dead_expiring = n;
-    }
+    set_counts(connection.query("SELECT queue, COUNT(*) FROM keel_jobs WHERE state = 'dead' AND " +
+                                    std::string(kDiedMs) + " <= $1 GROUP BY queue",
+                                {before}),
+               &QueueStats::dead_expiring);
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "db/detail/listener.hpp"
+#include "db/detail/options_refusal.hpp"
 #include "db/detail/process.hpp"
 #include "keel/core/duration.hpp"
 #include "keel/core/expected.hpp"
@@ -49,12 +50,7 @@ Worker::Worker(ConnectionPool& pool, const JobQueue& queue, WorkerOptions option
       db_backoff_(detail::database_backoff(options_.poll_interval), rng_()),
       wake_backoff_(wakeup_backoff(options_.poll_interval), rng_()) {
   constexpr std::string_view kOptions = "keel::store::WorkerOptions";
-  const auto reject = [&](std::string_view field, std::string_view problem, std::string got) {
-    throw_invalid({.context = std::string(kOptions),
-                   .field = std::string(field),
-                   .problem = std::string(problem),
-                   .got = std::move(got)});
-  };
+  const detail::OptionsRefusal reject(kOptions);
   if (auto checked = check_queue_name(options_.queue); !checked) {
     throw_invalid(checked.error().in("queue", kOptions));
   }

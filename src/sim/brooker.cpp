@@ -16,6 +16,7 @@
 #include "keel/core/random.hpp"
 #include "keel/core/retry.hpp"
 #include "keel/sim/scenarios.hpp"
+#include "policies.hpp"
 
 namespace keel::sim {
 
@@ -54,12 +55,8 @@ RetryOptions brooker_options(std::string_view policy, const BrookerConfig& c) {
   } else if (policy == "decorrelated") {
     o.backoff.jitter = Jitter::kDecorrelated;
   } else {
-    std::string known;
-    for (const auto& n : brooker_policies()) known += (known.empty() ? "" : ", ") + n;
-    throw_invalid({.context = "keel::sim::run_brooker",
-                   .field = "policy",
-                   .problem = "must be a known brooker policy (" + known + ")",
-                   .got = quote_value(policy)});
+    refuse_unknown_name("keel::sim::run_brooker", "policy", "a known brooker policy",
+                        brooker_policies(), policy);
   }
   return o;
 }

@@ -80,6 +80,17 @@ RetryOptions backoff_options(const PolicySettings& s, Jitter jitter) {
 
 }  // namespace
 
+void refuse_unknown_name(std::string_view context, std::string_view field,
+                         std::string_view requirement, const std::vector<std::string>& known,
+                         std::string_view name) {
+  std::string list;
+  for (const auto& n : known) list += (list.empty() ? "" : ", ") + n;
+  throw_invalid({.context = std::string(context),
+                 .field = std::string(field),
+                 .problem = "must be " + std::string(requirement) + " (" + list + ")",
+                 .got = quote_value(name)});
+}
+
 const std::vector<std::string>& policy_names() {
   static const std::vector<std::string> names = {"naive",
                                                  "fixed",
@@ -182,12 +193,7 @@ ClientPolicy make_policy(std::string_view name, const PolicySettings& s) {
     p.retry = backoff_options(s, Jitter::kFull);
     p.retry.backoff = BackoffOptions::fleet();
   } else {
-    std::string known;
-    for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
-    throw_invalid({.context = "keel::sim::make_policy",
-                   .field = "name",
-                   .problem = "must be a known policy (" + known + ")",
-                   .got = quote_value(name)});
+    refuse_unknown_name("keel::sim::make_policy", "name", "a known policy", policy_names(), name);
   }
   return p;
 }

@@ -1,5 +1,6 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -12,6 +13,18 @@ namespace {
 double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
 double millis(Duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 double round3(double v) { return std::round(v * 1000.0) / 1000.0; }
+
+// A quantity that may be missing: rounded to 3 decimals, or null.
+nlohmann::ordered_json rounded_or_null(std::optional<double> v) {
+  return v ? nlohmann::ordered_json(round3(*v)) : nlohmann::ordered_json(nullptr);
+}
+// A duration that may be missing, in seconds or in milliseconds (rounded_or_null).
+nlohmann::ordered_json seconds_or_null(const std::optional<Duration>& d) {
+  return rounded_or_null(d ? std::optional<double>(seconds(*d)) : std::nullopt);
+}
+nlohmann::ordered_json millis_or_null(const std::optional<Duration>& d) {
+  return rounded_or_null(d ? std::optional<double>(millis(*d)) : std::nullopt);
+}
 
 nlohmann::ordered_json summary_json(const Report& r) {
   const Summary& m = r.summary;
@@ -30,35 +43,24 @@ nlohmann::ordered_json summary_json(const Report& r) {
   j["bottom_calls"] = m.total_calls;
   j["layer_calls"] = m.layer_calls;
   j["recovered"] = m.recovered;
-  j["recovery_s"] = m.recovery ? nlohmann::ordered_json(round3(seconds(*m.recovery)))
-                               : nlohmann::ordered_json(nullptr);
-  j["completion_ms"] = r.completion_ms ? nlohmann::ordered_json(round3(*r.completion_ms))
-                                       : nlohmann::ordered_json(nullptr);
+  j["recovery_s"] = seconds_or_null(m.recovery);
+  j["completion_ms"] = rounded_or_null(r.completion_ms);
   j["ops_succeeded"] = m.ops_succeeded;
   j["ops_failed"] = m.ops_failed;
   j["wasted"] = m.wasted;
   j["outage_calls"] = m.outage_calls;
   j["probes"] = m.probes;
   j["breaker_opens"] = m.breaker_opens;
-  j["ops_recovery_s"] = m.ops_recovery ? nlohmann::ordered_json(round3(seconds(*m.ops_recovery)))
-                                       : nlohmann::ordered_json(nullptr);
-  j["p50_ms"] = m.p50_latency ? nlohmann::ordered_json(round3(millis(*m.p50_latency)))
-                              : nlohmann::ordered_json(nullptr);
-  j["p99_ms"] = m.p99_latency ? nlohmann::ordered_json(round3(millis(*m.p99_latency)))
-                              : nlohmann::ordered_json(nullptr);
+  j["ops_recovery_s"] = seconds_or_null(m.ops_recovery);
+  j["p50_ms"] = millis_or_null(m.p50_latency);
+  j["p99_ms"] = millis_or_null(m.p99_latency);
   j["goodput_per_s"] = round3(m.goodput_per_s);
-  j["served_p50_ms"] = m.served_p50_latency
-                           ? nlohmann::ordered_json(round3(millis(*m.served_p50_latency)))
-                           : nlohmann::ordered_json(nullptr);
-  j["served_p99_ms"] = m.served_p99_latency
-                           ? nlohmann::ordered_json(round3(millis(*m.served_p99_latency)))
-                           : nlohmann::ordered_json(nullptr);
+  j["served_p50_ms"] = millis_or_null(m.served_p50_latency);
+  j["served_p99_ms"] = millis_or_null(m.served_p99_latency);
   j["limited"] = m.limited;
   j["throttled"] = m.throttled;
   if (r.stops_recovering_at) {
-    j["stops_recovering_at_s"] =
-        *r.stops_recovering_at ? nlohmann::ordered_json(round3(seconds(**r.stops_recovering_at)))
-                               : nlohmann::ordered_json(nullptr);
+    j["stops_recovering_at_s"] = seconds_or_null(*r.stops_recovering_at);
   }
   if (!r.phases.empty()) {
     nlohmann::ordered_json phases = nlohmann::ordered_json::array();
@@ -72,9 +74,7 @@ nlohmann::ordered_json summary_json(const Report& r) {
       ph["peak_per_s"] = round3(p.peak_per_s);
       ph["capacity_per_s"] = round3(p.capacity_per_s);
       ph["over_capacity_s"] = round3(seconds(p.over_capacity));
-      ph["under_capacity_after_s"] =
-          p.under_capacity_after ? nlohmann::ordered_json(round3(seconds(*p.under_capacity_after)))
-                                 : nlohmann::ordered_json(nullptr);
+      ph["under_capacity_after_s"] = seconds_or_null(p.under_capacity_after);
       phases.push_back(std::move(ph));
     }
     j["phases"] = std::move(phases);

@@ -233,132 +233,147 @@ Scenario fleet_rate_scenario() {
   return s;
 }
 
+// The retry storms: worked examples, herds, fleets failing together, layers of retries.
+void add_storm_definitions(std::vector<Definition>& d) {
+  const std::vector<std::string> common = {"naive",
+                                           "fixed",
+                                           "exponential",
+                                           "full-jitter",
+                                           "full-jitter+budget",
+                                           "full-jitter+budget+breaker"};
+  d.push_back({{"worked-example",
+                "10,000 req/s against capacity 12,000 with 50% of requests failing "
+                "independently: naive retries offer about 18,750 req/s, a 10% budget about "
+                "11,000",
+                common},
+               worked_example(false),
+               {.max_attempts = 4, .base = milliseconds(100), .cap = seconds(1)}});
+  d.push_back({{"worked-example-feedback",
+                "the same, but failures cost capacity and overload raises the failure rate: "
+                "naive retries feed the overload, a budget stays under capacity",
+                common},
+               worked_example(true),
+               {.max_attempts = 4,
+                .base = milliseconds(100),
+                .cap = seconds(1),
+                .per_try_timeout = seconds(1)}});
+  d.push_back({{"herd",
+                "1,000 clients fail together at t=0 (a 10 s outage): fixed delays retry in "
+                "spikes of 1,000 every second, exponential at 1, 3, 7 s, full jitter flat",
+                {"naive", "fixed", "exponential", "full-jitter", "full-jitter+budget",
+                 "full-jitter+budget+breaker"}},
+               herd(),
+               {.max_attempts = 5, .base = seconds(1), .cap = seconds(60)}});
+  d.push_back({{"fleet-herd",
+                "10,000 clients fail together at t=0, the dependency stays down 5 s and then "
+                "serves 2,000 req/s; 6 attempts: keel's default retries fastest and gives up "
+                "inside the outage, the fleet preset has the lowest peak and its median client "
+                "succeeds before AWS standard's",
+                {"keel-default", "aws-standard", "fleet"}},
+               fleet_herd(),
+               {.max_attempts = 6}});
+  d.push_back({{"layers",
+                "three layers each retrying an always-failing call: 3 attempts per layer send "
+                "27 calls to the bottom, 4 attempts (naive) 64, one retrying layer 3",
+                {"naive", "exponential", "full-jitter", "one-layer"}},
+               layers(),
+               {.max_attempts = 3, .base = milliseconds(10), .cap = milliseconds(100)}});
+}
+
+// The dependency's capacity: a blip, shedding, the demo's timeline, a receiver overloaded 3x.
+void add_capacity_definitions(std::vector<Definition>& d) {
+  d.push_back({{"blip",
+                "arrivals at 90% of capacity, 300 ms per-attempt timeout; capacity halves for "
+                "5 s at t=10 s: naive retries keep the dependency overloaded after capacity "
+                "returns (metastable), full jitter with a budget recovers",
+                {"naive", "exponential", "full-jitter", "full-jitter+budget",
+                 "full-jitter+budget+breaker"}},
+               blip_scenario(seconds(5)),
+               {.max_attempts = 4,
+                .base = milliseconds(100),
+                .cap = seconds(2),
+                .per_try_timeout = milliseconds(300)}});
+  d.push_back({{"blip-shed",
+                "the blip with receiver-side shedding: past 150 requests in the dependency "
+                "retries are refused first (free, Retry-After under 1 s), first attempts past "
+                "200; naive clients recover where they never do in blip",
+                {"naive", "full-jitter", "full-jitter+budget", "full-jitter+adaptive-limit",
+                 "full-jitter+fixed-limit"}},
+               blip_shed_scenario(),
+               {.max_attempts = 4,
+                .base = milliseconds(100),
+                .cap = seconds(2),
+                .per_try_timeout = milliseconds(300)}});
+  d.push_back({{"demo-story",
+                "the demo's timeline: steady arrivals at 70% of capacity; capacity halves for "
+                "3 s at t=10 s (naive retries keep the load over capacity until the outage, a "
+                "budget is back under at once); the dependency is down from t=35 s to 45 s "
+                "(naive sends 4 calls per operation into it, a budget about 1.1)",
+                {"naive", "full-jitter", "full-jitter+budget"}},
+               demo_story_scenario(),
+               {.max_attempts = 4,
+                .base = milliseconds(100),
+                .cap = seconds(2),
+                .per_try_timeout = milliseconds(300)}});
+  d.push_back({{"overload-3x",
+                "a receiver under 3x overload (3,000 requests/s against 1,000/s, 10 ms each): "
+                "adaptive admission keeps goodput at capacity with p99 inside 2x the unloaded "
+                "10 ms; a fixed limit set where the bound allows meets it too, one set 2x too "
+                "high does not (p99 about 40 ms: the queue it admits)",
+                admission_policies()},
+               Scenario{},
+               {.max_attempts = 3,
+                .base = milliseconds(100),
+                .cap = seconds(1),
+                .per_try_timeout = seconds(1)}});
+}
+
+// What a fleet shares, contention on one row (brooker), and hedging.
+void add_fleet_contention_hedge_definitions(std::vector<Definition>& d) {
+  d.push_back({{"fleet-rate-limit",
+                "8 worker processes, 100 jobs/s, against an API that answers 429 above 50 "
+                "requests in any second: a 50/s bucket per process lets the fleet send 8 "
+                "times the limit and collect 429s; the fleet's shared bucket sends 50/s and "
+                "none",
+                {"full-jitter", "full-jitter+rate-limit", "full-jitter+shared-rate-limit"}},
+               fleet_rate_scenario(),
+               {.max_attempts = 4, .base = milliseconds(100), .cap = seconds(2)}});
+  d.push_back({{"fleet-outage",
+                "seed 003's fleet: 500 pods, 1 operation/s each, the dependency refuses "
+                "everything for 20 s: per-pod breakers each learn and probe alone, shared "
+                "breakers open together and send one probe per break",
+                {"full-jitter+breaker", "full-jitter+shared-breaker"}},
+               fleet_outage_scenario(seconds(20)),
+               {.max_attempts = 4, .base = milliseconds(200), .cap = seconds(2)}});
+  d.push_back({{"brooker",
+                "AWS 2015 contention experiment: 100 clients race to update one row with "
+                "optimistic concurrency (network normal(10 ms, 2 ms) per hop, base 5 ms, cap "
+                "2 s), calls and completion time averaged over 100 runs",
+                brooker_policies()},
+               Scenario{},
+               {}});
+  d.push_back({{"hedge-tail",
+                "1,000 safe requests/s for 30 s, 3% of attempts slow (300 ms to 1.2 s, "
+                "else lognormal around 8 ms): a hedge after 30 ms cuts p99 to the fast "
+                "path's, for about 3% more load",
+                hedge_policies()},
+               Scenario{},
+               {}});
+  d.push_back({{"hedge-brownout",
+                "hedge-tail with half of all attempts slow from t=10 s to t=20 s: unbudgeted "
+                "hedges add half again to the load of a struggling dependency, hedges "
+                "charged to a 10% budget stay within it",
+                hedge_policies()},
+               Scenario{},
+               {}});
+}
+
 const std::vector<Definition>& definitions() {
   static const std::vector<Definition> defs = [] {
     std::vector<Definition> d;
-    const std::vector<std::string> common = {"naive",
-                                             "fixed",
-                                             "exponential",
-                                             "full-jitter",
-                                             "full-jitter+budget",
-                                             "full-jitter+budget+breaker"};
-    d.push_back({{"worked-example",
-                  "10,000 req/s against capacity 12,000 with 50% of requests failing "
-                  "independently: naive retries offer about 18,750 req/s, a 10% budget about "
-                  "11,000",
-                  common},
-                 worked_example(false),
-                 {.max_attempts = 4, .base = milliseconds(100), .cap = seconds(1)}});
-    d.push_back({{"worked-example-feedback",
-                  "the same, but failures cost capacity and overload raises the failure rate: "
-                  "naive retries feed the overload, a budget stays under capacity",
-                  common},
-                 worked_example(true),
-                 {.max_attempts = 4,
-                  .base = milliseconds(100),
-                  .cap = seconds(1),
-                  .per_try_timeout = seconds(1)}});
-    d.push_back({{"herd",
-                  "1,000 clients fail together at t=0 (a 10 s outage): fixed delays retry in "
-                  "spikes of 1,000 every second, exponential at 1, 3, 7 s, full jitter flat",
-                  {"naive", "fixed", "exponential", "full-jitter", "full-jitter+budget",
-                   "full-jitter+budget+breaker"}},
-                 herd(),
-                 {.max_attempts = 5, .base = seconds(1), .cap = seconds(60)}});
-    d.push_back({{"fleet-herd",
-                  "10,000 clients fail together at t=0, the dependency stays down 5 s and then "
-                  "serves 2,000 req/s; 6 attempts: keel's default retries fastest and gives up "
-                  "inside the outage, the fleet preset has the lowest peak and its median client "
-                  "succeeds before AWS standard's",
-                  {"keel-default", "aws-standard", "fleet"}},
-                 fleet_herd(),
-                 {.max_attempts = 6}});
-    d.push_back({{"layers",
-                  "three layers each retrying an always-failing call: 3 attempts per layer send "
-                  "27 calls to the bottom, 4 attempts (naive) 64, one retrying layer 3",
-                  {"naive", "exponential", "full-jitter", "one-layer"}},
-                 layers(),
-                 {.max_attempts = 3, .base = milliseconds(10), .cap = milliseconds(100)}});
-    d.push_back({{"blip",
-                  "arrivals at 90% of capacity, 300 ms per-attempt timeout; capacity halves for "
-                  "5 s at t=10 s: naive retries keep the dependency overloaded after capacity "
-                  "returns (metastable), full jitter with a budget recovers",
-                  {"naive", "exponential", "full-jitter", "full-jitter+budget",
-                   "full-jitter+budget+breaker"}},
-                 blip_scenario(seconds(5)),
-                 {.max_attempts = 4,
-                  .base = milliseconds(100),
-                  .cap = seconds(2),
-                  .per_try_timeout = milliseconds(300)}});
-    d.push_back({{"blip-shed",
-                  "the blip with receiver-side shedding: past 150 requests in the dependency "
-                  "retries are refused first (free, Retry-After under 1 s), first attempts past "
-                  "200; naive clients recover where they never do in blip",
-                  {"naive", "full-jitter", "full-jitter+budget", "full-jitter+adaptive-limit",
-                   "full-jitter+fixed-limit"}},
-                 blip_shed_scenario(),
-                 {.max_attempts = 4,
-                  .base = milliseconds(100),
-                  .cap = seconds(2),
-                  .per_try_timeout = milliseconds(300)}});
-    d.push_back({{"demo-story",
-                  "the demo's timeline: steady arrivals at 70% of capacity; capacity halves for "
-                  "3 s at t=10 s (naive retries keep the load over capacity until the outage, a "
-                  "budget is back under at once); the dependency is down from t=35 s to 45 s "
-                  "(naive sends 4 calls per operation into it, a budget about 1.1)",
-                  {"naive", "full-jitter", "full-jitter+budget"}},
-                 demo_story_scenario(),
-                 {.max_attempts = 4,
-                  .base = milliseconds(100),
-                  .cap = seconds(2),
-                  .per_try_timeout = milliseconds(300)}});
-    d.push_back({{"overload-3x",
-                  "a receiver under 3x overload (3,000 requests/s against 1,000/s, 10 ms each): "
-                  "adaptive admission keeps goodput at capacity with p99 inside 2x the unloaded "
-                  "10 ms; a fixed limit set where the bound allows meets it too, one set 2x too "
-                  "high does not (p99 about 40 ms: the queue it admits)",
-                  admission_policies()},
-                 Scenario{},
-                 {.max_attempts = 3,
-                  .base = milliseconds(100),
-                  .cap = seconds(1),
-                  .per_try_timeout = seconds(1)}});
-    d.push_back({{"fleet-rate-limit",
-                  "8 worker processes, 100 jobs/s, against an API that answers 429 above 50 "
-                  "requests in any second: a 50/s bucket per process lets the fleet send 8 "
-                  "times the limit and collect 429s; the fleet's shared bucket sends 50/s and "
-                  "none",
-                  {"full-jitter", "full-jitter+rate-limit", "full-jitter+shared-rate-limit"}},
-                 fleet_rate_scenario(),
-                 {.max_attempts = 4, .base = milliseconds(100), .cap = seconds(2)}});
-    d.push_back({{"fleet-outage",
-                  "seed 003's fleet: 500 pods, 1 operation/s each, the dependency refuses "
-                  "everything for 20 s: per-pod breakers each learn and probe alone, shared "
-                  "breakers open together and send one probe per break",
-                  {"full-jitter+breaker", "full-jitter+shared-breaker"}},
-                 fleet_outage_scenario(seconds(20)),
-                 {.max_attempts = 4, .base = milliseconds(200), .cap = seconds(2)}});
-    d.push_back({{"brooker",
-                  "AWS 2015 contention experiment: 100 clients race to update one row with "
-                  "optimistic concurrency (network normal(10 ms, 2 ms) per hop, base 5 ms, cap "
-                  "2 s), calls and completion time averaged over 100 runs",
-                  brooker_policies()},
-                 Scenario{},
-                 {}});
-    d.push_back({{"hedge-tail",
-                  "1,000 safe requests/s for 30 s, 3% of attempts slow (300 ms to 1.2 s, "
-                  "else lognormal around 8 ms): a hedge after 30 ms cuts p99 to the fast "
-                  "path's, for about 3% more load",
-                  hedge_policies()},
-                 Scenario{},
-                 {}});
-    d.push_back({{"hedge-brownout",
-                  "hedge-tail with half of all attempts slow from t=10 s to t=20 s: unbudgeted "
-                  "hedges add half again to the load of a struggling dependency, hedges "
-                  "charged to a 10% budget stay within it",
-                  hedge_policies()},
-                 Scenario{},
-                 {}});
+    add_storm_definitions(d);
+    add_capacity_definitions(d);
+    add_fleet_contention_hedge_definitions(d);
     return d;
   }();
   return defs;
@@ -388,12 +403,9 @@ const Definition& definition(std::string_view name) {
   for (const auto& d : definitions()) {
     if (d.info.name == name) return d;
   }
-  std::string known;
-  for (const auto& d : definitions()) known += (known.empty() ? "" : ", ") + d.info.name;
-  throw_invalid({.context = "keel::sim::run_scenario",
-                 .field = "scenario",
-                 .problem = "must be a known scenario (" + known + ")",
-                 .got = quote_value(name)});
+  std::vector<std::string> known;
+  for (const auto& d : definitions()) known.push_back(d.info.name);
+  refuse_unknown_name("keel::sim::run_scenario", "scenario", "a known scenario", known, name);
 }
 
 HedgeTailConfig hedge_brownout_config() {
@@ -441,12 +453,8 @@ Report run_scenario(std::string_view scenario, std::string_view policy, std::uin
   if (d.info.name == "overload-3x") {
     if (std::find(admission_policies().begin(), admission_policies().end(), policy) ==
         admission_policies().end()) {
-      std::string known;
-      for (const auto& n : admission_policies()) known += (known.empty() ? "" : ", ") + n;
-      throw_invalid({.context = "keel::sim::run_scenario",
-                     .field = "policy",
-                     .problem = "must be one of the overload-3x admissions (" + known + ")",
-                     .got = quote_value(policy)});
+      refuse_unknown_name("keel::sim::run_scenario", "policy", "one of the overload-3x admissions",
+                          admission_policies(), policy);
     }
     const Scenario s = overload_scenario(policy);
     return report_of(s, policy, seed, run(s, make_policy("full-jitter", d.settings), seed));

@@ -139,21 +139,22 @@ void add_fallback_flags(CLI::App* sub, CallArgs& a) {
       ->type_name("NAME");
 }
 
+void add_call_flags(CLI::App* sub, CallArgs& a) {
+  add_request_flags(sub, a);
+  add_policy_flags(sub, "call", a.policy);
+  add_duration(sub, "keel call", "--connect-timeout", a.connect_timeout, kCurlTimeout,
+               "Time allowed to connect, per attempt")
+      ->default_val("2s");
+  add_fallback_flags(sub, a);
+  add_hedge_flags(sub, a.hedge);
+}
+
 }  // namespace
 
 Runner add_call(CLI::App& app) {
-  auto a = std::make_shared<CallArgs>();
-  CLI::App* sub =
-      app.add_subcommand("call", "Send one HTTP request, like curl, with retries done right");
-  sub->footer(kCallFooter);
-  add_request_flags(sub, *a);
-  add_policy_flags(sub, "call", a->policy);
-  add_duration(sub, "keel call", "--connect-timeout", a->connect_timeout, kCurlTimeout,
-               "Time allowed to connect, per attempt")
-      ->default_val("2s");
-  add_fallback_flags(sub, *a);
-  add_hedge_flags(sub, a->hedge);
-  return [a] { return call_cli::run_call(*a); };
+  return add_command<CallArgs>(app, "call",
+                               "Send one HTTP request, like curl, with retries done right",
+                               kCallFooter, add_call_flags, call_cli::run_call);
 }
 
 }  // namespace keel::cli

@@ -1,19 +1,10 @@
 // keel: retries done right, from the shell. A thin layer over the keel libraries.
-#include <CLI/CLI.hpp>
 #include <vector>
 
 #include "commands.hpp"
-#include "keel/version.hpp"
 #include "program.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{
-      "keel: retries done right (classify, back off with full jitter, budget, break, "
-      "and make retried writes safe)",
-      "keel"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "keel " KEEL_VERSION_STRING);
-
   const std::vector<keel::cli::Registrar> registrars = {
       keel::cli::add_policy,
 #ifdef KEEL_CLI_SIM
@@ -26,5 +17,9 @@ int main(int argc, char** argv) {
       keel::cli::add_jobs,   keel::cli::add_dlq, keel::cli::add_migrate,
 #endif
   };
-  return keel::cli::run_program(app, registrars, argc, argv);
+  return keel::cli::run_program(
+      "keel",
+      "keel: retries done right (classify, back off with full jitter, budget, break, and make "
+      "retried writes safe)",
+      registrars, argc, argv);
 }

@@ -120,19 +120,20 @@ int run_migrate(const MigrateArgs& a) {
   }
 }
 
+void add_migrate_flags(CLI::App* sub, MigrateArgs& args) {
+  sub->add_option("--db", args.db, "Database URL: sqlite:PATH or postgres://...")
+      ->capture_default_str();
+  sub->add_option("--component", args.components,
+                  "Only this component (queue, idempotency, processed, breakers); repeatable");
+  sub->add_flag("--dry-run", args.dry_run, "Print the plan and change nothing");
+}
+
 }  // namespace
 
 Runner add_migrate(CLI::App& app) {
-  auto args = std::make_shared<MigrateArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "migrate", "Create or upgrade keel's tables in a database (run as a role that may)");
-  sub->footer(kMigrateFooter);
-  sub->add_option("--db", args->db, "Database URL: sqlite:PATH or postgres://...")
-      ->capture_default_str();
-  sub->add_option("--component", args->components,
-                  "Only this component (queue, idempotency, processed, breakers); repeatable");
-  sub->add_flag("--dry-run", args->dry_run, "Print the plan and change nothing");
-  return [args] { return run_migrate(*args); };
+  return add_command<MigrateArgs>(
+      app, "migrate", "Create or upgrade keel's tables in a database (run as a role that may)",
+      kMigrateFooter, add_migrate_flags, run_migrate);
 }
 
 }  // namespace keel::cli

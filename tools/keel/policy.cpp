@@ -91,12 +91,11 @@ int run_policy(const PolicyFlags& flags) {
 }  // namespace
 
 Runner add_policy(CLI::App& app) {
-  auto flags = std::make_shared<PolicyFlags>();
-  CLI::App* sub = app.add_subcommand(
-      "policy", "Show a retry policy's schedule and whether its attempts fit its deadline");
-  sub->footer(kPolicyFooter);
-  add_policy_flags(sub, "policy", *flags);
-  return [flags] { return run_policy(*flags); };
+  return add_command<PolicyFlags>(
+      app, "policy", "Show a retry policy's schedule and whether its attempts fit its deadline",
+      kPolicyFooter,
+      [](CLI::App* sub, PolicyFlags& flags) { add_policy_flags(sub, "policy", flags); },
+      run_policy);
 }
 
 }  // namespace keel::cli

@@ -6,11 +6,14 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "flag_options.hpp"
 #include "flags.hpp"
+#include "keel/version.hpp"
 
 namespace keel::cli {
 
@@ -56,6 +59,29 @@ inline int run_program(CLI::App& app, const std::vector<Registrar>& registrars, 
     return 1;
   }
   return kExitUsage;
+}
+
+/// The program `name` (keel, keel-demo) with its one-line `description`: exactly one subcommand
+/// of `registrars` per run, and --version printing "NAME VERSION". Runs as the overload above.
+inline int run_program(const std::string& name, const std::string& description,
+                       const std::vector<Registrar>& registrars, int argc, char** argv) {
+  CLI::App app{description, name};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", name + " " + KEEL_VERSION_STRING);
+  return run_program(app, registrars, argc, argv);
+}
+
+/// Adds the subcommand `name` to `app` with its one-line `description` and the `footer` its
+/// --help ends with (none when empty), whose flags `add_flags(sub, flags)` registers into a new
+/// Flags; returns its body, `run(flags)`.
+template <class Flags, class AddFlags, class Run>
+Runner add_command(CLI::App& app, const std::string& name, const std::string& description,
+                   const std::string& footer, AddFlags add_flags, Run run) {
+  auto flags = std::make_shared<Flags>();
+  CLI::App* sub = app.add_subcommand(name, description);
+  if (!footer.empty()) sub->footer(footer);
+  add_flags(sub, *flags);
+  return [flags, run] { return run(*flags); };
 }
 
 }  // namespace keel::cli

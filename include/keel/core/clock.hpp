@@ -128,6 +128,10 @@ class Clock {
   [[nodiscard]] virtual Duration begin_timer_wait(Duration d) {
     return d > Duration::zero() ? d : Duration::zero();
   }
+  /// Whether this clock is std::chrono::steady_clock's time with real sleeps (SteadyClock), so
+  /// that a caller may spend a wait of d blocked on something of its own for as long instead
+  /// (the gRPC client watches its channel between attempts). False for every other clock.
+  [[nodiscard]] virtual bool is_steady_clock() const noexcept { return false; }
 };
 
 /// The clock's calendar now in whole milliseconds since 1970-01-01 UTC: the one form in which
@@ -143,6 +147,7 @@ class SteadyClock final : public Clock {
   [[nodiscard]] TimePoint now() const noexcept override;
   [[nodiscard]] WallTime wall_now() const noexcept override;
   void sleep_for(Duration d) override;
+  [[nodiscard]] bool is_steady_clock() const noexcept override { return true; }
 };
 
 /// CLOCK_MONOTONIC_COARSE: a few ns per read instead of ~20, with a resolution of 1-4 ms.

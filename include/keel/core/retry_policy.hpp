@@ -42,6 +42,19 @@ struct RetryOptions {
   std::string operation;
 };
 
+/// The retry options keel's network clients start from (keel::http::ClientOptions::retry, for
+/// both HTTP clients, and keel::grpc::ClientOptions::retry): 3 attempts, per-try timeout 10 s,
+/// overall deadline 30 s, and RetryOptions' own defaults for the rest (full jitter base 100 ms cap
+/// 10 s, server-requested delays capped at 60 s).
+[[nodiscard]] inline RetryOptions client_retry_options() {
+  return {.max_attempts = 3,
+          .per_try_timeout = std::chrono::seconds(10),
+          .overall_timeout = std::chrono::seconds(30),
+          .on_retry = {},
+          .on_give_up = {},
+          .operation = {}};
+}
+
 /// Validated, immutable retry configuration, shared by many operations.
 class RetryPolicy {
  public:

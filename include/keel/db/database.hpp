@@ -409,6 +409,14 @@ struct SchemaComponent {
   void (*migrate)(Connection& connection) = nullptr;
 };
 
+/// The SchemaComponent named `name` whose schema `steps` make (its version: one per step),
+/// migrated by `migrate`, which runs migrate() over those steps under that name.
+[[nodiscard]] inline SchemaComponent schema_component(std::string_view name,
+                                                      std::span<const Migration> steps,
+                                                      void (*migrate)(Connection&)) noexcept {
+  return {.name = name, .version = static_cast<int>(steps.size()), .migrate = migrate};
+}
+
 struct PoolOptions {
   /// Most connections open at once; acquire() waits when all are lent. Requires: >= 1. Default 8.
   int max_connections = 8;

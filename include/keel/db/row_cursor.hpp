@@ -17,12 +17,18 @@
 //     RowCursor c(rows, row);
 //     return {.round = c.integer(), .attempt = c.integer(), .error = c.text_or_empty()};
 //   }
+//   // Every row of a statement (read_rows).
+//   std::vector<Attempt> attempts = read_rows(rows, [](RowCursor& c) {
+//     return Attempt{.round = c.integer(), .attempt = c.integer(), .error = c.text_or_empty()};
+//   });
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "keel/db/database.hpp"
 
@@ -58,5 +64,18 @@ class RowCursor {
   std::size_t row_;
   std::size_t column_ = 0;
 };
+
+/// Each row of `rows` as `read(cursor)` makes it, the cursor at the row's first column, in the
+/// rows' order: the loop that turns a statement's rows into structs, written once.
+template <class Read>
+[[nodiscard]] auto read_rows(const Rows& rows, Read read) {
+  std::vector<std::invoke_result_t<Read&, RowCursor&>> out;
+  out.reserve(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    RowCursor c(rows, i);
+    out.push_back(read(c));
+  }
+  return out;
+}
 
 }  // namespace keel::store

@@ -78,14 +78,10 @@ struct ClientOptions {
   /// on: grpc.enable_retries = 1, or a service config naming a retryPolicy or hedgingPolicy.
   /// keel sets grpc.enable_retries = 0 in the channel it builds.
   ::grpc::ChannelArguments arguments;
-  /// Retry policy for every call. Defaults: 3 attempts, per-try timeout 10 s, overall deadline
-  /// 30 s, full jitter base 100 ms cap 10 s, pushback cap 60 s, as keel's HTTP clients.
-  RetryOptions retry = {.max_attempts = 3,
-                        .per_try_timeout = std::chrono::seconds(10),
-                        .overall_timeout = std::chrono::seconds(30),
-                        .on_retry = {},
-                        .on_give_up = {},
-                        .operation = {}};
+  /// Retry policy for every call. Defaults: keel::client_retry_options(), as keel's HTTP clients
+  /// (3 attempts, per-try timeout 10 s, overall deadline 30 s, full jitter base 100 ms cap 10 s,
+  /// pushback cap 60 s).
+  RetryOptions retry = client_retry_options();
   /// How many retries an INTERNAL, UNKNOWN or unlisted status may cause in one call.
   /// Requires: 0..254. Default 1 (as HTTP 500).
   int max_retries_on_internal = 1;

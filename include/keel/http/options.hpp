@@ -215,15 +215,10 @@ struct ClientOptions {
     long max_transfers = 0;
   };
 
-  /// Retry policy for every request. Defaults: 3 attempts, per-try timeout 10 s, overall
-  /// deadline 30 s, full jitter base 100 ms cap 10 s, Retry-After cap 60 s. Its on_retry and
-  /// on_give_up hooks are called as the engine documents.
-  RetryOptions retry = {.max_attempts = 3,
-                        .per_try_timeout = std::chrono::seconds(10),
-                        .overall_timeout = std::chrono::seconds(30),
-                        .on_retry = {},
-                        .on_give_up = {},
-                        .operation = {}};
+  /// Retry policy for every request. Defaults: keel::client_retry_options() (3 attempts, per-try
+  /// timeout 10 s, overall deadline 30 s, full jitter base 100 ms cap 10 s, Retry-After cap
+  /// 60 s). Its on_retry and on_give_up hooks are called as the engine documents.
+  RetryOptions retry = client_retry_options();
   /// How answers are classified (see Classify).
   Classify classify;
   /// Circuit breakers, retry budget, adaptive timeouts (see Brakes).

@@ -14,6 +14,7 @@
 
 #include "keel/core/classify.hpp"
 #include "keel/core/clock.hpp"
+#include "keel/core/retry_events.hpp"
 #include "keel/queue/job.hpp"
 
 namespace keel::store {
@@ -30,6 +31,12 @@ struct AttemptReport {
   [[nodiscard]] static AttemptReport success() {
     return {.outcome = Outcome::success(), .error = {}};
   }
+  /// The report of a delivery (an HTTP request, a gRPC call) whose client stopped before it sent
+  /// anything (`outcome` not attempted, `reason` why): the queue defers the job without charging
+  /// an attempt, and error says why, naming `dependency` ("circuit open for api.example:443, next
+  /// probe in 2s", "held by the rate limit of ...", "budget exhausted for ...").
+  [[nodiscard]] static AttemptReport not_sent(const Outcome& outcome, StopReason reason,
+                                              std::string_view dependency);
 };
 
 enum class CompleteStatus : unsigned char {

@@ -5,25 +5,22 @@
 // Thread-safety: both functions may be called from any thread.
 #pragma once
 
-#include <openssl/rand.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
-#include <stdexcept>
 #include <string>
 
 #include "keel/core/random.hpp"
+#include "keel/detail/secure_random.hpp"
 
 namespace keel::store::detail {
 
 // `size` bytes from OpenSSL's CSPRNG into `out`; throws std::runtime_error when it has none
 // (the including target links OpenSSL::Crypto).
 inline void secure_random_bytes(unsigned char* out, std::size_t size) {
-  if (RAND_bytes(out, static_cast<int>(size)) != 1) {
-    throw std::runtime_error("keel::store: the CSPRNG (RAND_bytes) could not supply bytes");
-  }
+  keel::detail::secure_random_bytes(out, size, "keel::store");
 }
 
 // "host:pid:xxxxxxxx": the host name (spaces and line breaks made '_', "localhost" when it has

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "db/detail/options_refusal.hpp"
 #include "keel/core/duration.hpp"
 #include "keel/core/expected.hpp"
 
@@ -57,33 +58,30 @@ bool valid_host(std::string_view value) {
 }  // namespace
 
 void validate(const ServerOptions& o) {
-  const auto fail = [](std::string_view field, std::string_view requirement, std::string got) {
-    throw_invalid({.context = "keel::store::beast::ServerOptions",
-                   .field = std::string(field),
-                   .problem = "must be " + std::string(requirement),
-                   .got = std::move(got)});
-  };
+  const store::detail::OptionsRefusal refuse("keel::store::beast::ServerOptions");
   if (o.event_loop_threads < 1) {
-    fail("event_loop_threads", ">= 1", std::to_string(o.event_loop_threads));
+    refuse.must_be("event_loop_threads", ">= 1", std::to_string(o.event_loop_threads));
   }
-  if (o.worker_threads < 1) fail("worker_threads", ">= 1", std::to_string(o.worker_threads));
+  if (o.worker_threads < 1)
+    refuse.must_be("worker_threads", ">= 1", std::to_string(o.worker_threads));
   const auto positive = [&](std::string_view field, std::chrono::milliseconds d) {
-    if (d.count() <= 0) fail(field, "> 0", format_duration(d));
+    if (d.count() <= 0) refuse.must_be(field, "> 0", format_duration(d));
   };
   positive("first_byte_timeout", o.first_byte_timeout);
   positive("header_timeout", o.header_timeout);
   positive("body_timeout", o.body_timeout);
   positive("idle_timeout", o.idle_timeout);
   positive("write_timeout", o.write_timeout);
-  if (o.drain_timeout.count() < 0) fail("drain_timeout", ">= 0", format_duration(o.drain_timeout));
-  if (o.max_connections < 1) fail("max_connections", ">= 1", "0");
+  if (o.drain_timeout.count() < 0)
+    refuse.must_be("drain_timeout", ">= 0", format_duration(o.drain_timeout));
+  if (o.max_connections < 1) refuse.must_be("max_connections", ">= 1", "0");
   if (o.reserved_descriptors < 16) {
-    fail("reserved_descriptors", ">= 16", std::to_string(o.reserved_descriptors));
+    refuse.must_be("reserved_descriptors", ">= 16", std::to_string(o.reserved_descriptors));
   }
   if (o.max_header_bytes < 64 || o.max_header_bytes > 0xffffffffu) {
-    fail("max_header_bytes", "in [64, 2^32)", std::to_string(o.max_header_bytes));
+    refuse.must_be("max_header_bytes", "in [64, 2^32)", std::to_string(o.max_header_bytes));
   }
-  if (o.max_body_bytes < 1) fail("max_body_bytes", ">= 1", "0");
+  if (o.max_body_bytes < 1) refuse.must_be("max_body_bytes", ">= 1", "0");
 }
 
 std::optional<std::string> host_problem(const Request& request) {

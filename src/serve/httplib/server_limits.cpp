@@ -11,6 +11,7 @@
 #include <regex>
 #include <stdexcept>
 
+#include "db/detail/options_refusal.hpp"
 #include "idempotency/detail/ascii.hpp"
 #include "keel/core/duration.hpp"
 #include "keel/core/expected.hpp"
@@ -79,23 +80,18 @@ bool shutdown_connection(const httplib::Request& request) {
 }
 
 void validate(const ServerLimits& limits) {
-  const auto fail = [](std::string_view field, std::string_view requirement, std::string got) {
-    throw_invalid({.context = "keel::store::ServerLimits",
-                   .field = std::string(field),
-                   .problem = "must be " + std::string(requirement),
-                   .got = std::move(got)});
-  };
-  if (limits.max_body_bytes < 1) fail("max_body_bytes", ">= 1", "0");
-  if (limits.max_header_bytes < 1) fail("max_header_bytes", ">= 1", "0");
+  const detail::OptionsRefusal refuse("keel::store::ServerLimits");
+  if (limits.max_body_bytes < 1) refuse.must_be("max_body_bytes", ">= 1", "0");
+  if (limits.max_header_bytes < 1) refuse.must_be("max_header_bytes", ">= 1", "0");
   if (limits.read_timeout.count() <= 0) {
-    fail("read_timeout", "> 0", format_duration(limits.read_timeout));
+    refuse.must_be("read_timeout", "> 0", format_duration(limits.read_timeout));
   }
   if (limits.write_timeout.count() <= 0) {
-    fail("write_timeout", "> 0", format_duration(limits.write_timeout));
+    refuse.must_be("write_timeout", "> 0", format_duration(limits.write_timeout));
   }
-  if (limits.keep_alive_max_count < 1) fail("keep_alive_max_count", ">= 1", "0");
+  if (limits.keep_alive_max_count < 1) refuse.must_be("keep_alive_max_count", ">= 1", "0");
   if (limits.keep_alive_timeout.count() < 1) {
-    fail("keep_alive_timeout", ">= 1s", format_duration(limits.keep_alive_timeout));
+    refuse.must_be("keep_alive_timeout", ">= 1s", format_duration(limits.keep_alive_timeout));
   }
 }
 
