@@ -16,8 +16,8 @@
 #include "keel/grpc/server.hpp"
 #include "keel/idempotency/idempotency.hpp"
 #include "keel/queue/queue_worker.hpp"
+#include "support/test_support.hpp"
 #include "test_service.grpc.pb.h"
-#include "test_support.hpp"
 
 namespace {
 

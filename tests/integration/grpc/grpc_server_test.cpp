@@ -18,8 +18,8 @@
 #include "keel/grpc/client.hpp"
 #include "keel/grpc/server.hpp"
 #include "keel/idempotency/idempotency.hpp"
+#include "support/test_support.hpp"
 #include "test_service.grpc.pb.h"
-#include "test_support.hpp"
 
 namespace {
 
