@@ -92,6 +92,7 @@ TYPED_TEST(HttpClients, TransientStatusesAreRetriedAndEachAttemptIsNumbered) {
   ASSERT_EQ(arrivals.size(), 3u);
   for (std::size_t i = 0; i < arrivals.size(); ++i) {
     EXPECT_EQ(header(arrivals[i], "Keel-Attempt"), std::to_string(i + 1));
+    EXPECT_EQ(arrivals[i].target, "/thing");
     EXPECT_EQ(header(arrivals[i], "Idempotency-Key"), "") << "a GET carries no key";
   }
 }
@@ -355,6 +356,7 @@ TYPED_TEST(HttpClients, AnAmbiguousPostWithoutKeyIsNotRetried) {
   EXPECT_EQ(r.reason, StopReason::kNotSafeToRetry);
   EXPECT_EQ(r.outcome.kind, OutcomeKind::kAmbiguous);
   EXPECT_EQ(server.arrivals().size(), 1u);
+  EXPECT_EQ(header(server.arrivals()[0], "Idempotency-Key"), "");
 }
 
 TYPED_TEST(HttpClients, AnAmbiguousPostWithKeyIsRetriedWithTheSameKey) {
@@ -528,10 +530,12 @@ TYPED_TEST(HttpClients, EveryAttemptIsObservedAndGivingUpLogsOneLine) {
   ClientOptions c = fast(3);
   std::vector<int> numbers;
   std::vector<bool> will_retry;
+  std::vector<StopReason> reasons;
   std::vector<std::string> lines;
   c.observability.on_attempt = [&](const keel::http::AttemptEvent& e) {
     numbers.push_back(e.attempt);
     will_retry.push_back(e.will_retry);
+    reasons.push_back(e.reason);
     EXPECT_EQ(e.outcome.code, 503);
     EXPECT_EQ(e.method, "DELETE");
   };
@@ -542,9 +546,12 @@ TYPED_TEST(HttpClients, EveryAttemptIsObservedAndGivingUpLogsOneLine) {
   EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted);
   EXPECT_EQ(numbers, (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(will_retry, (std::vector<bool>{true, true, false}));
+  ASSERT_EQ(reasons.size(), 3u);
+  EXPECT_EQ(reasons[2], StopReason::kAttemptsExhausted);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_NE(lines[0].find("gave up after 3 attempts"), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find("DELETE " + url), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("attempts exhausted"), std::string::npos) << lines[0];
 }
 
 TYPED_TEST(HttpClients, OneConnectionServesTheAttemptsAndTheNextRequest) {
