@@ -102,13 +102,13 @@ inline std::string backend_name(const ::testing::TestParamInfo<store::Backend>& 
   return info.param == store::Backend::kSqlite ? "Sqlite" : "Postgres";
 }
 
-/// A fixture over a tuple parameter whose first element is the backend, with BackendTest's
-/// database handling: each test a fresh database, url().
+/// A fixture giving each test a fresh database of the backend its parameter names: url(). The
+/// parameter is a store::Backend (BackendTest) or a tuple whose first element is the backend.
 template <class Param>
 class BackendParamTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
-    if (std::get<0>(this->GetParam()) == store::Backend::kSqlite) {
+    if (backend_of(this->GetParam()) == store::Backend::kSqlite) {
       url_ = "sqlite:" + (dir_.path() / "test.db").string();
     } else {
       const auto url = postgres_url();
@@ -121,29 +121,17 @@ class BackendParamTest : public ::testing::TestWithParam<Param> {
   [[nodiscard]] const TempDir& dir() const { return dir_; }
 
  private:
+  static store::Backend backend_of(store::Backend backend) { return backend; }
+  template <class Tuple>
+  static store::Backend backend_of(const Tuple& param) {
+    return std::get<0>(param);
+  }
+
   TempDir dir_;
   std::string url_;
 };
 
 /// A fixture giving each test a fresh database of the parameter's backend: url().
-class BackendTest : public ::testing::TestWithParam<store::Backend> {
- protected:
-  void SetUp() override {
-    if (GetParam() == store::Backend::kSqlite) {
-      url_ = "sqlite:" + (dir_.path() / "test.db").string();
-    } else {
-      const auto url = postgres_url();
-      if (!url) GTEST_SKIP() << "no PostgreSQL test server (run through ctest)";
-      url_ = *url;
-    }
-  }
-  [[nodiscard]] const std::string& url_text() const { return url_; }
-  [[nodiscard]] store::DatabaseUrl url() const { return store::parse_database_url(url_).value(); }
-  [[nodiscard]] const TempDir& dir() const { return dir_; }
-
- private:
-  TempDir dir_;
-  std::string url_;
-};
+class BackendTest : public BackendParamTest<store::Backend> {};
 
 }  // namespace keel::test
