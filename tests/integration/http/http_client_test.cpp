@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "fast_options.hpp"
 #include "keel/core/breaker.hpp"
 #include "keel/core/budget.hpp"
 #include "keel/faults/fault_server.hpp"
@@ -27,16 +28,7 @@ using faults::parse_fault_script;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// Fast backoff so tests spend their time on the network, not on waiting.
-ClientOptions fast_options(int attempts = 3) {
-  ClientOptions o;
-  o.retry.max_attempts = attempts;
-  o.retry.per_try_timeout = seconds(5);
-  o.retry.overall_timeout = seconds(20);
-  o.retry.backoff = {.base = milliseconds(1), .cap = milliseconds(5)};
-  o.observability.log = [](std::string_view) {};
-  return o;
-}
+using keel::test::fast_options;
 
 TEST(HttpClient, RetryAfterCappedByThePolicy) {
   FaultServer server({.script = "503/retry-after=3600,200"});

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "asio_waiting.hpp"
+#include "fast_options.hpp"
 #include "http_drivers.hpp"
 #include "keel/asio/http_client.hpp"
 #include "keel/core/breaker.hpp"
@@ -60,16 +61,7 @@ using keel::http::Result;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// Fast backoff so tests spend their time on the network, not on waiting.
-ClientOptions fast(int attempts = 3) {
-  ClientOptions c;
-  c.observability.log = [](std::string_view) {};
-  c.retry.max_attempts = attempts;
-  c.retry.per_try_timeout = seconds(5);
-  c.retry.overall_timeout = seconds(20);
-  c.retry.backoff = {.base = milliseconds(1), .cap = milliseconds(5)};
-  return c;
-}
+using keel::test::fast_options;
 
 using keel::test::ClosedPort;
 
@@ -81,7 +73,7 @@ TYPED_TEST_SUITE(HttpClients, keel::test::HttpDrivers, keel::test::HttpDriverNam
 TYPED_TEST(HttpClients, TransientStatusesAreRetriedAndEachAttemptIsNumbered) {
   FaultServer server({.script = "503,502,200"});
   server.start();
-  TypeParam client(fast(5));
+  TypeParam client(fast_options(5));
   const Result r = client.send({.url = server.url("/thing")});
   EXPECT_TRUE(r.ok()) << keel::to_string(r.reason);
   EXPECT_EQ(r.attempts, 3);
@@ -100,7 +92,7 @@ TYPED_TEST(HttpClients, TransientStatusesAreRetriedAndEachAttemptIsNumbered) {
 TYPED_TEST(HttpClients, APostCarriesOneGeneratedUuidKeyOnEveryAttempt) {
   FaultServer server({.script = "503*2,201"});
   server.start();
-  TypeParam client(fast(3));
+  TypeParam client(fast_options(3));
   const Result r = client.send({.method = "POST", .url = server.url("/pay"), .body = "{}"});
   EXPECT_TRUE(r.ok());
   const auto arrivals = server.arrivals();
@@ -135,7 +127,7 @@ std::vector<long long> deadline_ms(const std::vector<Arrival>& arrivals) {
 TYPED_TEST(HttpClients, EveryAttemptCarriesTheDeadlineLeftWhichShrinksAcrossAttempts) {
   FaultServer server({.script = "503/delay=20ms*2,200"});
   server.start();
-  TypeParam client(fast(3));  // overall_timeout 20 s, per_try_timeout 5 s
+  TypeParam client(fast_options(3));  // overall_timeout 20 s, per_try_timeout 5 s
   const Result r = client.send({.url = server.url("/thing")});
   EXPECT_TRUE(r.ok()) << keel::to_string(r.reason);
   const std::vector<long long> left = deadline_ms(server.arrivals());
@@ -152,7 +144,7 @@ TYPED_TEST(HttpClients, EveryAttemptCarriesTheDeadlineLeftWhichShrinksAcrossAtte
 TYPED_TEST(HttpClients, TheCeilingBoundsTheDeadlineSent) {
   FaultServer server({.script = "200"});
   server.start();
-  TypeParam client(fast(3));
+  TypeParam client(fast_options(3));
   const Result r =
       client.send({.url = server.url("/thing"),
                    .ceiling = keel::Deadline::after(keel::steady_clock(), seconds(10))});
@@ -168,7 +160,7 @@ TYPED_TEST(HttpClients, TheCeilingBoundsTheDeadlineSent) {
 TYPED_TEST(HttpClients, NoDeadlineSendsNoHeaderAndTheCallersOwnIsDropped) {
   FaultServer server({.script = "200"});
   server.start();
-  ClientOptions c = fast(2);
+  ClientOptions c = fast_options(2);
   c.retry.overall_timeout = keel::kInfinite;
   TypeParam client(c);
   const Result r =
@@ -182,7 +174,7 @@ TYPED_TEST(HttpClients, NoDeadlineSendsNoHeaderAndTheCallersOwnIsDropped) {
 TYPED_TEST(HttpClients, DeadlinePropagationCanBeSwitchedOff) {
   FaultServer server({.script = "200"});
   server.start();
-  ClientOptions c = fast(2);
+  ClientOptions c = fast_options(2);
   c.transport.propagate_deadline = false;
   TypeParam client(c);
   EXPECT_TRUE(client.send({.url = server.url("/thing")}).ok());
@@ -194,7 +186,7 @@ TYPED_TEST(HttpClients, DeadlinePropagationCanBeSwitchedOff) {
 TYPED_TEST(HttpClients, ACallerKeyIsSentUnchangedAndA500IsRetriedOnce) {
   FaultServer server({.script = "500"});
   server.start();
-  TypeParam client(fast(5));
+  TypeParam client(fast_options(5));
   const Result r =
       client.send({.method = "POST", .url = server.url("/job"), .idempotency_key = "job-42"});
   EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted);
@@ -206,7 +198,7 @@ TYPED_TEST(HttpClients, ACallerKeyIsSentUnchangedAndA500IsRetriedOnce) {
 TYPED_TEST(HttpClients, APermanentStatusIsNotRetriedAndItsBodyIsKept) {
   FaultServer server({.script = "400/body=missing-field,200"});
   server.start();
-  TypeParam client(fast(5));
+  TypeParam client(fast_options(5));
   const Result r = client.send({.method = "POST", .url = server.url("/x")});
   EXPECT_EQ(r.reason, StopReason::kPermanent);
   EXPECT_EQ(r.attempts, 1);
@@ -219,7 +211,7 @@ TYPED_TEST(HttpClients, APermanentStatusIsNotRetriedAndItsBodyIsKept) {
 TYPED_TEST(HttpClients, RetryAfterSecondsIsWaitedAtLeast) {
   FaultServer server({.script = "503/retry-after=1,200"});
   server.start();
-  TypeParam client(fast());
+  TypeParam client(fast_options());
   const Result r = client.send({.url = server.url("/slow")});
   EXPECT_TRUE(r.ok());
   const auto arrivals = server.arrivals();
@@ -230,7 +222,7 @@ TYPED_TEST(HttpClients, RetryAfterSecondsIsWaitedAtLeast) {
 TYPED_TEST(HttpClients, RetryAfterAsAnHttpDateIsHonoured) {
   FaultServer server({.script = "429/retry-after-date=2,200"});
   server.start();
-  TypeParam client(fast());
+  TypeParam client(fast_options());
   const Result r = client.send({.url = server.url("/")});
   EXPECT_TRUE(r.ok());
   const auto arrivals = server.arrivals();
@@ -242,7 +234,7 @@ TYPED_TEST(HttpClients, RetryAfterAsAnHttpDateIsHonoured) {
 TYPED_TEST(HttpClients, RetryAfterBeyondTheDeadlineStopsWithDeadline) {
   FaultServer server({.script = "503/retry-after=30,200"});
   server.start();
-  ClientOptions c = fast();
+  ClientOptions c = fast_options();
   c.retry.overall_timeout = seconds(2);
   TypeParam client(c);
   const Result r = client.send({.url = server.url("/")});
@@ -254,7 +246,7 @@ TYPED_TEST(HttpClients, RetryAfterBeyondTheDeadlineStopsWithDeadline) {
 TYPED_TEST(HttpClients, TheDeadlineCutsAHungAttemptAndNoOtherStarts) {
   FaultServer server({.script = "hang"});
   server.start();
-  ClientOptions c = fast(5);
+  ClientOptions c = fast_options(5);
   c.retry.per_try_timeout = seconds(10);
   TypeParam client(c);
   const Result r =
@@ -269,7 +261,7 @@ TYPED_TEST(HttpClients, TheDeadlineCutsAHungAttemptAndNoOtherStarts) {
 TYPED_TEST(HttpClients, PerTryTimeoutEndsAHungAttemptAndTheRetrySucceeds) {
   FaultServer server({.script = "hang,200"});
   server.start();
-  ClientOptions c = fast(3);
+  ClientOptions c = fast_options(3);
   // Ends the hung first attempt (the overall timeout is 20 s) and bounds the retry too, which
   // opens a new connection: room for that on a slow machine.
   c.retry.per_try_timeout = seconds(2);
@@ -292,7 +284,7 @@ TYPED_TEST(HttpClients, AdaptiveTimeoutsDropFromTheStaticTimeoutToTheMeasuredLat
   FaultServer server({.script = "200/delay=20ms*20,hang"});
   server.start();
   keel::AdaptiveTimeoutRegistry timeouts({.timeout = {.min_samples = 20}});
-  ClientOptions c = fast(1);
+  ClientOptions c = fast_options(1);
   c.retry.per_try_timeout = seconds(10);
   c.brakes.adaptive_timeouts = true;
   c.brakes.timeouts = &timeouts;
@@ -336,7 +328,7 @@ TYPED_TEST(HttpClients, AdaptiveTimeoutsDropFromTheStaticTimeoutToTheMeasuredLat
 
 TYPED_TEST(HttpClients, ARefusedConnectionIsRetriedEvenForAPostWithoutKey) {
   const ClosedPort closed;  // refuses connections until the test ends
-  TypeParam client(fast(3));
+  TypeParam client(fast_options(3));
   const Result r =
       client.send({.method = "POST", .url = closed.url("/pay"), .generate_idempotency_key = false});
   EXPECT_EQ(r.reason, StopReason::kAttemptsExhausted);
@@ -350,7 +342,7 @@ TYPED_TEST(HttpClients, ARefusedConnectionIsRetriedEvenForAPostWithoutKey) {
 TYPED_TEST(HttpClients, AnAmbiguousPostWithoutKeyIsNotRetried) {
   FaultServer server({.script = "drop,200"});
   server.start();
-  TypeParam client(fast(5));
+  TypeParam client(fast_options(5));
   const Result r =
       client.send({.method = "POST", .url = server.url("/pay"), .generate_idempotency_key = false});
   EXPECT_EQ(r.reason, StopReason::kNotSafeToRetry);
@@ -362,7 +354,7 @@ TYPED_TEST(HttpClients, AnAmbiguousPostWithoutKeyIsNotRetried) {
 TYPED_TEST(HttpClients, AnAmbiguousPostWithKeyIsRetriedWithTheSameKey) {
   FaultServer server({.script = "drop,reset,200"});
   server.start();
-  TypeParam client(fast(5));
+  TypeParam client(fast_options(5));
   const Result r = client.send({.method = "POST", .url = server.url("/pay"), .body = "x"});
   EXPECT_TRUE(r.ok());
   const auto arrivals = server.arrivals();
@@ -375,7 +367,7 @@ TYPED_TEST(HttpClients, AnAmbiguousPostWithKeyIsRetriedWithTheSameKey) {
 // the same key, meets "already exists". With the duplicate-success rule that is the first try's
 // success.
 ClientOptions already_exists(int attempts = 3) {
-  ClientOptions c = fast(attempts);
+  ClientOptions c = fast_options(attempts);
   c.classify.duplicate_success = keel::DuplicateSuccessOptions{
       .statuses = {409}, .body = keel::body_contains("already exists")};
   return c;
@@ -448,7 +440,7 @@ TYPED_TEST(HttpClients, AnAlreadyExistsAfterA503IsNotASuccess) {
 TYPED_TEST(HttpClients, WithoutTheRuleAnAlreadyExistsAfterADropIsNotASuccess) {
   FaultServer server({.script = "drop,409/body=name already exists"});
   server.start();
-  TypeParam client(fast(2));
+  TypeParam client(fast_options(2));
   const Result r = client.send({.method = "POST", .url = server.url("/videos")});
   EXPECT_FALSE(r.ok());
   EXPECT_FALSE(r.outcome.duplicate);
@@ -503,7 +495,7 @@ TYPED_TEST(HttpClients, TheLookupFetchesTheResourceADuplicateFoundAlreadyThere) 
 }
 
 TYPED_TEST(HttpClients, ADuplicateSuccessRuleWithAnInvalidStatusIsRejected) {
-  ClientOptions c = fast();
+  ClientOptions c = fast_options();
   c.classify.duplicate_success = keel::DuplicateSuccessOptions{.statuses = {201}};
   EXPECT_THROW(TypeParam client(c), std::invalid_argument);
 }
@@ -511,7 +503,7 @@ TYPED_TEST(HttpClients, ADuplicateSuccessRuleWithAnInvalidStatusIsRejected) {
 TYPED_TEST(HttpClients, TheBodyHookTurnsAnErrorInsideA200IntoARetry) {
   FaultServer server({.script = "200/body=error:busy,200/body=done"});
   server.start();
-  ClientOptions c = fast();
+  ClientOptions c = fast_options();
   c.classify.responses.body = [](int status,
                                  std::string_view body) -> std::optional<keel::Outcome> {
     if (status == 200 && body.starts_with("error")) return keel::Outcome::transient();
@@ -527,7 +519,7 @@ TYPED_TEST(HttpClients, TheBodyHookTurnsAnErrorInsideA200IntoARetry) {
 TYPED_TEST(HttpClients, EveryAttemptIsObservedAndGivingUpLogsOneLine) {
   FaultServer server({.script = "503"});
   server.start();
-  ClientOptions c = fast(3);
+  ClientOptions c = fast_options(3);
   std::vector<int> numbers;
   std::vector<bool> will_retry;
   std::vector<StopReason> reasons;
@@ -557,7 +549,7 @@ TYPED_TEST(HttpClients, EveryAttemptIsObservedAndGivingUpLogsOneLine) {
 TYPED_TEST(HttpClients, OneConnectionServesTheAttemptsAndTheNextRequest) {
   FaultServer server({.script = "503,200"});
   server.start();
-  TypeParam client(fast());
+  TypeParam client(fast_options());
   EXPECT_TRUE(client.send({.url = server.url("/a")}).ok());
   EXPECT_TRUE(client.send({.url = server.url("/b")}).ok());
   EXPECT_EQ(server.arrivals().size(), 3u);
@@ -589,7 +581,7 @@ TEST(AsioHttpClient, CancellingDuringAnAttemptRemovesTheTransferAndReportsCancel
   FaultServer server({.script = "hang"});
   server.start();
   ::asio::io_context io;
-  ClientOptions c = fast(3);
+  ClientOptions c = fast_options(3);
   HttpClient client(io.get_executor(),
                     {.retry = c.retry, .observability = {.log = c.observability.log}});
   // Cancelled once the server holds the request, which it never answers: during the attempt.
@@ -610,7 +602,7 @@ TEST(AsioHttpClient, CancellingDuringTheWaitStopsBeforeTheNextAttempt) {
   FaultServer server({.script = "503/retry-after=30,200"});
   server.start();
   ::asio::io_context io;
-  ClientOptions c = fast(3);
+  ClientOptions c = fast_options(3);
   c.retry.overall_timeout = seconds(120);
   // Cancelled when the first attempt's 503 is in and a retry is due. The hook runs inside the
   // loop, before its 30 s wait starts; the emit is posted, so it lands in that wait.
@@ -643,7 +635,7 @@ TEST(AsioHttpClient, APerHostBreakerStopsCallsToTheFailingHostOnly) {
                                               .minimum_calls = 4,
                                               .break_duration = seconds(60)}});
   ::asio::io_context io;
-  ClientOptions c = fast(2);
+  ClientOptions c = fast_options(2);
   HttpClient client(io.get_executor(), {.retry = c.retry,
                                         .brakes = {.breakers = &breakers},
                                         .observability = {.log = c.observability.log}});
@@ -681,7 +673,7 @@ TEST(AsioHttpClient, TheOwnRetryBudgetLimitsRetriesAcrossOperations) {
   FaultServer server({.script = "503"});
   server.start();
   ::asio::io_context io;
-  ClientOptions c = fast(3);
+  ClientOptions c = fast_options(3);
   HttpClient client(io.get_executor(), {.retry = c.retry,
                                         .brakes = {.circuit_breakers = false,
                                                    .own_budget = {.capacity = 10, .retry_cost = 5}},
@@ -711,7 +703,7 @@ TEST(AsioHttpClient, CancellingAQueuedTransferTakesItOutOfTheQueue) {
   FaultServer server({.script = "hang"});
   server.start();
   ::asio::io_context io;
-  ClientOptions c = fast(1);
+  ClientOptions c = fast_options(1);
   HttpClient client(io.get_executor(), {.retry = c.retry,
                                         .observability = {.log = c.observability.log},
                                         .limits = {.max_transfers = 1}});
@@ -825,7 +817,7 @@ class FlakyUpstream {
 TEST(AsioHttpClient, AThousandConcurrentRetryingCallsOnOneThread) {
   FlakyUpstream upstream;
   ::asio::io_context io(1);
-  ClientOptions c = fast(3);
+  ClientOptions c = fast_options(3);
   // What is checked is the attempts and bodies, not timeouts. An attempt's timeout counts its
   // wait for one of the 32 transfer slots, behind up to a thousand first attempts: a slow run
   // (sanitizers, a loaded machine) would turn a per-try timeout into extra attempts. run_for

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "fast_options.hpp"
 #include "keel/core/rate_limit.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
@@ -28,21 +29,13 @@ using faults::FaultServer;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-ClientOptions fast_options(int attempts = 1) {
-  ClientOptions o;
-  o.retry.max_attempts = attempts;
-  o.retry.per_try_timeout = seconds(5);
-  o.retry.overall_timeout = seconds(20);
-  o.retry.backoff = {.base = milliseconds(1), .cap = milliseconds(5)};
-  o.observability.log = [](std::string_view) {};
-  return o;
-}
+using keel::test::fast_options;
 
 TEST(HttpLimits, ARateLimitSpacesTheCallsToAHost) {
   FaultServer server({.script = "200"});
   server.start();
   RateLimitRegistry rates({.rate_per_s = 20, .burst = 2});
-  ClientOptions o = fast_options();
+  ClientOptions o = fast_options(1);
   o.brakes.rate_limits = &rates;
   Client client(o);
   for (int i = 0; i < 30; ++i) ASSERT_TRUE(client.send({.url = server.url("/x")}).ok());
@@ -130,7 +123,7 @@ TEST(HttpLimits, TheAdaptiveConcurrencyLimitBoundsTheCallsInFlightToAHost) {
   FaultServer server({.script = "200/delay=50ms"});
   server.start();
   ConcurrencyLimitRegistry limits({.initial_limit = 2, .max_limit = 2});
-  ClientOptions o = fast_options();
+  ClientOptions o = fast_options(1);
   o.brakes.adaptive_concurrency = true;
   o.brakes.concurrency_limits = &limits;
   Client client(o);
