@@ -23,7 +23,7 @@
 #
 # Run by hand or by `make bench` (scripts/bench.sh), never by ctest: it takes a minute or two,
 # most of it Patroni's ttl. Exits 0 when it ran, whatever the figures; 1 when it could not run.
-# Like the ctest drill (tests/integration/failover_drill_test.cpp, on scripts/pg-cluster.sh),
+# Like the ctest drill (tests/integration/db/failover_drill_test.cpp, on scripts/pg-cluster.sh),
 # everything runs as the `postgres` user when started as root, and is removed at the end.
 set -euo pipefail
 

@@ -21,7 +21,8 @@
 # ctest uses it as the fixture `postgres` (tests/integration/CMakeLists.txt registers
 # keel.postgres.start / keel.postgres.stop, and keel_integration_test(... POSTGRES) makes a test
 # require it and pass KEEL_TEST_POSTGRES_URL_FILE=STATE_DIR/url). Tests isolate themselves from
-# each other inside keel_test with a schema of their own (tests/integration/test_support.hpp).
+# each other inside keel_test with a schema of their own
+# (tests/integration/support/test_support.hpp).
 set -euo pipefail
 
 usage() {

@@ -1,6 +1,7 @@
 // The idempotency key rule's cases (keel/core/idempotency_key.hpp), one table for every test that
 // checks a place applying the rule: the core function (tests/unit/idempotency_key_test.cpp) and
-// the queue, the clients and the receiver side by side (tests/integration/key_rule_test.cpp).
+// the queue, the clients and the receiver side by side
+// (tests/integration/idempotency/key_rule_test.cpp).
 #pragma once
 
 #include <optional>

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "integration/loopback_socket.hpp"
+#include "integration/support/loopback_socket.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "run_keel.hpp"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "integration/loopback_socket.hpp"
+#include "integration/support/loopback_socket.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "raw_http_server.hpp"
 #include "run_keel.hpp"

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -55,13 +57,8 @@ ProcessResult keel(const std::vector<std::string>& args, const fs::path& dir) {
 
 class KeelSim : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/keel-sim-e2e-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  keel::test::TempDir tmp_{"keel-sim-e2e"};
+  const fs::path dir_ = tmp_.path();
 };
 
 std::vector<std::string> lines(const std::string& text) {

@@ -102,7 +102,7 @@ if(READELF)
 endif()
 
 # The systemd unit runs the keel the package installs; systemd-analyze verify (when there) on a
-# copy whose ExecStart is the unpacked one, as tests/integration/verify_systemd_unit.sh does.
+# copy whose ExecStart is the unpacked one, as tests/integration/deploy/verify_systemd_unit.sh does.
 set(unit ${usr}/lib/systemd/system/keel-worker@.service)
 file(STRINGS ${unit} exec_start REGEX "^ExecStart=")
 if(NOT exec_start MATCHES "^ExecStart=/usr/bin/keel jobs ")

@@ -1,7 +1,7 @@
 // keel::store::decide_flow_answer, the idempotency flow's answer once its transaction has ended,
 // by table: every transaction status against every claim, flag and hold, with no database. The
-// flow's own tests (tests/integration/idempotency_flow_test.cpp) drive the same answers through
-// SQLite and PostgreSQL.
+// flow's own tests (tests/integration/idempotency/idempotency_flow_test.cpp) drive the same answers
+// through SQLite and PostgreSQL.
 #include "keel/idempotency/flow_decision.hpp"
 
 #include <gtest/gtest.h>

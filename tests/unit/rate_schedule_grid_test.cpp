@@ -12,7 +12,7 @@
 //
 // The fleet's round trip is a fixed virtual delay; a call's lease with no slot left is answered
 // at once (a round trip in the real fleet). Real processes on PostgreSQL are the drills'
-// (tests/integration/fleet_rate_drill_test.cpp).
+// (tests/integration/fleet/fleet_rate_drill_test.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -12,12 +12,11 @@
 #include <string>
 #include <thread>
 
+#include "charges_database.hpp"
 #include "keel/grpc/job_handler.hpp"
 #include "keel/grpc/server.hpp"
-#include "keel/idempotency/idempotency.hpp"
 #include "keel/queue/queue_worker.hpp"
 #include "test_service.grpc.pb.h"
-#include "test_support.hpp"
 
 namespace {
 
@@ -30,15 +29,13 @@ class Receiver final : public keel::test::Payments::Service {
   explicit Receiver(const keel::grpc::IdempotentUnary& guard) : guard_(guard) {}
   ::grpc::Status Charge(::grpc::ServerContext* context, const keel::test::ChargeRequest* request,
                         keel::test::ChargeReply* reply) override {
-    return guard_.run(
-        *context, "/keel.test.Payments/Charge", *request, *reply,
-        [&](keel::store::Connection& tx, keel::test::ChargeReply& out) {
-          ++handled;
-          tx.query("INSERT INTO charges (account, cents) VALUES ($1, $2)",
-                   {request->account(), keel::store::Value(std::int64_t{request->amount_cents()})});
-          out.set_charge_id("ch_" + request->account());
-          return ::grpc::Status::OK;
-        });
+    return guard_.run(*context, "/keel.test.Payments/Charge", *request, *reply,
+                      [&](keel::store::Connection& tx, keel::test::ChargeReply& out) {
+                        ++handled;
+                        keel::test::insert_charge(tx, *request);
+                        out.set_charge_id("ch_" + request->account());
+                        return ::grpc::Status::OK;
+                      });
   }
   std::atomic<int> handled{0};
 
@@ -46,24 +43,13 @@ class Receiver final : public keel::test::Payments::Service {
   const keel::grpc::IdempotentUnary& guard_;
 };
 
-class GrpcJobs : public keel::test::BackendTest {
+class GrpcJobs : public keel::test::ChargesDatabaseTest {
  protected:
   void SetUp() override {
-    BackendTest::SetUp();
+    ChargesDatabaseTest::SetUp();
     if (IsSkipped()) return;
-    pool_ = std::make_unique<keel::store::ConnectionPool>(
-        url(), keel::store::PoolOptions{.max_connections = 8});
-    auto conn = pool_->acquire();
-    keel::store::IdempotencyStore::migrate(*conn);
-    keel::store::JobQueue::migrate(*conn);
-    conn->execute(std::string("CREATE TABLE charges (id ") +
-                  (GetParam() == Backend::kPostgres ? "SERIAL" : "INTEGER") +
-                  " PRIMARY KEY, account TEXT NOT NULL, cents BIGINT NOT NULL)");
-    guard_ = std::make_unique<keel::grpc::IdempotentUnary>(
-        keel::grpc::ServerOptions{.flow = {.store = &store_,
-                                           .pool = pool_.get(),
-                                           .scope_secret = "0123456789abcdef0123456789abcdef",
-                                           .log = [](std::string_view) {}}});
+    keel::store::JobQueue::migrate(*pool_->acquire());
+    guard_ = std::make_unique<keel::grpc::IdempotentUnary>(with_flow());
     receiver_ = std::make_unique<Receiver>(*guard_);
   }
   void TearDown() override { stop_receiver(); }
@@ -131,8 +117,6 @@ class GrpcJobs : public keel::test::BackendTest {
     return dead_in_outage;
   }
 
-  keel::store::IdempotencyStore store_{{.ttl = 24h, .lock_timeout = 30s}};
-  std::unique_ptr<keel::store::ConnectionPool> pool_;
   std::unique_ptr<keel::grpc::IdempotentUnary> guard_;
   std::unique_ptr<Receiver> receiver_;
   std::unique_ptr<::grpc::Server> server_;

@@ -14,12 +14,11 @@
 #include <thread>
 #include <vector>
 
+#include "charges_database.hpp"
 #include "keel/core/grpc_status.hpp"
 #include "keel/grpc/client.hpp"
 #include "keel/grpc/server.hpp"
-#include "keel/idempotency/idempotency.hpp"
 #include "test_service.grpc.pb.h"
-#include "test_support.hpp"
 
 namespace {
 
@@ -100,8 +99,7 @@ class ChargeService final : public keel::test::Payments::Service {
     if (request.account() == "refused") {
       return {StatusCode::FAILED_PRECONDITION, "account closed"};
     }
-    tx.query("INSERT INTO charges (account, cents) VALUES ($1, $2)",
-             {request.account(), keel::store::Value(std::int64_t{request.amount_cents()})});
+    keel::test::insert_charge(tx, request);
     out.set_charge_id("ch_" +
                       std::to_string(tx.query("SELECT COUNT(*) FROM charges").integer(0, 0)));
     return ::grpc::Status::OK;
@@ -111,20 +109,11 @@ class ChargeService final : public keel::test::Payments::Service {
   keel::store::ConnectionPool& pool_;
 };
 
-class GrpcServer : public keel::test::BackendTest {
+class GrpcServer : public keel::test::ChargesDatabaseTest {
  protected:
   void SetUp() override {
-    BackendTest::SetUp();
+    ChargesDatabaseTest::SetUp();
     if (IsSkipped()) return;
-    pool_ = std::make_unique<keel::store::ConnectionPool>(
-        url(), keel::store::PoolOptions{.max_connections = 8});
-    {
-      auto conn = pool_->acquire();
-      keel::store::IdempotencyStore::migrate(*conn);
-      conn->execute(std::string("CREATE TABLE charges (id ") +
-                    (GetParam() == Backend::kPostgres ? "SERIAL" : "INTEGER") +
-                    " PRIMARY KEY, account TEXT NOT NULL, cents BIGINT NOT NULL)");
-    }
     start({});
   }
   void TearDown() override {
@@ -140,10 +129,7 @@ class GrpcServer : public keel::test::BackendTest {
       server_->Shutdown(std::chrono::system_clock::now() + 1s);
       server_.reset();
     }
-    options.flow.store = &store_;
-    options.flow.pool = pool_.get();
-    options.flow.scope_secret = "0123456789abcdef0123456789abcdef";
-    options.flow.log = [](std::string_view) {};
+    options = with_flow(std::move(options));
     options.flow.max_wait = 500ms;  // SQLite's one writer: a second call waits this long
     guard_ = std::make_unique<keel::grpc::IdempotentUnary>(std::move(options));
     service_ = std::make_unique<ChargeService>(*guard_, *pool_);
@@ -201,8 +187,6 @@ class GrpcServer : public keel::test::BackendTest {
     return it == md.end() ? "<none>" : std::string(it->second.data(), it->second.size());
   }
 
-  keel::store::IdempotencyStore store_{{.ttl = 24h, .lock_timeout = 30s}};
-  std::unique_ptr<keel::store::ConnectionPool> pool_;
   std::unique_ptr<keel::grpc::IdempotentUnary> guard_;
   std::unique_ptr<ChargeService> service_;
   std::unique_ptr<::grpc::Server> server_;
