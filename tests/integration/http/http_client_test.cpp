@@ -2,7 +2,9 @@
 // not run, against keel::faults::FaultServer over real loopback connections: Retry-After capped
 // by the policy as the attempt hook sees it, many threads on one client, its per-host breakers,
 // breakers shared between clients or turned off, a budget handed in, breaker keys and
-// configuration checks; and FaultServer's own script parser and log.
+// configuration checks; three cases whose checks go beyond the typed suite's (a caller's key
+// through a retry to success, an HTTP-date Retry-After waited a whole second, one connection
+// over five requests); and FaultServer's own script parser and log.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -18,17 +20,58 @@
 #include "keel/core/budget.hpp"
 #include "keel/faults/fault_server.hpp"
 #include "keel/http/client.hpp"
+#include "support/waiting.hpp"
 
 namespace keel::http {
 namespace {
 
+using faults::Arrival;
 using faults::FaultServer;
 using faults::FaultStep;
 using faults::parse_fault_script;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+using keel::test::arrivals_at_least;
 using keel::test::fast_options;
+
+std::string header(const Arrival& a, std::string_view name) {
+  auto v = find_header(a.headers, name);
+  return v ? std::string(*v) : std::string();
+}
+
+TEST(HttpClient, CallerSuppliedKeyIsSentUnchanged) {
+  FaultServer server({.script = "500,200"});
+  server.start();
+  Client client(fast_options());
+  const Result r =
+      client.send({.method = "POST", .url = server.url("/job"), .idempotency_key = "job-42"});
+  EXPECT_TRUE(r.ok());
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 2u) << "a 500 is retried once when the POST carries a key";
+  for (const Arrival& a : arrivals) EXPECT_EQ(header(a, "Idempotency-Key"), "job-42");
+}
+
+TEST(HttpClient, HonoursRetryAfterAsAnHttpDate) {
+  // The date has whole-second resolution, so "2 s from now" means at least 1 s of waiting.
+  FaultServer server({.script = "429/retry-after-date=2,200"});
+  server.start();
+  Client client(fast_options());
+  const Result r = client.send({.url = server.url("/date")});
+  EXPECT_TRUE(r.ok());
+  const auto arrivals = server.arrivals();
+  ASSERT_EQ(arrivals.size(), 2u);
+  EXPECT_GE(arrivals[1].at - arrivals[0].at, seconds(1));
+}
+
+TEST(HttpClient, ReusesOneConnectionAcrossAttemptsAndRequests) {
+  FaultServer server({.script = "503,200"});
+  server.start();
+  Client client(fast_options());
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(client.send({.url = server.url("/")}).ok());
+  EXPECT_EQ(server.arrivals().size(), 6u);
+  EXPECT_EQ(server.connections(), 1);
+}
 
 TEST(HttpClient, RetryAfterCappedByThePolicy) {
   FaultServer server({.script = "503/retry-after=3600,200"});
