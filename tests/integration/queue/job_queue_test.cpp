@@ -623,8 +623,13 @@ TEST_P(JobQueueTest, ABatchOfOutcomesIsRecordedAsCompleteRecordsEachOne) {
     }
     return std::make_pair(ids, results);
   };
-  const auto [single_ids, single] = run(false);
-  const auto [batch_ids, batch] = run(true);
+  // Plain variables, not structured bindings: a lambda below captures them.
+  const auto single_run = run(false);
+  const auto batch_run = run(true);
+  const std::vector<std::int64_t>& single_ids = single_run.first;
+  const std::vector<CompleteResult>& single = single_run.second;
+  const std::vector<std::int64_t>& batch_ids = batch_run.first;
+  const std::vector<CompleteResult>& batch = batch_run.second;
   ASSERT_EQ(single.size(), batch.size());
   const std::vector<CompleteStatus> expected = {
       CompleteStatus::kDone,     CompleteStatus::kRetryScheduled, CompleteStatus::kDead,
