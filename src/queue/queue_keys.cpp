@@ -54,8 +54,11 @@ std::vector<StoredKeyProblem> check_stored_keys(Connection& connection, std::str
       } else {
         p.canonical = std::move(checked.key);
         // The only other form of a valid key is its quoted string, so at most one other job.
+        // Along the index of given keys: a key keel made is a UUID it made, which no other
+        // job's key is read as.
         const Rows same = connection.query(
-            "SELECT id FROM keel_jobs WHERE queue = $1 AND idem_key = $2", {p.queue, p.canonical});
+            "SELECT id FROM keel_jobs WHERE queue = $1 AND idem_key = $2 AND key_made = 0",
+            {p.queue, p.canonical});
         if (same.empty()) {
           p.issue = StoredKeyIssue::kNotCanonical;
           p.reason = "is read as " + quote_value(p.canonical) +

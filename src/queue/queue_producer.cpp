@@ -87,18 +87,30 @@ Expected<std::string> check_request(const EnqueueRequest& request) {
   return key;
 }
 
-// One job row: $1 queue, $2 payload, $3 key, $4 max attempts, $5 run at, $6 now.
-constexpr std::string_view kInsertNewKey =
+// The columns of a new job row, and its values after queue, payload and key: $4 max attempts,
+// $5 run at, $6 now. key_made says whether keel made the key (schema 12: only a key the caller
+// gave is in the key index, keel_jobs_given_key).
+constexpr std::string_view kInsertColumns =
     "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts, run_at_ms,"
-    " fence, replays, created_ms, updated_ms)"
-    " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6)";
-constexpr std::string_view kOnConflict = " ON CONFLICT (queue, idem_key) DO NOTHING";
+    " fence, replays, created_ms, updated_ms, key_made)";
+// A key the caller gave may be stored already; the index of given keys decides.
+constexpr std::string_view kOnConflict =
+    " ON CONFLICT (queue, idem_key) WHERE key_made = 0 DO NOTHING";
+// The job of a key the caller gave, along that index.
+constexpr std::string_view kGivenKeyIs = "queue = $1 AND idem_key = $2 AND key_made = 0";
 
-// The INSERT of one job: a key the caller gave may be stored already (kOnConflict); a key made
-// here is new.
+// key_made's value for a request.
+std::string_view key_made(const EnqueueRequest& request) { return request.key.empty() ? "1" : "0"; }
+
+// The INSERT of one job ($1 queue, $2 payload, $3 key, then kInsertColumns' parameters): a key
+// the caller gave may be stored already (kOnConflict); a key made here is new.
 std::string insert_job_sql(const EnqueueRequest& request) {
-  return std::string(kInsertNewKey) +
-         (request.key.empty() ? std::string() : std::string(kOnConflict));
+  std::string sql(kInsertColumns);
+  sql += " VALUES ($1, $2, $3, 'ready', 0, $4, $5, 0, 0, $6, $6, ";
+  sql += key_made(request);
+  sql += ")";
+  if (!request.key.empty()) sql += kOnConflict;
+  return sql;
 }
 
 // Inserts one job row with kInsertNewKey's parameters: its id, or nullopt when the (queue, key)
@@ -121,7 +133,7 @@ std::optional<std::int64_t> insert_job_row(Connection& conn, const EnqueueReques
 void find_existing(Connection& conn, const std::string& queue, const std::string& key,
                    EnqueueResult& out) {
   const Rows existing =
-      conn.query("SELECT id FROM keel_jobs WHERE queue = $1 AND idem_key = $2", {queue, key});
+      conn.query("SELECT id FROM keel_jobs WHERE " + std::string(kGivenKeyIs), {queue, key});
   if (existing.empty()) {
     throw DatabaseError("enqueue: the job with key '" + key + "' vanished",
                         {.backend = conn.backend()});
@@ -161,7 +173,8 @@ bool enqueue_one_statement(Connection& conn, const EnqueueRequest& request, cons
     if (!request.key.empty()) {
       sql +=
           " UNION ALL SELECT id, 0 FROM keel_jobs"
-          " WHERE queue = $1 AND idem_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)";
+          " WHERE queue = $1 AND idem_key = $3 AND key_made = 0"
+          " AND NOT EXISTS (SELECT 1 FROM ins)";
     }
     const Rows r = conn.query(sql, params);
     if (r.empty()) {
@@ -196,15 +209,15 @@ void insert_run(Connection& tx, const std::vector<EnqueueRequest>& requests,
                 const std::vector<std::string>& keys, const std::vector<int>& max_attempts,
                 std::size_t from, std::size_t to, std::int64_t now,
                 std::vector<EnqueueResult>& out) {
-  std::string sql =
-      "INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts, max_attempts,"
-      " run_at_ms, fence, replays, created_ms, updated_ms) VALUES ";
+  // The keys of a run are all given or all made (the caller splits them).
+  const std::string made(key_made(requests[from]));
+  std::string sql = std::string(kInsertColumns) + " VALUES ";
   std::vector<Value> params;
   params.reserve((to - from) * 6);
   for (std::size_t i = from; i < to; ++i) {
     const auto p = [&](int k) { return "$" + std::to_string(params.size() + k); };
     sql += (i > from ? ", (" : "(") + p(1) + ", " + p(2) + ", " + p(3) + ", 'ready', 0, " + p(4) +
-           ", " + p(5) + ", 0, 0, " + p(6) + ", " + p(6) + ")";
+           ", " + p(5) + ", 0, 0, " + p(6) + ", " + p(6) + ", " + made + ")";
     params.emplace_back(requests[i].queue);
     params.emplace_back(requests[i].payload);
     params.emplace_back(keys[i]);

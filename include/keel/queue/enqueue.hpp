@@ -20,9 +20,11 @@ struct EnqueueRequest {
   /// most 64 levels deep, no member named twice. Other bytes are refused at enqueue, on every
   /// backend.
   std::string payload;
-  /// The job's idempotency key; empty: a new UUID (new_job_key). Requires: a key under keel's
-  /// one rule (keel::check_idempotency_key: 1 to 255 bytes of visible ASCII without '"', ',' or
-  /// '%', bare or quoted); stored in its canonical form, so "k" and k are one job.
+  /// The job's idempotency key; empty: a new UUID (new_job_key), unique by its randomness and
+  /// kept out of the key index (given back later as `key`, it makes another job). Requires: a
+  /// key under keel's one rule (keel::check_idempotency_key: 1 to 255 bytes of visible ASCII
+  /// without '"', ',' or '%', bare or quoted); stored in its canonical form, so "k" and k are
+  /// one job.
   std::string key;
   /// Attempts before the job is dead. 0: QueueOptions::max_attempts. Requires: >= 0.
   int max_attempts = 0;

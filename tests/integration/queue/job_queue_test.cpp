@@ -209,12 +209,60 @@ TEST_P(JobQueueTest, EnqueueManyWritesGivenAndMadeKeysInTheRequestsOrder) {
     }
   }
   EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs"), 1 + 1200 - 2);
-  // A made key is still held unique by the index: the same key written again is refused.
+  // A given key is held unique by the index whatever writes it (a writer that does not name
+  // key_made writes a given key).
   EXPECT_THROW(conn_->query("INSERT INTO keel_jobs (queue, payload, idem_key, state, attempts,"
                             " max_attempts, run_at_ms, fence, replays, created_ms, updated_ms)"
-                            " VALUES ('q', '{}', '" +
-                            out[0].idempotency_key + "', 'ready', 0, 1, 0, 0, 0, 0, 0)"),
+                            " VALUES ('q', '{}', 'k-3', 'ready', 0, 1, 0, 0, 0, 0, 0)"),
                DatabaseError);
+}
+
+TEST_P(JobQueueTest, AKeyKeelMadeTakesNoEntryInTheKeyIndex) {
+  // Schema 12: the key index holds the keys callers gave; a key keel made is a random UUID,
+  // unique without it, so its job's insert, lease and outcome write no entry there.
+  JobQueue q = make_queue();
+  const auto given = q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "k-given"});
+  const auto made = q.enqueue(*conn_, {.queue = "q", .payload = "{}"});
+  ASSERT_TRUE(given.ok() && made.ok());
+  EXPECT_EQ(count("SELECT key_made FROM keel_jobs WHERE id = " + std::to_string(given.id)), 0);
+  EXPECT_EQ(count("SELECT key_made FROM keel_jobs WHERE id = " + std::to_string(made.id)), 1);
+  const std::string index_sql =
+      GetParam() == Backend::kPostgres
+          ? "SELECT indexdef FROM pg_indexes WHERE indexname = 'keel_jobs_given_key'"
+          : "SELECT sql FROM sqlite_master WHERE name = 'keel_jobs_given_key'";
+  const std::string index = conn_->query(index_sql).text(0, 0);
+  EXPECT_NE(index.find("UNIQUE"), std::string::npos) << index;
+  EXPECT_NE(index.find("key_made = 0"), std::string::npos) << index;
+
+  // The rule's one consequence: a made key given back as a request's key is a new job (a caller
+  // that wants one job per operation gives its own key from the first enqueue).
+  const auto again =
+      q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = made.idempotency_key});
+  ASSERT_TRUE(again.ok()) << again.error;
+  EXPECT_TRUE(again.created);
+  EXPECT_NE(again.id, made.id);
+  // ... and from then on that key is given: it is one job.
+  const auto twice =
+      q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = made.idempotency_key});
+  EXPECT_FALSE(twice.created);
+  EXPECT_EQ(twice.id, again.id);
+
+  if (GetParam() != Backend::kPostgres) return;
+  // 2,000 jobs with made keys through enqueue, lease and success leave the index as it was.
+  const auto index_pages = [&] { return count("SELECT pg_relation_size('keel_jobs_given_key')"); };
+  const std::int64_t before = index_pages();
+  std::vector<EnqueueRequest> reqs(2000, EnqueueRequest{.queue = "bulk", .payload = "{}"});
+  for (const auto& r : q.enqueue_many(*conn_, reqs)) ASSERT_TRUE(r.ok()) << r.error;
+  for (;;) {
+    const auto leased = q.lease(*conn_, "bulk", "w", 100);
+    if (leased.empty()) break;
+    for (const auto& j : leased) {
+      ASSERT_EQ(q.complete(*conn_, j.id, j.fence, {.outcome = Outcome::success()}).status,
+                CompleteStatus::kDone);
+    }
+  }
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE queue = 'bulk' AND state = 'done'"), 2000);
+  EXPECT_EQ(index_pages(), before);
 }
 
 TEST_P(JobQueueTest, ALeaseStepsOverNoneOfTheJobsLeasedBeforeItOnPostgres) {
@@ -1992,6 +2040,9 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
   conn->execute(
       "DROP INDEX keel_jobs_running;"
       "DROP INDEX keel_jobs_dead;"
+      "DROP INDEX keel_jobs_given_key;"
+      "CREATE UNIQUE INDEX keel_jobs_key ON keel_jobs (queue, idem_key);"
+      "ALTER TABLE keel_jobs DROP COLUMN key_made;"
       "CREATE INDEX keel_jobs_due ON keel_jobs (queue, state, run_at_ms);"
       "ALTER TABLE keel_jobs DROP COLUMN dead_kind;"
       "ALTER TABLE keel_jobs DROP COLUMN started_ms;"
@@ -2009,7 +2060,10 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
   ASSERT_EQ(temp_btrees(*old, kWriteJob), 1) << "the test did not restore the older form";
   auto upgrading = open_database(url);
   JobQueue::migrate(*upgrading);
-  EXPECT_EQ(schema_version(*upgrading, "queue"), 11);
+  EXPECT_EQ(schema_version(*upgrading, "queue"), 12);
+  // Version 12: every job written before counts as given, its key in the key index.
+  EXPECT_EQ(upgrading->query("SELECT COUNT(*) FROM keel_jobs WHERE key_made <> 0").integer(0, 0),
+            0);
   // Version 11: no job was in a crashed batch.
   EXPECT_EQ(
       upgrading->query("SELECT COUNT(*) FROM keel_jobs WHERE crashed_batches <> 0").integer(0, 0),
@@ -2020,7 +2074,7 @@ TEST(SqliteJobQueueSchema, AnOlderDatabaseGetsTheCheckRewrittenAndKeepsItsJobs) 
                         " WHERE type = 'index' AND tbl_name = 'keel_jobs' AND sql IS NOT NULL"
                         " ORDER BY name)")
                 .text(0, 0),
-            "keel_jobs_dead keel_jobs_key keel_jobs_ready keel_jobs_running");
+            "keel_jobs_dead keel_jobs_given_key keel_jobs_ready keel_jobs_running");
   // Version 8: the dead job's kind, from its reason.
   const auto dead = q.get(*upgrading, dies.id);
   ASSERT_TRUE(dead);
