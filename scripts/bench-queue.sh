@@ -7,10 +7,12 @@
 # --bloat-jobs jobs (batch 100, in a schema of their own): keel_jobs' and keel_job_attempts' size
 # with their indexes, and their live and dead tuples. Between the two, the fleet: keel's Worker
 # with 2 to 16 slots in 1 and 4 processes against graphile-worker and pg-boss (npm, bench/peers)
-# on the same server, each row at most --fleet-seconds, and the pickup latency of each.
+# on the same server, each row at most --fleet-seconds, the six rows of the side-by-side
+# comparison (--side-jobs jobs each, with WAL bytes per job and keel's ratio to the best peer),
+# and the pickup latency of each.
 #
 #   scripts/bench-queue.sh [--build-dir DIR] [--jobs N] [--seconds S] [--bloat-jobs N]
-#                          [--fleet-jobs N] [--fleet-seconds S]
+#                          [--fleet-jobs N] [--fleet-seconds S] [--side-jobs N]
 #
 # Needs keel_bench_queue built in DIR (default: build) and Debian's postgresql-15 (pgbench and a
 # throwaway server from scripts/pg-test-server.sh; that server runs with fsync=off and
@@ -26,6 +28,7 @@ seconds=10
 bloat_jobs=100000
 fleet_jobs=30000
 fleet_seconds=3
+side_jobs=20000
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
@@ -34,7 +37,8 @@ while [[ $# -gt 0 ]]; do
     --bloat-jobs) bloat_jobs=$2; shift 2 ;;
     --fleet-jobs) fleet_jobs=$2; shift 2 ;;
     --fleet-seconds) fleet_seconds=$2; shift 2 ;;
-    *) echo "usage: $0 [--build-dir DIR] [--jobs N] [--seconds S] [--bloat-jobs N] [--fleet-jobs N] [--fleet-seconds S]" >&2; exit 2 ;;
+    --side-jobs) side_jobs=$2; shift 2 ;;
+    *) echo "usage: $0 [--build-dir DIR] [--jobs N] [--seconds S] [--bloat-jobs N] [--fleet-jobs N] [--fleet-seconds S] [--side-jobs N]" >&2; exit 2 ;;
   esac
 done
 bench=$(find "$build" -name keel_bench_queue -type f -perm -u+x | head -n1)
@@ -125,6 +129,60 @@ for peer in graphile-worker pg-boss; do
     done
   done
 done
+
+# Side by side: the six rows of the queue's comparison (docs/queue.md, "Against graphile-worker
+# and pg-boss"), each system in a fresh database of the same server, --side-jobs no-op jobs a
+# row: jobs/s, WAL bytes per job (the whole run: a drain's WAL includes its bulk enqueue), and
+# keel's ratio to the best peer of the row.
+side_row() {  # side_row LABEL KEEL_ARGS -- PEER_ARGS
+  local label=$1 keel_args=() peer_args=() line rate wal db best=0 best_name="" keel_rate=0
+  shift
+  while [[ $1 != -- ]]; do keel_args+=("$1"); shift; done
+  shift
+  peer_args=("$@")
+  printf '  %s\n' "$label"
+  for system in keel graphile-worker pg-boss; do
+    if [[ $system != keel ]] && { ! command -v node >/dev/null ||
+      [[ ! -d "$peers/node_modules/$system" ]]; }; then
+      continue
+    fi
+    db="side_$RANDOM$RANDOM"
+    psql "$pg_url" -qc "CREATE DATABASE $db"
+    local url="${pg_url%/*}/$db" before
+    before=$(psql "$url" -Atc "SELECT pg_current_wal_insert_lsn()")
+    if [[ $system == keel ]]; then
+      line=$("$bench" --db "$url" --jobs "$side_jobs" "${keel_args[@]}" || true)
+    else
+      line=$(timeout 120 node "$peers/queue_peer.mjs" --peer "$system" --db "$url" \
+        --jobs "$side_jobs" --seconds 60 "${peer_args[@]}" || true)
+    fi
+    wal=$(psql "$url" -Atc "SELECT round(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '$before') / $side_jobs)")
+    psql "$pg_url" -qc "DROP DATABASE $db"
+    rate=$(sed -n 's/.*jobs_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
+    if [[ -z $rate ]]; then
+      printf '    %-16s failed\n' "$system"
+      continue
+    fi
+    printf '    %-16s %10s jobs/s   %5s WAL bytes/job   load %s\n' "$system" "$rate" "$wal" "$(loadavg)"
+    if [[ $system == keel ]]; then
+      keel_rate=$rate
+    elif awk -v a="$rate" -v b="$best" 'BEGIN { exit !(a > b) }'; then
+      best=$rate best_name=$system
+    fi
+  done
+  if [[ -n $best_name ]]; then
+    printf '    keel / best peer (%s): %s\n' "$best_name" \
+      "$(awk -v a="$keel_rate" -v b="$best" 'BEGIN { printf "%.2f", a / b }')"
+  fi
+}
+echo
+echo "side by side, $side_jobs no-op jobs a row, each system in a fresh database (pgbench ${pgbench_tps} tps above)"
+side_row "enqueue + drain, batch 1" --workers 2 --batch 1 --cycle 1 -- --mode cycle --workers 2 --batch 1
+side_row "enqueue + drain, batch 100" --workers 2 --batch 100 --cycle 1 -- --mode cycle --workers 2 --batch 100
+side_row "enqueue one job per call, 2 threads" --workers 2 --enqueue 1 -- --mode enqueue --workers 2 --chunk 1
+side_row "bulk enqueue, 100 per call, 2 threads" --workers 2 --enqueue 100 -- --mode enqueue --workers 2 --chunk 100
+side_row "Worker drain unbatched, 8 slots" --workers 8 --batch 1 --worker 1 --seconds 60 -- --workers 8 --batch 1
+side_row "Worker drain batch 100, 2 slots" --workers 2 --batch 100 --worker 1 --seconds 60 -- --workers 2 --batch 100
 
 echo
 echo "pickup latency (enqueue to handler start, producer in the same process, 200 jobs 10-30 ms apart)"

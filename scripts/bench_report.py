@@ -431,6 +431,45 @@ def queue_rows(text, emit, mach, date, goals):
                  f" {date} |")
     emit("")
     fleet_rows(text, emit, mach, date, goals, tps)
+    side_rows(text, emit, mach, date, goals)
+
+
+def side_rows(text, emit, mach, date, goals):
+    """The side-by-side part of scripts/bench-queue.sh: a row's label ('  <label>'), then one line
+    per system ('    <system>  <rate> jobs/s  <wal> WAL bytes/job  load L'). Goal: keel at least
+    1.5 times the best peer on every row, and its WAL per job at most graphile-worker's."""
+    start = text.find("\nside by side")
+    if start < 0:
+        return
+    rows = []
+    for line in text[start + 1:].splitlines()[1:]:
+        if not line.startswith("  "):
+            break
+        m = re.match(r"^    (\S+)\s+([\d.]+) jobs/s\s+(\d+) WAL bytes/job(?:\s+load ([\d.]+))?", line)
+        if m and rows:
+            rows[-1][1][m.group(1)] = (float(m.group(2)), m.group(3), m.group(4) or "-")
+        elif not line.startswith("    "):
+            rows.append((line.strip(), {}))
+    if not rows:
+        return
+    emit("Side by side: each system in a fresh database of the same server, the same no-op jobs"
+         " (jobs/s; WAL = bytes per job over the whole run, a drain's bulk enqueue included).")
+    emit("")
+    emit("| row | keel | graphile-worker | pg-boss | keel / best peer | WAL keel / graphile-worker |"
+         " machine | date |")
+    emit("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for label, systems in rows:
+        keel = systems.get("keel")
+        peers = [v[0] for k, v in systems.items() if k != "keel"]
+        ratio = f"{keel[0] / max(peers):.2f}" if keel and peers else "-"
+        cell = lambda k: f"{systems[k][0]:.0f}" if k in systems else "-"
+        wal = (f"{keel[1]} / {systems['graphile-worker'][1]}"
+               if keel and "graphile-worker" in systems else "-")
+        emit(f"| {label} | {cell('keel')} | {cell('graphile-worker')} | {cell('pg-boss')} |"
+             f" {ratio} | {wal} | {mach} | {date} |")
+        if ratio != "-":
+            goals.append((f"queue side by side, {label}: keel / best peer (goal >= 1.5)", ratio))
+    emit("")
 
 
 def fleet_rows(text, emit, mach, date, goals, tps):
