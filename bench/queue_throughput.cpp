@@ -76,6 +76,7 @@ int usage() {
                "       keel_bench_queue --db URL [--jobs N] [--workers W] [--batch B] --cycle 1\n"
                "       keel_bench_queue --db URL --storm N [--processes P] [--wakeups 1|0]\n"
                "       keel_bench_queue --db URL --soak R [--seconds S] [--workers W] [--batch B]\n"
+               "       (--keep-done 0 with any of them: each success deletes its job)\n"
                "       keel_bench_queue --db URL --latency N [--producer thread|process]"
                " [--gap-ms G] [--poll-ms P]\n");
   return 2;
@@ -173,9 +174,11 @@ int run_worker(const keel::store::DatabaseUrl& url, const keel::store::JobQueue&
   auto conn = keel::store::open_database(url);
   const keel::store::Rows counts = conn->query(
       "SELECT COUNT(*) FILTER (WHERE state = 'done'),"
-      " COUNT(*) FILTER (WHERE attempts > 1) FROM keel_jobs WHERE queue = $1",
+      " COUNT(*) FILTER (WHERE attempts > 1), COUNT(*) FROM keel_jobs WHERE queue = $1",
       {queue});
-  const std::int64_t done = counts.integer(0, 0);
+  // A queue that keeps no done job (--keep-done 0): the jobs gone are the ones done.
+  const std::int64_t done =
+      q.options().keep_done ? counts.integer(0, 0) : jobs - counts.integer(0, 2);
   std::printf(
       "backend=%s mode=worker batch=%d workers=%d processes=%d jobs=%lld seconds=%.3f"
       " jobs_per_s=%.1f deadlock_log_lines=%d rerun_jobs=%lld\n",
@@ -600,6 +603,7 @@ int main(int argc, char** argv) {
   bool wakeups = true;
   bool processes_given = false;
   double soak = 0;
+  bool keep_done = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const char* v = argv[i + 1];
@@ -637,6 +641,8 @@ int main(int argc, char** argv) {
       poll_ms = std::atoi(v);
     } else if (flag == "--soak") {
       soak = std::atof(v);
+    } else if (flag == "--keep-done") {
+      keep_done = std::atoi(v) != 0;
     } else {
       return usage();
     }
@@ -655,9 +661,11 @@ int main(int argc, char** argv) {
       "bench-" + std::to_string(getpid()) + "-" + std::to_string(batch) + "-" +
       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
   // The soak runs the queue as `keel jobs work` does, with its default options.
-  keel::store::JobQueue q(
+  keel::store::QueueOptions options =
       soak > 0 ? keel::store::QueueOptions{}
-               : keel::store::QueueOptions{.lease = std::chrono::minutes(5), .seed = 1});
+               : keel::store::QueueOptions{.lease = std::chrono::minutes(5), .seed = 1};
+  options.keep_done = keep_done;
+  keel::store::JobQueue q(options);
   if (latency > 0) {
     return run_latency(*url, q, queue, latency, process_producer, std::max(0, gap_ms), poll_ms);
   }

@@ -12,7 +12,10 @@
 #
 #   scripts/bench-soak.sh [--build-dir DIR] [--rate R] [--seconds S] [--hold-from A]
 #                         [--hold-to B] [--batch N] [--only keel|graphile-worker|pg-boss]
+#                         [--keep-done 0|1]
 #
+# --keep-done 0 runs keel's queue with QueueOptions::keep_done false (`keel jobs work
+# --retain-done 0s`): each success deletes its job, as graphile-worker does.
 # Defaults: 2,000 jobs a second for 360 s, the snapshot held from 60 s to 300 s, batch 1. The
 # server runs with fsync off (scripts/pg-test-server.sh) and autovacuum on, as configured by
 # default. Not in CI: it takes 6 minutes a system.
@@ -26,8 +29,9 @@ hold_from=60
 hold_to=300
 batch=1
 only=""
+keep_done=1
 usage() {
-  echo "usage: $0 [--build-dir DIR] [--rate R] [--seconds S] [--hold-from A] [--hold-to B] [--batch N] [--only keel|graphile-worker|pg-boss]" >&2
+  echo "usage: $0 [--build-dir DIR] [--rate R] [--seconds S] [--hold-from A] [--hold-to B] [--batch N] [--only keel|graphile-worker|pg-boss] [--keep-done 0|1]" >&2
   exit 2
 }
 while [[ $# -gt 0 ]]; do
@@ -40,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --hold-to) hold_to=$2 ;;
     --batch) batch=$2 ;;
     --only) only=$2 ;;
+    --keep-done) keep_done=$2 ;;
     *) usage ;;
   esac
   shift 2
@@ -52,6 +57,7 @@ if ((hold_from < 5 || hold_from + 60 > hold_to || hold_to > seconds)); then
   exit 2
 fi
 case "$only" in ""|keel|graphile-worker|pg-boss) ;; *) usage ;; esac
+case "$keep_done" in 0|1) ;; *) usage ;; esac
 bench=$(find "$build" -name keel_bench_queue -type f -perm -u+x | head -n1)
 if [[ -z "$bench" && ( -z "$only" || "$only" == keel ) ]]; then
   echo "bench-soak: keel_bench_queue not found under $build (cmake --build $build --target keel_bench_queue)" >&2
@@ -89,7 +95,7 @@ soak_one() {  # soak_one SYSTEM
   esac
   case "$system" in
     keel) "$bench" --db "$url" --soak "$rate" --seconds "$seconds" --workers 2 --batch "$batch" \
-      >"$out" 2>"$work/$system.err" & ;;
+      --keep-done "$keep_done" >"$out" 2>"$work/$system.err" & ;;
     *) node "$peers/queue_peer.mjs" --peer "$system" --db "$url" --mode soak --rate "$rate" \
       --seconds "$seconds" --workers 2 --batch "$batch" >"$out" 2>"$work/$system.err" & ;;
   esac

@@ -78,7 +78,7 @@ CompleteResult JobQueue::complete(Connection& connection, std::int64_t job_id, s
     // transaction is (40P01, a busy database).
     bool current = false;
     detail::in_statement(deadlocks_, connection, [&](Connection& c) {
-      current = detail::mark_done(c, job_id, fence, now_ms());
+      current = detail::mark_done(c, job_id, fence, now_ms(), options_.keep_done);
       return true;
     });
     out.status = current ? CompleteStatus::kDone : CompleteStatus::kStale;
@@ -294,16 +294,18 @@ std::vector<std::int64_t> JobQueue::record_done(
   std::vector<std::int64_t> current;
   if (done.empty()) return current;
   if (connection.dialect().data_modifying_ctes()) {
-    // kMarkDone's now is $2; $1 is a 0 the statement only compares.
+    // kMarkDone's now is $2 (compared here too, for a delete that reads no now); $1 is a 0 the
+    // statement only compares.
     std::vector<Value> params = {std::int64_t{0}, now};
-    const std::string sql = "WITH " + detail::done_ctes(done, params) +
-                            " SELECT id FROM done WHERE $1::bigint = 0 ORDER BY id";
+    const std::string sql = "WITH " + detail::done_ctes(done, params, options_.keep_done) +
+                            " SELECT id FROM done WHERE $1::bigint = 0 AND $2::bigint IS NOT NULL"
+                            " ORDER BY id";
     const Rows r = connection.query(sql, params);
     for (std::size_t i = 0; i < r.size(); ++i) current.push_back(RowCursor(r, i).integer());
     return current;
   }
   for (const auto& [id, fence] : done) {
-    if (detail::mark_done(connection, id, fence, now)) current.push_back(id);
+    if (detail::mark_done(connection, id, fence, now, options_.keep_done)) current.push_back(id);
   }
   return current;
 }

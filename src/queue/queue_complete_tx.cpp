@@ -17,7 +17,7 @@ bool JobQueue::complete_in(Connection& tx, std::int64_t job_id, std::int64_t fen
   }
   // The fence and the state are checked by the UPDATE itself, in the caller's transaction: a
   // lease taken over since (a new fence) or released (not running) updates nothing.
-  return detail::mark_done(tx, job_id, fence, now_ms());
+  return detail::mark_done(tx, job_id, fence, now_ms(), options_.keep_done);
 }
 
 }  // namespace keel::store

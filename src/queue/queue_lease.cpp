@@ -325,7 +325,7 @@ DoneAndLeased JobQueue::lease_in_one_statement(
   std::string sql = "WITH ";
   std::string due(kDueWhere);
   if (!done.empty()) {
-    sql += detail::done_ctes(done, params) + ", ";
+    sql += detail::done_ctes(done, params, options_.keep_done) + ", ";
     due += " AND (SELECT count(*) FROM done) >= 0";
   }
   const std::uint64_t generation = floor_generation();
@@ -421,7 +421,7 @@ DoneAndLeased JobQueue::lease_in_transaction(
     out.current = 0;
     out.current_ids.clear();
     for (const auto& [id, fence] : done) {
-      if (!detail::mark_done(tx, id, fence, ask.now)) continue;
+      if (!detail::mark_done(tx, id, fence, ask.now, options_.keep_done)) continue;
       ++out.current;
       out.current_ids.push_back(id);
     }
@@ -587,8 +587,8 @@ DoneAndStarted JobQueue::complete_and_start(
     std::vector<Value> params = {job_id, now, fence};
     // The successes (earlier jobs of the batch, lower ids) first, then the start.
     // Its rows: each success recorded (0, id), and the start (1, id) when it was current.
-    const std::string sql = "WITH " + detail::done_ctes(done, params) + ", started AS (" +
-                            std::string(kStart) +
+    const std::string sql = "WITH " + detail::done_ctes(done, params, options_.keep_done) +
+                            ", started AS (" + std::string(kStart) +
                             " AND (SELECT count(*) FROM done) >= 0"
                             " RETURNING id) SELECT 0, id FROM done UNION ALL"
                             " SELECT 1, id FROM started";
@@ -611,7 +611,7 @@ DoneAndStarted JobQueue::complete_and_start(
   in_transaction(deadlocks_, connection, [&](Connection& tx) {
     out = {};
     for (const auto& [id, f] : done) {
-      if (!detail::mark_done(tx, id, f, now)) continue;
+      if (!detail::mark_done(tx, id, f, now, options_.keep_done)) continue;
       ++out.current;
       out.current_ids.push_back(id);
     }

@@ -17,9 +17,18 @@ CompleteResult Worker::settle_one(Connection& conn, Unrecorded& u) {
   const auto same_lease = [&](const std::optional<Job>& row) {
     return row && row->fence == event.job.fence;
   };
+  // A queue that keeps no done job (QueueOptions::keep_done false) deletes a job with its
+  // success: a job gone was done, by this lease's success or by a later one's (nothing else
+  // deletes a job that is not dead or done).
+  const bool deleted_as_done =
+      !queue_.options().keep_done && event.report.outcome.kind == OutcomeKind::kSuccess;
   if (u.tx_in_doubt) {
     // The success was recorded in the handler's transaction: the row says whether it committed.
     const std::optional<Job> row = queue_.get(conn, event.job.id);
+    if (!row && deleted_as_done) {
+      log(job + ": done (deleted with its success) before the connection was lost");
+      return {.status = CompleteStatus::kDone};
+    }
     if (same_lease(row) && row->state == JobState::kDone) {
       log(job + ": its transaction committed before the connection was lost");
       return {.status = CompleteStatus::kDone};
@@ -50,6 +59,12 @@ CompleteResult Worker::settle_one(Connection& conn, Unrecorded& u) {
   // Not running under this lease any more: recorded already (a commit in doubt that applied), or
   // taken over or released meanwhile.
   const std::optional<Job> row = queue_.get(conn, event.job.id);
+  if (!row && deleted_as_done) {
+    log(job +
+        ": its success was recorded (the job deleted with it) before the connection was "
+        "lost");
+    return {.status = CompleteStatus::kDone};
+  }
   if (same_lease(row) && row->state != JobState::kRunning) {
     log(job + ": its outcome was recorded before the connection was lost");
     switch (row->state) {

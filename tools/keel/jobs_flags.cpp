@@ -139,7 +139,8 @@ void add_work_limits(CLI::App* work, const Args& args) {
                    "30s); one run of an --exec command, killed with its process group (default: "
                    "none)");
   work->add_option("--retain-done", args->retain_done,
-                   "Delete done jobs older than this, or keep them: 'forever'")
+                   "Delete done jobs older than this, or keep them: 'forever'; 0s deletes each "
+                   "job with its success")
       ->capture_default_str();
   work->add_option("--retry-budget", args->retry_budget,
                    "--deliver: retries per first attempt allowed in 10 s (plus 10 a second), or "

@@ -189,6 +189,9 @@ int run_work(const JobsArgs& a) {
   s.queue_options.backoff = {.base = s.backoff_base, .cap = s.backoff_cap};
   s.queue_options.lease = s.lease;
   s.queue_options.max_age = s.max_age;
+  // --retain-done 0s: a success deletes its job in the statement that records it, rather than
+  // a prune pass deleting it within 10 s.
+  s.queue_options.keep_done = !(s.retain && *s.retain == Duration::zero());
   s.queue_options.on_dead_letter = [&](std::int64_t, const store::DeadLetterReason& dead) {
     metrics.dead_lettered(dead.reason);
   };

@@ -327,8 +327,9 @@ class JobQueue {
   [[nodiscard]] bool idle(Connection& connection, std::string_view queue) const;
 
   /// Deletes at most `batch` done jobs of `queue` that finished more than `retention` ago, with
-  /// their history; returns how many. The only way a done job is ever deleted. Requires:
-  /// retention >= 0, batch >= 1. Throws DatabaseError.
+  /// their history; returns how many. The only way a done job is ever deleted (a queue that
+  /// keeps none, QueueOptions::keep_done false, deletes each job with its success instead).
+  /// Requires: retention >= 0, batch >= 1. Throws DatabaseError.
   std::int64_t prune_done(Connection& connection, std::string_view queue, Duration retention,
                           int batch = 1000) const;
 

@@ -278,9 +278,14 @@ struct SettleRow {
 }
 
 // Records the success of the lease (job_id, fence) in one statement, atomic on its own; false
-// when the fence is stale (the lease was lost).
+// when the fence is stale (the lease was lost). `keep` false (QueueOptions::keep_done): the
+// success deletes the job, its history with it (ON DELETE CASCADE).
 [[nodiscard]] inline bool mark_done(Connection& conn, std::int64_t job_id, std::int64_t fence,
-                                    std::int64_t now) {
+                                    std::int64_t now, bool keep) {
+  if (!keep) {
+    return conn.query("DELETE FROM keel_jobs WHERE " + held_by("$1", "$2"), {job_id, fence})
+               .affected() == 1;
+  }
   const Rows r =
       conn.query("UPDATE keel_jobs" + std::string(kMarkDone) + " WHERE " + held_by("$1", "$3"),
                  {job_id, now, fence});
@@ -293,30 +298,33 @@ struct SettleRow {
 // never wait for each other (a deadlock, which PostgreSQL breaks only after deadlock_timeout):
 // several successes are locked in ascending id order before any is written. A statement that
 // also leases runs "done" first (docs/queue.md, "keel's own statements follow keel's rules").
+// `keep` false (QueueOptions::keep_done): the successes delete their jobs (mark_done).
 [[nodiscard]] inline std::string done_ctes(
-    const std::vector<std::pair<std::int64_t, std::int64_t>>& done, std::vector<Value>& params) {
+    const std::vector<std::pair<std::int64_t, std::int64_t>>& done, std::vector<Value>& params,
+    bool keep) {
   const auto param = [&](std::int64_t v) {
     params.emplace_back(v);
     return "$" + std::to_string(params.size()) + "::bigint";
   };
   // The success's history row is the done row itself (detail::kMarkDone).
+  const std::string write =
+      keep ? "UPDATE keel_jobs j" + std::string(detail::kMarkDone) : "DELETE FROM keel_jobs j";
   if (done.size() == 1) {
     const std::string id = param(done[0].first);
     const std::string fence = param(done[0].second);
-    return "done AS (UPDATE keel_jobs j" + std::string(detail::kMarkDone) + " WHERE " +
-           held_by(id, fence, "j.") + " RETURNING j.id)";
+    return "done AS (" + write + " WHERE " + held_by(id, fence, "j.") + " RETURNING j.id)";
   }
   std::string sql = "v (id, fence) AS (VALUES ";
   for (std::size_t i = 0; i < done.size(); ++i) {
     const std::string id = param(done[i].first);
     sql += (i ? ", (" : "(") + id + ", " + param(done[i].second) + ")";
   }
+  // A delete locks its rows FOR UPDATE: they are locked so from the start rather than upgraded.
   return sql + "), lk AS (SELECT j.id FROM keel_jobs j JOIN v ON " +
-         held_by("v.id", "v.fence", "j.") +
-         " ORDER BY j.id FOR NO KEY UPDATE OF j), done AS (UPDATE keel_jobs j" +
-         std::string(detail::kMarkDone) +
-         " FROM lk WHERE j.id = lk.id AND j.state || '' = 'running'"
-         " RETURNING j.id)";
+         held_by("v.id", "v.fence", "j.") + " ORDER BY j.id " +
+         (keep ? "FOR NO KEY UPDATE" : "FOR UPDATE") + " OF j), done AS (" + write +
+         (keep ? " FROM lk" : " USING lk") +
+         " WHERE j.id = lk.id AND j.state || '' = 'running' RETURNING j.id)";
 }
 
 // " AND queue = $N" or nothing, for the commands that take an optional queue.

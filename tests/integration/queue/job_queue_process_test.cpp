@@ -171,6 +171,29 @@ TEST_P(JobsProcessTest, WorkersKilledAtRandomAndRestartedLoseNothingAndDuplicate
   EXPECT_EQ(receiver.overlaps, 0) << "a job was held by two live workers at the same time";
 }
 
+TEST_P(JobsProcessTest, ARetentionOfZeroDeletesEachJobWithItsSuccessAndAppliesEachOnce) {
+  // --retain-done 0s: each success deletes its job in the statement that records it, batched and
+  // with failures among them; the receiver still applies every job once.
+  Receiver receiver;
+  receiver.fail_rate = 0.1;
+  enqueue_many("gone", 500);
+  const std::set<std::string> job_keys = keys("gone");
+  ASSERT_EQ(job_keys.size(), 500u);
+  auto args = work_args("gone", receiver.url("/hook"));
+  args.insert(args.end(), {"--concurrency", "2", "--batch", "10", "--retain-done", "0s"});
+  const CmdResult r = keel(args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE queue = 'gone'"), 0);
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_job_attempts"), 0);
+  std::lock_guard lock(receiver.mu);
+  int requests = 0;
+  for (const auto& [key, n] : receiver.requests) requests += n;
+  EXPECT_GT(requests, 500) << "no attempt failed: the failures' path was not taken";
+  EXPECT_EQ(receiver.applied.size(), 500u);
+  for (const auto& k : job_keys) EXPECT_EQ(receiver.applied.count(k), 1u) << k;
+  EXPECT_EQ(receiver.overlaps, 0);
+}
+
 TEST_P(JobsProcessTest, PoisonAnd503JobsDeadLetterThenReplayAndDiscard) {
   Receiver receiver;
   const std::string db = url_text();

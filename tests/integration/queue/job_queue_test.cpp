@@ -265,6 +265,86 @@ TEST_P(JobQueueTest, AKeyKeelMadeTakesNoEntryInTheKeyIndex) {
   EXPECT_EQ(index_pages(), before);
 }
 
+TEST_P(JobQueueTest, AQueueThatKeepsNoDoneJobDeletesEachWithTheStatementOfItsSuccess) {
+  // QueueOptions::keep_done false (keel jobs work --retain-done 0s): every way a success is
+  // recorded deletes its job and the job's history; failures are kept as ever.
+  QueueOptions o;
+  o.keep_done = false;
+  o.backoff = {.base = 1s, .cap = 1s};
+  JobQueue q = make_queue(o);
+  std::vector<EnqueueRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    reqs.push_back({.queue = "q", .payload = "{}", .key = "k-" + std::to_string(i)});
+  }
+  std::vector<std::int64_t> ids;
+  for (const auto& r : q.enqueue_many(*conn_, reqs)) ids.push_back(r.id);
+  const auto gone = [&](std::int64_t id) {
+    return !q.get(*conn_, id) && count("SELECT COUNT(*) FROM keel_job_attempts WHERE job_id = " +
+                                       std::to_string(id)) == 0;
+  };
+  // complete(): a job with a failure in its history first (a queue of its own).
+  const auto h = q.enqueue(*conn_, {.queue = "h", .payload = "{}"});
+  auto one = q.lease(*conn_, "h", "w", 1);
+  ASSERT_EQ(one.size(), 1u);
+  ASSERT_EQ(q.complete(*conn_, one[0].id, one[0].fence, {.outcome = Outcome::transient()}).status,
+            CompleteStatus::kRetryScheduled);
+  EXPECT_EQ(q.get(*conn_, h.id)->history.size(), 1u);
+  clock_.advance(2s);
+  one = q.lease(*conn_, "h", "w", 1);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(q.complete(*conn_, one[0].id, one[0].fence, {.outcome = Outcome::success()}).status,
+            CompleteStatus::kDone);
+  EXPECT_TRUE(gone(h.id));
+  // A stale fence deletes nothing.
+  auto two = q.lease(*conn_, "q", "w", 2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(q.complete(*conn_, two[0].id, two[0].fence + 1, {.outcome = Outcome::success()}).status,
+            CompleteStatus::kStale);
+  EXPECT_TRUE(q.get(*conn_, two[0].id));
+  // complete_and_lease: two successes with the next lease.
+  const DoneAndLeased next = q.complete_and_lease(
+      *conn_, {{two[0].id, two[0].fence}, {two[1].id, two[1].fence}}, "q", "w", 3);
+  EXPECT_EQ(next.current, 2);
+  EXPECT_TRUE(gone(two[0].id));
+  EXPECT_TRUE(gone(two[1].id));
+  ASSERT_EQ(next.leased.size(), 3u);
+  // complete_batch: two successes and a failure; the failure's job stays, retry scheduled.
+  const auto results = q.complete_batch(*conn_, {{.job_id = next.leased[0].id,
+                                                  .fence = next.leased[0].fence,
+                                                  .report = {.outcome = Outcome::success()}},
+                                                 {.job_id = next.leased[1].id,
+                                                  .fence = next.leased[1].fence,
+                                                  .report = {.outcome = Outcome::transient()}},
+                                                 {.job_id = next.leased[2].id,
+                                                  .fence = next.leased[2].fence,
+                                                  .report = {.outcome = Outcome::success()}}});
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0].status, CompleteStatus::kDone);
+  EXPECT_EQ(results[1].status, CompleteStatus::kRetryScheduled);
+  EXPECT_EQ(results[2].status, CompleteStatus::kDone);
+  EXPECT_TRUE(gone(next.leased[0].id));
+  EXPECT_TRUE(gone(next.leased[2].id));
+  EXPECT_EQ(q.get(*conn_, next.leased[1].id)->state, JobState::kRetryScheduled);
+  // complete_in: deleted when the caller's transaction commits, kept when it rolls back.
+  auto last = q.lease(*conn_, "q", "w", 2);
+  ASSERT_EQ(last.size(), 2u);
+  conn_->begin();
+  EXPECT_TRUE(q.complete_in(*conn_, last[0].id, last[0].fence));
+  conn_->rollback();
+  EXPECT_EQ(q.get(*conn_, last[0].id)->state, JobState::kRunning);
+  conn_->begin();
+  EXPECT_TRUE(q.complete_in(*conn_, last[0].id, last[0].fence));
+  conn_->commit();
+  EXPECT_TRUE(gone(last[0].id));
+  // Nothing done is counted, and a key whose job was deleted makes a new job.
+  for (const QueueStats& st : q.stats(*conn_)) EXPECT_EQ(st.done, 0) << st.queue;
+  EXPECT_EQ(count("SELECT COUNT(*) FROM keel_jobs WHERE state = 'done'"), 0);
+  ASSERT_TRUE(gone(ids[0]));
+  const auto again = q.enqueue(*conn_, {.queue = "q", .payload = "{}", .key = "k-0"});
+  EXPECT_TRUE(again.created);
+  EXPECT_NE(again.id, ids[0]);
+}
+
 TEST_P(JobQueueTest, ALeaseStepsOverNoneOfTheJobsLeasedBeforeItOnPostgres) {
   // Every job leased since the last VACUUM leaves an entry in keel_jobs_ready; a lease that
   // scanned from the queue's first entry stepped over all of them. A lease that took what it
