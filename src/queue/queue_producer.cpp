@@ -113,7 +113,7 @@ std::string insert_job_sql(const EnqueueRequest& request) {
   return sql;
 }
 
-// Inserts one job row with kInsertNewKey's parameters: its id, or nullopt when the (queue, key)
+// Inserts one job row with insert_job_sql's parameters: its id, or nullopt when the (queue, key)
 // was already there. SQLite reads the id from the connection rather than by RETURNING, whose
 // temporary b-tree costs a single job a page cache allocated and freed (docs/queue.md).
 std::optional<std::int64_t> insert_job_row(Connection& conn, const EnqueueRequest& request,
