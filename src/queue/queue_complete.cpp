@@ -294,12 +294,11 @@ std::vector<std::int64_t> JobQueue::record_done(
   std::vector<std::int64_t> current;
   if (done.empty()) return current;
   if (connection.dialect().data_modifying_ctes()) {
-    // kMarkDone's now is $2 (compared here too, for a delete that reads no now); $1 is a 0 the
-    // statement only compares.
-    std::vector<Value> params = {std::int64_t{0}, now};
+    // kMarkDone's now is $2 (a delete reads none); $1 is a 0 the statement only compares.
+    std::vector<Value> params = {std::int64_t{0}};
+    if (options_.keep_done) params.emplace_back(now);
     const std::string sql = "WITH " + detail::done_ctes(done, params, options_.keep_done) +
-                            " SELECT id FROM done WHERE $1::bigint = 0 AND $2::bigint IS NOT NULL"
-                            " ORDER BY id";
+                            " SELECT id FROM done WHERE $1::bigint = 0 ORDER BY id";
     const Rows r = connection.query(sql, params);
     for (std::size_t i = 0; i < r.size(); ++i) current.push_back(RowCursor(r, i).integer());
     return current;

@@ -24,11 +24,8 @@ CompleteResult Worker::settle_one(Connection& conn, Unrecorded& u) {
       !queue_.options().keep_done && event.report.outcome.kind == OutcomeKind::kSuccess;
   if (u.tx_in_doubt) {
     // The success was recorded in the handler's transaction: the row says whether it committed.
+    // A job gone is read below, after complete() finds nothing to record.
     const std::optional<Job> row = queue_.get(conn, event.job.id);
-    if (!row && deleted_as_done) {
-      log(job + ": done (deleted with its success) before the connection was lost");
-      return {.status = CompleteStatus::kDone};
-    }
     if (same_lease(row) && row->state == JobState::kDone) {
       log(job + ": its transaction committed before the connection was lost");
       return {.status = CompleteStatus::kDone};
